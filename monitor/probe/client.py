@@ -1,0 +1,489 @@
+"""The timed stream: one request, every phase stamped on one monotonic clock.
+
+Stamps are taken when bytes arrive, before any parsing, with `time.perf_counter_ns`. All phase
+durations are measured from the moment the request body is handed to the socket (`sent`), so a
+sample on a fresh connection and one on a reused connection measure the same thing; connection
+set-up (DNS, TCP, TLS, pool wait) is recorded separately in `dns_ms`, `connect_ms`, `tls_ms` and
+`setup_ms`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import json
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+import aiohappyeyeballs
+import aiohttp
+from aiohttp.client_exceptions import (
+    ClientConnectorCertificateError,
+    ClientConnectorError,
+    ClientConnectorSSLError,
+    ClientSSLError,
+)
+
+from monitor.probe.apis import ApiFlavor, Kind, MalformedEvent, RequestParams
+from monitor.probe.result import ErrorClass, Sample
+from monitor.probe.sse import SSEError, SSEParser
+from monitor.probe.stats import percentile
+from monitor.redact import redact
+
+Clock = Callable[[], int]
+MAX_ERROR_BODY = 2000
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    connect: float = 10.0
+    first_token: float = 60.0
+    total: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where and how to send: everything about a provider the probe needs, secrets included."""
+
+    base_url: str
+    flavor: ApiFlavor
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    timeouts: Timeouts = Timeouts()
+    ssl: ssl.SSLContext | bool = True
+
+    @property
+    def url(self) -> str:
+        return self.base_url.rstrip("/") + self.flavor.path
+
+    def __repr__(self) -> str:  # never show the key
+        return f"Endpoint({self.base_url!r}, {self.flavor.name})"
+
+
+@dataclass(slots=True)
+class _Stamps:
+    """Monotonic nanosecond stamps of one request; filled by trace hooks and the read loop."""
+
+    request_start: int = 0
+    dns_start: int | None = None
+    dns_end: int | None = None
+    conn_start: int | None = None
+    tcp_end: int | None = None
+    conn_end: int | None = None
+    reused: bool = False
+    sent: int | None = None
+
+
+_current_stamps: contextvars.ContextVar[_Stamps | None] = contextvars.ContextVar(
+    "ttft_probe_stamps", default=None
+)
+
+
+class _TimedConnector(aiohttp.TCPConnector):
+    """A TCPConnector that stamps the end of the TCP handshake, so TLS time can be told apart.
+
+    aiohttp does TCP and TLS in one `create_connection` call; this splits it in two: connect the
+    socket (as aiohttp does, with happy eyeballs), stamp, then let the loop do the TLS handshake.
+    """
+
+    async def _wrap_create_connection(  # type: ignore[override]
+        self,
+        *args: Any,
+        addr_infos: list[Any],
+        req: Any,
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
+        client_error: type[Exception] = ClientConnectorError,
+        **kwargs: Any,
+    ) -> Any:
+        stamps = _current_stamps.get()
+        try:
+            async with asyncio.timeout(timeout.sock_connect):
+                sock = await aiohappyeyeballs.start_connection(
+                    addr_infos=addr_infos,
+                    local_addr_infos=self._local_addr_infos,
+                    happy_eyeballs_delay=self._happy_eyeballs_delay,
+                    interleave=self._interleave,
+                    loop=self._loop,
+                    socket_factory=self._socket_factory,
+                )
+                if stamps is not None:
+                    stamps.tcp_end = time.perf_counter_ns()
+                return await self._loop.create_connection(*args, **kwargs, sock=sock)
+        except ssl.CertificateError as exc:
+            raise ClientConnectorCertificateError(req.connection_key, exc) from exc
+        except ssl.SSLError as exc:
+            raise ClientConnectorSSLError(req.connection_key, exc) from exc
+        except OSError as exc:
+            if exc.errno is None and isinstance(exc, asyncio.TimeoutError):
+                raise
+            raise client_error(req.connection_key, exc) from exc
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    def stamps() -> _Stamps | None:
+        return _current_stamps.get()
+
+    async def dns_start(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.dns_start = time.perf_counter_ns()
+
+    async def dns_end(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.dns_end = time.perf_counter_ns()
+
+    async def conn_start(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.conn_start = time.perf_counter_ns()
+
+    async def conn_end(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.conn_end = time.perf_counter_ns()
+
+    async def reuse(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.reused = True
+
+    async def chunk_sent(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        # Called just before each body chunk is written to the transport; the last one wins.
+        if (st := stamps()) is not None:
+            st.sent = time.perf_counter_ns()
+
+    config = aiohttp.TraceConfig()
+    config.on_dns_resolvehost_start.append(dns_start)
+    config.on_dns_resolvehost_end.append(dns_end)
+    config.on_connection_create_start.append(conn_start)
+    config.on_connection_create_end.append(conn_end)
+    config.on_connection_reuseconn.append(reuse)
+    config.on_request_chunk_sent.append(chunk_sent)
+    return config
+
+
+def _ms(start: int | None, end: int | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end - start) / 1e6
+
+
+class _Deadline(Exception):
+    def __init__(self, error: ErrorClass) -> None:
+        self.error = error
+
+
+class ProbeClient:
+    """Owns the HTTP session. `fresh=True` opens a new connection (and DNS lookup) per sample."""
+
+    def __init__(self, *, fresh: bool = False, read_chunk_bytes: int = 64 * 1024) -> None:
+        self.fresh = fresh
+        self._read_chunk = read_chunk_bytes
+        connector = _TimedConnector(
+            limit=0,  # concurrency is capped by the caller, per provider, where it is configured
+            force_close=fresh,
+            use_dns_cache=not fresh,
+            enable_cleanup_closed=False,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            trace_configs=[_trace_config()],
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+
+    async def close(self) -> None:
+        await self._session.close()
+
+    async def __aenter__(self) -> ProbeClient:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.close()
+
+    async def probe(
+        self, endpoint: Endpoint, params: RequestParams, prompt: str, sample: Sample
+    ) -> Sample:
+        """Send one streaming request and fill `sample` in place. Never raises for a failed probe."""
+        body = json.dumps(endpoint.flavor.build_body(prompt, params), ensure_ascii=False).encode()
+        headers = {
+            "Content-Type": "application/json",
+            "Accept": "text/event-stream",
+            **endpoint.headers,
+            **endpoint.flavor.auth_headers(endpoint.api_key),
+        }
+        sample.prompt_chars = len(prompt)
+        stamps = _Stamps()
+        token = _current_stamps.set(stamps)
+        try:
+            await self._run(endpoint, body, headers, stamps, sample)
+        finally:
+            _current_stamps.reset(token)
+        return sample
+
+    async def _run(
+        self,
+        endpoint: Endpoint,
+        body: bytes,
+        headers: dict[str, str],
+        stamps: _Stamps,
+        sample: Sample,
+    ) -> None:
+        timeouts = endpoint.timeouts
+        loop = asyncio.get_running_loop()
+        sample.sent_at = datetime.now(UTC)
+        stamps.request_start = time.perf_counter_ns()
+        start_loop_time = loop.time()
+        phase = ErrorClass.TIMEOUT_CONNECT
+        token_stamps: list[int] = []
+        first_event: int | None = None
+        first_answer: int | None = None
+        headers_at: int | None = None
+        done = False
+        try:
+            async with asyncio.timeout_at(start_loop_time + timeouts.first_token) as deadline:
+                try:
+                    resp = await self._session.post(
+                        endpoint.url,
+                        data=body,
+                        headers=headers,
+                        ssl=endpoint.ssl,
+                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
+                    )
+                except TimeoutError:
+                    # aiohttp's own sock_connect timeout; ours surfaces at the `async with` instead.
+                    raise _Deadline(ErrorClass.TIMEOUT_CONNECT) from None
+                headers_at = time.perf_counter_ns()
+                phase = ErrorClass.TIMEOUT_FIRST_TOKEN
+                async with resp:
+                    sample.http_status = resp.status
+                    sample.request_id = resp.headers.get("x-request-id") or resp.headers.get("request-id")
+                    if resp.status >= 400:
+                        await self._record_http_error(resp, endpoint, sample)
+                        return
+                    ctype = resp.headers.get("Content-Type", "")
+                    if "text/event-stream" not in ctype:
+                        sample.error = ErrorClass.MALFORMED_STREAM
+                        sample.error_message = (
+                            f"server answered {resp.status} with {ctype or 'no content type'}, not an event "
+                            "stream; check that the endpoint supports stream: true and the base_url is right"
+                        )
+                        return
+                    parser = SSEParser()
+                    flavor = endpoint.flavor
+                    read = resp.content.readany
+                    while True:
+                        chunk = await read()
+                        now = time.perf_counter_ns()  # stamped before any parsing
+                        if not chunk:
+                            break
+                        for event in parser.feed(chunk):
+                            if first_event is None:
+                                first_event = now
+                            info = flavor.classify(event)
+                            if info.served_model:
+                                sample.served_model = info.served_model
+                            if info.prompt_tokens is not None:
+                                sample.prompt_tokens = info.prompt_tokens
+                            if info.cached_tokens is not None:
+                                sample.cached_tokens = info.cached_tokens
+                            if info.completion_tokens is not None:
+                                sample.completion_tokens = info.completion_tokens
+                            kind = info.kind
+                            if kind is Kind.ANSWER or kind is Kind.REASONING:
+                                if not token_stamps:
+                                    # From here the total deadline applies, not the first-token one.
+                                    phase = ErrorClass.TIMEOUT_TOTAL
+                                    deadline.reschedule(start_loop_time + timeouts.total)
+                                token_stamps.append(now)
+                                if kind is Kind.ANSWER and first_answer is None:
+                                    first_answer = now
+                            elif kind is Kind.DONE:
+                                done = True
+                            elif kind is Kind.ERROR:
+                                sample.error = ErrorClass.STREAM_ERROR
+                                sample.error_message = redact(
+                                    f"error event in the stream after {len(token_stamps)} tokens: "
+                                    f"{info.error_message}",
+                                    [endpoint.api_key],
+                                )
+                                return
+        except TimeoutError:
+            sample.error = phase
+            sample.error_message = self._timeout_message(phase, timeouts, len(token_stamps))
+        except _Deadline as exc:
+            sample.error = exc.error
+            sample.error_message = self._timeout_message(exc.error, timeouts, len(token_stamps))
+        except (MalformedEvent, SSEError) as exc:
+            sample.error = ErrorClass.MALFORMED_STREAM
+            sample.error_message = redact(f"malformed stream: {exc}", [endpoint.api_key])
+        except aiohttp.ClientError as exc:
+            if headers_at is None:
+                sample.error, sample.error_message = _classify_connect_error(exc, endpoint)
+            else:
+                sample.error = ErrorClass.STREAM_ERROR
+                sample.error_message = (
+                    f"the connection broke mid-stream after {len(token_stamps)} tokens "
+                    f"({type(exc).__name__}); the server or a proxy cut the response"
+                )
+        finally:
+            self._finish(sample, endpoint, stamps, headers_at, first_event, token_stamps, first_answer, done)
+
+    def _finish(
+        self,
+        sample: Sample,
+        endpoint: Endpoint,
+        stamps: _Stamps,
+        headers_at: int | None,
+        first_event: int | None,
+        token_stamps: list[int],
+        first_answer: int | None,
+        done: bool,
+    ) -> None:
+        end = time.perf_counter_ns()
+        sent = stamps.sent if stamps.sent is not None else stamps.request_start
+        sample.sent_mono_ns = sent
+        sample.connection_reused = stamps.reused if stamps.conn_start is not None or stamps.reused else None
+        if not stamps.reused:
+            sample.dns_ms = _ms(stamps.dns_start, stamps.dns_end)
+            if stamps.tcp_end is not None:
+                sample.connect_ms = _ms(stamps.conn_start, stamps.tcp_end)
+                if stamps.conn_end is not None and endpoint.base_url.startswith("https:"):
+                    sample.tls_ms = _ms(stamps.tcp_end, stamps.conn_end)
+            else:
+                sample.connect_ms = _ms(stamps.conn_start, stamps.conn_end)
+        sample.setup_ms = _ms(stamps.request_start, sent)
+        sample.ttfb_ms = _ms(sent, headers_at)
+        sample.first_event_ms = _ms(sent, first_event)
+        if token_stamps:
+            sample.ttft_ms = _ms(sent, token_stamps[0])
+            sample.ttfa_ms = _ms(sent, first_answer)
+            sample.token_events = len(token_stamps)
+            if len(token_stamps) > 1:
+                gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
+                gaps.sort()
+                sample.gap_p50_ms = percentile(gaps, 50, presorted=True)
+                sample.gap_p95_ms = percentile(gaps, 95, presorted=True)
+                sample.gap_max_ms = gaps[-1]
+                decode_s = (token_stamps[-1] - token_stamps[0]) / 1e9
+                tokens = sample.completion_tokens or len(token_stamps)
+                if decode_s > 0 and tokens > 1:
+                    sample.decode_tps = (tokens - 1) / decode_s
+        sample.total_ms = _ms(sent, end)
+        if sample.error is None and sample.http_status is not None and sample.http_status < 400:
+            if not token_stamps:
+                sample.error = ErrorClass.EMPTY_RESPONSE
+                sample.error_message = (
+                    "the stream ended without a single generated token"
+                    + ("" if done else " and without its end marker")
+                    + "; check max_tokens and that the model generates for this prompt"
+                )
+            elif not done:
+                sample.error = ErrorClass.STREAM_ERROR
+                sample.error_message = (
+                    f"the stream ended after {len(token_stamps)} tokens without its end marker "
+                    "([DONE] or message_stop); the server or a proxy cut the response"
+                )
+
+    @staticmethod
+    def _timeout_message(phase: ErrorClass, timeouts: Timeouts, tokens: int) -> str:
+        if phase is ErrorClass.TIMEOUT_CONNECT:
+            return (
+                f"no connection within {timeouts.connect:g} s; check the host and port, or raise "
+                "timeout_s.connect"
+            )
+        if phase is ErrorClass.TIMEOUT_FIRST_TOKEN:
+            return (
+                f"no token within {timeouts.first_token:g} s of sending; the server is overloaded or hung, "
+                "or raise timeout_s.first_token for long prompts"
+            )
+        return (
+            f"the stream did not finish within {timeouts.total:g} s ({tokens} tokens so far); lower "
+            "max_tokens or raise timeout_s.total"
+        )
+
+    async def _record_http_error(
+        self, resp: aiohttp.ClientResponse, endpoint: Endpoint, sample: Sample
+    ) -> None:
+        try:
+            raw = await resp.content.read(MAX_ERROR_BODY)
+        except aiohttp.ClientError:
+            raw = b""
+        text = raw.decode("utf-8", errors="replace")
+        message = _server_message(text)
+        status = resp.status
+        error = _classify_status(status, message)
+        sample.error = error
+        hint = _STATUS_HINTS.get(error, "")
+        retry_after = resp.headers.get("Retry-After")
+        if retry_after and error is ErrorClass.RATE_LIMITED:
+            hint = f"{hint} (Retry-After: {retry_after})"
+        text = f"HTTP {status}: {message}" + (f"; {hint}" if hint else "")
+        sample.error_message = redact(text, [endpoint.api_key])
+
+
+_STATUS_HINTS = {
+    ErrorClass.AUTH: "check the API key (api_key_env / api_key_file) and that it is allowed this model",
+    ErrorClass.MODEL_NOT_FOUND: "check the model name (ask GET /v1/models) and the provider's base_url",
+    ErrorClass.RATE_LIMITED: "the provider is throttling; lower rounds or concurrency, or probe less often",
+    ErrorClass.BAD_REQUEST: "the server rejected the request; check params.extra_body, or set "
+    "include_usage: false if it rejects stream_options",
+    ErrorClass.SERVER_ERROR: "the server failed; this is the provider's side",
+}
+
+
+def _server_message(text: str) -> str:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return " ".join(text.split())[:300] or "(empty body)"
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            return str(err.get("message") or err.get("detail") or err.get("type") or err)[:300]
+        if isinstance(err, str):
+            return err[:300]
+        detail = obj.get("detail") or obj.get("message")
+        if detail:
+            return str(detail)[:300]
+    return text[:300]
+
+
+def _classify_status(status: int, message: str) -> ErrorClass:
+    lowered = message.lower()
+    if status in (401, 403):
+        return ErrorClass.AUTH
+    if status == 404:
+        return ErrorClass.MODEL_NOT_FOUND
+    if status == 429:
+        return ErrorClass.RATE_LIMITED
+    if status >= 500:
+        return ErrorClass.SERVER_ERROR
+    if "model" in lowered and ("not exist" in lowered or "not found" in lowered or "unknown" in lowered):
+        return ErrorClass.MODEL_NOT_FOUND
+    return ErrorClass.BAD_REQUEST
+
+
+def _classify_connect_error(exc: aiohttp.ClientError, endpoint: Endpoint) -> tuple[ErrorClass, str]:
+    host = endpoint.base_url
+    dns_error = getattr(aiohttp, "ClientConnectorDNSError", None)
+    if (dns_error is not None and isinstance(exc, dns_error)) or isinstance(
+        getattr(exc, "os_error", None), socket.gaierror
+    ):
+        return ErrorClass.DNS, f"cannot resolve the host of {host}; check the hostname in base_url"
+    if isinstance(exc, ClientConnectorCertificateError):
+        return ErrorClass.TLS, (
+            f"TLS certificate of {host} not trusted ({exc.certificate_error}); set tls.ca_file to the CA "
+            "that signed it"
+        )
+    if isinstance(exc, (ClientConnectorSSLError, ClientSSLError)):
+        return ErrorClass.TLS, f"TLS handshake with {host} failed; check that the port speaks https"
+    if isinstance(exc, ClientConnectorError):
+        reason = exc.os_error.strerror or type(exc.os_error).__name__
+        return ErrorClass.CONNECT, f"cannot connect to {host}: {reason}; is the server running on that port?"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return ErrorClass.CONNECT, f"{host} closed the connection before answering"
+    return ErrorClass.CONNECT, f"request to {host} failed: {type(exc).__name__}"

@@ -1,0 +1,131 @@
+"""Summaries of a set of samples and their table / JSON / CSV renderings. Pure."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from monitor.probe.result import SAMPLE_FIELDS, Sample
+from monitor.probe.stats import median, percentile
+
+
+@dataclass(slots=True)
+class SeriesSummary:
+    target: str
+    prompt: str
+    samples: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
+    ttft_min_ms: float | None = None
+    ttft_max_ms: float | None = None
+    ttfa_p50_ms: float | None = None
+    decode_tps_p50: float | None = None
+    prompt_tokens_p50: float | None = None
+    prompt_tokens_target: int | None = None
+    cached_tokens_p50: float | None = None
+    setup_ms_p50: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+
+
+def summarize(samples: Iterable[Sample]) -> list[SeriesSummary]:
+    """One row per (target, prompt) in first-seen order; warm-up samples are left out."""
+    groups: dict[tuple[str, str], list[Sample]] = {}
+    for sample in samples:
+        if not sample.warmup:
+            groups.setdefault((sample.target, sample.prompt), []).append(sample)
+    rows = []
+    for (target, prompt), group in groups.items():
+        ok = [s for s in group if s.ok and s.ttft_ms is not None]
+        ttft = sorted(s.ttft_ms for s in ok if s.ttft_ms is not None)
+        rows.append(
+            SeriesSummary(
+                target=target,
+                prompt=prompt,
+                samples=len(group),
+                errors=dict(Counter(s.error.value for s in group if s.error is not None)),
+                ttft_p50_ms=percentile(ttft, 50, presorted=True),
+                ttft_p90_ms=percentile(ttft, 90, presorted=True),
+                ttft_min_ms=ttft[0] if ttft else None,
+                ttft_max_ms=ttft[-1] if ttft else None,
+                ttfa_p50_ms=median([s.ttfa_ms for s in ok if s.ttfa_ms is not None]),
+                decode_tps_p50=median([s.decode_tps for s in ok if s.decode_tps is not None]),
+                prompt_tokens_p50=median([s.prompt_tokens for s in ok if s.prompt_tokens is not None]),
+                prompt_tokens_target=group[0].prompt_tokens_target,
+                cached_tokens_p50=median([s.cached_tokens for s in ok if s.cached_tokens is not None]),
+                setup_ms_p50=median([s.setup_ms for s in ok if s.setup_ms is not None]),
+            )
+        )
+    return rows
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def render_table(rows: Sequence[SeriesSummary], *, show_setup: bool = False) -> str:
+    headers = ["target", "prompt", "tokens", "n", "err", "TTFT p50", "p90", "min", "max", "TTFA p50", "tok/s"]
+    if show_setup:
+        headers.append("setup p50")
+    body = []
+    for r in rows:
+        errors = sum(r.errors.values())
+        line = [
+            r.target,
+            r.prompt,
+            _num(r.prompt_tokens_p50, 0),
+            str(r.samples),
+            str(errors) if errors else "0",
+            _num(r.ttft_p50_ms),
+            _num(r.ttft_p90_ms),
+            _num(r.ttft_min_ms),
+            _num(r.ttft_max_ms),
+            _num(r.ttfa_p50_ms),
+            _num(r.decode_tps_p50),
+        ]
+        if show_setup:
+            line.append(_num(r.setup_ms_p50))
+        body.append(line)
+    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
+
+    def fmt(cells: list[str]) -> str:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        padded = (c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs)
+        return "  ".join(padded).rstrip()
+
+    lines = [fmt(headers), fmt(["-" * w for w in widths])]
+    lines.extend(fmt(row) for row in body)
+    lines.append("times in ms; tokens = median prompt tokens the server reported; warm-up rounds excluded")
+    error_lines = [
+        f"  {r.target} / {r.prompt}: " + ", ".join(f"{k} x{v}" for k, v in sorted(r.errors.items()))
+        for r in rows
+        if r.errors
+    ]
+    if error_lines:
+        lines.append("errors:")
+        lines.extend(error_lines)
+    return "\n".join(lines)
+
+
+def render_json(samples: Sequence[Sample], rows: Sequence[SeriesSummary]) -> str:
+    return json.dumps(
+        {"summary": [r.as_dict() for r in rows], "samples": [s.as_dict() for s in samples]},
+        ensure_ascii=False,
+        indent=1,
+    )
+
+
+def render_csv(samples: Sequence[Sample]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(SAMPLE_FIELDS), lineterminator="\n")
+    writer.writeheader()
+    for sample in samples:
+        writer.writerow({k: ("" if v is None else v) for k, v in sample.as_dict().items()})
+    return out.getvalue()

@@ -1,0 +1,88 @@
+"""What one probe records: the sample, and the fixed set of failure classes."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorClass(StrEnum):
+    """A small fixed set, safe to use as a metric label; free text goes in `error_message`."""
+
+    DNS = "dns"
+    CONNECT = "connect"
+    TLS = "tls"
+    TIMEOUT_CONNECT = "timeout_connect"
+    TIMEOUT_FIRST_TOKEN = "timeout_first_token"
+    TIMEOUT_TOTAL = "timeout_total"
+    AUTH = "auth"
+    MODEL_NOT_FOUND = "model_not_found"
+    RATE_LIMITED = "rate_limited"
+    BAD_REQUEST = "bad_request"
+    SERVER_ERROR = "server_error"
+    STREAM_ERROR = "stream_error"
+    MALFORMED_STREAM = "malformed_stream"
+    EMPTY_RESPONSE = "empty_response"
+
+
+@dataclass(slots=True)
+class Sample:
+    """One streamed request. Durations are milliseconds from `sent_ns` on one monotonic clock."""
+
+    target: str
+    model: str
+    api: str
+    prompt: str
+    round: int
+    sample_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    warmup: bool = False
+    intended_at: datetime | None = None
+    sent_at: datetime | None = None
+    # Connection set-up; None when the request rode on a reused connection.
+    dns_ms: float | None = None
+    connect_ms: float | None = None
+    tls_ms: float | None = None
+    connection_reused: bool | None = None
+    # From the start of the request to its body being handed to the socket: pool wait + set-up.
+    setup_ms: float | None = None
+    ttfb_ms: float | None = None
+    first_event_ms: float | None = None
+    ttft_ms: float | None = None
+    ttfa_ms: float | None = None
+    total_ms: float | None = None
+    gap_p50_ms: float | None = None
+    gap_p95_ms: float | None = None
+    gap_max_ms: float | None = None
+    decode_tps: float | None = None
+    token_events: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    prompt_tokens_target: int | None = None
+    prompt_chars: int | None = None
+    served_model: str | None = None
+    request_id: str | None = None
+    http_status: int | None = None
+    error: ErrorClass | None = None
+    error_message: str | None = None
+    # The raw monotonic stamp of `sent`, to compare with another process's stamps (benchmarks).
+    sent_mono_ns: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def as_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for key in ("intended_at", "sent_at"):
+            value = out[key]
+            out[key] = value.isoformat() if value is not None else None
+        out["error"] = self.error.value if self.error is not None else None
+        return out
+
+
+SAMPLE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Sample))

@@ -1,0 +1,93 @@
+"""Runs targets x prompts x rounds through the concurrency limits; the probe's one orchestration path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from monitor.probe.apis import RequestParams
+from monitor.probe.client import Endpoint, ProbeClient
+from monitor.probe.prompts import PromptFactory, PromptSpec
+from monitor.probe.result import Sample
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeTarget:
+    name: str
+    provider: str
+    endpoint: Endpoint
+    params: RequestParams
+
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    targets: tuple[ProbeTarget, ...]
+    prompts: tuple[PromptSpec, ...]
+    rounds: int = 5
+    warmup: int = 1
+    pause_s: float = 1.0
+    # Requests in flight at once across the whole run. 1 keeps probes from distorting each other.
+    concurrency: int = 1
+
+
+class ProviderLimits:
+    """One semaphore per provider (its `max_concurrency`), shared by every run in the process."""
+
+    def __init__(self, limits: Mapping[str, int]) -> None:
+        self._semaphores = {name: asyncio.Semaphore(n) for name, n in limits.items()}
+
+    def get(self, provider: str) -> asyncio.Semaphore:
+        sem = self._semaphores.get(provider)
+        if sem is None:
+            sem = self._semaphores[provider] = asyncio.Semaphore(1)
+        return sem
+
+
+async def run_plan(
+    plan: RunPlan,
+    *,
+    client: ProbeClient,
+    limits: ProviderLimits,
+    prompts: PromptFactory,
+    intended_at: datetime | None = None,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> list[Sample]:
+    """Probe every series; rounds of one series run in order, series interleave under the caps.
+
+    Returns every sample, warm-up ones included (flagged), in completion order.
+    """
+    intended = intended_at or datetime.now(UTC)
+    gate = asyncio.Semaphore(max(1, plan.concurrency))
+    samples: list[Sample] = []
+
+    async def series(target: ProbeTarget, spec: PromptSpec) -> None:
+        total = plan.warmup + plan.rounds
+        for index in range(total):
+            if index:
+                await asyncio.sleep(plan.pause_s)
+            warmup = index < plan.warmup
+            sample = Sample(
+                target=target.name,
+                model=target.params.model,
+                api=target.endpoint.flavor.name,
+                prompt=spec.name,
+                round=index + 1,
+                warmup=warmup,
+                intended_at=intended,
+                prompt_tokens_target=spec.tokens,
+            )
+            async with gate, limits.get(target.provider):
+                text = prompts.text_for(target.name, spec, warmup=warmup)
+                await client.probe(target.endpoint, target.params, text, sample)
+            prompts.calibration.observe((target.name, spec.name), len(text), sample.prompt_tokens)
+            samples.append(sample)
+            if on_sample is not None:
+                on_sample(sample)
+
+    async with asyncio.TaskGroup() as group:
+        for target in plan.targets:
+            for spec in plan.prompts:
+                group.create_task(series(target, spec))
+    return samples

@@ -1,0 +1,359 @@
+"""The timed stream against small purpose-built servers, one per edge case, over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from monitor.probe.apis import FLAVORS, RequestParams
+from monitor.probe.client import Endpoint, ProbeClient, Timeouts
+from monitor.probe.result import ErrorClass, Sample
+
+Script = list[tuple[float, bytes]]  # (sleep seconds before, bytes to write)
+SECRET = "sk-test-abcdefghijklmnopqrstuvwxyz0123"
+
+
+def chunk(delta: dict | None = None, **extra: object) -> bytes:
+    obj: dict[str, object] = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "served-model"}
+    obj["choices"] = [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": None}]
+    obj.update(extra)
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+ROLE = chunk({"role": "assistant", "content": ""})
+
+
+def content(text: str) -> bytes:
+    return chunk({"content": text})
+
+
+def streaming_handler(script: Script, *, headers: dict[str, str] | None = None, cut: bool = False):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "x-request-id": "req-42", **(headers or {})}
+        )
+        await resp.prepare(request)
+        try:
+            for delay, data in script:
+                if delay:
+                    await asyncio.sleep(delay)
+                await resp.write(data)
+        except ConnectionResetError:  # the probe gave up (timeouts); nothing more to send
+            return resp
+        if cut:
+            assert request.transport is not None
+            request.transport.abort()
+            return resp
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+@pytest.fixture
+async def serve() -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    runners: list[web.AppRunner] = []
+
+    async def start(handler: Callable, *, ssl_context: ssl.SSLContext | None = None) -> str:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_context)
+        await site.start()
+        runners.append(runner)
+        port = runner.addresses[0][1]
+        scheme = "https" if ssl_context else "http"
+        return f"{scheme}://127.0.0.1:{port}/v1"
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+PARAMS = RequestParams(model="m", max_tokens=16, temperature=0.0, extra_body={}, include_usage=True)
+
+
+async def probe(
+    base_url: str,
+    *,
+    api: str = "openai-chat",
+    timeouts: Timeouts = Timeouts(connect=2, first_token=2, total=5),
+    api_key: str | None = None,
+    fresh: bool = False,
+    ssl_option: ssl.SSLContext | bool = True,
+    client: ProbeClient | None = None,
+) -> Sample:
+    endpoint = Endpoint(base_url, FLAVORS[api], api_key=api_key, timeouts=timeouts, ssl=ssl_option)
+    sample = Sample(target="t", model="m", api=api, prompt="p", round=1)
+    if client is not None:
+        return await client.probe(endpoint, PARAMS, "hello", sample)
+    async with ProbeClient(fresh=fresh) as own:
+        return await own.probe(endpoint, PARAMS, "hello", sample)
+
+
+async def test_the_role_chunk_is_not_the_first_token(serve) -> None:
+    url = await serve(streaming_handler([(0, ROLE), (0.1, content("Hi")), (0, chunk({}, usage=None)), (0, DONE)]))
+    sample = await probe(url)
+    assert sample.ok, sample.error_message
+    assert sample.first_event_ms is not None and sample.first_event_ms < 50
+    assert sample.ttft_ms is not None and 100 <= sample.ttft_ms < 150
+    assert sample.ttfa_ms == sample.ttft_ms
+    assert sample.request_id == "req-42"
+    assert sample.served_model == "served-model"
+
+
+async def test_comments_and_empty_deltas_are_not_tokens(serve) -> None:
+    script = [(0, b": ping\n\n"), (0.04, b": ping\n\n"), (0, chunk({})), (0.04, content("x")), (0, DONE)]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.ok, sample.error_message
+    assert sample.ttft_ms is not None and 80 <= sample.ttft_ms < 130
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning"])
+async def test_reasoning_counts_for_ttft_and_the_answer_for_ttfa(serve, field: str) -> None:
+    script = [
+        (0, ROLE),
+        (0.05, chunk({field: "Let me think"})),
+        (0.02, chunk({field: " more"})),
+        (0.08, content("Answer")),
+        (0, DONE),
+    ]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.ok, sample.error_message
+    assert sample.ttft_ms is not None and 50 <= sample.ttft_ms < 90
+    assert sample.ttfa_ms is not None and 150 <= sample.ttfa_ms < 200
+    assert sample.token_events == 3
+
+
+async def test_a_tool_call_is_a_token(serve) -> None:
+    call = {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": ""}}]}
+    sample = await probe(await serve(streaming_handler([(0, ROLE), (0.03, chunk(call)), (0, DONE)])))
+    assert sample.ok and sample.ttft_ms is not None and sample.ttft_ms >= 30
+
+
+async def test_it_reads_usage_from_a_usage_only_final_chunk(serve) -> None:
+    usage = {"prompt_tokens": 1234, "completion_tokens": 2, "total_tokens": 1236,
+             "prompt_tokens_details": {"cached_tokens": 1024}}
+    script = [(0, ROLE), (0, content("a")), (0.01, content("b")), (0, chunk(None, usage=usage)), (0, DONE)]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert (sample.prompt_tokens, sample.completion_tokens, sample.cached_tokens) == (1234, 2, 1024)
+    assert sample.gap_max_ms is not None and sample.gap_max_ms >= 10
+    assert sample.decode_tps is not None and sample.decode_tps > 0
+
+
+async def test_an_error_event_mid_stream_is_a_stream_error(serve) -> None:
+    err = b'data: {"error": {"message": "engine died", "type": "server_error", "code": 500}}\n\n'
+    sample = await probe(await serve(streaming_handler([(0, ROLE), (0, content("a")), (0, err)])))
+    assert sample.error is ErrorClass.STREAM_ERROR
+    assert sample.error_message == "error event in the stream after 1 tokens: engine died"
+    assert sample.ttft_ms is not None
+
+
+async def test_a_utf8_character_split_across_writes_is_reassembled(serve) -> None:
+    raw = b'data: {"choices":[{"index":0,"delta":{"content":"' + "首字".encode() + b'"}}]}\n\n'
+    split = raw.index("首".encode()) + 1  # inside the first character's three bytes
+    script = [(0, ROLE), (0.02, raw[:split]), (0.03, raw[split:]), (0, DONE)]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.ok, sample.error_message
+    # The token is complete only when its second half arrives.
+    assert sample.ttft_ms is not None and sample.ttft_ms >= 50
+
+
+async def test_a_stream_cut_mid_way_is_a_stream_error(serve) -> None:
+    url = await serve(streaming_handler([(0, ROLE), (0, content("a")), (0.01, content("b"))], cut=True))
+    sample = await probe(url)
+    assert sample.error is ErrorClass.STREAM_ERROR
+    assert sample.ttft_ms is not None
+
+
+async def test_malformed_json_is_a_malformed_stream(serve) -> None:
+    sample = await probe(await serve(streaming_handler([(0, ROLE), (0, b"data: {not json\n\n")])))
+    assert sample.error is ErrorClass.MALFORMED_STREAM
+    assert sample.error_message == "malformed stream: event data is not JSON: '{not json'"
+
+
+async def test_a_stream_without_tokens_is_an_empty_response(serve) -> None:
+    sample = await probe(await serve(streaming_handler([(0, ROLE), (0, chunk({}, )), (0, DONE)])))
+    assert sample.error is ErrorClass.EMPTY_RESPONSE
+    assert sample.ttft_ms is None
+
+
+async def test_a_json_answer_instead_of_a_stream_is_malformed(serve) -> None:
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"choices": [{"message": {"content": "hi"}}]})
+
+    sample = await probe(await serve(handler))
+    assert sample.error is ErrorClass.MALFORMED_STREAM
+    assert "not an event stream" in (sample.error_message or "")
+
+
+def error_handler(status: int, body: dict, headers: dict[str, str] | None = None):
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(body, status=status, headers=headers)
+
+    return handler
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected", "message"),
+    [
+        (401, {"error": {"message": f"Incorrect API key provided: {SECRET}"}}, ErrorClass.AUTH,
+         "HTTP 401: Incorrect API key provided: [REDACTED]; check the API key (api_key_env / api_key_file) "
+         "and that it is allowed this model"),
+        (404, {"error": {"message": "The model `m` does not exist.", "code": 404}}, ErrorClass.MODEL_NOT_FOUND,
+         "HTTP 404: The model `m` does not exist.; check the model name (ask GET /v1/models) and the "
+         "provider's base_url"),
+        (400, {"error": {"message": "model 'm' not found"}}, ErrorClass.MODEL_NOT_FOUND, None),
+        (400, {"error": {"message": "stream_options not supported"}}, ErrorClass.BAD_REQUEST, None),
+        (500, {"error": {"message": "boom"}}, ErrorClass.SERVER_ERROR, None),
+        (503, {"detail": "overloaded"}, ErrorClass.SERVER_ERROR, None),
+    ],
+)
+async def test_http_errors_are_classified_with_the_servers_message(
+    serve, status: int, body: dict, expected: ErrorClass, message: str | None
+) -> None:
+    sample = await probe(await serve(error_handler(status, body)), api_key=SECRET)
+    assert sample.error is expected
+    assert sample.http_status == status
+    assert SECRET not in (sample.error_message or "")
+    if message is not None:
+        assert sample.error_message == message
+
+
+async def test_rate_limiting_reports_retry_after(serve) -> None:
+    url = await serve(error_handler(429, {"error": {"message": "slow down"}}, {"Retry-After": "7"}))
+    sample = await probe(url)
+    assert sample.error is ErrorClass.RATE_LIMITED
+    assert sample.error_message is not None and sample.error_message.endswith("(Retry-After: 7)")
+
+
+async def test_a_refused_connection_is_a_connect_error(unused_tcp_port: int) -> None:
+    sample = await probe(f"http://127.0.0.1:{unused_tcp_port}/v1")
+    assert sample.error is ErrorClass.CONNECT
+    assert sample.error_message is not None
+    assert sample.error_message.startswith(f"cannot connect to http://127.0.0.1:{unused_tcp_port}/v1")
+    assert sample.error_message.endswith("is the server running on that port?")
+
+
+async def test_an_unknown_host_is_a_dns_error() -> None:
+    sample = await probe("http://no-such-host.invalid/v1")
+    assert sample.error is ErrorClass.DNS
+    assert sample.error_message == (
+        "cannot resolve the host of http://no-such-host.invalid/v1; check the hostname in base_url"
+    )
+
+
+async def test_a_server_that_hangs_before_the_first_token_times_out(serve) -> None:
+    url = await serve(streaming_handler([(0, ROLE), (5, content("late"))]))
+    sample = await probe(url, timeouts=Timeouts(connect=1, first_token=0.3, total=5))
+    assert sample.error is ErrorClass.TIMEOUT_FIRST_TOKEN
+    assert sample.total_ms is not None and 280 <= sample.total_ms < 800
+    assert sample.first_event_ms is not None
+
+
+async def test_a_slow_drip_hits_the_total_timeout(serve) -> None:
+    url = await serve(streaming_handler([(0, ROLE), (0, content("a"))] + [(0.1, content("b"))] * 20))
+    sample = await probe(url, timeouts=Timeouts(connect=1, first_token=1, total=0.5))
+    assert sample.error is ErrorClass.TIMEOUT_TOTAL
+    assert sample.ttft_ms is not None
+    assert sample.error_message is not None and "did not finish within 0.5 s" in sample.error_message
+
+
+async def test_a_reused_connection_records_no_setup_and_a_fresh_one_does(serve) -> None:
+    url = await serve(streaming_handler([(0, ROLE), (0, content("a")), (0, DONE)]))
+    async with ProbeClient() as client:
+        first = await probe(url, client=client)
+        second = await probe(url, client=client)
+    assert first.connection_reused is False and first.connect_ms is not None
+    assert second.connection_reused is True
+    assert (second.dns_ms, second.connect_ms, second.tls_ms) == (None, None, None)
+    async with ProbeClient(fresh=True) as client:
+        fresh = [await probe(url, client=client) for _ in range(2)]
+    assert all(s.connection_reused is False and s.connect_ms is not None for s in fresh)
+
+
+@pytest.fixture(scope="module")
+def self_signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )
+    return cert, key
+
+
+async def test_tls_time_is_measured_and_an_untrusted_certificate_is_a_tls_error(serve, self_signed) -> None:
+    cert, key = self_signed
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    url = await serve(streaming_handler([(0, ROLE), (0, content("a")), (0, DONE)]), ssl_context=server_ctx)
+    untrusted = await probe(url)
+    assert untrusted.error is ErrorClass.TLS
+    assert untrusted.error_message is not None and "set tls.ca_file" in untrusted.error_message
+    trusted = await probe(url, ssl_option=ssl.create_default_context(cafile=str(cert)))
+    assert trusted.ok, trusted.error_message
+    assert trusted.tls_ms is not None and trusted.tls_ms > 0
+    assert trusted.connect_ms is not None
+
+
+async def test_an_anthropic_stream_with_thinking(serve) -> None:
+    def ev(name: str, data: dict) -> bytes:
+        return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+    script = [
+        (0, ev("message_start", {"type": "message_start", "message": {
+            "id": "msg_1", "model": "claude-x", "usage": {"input_tokens": 10, "cache_read_input_tokens": 90}}})),
+        (0, ev("content_block_start", {"type": "content_block_start", "index": 0,
+                                       "content_block": {"type": "thinking", "thinking": ""}})),
+        (0, ev("ping", {"type": "ping"})),
+        (0.04, ev("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                          "delta": {"type": "thinking_delta", "thinking": "hmm"}})),
+        (0.04, ev("content_block_delta", {"type": "content_block_delta", "index": 1,
+                                          "delta": {"type": "text_delta", "text": "Hi"}})),
+        (0, ev("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                                 "usage": {"output_tokens": 2}})),
+        (0, ev("message_stop", {"type": "message_stop"})),
+    ]
+    sample = await probe(await serve(streaming_handler(script)), api="anthropic-messages")
+    assert sample.ok, sample.error_message
+    assert sample.ttft_ms is not None and 40 <= sample.ttft_ms < 75
+    assert sample.ttfa_ms is not None and sample.ttfa_ms >= 80
+    assert (sample.prompt_tokens, sample.cached_tokens, sample.completion_tokens) == (100, 90, 2)
+    assert sample.served_model == "claude-x"
+
+
+async def test_an_anthropic_error_event_is_a_stream_error(serve) -> None:
+    err = b'event: error\ndata: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}\n\n'
+    sample = await probe(await serve(streaming_handler([(0, err)])), api="anthropic-messages")
+    assert sample.error is ErrorClass.STREAM_ERROR
+    assert sample.error_message == "error event in the stream after 0 tokens: Overloaded"
+
+
+async def test_the_request_carries_the_key_and_body_per_api(serve) -> None:
+    seen: list[tuple[dict, dict]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append((dict(request.headers), await request.json()))
+        return await streaming_handler([(0, content("a")), (0, DONE)])(request)
+
+    url = await serve(handler)
+    await probe(url, api_key=SECRET)
+    await probe(url, api="anthropic-messages", api_key=SECRET)
+    (openai_headers, openai_body), (anthropic_headers, anthropic_body) = seen
+    assert openai_headers["Authorization"] == f"Bearer {SECRET}"
+    assert openai_body["stream"] is True and openai_body["stream_options"] == {"include_usage": True}
+    assert openai_body["messages"] == [{"role": "user", "content": "hello"}]
+    assert anthropic_headers["x-api-key"] == SECRET and anthropic_headers["anthropic-version"]
+    assert "stream_options" not in anthropic_body
