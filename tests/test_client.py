@@ -80,6 +80,7 @@ async def serve() -> AsyncIterator[Callable[..., Awaitable[str]]]:
         await runner.cleanup()
 
 
+DEFAULT_TIMEOUTS = Timeouts(connect=2, first_token=2, total=5)
 PARAMS = RequestParams(model="m", max_tokens=16, temperature=0.0, extra_body={}, include_usage=True)
 
 
@@ -87,7 +88,7 @@ async def probe(
     base_url: str,
     *,
     api: str = "openai-chat",
-    timeouts: Timeouts = Timeouts(connect=2, first_token=2, total=5),
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
     api_key: str | None = None,
     fresh: bool = False,
     ssl_option: ssl.SSLContext | bool = True,
@@ -142,8 +143,12 @@ async def test_a_tool_call_is_a_token(serve) -> None:
 
 
 async def test_it_reads_usage_from_a_usage_only_final_chunk(serve) -> None:
-    usage = {"prompt_tokens": 1234, "completion_tokens": 2, "total_tokens": 1236,
-             "prompt_tokens_details": {"cached_tokens": 1024}}
+    usage = {
+        "prompt_tokens": 1234,
+        "completion_tokens": 2,
+        "total_tokens": 1236,
+        "prompt_tokens_details": {"cached_tokens": 1024},
+    }
     script = [(0, ROLE), (0, content("a")), (0.01, content("b")), (0, chunk(None, usage=usage)), (0, DONE)]
     sample = await probe(await serve(streaming_handler(script)))
     assert (sample.prompt_tokens, sample.completion_tokens, sample.cached_tokens) == (1234, 2, 1024)
@@ -183,7 +188,22 @@ async def test_malformed_json_is_a_malformed_stream(serve) -> None:
 
 
 async def test_a_stream_without_tokens_is_an_empty_response(serve) -> None:
-    sample = await probe(await serve(streaming_handler([(0, ROLE), (0, chunk({}, )), (0, DONE)])))
+    sample = await probe(
+        await serve(
+            streaming_handler(
+                [
+                    (0, ROLE),
+                    (
+                        0,
+                        chunk(
+                            {},
+                        ),
+                    ),
+                    (0, DONE),
+                ]
+            )
+        )
+    )
     assert sample.error is ErrorClass.EMPTY_RESPONSE
     assert sample.ttft_ms is None
 
@@ -207,12 +227,20 @@ def error_handler(status: int, body: dict, headers: dict[str, str] | None = None
 @pytest.mark.parametrize(
     ("status", "body", "expected", "message"),
     [
-        (401, {"error": {"message": f"Incorrect API key provided: {SECRET}"}}, ErrorClass.AUTH,
-         "HTTP 401: Incorrect API key provided: [REDACTED]; check the API key (api_key_env / api_key_file) "
-         "and that it is allowed this model"),
-        (404, {"error": {"message": "The model `m` does not exist.", "code": 404}}, ErrorClass.MODEL_NOT_FOUND,
-         "HTTP 404: The model `m` does not exist.; check the model name (ask GET /v1/models) and the "
-         "provider's base_url"),
+        (
+            401,
+            {"error": {"message": f"Incorrect API key provided: {SECRET}"}},
+            ErrorClass.AUTH,
+            "HTTP 401: Incorrect API key provided: [REDACTED]; check the API key (api_key_env / api_key_file) "
+            "and that it is allowed this model",
+        ),
+        (
+            404,
+            {"error": {"message": "The model `m` does not exist.", "code": 404}},
+            ErrorClass.MODEL_NOT_FOUND,
+            "HTTP 404: The model `m` does not exist.; check the model name (ask GET /v1/models) and the "
+            "provider's base_url",
+        ),
         (400, {"error": {"message": "model 'm' not found"}}, ErrorClass.MODEL_NOT_FOUND, None),
         (400, {"error": {"message": "stream_options not supported"}}, ErrorClass.BAD_REQUEST, None),
         (500, {"error": {"message": "boom"}}, ErrorClass.SERVER_ERROR, None),
@@ -287,9 +315,26 @@ def self_signed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("tls")
     cert, key = folder / "cert.pem", folder / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 
@@ -313,17 +358,49 @@ async def test_an_anthropic_stream_with_thinking(serve) -> None:
         return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
     script = [
-        (0, ev("message_start", {"type": "message_start", "message": {
-            "id": "msg_1", "model": "claude-x", "usage": {"input_tokens": 10, "cache_read_input_tokens": 90}}})),
-        (0, ev("content_block_start", {"type": "content_block_start", "index": 0,
-                                       "content_block": {"type": "thinking", "thinking": ""}})),
+        (
+            0,
+            ev(
+                "message_start",
+                {
+                    "type": "message_start",
+                    "message": {
+                        "id": "msg_1",
+                        "model": "claude-x",
+                        "usage": {"input_tokens": 10, "cache_read_input_tokens": 90},
+                    },
+                },
+            ),
+        ),
+        (
+            0,
+            ev(
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+            ),
+        ),
         (0, ev("ping", {"type": "ping"})),
-        (0.04, ev("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                          "delta": {"type": "thinking_delta", "thinking": "hmm"}})),
-        (0.04, ev("content_block_delta", {"type": "content_block_delta", "index": 1,
-                                          "delta": {"type": "text_delta", "text": "Hi"}})),
-        (0, ev("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
-                                 "usage": {"output_tokens": 2}})),
+        (
+            0.04,
+            ev(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "hmm"}},
+            ),
+        ),
+        (
+            0.04,
+            ev(
+                "content_block_delta",
+                {"type": "content_block_delta", "index": 1, "delta": {"type": "text_delta", "text": "Hi"}},
+            ),
+        ),
+        (
+            0,
+            ev(
+                "message_delta",
+                {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 2}},
+            ),
+        ),
         (0, ev("message_stop", {"type": "message_stop"})),
     ]
     sample = await probe(await serve(streaming_handler(script)), api="anthropic-messages")

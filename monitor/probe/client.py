@@ -81,9 +81,7 @@ class _Stamps:
     sent: int | None = None
 
 
-_current_stamps: contextvars.ContextVar[_Stamps | None] = contextvars.ContextVar(
-    "ttft_probe_stamps", default=None
-)
+_current_stamps: contextvars.ContextVar[_Stamps | None] = contextvars.ContextVar("ttft_probe_stamps", default=None)
 
 
 class _TimedConnector(aiohttp.TCPConnector):
@@ -204,9 +202,7 @@ class ProbeClient:
     async def __aexit__(self, *_exc: object) -> None:
         await self.close()
 
-    async def probe(
-        self, endpoint: Endpoint, params: RequestParams, prompt: str, sample: Sample
-    ) -> Sample:
+    async def probe(self, endpoint: Endpoint, params: RequestParams, prompt: str, sample: Sample) -> Sample:
         """Send one streaming request and fill `sample` in place. Never raises for a failed probe."""
         body = json.dumps(endpoint.flavor.build_body(prompt, params), ensure_ascii=False).encode()
         headers = {
@@ -306,8 +302,7 @@ class ProbeClient:
                             elif kind is Kind.ERROR:
                                 sample.error = ErrorClass.STREAM_ERROR
                                 sample.error_message = redact(
-                                    f"error event in the stream after {len(token_stamps)} tokens: "
-                                    f"{info.error_message}",
+                                    f"error event in the stream after {len(token_stamps)} tokens: {info.error_message}",
                                     [endpoint.api_key],
                                 )
                                 return
@@ -391,10 +386,7 @@ class ProbeClient:
     @staticmethod
     def _timeout_message(phase: ErrorClass, timeouts: Timeouts, tokens: int) -> str:
         if phase is ErrorClass.TIMEOUT_CONNECT:
-            return (
-                f"no connection within {timeouts.connect:g} s; check the host and port, or raise "
-                "timeout_s.connect"
-            )
+            return f"no connection within {timeouts.connect:g} s; check the host and port, or raise timeout_s.connect"
         if phase is ErrorClass.TIMEOUT_FIRST_TOKEN:
             return (
                 f"no token within {timeouts.first_token:g} s of sending; the server is overloaded or hung, "
@@ -405,9 +397,7 @@ class ProbeClient:
             "max_tokens or raise timeout_s.total"
         )
 
-    async def _record_http_error(
-        self, resp: aiohttp.ClientResponse, endpoint: Endpoint, sample: Sample
-    ) -> None:
+    async def _record_http_error(self, resp: aiohttp.ClientResponse, endpoint: Endpoint, sample: Sample) -> None:
         try:
             raw = await resp.content.read(MAX_ERROR_BODY)
         except aiohttp.ClientError:
@@ -476,8 +466,7 @@ def _classify_connect_error(exc: aiohttp.ClientError, endpoint: Endpoint) -> tup
         return ErrorClass.DNS, f"cannot resolve the host of {host}; check the hostname in base_url"
     if isinstance(exc, ClientConnectorCertificateError):
         return ErrorClass.TLS, (
-            f"TLS certificate of {host} not trusted ({exc.certificate_error}); set tls.ca_file to the CA "
-            "that signed it"
+            f"TLS certificate of {host} not trusted ({exc.certificate_error}); set tls.ca_file to the CA that signed it"
         )
     if isinstance(exc, (ClientConnectorSSLError, ClientSSLError)):
         return ErrorClass.TLS, f"TLS handshake with {host} failed; check that the port speaks https"

@@ -116,10 +116,8 @@ class Calibration:
         if last is not None and abs(last.chars - chars) > 0.02 * chars and last.tokens != tokens:
             slope = (tokens - last.tokens) / (chars - last.chars)  # tokens per char
             overhead = tokens - slope * chars
-            if slope > 0 and 0 <= overhead < 0.5 * tokens:
-                fit = (1 / slope, overhead)
-            else:
-                fit = (chars / tokens, 0.0)
+            plausible = slope > 0 and 0 <= overhead < 0.5 * tokens
+            fit = (1 / slope, overhead) if plausible else (chars / tokens, 0.0)
         else:
             _, overhead = self._fits.get(key, (0.0, 0.0))
             overhead = min(overhead, 0.5 * tokens)
@@ -139,23 +137,32 @@ class PromptSpec:
 
 
 class PromptFactory:
-    """Builds the text for the next sample of a series; `warm` repeats one text on purpose."""
+    """Builds the text for the next sample of a series. Make one per run.
+
+    `bust`: a fresh nonce first in every request, so no prefix cache can answer.
+    `warm`: one text repeated for the whole run, to measure the cached path on purpose. It still
+    starts with a nonce, but one per run, so an earlier run cannot have warmed the cache: the
+    first request of the run fills it and every later one hits it. Warm-up requests share that
+    nonce, so with warm-up rounds even the first measured request finds (part of) it cached.
+    """
 
     def __init__(self, calibration: Calibration) -> None:
         self.calibration = calibration
-        self._warm: dict[tuple[str, str], str] = {}
+        self._warm_nonce: dict[tuple[str, str], str] = {}
+        self._warm_text: dict[tuple[str, str], str] = {}
 
     def text_for(self, target: str, spec: PromptSpec, *, warmup: bool = False) -> str:
         key = (target, spec.name)
-        chars = self.calibration.chars_for(key, spec.tokens, spec.language)
         if spec.cache != "warm":
+            chars = self.calibration.chars_for(key, spec.tokens, spec.language)
             return build_text(spec.language, chars, nonce=new_nonce())
-        # Warm: one identical text, fixed from the first measured sample on, so every later
-        # sample can hit the prefix cache. Warm-up samples follow the calibration instead.
-        fixed = self._warm.get(key)
+        fixed = self._warm_text.get(key)
         if fixed is not None:
             return fixed
-        text = build_text(spec.language, chars)
+        nonce = self._warm_nonce.setdefault(key, new_nonce())
+        chars = self.calibration.chars_for(key, spec.tokens, spec.language)
+        text = build_text(spec.language, chars, nonce=nonce)
         if not warmup:
-            self._warm[key] = text
+            # Fixed from the first measured request on; warm-up requests follow the calibration.
+            self._warm_text[key] = text
         return text

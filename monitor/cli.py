@@ -1,0 +1,262 @@
+"""Command line: parse, call, print. Exit codes: 0 ok, 1 probes failed, 2 usage or config error."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from urllib.parse import urlsplit
+
+from monitor import __version__
+from monitor.probe.client import Timeouts
+from monitor.probe.command import EXIT_USAGE, ProbeOptions, UsageError, parse_token_list, probe_main
+
+DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
+SIM_DEFAULT_PORT = 8400
+
+
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config",
+        "-c",
+        default=os.environ.get(DEFAULT_CONFIG_ENV),
+        help=f"config file (default: ${DEFAULT_CONFIG_ENV}, else ./config.yaml)",
+    )
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
+    return value
+
+
+def _token_list(text: str) -> list[int]:
+    try:
+        return parse_token_list(text)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ttft-monitor",
+        description="Measure and watch LLM endpoints' time to first token (TTFT).",
+    )
+    parser.add_argument("--version", action="version", version=f"ttft-monitor {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.required = True
+
+    probe = commands.add_parser(
+        "probe",
+        help="measure TTFT now, ad hoc (no database needed)",
+        description="Stream requests to targets from the config, or to one endpoint given by --url, and "
+        "print TTFT and the phases around it.",
+    )
+    _config_arg(probe)
+    what = probe.add_argument_group("what to probe")
+    what.add_argument("--target", "-t", action="append", default=[], help="target from the config (repeatable)")
+    what.add_argument("--url", help="one-off endpoint base URL, e.g. http://127.0.0.1:8000/v1")
+    what.add_argument(
+        "--api",
+        default="openai-chat",
+        choices=["openai-chat", "openai-completions", "anthropic-messages"],
+        help="API of --url (default: openai-chat)",
+    )
+    what.add_argument("--model", help="model name for --url")
+    what.add_argument("--api-key-env", help="environment variable holding the key for --url")
+    what.add_argument("--max-tokens", type=_positive_int, default=64, help="max_tokens for --url (default 64)")
+    what.add_argument("--extra-body", help="JSON object merged into the request for --url")
+    what.add_argument("--no-usage", action="store_true", help="do not send stream_options.include_usage (for --url)")
+    prompts = probe.add_argument_group("prompts")
+    prompts.add_argument("--prompt", action="append", default=[], help="prompt profile from the config (repeatable)")
+    prompts.add_argument(
+        "--prompt-tokens", type=_token_list, default=[], help="prompt sizes in tokens, e.g. 2000,16000 or 2k,16k"
+    )
+    prompts.add_argument("--language", choices=["en", "zh"], default="en", help="language for --prompt-tokens")
+    prompts.add_argument(
+        "--cache",
+        choices=["bust", "warm"],
+        help="bust (default): a unique nonce first so no prefix cache answers; warm: repeat one prompt",
+    )
+    how = probe.add_argument_group("how")
+    how.add_argument("--rounds", "-n", type=_positive_int, default=5, help="measured requests per series (5)")
+    how.add_argument("--warmup", type=_non_negative_int, default=1, help="unmeasured requests first (1)")
+    how.add_argument("--pause", type=_seconds, default=1.0, help="seconds between rounds of a series (1)")
+    how.add_argument(
+        "--connection",
+        choices=["reuse", "fresh"],
+        default="reuse",
+        help="reuse (default): keep-alive; fresh: new connection per request, set-up shown separately",
+    )
+    how.add_argument("--concurrency", type=_positive_int, default=1, help="requests in flight at once (1)")
+    how.add_argument("--timeout-first-token", type=float, default=60.0, help="seconds, for --url (60)")
+    how.add_argument("--timeout-total", type=float, default=300.0, help="seconds, for --url (300)")
+    how.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table", help="output (table)")
+    how.add_argument(
+        "--with-sim",
+        action="store_true",
+        help=f"start the built-in simulator on 127.0.0.1:{SIM_DEFAULT_PORT} for the duration (demo, tests)",
+    )
+
+    sim = commands.add_parser(
+        "sim",
+        help="serve the built-in LLM API simulator",
+        description="Serve /v1/chat/completions, /v1/completions, /v1/messages and /v1/models with "
+        "realistic latency, a prefix cache and faults on demand (control API under /sim/).",
+    )
+    sim.add_argument("--host", default="127.0.0.1")
+    sim.add_argument("--port", type=int, default=SIM_DEFAULT_PORT)
+    sim.add_argument("--no-noise", action="store_true", help="exact latencies (noise sigma 0)")
+    sim.add_argument("--seed", type=int, help="seed the noise for repeatable runs")
+    sim.add_argument("--api-key-env", help="require the key in this environment variable")
+
+    check = commands.add_parser("check-config", help="validate the config and show the jobs' next run times")
+    _config_arg(check)
+    return parser
+
+
+def _probe_options(args: argparse.Namespace) -> ProbeOptions:
+    return ProbeOptions(
+        config_path=args.config,
+        targets=args.target,
+        url=args.url,
+        api=args.api,
+        model=args.model,
+        api_key_env=args.api_key_env,
+        max_tokens=args.max_tokens,
+        extra_body=args.extra_body,
+        include_usage=not args.no_usage,
+        prompts=args.prompt,
+        prompt_tokens=args.prompt_tokens,
+        language=args.language,
+        cache=args.cache,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        pause_s=args.pause,
+        connection=args.connection,
+        concurrency=args.concurrency,
+        output_format=args.format,
+        timeouts=Timeouts(
+            connect=min(10.0, args.timeout_first_token),
+            first_token=args.timeout_first_token,
+            total=max(args.timeout_total, args.timeout_first_token),
+        ),
+    )
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+@contextmanager
+def simulator_process(port: int = SIM_DEFAULT_PORT) -> Iterator[None]:
+    """The simulator in a child process: measuring a server on our own event loop would skew TTFT."""
+    if _port_open("127.0.0.1", port):
+        print(f"using the server already listening on 127.0.0.1:{port}", file=sys.stderr)
+        yield
+        return
+    child = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "sim", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while not _port_open("127.0.0.1", port):
+            if child.poll() is not None or time.monotonic() > deadline:
+                err = child.stderr.read().decode(errors="replace") if child.stderr else ""
+                raise RuntimeError(f"the simulator did not start on port {port}: {err.strip()[-300:]}")
+            time.sleep(0.05)
+        yield
+    finally:
+        child.terminate()
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            child.kill()
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    options = _probe_options(args)
+    if not args.with_sim:
+        return probe_main(options)
+    if options.url and urlsplit(options.url).port not in (None, SIM_DEFAULT_PORT):
+        print("ttft-monitor probe: --with-sim serves on port 8400; point --url there", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with simulator_process():
+            return probe_main(options)
+    except RuntimeError as exc:
+        print(f"ttft-monitor probe: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from monitor.sim.server import run
+
+    api_key = None
+    if args.api_key_env:
+        api_key = os.environ.get(args.api_key_env)
+        if not api_key:
+            print(f"ttft-monitor sim: environment variable {args.api_key_env} is not set", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        run(args.host, args.port, noise=not args.no_noise, seed=args.seed, api_key=api_key)
+    except OSError as exc:
+        print(
+            f"ttft-monitor sim: cannot listen on {args.host}:{args.port}: {exc.strerror}; "
+            "choose another --port or stop what uses it",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    return 0
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    from monitor.config.check import check_config
+
+    code, text = check_config(args.config or "config.yaml")
+    (sys.stdout if code == 0 else sys.stderr).write(text.rstrip("\n") + "\n")
+    return code
+
+
+COMMANDS = {"probe": _cmd_probe, "sim": _cmd_sim, "check-config": _cmd_check_config}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        return 130

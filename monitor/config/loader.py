@@ -1,0 +1,266 @@
+"""Reading a config file: YAML, `${VAR}` expansion, validation, references and secrets.
+
+Every problem found is collected into one ConfigError, each with its key path, so a user fixes the
+whole file in one go rather than one error per restart.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from monitor.config.errors import ConfigError, ConfigIssue
+from monitor.config.expand import expand_env
+from monitor.config.messages import translate
+from monitor.config.models import ENV_NAME_PATTERN, REFERENCE_ERROR_TYPE, Config, format_path
+from monitor.config.references import reference_problems
+from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret
+
+Loc = tuple[str | int, ...]
+
+# Headers that carry credentials; their values must come from ${VAR}, never sit in the file.
+CREDENTIAL_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"}
+)
+
+
+def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
+    """The validated config in `path`, with `${VAR}` expanded from `environ` and secrets resolved.
+
+    Raises ConfigError listing every problem found; never a raw YAML or pydantic traceback.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    file = str(path)
+    raw = read_yaml_mapping(Path(path), file)
+    expansion = expand_env(raw, env)
+    data = expansion.value
+
+    derived: list[tuple[Loc, str]] = []
+    config: Config | None = None
+    try:
+        config = Config.model_validate(data)
+    except ValidationError as exc:
+        for error in exc.errors():
+            if error["type"] == REFERENCE_ERROR_TYPE:
+                continue  # reported below per key path
+            # Values taken from the environment may be secrets: describe them, never quote them.
+            derived.append(translate(error, Config, hide_input=tuple(error["loc"]) in expansion.substituted))
+    derived += reference_problems(data)
+    provider_secrets, receiver_secrets, secret_problems = resolve_all_secrets(data, env)
+    derived += secret_problems
+
+    # A value left unexpanded (its variable is unset) is reported once, not again as a bad value.
+    unexpanded = [loc for loc, _ in expansion.problems]
+    problems = literal_credential_problems(raw) + expansion.problems
+    problems += [(loc, msg) for loc, msg in derived if not any(loc[: len(bad)] == bad for bad in unexpanded)]
+
+    if problems or config is None:
+        order = document_order(data)
+        problems = sorted(dict.fromkeys(problems), key=lambda problem: _position(problem[0], order))
+        # `from None`: a chained ValidationError would print input values, which may be secrets.
+        raise ConfigError(ConfigIssue(file, format_path(loc), message) for loc, message in problems) from None
+
+    return config.model_copy(
+        update={
+            "providers": {
+                name: provider.with_secret(provider_secrets[name].value, source=provider_secrets[name].source)
+                for name, provider in config.providers.items()
+            },
+            "alerts": config.alerts.model_copy(
+                update={
+                    "receivers": {
+                        name: receiver.with_secrets(
+                            secret=receiver_secrets[name][0].value, url=receiver_secrets[name][1].value
+                        )
+                        for name, receiver in config.alerts.receivers.items()
+                    }
+                }
+            ),
+        }
+    )
+
+
+def read_yaml_mapping(path: Path, file: str) -> dict[str, Any]:
+    """The top-level mapping in `path`, or ConfigError for a missing, unreadable or malformed file."""
+
+    def fail(message: str, line: int | None = None, column: int | None = None) -> ConfigError:
+        return ConfigError([ConfigIssue(file, "", message, line, column)])
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise fail(f"file not found (looked at {path.absolute()}); pass --config PATH or create it") from None
+    except IsADirectoryError:
+        raise fail("is a directory; pass the path of the YAML file itself") from None
+    except PermissionError:
+        raise fail("cannot be read: permission denied; check the file's owner and mode") from None
+    except UnicodeDecodeError as exc:
+        raise fail(f"is not UTF-8 text (bad byte at offset {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise fail(f"cannot be read: {exc.strerror}") from None
+
+    try:
+        data = yaml.load(text, Loader=_StrictLoader)
+    except yaml.MarkedYAMLError as exc:
+        message, mark = yaml_error_message(exc)
+        raise fail(message, mark.line + 1 if mark else None, mark.column + 1 if mark else None) from None
+    except yaml.YAMLError as exc:
+        raise fail(f"YAML syntax error: {exc}") from None
+
+    if data is None:
+        raise fail("the file is empty; see config.yaml in the repository for a documented example")
+    if not isinstance(data, dict):
+        raise fail(
+            f"the file must be a YAML mapping of top-level keys (location, database, providers, targets, "
+            f"prompts, jobs, ...), but it holds a {type(data).__name__}"
+        )
+    return data
+
+
+def yaml_error_message(exc: yaml.MarkedYAMLError) -> tuple[str, yaml.Mark | None]:
+    """A plainer message for a YAML error, and the position it should point at."""
+    problem = exc.problem or "malformed YAML"
+    context = exc.context or ""
+    if context == "duplicate key":
+        return problem, exc.problem_mark
+    if "alias" in context or "undefined alias" in problem:
+        # Unquoted cron expressions are the usual cause, and PyYAML's wording does not suggest it.
+        message = (
+            "YAML syntax error: a value starting with '*' must be quoted, e.g. schedule: \"*/5 * * * *\""
+        )
+        return message, exc.context_mark or exc.problem_mark
+    hint = ""
+    if "'\\t'" in problem:
+        hint = "; indent with spaces, not tabs"
+    elif "mapping values are not allowed" in problem:
+        hint = "; a value containing ': ' must be quoted"
+    return f"YAML syntax error: {problem}{f' ({context})' if context else ''}{hint}", exc.problem_mark
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects a key given twice in one mapping instead of keeping the last silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, yaml.Node] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                first = seen[key].start_mark.line + 1
+                raise yaml.constructor.ConstructorError(
+                    "duplicate key",
+                    node.start_mark,
+                    f"key '{key}' appears twice in one mapping (first on line {first}); keep one",
+                    key_node.start_mark,
+                )
+            if isinstance(key, str | int | float | bool):
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def literal_credential_problems(raw: Mapping[str, Any]) -> list[tuple[Loc, str]]:
+    """Credential headers written out in the file instead of taken from `${VAR}`."""
+    owners: list[tuple[Loc, Any]] = []
+    for section in ("providers",):
+        if isinstance(raw.get(section), Mapping):
+            owners += [((section, name), item) for name, item in raw[section].items()]
+    alerts = raw.get("alerts")
+    if isinstance(alerts, Mapping) and isinstance(alerts.get("receivers"), Mapping):
+        owners += [(("alerts", "receivers", name), item) for name, item in alerts["receivers"].items()]
+    problems: list[tuple[Loc, str]] = []
+    for loc, owner in owners:
+        headers = owner.get("headers") if isinstance(owner, Mapping) else None
+        if not isinstance(headers, Mapping):
+            continue
+        for name, value in headers.items():
+            if str(name).lower() in CREDENTIAL_HEADERS and isinstance(value, str) and "${" not in value:
+                problems.append(
+                    (
+                        (*loc, "headers", name),
+                        "literal credentials are not allowed in the config file; "
+                        f'write {name}: "...${{VAR}}" and export VAR',
+                    )
+                )
+    return problems
+
+
+def resolve_all_secrets(
+    data: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[
+    dict[str, ResolvedSecret], dict[str, tuple[ResolvedSecret, ResolvedSecret]], list[tuple[Loc, str]]
+]:
+    """Secrets of every provider and receiver, by name, plus a problem per one that cannot be read.
+
+    Works on the parsed data so a missing key is reported alongside schema errors. Entries whose key
+    settings are themselves invalid are skipped: validation reports those (without echoing values).
+    """
+    none = ResolvedSecret(None, "none")
+    problems: list[tuple[Loc, str]] = []
+
+    def resolve(loc: Loc, item: Any, env_key: str, file_key: str | None) -> ResolvedSecret:
+        if not isinstance(item, Mapping):
+            return none
+        env_name, file = item.get(env_key), item.get(file_key) if file_key else None
+        if env_name is not None and file is not None:
+            return none
+        if env_name is not None and not (isinstance(env_name, str) and ENV_NAME_PATTERN.match(env_name)):
+            return none
+        if file is not None and not isinstance(file, str):
+            return none
+        try:
+            return resolve_secret(
+                env_name=env_name,
+                file=Path(file).expanduser() if file else None,
+                environ=environ,
+                env_field=env_key,
+                file_field=file_key or env_key,
+            )
+        except SecretError as exc:
+            problems.append(((*loc, exc.field), str(exc)))
+            return none
+
+    providers: dict[str, ResolvedSecret] = {}
+    if isinstance(data.get("providers"), Mapping):
+        for name, item in data["providers"].items():
+            providers[str(name)] = resolve(("providers", name), item, "api_key_env", "api_key_file")
+
+    receivers: dict[str, tuple[ResolvedSecret, ResolvedSecret]] = {}
+    alerts = data.get("alerts")
+    if isinstance(alerts, Mapping) and isinstance(alerts.get("receivers"), Mapping):
+        for name, item in alerts["receivers"].items():
+            loc = ("alerts", "receivers", name)
+            receivers[str(name)] = (
+                resolve(loc, item, "secret_env", "secret_file"),
+                resolve(loc, item, "url_env", None),
+            )
+    return providers, receivers, problems
+
+
+def document_order(data: Any, loc: Loc = ()) -> dict[Loc, int]:
+    """Each key path in `data` numbered in the order it appears, for sorting problems like the file."""
+    order: dict[Loc, int] = {}
+
+    def walk(node: Any, here: Loc) -> None:
+        order[here] = len(order)
+        if isinstance(node, Mapping):
+            for key, value in node.items():
+                walk(value, (*here, key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                walk(value, (*here, index))
+
+    walk(data, loc)
+    return order
+
+
+def _position(loc: Loc, order: dict[Loc, int]) -> tuple[int, int]:
+    for length in range(len(loc), -1, -1):
+        if loc[:length] in order:
+            return order[loc[:length]], len(loc) - length
+    return len(order), 0

@@ -1,0 +1,650 @@
+"""The config schema. Every model forbids unknown keys, so a typo is an error rather than a silent default.
+
+Field descriptions are the documentation: docs/configuration.md is generated from them
+(`python -m monitor.config.docs --write docs/configuration.md`) and a test fails when it is stale.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from apscheduler.triggers.cron import CronTrigger
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from monitor.config.cron import build_trigger, resolve_timezone
+from monitor.config.references import reference_problems
+from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
+ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Error type of the whole-config reference check; the loader reports these itself, per key path.
+REFERENCE_ERROR_TYPE = "config_references"
+
+
+def _check_name(name: str) -> str:
+    if not NAME_PATTERN.match(name):
+        raise ValueError(f"name '{name}' may only contain letters, digits, '_', '.' and '-'")
+    return name
+
+
+def _check_env_name(name: str | None) -> str | None:
+    # Never echo the value: a common slip is pasting the key itself where its variable's name belongs.
+    if name is not None and not ENV_NAME_PATTERN.match(name):
+        raise ValueError(
+            "must be the NAME of an environment variable (letters, digits and '_', e.g. OPENAI_API_KEY), "
+            "not the secret itself"
+        )
+    return name
+
+
+def _expand_user(path: Path | None) -> Path | None:
+    return path.expanduser() if path is not None else None
+
+
+def _check_headers(headers: dict[str, str]) -> dict[str, str]:
+    for name, value in headers.items():
+        if not re.match(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", name):
+            raise ValueError(f"'{name}' is not a valid HTTP header name")
+        if "\n" in value or "\r" in value:
+            raise ValueError(f"the value of header '{name}' contains a line break")
+    return headers
+
+
+def _masked_headers(headers: dict[str, str]) -> dict[str, str]:
+    return dict.fromkeys(headers, "***")
+
+
+Name = Annotated[str, AfterValidator(_check_name)]
+EnvName = Annotated[str | None, AfterValidator(_check_env_name)]
+UserPath = Annotated[Path, AfterValidator(_expand_user)]
+Headers = Annotated[dict[str, str], AfterValidator(_check_headers)]
+
+
+class ConfigModel(BaseModel):
+    # Numbers are accepted where text is expected so `model: 3` or a numeric header value just work.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+
+
+# ---------------------------------------------------------------- database and metrics
+
+
+class Retention(ConfigModel):
+    raw_days: int = Field(30, ge=1, description="Days to keep every individual probe sample.")
+    rollup_days: int = Field(
+        400, ge=1, description="Days to keep hourly/daily rollups (percentiles per target)."
+    )
+
+
+class Database(ConfigModel):
+    url: str = Field(
+        "sqlite+aiosqlite:///./state/ttft-monitor.db",
+        description="SQLAlchemy URL. `postgresql+asyncpg://USER:PASSWORD@HOST:5432/DB` for production, "
+        "`sqlite+aiosqlite:///PATH` for one host. Put the password in `${VAR}`.",
+    )
+    state_dir: UserPath = Field(
+        Path("./state"), description="Directory for local state: the spool of results not yet stored, etc."
+    )
+    retention: Retention = Field(default_factory=Retention, description="How long results are kept.")
+    spool_max_mb: int = Field(
+        256,
+        ge=1,
+        description="Cap on the on-disk spool used while the database is unreachable; oldest dropped.",
+    )
+    connect_retry_s: float = Field(
+        30, gt=0, description="Seconds between reconnect attempts while the database is unreachable."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        return check_database_url(url)
+
+    # Dumps and reprs end up in logs; the live value stays available as `.url`.
+    @field_serializer("url")
+    def _dump_url(self, url: str) -> str:
+        return mask_password(url)
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, (mask_password(value) if name == "url" else value)
+
+
+class Metrics(ConfigModel):
+    listen: str = Field(
+        "127.0.0.1:9464",
+        description="HOST:PORT for the Prometheus `/metrics` endpoint (`[::1]:9464` for IPv6).",
+    )
+    pushgateway: str | None = Field(
+        None, description="Prometheus Pushgateway URL to push to after each run (for `once` / CronJob mode)."
+    )
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, address: str) -> str:
+        return check_listen_address(address)
+
+    @field_validator("pushgateway")
+    @classmethod
+    def _check_pushgateway(cls, url: str | None) -> str | None:
+        return None if url is None else check_http_url(url, example="http://pushgateway:9091")
+
+
+# ---------------------------------------------------------------- providers and targets
+
+
+class Timeouts(ConfigModel):
+    connect: float = Field(10, gt=0, description="Seconds allowed for DNS, TCP and TLS set-up.")
+    first_token: float = Field(
+        60, gt=0, description="Seconds from sending the request to the first token before giving up."
+    )
+    total: float = Field(300, gt=0, description="Seconds allowed for the whole streamed response.")
+
+    @model_validator(mode="after")
+    def _check_order(self) -> Timeouts:
+        if not self.connect <= self.first_token <= self.total:
+            raise ValueError(
+                f"timeouts must satisfy connect <= first_token <= total, got connect={self.connect:g}, "
+                f"first_token={self.first_token:g}, total={self.total:g}"
+            )
+        return self
+
+
+class Tls(ConfigModel):
+    verify: bool = Field(
+        True, description="Verify the server certificate. Switch off only for lab endpoints."
+    )
+    ca_file: UserPath | None = Field(
+        None, description="PEM bundle of extra CA certificates to trust (private CAs). Must exist."
+    )
+
+    @field_validator("ca_file")
+    @classmethod
+    def _check_ca_file(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_file():
+            raise ValueError(f"CA file {path} does not exist (relative paths start at the working directory)")
+        return path
+
+
+class Provider(ConfigModel):
+    """An API endpoint and how to reach it. The key itself never lives here; see `secret()`."""
+
+    base_url: str = Field(
+        description="API base URL including the version prefix, e.g. `https://api.openai.com/v1`. "
+        "A trailing slash is removed."
+    )
+    api: Literal["openai-chat", "openai-completions", "anthropic-messages"] = Field(
+        description="Wire protocol: `openai-chat` (/chat/completions), `openai-completions` (/completions) "
+        "or `anthropic-messages` (/messages)."
+    )
+    api_key_env: EnvName = Field(
+        None,
+        description="Name of the environment variable holding the API key. If it is unset but `NAME_FILE` is "
+        "set, the key is read from that file (systemd credentials, Kubernetes secrets).",
+    )
+    api_key_file: UserPath | None = Field(
+        None,
+        description="File holding the API key (surrounding whitespace is stripped). Exclusive with "
+        "`api_key_env`; leave both out for endpoints without auth.",
+    )
+    headers: Headers = Field(
+        default_factory=dict,
+        description="Extra HTTP headers sent with every request. Values may use `${VAR}` for secrets.",
+    )
+    timeout_s: Timeouts = Field(default_factory=Timeouts, description="Per-request time limits.")
+    max_concurrency: int = Field(
+        4,
+        ge=1,
+        description="Most requests in flight to this provider at once; more would skew each other's TTFT.",
+    )
+    tls: Tls = Field(default_factory=Tls, description="Certificate checking.")
+    include_usage: bool = Field(
+        True,
+        description="Ask for token counts in the stream (`stream_options.include_usage`). Switch off for "
+        "servers that reject the option.",
+    )
+
+    _secret: str | None = PrivateAttr(default=None)
+    _auth_source: str = PrivateAttr(default="none")
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, url: str) -> str:
+        return check_http_url(url, example="http://127.0.0.1:8000/v1 or https://api.openai.com/v1")
+
+    @model_validator(mode="after")
+    def _check_one_key_source(self) -> Provider:
+        if self.api_key_env is not None and self.api_key_file is not None:
+            raise ValueError("set either api_key_env or api_key_file, not both")
+        return self
+
+    def secret(self) -> str | None:
+        """The API key resolved by `load_config`, or None when the provider has no auth."""
+        return self._secret
+
+    def auth_source(self) -> str:
+        """Where the key came from, safe to print: `env OPENAI_API_KEY`, `file /run/key`, or `none`."""
+        return self._auth_source
+
+    def with_secret(self, secret: str | None, *, source: str) -> Provider:
+        """A copy carrying `secret`. Kept out of fields so it never reaches repr, dumps or errors."""
+        copy = self.model_copy()
+        copy._secret = secret
+        copy._auth_source = source
+        return copy
+
+    # Header values often carry credentials via ${VAR}; the live values stay available as `.headers`.
+    @field_serializer("headers")
+    def _dump_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        return _masked_headers(headers)
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, (_masked_headers(value) if name == "headers" else value)
+
+
+class Params(ConfigModel):
+    max_tokens: int = Field(
+        64, ge=1, description="Most tokens to generate. TTFT needs only a few; keep it small to save cost."
+    )
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature.")
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Merged verbatim into the request JSON, e.g. "
+        "`chat_template_kwargs: {enable_thinking: false}` for Qwen3 on vLLM.",
+    )
+
+
+class Slo(ConfigModel):
+    ttft_p50_ms: float | None = Field(
+        None, gt=0, description="Median TTFT objective in milliseconds, shown on dashboards and in alerts."
+    )
+
+
+class Target(ConfigModel):
+    provider: str = Field(description="Name of a provider defined under `providers:`.")
+    model: str = Field(description="Model name sent in the request, exactly as the API expects it.")
+    params: Params = Field(default_factory=Params, description="Request parameters.")
+    slo: Slo = Field(default_factory=Slo, description="Objectives for this target.")
+
+
+class PromptProfile(ConfigModel):
+    tokens: int = Field(
+        ge=128,
+        le=131072,
+        description="Approximate prompt length in tokens (128 to 131072); TTFT grows with it.",
+    )
+    language: Literal["en", "zh"] = Field("en", description="Language of the generated prompt text.")
+    cache: Literal["bust", "warm"] = Field(
+        "bust",
+        description="`bust` makes every prompt unique so prefix caches cannot help (cold TTFT); "
+        "`warm` repeats "
+        "it so they can (cached TTFT).",
+    )
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class Job(ConfigModel):
+    name: str = Field(
+        description="Unique job name (letters, digits, `_`, `.`, `-`); used in metrics and alerts."
+    )
+    schedule: str = Field(
+        description="Cron expression: 5 fields `minute hour day month weekday` (Sunday = 0 or 7), "
+        "6 fields with "
+        'seconds first, or `@hourly`/`@daily`/... Quote it in YAML: `"*/5 * * * *"`.'
+    )
+    timezone: str = Field("UTC", description="IANA timezone the schedule is read in, e.g. `Europe/Berlin`.")
+    jitter_s: float = Field(
+        0,
+        ge=0,
+        description="Start each run up to this many seconds late, at random, so jobs do not all fire at :00.",
+    )
+    targets: list[str] = Field(min_length=1, description="Targets to probe, by name.")
+    prompts: list[str] = Field(min_length=1, description="Prompt profiles to send to every target, by name.")
+    rounds: int = Field(5, ge=1, le=1000, description="Measured requests per target and prompt in each run.")
+    warmup: int = Field(
+        1,
+        ge=0,
+        le=100,
+        description="Unmeasured requests first, so connection set-up and cold caches are not counted.",
+    )
+    pause_s: float = Field(1.0, ge=0, description="Seconds to wait between rounds.")
+    connection: Literal["reuse", "fresh"] = Field(
+        "reuse",
+        description="`reuse` keeps connections alive between requests (what clients see when warm); "
+        "`fresh` opens "
+        "a new one per request (includes DNS/TCP/TLS).",
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_job_name(cls, name: str) -> str:
+        return _check_name(name)
+
+    @field_validator("schedule")
+    @classmethod
+    def _check_schedule(cls, expr: str) -> str:
+        build_trigger(expr, "UTC")
+        return expr
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_timezone(cls, name: str) -> str:
+        resolve_timezone(name)
+        return name
+
+    @field_validator("targets", "prompts")
+    @classmethod
+    def _check_no_repeats(cls, names: list[str]) -> list[str]:
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"{', '.join(repr(n) for n in repeated)} listed more than once")
+        return names
+
+    def trigger(self) -> CronTrigger:
+        """This job's schedule as an APScheduler trigger (timezone and jitter applied)."""
+        return build_trigger(self.schedule, self.timezone, self.jitter_s)
+
+
+# ---------------------------------------------------------------- detection
+
+
+class SeverityRule(ConfigModel):
+    ratio: float = Field(gt=1, description="Fire when TTFT exceeds baseline x ratio ...")
+    min_delta_ms: float = Field(
+        ge=0, description="... and exceeds baseline by at least this many milliseconds ..."
+    )
+    confirmations: int = Field(ge=1, description="... in this many consecutive runs.")
+
+
+class Availability(ConfigModel):
+    consecutive_failures: int = Field(
+        3, ge=1, description="Runs in a row where every request failed before alerting."
+    )
+    error_rate: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Alert when the share of failed requests over `window_runs` reaches this.",
+    )
+    window_runs: int = Field(12, ge=1, description="Runs over which `error_rate` is measured.")
+
+
+DEFAULT_SEVERITY_RULES: dict[str, dict[str, float]] = {
+    "page": {"ratio": 1.5, "min_delta_ms": 100, "confirmations": 2},
+    "ticket": {"ratio": 1.15, "min_delta_ms": 30, "confirmations": 6},
+}
+
+
+class Detection(ConfigModel):
+    min_history_runs: int = Field(24, ge=1, description="Runs of history needed before a target can alert.")
+    seasonal_days: int = Field(
+        7,
+        ge=0,
+        description="Days back to compare the same hour/weekday against (0 turns the seasonal baseline off).",
+    )
+    trailing_runs: int = Field(36, ge=1, description="Recent runs forming the trailing baseline.")
+    page: SeverityRule = Field(
+        default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["page"]),
+        description="Rule for `page` severity: large, confirmed regressions. "
+        "Keys left out keep their defaults.",
+    )
+    ticket: SeverityRule = Field(
+        default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["ticket"]),
+        description="Rule for `ticket` severity: smaller, sustained regressions. Keys left out keep their "
+        "defaults.",
+    )
+    z_threshold: float = Field(
+        3.0,
+        gt=0,
+        description="Robust z-score a run must also exceed, so noisy targets do not alert on noise.",
+    )
+    clear_ratio: float = Field(
+        1.08,
+        ge=1,
+        description="An incident clears once TTFT is back below baseline x this (below `ticket.ratio`).",
+    )
+    availability: Availability = Field(
+        default_factory=Availability, description="Alerting on failed requests."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_partial_rules(cls, data: Any) -> Any:
+        # `page: {ratio: 2}` should mean "page, with ratio 2", not "page, missing two keys".
+        if isinstance(data, dict):
+            data = dict(data)
+            for severity, defaults in DEFAULT_SEVERITY_RULES.items():
+                if isinstance(data.get(severity), dict):
+                    data[severity] = {**defaults, **data[severity]}
+        return data
+
+    @model_validator(mode="after")
+    def _check_hysteresis(self) -> Detection:
+        if self.clear_ratio >= min(self.ticket.ratio, self.page.ratio):
+            raise ValueError(
+                f"clear_ratio ({self.clear_ratio:g}) must be below ticket.ratio ({self.ticket.ratio:g}) and "
+                f"page.ratio ({self.page.ratio:g}), or incidents would clear while still over their threshold"
+            )
+        return self
+
+
+# ---------------------------------------------------------------- alerts
+
+
+class Receiver(ConfigModel):
+    type: Literal["webhook", "slack", "pagerduty", "alertmanager", "feishu", "dingtalk", "wecom", "log"] = (
+        Field(description="Kind of destination.")
+    )
+    url: str | None = Field(
+        None, description="Destination URL. Webhook URLs are often secrets: prefer `url_env`."
+    )
+    url_env: EnvName = Field(None, description="Name of the environment variable holding the URL.")
+    secret_env: EnvName = Field(
+        None,
+        description="Name of the environment variable holding the receiver's secret (PagerDuty routing key, "
+        "signing secret, bearer token). `NAME_FILE` works as for providers.",
+    )
+    secret_file: UserPath | None = Field(None, description="File holding the receiver's secret.")
+    headers: Headers = Field(default_factory=dict, description="Extra HTTP headers; values may use `${VAR}`.")
+    timeout_s: float = Field(10, gt=0, description="Seconds allowed per delivery attempt.")
+
+    _secret: str | None = PrivateAttr(default=None)
+    _resolved_url: str | None = PrivateAttr(default=None)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        return None if url is None else check_http_url(url, example="https://hooks.example.com/ttft")
+
+    @model_validator(mode="after")
+    def _check_exclusive(self) -> Receiver:
+        if self.url is not None and self.url_env is not None:
+            raise ValueError("set either url or url_env, not both")
+        if self.secret_env is not None and self.secret_file is not None:
+            raise ValueError("set either secret_env or secret_file, not both")
+        return self
+
+    def secret(self) -> str | None:
+        """The secret resolved by `load_config`, or None."""
+        return self._secret
+
+    def resolved_url(self) -> str | None:
+        """`url`, or the value of `url_env` as resolved by `load_config`."""
+        return self._resolved_url if self._resolved_url is not None else self.url
+
+    def with_secrets(self, *, secret: str | None, url: str | None) -> Receiver:
+        copy = self.model_copy()
+        copy._secret = secret
+        copy._resolved_url = url
+        return copy
+
+    @field_serializer("headers")
+    def _dump_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        return _masked_headers(headers)
+
+    @field_serializer("url")
+    def _dump_url(self, url: str | None) -> str | None:
+        return None if url is None else "***"
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            if name == "headers":
+                yield name, _masked_headers(value)
+            elif name == "url" and value is not None:
+                yield name, "***"
+            else:
+                yield name, value
+
+
+Severity = Literal["page", "ticket", "info"]
+
+
+def _paged_severities() -> list[Severity]:
+    return ["page", "ticket"]
+
+
+class Route(ConfigModel):
+    receivers: list[str] = Field(min_length=1, description="Receivers to notify, by name.")
+    severities: list[Severity] = Field(
+        default_factory=_paged_severities, min_length=1, description="Severities this route takes."
+    )
+    jobs: list[str] = Field(
+        default_factory=list, description="Only alerts from these jobs; empty means all jobs."
+    )
+
+
+class Silence(ConfigModel):
+    targets: list[str] = Field(
+        default_factory=list, description="Targets silenced; empty silences everything."
+    )
+    start: datetime | None = Field(None, description="Start of a one-off window, with UTC offset.")
+    end: datetime | None = Field(None, description="End of a one-off window, with UTC offset.")
+    cron: str | None = Field(
+        None, description="Start of a recurring window, as a cron expression (needs `duration_s`)."
+    )
+    duration_s: float | None = Field(None, gt=0, description="Length of each recurring window in seconds.")
+    timezone: str = Field("UTC", description="IANA timezone `cron` is read in.")
+    comment: str = Field("", description="Why; shown with suppressed alerts.")
+
+    @field_validator("start", "end")
+    @classmethod
+    def _check_aware(cls, moment: datetime | None) -> datetime | None:
+        if moment is not None and moment.tzinfo is None:
+            raise ValueError(f"{moment.isoformat()} has no UTC offset; write e.g. {moment.isoformat()}+00:00")
+        return moment
+
+    @field_validator("cron")
+    @classmethod
+    def _check_cron(cls, expr: str | None) -> str | None:
+        if expr is not None:
+            build_trigger(expr, "UTC")
+        return expr
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_timezone(cls, name: str) -> str:
+        resolve_timezone(name)
+        return name
+
+    @model_validator(mode="after")
+    def _check_window(self) -> Silence:
+        one_off = self.start is not None or self.end is not None
+        recurring = self.cron is not None or self.duration_s is not None
+        if one_off == recurring:
+            raise ValueError("a silence needs either start and end, or cron and duration_s")
+        if one_off and (self.start is None or self.end is None):
+            raise ValueError("a one-off silence needs both start and end")
+        if recurring and (self.cron is None or self.duration_s is None):
+            raise ValueError("a recurring silence needs both cron and duration_s")
+        if self.start is not None and self.end is not None and self.end <= self.start:
+            raise ValueError("end must be after start")
+        return self
+
+
+class Alerts(ConfigModel):
+    base_url: str | None = Field(
+        None, description="Public URL of your dashboard, used for links in notifications."
+    )
+    renotify_interval_s: float = Field(
+        14400, ge=0, description="Repeat an open incident's notification this often (0 = never)."
+    )
+    send_resolved: bool = Field(True, description="Also notify when an incident clears.")
+    receivers: dict[Name, Receiver] = Field(
+        default_factory=dict, description="Notification destinations, by name."
+    )
+    routes: list[Route] = Field(default_factory=list, description="Which alerts go to which receivers.")
+    silences: list[Silence] = Field(
+        default_factory=list, description="Windows in which alerts are suppressed."
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, url: str | None) -> str | None:
+        return None if url is None else check_http_url(url, example="https://grafana.example.com/d/ttft")
+
+
+# ---------------------------------------------------------------- the whole file
+
+
+class Config(ConfigModel):
+    location: str = Field(
+        "local",
+        min_length=1,
+        description="Where this monitor runs (e.g. `fra-dc1`); a label on every result.",
+    )
+    database: Database = Field(default_factory=Database, description="Where results are stored.")
+    metrics: Metrics = Field(default_factory=Metrics, description="Prometheus exposition.")
+    providers: dict[Name, Provider] = Field(default_factory=dict, description="API endpoints, by name.")
+    targets: dict[Name, Target] = Field(
+        default_factory=dict, description="What to probe: a model on a provider, by name."
+    )
+    prompts: dict[Name, PromptProfile] = Field(default_factory=dict, description="Prompt profiles, by name.")
+    jobs: list[Job] = Field(default_factory=list, description="Schedules: which targets and prompts, when.")
+    detection: Detection = Field(default_factory=Detection, description="Regression detection.")
+    alerts: Alerts = Field(default_factory=Alerts, description="Where incidents are sent.")
+
+    @model_validator(mode="after")
+    def _check_references(self) -> Config:
+        problems = reference_problems(self.model_dump(mode="json"))
+        if problems:
+            text = "; ".join(f"{format_path(loc)}: {message}" for loc, message in problems)
+            raise PydanticCustomError(REFERENCE_ERROR_TYPE, "{problems}", {"problems": text})
+        return self
+
+    def job(self, name: str) -> Job:
+        """The job called `name`; KeyError listing the known names otherwise."""
+        for job in self.jobs:
+            if job.name == name:
+                return job
+        known = ", ".join(job.name for job in self.jobs) or "none"
+        raise KeyError(f"no job named '{name}' (known: {known})")
+
+    def provider_of(self, target_name: str) -> Provider:
+        """The provider the target called `target_name` runs on."""
+        return self.providers[self.targets[target_name].provider]
+
+
+def format_path(loc: tuple[str | int, ...]) -> str:
+    """`('jobs', 1, 'targets', 0)` -> `jobs[1].targets[0]`."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out

@@ -1,0 +1,243 @@
+"""`ttft-monitor probe`: the ad-hoc comparison, no database needed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from monitor.config.errors import ConfigError
+from monitor.config.loader import load_config
+from monitor.config.models import Config
+from monitor.probe.client import ProbeClient, Timeouts
+from monitor.probe.plan import Endpoints, adhoc_target, prompt_spec
+from monitor.probe.prompts import Calibration, PromptFactory, PromptSpec
+from monitor.probe.report import render_csv, render_json, render_table, summarize
+from monitor.probe.result import Sample
+from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan, run_plan
+
+EXIT_OK, EXIT_ALL_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """Bad command-line input; the message says what to change."""
+
+
+@dataclass(slots=True)
+class ProbeOptions:
+    config_path: str | None = None
+    targets: list[str] = field(default_factory=list)
+    url: str | None = None
+    api: str = "openai-chat"
+    model: str | None = None
+    api_key_env: str | None = None
+    max_tokens: int = 64
+    extra_body: str | None = None
+    include_usage: bool = True
+    prompts: list[str] = field(default_factory=list)
+    prompt_tokens: list[int] = field(default_factory=list)
+    language: str = "en"
+    cache: str | None = None
+    rounds: int = 5
+    warmup: int = 1
+    pause_s: float = 1.0
+    connection: str = "reuse"
+    concurrency: int = 1
+    output_format: str = "table"
+    timeouts: Timeouts = field(default_factory=Timeouts)
+
+
+def parse_token_list(text: str) -> list[int]:
+    values = []
+    for part in text.split(","):
+        part = part.strip().lower().replace("_", "")
+        if not part:
+            continue
+        scale = 1
+        if part.endswith("k"):
+            scale, part = 1024, part[:-1]
+        try:
+            value = int(float(part) * scale)
+        except ValueError:
+            raise UsageError(f"--prompt-tokens: '{text}' is not a list of token counts (e.g. 2000,16k)") from None
+        if not 128 <= value <= 131072:
+            raise UsageError(f"--prompt-tokens: {value} is outside 128..131072")
+        values.append(value)
+    return values
+
+
+def _load(options: ProbeOptions, environ: dict[str, str]) -> Config | None:
+    path = options.config_path
+    if path is None:
+        if options.url and not options.targets:
+            return None
+        path = "config.yaml"
+    return load_config(path, environ=environ)
+
+
+def build_targets(options: ProbeOptions, config: Config | None, environ: dict[str, str]) -> list[ProbeTarget]:
+    targets: list[ProbeTarget] = []
+    if options.url:
+        if not options.model:
+            raise UsageError("--url needs --model (the model name the endpoint serves)")
+        api_key = None
+        if options.api_key_env:
+            api_key = environ.get(options.api_key_env)
+            if not api_key:
+                raise UsageError(
+                    f"--api-key-env: environment variable {options.api_key_env} is not set; export it first"
+                )
+        try:
+            extra = json.loads(options.extra_body) if options.extra_body else {}
+        except ValueError as exc:
+            raise UsageError(f"--extra-body is not JSON: {exc}") from None
+        if not isinstance(extra, dict):
+            raise UsageError("--extra-body must be a JSON object, e.g. '{\"top_p\": 0.9}'")
+        if not options.url.startswith(("http://", "https://")):
+            raise UsageError(f"--url '{options.url}' must start with http:// or https://")
+        targets.append(
+            adhoc_target(
+                url=options.url,
+                api=options.api,
+                model=options.model,
+                api_key=api_key,
+                max_tokens=options.max_tokens,
+                extra_body=extra,
+                include_usage=options.include_usage,
+                timeouts=options.timeouts,
+            )
+        )
+    if config is not None:
+        names = options.targets or ([] if options.url else list(config.targets))
+        unknown = [n for n in names if n not in config.targets]
+        if unknown:
+            known = ", ".join(sorted(config.targets)) or "none"
+            raise UsageError(f"--target: unknown target {', '.join(unknown)} (known: {known})")
+        targets.extend(Endpoints(config).targets(names))
+    if not targets:
+        raise UsageError("nothing to probe: give --target NAME (from the config) or --url/--api/--model")
+    return targets
+
+
+def build_prompts(options: ProbeOptions, config: Config | None) -> list[PromptSpec]:
+    specs: list[PromptSpec] = []
+    for name in options.prompts:
+        if config is None or name not in config.prompts:
+            known = ", ".join(sorted(config.prompts)) if config else "none (no config)"
+            raise UsageError(f"--prompt: unknown prompt profile '{name}' (known: {known})")
+        spec = prompt_spec(name, config.prompts[name])
+        if options.cache:
+            spec = PromptSpec(spec.name, spec.tokens, spec.language, options.cache)
+        specs.append(spec)
+    tokens = options.prompt_tokens or ([] if specs else [512])
+    for count in tokens:
+        specs.append(PromptSpec(f"{count}tok", count, options.language, options.cache or "bust"))
+    return specs
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent when stderr is piped."""
+
+    def __init__(self, total: int, stream: TextIO) -> None:
+        self.total = total
+        self.done = 0
+        self.stream = stream
+        self.enabled = stream.isatty()
+
+    def __call__(self, sample: Sample) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 30
+        filled = width * self.done // max(self.total, 1)
+        status = (
+            f"{sample.ttft_ms:.0f} ms"
+            if sample.ttft_ms is not None and sample.ok
+            else (sample.error.value if sample.error else "?")
+        )
+        bar = "#" * filled + "." * (width - filled)
+        line = f"\r[{bar}] {self.done}/{self.total} {sample.target}/{sample.prompt}: {status}"
+        self.stream.write(line[:120].ljust(120))
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * 120 + "\r")
+            self.stream.flush()
+
+
+async def probe_once(plan: RunPlan, *, fresh: bool, limits: ProviderLimits, on_sample: Progress | None) -> list[Sample]:
+    async with ProbeClient(fresh=fresh) as client:
+        return await run_plan(
+            plan,
+            client=client,
+            limits=limits,
+            prompts=PromptFactory(Calibration()),
+            on_sample=on_sample,
+        )
+
+
+def failure_lines(samples: list[Sample]) -> list[str]:
+    """One line per distinct failure: the class, how often, and the server's (redacted) message."""
+    counts = Counter((s.target, s.error.value, s.error_message) for s in samples if s.error is not None)
+    return [f"{target}: {error} x{n}: {message}" for (target, error, message), n in counts.items()]
+
+
+def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ: dict[str, str] | None = None) -> int:
+    env = dict(os.environ if environ is None else environ)
+    try:
+        config = _load(options, env)
+        targets = build_targets(options, config, env)
+        prompts = build_prompts(options, config)
+    except ConfigError as exc:
+        stderr.write(f"{exc}\n")
+        return EXIT_USAGE
+    except UsageError as exc:
+        stderr.write(f"ttft-monitor probe: {exc}\n")
+        return EXIT_USAGE
+    plan = RunPlan(
+        targets=tuple(targets),
+        prompts=tuple(prompts),
+        rounds=options.rounds,
+        warmup=options.warmup,
+        pause_s=options.pause_s,
+        concurrency=options.concurrency,
+    )
+    limits_map = {name: p.max_concurrency for name, p in config.providers.items()} if config is not None else {}
+    # Ad-hoc endpoints get the requested concurrency; configured ones keep their provider's cap.
+    limits_map.update({t.provider: options.concurrency for t in targets if t.provider not in limits_map})
+    progress = Progress(len(targets) * len(prompts) * (options.rounds + options.warmup), stderr)
+    try:
+        samples = asyncio.run(
+            probe_once(plan, fresh=options.connection == "fresh", limits=ProviderLimits(limits_map), on_sample=progress)
+        )
+    except KeyboardInterrupt:
+        progress.close()
+        stderr.write("interrupted\n")
+        return 130
+    progress.close()
+    rows = summarize(samples)
+    if options.output_format == "json":
+        stdout.write(render_json(samples, rows) + "\n")
+    elif options.output_format == "csv":
+        stdout.write(render_csv(samples))
+    else:
+        stdout.write(render_table(rows, show_setup=options.connection == "fresh") + "\n")
+    measured = [s for s in samples if not s.warmup]
+    if measured and not any(s.ok for s in measured):
+        stderr.write("every probe failed:\n")
+        for line in failure_lines(measured):
+            stderr.write(f"  {line}\n")
+        return EXIT_ALL_FAILED
+    if options.output_format != "table":
+        for line in failure_lines(measured):
+            stderr.write(f"failed: {line}\n")
+    return EXIT_OK
+
+
+def probe_main(options: ProbeOptions) -> int:
+    return run_probe(options, stdout=sys.stdout, stderr=sys.stderr)

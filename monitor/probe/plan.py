@@ -1,0 +1,97 @@
+"""From configuration to what the probe needs: endpoints (with their secrets), targets, prompt specs."""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterable
+from typing import Any
+
+from monitor.config.models import Config, PromptProfile, Provider, Target
+from monitor.probe.apis import FLAVORS, RequestParams
+from monitor.probe.client import Endpoint, Timeouts
+from monitor.probe.prompts import PromptSpec
+from monitor.probe.runner import ProbeTarget
+
+
+def ssl_option(*, verify: bool, ca_file: str | None) -> ssl.SSLContext | bool:
+    if not verify:
+        return False
+    if ca_file:
+        return ssl.create_default_context(cafile=ca_file)
+    return True
+
+
+def endpoint_for(provider: Provider) -> Endpoint:
+    timeouts = provider.timeout_s
+    return Endpoint(
+        base_url=provider.base_url,
+        flavor=FLAVORS[provider.api],
+        api_key=provider.secret(),
+        headers=dict(provider.headers),
+        timeouts=Timeouts(connect=timeouts.connect, first_token=timeouts.first_token, total=timeouts.total),
+        ssl=ssl_option(verify=provider.tls.verify, ca_file=str(provider.tls.ca_file) if provider.tls.ca_file else None),
+    )
+
+
+def request_params(target: Target, *, include_usage: bool) -> RequestParams:
+    return RequestParams(
+        model=target.model,
+        max_tokens=target.params.max_tokens,
+        temperature=target.params.temperature,
+        extra_body=dict(target.params.extra_body),
+        include_usage=include_usage,
+    )
+
+
+class Endpoints:
+    """One Endpoint per provider, built once: SSL contexts are costly to create per request."""
+
+    def __init__(self, config: Config) -> None:
+        self._config = config
+        self._built: dict[str, Endpoint] = {}
+
+    def target(self, name: str) -> ProbeTarget:
+        target = self._config.targets[name]
+        provider = self._config.providers[target.provider]
+        endpoint = self._built.get(target.provider)
+        if endpoint is None:
+            endpoint = self._built[target.provider] = endpoint_for(provider)
+        return ProbeTarget(
+            name=name,
+            provider=target.provider,
+            endpoint=endpoint,
+            params=request_params(target, include_usage=provider.include_usage),
+        )
+
+    def targets(self, names: Iterable[str]) -> tuple[ProbeTarget, ...]:
+        return tuple(self.target(name) for name in names)
+
+
+def prompt_spec(name: str, profile: PromptProfile) -> PromptSpec:
+    return PromptSpec(name=name, tokens=profile.tokens, language=profile.language, cache=profile.cache)
+
+
+def adhoc_target(
+    *,
+    url: str,
+    api: str,
+    model: str,
+    api_key: str | None,
+    max_tokens: int,
+    extra_body: dict[str, Any],
+    include_usage: bool,
+    timeouts: Timeouts,
+    verify: bool = True,
+    ca_file: str | None = None,
+) -> ProbeTarget:
+    endpoint = Endpoint(
+        base_url=url.rstrip("/"),
+        flavor=FLAVORS[api],
+        api_key=api_key,
+        timeouts=timeouts,
+        ssl=ssl_option(verify=verify, ca_file=ca_file),
+    )
+    params = RequestParams(
+        model=model, max_tokens=max_tokens, temperature=0.0, extra_body=extra_body, include_usage=include_usage
+    )
+    return ProbeTarget(name=model, provider=url, endpoint=endpoint, params=params)

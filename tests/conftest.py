@@ -1,0 +1,108 @@
+"""Shared fixtures: the simulator as a real child process, and a runner for the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class SimProcess:
+    url: str  # http://127.0.0.1:PORT
+    process: subprocess.Popen[str]
+    errors: IO[str]
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=5) as resp:
+            return json.load(resp)
+
+    def post(self, path: str, body: dict[str, Any]) -> Any:
+        request = urllib.request.Request(
+            self.url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=5) as resp:
+            return json.load(resp)
+
+
+def start_sim(*args: str, env: dict[str, str] | None = None) -> SimProcess:
+    # stderr goes to a file: an unread pipe would fill up and stall the simulator.
+    errors = tempfile.TemporaryFile(mode="w+")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "sim", "--port", "0", *args],
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    match = re.search(r"(http://127\.0\.0\.1:\d+)", line)
+    if match is None:
+        process.kill()
+        process.wait()
+        process.stdout.close()
+        errors.seek(0)
+        raise RuntimeError(f"simulator did not start: {line!r} {errors.read()}")
+    return SimProcess(url=match.group(1), process=process, errors=errors)
+
+
+def stop_sim(sim: SimProcess) -> None:
+    sim.process.terminate()
+    try:
+        sim.process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        sim.process.kill()
+        sim.process.wait()
+    if sim.process.stdout is not None:
+        sim.process.stdout.close()
+    sim.errors.close()
+
+
+@pytest.fixture(scope="session")
+def exact_sim() -> Iterator[SimProcess]:
+    """A simulator with the noise off: every latency is exactly what its profile says."""
+    sim = start_sim("--no-noise")
+    yield sim
+    stop_sim(sim)
+
+
+@dataclass
+class CliResult:
+    code: int
+    stdout: str
+    stderr: str
+
+    def __str__(self) -> str:
+        return f"exit {self.code}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+    full_env = {k: v for k, v in os.environ.items() if k != "TTFT_CONFIG"}
+    full_env.update(env or {})
+    done = subprocess.run(
+        [sys.executable, "-m", "monitor", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+    return CliResult(done.returncode, done.stdout, done.stderr)
