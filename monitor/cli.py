@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import logging
 import os
 import socket
 import subprocess
@@ -10,11 +12,15 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from monitor import __version__
 from monitor.probe.client import Timeouts
 from monitor.probe.command import EXIT_USAGE, ProbeOptions, UsageError, parse_token_list, probe_main
+
+if TYPE_CHECKING:
+    from monitor.logging import Redactor
 
 DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
 SIM_DEFAULT_PORT = 8400
@@ -122,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     how.add_argument("--timeout-total", type=float, default=300.0, help="seconds, for --url (300)")
     how.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table", help="output (table)")
     how.add_argument(
+        "--store", action="store_true", help="also write the samples to the config's database (job name adhoc)"
+    )
+    how.add_argument(
         "--with-sim",
         action="store_true",
         help=f"start the built-in simulator on 127.0.0.1:{SIM_DEFAULT_PORT} for the duration (demo, tests)",
@@ -141,6 +150,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     check = commands.add_parser("check-config", help="validate the config and show the jobs' next run times")
     _config_arg(check)
+
+    run = commands.add_parser(
+        "run",
+        help="the daemon: run the config's jobs on their schedules",
+        description="Run every job on its cron schedule, store the samples, serve /metrics, /healthz and "
+        "/readyz. SIGTERM/SIGINT stop it gracefully; SIGHUP reloads the config (a bad file is rejected).",
+    )
+    _config_arg(run)
+
+    once = commands.add_parser(
+        "once",
+        help="run the job(s) once, store, push metrics, exit (Kubernetes CronJob)",
+        description="Exit status: 0 done, 1 every probe failed, 2 config error, 3 database or spool trouble.",
+    )
+    _config_arg(once)
+    once.add_argument("--job", action="append", default=[], help="only this job (repeatable); default: all")
+
+    try:
+        from monitor.store.cli import register as register_db
+    except ImportError:  # pragma: no cover - the store package is part of every install
+        pass
+    else:
+        register_db(commands)
     return parser
 
 
@@ -165,6 +197,7 @@ def _probe_options(args: argparse.Namespace) -> ProbeOptions:
         connection=args.connection,
         concurrency=args.concurrency,
         output_format=args.format,
+        store=args.store,
         timeouts=Timeouts(
             connect=min(10.0, args.timeout_first_token),
             first_token=args.timeout_first_token,
@@ -208,6 +241,10 @@ def simulator_process(port: int = SIM_DEFAULT_PORT) -> Iterator[None]:
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
+    from monitor.logging import configure_logging
+
+    # stdout carries the table / JSON / CSV; only warnings go to stderr.
+    configure_logging(stream=sys.stderr, level=logging.WARNING)
     options = _probe_options(args)
     if not args.with_sim:
         return probe_main(options)
@@ -251,7 +288,40 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return code
 
 
-COMMANDS = {"probe": _cmd_probe, "sim": _cmd_sim, "check-config": _cmd_check_config}
+def _setup_logging() -> Redactor:
+    from monitor.logging import configure_logging
+
+    return configure_logging()
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from monitor.daemon import run_daemon
+
+    redactor = _setup_logging()
+    return asyncio.run(run_daemon(args.config or "config.yaml", redactor=redactor))
+
+
+def _cmd_once(args: argparse.Namespace) -> int:
+    from monitor.daemon import run_once
+
+    redactor = _setup_logging()
+    return asyncio.run(run_once(args.config or "config.yaml", job_names=args.job, redactor=redactor))
+
+
+def _cmd_db(args: argparse.Namespace) -> int:
+    from monitor.store.cli import run as run_db
+
+    return run_db(args)
+
+
+COMMANDS = {
+    "probe": _cmd_probe,
+    "sim": _cmd_sim,
+    "check-config": _cmd_check_config,
+    "run": _cmd_run,
+    "once": _cmd_once,
+    "db": _cmd_db,
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -434,3 +434,21 @@ async def test_the_request_carries_the_key_and_body_per_api(serve) -> None:
     assert openai_body["messages"] == [{"role": "user", "content": "hello"}]
     assert anthropic_headers["x-api-key"] == SECRET and anthropic_headers["anthropic-version"]
     assert "stream_options" not in anthropic_body
+
+
+@pytest.mark.parametrize(
+    ("chunk", "offset", "arrivals", "expected"),
+    [
+        (b"abcdef", 0, [(6, 10)], [(10, b"abcdef")]),
+        (b"abcdef", 0, [(2, 10), (6, 20)], [(10, b"ab"), (20, b"cdef")]),
+        (b"cdef", 2, [(2, 10), (4, 20), (9, 30)], [(20, b"cd"), (30, b"ef")]),
+        (b"abc", 0, [], [(99, b"abc")]),
+        (b"abcd", 0, [(2, 10)], [(10, b"ab"), (99, b"cd")]),
+    ],
+)
+def test_body_bytes_get_the_time_they_arrived(chunk, offset, arrivals, expected) -> None:
+    from collections import deque
+
+    from monitor.probe.client import _stamped_pieces
+
+    assert _stamped_pieces(chunk, offset, deque(arrivals), 99) == expected

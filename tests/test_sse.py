@@ -67,10 +67,10 @@ def test_it_rejects_a_line_longer_than_the_bound() -> None:
 
 def test_it_parses_an_anthropic_stream() -> None:
     stream = (
-        b"event: message_start\ndata: {\"type\":\"message_start\"}\n\n"
-        b"event: ping\ndata: {\"type\": \"ping\"}\n\n"
-        b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\"}\n\n"
-        b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+        b'event: message_start\ndata: {"type":"message_start"}\n\n'
+        b'event: ping\ndata: {"type": "ping"}\n\n'
+        b'event: content_block_delta\ndata: {"type":"content_block_delta"}\n\n'
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
     )
     events = parse_all([stream])
     assert [e.event for e in events] == ["message_start", "ping", "content_block_delta", "message_stop"]
@@ -86,9 +86,9 @@ field_line = st.one_of(
     st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=12).map(lambda t: f"data: {t}"),
     st.sampled_from(["event: message_start", "event: ping", ": ping", "id: 1", "data", ""]),
 )
-stream_text = st.tuples(
-    st.lists(field_line, max_size=20), st.sampled_from(["\n", "\r\n", "\r"])
-).map(lambda parts: parts[1].join(parts[0]) + parts[1] * 2)
+stream_text = st.tuples(st.lists(field_line, max_size=20), st.sampled_from(["\n", "\r\n", "\r"])).map(
+    lambda parts: parts[1].join(parts[0]) + parts[1] * 2
+)
 
 
 @settings(max_examples=300, deadline=None)

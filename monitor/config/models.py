@@ -617,6 +617,14 @@ class Config(ConfigModel):
     jobs: list[Job] = Field(default_factory=list, description="Schedules: which targets and prompts, when.")
     detection: Detection = Field(default_factory=Detection, description="Regression detection.")
     alerts: Alerts = Field(default_factory=Alerts, description="Where incidents are sent.")
+    shutdown_grace_s: float = Field(
+        20,
+        gt=0,
+        le=600,
+        description="On SIGTERM/SIGINT, seconds in-flight probes get to finish before they are cancelled. "
+        "Keep it below systemd `TimeoutStopSec` and Kubernetes `terminationGracePeriodSeconds` (both 30 in "
+        "the shipped unit and manifests), so the process flushes and exits 0 before it is killed.",
+    )
 
     @model_validator(mode="after")
     def _check_references(self) -> Config:

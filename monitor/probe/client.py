@@ -10,7 +10,9 @@ set-up (DNS, TCP, TLS, pool wait) is recorded separately in `dns_ms`, `connect_m
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
+import functools
 import itertools
 import json
 import socket
@@ -30,6 +32,7 @@ from aiohttp.client_exceptions import (
     ClientConnectorSSLError,
     ClientSSLError,
 )
+from aiohttp.client_proto import ResponseHandler
 
 from monitor.probe.apis import ApiFlavor, Kind, MalformedEvent, RequestParams
 from monitor.probe.result import ErrorClass, Sample
@@ -84,12 +87,41 @@ class _Stamps:
 _current_stamps: contextvars.ContextVar[_Stamps | None] = contextvars.ContextVar("ttft_probe_stamps", default=None)
 
 
+class _StampingProtocol(ResponseHandler):
+    """Stamps every arrival of body bytes in `data_received`, before the reading task is even woken.
+
+    Under load the task that reads the stream runs later than the bytes arrive (behind other
+    streams' work); stamping here keeps that queueing out of TTFT. Each record says: the response
+    body up to byte offset N had arrived at monotonic time T.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrivals: collections.deque[tuple[int, int]] = collections.deque()
+        self._stamped_payload: Any = None
+
+    def data_received(self, data: bytes) -> None:
+        stamp = time.perf_counter_ns()
+        super().data_received(data)
+        payload = getattr(self, "_payload", None)
+        if payload is None:
+            return
+        if payload is not self._stamped_payload:
+            self._stamped_payload = payload
+            self.arrivals.clear()
+        self.arrivals.append((payload.total_bytes, stamp))
+
+
 class _TimedConnector(aiohttp.TCPConnector):
     """A TCPConnector that stamps the end of the TCP handshake, so TLS time can be told apart.
 
     aiohttp does TCP and TLS in one `create_connection` call; this splits it in two: connect the
     socket (as aiohttp does, with happy eyeballs), stamp, then let the loop do the TLS handshake.
     """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._factory = functools.partial(_StampingProtocol, loop=self._loop)
 
     async def _wrap_create_connection(  # type: ignore[override]
         self,
@@ -161,6 +193,32 @@ def _trace_config() -> aiohttp.TraceConfig:
     config.on_connection_reuseconn.append(reuse)
     config.on_request_chunk_sent.append(chunk_sent)
     return config
+
+
+def _stamped_pieces(
+    chunk: bytes, offset: int, arrivals: collections.deque[tuple[int, int]], fallback: int
+) -> list[tuple[int, bytes]]:
+    """Cut `chunk` (body bytes from `offset` on) where its bytes arrived at different times.
+
+    `arrivals` holds (body bytes received so far, stamp) from the protocol; bytes with no record
+    (a protocol without stamps) get `fallback`, the time the reader returned them.
+    """
+    end = offset + len(chunk)
+    pieces: list[tuple[int, bytes]] = []
+    start = offset
+    while arrivals and start < end:
+        total, stamp = arrivals[0]
+        if total <= start:
+            arrivals.popleft()
+            continue
+        cut = min(total, end)
+        pieces.append((stamp, chunk[start - offset : cut - offset]))
+        start = cut
+        if total <= end:
+            arrivals.popleft()
+    if start < end:
+        pieces.append((fallback, chunk[start - offset :]))
+    return pieces
 
 
 def _ms(start: int | None, end: int | None) -> float | None:
@@ -271,14 +329,22 @@ class ProbeClient:
                     parser = SSEParser()
                     flavor = endpoint.flavor
                     read = resp.content.readany
+                    protocol = resp.connection.protocol if resp.connection is not None else None
+                    arrivals: collections.deque[tuple[int, int]] = getattr(protocol, "arrivals", None) or (
+                        collections.deque()
+                    )
+                    consumed = 0
                     while True:
                         chunk = await read()
-                        now = time.perf_counter_ns()  # stamped before any parsing
+                        now = time.perf_counter_ns()
                         if not chunk:
                             break
-                        for event in parser.feed(chunk):
+                        pieces = _stamped_pieces(chunk, consumed, arrivals, now)
+                        consumed += len(chunk)
+                        stamped = [(at, event) for at, piece in pieces for event in parser.feed(piece)]
+                        for arrived, event in stamped:
                             if first_event is None:
-                                first_event = now
+                                first_event = arrived
                             info = flavor.classify(event)
                             if info.served_model:
                                 sample.served_model = info.served_model
@@ -294,9 +360,9 @@ class ProbeClient:
                                     # From here the total deadline applies, not the first-token one.
                                     phase = ErrorClass.TIMEOUT_TOTAL
                                     deadline.reschedule(start_loop_time + timeouts.total)
-                                token_stamps.append(now)
+                                token_stamps.append(arrived)
                                 if kind is Kind.ANSWER and first_answer is None:
-                                    first_answer = now
+                                    first_answer = arrived
                             elif kind is Kind.DONE:
                                 done = True
                             elif kind is Kind.ERROR:

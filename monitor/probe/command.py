@@ -7,20 +7,22 @@ import json
 import os
 import sys
 from collections import Counter
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TextIO
 
+from monitor.app import InfrastructureError
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
-from monitor.probe.client import ProbeClient, Timeouts
+from monitor.probe.client import Timeouts
 from monitor.probe.plan import Endpoints, adhoc_target, prompt_spec
-from monitor.probe.prompts import Calibration, PromptFactory, PromptSpec
+from monitor.probe.prompts import PromptSpec
 from monitor.probe.report import render_csv, render_json, render_table, summarize
 from monitor.probe.result import Sample
-from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan, run_plan
+from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan
 
-EXIT_OK, EXIT_ALL_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_ALL_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -48,6 +50,7 @@ class ProbeOptions:
     connection: str = "reuse"
     concurrency: int = 1
     output_format: str = "table"
+    store: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
 
 
@@ -73,7 +76,7 @@ def parse_token_list(text: str) -> list[int]:
 def _load(options: ProbeOptions, environ: dict[str, str]) -> Config | None:
     path = options.config_path
     if path is None:
-        if options.url and not options.targets:
+        if options.url and not options.targets and not options.store:
             return None
         path = "config.yaml"
     return load_config(path, environ=environ)
@@ -170,15 +173,39 @@ class Progress:
             self.stream.flush()
 
 
-async def probe_once(plan: RunPlan, *, fresh: bool, limits: ProviderLimits, on_sample: Progress | None) -> list[Sample]:
-    async with ProbeClient(fresh=fresh) as client:
-        return await run_plan(
-            plan,
-            client=client,
-            limits=limits,
-            prompts=PromptFactory(Calibration()),
-            on_sample=on_sample,
-        )
+class StoreTrouble(Exception):
+    """The database did not take the samples (they wait in the spool)."""
+
+
+async def probe_once(
+    plan: RunPlan,
+    *,
+    connection: str,
+    limits: ProviderLimits,
+    on_sample: Progress | None,
+    config: Config | None,
+    store: bool,
+) -> list[Sample]:
+    """The same pipeline as the daemon's jobs, under the job name `adhoc`; stores only with --store."""
+    from monitor.app import build_context, freeze_heap, open_store
+    from monitor.schedule.pipeline import execute
+
+    async with AsyncExitStack() as stack:
+        opened = None
+        if store:
+            assert config is not None
+            opened = await open_store(config, metrics=None, retry_s=min(config.database.connect_retry_s, 5))
+            stack.push_async_callback(opened.engine.dispose)
+        context = await build_context(config or Config(), stack, store=opened, metrics=None)
+        context.limits = limits
+        freeze_heap()
+        outcome = await execute(context, job="adhoc", plan=plan, connection=connection, on_sample=on_sample)
+        if opened is not None and opened.spool.depth:
+            raise StoreTrouble(
+                f"the database did not take the samples; {opened.spool.depth} wait in the spool and are "
+                "written by the next run or by the daemon"
+            )
+        return outcome.samples
 
 
 def failure_lines(samples: list[Sample]) -> list[str]:
@@ -211,10 +238,24 @@ def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ:
     # Ad-hoc endpoints get the requested concurrency; configured ones keep their provider's cap.
     limits_map.update({t.provider: options.concurrency for t in targets if t.provider not in limits_map})
     progress = Progress(len(targets) * len(prompts) * (options.rounds + options.warmup), stderr)
+    if options.store and config is None:
+        stderr.write("ttft-monitor probe: --store needs a config file with a database (pass --config)\n")
+        return EXIT_USAGE
     try:
         samples = asyncio.run(
-            probe_once(plan, fresh=options.connection == "fresh", limits=ProviderLimits(limits_map), on_sample=progress)
+            probe_once(
+                plan,
+                connection=options.connection,
+                limits=ProviderLimits(limits_map),
+                on_sample=progress,
+                config=config,
+                store=options.store,
+            )
         )
+    except (InfrastructureError, StoreTrouble) as exc:
+        progress.close()
+        stderr.write(f"ttft-monitor probe: {exc}\n")
+        return EXIT_INFRA
     except KeyboardInterrupt:
         progress.close()
         stderr.write("interrupted\n")

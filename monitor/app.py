@@ -1,0 +1,160 @@
+"""Builds every resource (engine, HTTP clients, limits, metrics, store) and hands them down."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+from collections.abc import Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from monitor.config.models import Config
+from monitor.metrics.definitions import Metrics
+from monitor.probe.client import ProbeClient
+from monitor.probe.plan import Endpoints
+from monitor.probe.prompts import Calibration
+from monitor.probe.runner import ProviderLimits
+from monitor.schedule.pipeline import JobContext
+
+
+class InfrastructureError(Exception):
+    """The database or the spool is unusable; the message says what to check."""
+
+
+@dataclass
+class Store:
+    engine: Any
+    repository: Any
+    spool: Any
+    writer: Any
+
+
+async def open_store(
+    config: Config,
+    *,
+    metrics: Metrics | None,
+    retry_s: float | None = None,
+    sleep: Callable[[float], Any] = asyncio.sleep,
+) -> Store:
+    """Connect (retrying for `database.connect_retry_s`), refuse a schema behind head, open the spool."""
+    from monitor.store.engine import create_engine
+    from monitor.store.migrate import SchemaBehind, ensure_current
+    from monitor.store.repository import Repository
+    from monitor.store.spool import Spool
+    from monitor.store.writer import ResultWriter
+
+    log = structlog.get_logger()
+    engine = create_engine(config.database.url)
+    repository = Repository(engine)
+    budget = config.database.connect_retry_s if retry_s is None else retry_s
+    deadline = asyncio.get_running_loop().time() + budget
+    delay = 0.5
+    while True:
+        try:
+            await repository.ping()
+            break
+        except Exception as exc:
+            if asyncio.get_running_loop().time() + delay > deadline:
+                await engine.dispose()
+                raise InfrastructureError(
+                    f"cannot reach the database ({_describe_db(config.database.url)}) after {budget:g} s: "
+                    f"{type(exc).__name__}; check that it runs and that database.url is right"
+                ) from None
+            log.warning("database_unreachable", retry_in_s=delay, error=type(exc).__name__)
+            await sleep(delay)
+            delay = min(delay * 2, 5.0)
+    try:
+        await ensure_current(engine)
+    except SchemaBehind as exc:
+        await engine.dispose()
+        raise InfrastructureError(str(exc)) from None
+    try:
+        spool = Spool(config.database.state_dir / "spool", max_bytes=config.database.spool_max_mb * 1024 * 1024)
+    except OSError as exc:
+        await engine.dispose()
+        raise InfrastructureError(
+            f"cannot use the state directory {config.database.state_dir}: {exc.strerror}; "
+            "set database.state_dir to a writable directory"
+        ) from None
+    writer = ResultWriter(repository, spool, on_event=_writer_events(metrics, spool))
+    return Store(engine=engine, repository=repository, spool=spool, writer=writer)
+
+
+def _writer_events(metrics: Metrics | None, spool: Any) -> Callable[..., None]:
+    log = structlog.get_logger()
+
+    def on_event(name: str, **fields: Any) -> None:
+        log.info(name, **fields) if not name.endswith(("failed", "full", "unreachable")) else log.warning(
+            name, **fields
+        )
+        if metrics is not None:
+            metrics.spool_records.set(spool.depth)
+            metrics.spool_bytes.set(spool.bytes)
+            if name in ("database_write_failed", "database_unreachable"):
+                metrics.database_up.set(0)
+            elif name in ("database_write_ok", "spool_drained"):
+                metrics.database_up.set(1)
+
+    return on_event
+
+
+def _describe_db(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception:
+        return "an unparseable URL"
+    if parsed.drivername.startswith("sqlite"):
+        return f"SQLite file {parsed.database}"
+    return f"{parsed.drivername} at {parsed.host}:{parsed.port or 5432}/{parsed.database}"
+
+
+async def build_context(
+    config: Config, stack: AsyncExitStack, *, store: Store | None, metrics: Metrics | None
+) -> JobContext:
+    calibration = Calibration()
+    if store is not None:
+        try:
+            for key, (cpt, overhead) in (await store.repository.load_calibration()).items():
+                calibration.load(key, cpt, overhead)
+        except Exception as exc:  # a cold calibration costs one round of accuracy, not correctness
+            structlog.get_logger().warning("calibration_not_loaded", error=type(exc).__name__)
+    clients = {
+        "reuse": await stack.enter_async_context(ProbeClient(fresh=False)),
+        "fresh": await stack.enter_async_context(ProbeClient(fresh=True)),
+    }
+    return JobContext(
+        config=config,
+        endpoints=Endpoints(config),
+        limits=ProviderLimits({name: p.max_concurrency for name, p in config.providers.items()}),
+        calibration=calibration,
+        clients=clients,
+        writer=store.writer if store is not None else None,
+        repository=store.repository if store is not None else None,
+        metrics=metrics,
+    )
+
+
+def freeze_heap() -> None:
+    """Move everything allocated at start-up out of the garbage collector's sight.
+
+    With SQLAlchemy, pydantic and friends imported, a full collection walks ~100 ms of objects;
+    a pause landing inside a probe would add straight to its TTFT. Long-lived start-up objects
+    never become garbage, so freezing them keeps collections short.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+def secrets_of(config: Config) -> list[str]:
+    """Every secret the config resolved, for the log redactor."""
+    out = [p.secret() for p in config.providers.values()]
+    out += [r.secret() for r in config.alerts.receivers.values()]
+    out += [r.resolved_url() for r in config.alerts.receivers.values()]
+    for provider in config.providers.values():
+        out += list(provider.headers.values())
+    return [s for s in out if s]

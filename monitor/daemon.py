@@ -1,0 +1,325 @@
+"""`ttft-monitor run` and `ttft-monitor once`: lifecycle around the one job pipeline."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+import uuid
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from monitor.app import InfrastructureError, Store, build_context, freeze_heap, open_store, secrets_of
+from monitor.config.errors import ConfigError
+from monitor.config.loader import load_config
+from monitor.config.models import Config, Job
+from monitor.logging import Redactor
+from monitor.metrics.definitions import Metrics
+from monitor.metrics.server import start_metrics_server
+from monitor.schedule.pipeline import JobContext, execute, plan_for_job
+from monitor.schedule.scheduler import JobScheduler
+
+EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA = 0, 1, 2, 3
+LOOP_LAG_INTERVAL_S = 0.5
+
+
+def shutdown_grace(config: Config) -> float:
+    return config.shutdown_grace_s
+
+
+def _notifier() -> Any:
+    try:
+        from monitor.systemd_notify import Notifier
+
+        return Notifier.from_environ(os.environ)
+    except ImportError:  # pragma: no cover - packaging without the systemd module
+        return None
+
+
+def _watchdog_interval() -> float | None:
+    try:
+        from monitor.systemd_notify import watchdog_interval
+
+        return watchdog_interval(os.environ)
+    except ImportError:  # pragma: no cover
+        return None
+
+
+@dataclass
+class DaemonState:
+    config_path: str
+    config: Config
+    context: JobContext
+    store: Store
+    scheduler: JobScheduler
+    owner: str
+
+
+async def _loop_lag_monitor(metrics: Metrics, notifier: Any, watchdog_s: float | None, stop: asyncio.Event) -> None:
+    """Measures how late the loop wakes a timer; pets the systemd watchdog only while it keeps turning."""
+    loop = asyncio.get_running_loop()
+    last_pet = 0.0
+    while not stop.is_set():
+        expected = loop.time() + LOOP_LAG_INTERVAL_S
+        await asyncio.sleep(LOOP_LAG_INTERVAL_S)
+        lag = max(0.0, loop.time() - expected)
+        metrics.loop_lag.observe(lag)
+        now = time.monotonic()
+        if notifier is not None and watchdog_s is not None and now - last_pet >= watchdog_s:
+            notifier.watchdog()
+            last_pet = now
+
+
+async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> int:
+    log = structlog.get_logger()
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        log.error("config_invalid", errors=[str(e) for e in exc.errors])
+        print(str(exc), flush=True)
+        return EXIT_CONFIG
+    if redactor is not None:
+        redactor.secrets = tuple(secrets_of(config))
+    metrics = Metrics(location=config.location)
+    notifier = _notifier()
+    stop = asyncio.Event()
+    reload_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload_requested.set)
+
+    async with AsyncExitStack() as stack:
+        try:
+            store = await open_store(config, metrics=metrics)
+        except InfrastructureError as exc:
+            log.error("startup_failed", reason=str(exc))
+            print(f"ttft-monitor run: {exc}", flush=True)
+            return EXIT_INFRA
+        stack.push_async_callback(store.engine.dispose)
+        metrics.database_up.set(1)
+        context = await build_context(config, stack, store=store, metrics=metrics)
+        freeze_heap()
+        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        state: DaemonState | None = None
+
+        async def run_tick(job: Job, intended: datetime) -> None:
+            assert state is not None
+            await _run_claimed_tick(state, job, intended)
+
+        scheduler = JobScheduler(run_tick, metrics=metrics)
+        state = DaemonState(config_path, config, context, store, scheduler, owner)
+
+        async def readiness() -> tuple[bool, str]:
+            if not scheduler.running:
+                return False, "scheduler not running"
+            try:
+                await asyncio.wait_for(store.repository.ping(), timeout=2)
+            except Exception as exc:
+                metrics.database_up.set(0)
+                return False, f"database unreachable ({type(exc).__name__})"
+            metrics.database_up.set(1)
+            return True, "ready"
+
+        try:
+            runner = await start_metrics_server(metrics.registry, readiness, config.metrics.listen)
+        except OSError as exc:
+            print(
+                f"ttft-monitor run: cannot listen on {config.metrics.listen} for /metrics: {exc.strerror}; "
+                "change metrics.listen or stop what uses that port",
+                flush=True,
+            )
+            return EXIT_INFRA
+        stack.push_async_callback(runner.cleanup)
+        drainer_stop = asyncio.Event()
+        drainer = asyncio.create_task(store.writer.run_drainer(drainer_stop, 5.0))
+        lag_task = asyncio.create_task(_loop_lag_monitor(metrics, notifier, _watchdog_interval(), stop))
+
+        scheduler.set_jobs(list(config.jobs))
+        scheduler.start()
+        if notifier is not None:
+            notifier.ready()
+            notifier.status(f"{len(config.jobs)} jobs scheduled")
+        log.info(
+            "daemon_started",
+            jobs=[j.name for j in config.jobs],
+            metrics=f"http://{config.metrics.listen}/metrics",
+            database=_safe_db(config),
+            location=config.location,
+            next_runs={k: v.isoformat() if v else None for k, v in scheduler.next_run_times().items()},
+        )
+
+        while not stop.is_set():
+            waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(reload_requested.wait())]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+            if reload_requested.is_set() and not stop.is_set():
+                reload_requested.clear()
+                await _reload(state, stack, redactor)
+
+        # Shutdown: stop scheduling, let in-flight probes finish within the grace period, flush, exit 0.
+        if notifier is not None:
+            notifier.stopping()
+        scheduler.shutdown()
+        grace = shutdown_grace(state.config)
+        pending = set(scheduler.tasks)
+        log.info("daemon_stopping", in_flight_jobs=len(pending), grace_s=grace)
+        if pending:
+            _done, still = await asyncio.wait(pending, timeout=grace)
+            for task in still:
+                task.cancel()
+            if still:
+                await asyncio.wait(still, timeout=5)
+                log.warning("jobs_cancelled_at_shutdown", jobs=len(still))
+        drainer_stop.set()
+        lag_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(drainer, timeout=5)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(store.writer.drain(), timeout=5)
+        log.info("daemon_stopped", spooled=store.spool.depth)
+    return EXIT_OK
+
+
+def _safe_db(config: Config) -> str:
+    from monitor.app import _describe_db
+
+    return _describe_db(config.database.url)
+
+
+async def _run_claimed_tick(state: DaemonState, job: Job, intended: datetime) -> None:
+    log = structlog.get_logger().bind(job=job.name)
+    metrics = state.context.metrics
+    claim = getattr(state.store.repository, "claim_tick", None)
+    if claim is not None:
+        try:
+            claimed = await claim(
+                job=job.name, scheduled_at=intended, location=state.config.location, owner=state.owner
+            )
+        except Exception as exc:
+            # The database is down: probe anyway (results go to the spool); a duplicate tick is
+            # better than a hole in the history.
+            log.warning("tick_claim_failed", error=type(exc).__name__)
+            claimed = True
+        if not claimed:
+            log.info("tick_claimed_elsewhere", scheduled=intended.isoformat())
+            if metrics is not None:
+                metrics.job_runs.labels(job.name, "skipped_claimed").inc()
+            return
+    try:
+        outcome = await execute(
+            state.context,
+            job=job.name,
+            plan=plan_for_job(state.context, job),
+            connection=job.connection,
+            intended_at=intended,
+        )
+    except Exception:
+        log.exception("job_error")
+        if metrics is not None:
+            metrics.job_runs.labels(job.name, "error").inc()
+        return
+    if metrics is not None:
+        metrics.job_runs.labels(job.name, "ok" if outcome.ok else "failed").inc()
+
+
+async def _reload(state: DaemonState, stack: AsyncExitStack, redactor: Redactor | None) -> None:
+    log = structlog.get_logger()
+    try:
+        config = load_config(state.config_path)
+    except ConfigError as exc:
+        log.error("reload_rejected", errors=[str(e) for e in exc.errors], keeping=[j.name for j in state.config.jobs])
+        return
+    if config.database.url != state.config.database.url or config.metrics.listen != state.config.metrics.listen:
+        log.warning("reload_partial", reason="database.url and metrics.listen change only on restart")
+    if redactor is not None:
+        redactor.secrets = tuple(secrets_of(config))
+    context = await build_context(config, stack, store=state.store, metrics=state.context.metrics)
+    context.calibration = state.context.calibration
+    state.config = config
+    state.context = context
+    state.scheduler.set_jobs(list(config.jobs))
+    log.info("config_reloaded", jobs=[j.name for j in config.jobs])
+
+
+async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor | None = None) -> int:
+    """Run the job(s) once through the same pipeline, store, push metrics, exit 0/1/2/3."""
+    log = structlog.get_logger()
+    try:
+        config = load_config(config_path)
+    except ConfigError as exc:
+        print(str(exc), flush=True)
+        return EXIT_CONFIG
+    if redactor is not None:
+        redactor.secrets = tuple(secrets_of(config))
+    unknown = [n for n in job_names if n not in {j.name for j in config.jobs}]
+    if unknown:
+        known = ", ".join(j.name for j in config.jobs) or "none"
+        print(f"ttft-monitor once: --job: unknown job {', '.join(unknown)} (known: {known})", flush=True)
+        return EXIT_CONFIG
+    jobs = [j for j in config.jobs if not job_names or j.name in job_names]
+    metrics = Metrics(location=config.location)
+    async with AsyncExitStack() as stack:
+        try:
+            store = await open_store(config, metrics=metrics, retry_s=min(config.database.connect_retry_s, 10))
+        except InfrastructureError as exc:
+            print(f"ttft-monitor once: {exc}", flush=True)
+            return EXIT_INFRA
+        stack.push_async_callback(store.engine.dispose)
+        # Earlier outages may have left samples in the spool; they go first, in order.
+        with contextlib.suppress(Exception):
+            await store.writer.drain()
+        context = await build_context(config, stack, store=store, metrics=metrics)
+        freeze_heap()
+        intended = datetime.now(UTC)
+        outcomes = await asyncio.gather(
+            *(
+                execute(
+                    context, job=j.name, plan=plan_for_job(context, j), connection=j.connection, intended_at=intended
+                )
+                for j in jobs
+            )
+        )
+        spooled = store.spool.depth
+    if config.metrics.pushgateway:
+        await _push(config, metrics)
+    ok = sum(o.ok for o in outcomes)
+    failed = sum(o.failed for o in outcomes)
+    log.info("once_finished", jobs=len(outcomes), ok=ok, failed=failed, spooled=spooled)
+    if spooled:
+        print(
+            f"ttft-monitor once: the database did not take {spooled} samples; they wait in the spool at "
+            f"{Path(config.database.state_dir) / 'spool'} and are written on the next run",
+            flush=True,
+        )
+        return EXIT_INFRA
+    return EXIT_OK if ok else EXIT_PROBES_FAILED
+
+
+async def _push(config: Config, metrics: Metrics) -> None:
+    from prometheus_client import push_to_gateway
+
+    log = structlog.get_logger()
+    try:
+        await asyncio.wait_for(
+            asyncio.to_thread(
+                push_to_gateway,
+                config.metrics.pushgateway,
+                job="ttft-monitor",
+                registry=metrics.registry,
+                grouping_key={"location": config.location},
+                timeout=10,
+            ),
+            timeout=15,
+        )
+    except Exception as exc:
+        log.warning("pushgateway_failed", error=f"{type(exc).__name__}: {exc}"[:200])

@@ -1,0 +1,88 @@
+"""structlog, configured once: JSON lines for machines, aligned colour for a human at a terminal.
+
+Every event passes a redaction step, so a key that slips into an event dict (a header map, a URL
+with a password, a server message echoing the key) is masked before it is written.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+
+from monitor.redact import REDACTED, SENSITIVE_HEADERS, redact
+
+_SENSITIVE_KEYS = re.compile(r"(?i)(api[_-]?key|secret|token|password|authorization|credential)")
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@")
+
+
+def _mask(value: Any, secrets: tuple[str, ...]) -> Any:
+    if isinstance(value, str):
+        return redact(_URL_PASSWORD.sub(r"\g<scheme>\g<user>:" + REDACTED + "@", value), secrets)
+    if isinstance(value, dict):
+        return {
+            k: (
+                REDACTED
+                if isinstance(k, str) and (k.lower() in SENSITIVE_HEADERS or _is_secret_key(k))
+                else _mask(v, secrets)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(_mask(v, secrets) for v in value)
+    return value
+
+
+def _is_secret_key(key: str) -> bool:
+    # `tokens`-style counters (prompt_tokens, cached_tokens) are numbers, not secrets.
+    return bool(_SENSITIVE_KEYS.search(key)) and not key.endswith(("_tokens", "tokens_target", "_tokens_p50"))
+
+
+class Redactor:
+    """A structlog processor masking known secrets and anything shaped like one."""
+
+    def __init__(self, secrets: Iterable[str | None] = ()) -> None:
+        self.secrets = tuple(s for s in secrets if s)
+
+    def __call__(self, _logger: Any, _method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        for key, value in list(event.items()):
+            if _is_secret_key(key) and isinstance(value, str | bytes):
+                event[key] = REDACTED
+            else:
+                event[key] = _mask(value, self.secrets)
+        return event
+
+
+def configure_logging(
+    *,
+    stream: TextIO | None = None,
+    json_output: bool | None = None,
+    secrets: Iterable[str | None] = (),
+    level: int = logging.INFO,
+) -> Redactor:
+    """Configure structlog for the process. Returns the redactor so new secrets can be added on reload."""
+    out = stream or sys.stdout
+    if json_output is None:
+        json_output = not out.isatty()
+    redactor = Redactor(secrets)
+    processors: list[Any] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        redactor,
+    ]
+    if json_output:
+        processors += [structlog.processors.format_exc_info, structlog.processors.JSONRenderer(sort_keys=False)]
+    else:
+        processors.append(structlog.dev.ConsoleRenderer(colors=out.isatty()))
+    structlog.configure(
+        processors=processors,
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    return redactor

@@ -1,0 +1,180 @@
+"""The one job pipeline: probe -> store -> (detect). `run`, `once` and `probe --store` all call `execute`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from monitor.config.models import Config, Job
+from monitor.metrics.definitions import Metrics
+from monitor.probe.client import ProbeClient
+from monitor.probe.plan import Endpoints, prompt_spec
+from monitor.probe.prompts import Calibration, PromptFactory
+from monitor.probe.result import Sample
+from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
+
+SAMPLE_LOG_FIELDS = (
+    "round",
+    "warmup",
+    "ttft_ms",
+    "ttfa_ms",
+    "first_event_ms",
+    "ttfb_ms",
+    "total_ms",
+    "setup_ms",
+    "decode_tps",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "served_model",
+    "request_id",
+    "http_status",
+    "error",
+    "error_message",
+    "connection_reused",
+)
+
+
+@dataclass
+class JobContext:
+    """Everything a job run needs, built once per process (and rebuilt on reload) by `app.py`."""
+
+    config: Config
+    endpoints: Endpoints
+    limits: ProviderLimits
+    calibration: Calibration
+    clients: dict[str, ProbeClient]  # by connection mode: "reuse", "fresh"
+    writer: Any | None = None  # monitor.store.writer.ResultWriter; None: do not store
+    repository: Any | None = None
+    metrics: Metrics | None = None
+    after_store: Callable[[str, Sequence[Any]], Any] | None = None  # detection hook, once it exists
+
+
+@dataclass
+class JobOutcome:
+    job: str
+    intended_at: datetime
+    started_at: datetime
+    finished_at: datetime | None = None
+    samples: list[Sample] = field(default_factory=list)
+    stored: bool = False
+    cancelled: bool = False
+
+    @property
+    def measured(self) -> list[Sample]:
+        return [s for s in self.samples if not s.warmup]
+
+    @property
+    def ok(self) -> int:
+        return sum(1 for s in self.measured if s.ok)
+
+    @property
+    def failed(self) -> int:
+        return sum(1 for s in self.measured if not s.ok)
+
+
+def plan_for_job(ctx: JobContext, job: Job) -> RunPlan:
+    config = ctx.config
+    return RunPlan(
+        targets=ctx.endpoints.targets(job.targets),
+        prompts=tuple(prompt_spec(name, config.prompts[name]) for name in job.prompts),
+        rounds=job.rounds,
+        warmup=job.warmup,
+        pause_s=job.pause_s,
+        # Per-provider max_concurrency is the cap; the job itself does not add another.
+        concurrency=max(1, len(job.targets) * len(job.prompts)),
+    )
+
+
+def _sample_event(sample: Sample) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in SAMPLE_LOG_FIELDS:
+        value = getattr(sample, name)
+        if value is not None:
+            out[name] = value.value if name == "error" else value
+    return out
+
+
+async def execute(
+    ctx: JobContext,
+    *,
+    job: str,
+    plan: RunPlan,
+    connection: str = "reuse",
+    intended_at: datetime | None = None,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> JobOutcome:
+    """Probe the plan, then store what was measured. Samples already taken are stored even if cancelled."""
+    started = datetime.now(UTC)
+    outcome = JobOutcome(job=job, intended_at=intended_at or started, started_at=started)
+    log = structlog.get_logger().bind(job=job)
+    provider_of = {t.name: t.provider for t in plan.targets}
+    clock_start = time.perf_counter()
+
+    def record(sample: Sample) -> None:
+        outcome.samples.append(sample)
+        if ctx.metrics is not None:
+            ctx.metrics.observe_sample(sample, provider=provider_of.get(sample.target, ""))
+        log.info("probe_sample", target=sample.target, prompt=sample.prompt, **_sample_event(sample))
+        if on_sample is not None:
+            on_sample(sample)
+
+    try:
+        await run_plan(
+            plan,
+            client=ctx.clients[connection],
+            limits=ctx.limits,
+            prompts=PromptFactory(ctx.calibration),
+            intended_at=outcome.intended_at,
+            on_sample=record,
+        )
+    except asyncio.CancelledError:
+        outcome.cancelled = True
+        log.warning("job_cancelled", samples_taken=len(outcome.samples))
+        await asyncio.shield(_store(ctx, outcome, provider_of, log))
+        raise
+    await _store(ctx, outcome, provider_of, log)
+    duration = time.perf_counter() - clock_start
+    if ctx.metrics is not None:
+        ctx.metrics.job_last_run.labels(job).set(time.time())
+        ctx.metrics.job_duration.labels(job).set(duration)
+    log.info(
+        "job_finished",
+        ok=outcome.ok,
+        failed=outcome.failed,
+        duration_s=round(duration, 3),
+        lag_ms=round((started - outcome.intended_at).total_seconds() * 1000, 1),
+    )
+    return outcome
+
+
+async def _store(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], log: Any) -> None:
+    outcome.finished_at = datetime.now(UTC)
+    if ctx.writer is None or not outcome.samples:
+        return
+    from monitor.store.records import runs_from_samples
+
+    batch = runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
+    await ctx.writer.save(batch)
+    outcome.stored = True
+    if ctx.repository is not None:
+        await _save_calibration(ctx, outcome, log)
+    if ctx.after_store is not None:
+        await ctx.after_store(outcome.job, batch)
+
+
+async def _save_calibration(ctx: JobContext, outcome: JobOutcome, log: Any) -> None:
+    keys = {(s.target, s.prompt) for s in outcome.samples}
+    try:
+        for key in keys:
+            fit = ctx.calibration.fit(key)
+            if fit is not None:
+                await ctx.repository.save_calibration(key, *fit)
+    except Exception as exc:  # calibration is an optimisation; a failed save must not fail the job
+        log.warning("calibration_not_saved", error=type(exc).__name__)

@@ -1,0 +1,135 @@
+"""APScheduler 3 wrapper: one CronTrigger per job, nothing skipped silently.
+
+Choices, deliberately:
+- `max_instances=1`: a job still running when its next tick comes is not started twice; the tick
+  is counted as missed (`reason="still_running"`), because overlapping runs would measure each other.
+- `coalesce=True`: after a stall (suspended VM, blocked loop) several due ticks run once, not in a
+  burst; the ones folded away are counted (`reason="coalesced"`).
+- `misfire_grace_time`: a tick that could not start within this many seconds is dropped and counted
+  (`reason="misfired"`): a probe hours late would be recorded at the wrong time of day.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+import structlog
+from apscheduler.events import (
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
+    JobEvent,
+    JobSubmissionEvent,
+)
+from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.triggers.cron import CronTrigger
+
+from monitor.config.cron import build_trigger
+from monitor.config.models import Job
+from monitor.metrics.definitions import Metrics
+
+MISFIRE_GRACE_S = 30
+RunJob = Callable[[Job, datetime], Awaitable[None]]
+
+
+def nominal_fire_time(job: Job, run_time: datetime) -> datetime:
+    """The tick a (possibly jittered) run time belongs to: the same on every replica."""
+    if not job.jitter_s:
+        return run_time
+    plain = build_trigger(job.schedule, job.timezone, 0)
+    start = run_time - timedelta(seconds=job.jitter_s + 1)
+    fire = plain.get_next_fire_time(None, start)
+    best = fire
+    while fire is not None and fire <= run_time:
+        best = fire
+        fire = plain.get_next_fire_time(fire, fire + timedelta(microseconds=1))
+    return best or run_time
+
+
+class JobScheduler:
+    def __init__(self, run_job: RunJob, *, metrics: Metrics | None = None) -> None:
+        self._run_job = run_job
+        self._metrics = metrics
+        self._scheduler = AsyncIOScheduler(job_defaults={"misfire_grace_time": MISFIRE_GRACE_S})
+        self._scheduler.add_listener(self._on_event, EVENT_JOB_SUBMITTED | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+        self._jobs: dict[str, Job] = {}
+        self._intended: dict[str, datetime] = {}
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._log = structlog.get_logger()
+
+    @property
+    def running(self) -> bool:
+        return bool(self._scheduler.running)
+
+    def set_jobs(self, jobs: list[Job]) -> None:
+        """Replace the scheduled jobs (start-up and reload); running job instances finish undisturbed."""
+        for existing in list(self._jobs):
+            self._scheduler.remove_job(existing)
+        self._jobs = {job.name: job for job in jobs}
+        for job in jobs:
+            trigger: CronTrigger = build_trigger(job.schedule, job.timezone, job.jitter_s)
+            self._scheduler.add_job(
+                self._fire,
+                trigger=trigger,
+                args=(job.name,),
+                id=job.name,
+                name=job.name,
+                max_instances=1,
+                coalesce=True,
+                replace_existing=True,
+            )
+
+    def next_run_times(self) -> dict[str, datetime | None]:
+        return {job.id: job.next_run_time for job in self._scheduler.get_jobs()}
+
+    def start(self) -> None:
+        self._scheduler.start()
+
+    def shutdown(self) -> None:
+        """Stop scheduling new ticks; job instances already running go on (the daemon waits for them)."""
+        if self._scheduler.running:
+            self._scheduler.shutdown(wait=False)
+
+    async def _fire(self, name: str) -> None:
+        job = self._jobs.get(name)
+        intended = self._intended.pop(name, None)
+        if job is None or intended is None:
+            return
+        task = asyncio.current_task()
+        if task is not None:
+            self.tasks.add(task)
+        try:
+            await self._run_job(job, nominal_fire_time(job, intended))
+        finally:
+            if task is not None:
+                self.tasks.discard(task)
+
+    def _count_miss(self, job: str, reason: str, n: int = 1) -> None:
+        if self._metrics is not None:
+            self._metrics.scheduler_missed.labels(job, reason).inc(n)
+
+    def _on_event(self, event: JobEvent) -> None:
+        if isinstance(event, JobSubmissionEvent) and event.code == EVENT_JOB_SUBMITTED:
+            run_times = sorted(event.scheduled_run_times)
+            self._intended[event.job_id] = run_times[-1]
+            if len(run_times) > 1:
+                self._count_miss(event.job_id, "coalesced", len(run_times) - 1)
+                self._log.warning(
+                    "job_runs_coalesced",
+                    job=event.job_id,
+                    missed=len(run_times) - 1,
+                    first_missed=run_times[0].isoformat(),
+                )
+        elif event.code == EVENT_JOB_MISSED:
+            self._count_miss(event.job_id, "misfired")
+            self._log.warning(
+                "job_run_missed",
+                job=event.job_id,
+                scheduled=event.scheduled_run_time.isoformat(),
+                reason=f"could not start within {MISFIRE_GRACE_S} s of its time",
+            )
+        elif event.code == EVENT_JOB_MAX_INSTANCES:
+            self._count_miss(event.job_id, "still_running")
+            self._log.warning("job_run_skipped", job=event.job_id, reason="the previous run is still going")
