@@ -164,7 +164,11 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
                 waiter.cancel()
             if reload_requested.is_set() and not stop.is_set():
                 reload_requested.clear()
+                if notifier is not None:
+                    notifier.reloading()
                 await _reload(state, stack, redactor)
+                if notifier is not None:
+                    notifier.ready()
 
         # Shutdown: stop scheduling, let in-flight probes finish within the grace period, flush, exit 0.
         if notifier is not None:

@@ -1,0 +1,165 @@
+"""Anthropic Messages: the streamed event sequence, the whole message, and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor.sim.plan import OutputPlan
+from monitor.sim.wire import Usage, dumps, slot, split_template
+
+# Real streams carry an opaque signature for the thinking block; clients only pass it back.
+THINKING_SIGNATURE = "EqQBCkYIARgCIkBzaW11bGF0ZWQgdGhpbmtpbmcgc2lnbmF0dXJl"
+
+
+def _event(name: str, obj: Any) -> bytes:
+    return f"event: {name}\ndata: {dumps(obj)}\n\n".encode()
+
+
+def _delta_template(index: int, delta_type: str, field: str) -> tuple[bytes, bytes]:
+    payload = {"type": "content_block_delta", "index": index, "delta": {"type": delta_type, field: slot()}}
+    return split_template(f"event: content_block_delta\ndata: {dumps(payload)}\n\n")
+
+
+def _block_start(index: int, block: dict[str, Any]) -> bytes:
+    return _event("content_block_start", {"type": "content_block_start", "index": index, "content_block": block})
+
+
+def _block_stop(index: int) -> bytes:
+    return _event("content_block_stop", {"type": "content_block_stop", "index": index})
+
+
+def _stop_reason(finished: bool) -> str:
+    return "end_turn" if finished else "max_tokens"
+
+
+def usage_json(usage: Usage, *, output_tokens: int) -> dict[str, Any]:
+    # input_tokens counts only the uncached part; the total prompt is input + cache reads.
+    return {
+        "input_tokens": usage.prompt_tokens - usage.cached_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": usage.cached_tokens,
+        "output_tokens": output_tokens,
+    }
+
+
+class MessagesWire:
+    """message_start, a thinking block when thinking, a text block, message_delta, message_stop."""
+
+    def __init__(self, *, message_id: str, model: str, thinking: bool, usage: Usage) -> None:
+        self._message_id = message_id
+        self._model = model
+        self._thinking = thinking
+        self._usage = usage
+        self._answer_index = 1 if thinking else 0
+        self._open_index = 0
+        self._thinking_delta = _delta_template(0, "thinking_delta", "thinking")
+        self._text_delta = _delta_template(self._answer_index, "text_delta", "text")
+
+    def opening(self) -> bytes:
+        message: dict[str, Any] = {
+            "id": self._message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self._model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": usage_json(self._usage, output_tokens=1),
+        }
+        first_block = (
+            {"type": "thinking", "thinking": "", "signature": ""} if self._thinking else {"type": "text", "text": ""}
+        )
+        return (
+            _event("message_start", {"type": "message_start", "message": message})
+            + _block_start(0, first_block)
+            # The real API writes this one with a space after the colon.
+            + b'event: ping\ndata: {"type": "ping"}\n\n'
+        )
+
+    def reasoning(self, piece: str) -> bytes:
+        head, tail = self._thinking_delta
+        return head + dumps(piece).encode() + tail
+
+    def begin_answer(self) -> bytes:
+        if not self._thinking:
+            return b""
+        self._open_index = self._answer_index
+        signature = {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "signature_delta", "signature": THINKING_SIGNATURE},
+        }
+        return (
+            _event("content_block_delta", signature)
+            + _block_stop(0)
+            + _block_start(self._answer_index, {"type": "text", "text": ""})
+        )
+
+    def answer(self, piece: str) -> bytes:
+        head, tail = self._text_delta
+        return head + dumps(piece).encode() + tail
+
+    def closing(self, *, finished: bool, usage: Usage) -> bytes:
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": _stop_reason(finished), "stop_sequence": None},
+            "usage": {"output_tokens": usage.completion_tokens},
+        }
+        return (
+            _block_stop(self._open_index)
+            + _event("message_delta", delta)
+            + _event("message_stop", {"type": "message_stop"})
+        )
+
+    def malformed(self) -> bytes:
+        head = self._text_delta[0] if self._open_index == self._answer_index else self._thinking_delta[0]
+        return head + b'"\\u00\n\n'
+
+    def error_event(self) -> bytes:
+        return _event("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+
+
+def message_response(*, message_id: str, model: str, plan: OutputPlan, usage: Usage) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if plan.reasoning:
+        content.append({"type": "thinking", "thinking": "".join(plan.reasoning), "signature": THINKING_SIGNATURE})
+    if plan.answer:
+        content.append({"type": "text", "text": "".join(plan.answer)})
+    return {
+        "id": message_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": _stop_reason(plan.finished),
+        "stop_sequence": None,
+        "usage": usage_json(usage, output_tokens=usage.completion_tokens),
+    }
+
+
+def models_list(names: list[str]) -> dict[str, Any]:
+    data = [{"type": "model", "id": name, "display_name": name, "created_at": "2025-01-01T00:00:00Z"} for name in names]
+    return {
+        "data": data,
+        "has_more": False,
+        "first_id": names[0] if names else None,
+        "last_id": names[-1] if names else None,
+    }
+
+
+# status -> (type, message), as the Anthropic API reports them.
+_ERRORS: dict[int, tuple[str, str]] = {
+    400: ("invalid_request_error", "Invalid request."),
+    401: ("authentication_error", "invalid x-api-key"),
+    404: ("not_found_error", "Not found."),
+    429: ("rate_limit_error", "Number of request tokens has exceeded your per-minute rate limit."),
+    500: ("api_error", "Internal server error"),
+    503: ("overloaded_error", "Overloaded"),
+}
+
+
+def error_body(status: int, *, request_id: str, message: str | None = None, model: str | None = None) -> dict[str, Any]:
+    kind, default_message = _ERRORS.get(status, _ERRORS[500])
+    if message is None:
+        message = f"model: {model}" if status == 404 and model else default_message
+    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}

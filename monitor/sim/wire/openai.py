@@ -1,0 +1,198 @@
+"""vLLM / OpenAI: chat completions and legacy completions, streamed and whole, and errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monitor.sim.plan import OutputPlan
+from monitor.sim.wire import Usage, dumps, slot, split_template
+
+DONE = b"data: [DONE]\n\n"
+
+
+def _event(obj: Any) -> bytes:
+    return f"data: {dumps(obj)}\n\n".encode()
+
+
+def usage_json(usage: Usage) -> dict[str, Any]:
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
+    }
+
+
+def _finish_reason(finished: bool) -> str:
+    return "stop" if finished else "length"
+
+
+class ChatWire:
+    """`data: {chat.completion.chunk}` events, as vLLM's OpenAI server writes them."""
+
+    def __init__(self, *, chunk_id: str, created: int, model: str, reasoning_field: str, include_usage: bool) -> None:
+        self._header = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        self._include_usage = include_usage
+        self._reasoning = split_template(self._delta_event({reasoning_field: slot()}))
+        self._content = split_template(self._delta_event({"content": slot()}))
+
+    def _delta_event(self, delta: dict[str, Any]) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+        return f"data: {dumps({**self._header, 'choices': [choice]})}\n\n"
+
+    def opening(self) -> bytes:
+        return self._delta_event({"role": "assistant", "content": ""}).encode()
+
+    def reasoning(self, piece: str) -> bytes:
+        head, tail = self._reasoning
+        return head + dumps(piece).encode() + tail
+
+    def begin_answer(self) -> bytes:
+        return b""
+
+    def answer(self, piece: str) -> bytes:
+        head, tail = self._content
+        return head + dumps(piece).encode() + tail
+
+    def closing(self, *, finished: bool, usage: Usage) -> bytes:
+        choice = {
+            "index": 0,
+            "delta": {},
+            "logprobs": None,
+            "finish_reason": _finish_reason(finished),
+            "stop_reason": None,
+        }
+        out = _event({**self._header, "choices": [choice]})
+        if self._include_usage:
+            out += _event({**self._header, "choices": [], "usage": usage_json(usage)})
+        return out + DONE
+
+    def malformed(self) -> bytes:
+        return self._content[0] + b'"\\u00\n\n'
+
+    def error_event(self) -> bytes:
+        return stream_error_event()
+
+
+class CompletionWire:
+    """`data: {text_completion}` events; no role chunk, the first event carries the first token."""
+
+    def __init__(self, *, chunk_id: str, created: int, model: str, include_usage: bool) -> None:
+        self._header = {"id": chunk_id, "object": "text_completion", "created": created, "model": model}
+        self._include_usage = include_usage
+        self._text = split_template(self._choice_event(slot(), None))
+
+    def _choice_event(self, text: str, finish_reason: str | None) -> str:
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+        return f"data: {dumps({**self._header, 'choices': [choice]})}\n\n"
+
+    def opening(self) -> bytes:
+        return b""
+
+    def reasoning(self, piece: str) -> bytes:
+        return self.answer(piece)
+
+    def begin_answer(self) -> bytes:
+        return b""
+
+    def answer(self, piece: str) -> bytes:
+        head, tail = self._text
+        return head + dumps(piece).encode() + tail
+
+    def closing(self, *, finished: bool, usage: Usage) -> bytes:
+        out = self._choice_event("", _finish_reason(finished)).encode()
+        if self._include_usage:
+            out += _event({**self._header, "choices": [], "usage": usage_json(usage)})
+        return out + DONE
+
+    def malformed(self) -> bytes:
+        return self._text[0] + b'"\\u00\n\n'
+
+    def error_event(self) -> bytes:
+        return stream_error_event()
+
+
+def stream_error_event() -> bytes:
+    error = {"message": "The server had an error while processing your request.", "type": "server_error"}
+    return _event({"error": {**error, "code": 500}})
+
+
+def chat_response(
+    *, chunk_id: str, created: int, model: str, reasoning_field: str, plan: OutputPlan, usage: Usage
+) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": "".join(plan.answer) if plan.answer else None,
+        reasoning_field: "".join(plan.reasoning) if plan.reasoning else None,
+        "tool_calls": [],
+    }
+    choice = {
+        "index": 0,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": _finish_reason(plan.finished),
+        "stop_reason": None,
+    }
+    return {
+        "id": chunk_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage_json(usage),
+        "prompt_logprobs": None,
+    }
+
+
+def completion_response(*, chunk_id: str, created: int, model: str, plan: OutputPlan, usage: Usage) -> dict[str, Any]:
+    choice = {
+        "index": 0,
+        "text": "".join(plan.reasoning + plan.answer),
+        "logprobs": None,
+        "finish_reason": _finish_reason(plan.finished),
+        "stop_reason": None,
+    }
+    return {
+        "id": chunk_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage_json(usage),
+    }
+
+
+def models_list(names: list[str], *, created: int) -> dict[str, Any]:
+    data = [
+        {"id": name, "object": "model", "created": created, "owned_by": "vllm", "root": name, "parent": None}
+        for name in names
+    ]
+    return {"object": "list", "data": data}
+
+
+# status -> (message, type, code). 400 and 404 follow vLLM; the others follow the OpenAI API.
+_ERRORS: dict[int, tuple[str, str, int | str | None]] = {
+    400: ("Bad request.", "BadRequestError", 400),
+    401: (
+        "Incorrect API key provided. You can find your API key at https://platform.openai.com/account/api-keys.",
+        "invalid_request_error",
+        "invalid_api_key",
+    ),
+    404: ("The model does not exist.", "NotFoundError", 404),
+    429: ("Rate limit reached for requests. Please try again in 1s.", "requests", "rate_limit_exceeded"),
+    500: ("The server had an error while processing your request. Sorry about that!", "server_error", None),
+    503: ("The engine is currently overloaded, please try again later.", "server_error", None),
+}
+
+
+def error_body(status: int, *, message: str | None = None, model: str | None = None) -> dict[str, Any]:
+    default_message, kind, code = _ERRORS.get(status, _ERRORS[500])
+    if message is None:
+        message = f"The model `{model}` does not exist." if status == 404 and model else default_message
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
