@@ -24,6 +24,7 @@ from monitor.config.models import Config, Job
 from monitor.logging import Redactor
 from monitor.metrics.definitions import Metrics
 from monitor.metrics.server import start_metrics_server
+from monitor.schedule.claims import TickClaims
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
 from monitor.schedule.scheduler import JobScheduler
 
@@ -61,6 +62,7 @@ class DaemonState:
     store: Store
     scheduler: JobScheduler
     owner: str
+    claims: TickClaims | None = None
 
 
 async def _loop_lag_monitor(metrics: Metrics, notifier: Any, watchdog_s: float | None, stop: asyncio.Event) -> None:
@@ -116,7 +118,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             await _run_claimed_tick(state, job, intended)
 
         scheduler = JobScheduler(run_tick, metrics=metrics)
-        state = DaemonState(config_path, config, context, store, scheduler, owner)
+        state = DaemonState(config_path, config, context, store, scheduler, owner, TickClaims(store.engine))
 
         async def readiness() -> tuple[bool, str]:
             if not scheduler.running:
@@ -173,7 +175,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         # Shutdown: stop scheduling, let in-flight probes finish within the grace period, flush, exit 0.
         if notifier is not None:
             notifier.stopping()
-        scheduler.shutdown()
+        scheduler.pause()
         grace = shutdown_grace(state.config)
         pending = set(scheduler.tasks)
         log.info("daemon_stopping", in_flight_jobs=len(pending), grace_s=grace)
@@ -184,6 +186,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             if still:
                 await asyncio.wait(still, timeout=5)
                 log.warning("jobs_cancelled_at_shutdown", jobs=len(still))
+        scheduler.shutdown()
         drainer_stop.set()
         lag_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -203,10 +206,9 @@ def _safe_db(config: Config) -> str:
 async def _run_claimed_tick(state: DaemonState, job: Job, intended: datetime) -> None:
     log = structlog.get_logger().bind(job=job.name)
     metrics = state.context.metrics
-    claim = getattr(state.store.repository, "claim_tick", None)
-    if claim is not None:
+    if state.claims is not None:
         try:
-            claimed = await claim(
+            claimed = await state.claims.claim(
                 job=job.name, scheduled_at=intended, location=state.config.location, owner=state.owner
             )
         except Exception as exc:
@@ -232,8 +234,14 @@ async def _run_claimed_tick(state: DaemonState, job: Job, intended: datetime) ->
         if metrics is not None:
             metrics.job_runs.labels(job.name, "error").inc()
         return
+    result = "ok" if outcome.ok else "failed"
     if metrics is not None:
-        metrics.job_runs.labels(job.name, "ok" if outcome.ok else "failed").inc()
+        metrics.job_runs.labels(job.name, result).inc()
+    if state.claims is not None:
+        with contextlib.suppress(Exception):  # bookkeeping only; the samples are already stored
+            await state.claims.finish(
+                job=job.name, scheduled_at=intended, location=state.config.location, status=result
+            )
 
 
 async def _reload(state: DaemonState, stack: AsyncExitStack, redactor: Redactor | None) -> None:

@@ -57,6 +57,17 @@ class Redactor:
         return event
 
 
+class _StdlibToStructlog(logging.Handler):
+    """Libraries log through `logging` (APScheduler, aiohttp); send them the same way as ours."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fields: dict[str, Any] = {"logger": record.name}
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            fields["error"] = f"{type(exc).__name__}: {exc}"[:500]
+        structlog.get_logger().log(record.levelno, record.getMessage(), **fields)
+
+
 def configure_logging(
     *,
     stream: TextIO | None = None,
@@ -85,4 +96,7 @@ def configure_logging(
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
+    root = logging.getLogger()
+    root.handlers[:] = [_StdlibToStructlog()]
+    root.setLevel(max(level, logging.WARNING))
     return redactor

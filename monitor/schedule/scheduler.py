@@ -87,8 +87,13 @@ class JobScheduler:
     def start(self) -> None:
         self._scheduler.start()
 
+    def pause(self) -> None:
+        """Stop starting new ticks; job instances already running go on (the daemon waits for them)."""
+        if self._scheduler.running:
+            self._scheduler.pause()
+
     def shutdown(self) -> None:
-        """Stop scheduling new ticks; job instances already running go on (the daemon waits for them)."""
+        # APScheduler's asyncio executor cancels the jobs still running: call after they finished.
         if self._scheduler.running:
             self._scheduler.shutdown(wait=False)
 
