@@ -117,10 +117,12 @@ async def build_context(
     config: Config, stack: AsyncExitStack, *, store: Store | None, metrics: Metrics | None
 ) -> JobContext:
     calibration = Calibration()
+    saved: dict[tuple[str, str], tuple[float, float]] = {}
     if store is not None:
         try:
             for key, (cpt, overhead) in (await store.repository.load_calibration()).items():
                 calibration.load(key, cpt, overhead)
+                saved[key] = (cpt, overhead)
         except Exception as exc:  # a cold calibration costs one round of accuracy, not correctness
             structlog.get_logger().warning("calibration_not_loaded", error=type(exc).__name__)
     clients = {
@@ -136,6 +138,7 @@ async def build_context(
         writer=store.writer if store is not None else None,
         repository=store.repository if store is not None else None,
         metrics=metrics,
+        saved_fits=saved,
     )
 
 

@@ -6,6 +6,7 @@ with a password, a server message echoing the key) is masked before it is writte
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import sys
@@ -37,6 +38,7 @@ def _mask(value: Any, secrets: tuple[str, ...]) -> Any:
     return value
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_secret_key(key: str) -> bool:
     # `tokens`-style counters (prompt_tokens, cached_tokens) are numbers, not secrets.
     return bool(_SENSITIVE_KEYS.search(key)) and not key.endswith(("_tokens", "tokens_target", "_tokens_p50"))

@@ -54,6 +54,8 @@ class JobContext:
     repository: Any | None = None
     metrics: Metrics | None = None
     after_store: Callable[[str, Sequence[Any]], Any] | None = None  # detection hook, once it exists
+    # Calibration as last written to the database, so unchanged fits are not written every run.
+    saved_fits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -169,12 +171,18 @@ async def _store(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, st
         await ctx.after_store(outcome.job, batch)
 
 
+def _moved(old: tuple[float, float] | None, new: tuple[float, float]) -> bool:
+    # The fit wobbles by a fraction of a percent run to run; only a real move is worth a write.
+    return old is None or abs(new[0] - old[0]) > 0.01 * old[0] or abs(new[1] - old[1]) > 2
+
+
 async def _save_calibration(ctx: JobContext, outcome: JobOutcome, log: Any) -> None:
     keys = {(s.target, s.prompt) for s in outcome.samples}
     try:
         for key in keys:
             fit = ctx.calibration.fit(key)
-            if fit is not None:
+            if fit is not None and _moved(ctx.saved_fits.get(key), fit):
                 await ctx.repository.save_calibration(key, *fit)
+                ctx.saved_fits[key] = fit
     except Exception as exc:  # calibration is an optimisation; a failed save must not fail the job
         log.warning("calibration_not_saved", error=type(exc).__name__)

@@ -1,0 +1,209 @@
+"""Daemon under load: one `ttft-monitor run` probing the simulator with many series on a tight schedule.
+
+Reports probes completed per second, event-loop lag (p99, from the daemon's own histogram), the
+probe overhead at that load (client TTFT minus the simulator's own receive-to-first-token time,
+from the simulator's stamps), peak RSS, and `ttft-monitor once` start-up (process start to the
+first request arriving at the simulator, both on CLOCK_MONOTONIC).
+
+    .venv/bin/python bench/daemon.py [--series 500] [--seconds 60] [--every 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT_SIZES = (128, 160, 192, 224, 256)
+
+
+def start_sim() -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "sim", "--port", "0", "--no-noise"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+    )
+    assert proc.stdout is not None
+    match = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline())
+    if not match:
+        proc.kill()
+        raise SystemExit("the simulator did not start")
+    return proc, match.group(1)
+
+
+def post(url: str, body: dict) -> None:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=5).read()
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return json.load(resp)
+
+
+def write_config(folder: Path, sim: str, *, series: int, every: int, port: int) -> Path:
+    targets_n = max(1, series // len(PROMPT_SIZES))
+    lines = [
+        "location: bench",
+        "database:",
+        f'  url: "sqlite+aiosqlite:///{folder}/bench.db"',
+        f'  state_dir: "{folder}/state"',
+        "metrics:",
+        f'  listen: "127.0.0.1:{port}"',
+        "providers:",
+        "  sim:",
+        f'    base_url: "{sim}/v1"',
+        "    api: openai-chat",
+        "    max_concurrency: 10",
+        "targets:",
+    ]
+    for i in range(targets_n):
+        lines += [f"  t{i:03d}:", "    provider: sim", "    model: bench-model", "    params: {max_tokens: 4}"]
+    lines.append("prompts:")
+    for size in PROMPT_SIZES:
+        lines.append(f"  p{size}: {{tokens: {size}}}")
+    lines += [
+        "jobs:",
+        "  - name: load",
+        f'    schedule: "*/{every} * * * * *"',
+        f"    targets: [{', '.join(f't{i:03d}' for i in range(targets_n))}]",
+        f"    prompts: [{', '.join(f'p{s}' for s in PROMPT_SIZES)}]",
+        "    rounds: 1",
+        "    warmup: 0",
+        "    pause_s: 0",
+    ]
+    path = folder / "config.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def histogram_quantile(metrics_text: str, name: str, q: float) -> float | None:
+    buckets = []
+    for line in metrics_text.splitlines():
+        if line.startswith(f"{name}_bucket"):
+            le = re.search(r'le="([^"]+)"', line)
+            if le:
+                buckets.append((float("inf") if le.group(1) == "+Inf" else float(le.group(1)), float(line.split()[-1])))
+    if not buckets or buckets[-1][1] == 0:
+        return None
+    total = buckets[-1][1]
+    for bound, count in buckets:
+        if count >= q * total:
+            return bound
+    return None
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(cmd: list[str]) -> None:
+    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+
+
+def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
+    port = 19000 + os.getpid() % 1000
+    config = write_config(folder, sim, series=args.series, every=args.every, port=port)
+    run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
+    log_path = folder / "daemon.log"
+    with log_path.open("wb") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config", str(config)],
+                                  stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        time.sleep(args.seconds)
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        rss = peak_rss_mb(daemon.pid)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=60)
+    events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+    samples = [e for e in events if e.get("event") == "probe_sample"]
+    ok = [s for s in samples if s.get("error") is None]
+    stamps = [e["timestamp"] for e in samples]
+    first, last = min(stamps), max(stamps)
+    from datetime import datetime
+
+    span = (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
+    overhead = []
+    for sample in ok[:: max(1, len(ok) // 2000)]:
+        rec = get_json(f"{sim}/sim/requests/{sample['request_id']}")
+        server_ttft = (rec["first_token_write_ns"] - rec["received_ns"]) / 1e6
+        overhead.append(sample["ttft_ms"] - server_ttft)
+    overhead.sort()
+    missed = sum(float(line.split()[-1]) for line in metrics.splitlines()
+                 if line.startswith("ttft_monitor_scheduler_missed_runs_total{"))
+    return {
+        "probes": len(samples),
+        "ok": len(ok),
+        "probes_per_s": len(samples) / span if span else float("nan"),
+        "loop_lag_p99_s": histogram_quantile(metrics, "ttft_monitor_event_loop_lag_seconds", 0.99),
+        "overhead_p50_ms": statistics.median(overhead) if overhead else None,
+        "overhead_p99_ms": overhead[int(0.99 * (len(overhead) - 1))] if overhead else None,
+        "rss_mb": rss,
+        "missed_ticks": missed,
+        "jobs_finished": sum(1 for e in events if e.get("event") == "job_finished"),
+    }
+
+
+def bench_once_startup(sim: str, folder: Path, runs: int = 5) -> list[float]:
+    config = folder / "once.yaml"
+    config.write_text(
+        f'database: {{url: "sqlite+aiosqlite:///{folder}/once.db", state_dir: "{folder}/state-once"}}\n'
+        f'providers: {{sim: {{base_url: "{sim}/v1", api: openai-chat}}}}\n'
+        "targets: {one: {provider: sim, model: bench-model, params: {max_tokens: 2}}}\n"
+        "prompts: {p: {tokens: 128}}\n"
+        'jobs: [{name: once, schedule: "0 * * * *", targets: [one], prompts: [p], rounds: 1, warmup: 0}]\n'
+    )
+    run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
+    exe = str(Path(sys.executable).parent / "ttft-monitor")
+    out = []
+    for _ in range(runs):
+        started = time.perf_counter_ns()
+        done = subprocess.run([exe, "once", "--config", str(config)], capture_output=True, text=True, cwd=ROOT)
+        sample = next(json.loads(line) for line in done.stdout.splitlines() if '"probe_sample"' in line)
+        rec = get_json(f"{sim}/sim/requests/{sample['request_id']}")
+        out.append((rec["received_ns"] - started) / 1e9)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--series", type=int, default=500)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--every", type=int, default=10, help="schedule period in seconds")
+    args = parser.parse_args()
+    sim_proc, sim = start_sim()
+    try:
+        post(f"{sim}/sim/models/bench-model", {"ttft_base_ms": 40, "prefill_ms_per_1k": 20, "decode_tps": 500})
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+                  f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            print(f"daemon: {args.series} series every {args.every} s "
+                  f"(offered {args.series / args.every:.0f} probes/s) for {args.seconds:.0f} s, SQLite")
+            result = bench_daemon(sim, args, folder)
+            for key, value in result.items():
+                print(f"  {key:18s} {value if not isinstance(value, float) else round(value, 3)}")
+            startup = bench_once_startup(sim, folder)
+            print(f"once start-up (process start -> first request at the server), s: median "
+                  f"{statistics.median(startup):.3f}  all {[round(s, 3) for s in startup]}")
+            print("targets: >= 50 probes/s, overhead p99 < 5 ms, RSS < 200 MB, once start-up < 1.5 s")
+    finally:
+        sim_proc.terminate()
+        sim_proc.wait(timeout=10)
+
+
+if __name__ == "__main__":
+    main()
