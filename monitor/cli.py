@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from monitor import __version__
-from monitor.probe.client import Timeouts
-from monitor.probe.command import EXIT_USAGE, ProbeOptions, UsageError, parse_token_list, probe_main
 
 if TYPE_CHECKING:
     from monitor.logging import Redactor
+    from monitor.probe.command import ProbeOptions
 
 DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
+EXIT_USAGE = 2
 SIM_DEFAULT_PORT = 8400
 
 
@@ -66,6 +66,8 @@ def _seconds(text: str) -> float:
 
 
 def _token_list(text: str) -> list[int]:
+    from monitor.probe.command import UsageError, parse_token_list
+
     try:
         return parse_token_list(text)
     except UsageError as exc:
@@ -167,16 +169,19 @@ def build_parser() -> argparse.ArgumentParser:
     _config_arg(once)
     once.add_argument("--job", action="append", default=[], help="only this job (repeatable); default: all")
 
-    try:
-        from monitor.store.cli import register as register_db
-    except ImportError:  # pragma: no cover - the store package is part of every install
-        pass
-    else:
-        register_db(commands)
+    # Registration modules import argparse only: `ttft-monitor once` must start fast.
+    from monitor.alert.commands import register as register_alert
+    from monitor.store.cli import register as register_db
+
+    register_db(commands)
+    register_alert(commands)
     return parser
 
 
 def _probe_options(args: argparse.Namespace) -> ProbeOptions:
+    from monitor.probe.client import Timeouts
+    from monitor.probe.command import ProbeOptions
+
     return ProbeOptions(
         config_path=args.config,
         targets=args.target,
@@ -244,6 +249,8 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from monitor.logging import configure_logging
 
     # stdout carries the table / JSON / CSV; only warnings go to stderr.
+    from monitor.probe.command import probe_main
+
     configure_logging(stream=sys.stderr, level=logging.WARNING)
     options = _probe_options(args)
     if not args.with_sim:
@@ -314,6 +321,13 @@ def _cmd_db(args: argparse.Namespace) -> int:
     return run_db(args)
 
 
+def _cmd_alert(args: argparse.Namespace) -> int:
+    from monitor.alert.cli import run as run_alert
+
+    _setup_logging()
+    return run_alert(args)
+
+
 COMMANDS = {
     "probe": _cmd_probe,
     "sim": _cmd_sim,
@@ -321,6 +335,8 @@ COMMANDS = {
     "run": _cmd_run,
     "once": _cmd_once,
     "db": _cmd_db,
+    "alert": _cmd_alert,
+    "incidents": _cmd_alert,
 }
 
 

@@ -1,0 +1,294 @@
+"""`ttft-monitor alert test --receiver NAME` and `ttft-monitor incidents [--format table|json]`.
+
+Exit codes. `alert test`: 0 the receiver accepted (2xx), 1 it did not (its answer is printed),
+2 usage or config error. `incidents`: 0 listed, 2 config error, 3 the database failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TextIO
+
+from monitor.alert.deliver import config_problems, deliver
+from monitor.alert.model import Notification, series_link
+from monitor.alert.receivers import KINDS
+from monitor.alert.text import fmt_duration, fmt_ms, fmt_ratio, iso
+from monitor.alert.transport import Transport
+from monitor.config.errors import ConfigError
+from monitor.config.loader import load_config
+from monitor.config.models import Config
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+from monitor.alert.commands import (
+    DEFAULT_CONFIG_ENV,
+    EXIT_DATABASE,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    register,
+)
+
+
+def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    name = "alert test" if args.command == "alert" else "incidents"
+    path = args.config or os.environ.get(DEFAULT_CONFIG_ENV) or "config.yaml"
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        err.write(f"{exc}\n")
+        return EXIT_USAGE
+    if args.command == "alert":
+        problems = receiver_problems(config, args.receiver)
+        if problems:
+            err.writelines(f"{line}\n" for line in problems)
+            return EXIT_USAGE
+        from monitor.logging import configure_logging
+
+        # The answer goes to stdout; log lines (a `log` receiver's notification among them) to stderr.
+        configure_logging(stream=err, level=logging.INFO)
+        return asyncio.run(alert_test(config, args.receiver, out=out, err=err))
+    # SQLAlchemy is imported only here: `alert test` starts faster without it.
+    from monitor.store.engine import StoreError, describe_db_error
+
+    try:
+        return asyncio.run(_incidents(config, args.format, args.days, out))
+    except StoreError as exc:
+        err.write(f"ttft-monitor {name}: {exc}\n")
+        return EXIT_DATABASE
+    except Exception as exc:  # a database error we did not classify: one line, never a traceback
+        err.write(f"ttft-monitor {name}: {describe_db_error(exc, config.database.url)}\n")
+        return EXIT_DATABASE
+
+
+# ---------------------------------------------------------------- alert test
+
+
+def sample_notification(config: Config, now: datetime, *, state: str = "firing") -> Notification:
+    """A notification that looks like a real regression of the config's first target, marked as a test."""
+    target = next(iter(config.targets), "example-target")
+    target_config = config.targets.get(target)
+    prompt = next(iter(config.prompts), "short")
+    job = next((j.name for j in config.jobs if target in j.targets), "alert-test")
+    since = now - timedelta(minutes=5)
+    return Notification(
+        incident_id=uuid.uuid4(),
+        state="resolved" if state == "resolved" else "firing",
+        kind="test",
+        severity="info",
+        job=job,
+        target=target,
+        model=target_config.model if target_config else "example-model",
+        provider=target_config.provider if target_config else "example-provider",
+        prompt=prompt,
+        location=config.location,
+        since=since,
+        resolved_at=now if state == "resolved" else None,
+        baseline_ms=400.0,
+        observed_ms=620.0,
+        ratio=1.55,
+        summary="Test notification from `ttft-monitor alert test`: nothing has regressed.",
+        link=series_link(config.alerts.base_url, target=target, prompt=prompt, location=config.location, job=job),
+    )
+
+
+def receiver_problems(config: Config, receiver_name: str) -> list[str]:
+    """Why `alert test --receiver NAME` cannot send, one line each; empty when it can."""
+    receiver = config.alerts.receivers.get(receiver_name)
+    if receiver is None:
+        known = ", ".join(sorted(config.alerts.receivers)) or "none are defined"
+        return [f"ttft-monitor alert test: no receiver named '{receiver_name}' (known: {known})"]
+    return [f"alerts.receivers.{receiver_name}: {problem}" for problem in config_problems(receiver)]
+
+
+async def alert_test(config: Config, receiver_name: str, *, out: TextIO, err: TextIO) -> int:
+    problems = receiver_problems(config, receiver_name)
+    if problems:
+        err.writelines(f"{line}\n" for line in problems)
+        return EXIT_USAGE
+    receiver = config.alerts.receivers[receiver_name]
+    now = datetime.now(UTC)
+    firing = sample_notification(config, now)
+    steps = [("test notification", firing)]
+    if KINDS[receiver.type].stateful:
+        steps.append(("resolve", firing.with_changes(state="resolved", resolved_at=now)))
+    code = EXIT_OK
+    async with Transport() as transport:
+        for label, notification in steps:
+            result = await deliver(notification, receiver_name, receiver, transport=transport, now=now)
+            answer = result.describe() if result.status is not None or not result.ok else result.detail
+            out.write(f"{receiver_name} ({receiver.type}) {label}: {answer}\n")
+            if not result.ok:
+                code = EXIT_FAILED
+                break
+    return code
+
+
+# ---------------------------------------------------------------- incidents
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentView:
+    id: uuid.UUID
+    kind: str
+    severity: str
+    target: str
+    model: str
+    provider: str
+    prompt: str
+    location: str
+    job: str | None
+    opened_at: datetime
+    resolved_at: datetime | None
+    baseline_ms: float | None
+    observed_ms: float | None
+    ratio: float | None
+    error: str | None
+
+    @property
+    def state(self) -> str:
+        return "open" if self.resolved_at is None else "resolved"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": str(self.id),
+            "state": self.state,
+            "kind": self.kind,
+            "severity": self.severity,
+            "target": self.target,
+            "model": self.model,
+            "provider": self.provider,
+            "prompt": self.prompt,
+            "location": self.location,
+            "job": self.job,
+            "opened_at": iso(self.opened_at),
+            "resolved_at": None if self.resolved_at is None else iso(self.resolved_at),
+            "baseline_ms": self.baseline_ms,
+            "observed_ms": self.observed_ms,
+            "ratio": self.ratio,
+            "error_class": self.error,
+        }
+
+
+async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: float) -> list[IncidentView]:
+    """Open incidents (newest first), then those resolved since `now - recent_days` (newest first)."""
+    import sqlalchemy as sa
+
+    from monitor.store.models import IncidentRow, SeriesRow
+
+    i = IncidentRow.__table__.c
+    s = SeriesRow.__table__.c
+    since = now - timedelta(days=recent_days)
+    query = (
+        sa.select(
+            i.id,
+            i.kind,
+            i.severity,
+            i.opened_at,
+            i.resolved_at,
+            i.baseline_ms,
+            i.observed_ms,
+            i.ratio,
+            i.error,
+            i.details,
+            s.target,
+            s.model,
+            s.provider,
+            s.prompt,
+            s.location,
+        )
+        .join(SeriesRow.__table__, s.id == i.series_id)
+        .where(sa.or_(i.resolved_at.is_(None), i.resolved_at >= since))
+        .order_by(i.resolved_at.is_not(None), i.opened_at.desc())
+    )
+    async with engine.connect() as connection:
+        rows = (await connection.execute(query)).all()
+    return [
+        IncidentView(
+            id=row.id,
+            kind=row.kind,
+            severity=row.severity,
+            target=row.target,
+            model=row.model,
+            provider=row.provider,
+            prompt=row.prompt,
+            location=row.location,
+            job=(row.details or {}).get("job") if isinstance(row.details, dict) else None,
+            opened_at=row.opened_at,
+            resolved_at=row.resolved_at,
+            baseline_ms=row.baseline_ms,
+            observed_ms=row.observed_ms,
+            ratio=row.ratio,
+            error=row.error,
+        )
+        for row in rows
+    ]
+
+
+def format_table(incidents: list[IncidentView], now: datetime, recent_days: float) -> str:
+    if not incidents:
+        return f"no open incidents, and none resolved in the last {recent_days:g} days\n"
+    header = ("STATE", "SEVERITY", "KIND", "SERIES", "OPENED", "FOR", "BASELINE", "OBSERVED", "RATIO", "ERROR", "ID")
+    rows = [header]
+    for item in incidents:
+        end = item.resolved_at or now
+        rows.append(
+            (
+                item.state,
+                item.severity,
+                item.kind,
+                f"{item.target} / {item.prompt} @ {item.location}",
+                item.opened_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
+                fmt_duration((end - item.opened_at).total_seconds()),
+                fmt_ms(item.baseline_ms) if item.baseline_ms is not None else "-",
+                fmt_ms(item.observed_ms) if item.observed_ms is not None else "-",
+                fmt_ratio(item.ratio) if item.ratio is not None else "-",
+                item.error or "-",
+                str(item.id)[:8],
+            )
+        )
+    widths = [max(len(row[col]) for row in rows) for col in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[col]) for col, cell in enumerate(row)).rstrip() for row in rows]
+    open_count = sum(1 for item in incidents if item.resolved_at is None)
+    lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")
+    return "\n".join(lines) + "\n"
+
+
+async def _incidents(config: Config, output: str, recent_days: float, out: TextIO) -> int:
+    from monitor.store.engine import create_engine
+    from monitor.store.migrate import ensure_current
+
+    engine = create_engine(config.database.url)
+    try:
+        await ensure_current(engine)
+        now = datetime.now(UTC)
+        incidents = await list_incidents(engine, now=now, recent_days=recent_days)
+    finally:
+        await engine.dispose()
+    if output == "json":
+        out.write(json.dumps([item.to_json() for item in incidents], indent=2) + "\n")
+    else:
+        out.write(format_table(incidents, now, recent_days))
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run these commands on their own (`python -m monitor.alert.cli ...`), as `ttft-monitor` does."""
+    parser = argparse.ArgumentParser(prog="ttft-monitor")
+    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""The `alert` and `incidents` command lines: argparse only, so building the CLI stays fast."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
+DEFAULT_RECENT_DAYS = 7.0
+
+
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", "-c", default=None, help=f"config file (default: ${DEFAULT_CONFIG_ENV}, else ./config.yaml)"
+    )
+
+
+def _days(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a number of days") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be 0 or more")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add `alert` (with `test`) and `incidents` to the CLI's subparsers; `run(args)` executes them."""
+    alert = subparsers.add_parser(
+        "alert",
+        help="alert receivers: send a test notification",
+        description="Work with the receivers under alerts.receivers in the config.",
+    )
+    actions = alert.add_subparsers(dest="alert_command", metavar="ACTION")
+    actions.required = True
+    test = actions.add_parser(
+        "test",
+        help="send a test notification to a receiver and print its answer (exit 0 if it accepted it)",
+        description="Send a test notification through the real delivery path (same payload builder, "
+        "signing and transport as the daemon) and print the receiver's answer. PagerDuty and "
+        "Alertmanager get a resolve right after, so nothing is left open.",
+    )
+    test.add_argument("--receiver", "-r", required=True, help="receiver name under alerts.receivers")
+    _config_arg(test)
+
+    incidents = subparsers.add_parser(
+        "incidents",
+        help="list open and recently resolved incidents",
+        description="List the incidents in the database: open ones first, then those resolved within --days.",
+    )
+    incidents.add_argument("--format", "-f", choices=["table", "json"], default="table", help="output (table)")
+    incidents.add_argument(
+        "--days",
+        type=_days,
+        default=DEFAULT_RECENT_DAYS,
+        help=f"also list incidents resolved in the last DAYS days (default {DEFAULT_RECENT_DAYS:g})",
+    )
+    _config_arg(incidents)

@@ -1,0 +1,127 @@
+"""What the alerting side is given, and what a receiver hands the transport. Pure data, no I/O.
+
+The detector's incident events are mapped onto `Notification` by the daemon; everything in
+`monitor.alert` works from it, so no receiver depends on the detector's own types.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from datetime import UTC, datetime
+from typing import Any, Literal
+from urllib.parse import urlencode, urlsplit, urlunsplit
+
+State = Literal["firing", "resolved", "info"]
+# How a delivery attempt ended: only `transient` failures are worth retrying.
+Outcome = Literal["ok", "transient", "permanent"]
+STATES: tuple[State, ...] = ("firing", "resolved", "info")
+# Kinds the detector raises, plus `test` for `ttft-monitor alert test`.
+KINDS = ("regression", "availability", "slo", "model_changed", "test")
+SEVERITIES = ("page", "ticket", "info")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Notification:
+    """One state change of one incident, with everything a person needs to act on it.
+
+    `since` is when the incident opened; `resolved_at` is set for `resolved`. `baseline_ms` is the
+    SLO objective for `slo` incidents. `repeat` is 0 for the first notice, n for the n-th reminder of
+    an incident that stays open. `link` points at the series (see `series_link`).
+    """
+
+    incident_id: uuid.UUID
+    state: State
+    kind: str
+    severity: str
+    job: str
+    target: str
+    model: str
+    provider: str
+    prompt: str
+    location: str
+    since: datetime
+    resolved_at: datetime | None = None
+    baseline_ms: float | None = None
+    observed_ms: float | None = None
+    ratio: float | None = None
+    error_class: str | None = None
+    summary: str = ""
+    link: str | None = None
+    repeat: int = 0
+
+    def __post_init__(self) -> None:
+        if self.state not in STATES:
+            raise ValueError(f"state must be one of {', '.join(STATES)}, got {self.state!r}")
+        for name in ("since", "resolved_at"):
+            moment = getattr(self, name)
+            if moment is not None and moment.tzinfo is None:
+                raise ValueError(f"{name} must be timezone-aware (UTC), got {moment.isoformat()}")
+
+    @property
+    def series(self) -> str:
+        """`target / prompt @ location`: how the series is named in every message."""
+        return f"{self.target} / {self.prompt} @ {self.location}"
+
+    def change_key(self) -> str:
+        """Names this state change. Equal keys are the same change: enqueued once, whoever enqueues it.
+
+        A severity change of an open incident is a new change; a repeat of the same event is not.
+        """
+        if self.state == "firing":
+            base = f"{self.incident_id}/firing/{self.severity}"
+            return f"{base}/repeat/{self.repeat}" if self.repeat else base
+        return f"{self.incident_id}/{self.state}"
+
+    def message_id(self) -> str:
+        """A stable id for this change, the same on every retry and from every daemon."""
+        return "msg_" + hashlib.sha256(self.change_key().encode()).hexdigest()[:32]
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (stored in the outbox); `from_json` reads it back."""
+        data = asdict(self)
+        data["incident_id"] = str(self.incident_id)
+        data["since"] = self.since.astimezone(UTC).isoformat()
+        data["resolved_at"] = None if self.resolved_at is None else self.resolved_at.astimezone(UTC).isoformat()
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Notification:
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["incident_id"] = uuid.UUID(str(values["incident_id"]))
+        values["since"] = datetime.fromisoformat(values["since"])
+        if values.get("resolved_at") is not None:
+            values["resolved_at"] = datetime.fromisoformat(values["resolved_at"])
+        return cls(**values)
+
+    def with_changes(self, **changes: Any) -> Notification:
+        return replace(self, **changes)
+
+
+def series_link(base_url: str | None, *, target: str, prompt: str, location: str, job: str = "") -> str | None:
+    """The series' page under `alerts.base_url`, as Grafana-style variables; None without a base URL.
+
+    `https://grafana.example.com/d/ttft` ->
+    `https://grafana.example.com/d/ttft?var-target=qwen3-8b&var-prompt=short&var-location=fra-dc1`.
+    """
+    if not base_url:
+        return None
+    params = {"var-target": target, "var-prompt": prompt, "var-location": location}
+    if job:
+        params["var-job"] = job
+    parts = urlsplit(base_url)
+    query = f"{parts.query}&{urlencode(params)}" if parts.query else urlencode(params)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """What a receiver wants sent: built by a pure function, sent by the one shared transport."""
+
+    method: str
+    url: str
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""

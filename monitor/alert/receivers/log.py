@@ -1,0 +1,52 @@
+"""The console: one structured log line per notification (`alert_notification`), for the demo and
+for setups that ship logs to their alerting already. Nothing is sent over HTTP."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from monitor.alert.model import HttpRequest, Notification
+from monitor.alert.receivers.base import ReceiverKind
+from monitor.alert.text import headline, iso
+from monitor.config.models import Receiver
+
+EVENT = "alert_notification"
+
+
+def fields(notification: Notification, now: datetime) -> dict[str, Any]:
+    n = notification
+    return {
+        "message": headline(n),
+        "state": n.state,
+        "kind": n.kind,
+        "severity": n.severity,
+        "series": n.series,
+        "target": n.target,
+        "model": n.model,
+        "provider": n.provider,
+        "prompt": n.prompt,
+        "location": n.location,
+        "job": n.job,
+        "baseline_ms": n.baseline_ms,
+        "observed_ms": n.observed_ms,
+        "ratio": n.ratio,
+        "error_class": n.error_class,
+        "since": iso(n.since),
+        "resolved_at": None if n.resolved_at is None else iso(n.resolved_at),
+        "summary": n.summary,
+        "link": n.link,
+        "incident_id": str(n.incident_id),
+        "repeat": n.repeat,
+    }
+
+
+def build(notification: Notification, receiver: Receiver, now: datetime) -> HttpRequest | None:
+    return None
+
+
+def problems(receiver: Receiver) -> list[str]:
+    return []
+
+
+KIND = ReceiverKind(build=build, problems=problems, log_fields=fields)

@@ -1,0 +1,98 @@
+"""Generic webhook: the documented JSON below, signed per Standard Webhooks (standardwebhooks.com).
+
+Headers: `webhook-id` (stable per state change, so a retry is recognisable), `webhook-timestamp`
+(Unix seconds) and, with a secret, `webhook-signature: v1,<base64 HMAC-SHA256 of "id.timestamp.body">`.
+A secret `whsec_<base64>` is used as the decoded bytes (the scheme's format); any other as its UTF-8.
+The body schema is documented in docs/alerting.md; change both together.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from datetime import datetime
+from typing import Any
+
+from monitor.alert.model import HttpRequest, Notification
+from monitor.alert.receivers.base import BuildError, ReceiverKind, dumps, post, require_url, url_problems
+from monitor.alert.text import headline, iso, plain_text
+from monitor.config.models import Receiver
+
+SECRET_PREFIX = "whsec_"
+
+
+def payload(notification: Notification, now: datetime) -> dict[str, Any]:
+    n = notification
+    return {
+        "type": f"incident.{n.state}",
+        "timestamp": iso(now),
+        "data": {
+            "incident_id": str(n.incident_id),
+            "state": n.state,
+            "kind": n.kind,
+            "severity": n.severity,
+            "repeat": n.repeat,
+            "since": iso(n.since),
+            "resolved_at": None if n.resolved_at is None else iso(n.resolved_at),
+            "series": {
+                "target": n.target,
+                "model": n.model,
+                "provider": n.provider,
+                "prompt": n.prompt,
+                "location": n.location,
+                "job": n.job,
+            },
+            "baseline_ms": n.baseline_ms,
+            "observed_ms": n.observed_ms,
+            "ratio": n.ratio,
+            "error_class": n.error_class,
+            "title": headline(n),
+            "summary": n.summary,
+            "text": plain_text(n, now),
+            "link": n.link,
+        },
+    }
+
+
+def secret_key(secret: str) -> bytes:
+    if secret.startswith(SECRET_PREFIX):
+        try:
+            return base64.b64decode(secret[len(SECRET_PREFIX) :], validate=True)
+        except binascii.Error as exc:
+            raise BuildError("the webhook secret starts with whsec_ but the rest is not base64") from exc
+    return secret.encode()
+
+
+def sign(secret: str, message_id: str, timestamp: int, body: bytes) -> str:
+    """`v1,<signature>` per Standard Webhooks."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    digest = hmac.new(secret_key(secret), signed, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode()
+
+
+def build(notification: Notification, receiver: Receiver, now: datetime) -> HttpRequest:
+    url = require_url(receiver)
+    body = dumps(payload(notification, now))
+    message_id = notification.message_id()
+    timestamp = int(now.timestamp())
+    headers = {"webhook-id": message_id, "webhook-timestamp": str(timestamp)}
+    secret = receiver.secret()
+    if secret:
+        headers["webhook-signature"] = sign(secret, message_id, timestamp, body)
+    return post(url, body, receiver, headers)
+
+
+def problems(receiver: Receiver) -> list[str]:
+    out = url_problems(receiver)
+    secret = receiver.secret()
+    if secret:
+        try:
+            secret_key(secret)
+        except BuildError as exc:
+            out.append(str(exc))
+    return out
+
+
+KIND = ReceiverKind(build=build, problems=problems)

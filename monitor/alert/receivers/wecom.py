@@ -1,0 +1,46 @@
+"""WeCom (WeChat Work) group robot: a markdown message to the robot's webhook URL (key in the URL).
+
+WeCom answers HTTP 200 with a non-zero `errcode` on refusal; markdown content is capped at 4096 bytes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from monitor.alert.model import HttpRequest, Notification
+from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
+from monitor.alert.text import facts, headline, truncate_bytes
+from monitor.config.models import Receiver
+
+# 45009: API frequency limit (20 messages a minute per robot).
+TRANSIENT_CODES = frozenset({45009})
+CONTENT_LIMIT_BYTES = 4096
+# WeCom markdown knows three font colours.
+COLOURS = {"firing": "warning", "resolved": "info", "info": "comment"}
+
+
+def markdown(notification: Notification, now: datetime) -> str:
+    n = notification
+    parts = [f'## <font color="{COLOURS[n.state]}">{headline(n)}</font>']
+    if n.summary:
+        parts.append(n.summary)
+    parts.append("\n".join(f"> **{label}:** {value}" for label, value in facts(n, now)))
+    if n.link:
+        parts.append(f"[Open the series]({n.link})")
+    return truncate_bytes("\n".join(parts), CONTENT_LIMIT_BYTES)
+
+
+def payload(notification: Notification, now: datetime) -> dict[str, Any]:
+    return {"msgtype": "markdown", "markdown": {"content": markdown(notification, now)}}
+
+
+def build(notification: Notification, receiver: Receiver, now: datetime) -> HttpRequest:
+    return json_request(require_url(receiver), payload(notification, now), receiver)
+
+
+KIND = ReceiverKind(
+    build=build,
+    problems=url_problems,
+    check_answer=json_code_answer(("errcode",), ("errmsg",), TRANSIENT_CODES),
+)
