@@ -15,11 +15,7 @@ WORKDIR /src
 # .dockerignore keeps local state, caches and secrets out of this copy.
 COPY . .
 RUN /opt/ttft-monitor/.venv/bin/pip install .
-# The alembic scripts (migrations/) are not part of the Python package; `ttft-monitor db upgrade` looks
-# for them beside the installed `monitor` package, so put them there.
-RUN site="$(/opt/ttft-monitor/.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
- && cp -r migrations "$site/migrations" \
- && /opt/ttft-monitor/.venv/bin/python -m compileall -q "$site/migrations"
+# The alembic migrations ship inside the package (monitor._migrations), so nothing else to copy.
 
 # ---- runtime: the venv on a clean slim image, as an unprivileged user
 FROM python:3.11-slim

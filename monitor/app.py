@@ -37,12 +37,13 @@ async def open_store(
     *,
     metrics: Metrics | None,
     retry_s: float | None = None,
+    spool_subdir: str | None = None,
     sleep: Callable[[float], Any] = asyncio.sleep,
 ) -> Store:
     """Connect (retrying for `database.connect_retry_s`), refuse a schema behind head, open the spool."""
-    from monitor.store.engine import create_engine
-    from monitor.store.migrate import SchemaBehind, ensure_current
+    from monitor.store.engine import StoreError, create_engine
     from monitor.store.repository import Repository
+    from monitor.store.schema import ensure_current
     from monitor.store.spool import Spool
     from monitor.store.writer import ResultWriter
 
@@ -68,37 +69,45 @@ async def open_store(
             delay = min(delay * 2, 5.0)
     try:
         await ensure_current(engine)
-    except SchemaBehind as exc:
+    except StoreError as exc:  # SchemaBehind (names the fix), DatabaseUnavailable
         await engine.dispose()
         raise InfrastructureError(str(exc)) from None
+    # An ad-hoc `probe --store` gets its own spool: each spool belongs to one process, and the
+    # daemon may be running on the same state directory.
+    state_dir = config.database.state_dir / spool_subdir if spool_subdir else config.database.state_dir
+    events = _WriterEvents(metrics)
     try:
-        spool = Spool(config.database.state_dir / "spool", max_bytes=config.database.spool_max_mb * 1024 * 1024)
-    except OSError as exc:
+        spool = Spool.in_state_dir(state_dir, max_mb=config.database.spool_max_mb, on_event=events)
+    except StoreError as exc:
         await engine.dispose()
-        raise InfrastructureError(
-            f"cannot use the state directory {config.database.state_dir}: {exc.strerror}; "
-            "set database.state_dir to a writable directory"
-        ) from None
-    writer = ResultWriter(repository, spool, on_event=_writer_events(metrics, spool))
+        raise InfrastructureError(str(exc)) from None
+    writer = ResultWriter(repository, spool, on_event=events)
+    events.spool = spool
     return Store(engine=engine, repository=repository, spool=spool, writer=writer)
 
 
-def _writer_events(metrics: Metrics | None, spool: Any) -> Callable[..., None]:
-    log = structlog.get_logger()
+class _WriterEvents:
+    """Logs the writer's and the spool's events (loud ones as warnings) and keeps the gauges current."""
 
-    def on_event(name: str, **fields: Any) -> None:
-        log.info(name, **fields) if not name.endswith(("failed", "full", "unreachable")) else log.warning(
-            name, **fields
-        )
-        if metrics is not None:
-            metrics.spool_records.set(spool.depth)
-            metrics.spool_bytes.set(spool.bytes)
-            if name in ("database_write_failed", "database_unreachable"):
-                metrics.database_up.set(0)
-            elif name in ("database_write_ok", "spool_drained"):
-                metrics.database_up.set(1)
+    def __init__(self, metrics: Metrics | None) -> None:
+        self.metrics = metrics
+        self.spool: Any = None
+        self.log = structlog.get_logger()
 
-    return on_event
+    def __call__(self, name: str, **fields: Any) -> None:
+        from monitor.store.spool import LOUD_EVENTS
+
+        loud = name in LOUD_EVENTS or name == "database_write_failed"
+        (self.log.warning if loud else self.log.info)(name, **fields)
+        if self.metrics is None:
+            return
+        if self.spool is not None:
+            self.metrics.spool_records.set(self.spool.depth)
+            self.metrics.spool_bytes.set(self.spool.bytes)
+        if name == "database_write_failed":
+            self.metrics.database_up.set(0)
+        elif name in ("database_write_ok", "spool_drained"):
+            self.metrics.database_up.set(1)
 
 
 def _describe_db(url: str) -> str:

@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Registration modules import argparse only: `ttft-monitor once` must start fast.
     from monitor.alert.commands import register as register_alert
-    from monitor.store.cli import register as register_db
+    from monitor.store.commands import register as register_db
 
     register_db(commands)
     register_alert(commands)

@@ -26,7 +26,6 @@ from monitor.metrics.definitions import Metrics
 from monitor.metrics.server import start_metrics_server
 from monitor.schedule.claims import TickClaims
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
-from monitor.schedule.scheduler import JobScheduler
 
 EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA = 0, 1, 2, 3
 LOOP_LAG_INTERVAL_S = 0.5
@@ -60,7 +59,7 @@ class DaemonState:
     config: Config
     context: JobContext
     store: Store
-    scheduler: JobScheduler
+    scheduler: Any  # monitor.schedule.scheduler.JobScheduler (APScheduler is imported only by `run`)
     owner: str
     claims: TickClaims | None = None
 
@@ -116,6 +115,8 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         async def run_tick(job: Job, intended: datetime) -> None:
             assert state is not None
             await _run_claimed_tick(state, job, intended)
+
+        from monitor.schedule.scheduler import JobScheduler
 
         scheduler = JobScheduler(run_tick, metrics=metrics)
         state = DaemonState(config_path, config, context, store, scheduler, owner, TickClaims(store.engine))
@@ -307,6 +308,13 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
     ok = sum(o.ok for o in outcomes)
     failed = sum(o.failed for o in outcomes)
     log.info("once_finished", jobs=len(outcomes), ok=ok, failed=failed, spooled=spooled)
+    if any(o.samples and not o.stored for o in outcomes):
+        print(
+            "ttft-monitor once: some samples could be stored neither in the database nor in the spool; "
+            "see the results_lost log line",
+            flush=True,
+        )
+        return EXIT_INFRA
     if spooled:
         print(
             f"ttft-monitor once: the database did not take {spooled} samples; they wait in the spool at "

@@ -43,7 +43,7 @@ class SimProcess:
 
 def start_sim(*args: str, env: dict[str, str] | None = None) -> SimProcess:
     # stderr goes to a file: an unread pipe would fill up and stall the simulator.
-    errors = tempfile.TemporaryFile(mode="w+")
+    errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed by stop_sim
     process = subprocess.Popen(
         [sys.executable, "-m", "monitor", "sim", "--port", "0", *args],
         stdout=subprocess.PIPE,

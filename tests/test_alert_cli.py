@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from monitor.alert.cli import alert_test, format_table, list_incidents, register, run
+from monitor.alert.cli import alert_test, format_table, list_incidents, run
+from monitor.alert.commands import register
 from monitor.config.loader import load_config
 from monitor.store.engine import create_engine
 from tests.conftest import ROOT

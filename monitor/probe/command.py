@@ -194,7 +194,9 @@ async def probe_once(
         opened = None
         if store:
             assert config is not None
-            opened = await open_store(config, metrics=None, retry_s=min(config.database.connect_retry_s, 5))
+            opened = await open_store(
+                config, metrics=None, retry_s=min(config.database.connect_retry_s, 5), spool_subdir="adhoc"
+            )
             stack.push_async_callback(opened.engine.dispose)
         context = await build_context(config or Config(), stack, store=opened, metrics=None)
         context.limits = limits

@@ -163,8 +163,9 @@ async def _store(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, st
     from monitor.store.records import runs_from_samples
 
     batch = runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
-    await ctx.writer.save(batch)
-    outcome.stored = True
+    saved = await ctx.writer.save(batch)
+    # "lost": neither the database nor the spool took it; the writer has logged it loudly.
+    outcome.stored = str(saved) != "lost"
     if ctx.repository is not None:
         await _save_calibration(ctx, outcome, log)
     if ctx.after_store is not None:

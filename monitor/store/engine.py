@@ -1,0 +1,261 @@
+"""Async engines for both backends, and one-line descriptions of database errors."""
+
+from __future__ import annotations
+
+import errno
+import socket
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from monitor.config.urls import mask_password
+
+# Option set on a connection before `begin()`: take SQLite's write lock at BEGIN, so a writer waits
+# for the lock (busy_timeout) instead of failing when a read-then-write transaction meets another writer.
+WRITE_OPTION = "ttft_write"
+DEFAULT_SQLITE_BUSY_TIMEOUT_MS = 5000
+DEFAULT_CONNECT_TIMEOUT_S = 10.0
+
+
+class StoreError(Exception):
+    """A storage problem; `str()` is one line naming the cause and what to do."""
+
+
+class DatabaseUnavailable(StoreError):
+    """The database cannot be reached or refused us (network, server down, login, missing database)."""
+
+
+def is_sqlite(url: str | URL) -> bool:
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def sqlite_path(url: str | URL) -> Path | None:
+    """The file of a SQLite URL; None for in-memory databases."""
+    database = make_url(url).database
+    if not database or database == ":memory:" or database.startswith("file::memory:"):
+        return None
+    return Path(database.removeprefix("file:").split("?", 1)[0])
+
+
+def create_engine(
+    url: str | URL,
+    *,
+    sqlite_busy_timeout_ms: int = DEFAULT_SQLITE_BUSY_TIMEOUT_MS,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    **kwargs: Any,
+) -> AsyncEngine:
+    """An engine for `postgresql+asyncpg://` or `sqlite+aiosqlite://` URLs.
+
+    SQLite: the file's directory is created; WAL (readers never block the writer), foreign keys on,
+    a busy timeout, `synchronous=FULL` (a committed run survives power loss: the spool forgets it on
+    commit), and real transactions (SQLAlchemy emits BEGIN, so DDL in migrations is transactional).
+    PostgreSQL: a bounded connect timeout, sessions in UTC, and pre-ping so connections broken by a
+    server restart are replaced instead of failing the next write.
+    """
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        path = sqlite_path(parsed)
+        if path is not None:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except FileExistsError as exc:
+                raise DatabaseUnavailable(
+                    f"cannot create the directory {path.parent} for the SQLite database: a file of that name "
+                    "exists; change database.url"
+                ) from exc
+            except OSError as exc:
+                raise DatabaseUnavailable(
+                    f"cannot create the directory {path.parent} for the SQLite database: {exc.strerror}; "
+                    "make its parent writable or change database.url"
+                ) from exc
+        engine = create_async_engine(parsed, **kwargs)
+        _configure_sqlite(engine, busy_timeout_ms=sqlite_busy_timeout_ms)
+        return engine
+    connect_args = {
+        "timeout": connect_timeout_s,
+        "server_settings": {"timezone": "UTC", "application_name": "ttft-monitor"},
+        **kwargs.pop("connect_args", {}),
+    }
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_async_engine(parsed, connect_args=connect_args, **kwargs)
+
+
+def _configure_sqlite(engine: AsyncEngine, *, busy_timeout_ms: int) -> None:
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: ConnectionPoolEntry) -> None:
+        # Let SQLAlchemy emit BEGIN itself: the sqlite3 driver's legacy mode skips it for SELECT and DDL.
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_ms)}")
+        cursor.execute("PRAGMA journal_mode = WAL")
+        cursor.execute("PRAGMA synchronous = FULL")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine.sync_engine, "begin")
+    def _on_begin(connection: Any) -> None:
+        write = connection.get_execution_options().get(WRITE_OPTION, False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    """ORM sessions whose objects stay readable after commit (no implicit lazy reload in async code)."""
+    return async_sessionmaker(engine, expire_on_commit=False)
+
+
+def display_url(url: str | URL) -> str:
+    """The URL with any password masked, safe for logs and errors."""
+    text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
+    return mask_password(text)
+
+
+# ---------------------------------------------------------------- describing errors
+
+
+def error_chain(exc: BaseException) -> list[BaseException]:
+    """`exc`, its causes and contexts, and the driver exceptions SQLAlchemy wraps in `.orig`."""
+    seen: list[BaseException] = []
+    pending: list[BaseException] = [exc]
+    while pending:
+        item = pending.pop(0)
+        if any(item is known for known in seen):
+            continue
+        seen.append(item)
+        orig = getattr(item, "orig", None)
+        for nxt in (orig, item.__cause__, item.__context__):
+            if isinstance(nxt, BaseException):
+                pending.append(nxt)
+    return seen
+
+
+def _names(exc: BaseException) -> set[str]:
+    return {cls.__name__ for cls in type(exc).__mro__}
+
+
+_CONNECTION_ERRORS = frozenset(
+    {
+        "PostgresConnectionError",  # SQLSTATE class 08
+        "ConnectionDoesNotExistError",
+        "CannotConnectNowError",
+        "InvalidPasswordError",
+        "InvalidAuthorizationSpecificationError",
+        "InvalidCatalogNameError",
+        "TooManyConnectionsError",
+        "AdminShutdownError",
+        "CrashShutdownError",
+    }
+)
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """True when `exc` means the database is unreachable, as opposed to a bad statement or value."""
+    for item in error_chain(exc):
+        if isinstance(item, OSError | TimeoutError):
+            return True
+        if _names(item) & _CONNECTION_ERRORS or getattr(item, "connection_invalidated", False):
+            return True
+        message = str(item).lower()
+        if "InterfaceError" in _names(item) and "connection" in message and "closed" in message:
+            return True
+        if any(
+            text in message
+            for text in ("unable to open database file", "database is locked", "disk i/o error", "readonly database")
+        ):
+            return True
+    return False
+
+
+def is_bad_data(exc: BaseException) -> bool:
+    """True when the database (or the conversion to its types) refused the values themselves:
+    retrying the same data will never succeed."""
+    if is_connection_error(exc):
+        return False
+    for item in error_chain(exc):
+        if isinstance(item, ValueError | TypeError | ArithmeticError):
+            return True  # includes asyncpg's client-side DataError and integer overflow
+        # SQLAlchemy's DataError/IntegrityError and asyncpg's SQLSTATE 22 / 23 classes.
+        if _names(item) & {"DataError", "IntegrityError", "IntegrityConstraintViolationError"}:
+            return True
+    return False
+
+
+def describe_db_error(exc: BaseException, url: str | URL) -> str:
+    """One line for a human: where, what happened, what to check. Never the password."""
+    parsed = make_url(url)
+    password = parsed.password
+    if parsed.get_backend_name() == "sqlite":
+        return _scrub(_describe_sqlite(exc, parsed), password)
+    host = parsed.host or "localhost"
+    port = parsed.port or 5432
+    where = f"PostgreSQL at {host}:{port}"
+    user = parsed.username or "(default user)"
+    database = parsed.database or "(default database)"
+    for item in error_chain(exc):
+        names = _names(item)
+        if isinstance(item, socket.gaierror):
+            return f"cannot resolve the database host '{host}': check the host name in database.url"
+        if isinstance(item, ConnectionRefusedError) or getattr(item, "errno", None) == errno.ECONNREFUSED:
+            return (
+                f"cannot connect to {where}: connection refused; check that the server is running and "
+                "listening there, and the host and port in database.url"
+            )
+        if isinstance(item, TimeoutError):
+            return (
+                f"{where} did not answer in time; check that the host is reachable "
+                "(network, firewall) and the server is not overloaded"
+            )
+        if names & {"InvalidPasswordError", "InvalidAuthorizationSpecificationError"}:
+            return (
+                f"{where} rejected the login of user '{user}': check the user and password in database.url "
+                "(put the password in ${VAR}) and the server's pg_hba.conf"
+            )
+        if "InvalidCatalogNameError" in names:
+            return (
+                f"database '{database}' does not exist on {where}: create it "
+                f"(createdb -h {host} -p {port} -U {user} {database}) or fix database.url"
+            )
+        if "CannotConnectNowError" in names or names & {"AdminShutdownError", "CrashShutdownError"}:
+            return f"{where} is starting up or shutting down: try again shortly"
+        if "TooManyConnectionsError" in names:
+            return f"{where} has no free connections: raise max_connections or close idle clients"
+        if isinstance(item, OSError) and item.strerror:
+            return f"cannot connect to {where}: {item.strerror}; check the host and port in database.url"
+        if "ConnectionDoesNotExistError" in names or getattr(item, "connection_invalidated", False):
+            return f"lost the connection to {where}: the server restarted or the network dropped; will retry"
+    return _scrub(f"database error on {where}: {_first_line(exc)}", password)
+
+
+def _describe_sqlite(exc: BaseException, url: URL) -> str:
+    path = sqlite_path(url)
+    where = f"SQLite database {path}" if path else "in-memory SQLite database"
+    for item in error_chain(exc):
+        message = str(item).lower()
+        if "unable to open database file" in message:
+            return f"cannot open {where}: check that its directory exists and is writable by this user"
+        if "database is locked" in message:
+            return (
+                f"{where} is locked by another process for longer than the busy timeout; "
+                "check for a stuck process holding it, or use PostgreSQL for several writers"
+            )
+        if "readonly database" in message:
+            return f"{where} is read-only: check the file's and directory's permissions"
+        if "disk i/o error" in message or "database or disk is full" in message:
+            return f"{where} cannot be written ({_first_line(item)}): check the disk"
+        if isinstance(item, OSError) and item.strerror:
+            return f"cannot use {where}: {item.strerror}"
+    return f"database error on {where}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip().splitlines()
+    name = type(orig if orig is not None else exc).__name__
+    return f"{name}: {text[0]}" if text else name
+
+
+def _scrub(text: str, password: str | None) -> str:
+    return text.replace(password, "***") if password and len(password) >= 3 else text

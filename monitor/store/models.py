@@ -1,0 +1,301 @@
+"""The schema, as typed SQLAlchemy models. Only the migrations under migrations/ create it.
+
+Results: `series` (one row per thing whose history is compared), `runs` (one probe run of a series,
+with its summary), `samples` (every request), `rollups_hourly` (kept after raw samples expire),
+`rollup_pending` (hours whose rollup must be (re)computed) and `calibration` (prompt sizing).
+
+Coordination for the daemon, detection and alerting: `job_ticks`, `incidents`, `detector_state`,
+`alert_outbox` and `alert_deliveries`. They carry what several daemons sharing one database need to
+claim work atomically; their owners extend them with new migrations.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, ClassVar, cast
+
+from sqlalchemy import (
+    Boolean,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from monitor.store.types import UtcDateTime, json_type
+
+# Deterministic constraint names, so migrations (and SQLite batch mode) can refer to them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+NOW = text("CURRENT_TIMESTAMP")
+ERROR_CLASS_LENGTH = 32
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UtcDateTime(),
+        uuid.UUID: Uuid(),
+        dict[str, Any]: json_type(),
+    }
+
+
+metadata = Base.metadata
+
+
+# ---------------------------------------------------------------- results
+
+
+class SeriesRow(Base):
+    """What one history is about: a model on a provider, with one prompt profile, from one place."""
+
+    __tablename__ = "series"
+    __table_args__ = (UniqueConstraint("target", "provider", "model", "prompt", "location"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    target: Mapped[str] = mapped_column(Text)
+    provider: Mapped[str] = mapped_column(Text)
+    model: Mapped[str] = mapped_column(Text)
+    prompt: Mapped[str] = mapped_column(Text)
+    location: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(server_default=NOW)
+
+
+class RunRow(Base):
+    """One probe run of one series: its rounds' summary. The id is client-generated (idempotent replays)."""
+
+    __tablename__ = "runs"
+    __table_args__ = (
+        # "The last N runs of a series" and "a series between two times".
+        Index("ix_runs_series_id_started_at", "series_id", "started_at"),
+        # Retention walks runs oldest first.
+        Index("ix_runs_started_at", "started_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"))
+    job: Mapped[str] = mapped_column(Text)
+    api: Mapped[str] = mapped_column(Text)
+    intended_at: Mapped[datetime]
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime]
+    rounds: Mapped[int] = mapped_column(Integer)
+    warmup: Mapped[int] = mapped_column(Integer)
+    ok: Mapped[int] = mapped_column(Integer)
+    errors: Mapped[int] = mapped_column(Integer)
+    ttft_p50_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_min_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_max_ms: Mapped[float | None] = mapped_column(Double)
+    ttfa_p50_ms: Mapped[float | None] = mapped_column(Double)
+    decode_tps_p50: Mapped[float | None] = mapped_column(Double)
+    prompt_tokens_p50: Mapped[float | None] = mapped_column(Double)
+    error: Mapped[str | None] = mapped_column(String(ERROR_CLASS_LENGTH))
+    stored_at: Mapped[datetime] = mapped_column(server_default=NOW)
+
+
+class SampleRow(Base):
+    """One streamed request, every field the probe records (target, model, prompt via run and series)."""
+
+    __tablename__ = "samples"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    # Deliberately not a declared foreign key: the per-row check cost about a fifth of PostgreSQL's
+    # insert time and doubled the WAL per sample (bench/storage.py). Samples are written only in
+    # their run's transaction (Repository.save_runs) and deleted with it (Repository.prune).
+    run_id: Mapped[uuid.UUID] = mapped_column(index=True)
+    round: Mapped[int] = mapped_column(Integer)
+    warmup: Mapped[bool] = mapped_column(Boolean)
+    intended_at: Mapped[datetime | None]
+    sent_at: Mapped[datetime | None]
+    dns_ms: Mapped[float | None] = mapped_column(Double)
+    connect_ms: Mapped[float | None] = mapped_column(Double)
+    tls_ms: Mapped[float | None] = mapped_column(Double)
+    connection_reused: Mapped[bool | None] = mapped_column(Boolean)
+    setup_ms: Mapped[float | None] = mapped_column(Double)
+    ttfb_ms: Mapped[float | None] = mapped_column(Double)
+    first_event_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_ms: Mapped[float | None] = mapped_column(Double)
+    ttfa_ms: Mapped[float | None] = mapped_column(Double)
+    total_ms: Mapped[float | None] = mapped_column(Double)
+    gap_p50_ms: Mapped[float | None] = mapped_column(Double)
+    gap_p95_ms: Mapped[float | None] = mapped_column(Double)
+    gap_max_ms: Mapped[float | None] = mapped_column(Double)
+    decode_tps: Mapped[float | None] = mapped_column(Double)
+    token_events: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    prompt_tokens_target: Mapped[int | None] = mapped_column(Integer)
+    prompt_chars: Mapped[int | None] = mapped_column(Integer)
+    served_model: Mapped[str | None] = mapped_column(Text)
+    request_id: Mapped[str | None] = mapped_column(Text)
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(String(ERROR_CLASS_LENGTH))
+    error_message: Mapped[str | None] = mapped_column(Text)
+
+
+class RollupRow(Base):
+    """An hour of a series, kept after its raw samples expire. Measured (non-warm-up) samples only."""
+
+    __tablename__ = "rollups_hourly"
+    __table_args__ = (Index("ix_rollups_hourly_hour", "hour"),)
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    samples: Mapped[int] = mapped_column(Integer)
+    errors: Mapped[int] = mapped_column(Integer)
+    ttft_p50_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_p90_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_p99_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_min_ms: Mapped[float | None] = mapped_column(Double)
+    ttft_max_ms: Mapped[float | None] = mapped_column(Double)
+    decode_tps_p50: Mapped[float | None] = mapped_column(Double)
+
+
+class RollupPendingRow(Base):
+    """An hour that received runs since its rollup was computed. Written in the runs' own transaction,
+    so late arrivals (a spool replayed after an outage) are rolled up too."""
+
+    __tablename__ = "rollup_pending"
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
+    hour: Mapped[datetime] = mapped_column(primary_key=True)
+    # Updated on every save so the row is locked by it, ordering saves against a concurrent rollup.
+    marked_at: Mapped[datetime]
+
+
+class CalibrationRow(Base):
+    """Characters per token learnt per (target, prompt profile), so a restart keeps prompts on target."""
+
+    __tablename__ = "calibration"
+
+    target: Mapped[str] = mapped_column(Text, primary_key=True)
+    prompt: Mapped[str] = mapped_column(Text, primary_key=True)
+    chars_per_token: Mapped[float] = mapped_column(Double)
+    overhead_tokens: Mapped[float] = mapped_column(Double)
+    updated_at: Mapped[datetime]
+
+
+# ---------------------------------------------------------------- coordination (daemon, detection, alerts)
+
+
+class JobTickRow(Base):
+    """A claimed job tick. The unique key lets several daemons race for a tick; one insert wins."""
+
+    __tablename__ = "job_ticks"
+    __table_args__ = (UniqueConstraint("job", "scheduled_at", "location"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    job: Mapped[str] = mapped_column(Text)
+    scheduled_at: Mapped[datetime]
+    location: Mapped[str] = mapped_column(Text)
+    claimed_by: Mapped[str] = mapped_column(Text)
+    claimed_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+    status: Mapped[str] = mapped_column(String(16))
+
+
+class IncidentRow(Base):
+    """A regression, availability or SLO incident of a series; open while `resolved_at` is null."""
+
+    __tablename__ = "incidents"
+    __table_args__ = (
+        # At most one open incident per series and kind, whichever daemon opens it.
+        Index(
+            "uq_incidents_open_series_kind",
+            "series_id",
+            "kind",
+            unique=True,
+            postgresql_where=text("resolved_at IS NULL"),
+            sqlite_where=text("resolved_at IS NULL"),
+        ),
+        Index("ix_incidents_opened_at", "opened_at"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    severity: Mapped[str] = mapped_column(String(16))
+    opened_at: Mapped[datetime]
+    resolved_at: Mapped[datetime | None]
+    baseline_ms: Mapped[float | None] = mapped_column(Double)
+    observed_ms: Mapped[float | None] = mapped_column(Double)
+    ratio: Mapped[float | None] = mapped_column(Double)
+    error: Mapped[str | None] = mapped_column(String(ERROR_CLASS_LENGTH))
+    details: Mapped[dict[str, Any] | None]
+    updated_at: Mapped[datetime]
+
+
+class DetectorStateRow(Base):
+    """The detector's per-series memory (confirmations, hysteresis); `version` for compare-and-set."""
+
+    __tablename__ = "detector_state"
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
+    state: Mapped[dict[str, Any]]
+    version: Mapped[int] = mapped_column(Integer)
+    updated_at: Mapped[datetime]
+
+
+class AlertOutboxRow(Base):
+    """A notification to deliver. `dedup_key` makes each state change enqueued once; a worker claims a
+    row by setting `claimed_by`/`claimed_until` in one UPDATE and acts only if it changed one row."""
+
+    __tablename__ = "alert_outbox"
+    __table_args__ = (Index("ix_alert_outbox_status_next_attempt_at", "status", "next_attempt_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    dedup_key: Mapped[str] = mapped_column(Text, unique=True)
+    incident_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("incidents.id"))
+    receiver: Mapped[str] = mapped_column(Text)
+    event: Mapped[str] = mapped_column(String(16))
+    payload: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer)
+    next_attempt_at: Mapped[datetime]
+    claimed_by: Mapped[str | None] = mapped_column(Text)
+    claimed_until: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+    sent_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)
+
+
+class AlertDeliveryRow(Base):
+    """One delivery attempt of an outbox row, with the receiver's answer."""
+
+    __tablename__ = "alert_deliveries"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    outbox_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("alert_outbox.id", ondelete="CASCADE"), index=True)
+    attempted_at: Mapped[datetime]
+    outcome: Mapped[str] = mapped_column(String(16))
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    error: Mapped[str | None] = mapped_column(Text)
+    duration_ms: Mapped[float | None] = mapped_column(Double)
+
+
+def table_of(model: type[Base]) -> Table:
+    """The Core table of a model, typed as a Table (for insert/delete statements)."""
+    return cast(Table, model.__table__)
+
+
+SERIES = table_of(SeriesRow)
+RUNS = table_of(RunRow)
+SAMPLES = table_of(SampleRow)
+ROLLUPS = table_of(RollupRow)
+ROLLUP_PENDING = table_of(RollupPendingRow)
+CALIBRATION = table_of(CalibrationRow)

@@ -1,0 +1,251 @@
+"""What gets stored, as plain values: series keys, run summaries, hourly statistics. Pure code.
+
+`runs_from_samples` turns one probe run's samples into per-series runs with their summary; the
+`*_to_dict` / `*_from_dict` pairs are the spool's JSON form (lossless, including floats).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from monitor.probe.result import ErrorClass, Sample
+from monitor.probe.stats import median, percentile
+
+ADHOC_JOB = "adhoc"
+# Not stored: a process-local monotonic clock value, meaningless after the process ends.
+UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns"})
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class SeriesKey:
+    """One history: a model on a provider, with one prompt profile, measured from one location."""
+
+    target: str
+    provider: str
+    model: str
+    prompt: str
+    location: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """One run of one series. Counts and statistics cover measured samples; warm-ups are only counted.
+
+    `ttft_*` and `ttfa_p50_ms`, `decode_tps_p50` come from successful measured samples;
+    `prompt_tokens_p50` from measured samples whose server reported a count; `error` is the most
+    frequent error class among measured samples (None when all succeeded).
+    """
+
+    run_id: uuid.UUID
+    job: str
+    series: SeriesKey
+    api: str
+    intended_at: datetime
+    started_at: datetime
+    finished_at: datetime
+    rounds: int
+    warmup: int
+    ok: int
+    errors: int
+    ttft_p50_ms: float | None
+    ttft_min_ms: float | None
+    ttft_max_ms: float | None
+    ttfa_p50_ms: float | None
+    decode_tps_p50: float | None
+    prompt_tokens_p50: float | None
+    error: ErrorClass | None
+
+
+@dataclass(frozen=True, slots=True)
+class HourlyStats:
+    """Measured samples of one series in one UTC hour (by their run's start)."""
+
+    hour: datetime
+    samples: int
+    errors: int
+    ttft_p50_ms: float | None
+    ttft_p90_ms: float | None
+    ttft_p99_ms: float | None
+    ttft_min_ms: float | None
+    ttft_max_ms: float | None
+    decode_tps_p50: float | None
+
+
+def new_run_id() -> uuid.UUID:
+    """A time-ordered UUID (version 7, RFC 9562): 48 bits of Unix milliseconds, then 74 random bits.
+
+    Ids that grow with time land at the right edge of the primary-key and foreign-key indexes, so
+    inserts touch a few hot pages instead of random ones all over ever-growing indexes.
+    """
+    millis = time.time_ns() // 1_000_000
+    random_bits = int.from_bytes(os.urandom(10), "big")  # 80 bits: 12 for rand_a, 62 for rand_b
+    value = (millis & (2**48 - 1)) << 80
+    value |= 0x7 << 76
+    value |= (random_bits >> 68) << 64
+    value |= 0b10 << 62
+    value |= random_bits & (2**62 - 1)
+    return uuid.UUID(int=value)
+
+
+def floor_hour(moment: datetime) -> datetime:
+    """The start of `moment`'s UTC hour."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
+
+
+def _values(samples: Iterable[Sample], name: str) -> list[float]:
+    return [float(v) for v in (getattr(s, name) for s in samples) if v is not None]
+
+
+def summarize_run(
+    samples: Sequence[Sample],
+    *,
+    run_id: uuid.UUID,
+    job: str,
+    series: SeriesKey,
+    now: datetime | None = None,
+) -> RunRecord:
+    """The summary of one series' samples from one run."""
+    if not samples:
+        raise ValueError("a run needs at least one sample")
+    measured = [s for s in samples if not s.warmup]
+    ok = [s for s in measured if s.ok]
+    ttfts = _values(ok, "ttft_ms")
+    sent = [s.sent_at for s in samples if s.sent_at is not None]
+    intended = [s.intended_at for s in samples if s.intended_at is not None]
+    fallback = now or datetime.now(UTC)
+    started = min(sent) if sent else (min(intended) if intended else fallback)
+    ends = [
+        s.sent_at + timedelta(milliseconds=s.total_ms or s.ttfb_ms or 0.0) for s in samples if s.sent_at is not None
+    ]
+    errors = Counter(s.error for s in measured if s.error is not None)
+    return RunRecord(
+        run_id=run_id,
+        job=job,
+        series=series,
+        api=samples[0].api,
+        intended_at=min(intended) if intended else started,
+        started_at=started,
+        finished_at=max(ends) if ends else started,
+        rounds=len(measured),
+        warmup=len(samples) - len(measured),
+        ok=len(ok),
+        errors=len(measured) - len(ok),
+        ttft_p50_ms=median(ttfts),
+        ttft_min_ms=min(ttfts) if ttfts else None,
+        ttft_max_ms=max(ttfts) if ttfts else None,
+        ttfa_p50_ms=median(_values(ok, "ttfa_ms")),
+        decode_tps_p50=median(_values(ok, "decode_tps")),
+        prompt_tokens_p50=median(_values(measured, "prompt_tokens")),
+        error=errors.most_common(1)[0][0] if errors else None,
+    )
+
+
+def runs_from_samples(
+    samples: Iterable[Sample],
+    *,
+    job: str,
+    location: str,
+    provider_of: Mapping[str, str],
+    run_id_factory: Callable[[], uuid.UUID] = new_run_id,
+    now: datetime | None = None,
+) -> list[tuple[RunRecord, list[Sample]]]:
+    """Group one probe run's samples per series (target x prompt), in first-seen order, and summarise.
+
+    `provider_of` maps target names to provider names. Every sample id must be a UUID: it is the
+    key that makes a replayed sample land once.
+    """
+    groups: dict[tuple[str, str, str, str], list[Sample]] = {}
+    for sample in samples:
+        try:
+            uuid.UUID(sample.sample_id)
+        except (ValueError, TypeError, AttributeError):
+            raise ValueError(f"sample_id {sample.sample_id!r} of target '{sample.target}' is not a UUID") from None
+        groups.setdefault((sample.target, sample.prompt, sample.model, sample.api), []).append(sample)
+    out: list[tuple[RunRecord, list[Sample]]] = []
+    for (target, prompt, model, _api), members in groups.items():
+        if target not in provider_of:
+            raise ValueError(f"no provider known for target '{target}'; include it in provider_of")
+        series = SeriesKey(target=target, provider=provider_of[target], model=model, prompt=prompt, location=location)
+        ordered = sorted(members, key=lambda s: (s.round, not s.warmup))
+        out.append((summarize_run(ordered, run_id=run_id_factory(), job=job, series=series, now=now), ordered))
+    return out
+
+
+def hourly_stats(hour: datetime, rows: Iterable[tuple[float | None, str | None, float | None]]) -> HourlyStats:
+    """Statistics of one hour from (ttft_ms, error, decode_tps) of its measured samples."""
+    count = 0
+    errors = 0
+    ttfts: list[float] = []
+    rates: list[float] = []
+    for ttft, error, rate in rows:
+        count += 1
+        if error is not None:
+            errors += 1
+            continue
+        if ttft is not None:
+            ttfts.append(ttft)
+        if rate is not None:
+            rates.append(rate)
+    ttfts.sort()
+    return HourlyStats(
+        hour=hour,
+        samples=count,
+        errors=errors,
+        ttft_p50_ms=percentile(ttfts, 50, presorted=True),
+        ttft_p90_ms=percentile(ttfts, 90, presorted=True),
+        ttft_p99_ms=percentile(ttfts, 99, presorted=True),
+        ttft_min_ms=ttfts[0] if ttfts else None,
+        ttft_max_ms=ttfts[-1] if ttfts else None,
+        decode_tps_p50=median(rates),
+    )
+
+
+# ---------------------------------------------------------------- JSON form (the spool's)
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value is not None else None
+
+
+def sample_to_dict(sample: Sample) -> dict[str, Any]:
+    out = sample.as_dict()
+    for name in UNSTORED_SAMPLE_FIELDS:
+        out.pop(name, None)
+    return out
+
+
+def sample_from_dict(data: Mapping[str, Any]) -> Sample:
+    known = {f.name for f in fields(Sample)} - UNSTORED_SAMPLE_FIELDS
+    values = {k: v for k, v in data.items() if k in known}
+    values["intended_at"] = _time(values.get("intended_at"))
+    values["sent_at"] = _time(values.get("sent_at"))
+    error = values.get("error")
+    values["error"] = ErrorClass(error) if error is not None else None
+    return Sample(**values)
+
+
+def run_to_dict(run: RunRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {f.name: getattr(run, f.name) for f in fields(RunRecord)}
+    out["run_id"] = str(run.run_id)
+    out["series"] = {f.name: getattr(run.series, f.name) for f in fields(SeriesKey)}
+    for name in ("intended_at", "started_at", "finished_at"):
+        out[name] = out[name].isoformat()
+    out["error"] = run.error.value if run.error is not None else None
+    return out
+
+
+def run_from_dict(data: Mapping[str, Any]) -> RunRecord:
+    values = dict(data)
+    values["run_id"] = uuid.UUID(values["run_id"])
+    values["series"] = SeriesKey(**values["series"])
+    for name in ("intended_at", "started_at", "finished_at"):
+        values[name] = datetime.fromisoformat(values[name])
+    values["error"] = ErrorClass(values["error"]) if values.get("error") is not None else None
+    return RunRecord(**values)

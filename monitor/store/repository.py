@@ -1,0 +1,582 @@
+"""Reads and writes of results, on PostgreSQL and SQLite alike.
+
+Writes are idempotent: runs and samples carry client-generated UUIDs and are inserted with
+ON CONFLICT DO NOTHING, so a batch replayed from the spool (or saved twice after a timeout whose
+commit did land) is stored once. Write transactions are short; retention works in bounded batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime, timedelta
+from operator import attrgetter
+from typing import Any
+
+from sqlalchemy import Double, String, Table, bindparam, delete, func, select, text, tuple_, type_coerce
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from monitor.probe.result import ErrorClass, Sample
+from monitor.store.engine import WRITE_OPTION
+from monitor.store.models import CALIBRATION, ROLLUP_PENDING, ROLLUPS, RUNS, SAMPLES, SERIES, RunRow, SampleRow
+from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats
+from monitor.store.types import UtcDateTime
+
+Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
+
+# Sample fields kept in the samples table; target, model, prompt and api come from the run and series.
+_SAMPLE_COLUMNS = tuple(
+    f.name
+    for f in fields(Sample)
+    if f.name not in {"target", "model", "api", "prompt", "sample_id", "sent_mono_ns", "error"}
+)
+_SERIES_COLUMNS = ("target", "provider", "model", "prompt", "location")
+_HOUR = timedelta(hours=1)
+
+
+@dataclass(frozen=True, slots=True)
+class PruneResult:
+    runs: int
+    samples: int
+    rollups: int
+
+
+def _check_aware(batch: Batch) -> None:
+    """Refuse naive datetimes up front (the COPY path bypasses the column types' own check)."""
+    for run, samples in batch:
+        moments: list[datetime | None] = [run.intended_at, run.started_at, run.finished_at]
+        moments += [s.intended_at for s in samples] + [s.sent_at for s in samples]
+        if any(moment is not None and moment.tzinfo is None for moment in moments):
+            naive = next(m for m in moments if m is not None and m.tzinfo is None)
+            raise ValueError(
+                f"run {run.run_id}: naive datetime {naive.isoformat()} cannot be stored; give it a time zone (UTC)"
+            )
+
+
+def _run_row(run: RunRecord, series_id: int) -> dict[str, Any]:
+    return {
+        "id": run.run_id,
+        "series_id": series_id,
+        "job": run.job,
+        "api": run.api,
+        "intended_at": run.intended_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "rounds": run.rounds,
+        "warmup": run.warmup,
+        "ok": run.ok,
+        "errors": run.errors,
+        "ttft_p50_ms": run.ttft_p50_ms,
+        "ttft_min_ms": run.ttft_min_ms,
+        "ttft_max_ms": run.ttft_max_ms,
+        "ttfa_p50_ms": run.ttfa_p50_ms,
+        "decode_tps_p50": run.decode_tps_p50,
+        "prompt_tokens_p50": run.prompt_tokens_p50,
+        "error": run.error.value if run.error is not None else None,
+    }
+
+
+def _sample_row(sample: Sample, run_id: uuid.UUID) -> dict[str, Any]:
+    row = {name: getattr(sample, name) for name in _SAMPLE_COLUMNS}
+    row["id"] = uuid.UUID(sample.sample_id)
+    row["run_id"] = run_id
+    row["error"] = sample.error.value if sample.error is not None else None
+    return row
+
+
+_RUN_COLUMNS = [c for c in RUNS.c if c.name not in ("series_id", "stored_at")]
+_ERROR_CLASSES = {error.value: error for error in ErrorClass}
+# The hot reads, built once (SQLAlchemy then reuses their compiled form).
+_LAST_RUNS = (
+    select(*_RUN_COLUMNS)
+    .where(RunRow.series_id == bindparam("series_id"))
+    .order_by(RunRow.started_at.desc())
+    .limit(bindparam("n"))
+)
+_MEASURED_IN_WINDOW = (
+    RUNS.c.series_id.in_(bindparam("series_ids", expanding=True)),
+    RUNS.c.started_at >= bindparam("start", type_=UtcDateTime()),
+    RUNS.c.started_at < bindparam("end", type_=UtcDateTime()),
+    SAMPLES.c.warmup.is_(False),
+)
+_RUNS_JOIN_SAMPLES = RUNS.join(SAMPLES, SAMPLES.c.run_id == RUNS.c.id)
+# SQLite keeps UTC timestamps as text, 'YYYY-MM-DD HH:MM:SS.ffffff': the first 13 characters name the hour.
+_HOURLY_VALUES = (
+    select(
+        RUNS.c.series_id,
+        type_coerce(func.substr(RUNS.c.started_at, 1, 13), String),
+        SAMPLES.c.ttft_ms,
+        SAMPLES.c.error,
+        SAMPLES.c.decode_tps,
+    )
+    .select_from(_RUNS_JOIN_SAMPLES)
+    .where(*_MEASURED_IN_WINDOW)
+    .order_by(RUNS.c.series_id, RUNS.c.started_at)
+)
+
+
+def _hourly_percentiles_statement() -> Any:
+    """PostgreSQL: per UTC hour, percentile_cont (one sort for three quantiles) over successful samples."""
+    samples = SAMPLES
+    ok = samples.c.error.is_(None)
+    utc_hour = func.timezone("UTC", func.date_trunc("hour", func.timezone("UTC", RUNS.c.started_at)))
+    quantiles = func.percentile_cont(postgresql.array([0.5, 0.9, 0.99])).within_group(samples.c.ttft_ms).filter(ok)
+    return (
+        select(
+            RUNS.c.series_id,
+            type_coerce(utc_hour, UtcDateTime()),
+            func.count(),
+            func.count().filter(samples.c.error.is_not(None)),
+            type_coerce(quantiles, postgresql.ARRAY(Double)),
+            func.min(samples.c.ttft_ms).filter(ok),
+            func.max(samples.c.ttft_ms).filter(ok),
+            func.percentile_cont(0.5).within_group(samples.c.decode_tps).filter(ok),
+        )
+        .select_from(_RUNS_JOIN_SAMPLES)
+        .where(*_MEASURED_IN_WINDOW)
+        .group_by(RUNS.c.series_id, utc_hour)
+        .order_by(RUNS.c.series_id, utc_hour)
+    )
+
+
+_HOURLY_PERCENTILES = _hourly_percentiles_statement()
+_RUNS_BETWEEN = (
+    select(*_RUN_COLUMNS)
+    .where(
+        RunRow.series_id == bindparam("series_id"),
+        RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
+        RunRow.started_at < bindparam("end", type_=UtcDateTime()),
+    )
+    .order_by(RunRow.started_at)
+)
+
+_ROLLUPS_BETWEEN = (
+    select(*(ROLLUPS.c[f.name] for f in fields(HourlyStats)))
+    .where(
+        ROLLUPS.c.series_id == bindparam("series_id"),
+        ROLLUPS.c.hour >= bindparam("start", type_=UtcDateTime()),
+        ROLLUPS.c.hour < bindparam("end", type_=UtcDateTime()),
+    )
+    .order_by(ROLLUPS.c.hour)
+)
+
+# PostgreSQL bulk path: column order of the COPY records, and the statements around them.
+_RUN_COPY = (
+    "id", "series_id", "job", "api", "intended_at", "started_at", "finished_at", "rounds", "warmup", "ok", "errors",
+    "ttft_p50_ms", "ttft_min_ms", "ttft_max_ms", "ttfa_p50_ms", "decode_tps_p50", "prompt_tokens_p50", "error",
+)  # fmt: skip
+_SAMPLE_COPY = ("id", "run_id", *_SAMPLE_COLUMNS, "error")
+_sample_values = attrgetter(*_SAMPLE_COLUMNS)
+_PG_STAGE_TABLES = tuple(
+    f"CREATE TEMP TABLE IF NOT EXISTS ttft_stage_{table} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+    for table in ("runs", "samples")
+)
+
+
+def _columns(names: Sequence[str]) -> str:
+    return ", ".join(f'"{name}"' for name in names)
+
+
+_PG_MERGE = f"""
+INSERT INTO runs ({_columns(_RUN_COPY)}) SELECT {_columns(_RUN_COPY)} FROM ttft_stage_runs ON CONFLICT (id) DO NOTHING;
+INSERT INTO samples ({_columns(_SAMPLE_COPY)}) SELECT {_columns(_SAMPLE_COPY)} FROM ttft_stage_samples
+    ON CONFLICT (id) DO NOTHING;
+"""
+_PG_MARK_PENDING = """
+INSERT INTO rollup_pending (series_id, hour, marked_at)
+SELECT series_id, hour, $3 FROM unnest($1::integer[], $2::timestamptz[]) AS pending(series_id, hour)
+ON CONFLICT (series_id, hour) DO UPDATE SET marked_at = excluded.marked_at
+"""
+
+
+def _run_copy_values(run: RunRecord, series_id: int) -> tuple[Any, ...]:
+    row = _run_row(run, series_id)
+    return tuple(row[name] for name in _RUN_COPY)
+
+
+def _sample_copy_values(sample: Sample, run_id: uuid.UUID) -> tuple[Any, ...]:
+    error = sample.error.value if sample.error is not None else None
+    return (sample.sample_id, run_id, *_sample_values(sample), error)
+
+
+def _run_record(row: Any, series: SeriesKey) -> RunRecord:
+    # Positional: this runs for every row of the hot window queries.
+    (
+        run_id,
+        job,
+        api,
+        intended,
+        started,
+        finished,
+        rounds,
+        warmup,
+        ok,
+        errors,
+        p50,
+        low,
+        high,
+        ttfa,
+        rate,
+        tokens,
+        error,
+    ) = row
+    return RunRecord(
+        run_id, job, series, api, intended, started, finished, rounds, warmup, ok, errors,
+        p50, low, high, ttfa, rate, tokens, _ERROR_CLASSES[error] if error is not None else None,
+    )  # fmt: skip
+
+
+def _sample(row: Any, run: RunRecord) -> Sample:
+    values = {name: getattr(row, name) for name in _SAMPLE_COLUMNS}
+    return Sample(
+        target=run.series.target,
+        model=run.series.model,
+        api=run.api,
+        prompt=run.series.prompt,
+        sample_id=str(row.id),
+        error=ErrorClass(row.error) if row.error is not None else None,
+        **values,
+    )
+
+
+class Repository:
+    """Results in one database. Holds no connection; every call takes one from the engine's pool."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._postgres = engine.dialect.name == "postgresql"
+        # Reads are single statements: on PostgreSQL skip BEGIN/ROLLBACK, two round trips per query.
+        self._reader = engine.execution_options(isolation_level="AUTOCOMMIT") if self._postgres else engine
+        # Series ids never change once committed; caching them saves a round trip per save.
+        self._series_ids: dict[SeriesKey, int] = {}
+
+    @property
+    def engine(self) -> AsyncEngine:
+        return self._engine
+
+    def _insert(self, table: Table) -> Any:
+        return (postgresql.insert if self._postgres else sqlite.insert)(table)
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[AsyncConnection]:
+        async with self._reader.connect() as connection:
+            yield connection
+
+    @asynccontextmanager
+    async def _write(self) -> AsyncIterator[AsyncConnection]:
+        async with self._engine.connect() as connection:
+            await connection.execution_options(**{WRITE_OPTION: True})
+            async with connection.begin():
+                yield connection
+
+    async def ping(self) -> None:
+        """Raises when the database cannot be reached."""
+        async with self._read() as connection:
+            await connection.execute(text("SELECT 1"))
+
+    # ---------------------------------------------------------------- writing
+
+    async def save_runs(self, batch: Batch) -> None:
+        """Store runs with their samples in one transaction. Replays are no-ops (ON CONFLICT DO NOTHING)."""
+        if not batch:
+            return
+        _check_aware(batch)
+        learnt: dict[SeriesKey, int] = {}
+        try:
+            async with self._write() as connection:
+                ids = await self._resolve_series(connection, {run.series for run, _ in batch}, learnt)
+                hours = sorted({(ids[run.series], floor_hour(run.started_at)) for run, _ in batch})
+                if self._postgres:
+                    await self._save_postgres(connection, batch, ids, hours)
+                else:
+                    await self._save_sqlite(connection, batch, ids, hours)
+        except BaseException:
+            # Ids learnt in a transaction that did not commit may not exist; forget them all.
+            self._series_ids.clear()
+            raise
+        self._series_ids.update(learnt)
+
+    async def _save_sqlite(
+        self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]
+    ) -> None:
+        runs = [_run_row(run, ids[run.series]) for run, _ in batch]
+        samples = [_sample_row(sample, run.run_id) for run, members in batch for sample in members]
+        for table, rows in ((RUNS, runs), (SAMPLES, samples)):
+            if rows:
+                await connection.execute(sqlite.insert(table).on_conflict_do_nothing(index_elements=["id"]), rows)
+        statement = sqlite.insert(ROLLUP_PENDING)
+        statement = statement.on_conflict_do_update(
+            index_elements=["series_id", "hour"], set_={"marked_at": statement.excluded.marked_at}
+        )
+        now = datetime.now(UTC)
+        await connection.execute(statement, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours])
+
+    async def _save_postgres(
+        self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]
+    ) -> None:
+        """Binary COPY into session-local staging tables, then INSERT ... ON CONFLICT DO NOTHING: several
+        times faster than multi-row INSERTs for thousands of samples, and as idempotent."""
+        # Through SQLAlchemy first: that begins the transaction the raw connection's COPY then joins.
+        for statement in _PG_STAGE_TABLES:
+            await connection.exec_driver_sql(statement)
+        raw = await connection.get_raw_connection()
+        driver = raw.driver_connection
+        if driver is None or not driver.is_in_transaction():
+            raise RuntimeError("the bulk insert must run inside the save's transaction")
+        await driver.copy_records_to_table(
+            "ttft_stage_runs", records=[_run_copy_values(run, ids[run.series]) for run, _ in batch], columns=_RUN_COPY
+        )
+        await driver.copy_records_to_table(
+            "ttft_stage_samples",
+            records=[_sample_copy_values(sample, run.run_id) for run, members in batch for sample in members],
+            columns=_SAMPLE_COPY,
+        )
+        await driver.execute(_PG_MERGE)
+        await driver.execute(
+            _PG_MARK_PENDING, [sid for sid, _ in hours], [hour for _, hour in hours], datetime.now(UTC)
+        )
+
+    async def _resolve_series(
+        self, connection: AsyncConnection, keys: set[SeriesKey], learnt: dict[SeriesKey, int]
+    ) -> dict[SeriesKey, int]:
+        ids = {key: self._series_ids[key] for key in keys if key in self._series_ids}
+        missing = sorted(key for key in keys if key not in ids)
+        if not missing:
+            return ids
+        table = SERIES
+        rows = [{name: getattr(key, name) for name in _SERIES_COLUMNS} for key in missing]
+        await connection.execute(self._insert(table).on_conflict_do_nothing(index_elements=list(_SERIES_COLUMNS)), rows)
+        columns = [table.c[name] for name in _SERIES_COLUMNS]
+        found = await connection.execute(
+            select(table.c.id, *columns).where(tuple_(*columns).in_([tuple(row.values()) for row in rows]))
+        )
+        for row in found:
+            key = SeriesKey(*row[1:])
+            ids[key] = learnt[key] = row.id
+        return ids
+
+    # ---------------------------------------------------------------- reading
+
+    async def series_list(self) -> list[SeriesKey]:
+        table = SERIES
+        columns = [table.c[name] for name in _SERIES_COLUMNS]
+        async with self._read() as connection:
+            rows = await connection.execute(select(*columns).order_by(*columns))
+            return [SeriesKey(*row) for row in rows]
+
+    async def _series_id(self, connection: AsyncConnection, series: SeriesKey) -> int | None:
+        known = self._series_ids.get(series)
+        if known is not None:
+            return known
+        table = SERIES
+        found = await connection.scalar(
+            select(table.c.id).where(*(table.c[name] == getattr(series, name) for name in _SERIES_COLUMNS))
+        )
+        if found is not None:
+            self._series_ids[series] = found
+        return found
+
+    async def last_runs(self, series: SeriesKey, n: int) -> list[RunRecord]:
+        """The `n` most recent runs of `series` (by start), oldest first."""
+        async with self._read() as connection:
+            series_id = await self._series_id(connection, series)
+            if series_id is None:
+                return []
+            rows = await connection.execute(_LAST_RUNS, {"series_id": series_id, "n": n})
+            return [_run_record(row, series) for row in reversed(rows.all())]
+
+    async def runs_between(self, series: SeriesKey, start: datetime, end: datetime) -> list[RunRecord]:
+        """Runs of `series` started in [start, end), oldest first."""
+        async with self._read() as connection:
+            series_id = await self._series_id(connection, series)
+            if series_id is None:
+                return []
+            rows = await connection.execute(_RUNS_BETWEEN, {"series_id": series_id, "start": start, "end": end})
+            return [_run_record(row, series) for row in rows]
+
+    async def load_runs(
+        self, series: SeriesKey, start: datetime, end: datetime
+    ) -> list[tuple[RunRecord, list[Sample]]]:
+        """Runs of `series` started in [start, end) with every sample, in the shape `save_runs` takes."""
+        runs = await self.runs_between(series, start, end)
+        if not runs:
+            return []
+        by_id: dict[uuid.UUID, tuple[RunRecord, list[Sample]]] = {run.run_id: (run, []) for run in runs}
+        async with self._read() as connection:
+            ids = list(by_id)
+            for offset in range(0, len(ids), 500):
+                rows = await connection.execute(
+                    select(SAMPLES)
+                    .where(SampleRow.run_id.in_(ids[offset : offset + 500]))
+                    .order_by(SampleRow.run_id, SampleRow.round)
+                )
+                for row in rows:
+                    run, members = by_id[row.run_id]
+                    members.append(_sample(row, run))
+        return list(by_id.values())
+
+    async def hourly_percentiles(self, series: SeriesKey, start: datetime, end: datetime) -> list[HourlyStats]:
+        """Per UTC hour of run start in [start, end): measured samples, errors, TTFT p50/p90/p99/min/max
+        and the median decode rate, computed from raw samples. Hours without samples are left out."""
+        async with self._read() as connection:
+            series_id = await self._series_id(connection, series)
+            if series_id is None:
+                return []
+            return (await self._hourly(connection, [series_id], start, end)).get(series_id, [])
+
+    async def rollups_between(self, series: SeriesKey, start: datetime, end: datetime) -> list[HourlyStats]:
+        """Stored hourly rollups of `series` for hours starting in [start, end) (kept after raw samples)."""
+        async with self._read() as connection:
+            series_id = await self._series_id(connection, series)
+            if series_id is None:
+                return []
+            rows = await connection.execute(_ROLLUPS_BETWEEN, {"series_id": series_id, "start": start, "end": end})
+            return [HourlyStats(*row) for row in rows]
+
+    async def _hourly(
+        self, connection: AsyncConnection, series_ids: Sequence[int], start: datetime, end: datetime
+    ) -> dict[int, list[HourlyStats]]:
+        """Hourly statistics of several series in one query (rollups compute a whole hour at once)."""
+        window = {"series_ids": list(series_ids), "start": start, "end": end}
+        out: dict[int, list[HourlyStats]] = {}
+        if not self._postgres:
+            # SQLite has no percentile aggregate: stream the window's values and compute them here.
+            buckets: dict[tuple[int, str], list[tuple[float | None, str | None, float | None]]] = {}
+            for series_id, hour_key, ttft, error, rate in await connection.execute(_HOURLY_VALUES, window):
+                bucket = buckets.get((series_id, hour_key))
+                if bucket is None:
+                    bucket = buckets[(series_id, hour_key)] = []
+                bucket.append((ttft, error, rate))
+            for (series_id, key), values in buckets.items():
+                hour = datetime.strptime(key, "%Y-%m-%d %H").replace(tzinfo=UTC)
+                out.setdefault(series_id, []).append(hourly_stats(hour, values))
+            return out
+        rows = await connection.execute(_HOURLY_PERCENTILES, window)
+        for series_id, hour, count, errors, quantiles, low, high, rate in rows:
+            p50, p90, p99 = quantiles if quantiles is not None else (None, None, None)
+            out.setdefault(series_id, []).append(HourlyStats(hour, count, errors, p50, p90, p99, low, high, rate))
+        return out
+
+    # ---------------------------------------------------------------- prompt calibration
+
+    async def load_calibration(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """Every stored fit: (target, prompt) -> (chars_per_token, overhead_tokens)."""
+        table = CALIBRATION
+        async with self._read() as connection:
+            rows = await connection.execute(
+                select(table.c.target, table.c.prompt, table.c.chars_per_token, table.c.overhead_tokens)
+            )
+            return {(row.target, row.prompt): (row.chars_per_token, row.overhead_tokens) for row in rows}
+
+    async def save_calibration(self, key: tuple[str, str], chars_per_token: float, overhead_tokens: float) -> None:
+        table = CALIBRATION
+        statement = self._insert(table).values(
+            target=key[0],
+            prompt=key[1],
+            chars_per_token=chars_per_token,
+            overhead_tokens=overhead_tokens,
+            updated_at=datetime.now(UTC),
+        )
+        statement = statement.on_conflict_do_update(
+            index_elements=["target", "prompt"],
+            set_={
+                "chars_per_token": statement.excluded.chars_per_token,
+                "overhead_tokens": statement.excluded.overhead_tokens,
+                "updated_at": statement.excluded.updated_at,
+            },
+        )
+        async with self._write() as connection:
+            await connection.execute(statement)
+
+    # ---------------------------------------------------------------- retention
+
+    async def rollup(self, now: datetime, *, batch_size: int = 500) -> int:
+        """(Re)compute the hourly rollups of every complete hour that received runs since its last
+        rollup, `batch_size` hours per transaction. Returns the number of hours computed."""
+        boundary = floor_hour(now)
+        pending, rollups = ROLLUP_PENDING, ROLLUPS
+        done = 0
+        while True:
+            async with self._write() as connection:
+                claim = select(pending.c.series_id, pending.c.hour).where(pending.c.hour < boundary)
+                claim = claim.order_by(pending.c.hour).limit(batch_size)
+                if self._postgres:
+                    # Several daemons may run maintenance; each takes different hours.
+                    claim = claim.with_for_update(skip_locked=True)
+                hours = [(row.series_id, row.hour) for row in await connection.execute(claim)]
+                if not hours:
+                    break
+                await connection.execute(delete(pending).where(tuple_(pending.c.series_id, pending.c.hour).in_(hours)))
+                await connection.execute(delete(rollups).where(tuple_(rollups.c.series_id, rollups.c.hour).in_(hours)))
+                by_hour: dict[datetime, list[int]] = {}
+                for series_id, hour in hours:
+                    by_hour.setdefault(hour, []).append(series_id)
+                rows = []
+                for hour, series_ids in by_hour.items():
+                    computed = await self._hourly(connection, series_ids, hour, hour + _HOUR)
+                    for series_id, [stats] in computed.items():
+                        rows.append({"series_id": series_id, **dataclasses.asdict(stats)})
+                if rows:
+                    await connection.execute(rollups.insert(), rows)
+            done += len(hours)
+            if len(hours) < batch_size:
+                break
+            await asyncio.sleep(0)
+        return done
+
+    async def prune(self, now: datetime, raw_days: int, rollup_days: int, batch_size: int = 1000) -> PruneResult:
+        """Delete runs (with their samples) older than `raw_days` and rollups older than `rollup_days`,
+        at most `batch_size` runs or rollups per short transaction. Raw data of an hour whose rollup is
+        still pending is kept until `rollup` has computed it."""
+        pending, rollups = ROLLUP_PENDING, ROLLUPS
+        runs, samples = RUNS, SAMPLES
+        raw_cutoff = now - timedelta(days=raw_days)
+        async with self._read() as connection:
+            oldest_pending = await connection.scalar(select(func.min(pending.c.hour)))
+        if oldest_pending is not None:
+            raw_cutoff = min(raw_cutoff, oldest_pending)
+        deleted_runs = deleted_samples = deleted_rollups = 0
+        while True:
+            async with self._write() as connection:
+                ids = list(
+                    await connection.scalars(
+                        select(runs.c.id)
+                        .where(runs.c.started_at < raw_cutoff)
+                        .order_by(runs.c.started_at)
+                        .limit(batch_size)
+                    )
+                )
+                if ids:
+                    deleted_samples += (
+                        await connection.execute(delete(samples).where(samples.c.run_id.in_(ids)))
+                    ).rowcount
+                    deleted_runs += (await connection.execute(delete(runs).where(runs.c.id.in_(ids)))).rowcount
+            if len(ids) < batch_size:
+                break
+            await asyncio.sleep(0)  # let probes and saves in between
+        rollup_cutoff = now - timedelta(days=rollup_days)
+        while True:
+            async with self._write() as connection:
+                keys = [
+                    tuple(row)
+                    for row in await connection.execute(
+                        select(rollups.c.series_id, rollups.c.hour)
+                        .where(rollups.c.hour < rollup_cutoff)
+                        .order_by(rollups.c.hour)
+                        .limit(batch_size)
+                    )
+                ]
+                if keys:
+                    result = await connection.execute(
+                        delete(rollups).where(tuple_(rollups.c.series_id, rollups.c.hour).in_(keys))
+                    )
+                    deleted_rollups += result.rowcount
+            if len(keys) < batch_size:
+                break
+            await asyncio.sleep(0)
+        return PruneResult(runs=deleted_runs, samples=deleted_samples, rollups=deleted_rollups)

@@ -1,0 +1,44 @@
+"""Column types shared by the models and the migrations."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import JSON, DateTime
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.types import TypeDecorator
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """An aware UTC datetime in, an aware UTC datetime out, on every backend.
+
+    PostgreSQL keeps `timestamptz`; SQLite has no time zones and would hand back naive values, so
+    values are normalised to UTC on the way in and tagged UTC on the way out. Naive datetimes are
+    refused: a local time silently stored as UTC would shift a series by hours.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(f"naive datetime {value.isoformat()} cannot be stored; give it a time zone (UTC)")
+        value = value.astimezone(UTC)
+        # SQLite stores text; without the offset its strings sort and compare correctly as UTC.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+def json_type() -> Any:
+    """JSON, stored as `jsonb` on PostgreSQL (indexable, compact) and as text on SQLite."""
+    return JSON().with_variant(JSONB(), "postgresql")

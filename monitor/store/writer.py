@@ -1,0 +1,201 @@
+"""Results to the database, or to the spool while it is away; the spool replayed when it is back.
+
+The probing process never waits on a dead database for longer than `db_timeout_s` and never sees a
+database error: `save` stores or spools and returns. Order is kept: while the spool holds records,
+new batches are appended behind them, and the drainer replays the spool oldest first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from enum import StrEnum
+from typing import Any
+
+from monitor.probe.result import Sample
+from monitor.store.engine import describe_db_error, is_bad_data
+from monitor.store.records import RunRecord
+from monitor.store.repository import Repository
+from monitor.store.spool import EventSink, Spool, SpooledRun, log_event
+
+Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
+
+
+class Saved(StrEnum):
+    STORED = "stored"  # committed in the database
+    SPOOLED = "spooled"  # durable in the local spool, to be replayed
+    LOST = "lost"  # neither the database nor the spool could take it (reported as `store_lost`)
+
+
+class ResultWriter:
+    def __init__(
+        self,
+        repository: Repository,
+        spool: Spool,
+        *,
+        on_event: EventSink | None = None,
+        db_timeout_s: float = 15.0,
+        drain_batch: int = 100,
+    ) -> None:
+        self._repository = repository
+        self._spool = spool
+        self._emit = on_event or log_event(logging.getLogger("monitor.store.writer"))
+        self._db_timeout_s = db_timeout_s
+        self._drain_batch = drain_batch
+        self._save_lock = asyncio.Lock()
+        self._drain_lock = asyncio.Lock()
+        self._database_down = False
+        # Counters for metrics (runs, each with its samples).
+        self.stored_runs = 0
+        self.spooled_runs = 0
+        self.replayed_runs = 0
+        self.lost_runs = 0
+
+    @property
+    def spool(self) -> Spool:
+        return self._spool
+
+    def _describe(self, exc: BaseException) -> str:
+        return describe_db_error(exc, self._repository.engine.url)
+
+    async def _store(self, batch: Batch) -> None:
+        async with asyncio.timeout(self._db_timeout_s):
+            await self._repository.save_runs(batch)
+
+    def _database_failed(self, event: str, exc: BaseException, **fields: Any) -> None:
+        self._database_down = True
+        self._emit(event, error=self._describe(exc), **fields)
+
+    def _database_ok(self) -> None:
+        if self._database_down:  # once per recovery, not per write
+            self._database_down = False
+            self._emit("database_write_ok", spool_depth=self._spool.depth)
+
+    async def save(self, batch: Batch) -> Saved:
+        """Store `batch` in one transaction, or spool it when that fails or the spool is not empty.
+
+        Never raises for database or spool trouble; the outcome is returned and reported as events.
+        """
+        batch = [(run, list(samples)) for run, samples in batch]
+        if not batch:
+            return Saved.STORED
+        samples = sum(len(members) for _, members in batch)
+        async with self._save_lock:
+            if self._spool.depth == 0:
+                try:
+                    await self._store(batch)
+                except asyncio.CancelledError:
+                    # Shutting down mid-write: the commit may or may not have landed. Spool it; a replay
+                    # of a stored run is a no-op.
+                    with contextlib.suppress(Exception):
+                        self._spool.append(batch)
+                    raise
+                except Exception as exc:
+                    self._database_failed("database_write_failed", exc, runs=len(batch), samples=samples)
+                else:
+                    self.stored_runs += len(batch)
+                    self._database_ok()
+                    return Saved.STORED
+            return await self._to_spool(batch, samples)
+
+    async def _to_spool(self, batch: Batch, samples: int) -> Saved:
+        try:
+            await asyncio.to_thread(self._spool.append, batch)
+        except Exception as exc:
+            self.lost_runs += len(batch)
+            self._emit("results_lost", error=str(exc), runs=len(batch), samples=samples, lost_total=self.lost_runs)
+            return Saved.LOST
+        self.spooled_runs += len(batch)
+        self._emit(
+            "results_spooled",
+            runs=len(batch),
+            samples=samples,
+            spool_depth=self._spool.depth,
+            spool_bytes=self._spool.bytes,
+        )
+        return Saved.SPOOLED
+
+    async def drain(self) -> int:
+        """Replay the spool into the database, oldest first, until it is empty or the database fails.
+
+        Returns the number of runs replayed. Records the database refuses as invalid are moved to the
+        spool's rejected.jsonl so the rest keep flowing.
+        """
+        replayed = 0
+        async with self._drain_lock:
+            while True:
+                entries = await asyncio.to_thread(self._spool.peek, self._drain_batch)
+                if not entries:
+                    break
+                stored = await self._replay(entries)
+                if stored is None:
+                    break
+                replayed += stored
+        if replayed:
+            self.replayed_runs += replayed
+            self._database_ok()
+            self._emit("spool_drained", runs=replayed, spool_depth=self._spool.depth)
+        return replayed
+
+    async def _replay(self, entries: list[SpooledRun]) -> int | None:
+        """Store one chunk; the number of runs stored, or None when the database failed."""
+        readable = [(entry.run, entry.samples or []) for entry in entries if entry.run is not None]
+        if len(readable) == len(entries):
+            try:
+                await self._store(readable)
+            except Exception as exc:
+                if not is_bad_data(exc):
+                    self._database_failed("spool_drain_failed", exc, spool_depth=self._spool.depth)
+                    return None
+            else:
+                await asyncio.to_thread(self._spool.ack, entries[-1])
+                return len(entries)
+        # Something in this chunk is unreadable or refused: go one record at a time.
+        stored = 0
+        for entry in entries:
+            if entry.run is None:
+                await asyncio.to_thread(self._spool.reject, entry, entry.problem or "unreadable record")
+            else:
+                try:
+                    await self._store([(entry.run, entry.samples or [])])
+                except Exception as exc:
+                    if not is_bad_data(exc):
+                        self._database_failed("spool_drain_failed", exc, spool_depth=self._spool.depth)
+                        return None
+                    await asyncio.to_thread(self._spool.reject, entry, _reason(exc))
+                else:
+                    stored += 1
+            await asyncio.to_thread(self._spool.ack, entry)
+        return stored
+
+    async def run_drainer(self, stop: asyncio.Event, interval_s: float) -> None:
+        """Drain the spool every `interval_s` seconds until `stop` is set."""
+        while not stop.is_set():
+            if self._spool.depth:
+                try:
+                    await self.drain()
+                except Exception as exc:  # the spool's disk; keep trying, loudly
+                    self._emit("spool_drain_failed", error=f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval_s)
+
+    def stats(self) -> Mapping[str, Any]:
+        """Counters and spool state, for metrics."""
+        return {
+            "stored_runs": self.stored_runs,
+            "spooled_runs": self.spooled_runs,
+            "replayed_runs": self.replayed_runs,
+            "lost_runs": self.lost_runs,
+            "spool_depth": self._spool.depth,
+            "spool_bytes": self._spool.bytes,
+            "spool_dropped": self._spool.dropped,
+            "spool_rejected": self._spool.rejected,
+        }
+
+
+def _reason(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    lines = str(orig).strip().splitlines()
+    return f"{type(orig).__name__}: {lines[0] if lines else ''}"

@@ -1,0 +1,120 @@
+"""Database errors in one line each: where, what happened, what to do; never the password."""
+
+from __future__ import annotations
+
+import socket
+import sqlite3
+from pathlib import Path
+
+import asyncpg
+import pytest
+from sqlalchemy.exc import IntegrityError, OperationalError
+
+from monitor.store.engine import (
+    DatabaseUnavailable,
+    create_engine,
+    describe_db_error,
+    display_url,
+    is_bad_data,
+    is_connection_error,
+)
+
+PG = "postgresql+asyncpg://ttft:pa55word-x@db.internal:6432/ttft"
+
+
+def wrapped(orig: BaseException) -> OperationalError:
+    """What SQLAlchemy raises around a driver error."""
+    return OperationalError("SELECT 1", {}, orig)
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            ConnectionRefusedError(111, "Connection refused"),
+            "cannot connect to PostgreSQL at db.internal:6432: connection refused; check that the server is "
+            "running and listening there, and the host and port in database.url",
+        ),
+        (
+            socket.gaierror(-2, "Name or service not known"),
+            "cannot resolve the database host 'db.internal': check the host name in database.url",
+        ),
+        (
+            TimeoutError(),
+            "PostgreSQL at db.internal:6432 did not answer in time; check that the host is reachable "
+            "(network, firewall) and the server is not overloaded",
+        ),
+        (
+            asyncpg.exceptions.InvalidPasswordError('password authentication failed for user "ttft"'),
+            "PostgreSQL at db.internal:6432 rejected the login of user 'ttft': check the user and password in "
+            "database.url (put the password in ${VAR}) and the server's pg_hba.conf",
+        ),
+        (
+            wrapped(asyncpg.exceptions.InvalidCatalogNameError('database "ttft" does not exist')),
+            "database 'ttft' does not exist on PostgreSQL at db.internal:6432: create it "
+            "(createdb -h db.internal -p 6432 -U ttft ttft) or fix database.url",
+        ),
+        (
+            asyncpg.exceptions.CannotConnectNowError("the database system is starting up"),
+            "PostgreSQL at db.internal:6432 is starting up or shutting down: try again shortly",
+        ),
+    ],
+)
+def test_postgres_errors_name_the_server_and_the_fix(error: BaseException, message: str) -> None:
+    assert describe_db_error(error, PG) == message
+    assert is_connection_error(error)
+    assert not is_bad_data(error)
+
+
+def test_an_unknown_error_is_one_line_without_the_password() -> None:
+    error = RuntimeError("boom with pa55word-x inside\nand a second line")
+    assert (
+        describe_db_error(error, PG)
+        == "database error on PostgreSQL at db.internal:6432: RuntimeError: boom with *** inside"
+    )
+    assert display_url(PG) == "postgresql+asyncpg://ttft:***@db.internal:6432/ttft"
+
+
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (
+            wrapped(sqlite3.OperationalError("database is locked")),
+            "SQLite database /srv/ttft.db is locked by another process for longer than the busy timeout; "
+            "check for a stuck process holding it, or use PostgreSQL for several writers",
+        ),
+        (
+            wrapped(sqlite3.OperationalError("unable to open database file")),
+            "cannot open SQLite database /srv/ttft.db: check that its directory exists and is writable by this user",
+        ),
+        (
+            wrapped(sqlite3.OperationalError("attempt to write a readonly database")),
+            "SQLite database /srv/ttft.db is read-only: check the file's and directory's permissions",
+        ),
+    ],
+)
+def test_sqlite_errors_name_the_file_and_the_fix(error: BaseException, message: str) -> None:
+    assert describe_db_error(error, "sqlite+aiosqlite:////srv/ttft.db") == message
+    assert is_connection_error(error)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ValueError("naive datetime"),
+        OverflowError("value out of int32 range"),
+        asyncpg.exceptions.NumericValueOutOfRangeError("integer out of range"),
+        IntegrityError("INSERT", {}, sqlite3.IntegrityError("NOT NULL constraint failed: samples.round")),
+    ],
+)
+def test_refused_values_are_told_apart_from_an_unreachable_database(error: BaseException) -> None:
+    assert is_bad_data(error)
+    assert not is_connection_error(error)
+
+
+def test_a_sqlite_directory_that_cannot_be_created_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(
+        DatabaseUnavailable, match=r"directory .*a-file for the SQLite database: a file of that name exists"
+    ):
+        create_engine(f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'ttft.db'}")

@@ -1,0 +1,209 @@
+"""Migrations on both databases (pytest-alembic's four checks), the start-up gate and `db` commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from monitor.store import cli, migrate
+from monitor.store.engine import DatabaseUnavailable, create_engine
+from monitor.store.models import metadata
+from tests.store_fixtures import Backend, free_port
+
+pytest_plugins = ("tests.store_fixtures",)
+
+RESULT_TABLES = {"series", "runs", "samples", "rollups_hourly", "rollup_pending", "calibration"}
+COORDINATION_TABLES = {"job_ticks", "incidents", "detector_state", "alert_outbox", "alert_deliveries"}
+
+
+async def tables(engine: AsyncEngine) -> set[str]:
+    async with engine.connect() as connection:
+        return set(await connection.run_sync(lambda sync: sa.inspect(sync).get_table_names()))
+
+
+def test_the_migrations_have_a_single_head() -> None:
+    assert migrate.heads() == [migrate.head()]
+
+
+async def test_it_upgrades_from_empty_downgrades_to_base_and_upgrades_again(empty_backend: Backend) -> None:
+    engine = empty_backend.engine()
+    try:
+        assert await migrate.current(engine) is None
+        assert await migrate.upgrade(engine) == (None, migrate.head())
+        assert await tables(engine) == RESULT_TABLES | COORDINATION_TABLES | {"alembic_version"}
+        # Every downgrade works, one step at a time.
+        assert await migrate.downgrade(engine, "0001") == (migrate.head(), "0001")
+        assert await tables(engine) == RESULT_TABLES | {"alembic_version"}
+        assert await migrate.downgrade(engine, "base") == ("0001", None)
+        assert await tables(engine) == {"alembic_version"}
+        assert await migrate.upgrade(engine) == (None, migrate.head())
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()
+
+
+async def test_two_processes_upgrading_at_once_both_succeed(empty_backend: Backend) -> None:
+    results = await asyncio.gather(migrate.upgrade(empty_backend.url), migrate.upgrade(empty_backend.url))
+    assert sorted(results, key=str) == sorted([(None, migrate.head()), (migrate.head(), migrate.head())], key=str)
+
+
+async def test_the_models_match_the_migrations(backend: Backend) -> None:
+    assert await migrate.check(backend.url) == []
+
+
+async def test_check_names_a_model_change_without_a_migration(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    changed = sa.MetaData(naming_convention=metadata.naming_convention)
+    for table in metadata.sorted_tables:
+        table.to_metadata(changed)
+    changed.tables["runs"].append_column(sa.Column("region", sa.Text(), nullable=True))
+    monkeypatch.setattr(migrate, "metadata", changed)
+    assert await migrate.check(backend.url) == ["column runs.region: in the models but no migration adds it"]
+
+
+async def test_the_daemon_refuses_an_empty_schema_naming_the_fix(empty_backend: Backend) -> None:
+    engine = empty_backend.engine()
+    try:
+        with pytest.raises(migrate.SchemaBehind) as caught:
+            await migrate.ensure_current(engine)
+        assert str(caught.value) == (
+            f"the database schema is empty, this version needs {migrate.head()}; run `ttft-monitor db upgrade`"
+        )
+        await migrate.upgrade(engine, "0001")
+        with pytest.raises(migrate.SchemaBehind) as caught:
+            await migrate.ensure_current(engine)
+        assert str(caught.value) == (
+            f"database schema is at 0001, this version needs {migrate.head()}; run `ttft-monitor db upgrade`"
+        )
+        await migrate.upgrade(engine)
+        assert await migrate.ensure_current(engine) == migrate.head()
+    finally:
+        await engine.dispose()
+
+
+async def test_the_daemon_refuses_a_schema_from_a_newer_version(engine: AsyncEngine) -> None:
+    async with engine.begin() as connection:
+        await connection.execute(sa.text("UPDATE alembic_version SET version_num = '0099'"))
+    with pytest.raises(migrate.SchemaBehind, match="migrated by a newer ttft-monitor: upgrade ttft-monitor") as caught:
+        await migrate.ensure_current(engine)
+    assert (caught.value.current, caught.value.newer) == ("0099", True)
+
+
+async def test_an_unreachable_server_is_one_line_naming_host_and_what_to_check() -> None:
+    port = free_port()
+    engine = create_engine(f"postgresql+asyncpg://ttft:s3cret-pw@127.0.0.1:{port}/ttft", connect_timeout_s=2)
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            await migrate.ensure_current(engine)
+    finally:
+        await engine.dispose()
+    message = str(caught.value)
+    assert message == (
+        f"cannot connect to PostgreSQL at 127.0.0.1:{port}: connection refused; check that the server is running "
+        "and listening there, and the host and port in database.url"
+    )
+
+
+async def test_a_missing_database_says_how_to_create_it(postgres_backend: Backend) -> None:
+    url = sa.make_url(postgres_backend.url).set(database="ttft_no_such_db")
+    with pytest.raises(DatabaseUnavailable, match="database 'ttft_no_such_db' does not exist on PostgreSQL at"):
+        await migrate.current(url)
+
+
+# ---------------------------------------------------------------- `ttft-monitor db ...`
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ttft-monitor")
+    commands = parser.add_subparsers(dest="command")
+    cli.register(commands)
+    return parser.parse_args(list(argv))
+
+
+def db(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.run(parse("db", *argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def config_file(tmp_path: Path, url: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"database:\n  url: {url}\n  state_dir: {tmp_path / 'state'}\n")
+    return str(path)
+
+
+def test_db_commands_upgrade_report_check_and_downgrade(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'db' / 'ttft.db'}"
+    config = config_file(tmp_path, url)
+    head = migrate.head()
+
+    result = db("current", "--config", config)
+    assert result == (
+        0,
+        f"{url}: (empty) - the database schema is empty, this version needs {head}; run `ttft-monitor db upgrade`\n",
+        "",
+    ), result
+    result = db("check", "--config", config)
+    assert result[0] == 1, result
+    assert "cannot compare" in result[1]
+
+    assert db("upgrade", "0001", "--config", config) == (0, f"{url}: schema upgraded from (empty) to 0001\n", "")
+    assert db("upgrade", "--config", config) == (0, f"{url}: schema upgraded from 0001 to {head}\n", "")
+    assert db("upgrade", "--config", config) == (0, f"{url}: schema already at {head}\n", "")
+    assert db("current", "--config", config) == (0, f"{url}: {head} (head: up to date)\n", "")
+    assert db("check", "--config", config) == (
+        0,
+        f"{url}: the models match the migrations (schema at {head})\n",
+        "",
+    )
+    assert db("downgrade", "base", "--config", config) == (0, f"{url}: schema downgraded from {head} to (empty)\n", "")
+
+
+def test_db_commands_read_the_config_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TTFT_CONFIG", config_file(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'env.db'}"))
+    code, out, err = db("upgrade")
+    assert code == 0, err
+    assert str(tmp_path / "env.db") in out
+
+
+def test_an_unknown_revision_is_a_usage_error(tmp_path: Path) -> None:
+    config = config_file(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
+    code, out, err = db("upgrade", "0042", "--config", config)
+    assert (code, out) == (2, ""), err
+    assert err.startswith("ttft-monitor db upgrade: Can't locate revision identified by '0042'")
+    assert "Traceback" not in err
+
+
+def test_a_bad_config_is_reported_with_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("database:\n  url: mysql://x\n")
+    code, out, err = db("current", "--config", str(path))
+    assert (code, out) == (2, "")
+    assert "database.url" in err and "not supported" in err
+
+
+def test_an_unreachable_database_is_exit_3_without_the_password(tmp_path: Path) -> None:
+    port = free_port()
+    config = config_file(tmp_path, f"postgresql+asyncpg://ttft:hunter2-secret@127.0.0.1:{port}/ttft")
+    code, out, err = db("upgrade", "--config", config)
+    assert (code, out) == (3, ""), err
+    assert err == (
+        f"ttft-monitor db upgrade: cannot connect to PostgreSQL at 127.0.0.1:{port}: connection refused; check "
+        "that the server is running and listening there, and the host and port in database.url\n"
+    )
+    assert "hunter2" not in out + err
+
+
+def test_outputs_mask_the_password(postgres_backend: Backend, tmp_path: Path) -> None:
+    url = sa.make_url(postgres_backend.url).set(password="not-needed-trust-auth").render_as_string(hide_password=False)
+    code, out, err = db("current", "--config", config_file(tmp_path, url))
+    assert code == 0, err
+    assert "not-needed-trust-auth" not in out + err
+    assert ":***@" in out

@@ -1,0 +1,168 @@
+"""The local spool on a real file system: durable, ordered, bounded, and loud when it drops."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitor.store.spool import Spool, SpoolError, SpoolFull, encode
+from tests.store_fixtures import T0, make_batch
+
+
+class Events:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any]]] = []
+
+    def __call__(self, name: str, **fields: Any) -> None:
+        self.seen.append((name, fields))
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [fields for seen, fields in self.seen if seen == name]
+
+
+def batches(count: int) -> list[list[Any]]:
+    return [make_batch(T0 + timedelta(minutes=5 * i), targets=("qwen3-8b",), prompts=("short",)) for i in range(count)]
+
+
+def run_ids(entries: list[Any]) -> list[Any]:
+    return [entry.run.run_id for entry in entries]
+
+
+def test_it_returns_records_in_the_order_they_were_written(tmp_path: Path) -> None:
+    written = batches(5)
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        for batch in written:
+            spool.append(batch)
+        assert spool.depth == 5
+        entries = spool.peek(100)
+    assert run_ids(entries) == [batch[0][0].run_id for batch in written]
+    assert [(e.run, e.samples) for e in entries] == [batch[0] for batch in written]
+
+
+def test_records_survive_a_crash_and_are_replayed_once(tmp_path: Path) -> None:
+    written = batches(6)
+    spool = Spool(tmp_path, max_bytes=10**7, segment_bytes=1)  # one segment per record
+    for batch in written:
+        spool.append(batch)
+    spool.ack(spool.peek(2)[-1])
+    spool.close()  # the process dies here; nothing else is flushed
+
+    reopened = Spool(tmp_path, max_bytes=10**7)
+    assert reopened.depth == 4
+    entries = reopened.peek(100)
+    assert run_ids(entries) == [batch[0][0].run_id for batch in written[2:]]
+    reopened.ack(entries[-1])
+    assert (reopened.depth, reopened.bytes) == (0, 0)
+    reopened.close()
+    with Spool(tmp_path, max_bytes=10**7) as again:
+        assert again.peek(100) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cursor", "lock"]
+
+
+def test_acknowledging_part_of_a_segment_survives_a_restart(tmp_path: Path) -> None:
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        for batch in batches(4):
+            spool.append(batch)
+        first = spool.peek(3)
+        spool.ack(first[1])
+        assert spool.depth == 2
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        assert spool.depth == 2
+        assert spool.peek(10)[0].run == first[2].run
+        spool.append(batches(1)[0])  # a new process appends to a new segment
+        assert spool.depth == 3
+
+
+def test_a_line_torn_by_a_crash_is_reported_and_skipped(tmp_path: Path) -> None:
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append(batches(1)[0])
+    segment = next(tmp_path.glob("0*.jsonl"))
+    with segment.open("ab") as handle:
+        handle.write(encode(*batches(1)[0][0])[:-40])  # the write the crash interrupted
+    events = Events()
+    with Spool(tmp_path, max_bytes=10**7, on_event=events) as spool:
+        assert spool.depth == 1
+        assert len(spool.peek(10)) == 1
+        spool.append(batches(1)[0])
+        assert len(spool.peek(10)) == 2
+    [torn] = events.named("spool_torn_tail")
+    assert torn["segment"] == segment.name and torn["bytes"] > 0
+
+
+def test_a_damaged_line_is_handed_out_with_its_problem_so_the_rest_can_flow(tmp_path: Path) -> None:
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append(batches(1)[0])
+    segment = next(tmp_path.glob("0*.jsonl"))
+    segment.write_bytes(b"{not json\n" + segment.read_bytes())
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        bad, good = spool.peek(10)
+        assert bad.run is None and bad.problem is not None and "unreadable record" in bad.problem
+        assert good.run is not None
+        spool.reject(bad, bad.problem)
+        spool.ack(bad)
+        assert spool.depth == 1
+        assert spool.rejected == 1
+    assert "{not json" in (tmp_path / "rejected.jsonl").read_text()
+
+
+def test_when_full_it_drops_the_oldest_records_and_says_so(tmp_path: Path) -> None:
+    record = len(encode(*batches(1)[0][0]))
+    events = Events()
+    spool = Spool(tmp_path, max_bytes=record * 4 + 10, segment_bytes=record * 2, on_event=events)
+    written = batches(7)
+    for batch in written:
+        spool.append(batch)
+    # Segments of two records each; the oldest two segments went to make room.
+    assert spool.dropped == 4
+    assert spool.depth == 3
+    assert spool.bytes <= spool.max_bytes
+    assert run_ids(spool.peek(10)) == [batch[0][0].run_id for batch in written[4:]]
+    assert [e["dropped_runs"] for e in events.named("spool_full")] == [2, 2]
+    spool.close()
+
+
+def test_a_batch_larger_than_the_spool_is_refused_loudly(tmp_path: Path) -> None:
+    events = Events()
+    with Spool(tmp_path, max_bytes=100, on_event=events) as spool:
+        with pytest.raises(SpoolFull, match=r"raise database\.spool_max_mb"):
+            spool.append(batches(1)[0])
+        assert (spool.dropped, spool.depth) == (1, 0)
+    assert events.named("spool_full")[0]["dropped_runs"] == 1
+
+
+def test_an_acknowledgement_for_a_dropped_record_is_ignored(tmp_path: Path) -> None:
+    record = len(encode(*batches(1)[0][0]))
+    spool = Spool(tmp_path, max_bytes=record * 2 + 10, segment_bytes=record, on_event=Events())
+    spool.append(batches(1)[0])
+    in_flight = spool.peek(1)[0]  # being written to the database ...
+    for batch in batches(2):  # ... while the outage fills the spool
+        spool.append(batch)
+    spool.ack(in_flight)
+    assert spool.depth == 2
+    spool.close()
+
+
+def test_two_processes_cannot_share_a_spool(tmp_path: Path) -> None:
+    with Spool(tmp_path, max_bytes=10**6), pytest.raises(SpoolError, match="in use by another ttft-monitor"):
+        Spool(tmp_path, max_bytes=10**6)
+
+
+def test_it_lives_in_the_state_directory(tmp_path: Path) -> None:
+    with Spool.in_state_dir(tmp_path / "state", max_mb=3) as spool:
+        assert spool.directory == tmp_path / "state" / "spool"
+        assert spool.max_bytes == 3 * 1024 * 1024
+
+
+def test_an_unreadable_cursor_replays_everything_rather_than_losing_anything(tmp_path: Path) -> None:
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        for batch in batches(3):
+            spool.append(batch)
+        spool.ack(spool.peek(1)[0])
+    (tmp_path / "cursor").write_text("{torn")
+    events = Events()
+    with Spool(tmp_path, max_bytes=10**7, on_event=events) as spool:
+        assert spool.depth == 3  # the acknowledged one comes again: its replay is a no-op in the database
+    assert [name for name, _ in events.seen] == ["spool_cursor_unreadable"]
