@@ -151,6 +151,29 @@ async def build_context(
     )
 
 
+async def attach_detection(
+    context: JobContext, store: Store, stack: AsyncExitStack, *, metrics: Metrics | None
+) -> tuple[Any, Any]:
+    """Detection after every stored run, and the alert dispatcher that delivers its notifications.
+
+    Returns (dispatcher, detection service); the caller runs `dispatcher.run(stop)` as its own task
+    (daemon) or `dispatch_due()` once (`once`), so a slow receiver never holds up probing.
+    """
+    from monitor.alert.metrics import AlertMetrics
+    from monitor.alert.outbox import Dispatcher
+    from monitor.alert.transport import Transport
+    from monitor.detect.service import DetectionService
+
+    transport = await stack.enter_async_context(Transport())
+    alert_metrics = AlertMetrics(metrics.registry) if metrics is not None else None
+    dispatcher = Dispatcher(store.engine, context.config.alerts, transport, metrics=alert_metrics)
+    service = DetectionService(
+        store.engine, store.repository, context.config, outbox=dispatcher.outbox, metrics=metrics
+    )
+    context.after_store = service.after_store
+    return dispatcher, service
+
+
 def freeze_heap() -> None:
     """Move everything allocated at start-up out of the garbage collector's sight.
 

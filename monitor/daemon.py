@@ -17,7 +17,15 @@ from typing import Any
 
 import structlog
 
-from monitor.app import InfrastructureError, Store, build_context, freeze_heap, open_store, secrets_of
+from monitor.app import (
+    InfrastructureError,
+    Store,
+    attach_detection,
+    build_context,
+    freeze_heap,
+    open_store,
+    secrets_of,
+)
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
@@ -62,6 +70,8 @@ class DaemonState:
     scheduler: Any  # monitor.schedule.scheduler.JobScheduler (APScheduler is imported only by `run`)
     owner: str
     claims: TickClaims | None = None
+    detection: Any = None
+    dispatcher: Any = None
 
 
 async def _loop_lag_monitor(metrics: Metrics, notifier: Any, watchdog_s: float | None, stop: asyncio.Event) -> None:
@@ -108,6 +118,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         stack.push_async_callback(store.engine.dispose)
         metrics.database_up.set(1)
         context = await build_context(config, stack, store=store, metrics=metrics)
+        dispatcher, detection = await attach_detection(context, store, stack, metrics=metrics)
         freeze_heap()
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         state: DaemonState | None = None
@@ -119,7 +130,9 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         from monitor.schedule.scheduler import JobScheduler
 
         scheduler = JobScheduler(run_tick, metrics=metrics)
-        state = DaemonState(config_path, config, context, store, scheduler, owner, TickClaims(store.engine))
+        state = DaemonState(
+            config_path, config, context, store, scheduler, owner, TickClaims(store.engine), detection, dispatcher
+        )
 
         async def readiness() -> tuple[bool, str]:
             if not scheduler.running:
@@ -144,6 +157,8 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         stack.push_async_callback(runner.cleanup)
         drainer_stop = asyncio.Event()
         drainer = asyncio.create_task(store.writer.run_drainer(drainer_stop, 5.0))
+        dispatch_stop = asyncio.Event()
+        dispatch_task = asyncio.create_task(dispatcher.run(dispatch_stop))
         lag_task = asyncio.create_task(_loop_lag_monitor(metrics, notifier, _watchdog_interval(), stop))
 
         scheduler.set_jobs(list(config.jobs))
@@ -188,6 +203,9 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
                 await asyncio.wait(still, timeout=5)
                 log.warning("jobs_cancelled_at_shutdown", jobs=len(still))
         scheduler.shutdown()
+        dispatch_stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(dispatch_task, timeout=10)
         drainer_stop.set()
         lag_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -258,6 +276,12 @@ async def _reload(state: DaemonState, stack: AsyncExitStack, redactor: Redactor 
         redactor.secrets = tuple(secrets_of(config))
     context = await build_context(config, stack, store=state.store, metrics=state.context.metrics)
     context.calibration = state.context.calibration
+    context.saved_fits = state.context.saved_fits
+    if state.detection is not None:
+        state.detection.update_config(config)
+        context.after_store = state.detection.after_store
+    if state.dispatcher is not None:
+        state.dispatcher.update_config(config.alerts)
     state.config = config
     state.context = context
     state.scheduler.set_jobs(list(config.jobs))
@@ -292,6 +316,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         with contextlib.suppress(Exception):
             await store.writer.drain()
         context = await build_context(config, stack, store=store, metrics=metrics)
+        dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
         freeze_heap()
         intended = datetime.now(UTC)
         outcomes = await asyncio.gather(
@@ -303,6 +328,11 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             )
         )
         spooled = store.spool.depth
+        try:
+            await dispatcher.renotify_due()
+            await asyncio.wait_for(dispatcher.dispatch_due(), timeout=60)
+        except Exception as exc:  # undelivered notifications stay in the outbox for the next run
+            log.warning("alerts_not_dispatched", error=f"{type(exc).__name__}: {exc}"[:300])
     if config.metrics.pushgateway:
         await _push(config, metrics)
     ok = sum(o.ok for o in outcomes)

@@ -12,6 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.store import cli, migrate
+from monitor.store import commands as store_commands
 from monitor.store.engine import DatabaseUnavailable, create_engine
 from monitor.store.models import metadata
 from tests.store_fixtures import Backend, free_port
@@ -123,7 +124,7 @@ async def test_a_missing_database_says_how_to_create_it(postgres_backend: Backen
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ttft-monitor")
     commands = parser.add_subparsers(dest="command")
-    cli.register(commands)
+    store_commands.register(commands)
     return parser.parse_args(list(argv))
 
 

@@ -28,8 +28,7 @@ import os
 import random
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -46,7 +45,7 @@ from monitor.alert.receivers import KINDS
 from monitor.alert.routing import active_silence, describe_silence, route
 from monitor.alert.transport import SendResult, Transport
 from monitor.config.models import Alerts, Receiver
-from monitor.store.engine import WRITE_OPTION
+from monitor.store.engine import write_transaction
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow
 
 PENDING, SENT, FAILED, SUPPRESSED, SUPERSEDED = "pending", "sent", "failed", "suppressed", "superseded"
@@ -79,14 +78,7 @@ def _insert(connection: AsyncConnection) -> Any:
     return (postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert)(OUTBOX)
 
 
-@asynccontextmanager
-async def _transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
-    """A write transaction. SQLite takes its write lock at BEGIN, so concurrent writers queue on the
-    busy timeout instead of failing when a read turns into a write."""
-    async with engine.connect() as connection:
-        await connection.execution_options(**{WRITE_OPTION: True})
-        async with connection.begin():
-            yield connection
+_transaction = write_transaction
 
 
 @dataclass(frozen=True, slots=True)

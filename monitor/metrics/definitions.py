@@ -80,6 +80,18 @@ class Metrics:
             "ttft_monitor_spool_records", "Samples waiting in the local spool for the database.", registry=r
         )
         self.spool_bytes = Gauge("ttft_monitor_spool_bytes", "Size of the local spool.", registry=r)
+        self.baseline = Gauge(
+            "ttft_monitor_baseline_ttft_seconds",
+            "The detector's TTFT baseline at the last incident change.",
+            ("target", "prompt", "location"),
+            registry=r,
+        )
+        self.regression_state = Gauge(
+            "ttft_monitor_regression_state",
+            "Open regression per series: 0 none, 1 ticket, 2 page.",
+            ("target", "prompt", "location"),
+            registry=r,
+        )
         self.database_up = Gauge(
             "ttft_monitor_database_up", "1 when the last database operation succeeded.", registry=r
         )

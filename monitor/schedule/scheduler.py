@@ -12,6 +12,7 @@ Choices, deliberately:
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
@@ -53,6 +54,8 @@ class JobScheduler:
         self._run_job = run_job
         self._metrics = metrics
         self._scheduler = AsyncIOScheduler(job_defaults={"misfire_grace_time": MISFIRE_GRACE_S})
+        # Its skip and misfire warnings are ours to log (with the job and a reason) and to count.
+        logging.getLogger("apscheduler").setLevel(logging.ERROR)
         self._scheduler.add_listener(self._on_event, EVENT_JOB_SUBMITTED | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self._jobs: dict[str, Job] = {}
         self._intended: dict[str, datetime] = {}

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from monitor.config.urls import mask_password
@@ -259,3 +261,13 @@ def _first_line(exc: BaseException) -> str:
 
 def _scrub(text: str, password: str | None) -> str:
     return text.replace(password, "***") if password and len(password) >= 3 else text
+
+
+@contextlib.asynccontextmanager
+async def write_transaction(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A write transaction. SQLite takes its write lock at BEGIN (IMMEDIATE), so concurrent writers
+    queue on the busy timeout instead of failing when a read turns into a write."""
+    async with engine.connect() as connection:
+        await connection.execution_options(**{WRITE_OPTION: True})
+        async with connection.begin():
+            yield connection

@@ -22,7 +22,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.probe.result import ErrorClass, Sample
-from monitor.store.engine import WRITE_OPTION
+from monitor.store.engine import write_transaction
 from monitor.store.models import CALIBRATION, ROLLUP_PENDING, ROLLUPS, RUNS, SAMPLES, SERIES, RunRow, SampleRow
 from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats
 from monitor.store.types import UtcDateTime
@@ -269,10 +269,8 @@ class Repository:
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
-        async with self._engine.connect() as connection:
-            await connection.execution_options(**{WRITE_OPTION: True})
-            async with connection.begin():
-                yield connection
+        async with write_transaction(self._engine) as connection:
+            yield connection
 
     async def ping(self) -> None:
         """Raises when the database cannot be reached."""

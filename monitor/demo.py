@@ -1,0 +1,231 @@
+"""`ttft-monitor demo`: the simulator and the real daemon, on a fast schedule, with one regression.
+
+It runs the production code paths (the same `run` command, SQLite in a state directory, the `log`
+receiver); only the schedule and the detection history are shortened so the story fits in minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import defaultdict, deque
+from pathlib import Path
+from typing import IO, Any
+
+TARGETS = ("qwen3-8b", "qwen3-14b", "gpt-4o-mini")
+SLOWED = "qwen3-14b"
+SLOW_FACTOR = 2.5
+
+
+def _free_port(preferred: int) -> int:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", preferred))
+            return preferred
+        except OSError:
+            sock.bind(("127.0.0.1", 0))
+            return int(sock.getsockname()[1])
+
+
+def demo_config(sim_url: str, state_dir: Path, metrics_port: int) -> str:
+    targets = "\n".join(
+        f"  {name}:\n    provider: sim\n    model: {name}\n    params:\n      max_tokens: 4\n"
+        + ("      extra_body: {chat_template_kwargs: {enable_thinking: false}}\n" if name.startswith("qwen") else "")
+        for name in TARGETS
+    )
+    return f"""# Written by `ttft-monitor demo`: the simulator, a 5-second schedule, the log receiver.
+location: demo
+database:
+  url: "sqlite+aiosqlite:///{state_dir}/demo.db"
+  state_dir: "{state_dir}"
+metrics:
+  listen: "127.0.0.1:{metrics_port}"
+providers:
+  sim:
+    base_url: "{sim_url}/v1"
+    api: openai-chat
+    max_concurrency: 3
+targets:
+{targets}prompts:
+  short: {{tokens: 256}}
+  long: {{tokens: 2048}}
+jobs:
+  - name: demo
+    schedule: "*/5 * * * * *"
+    targets: [{", ".join(TARGETS)}]
+    prompts: [short, long]
+    rounds: 3
+    warmup: 0
+    pause_s: 0.2
+detection:
+  # Production defaults want hours of history; the demo has a minute.
+  min_history_runs: 8
+  trailing_runs: 12
+alerts:
+  receivers:
+    console: {{type: log}}
+"""
+
+
+def _start_sim(port: int) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "sim", "--port", str(port), "--seed", "7"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    match = re.search(r"(http://127\.0\.0\.1:\d+)", line)
+    if match is None:
+        proc.kill()
+        raise RuntimeError(f"the simulator did not start on port {port}")
+    return proc, match.group(1)
+
+
+def _post(url: str, body: dict[str, Any]) -> None:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    urllib.request.urlopen(request, timeout=5).read()
+
+
+class LiveTable:
+    """Keeps the last TTFTs per series and redraws a small table."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self.out = out
+        self.recent: dict[tuple[str, str], deque[float]] = defaultdict(lambda: deque(maxlen=9))
+        self.errors: dict[tuple[str, str], int] = defaultdict(int)
+        self.tty = out.isatty()
+        self.last_draw = 0.0
+
+    def add(self, event: dict[str, Any]) -> None:
+        key = (event.get("target", "?"), event.get("prompt", "?"))
+        if event.get("error") is None and event.get("ttft_ms") is not None:
+            self.recent[key].append(float(event["ttft_ms"]))
+        else:
+            self.errors[key] += 1
+
+    def render(self) -> str:
+        lines = [f"{'target':12} {'prompt':6} {'last ms':>8} {'p50 ms':>8} {'n':>3} {'err':>3}"]
+        for key in sorted(self.recent):
+            values = sorted(self.recent[key])
+            p50 = values[len(values) // 2]
+            lines.append(
+                f"{key[0]:12} {key[1]:6} {self.recent[key][-1]:8.0f} {p50:8.0f} {len(values):3d} {self.errors[key]:3d}"
+            )
+        return "\n".join(lines)
+
+    def maybe_draw(self, elapsed: float) -> None:
+        if time.monotonic() - self.last_draw < 5:
+            return
+        self.last_draw = time.monotonic()
+        self.out.write(f"\n-- TTFT after {elapsed:.0f} s (last 9 samples per series) --\n{self.render()}\n")
+        self.out.flush()
+
+
+def run_demo(*, state_dir: Path, slow_after_s: float, recover_after_s: float, duration_s: float | None,
+             out: IO[str] = sys.stdout) -> int:
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+    state_dir.mkdir(parents=True)
+    sim_proc, sim_url = _start_sim(_free_port(8400))
+    metrics_port = _free_port(9464)
+    config_path = state_dir / "demo.yaml"
+    config_path.write_text(demo_config(sim_url, state_dir.resolve(), metrics_port))
+    daemon: subprocess.Popen[str] | None = None
+    stop = False
+
+    def on_signal(_signum: int, _frame: Any) -> None:
+        nonlocal stop
+        stop = True
+
+    previous = signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        upgrade = subprocess.run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config_path)],
+                                 capture_output=True, text=True)
+        if upgrade.returncode != 0:
+            out.write(upgrade.stdout + upgrade.stderr)
+            return upgrade.returncode
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "monitor", "run", "--config", str(config_path)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            preexec_fn=os.setpgrp,  # Ctrl-C goes to the demo, which stops the daemon with SIGTERM
+        )
+        out.write(
+            f"ttft-monitor demo: simulator at {sim_url}, daemon probing {', '.join(TARGETS)} every 5 s "
+            f"(short and long prompts)\n  metrics: http://127.0.0.1:{metrics_port}/metrics   "
+            f"config: {config_path}   database: {state_dir / 'demo.db'}\n"
+            f"  in {slow_after_s:.0f} s {SLOWED} gets {SLOW_FACTOR}x slower; in {recover_after_s:.0f} s it recovers. "
+            "Ctrl-C stops.\n"
+        )
+        out.flush()
+        _follow(daemon, sim_url, out, slow_after_s=slow_after_s, recover_after_s=recover_after_s,
+                duration_s=duration_s, should_stop=lambda: stop)
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+        sim_proc.terminate()
+        sim_proc.wait(timeout=10)
+        signal.signal(signal.SIGINT, previous)
+        out.write("ttft-monitor demo: stopped\n")
+    return 0
+
+
+def _follow(daemon: subprocess.Popen[str], sim_url: str, out: IO[str], *, slow_after_s: float,
+            recover_after_s: float, duration_s: float | None, should_stop: Any) -> None:
+    import selectors
+
+    assert daemon.stdout is not None
+    table = LiveTable(out)
+    started = time.monotonic()
+    slowed = recovered = False
+    selector = selectors.DefaultSelector()
+    selector.register(daemon.stdout, selectors.EVENT_READ)
+    while not should_stop() and daemon.poll() is None:
+        elapsed = time.monotonic() - started
+        if duration_s is not None and elapsed > duration_s:
+            break
+        if not slowed and elapsed >= slow_after_s:
+            profile = json.load(urllib.request.urlopen(f"{sim_url}/sim/models", timeout=5))["models"][SLOWED]
+            _post(f"{sim_url}/sim/models/{SLOWED}", {
+                "ttft_base_ms": profile["ttft_base_ms"] * SLOW_FACTOR,
+                "prefill_ms_per_1k": profile["prefill_ms_per_1k"] * SLOW_FACTOR,
+            })
+            out.write(f"\n>>> {elapsed:.0f} s: made {SLOWED} {SLOW_FACTOR}x slower (simulated regression)\n")
+            slowed = True
+        if slowed and not recovered and elapsed >= recover_after_s:
+            _post(f"{sim_url}/sim/reset", {})
+            out.write(f"\n>>> {elapsed:.0f} s: {SLOWED} is back to normal\n")
+            recovered = True
+        if not selector.select(timeout=0.5):
+            table.maybe_draw(elapsed)
+            continue
+        line = daemon.stdout.readline()
+        if not line:
+            break
+        try:
+            event = json.loads(line)
+        except ValueError:
+            out.write(line)
+            continue
+        name = event.get("event")
+        if name == "probe_sample":
+            table.add(event)
+        elif name in ("alert_notification", "notification") or event.get("receiver_type") == "log":
+            out.write(f"\n!!! {event.get('summary') or event.get('message') or json.dumps(event)}\n")
+        elif event.get("level") in ("warning", "error"):
+            details = {k: v for k, v in event.items() if k not in ("event", "level", "timestamp")}
+            out.write(f"  [{event.get('level')}] {name}: {json.dumps(details)[:300]}\n")
+        table.maybe_draw(elapsed)

@@ -1,0 +1,4 @@
+"""Regression detection: robust statistics (`stats`), the pure detector and its state (`detector`),
+replaying recorded histories through it (`replay`) and the `replay` command (`cli`).
+See docs/detection.md.
+"""

@@ -1,0 +1,105 @@
+"""`ttft-monitor replay`: run the detector over a recorded history, or export the stored one.
+
+Exit codes: 0 done, 2 usage, config or input error, 3 the database could not be read (`--export`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from typing import Any, TextIO
+
+from monitor.detect.replay import EXIT_DATABASE, EXIT_OK, EXIT_USAGE, replay_main
+
+DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `replay` to the CLI's subparsers; `run(args)` executes it."""
+    replay = subparsers.add_parser(
+        "replay",
+        help="replay a recorded history through the detector, or export the stored one",
+        description="Print the incidents the detector would have raised over a samples CSV (columns "
+        "timestamp, series, ttft_ms, optional error and run_id), one JSON object per line. With --export, "
+        "write the stored history in that format instead, to tune the detection rules on your own data.",
+    )
+    replay.add_argument("--samples", metavar="FILE.csv", help="the history to replay")
+    replay.add_argument(
+        "--config",
+        "-c",
+        default=None,
+        help="config whose `detection` rules (and targets' SLOs) to use; default rules without it. "
+        f"With --export: its database (default: ${DEFAULT_CONFIG_ENV}, else ./config.yaml)",
+    )
+    replay.add_argument(
+        "--export",
+        nargs="?",
+        const="-",
+        metavar="FILE.csv",
+        help="write every stored sample as a samples CSV to FILE.csv (default: standard output)",
+    )
+    return replay
+
+
+def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    if args.export is not None and args.samples:
+        err.write("ttft-monitor replay: give either --samples (replay a file) or --export (write one), not both\n")
+        return EXIT_USAGE
+    if args.export is not None:
+        return export_main(args, out, err)
+    if not args.samples:
+        err.write(
+            "ttft-monitor replay: give --samples FILE.csv to replay a history, or --export [FILE.csv] to write "
+            "the stored one\n"
+        )
+        return EXIT_USAGE
+    return replay_main(args, out, err)
+
+
+def export_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
+    """`ttft-monitor replay --export [FILE]`: the stored history of the config's database as a CSV."""
+    from monitor.config.errors import ConfigError
+    from monitor.config.loader import load_config
+    from monitor.store.engine import StoreError, describe_db_error
+
+    path = args.config or os.environ.get(DEFAULT_CONFIG_ENV) or "config.yaml"
+    try:
+        config = load_config(path)
+    except ConfigError as exc:
+        stderr.write(f"{exc}\n")
+        return EXIT_USAGE
+    url = config.database.url
+    try:
+        if args.export == "-":
+            count = asyncio.run(_export(url, stdout))
+        else:
+            with open(args.export, "w", encoding="utf-8", newline="") as stream:
+                count = asyncio.run(_export(url, stream))
+    except OSError as exc:
+        stderr.write(f"ttft-monitor replay: cannot write {args.export}: {exc.strerror or exc}\n")
+        return EXIT_USAGE
+    except StoreError as exc:
+        stderr.write(f"ttft-monitor replay --export: {exc}\n")
+        return EXIT_DATABASE
+    except Exception as exc:  # a database error: one line naming the cause, never a traceback
+        stderr.write(f"ttft-monitor replay --export: {describe_db_error(exc, url)}\n")
+        return EXIT_DATABASE
+    where = "standard output" if args.export == "-" else args.export
+    stderr.write(f"exported {count} samples to {where}\n")
+    return EXIT_OK
+
+
+async def _export(url: str, stream: TextIO) -> int:
+    from monitor.detect.export import export_samples
+    from monitor.store.engine import create_engine
+    from monitor.store.repository import Repository
+
+    engine = create_engine(url)
+    try:
+        return await export_samples(Repository(engine), stream)
+    finally:
+        await engine.dispose()

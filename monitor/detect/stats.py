@@ -1,0 +1,67 @@
+"""Robust statistics for the detector. Pure; medians and MADs, never means.
+
+Latency is compared in log space: a regression multiplies TTFT, lognormal noise becomes normal, and
+"20% slower" is the same distance whether the baseline is 80 ms or 8 s.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# MAD x this estimates the standard deviation of normal data (1 / Phi^-1(3/4)).
+MAD_TO_SIGMA = 1.482602218505602
+
+
+def quantile(values: Sequence[float], q: float, *, presorted: bool = False) -> float:
+    """The q-quantile (0..1), interpolating linearly between order statistics. ValueError when empty."""
+    if not values:
+        raise ValueError("quantile of no values")
+    if not 0.0 <= q <= 1.0:
+        raise ValueError(f"q must be within 0..1, got {q}")
+    data = values if presorted else sorted(values)
+    rank = (len(data) - 1) * q
+    low = math.floor(rank)
+    high = min(low + 1, len(data) - 1)
+    return float(data[low] + (data[high] - data[low]) * (rank - low))
+
+
+def median(values: Sequence[float], *, presorted: bool = False) -> float:
+    """The median. ValueError when empty."""
+    if not values:
+        raise ValueError("median of no values")
+    data = values if presorted else sorted(values)
+    half = len(data) // 2
+    if len(data) % 2:
+        return float(data[half])
+    return (data[half - 1] + data[half]) / 2.0
+
+
+def mad_sigma(values: Sequence[float], *, center: float | None = None) -> float:
+    """Median absolute deviation from `center` (default: the median), scaled to estimate sigma."""
+    mid = median(values) if center is None else center
+    return MAD_TO_SIGMA * median([abs(v - mid) for v in values])
+
+
+def median_and_sigma(values: Sequence[float]) -> tuple[float, float]:
+    """(median, MAD-sigma) with one sort for the median."""
+    mid = median(values)
+    return mid, MAD_TO_SIGMA * median([abs(v - mid) for v in values])
+
+
+def median_se_factor(n: int) -> float:
+    """Standard error of the median of n independent values, in units of their sigma.
+
+    The large-sample value sqrt(pi / 2n); it slightly overstates the error for small n, which errs
+    towards fewer alerts.
+    """
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    return 1.0 if n == 1 else math.sqrt(math.pi / (2.0 * n))
+
+
+def log_ms(ms: float) -> float:
+    """A positive duration in ms, in log space. ValueError for zero, negative or non-finite values."""
+    if not (ms > 0.0 and math.isfinite(ms)):
+        raise ValueError(f"a duration must be positive and finite, got {ms!r}")
+    return math.log(ms)

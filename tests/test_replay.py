@@ -1,0 +1,301 @@
+"""Replay: the samples CSV, incidents from a recorded history, `ttft-monitor replay`, and --export."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import random
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from monitor.detect import cli
+from monitor.detect.detector import Detector, RunPoint
+from monitor.detect.export import export_samples, series_names
+from monitor.detect.replay import ReplayError, SampleRow, read_samples_csv, replay, write_samples_csv
+from monitor.probe.result import ErrorClass
+from monitor.store.records import SeriesKey
+from monitor.store.repository import Repository
+from tests.store_fixtures import T0 as STORE_T0
+from tests.store_fixtures import make_batch
+
+pytest_plugins = ("tests.store_fixtures",)
+
+T0 = datetime(2025, 1, 6, tzinfo=UTC)
+EVERY = timedelta(minutes=5)
+INCIDENT_KEYS = [
+    "series",
+    "kind",
+    "severity",
+    "opened_at",
+    "resolved_at",
+    "baseline_ms",
+    "observed_ms",
+    "ratio",
+    "error",
+]
+
+
+def read(text: str) -> dict[str, list[RunPoint]]:
+    return read_samples_csv(io.StringIO(text))
+
+
+def at(minute: int) -> datetime:
+    return T0 + timedelta(minutes=minute)
+
+
+# ---------------------------------------------------------------- reading the CSV
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "timestamp,series,ttft_ms\n2025-01-06T00:00:00Z,a,100\n2025-01-06T00:05:00Z,a,\n",
+            {"a": [(at(0), 100.0, None, 1, 0), (at(5), None, None, 0, 1)]},
+        ),
+        (  # rows sharing a run_id are one run: the median of its successes, the time of its first row
+            "timestamp,series,ttft_ms,error,run_id\n"
+            "2025-01-06T00:00:02Z,a,300,,r1\n"
+            "2025-01-06T00:00:01Z,a,100,,r1\n"
+            "2025-01-06T00:00:03Z,a,,timeout_first_token,r1\n"
+            "2025-01-06T00:00:04Z,a,200,,r1\n",
+            {"a": [(at(0) + timedelta(seconds=1), 200.0, "timeout_first_token", 3, 1)]},
+        ),
+        (  # a run whose every request failed has no TTFT; its dominant error class is kept
+            "run_id,series,timestamp,ttft_ms,error\n"
+            "r1,a,2025-01-06T00:00:00Z,,server_error\n"
+            "r1,a,2025-01-06T00:00:01Z,,rate_limited\n"
+            "r1,a,2025-01-06T00:00:02Z,,server_error\n",
+            {"a": [(at(0), None, "server_error", 0, 3)]},
+        ),
+        (  # a request with an error failed, even with a first token (as in the store)
+            "timestamp,series,ttft_ms,error\n2025-01-06T00:00:00Z,a,150,stream_error\n",
+            {"a": [(at(0), None, "stream_error", 0, 1)]},
+        ),
+        (  # series are kept apart and runs sorted; the same run_id in two series is two runs
+            "timestamp,series,ttft_ms,run_id\n"
+            "2025-01-06T00:05:00Z,b,20,r1\n"
+            "2025-01-06T00:10:00+01:00,a,30,r1\n"
+            "2025-01-06T00:00:00,a,10,r2\n",
+            {"a": [(at(-50), 30.0, None, 1, 0), (at(0), 10.0, None, 1, 0)], "b": [(at(5), 20.0, None, 1, 0)]},
+        ),
+        (  # extra columns, a byte order mark, blank lines and surrounding spaces are tolerated
+            "\ufefftimestamp, series ,ttft_ms,note\n\n2025-01-06T00:00:00Z, a , 12.5 ,hello\n",
+            {"a": [(at(0), 12.5, None, 1, 0)]},
+        ),
+    ],
+    ids=["one-row-per-run", "run-id-groups", "all-failed", "error-wins", "series-and-order", "lenient"],
+)
+def test_it_reads_runs_from_the_samples_csv(
+    text: str, expected: dict[str, list[tuple[datetime, float | None, str | None, int, int]]]
+) -> None:
+    runs = read(text)
+    assert {name: [(p.at, p.ttft_ms, p.error, p.ok, p.errors) for p in points] for name, points in runs.items()} == (
+        expected
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        ("", 1, "empty"),
+        ("timestamp,series\n2025-01-06T00:00:00Z,a\n", 1, "lacks 'ttft_ms'"),
+        ("time,series,ttft\n", 1, "'timestamp', 'ttft_ms'"),
+        ("timestamp,series,ttft_ms\n2025-01-06T00:00:00Z,a,1\nyesterday,a,1\n", 3, "timestamp 'yesterday'"),
+        ("timestamp,series,ttft_ms\n2025-01-06T00:00:00Z,a,fast\n", 2, "ttft_ms 'fast'"),
+        ("timestamp,series,ttft_ms\n2025-01-06T00:00:00Z,a,-4\n", 2, "positive number"),
+        ("timestamp,series,ttft_ms\n2025-01-06T00:00:00Z,a,nan\n", 2, "positive number"),
+        ("timestamp,series,ttft_ms\n2025-01-06T00:00:00Z,,1\n", 2, "series is empty"),
+        ("timestamp,series,ttft_ms\n2025-01-06T00:00:00Z,a\n", 2, "2 fields where the header has 3"),
+        ("timestamp,series,ttft_ms,error\n2025-01-06T00:00:00Z,a,,connection refused by peer\n", 2, "error class"),
+    ],
+)
+def test_a_bad_csv_is_refused_with_its_line_number(text: str, line: int, message: str) -> None:
+    with pytest.raises(ReplayError, match=message) as caught:
+        read(text)
+    assert caught.value.line == line
+    assert str(caught.value).startswith(f"line {line}: ")
+
+
+def test_written_samples_read_back_as_the_same_runs() -> None:
+    rows = [
+        SampleRow(at(0), "qwen3-8b/short/fra", 101.25, run_id="r1"),
+        SampleRow(at(0) + timedelta(seconds=1), "qwen3-8b/short/fra", None, "timeout_first_token", "r1"),
+        SampleRow(at(5), "qwen3-8b/short/fra", 99.0, run_id="r2"),
+        SampleRow(at(5), 'odd, "quoted" name', 1 / 3),
+    ]
+    stream = io.StringIO()
+    assert write_samples_csv(rows, stream) == 4
+    text = stream.getvalue()
+    assert text.splitlines()[:2] == [
+        "timestamp,series,ttft_ms,error,run_id",
+        "2025-01-06T00:00:00Z,qwen3-8b/short/fra,101.25,,r1",
+    ]
+    runs = read(text)
+    assert [(p.at, p.ttft_ms, p.error, p.ok, p.errors) for p in runs["qwen3-8b/short/fra"]] == [
+        (at(0), 101.25, "timeout_first_token", 1, 1),
+        (at(5), 99.0, None, 1, 0),
+    ]
+    assert runs['odd, "quoted" name'][0].ttft_ms == 1 / 3
+
+
+# ---------------------------------------------------------------- replaying
+
+
+def outage_csv(series: str = "api/short/lab", *, ttft: float = 100.0) -> str:
+    rows = [
+        SampleRow(at(5 * i), series, None if 30 <= i < 34 else ttft, "timeout_first_token" if 30 <= i < 34 else None)
+        for i in range(40)
+    ]
+    stream = io.StringIO()
+    write_samples_csv(rows, stream)
+    return stream.getvalue()
+
+
+def test_replay_yields_each_incident_once_with_its_numbers() -> None:
+    incidents = list(replay(read(outage_csv()), lambda _series: Detector()))
+    assert incidents == [
+        {
+            "series": "api/short/lab",
+            "kind": "availability",
+            "severity": "page",
+            "opened_at": "2025-01-06T02:40:00Z",
+            "resolved_at": "2025-01-06T03:00:00Z",
+            "baseline_ms": None,
+            "observed_ms": None,
+            "ratio": None,
+            "error": "timeout_first_token",
+        }
+    ]
+
+
+def test_an_incident_still_open_at_the_end_has_no_resolution() -> None:
+    points = {"s": [RunPoint(at(5 * i), 100.0 if i < 30 else 1000.0) for i in range(40)]}
+    incidents = list(replay(points, lambda _series: Detector()))
+    assert [(i["kind"], i["severity"], i["resolved_at"]) for i in incidents] == [("regression", "page", None)]
+    assert incidents[0]["ratio"] == pytest.approx(10.0)
+    assert incidents[0]["baseline_ms"] == pytest.approx(100.0)
+
+
+def test_a_year_of_five_minute_runs_replays_in_seconds(tmp_path: Path) -> None:
+    rng = random.Random(9)
+    rows = (
+        SampleRow(T0 + i * EVERY, "s", 400 * (1 + 0.2 * math.sin(2 * math.pi * i / 288)) * math.exp(rng.gauss(0, 0.2)))
+        for i in range(365 * 288)
+    )
+    path = tmp_path / "year.csv"
+    with path.open("w", encoding="utf-8", newline="") as stream:
+        write_samples_csv(rows, stream)
+    out, err = io.StringIO(), io.StringIO()
+    started = time.perf_counter()
+    code = cli.run(parse("replay", "--samples", str(path)), stdout=out, stderr=err)
+    elapsed = time.perf_counter() - started
+    assert code == 0, err.getvalue()
+    assert "replayed 105120 runs of 1 series" in err.getvalue()
+    assert elapsed < 10, f"{elapsed:.1f} s"
+
+
+# ---------------------------------------------------------------- the command
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ttft-monitor")
+    cli.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def run(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.run(parse("replay", *argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_replay_prints_one_json_object_per_incident(tmp_path: Path) -> None:
+    samples = tmp_path / "samples.csv"
+    samples.write_text(outage_csv() + outage_csv("api/long/lab").split("\n", 1)[1])
+    code, out, err = run("--samples", str(samples))
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [list(line) for line in lines] == [INCIDENT_KEYS, INCIDENT_KEYS]
+    assert [(line["series"], line["kind"]) for line in lines] == [
+        ("api/long/lab", "availability"),
+        ("api/short/lab", "availability"),
+    ]
+    assert err == "replayed 80 runs of 2 series: 2 incidents\n"
+
+
+def test_replay_uses_the_configs_rules_and_the_targets_slo(tmp_path: Path) -> None:
+    samples = tmp_path / "samples.csv"
+    samples.write_text(outage_csv("api/short/lab", ttft=100.0))
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "providers:\n  local: {base_url: 'http://127.0.0.1:8000/v1', api: openai-chat}\n"
+        "targets:\n  api: {provider: local, model: m, slo: {ttft_p50_ms: 80}}\n"
+        "detection:\n  availability: {consecutive_failures: 5}\n"
+    )
+    code, out, err = run("--samples", str(samples), "--config", str(config))
+    assert code == 0, err
+    kinds = [(line["kind"], line["severity"]) for line in map(json.loads, out.splitlines())]
+    assert kinds == [("slo", "ticket")]  # four failures in a row no longer page
+
+
+@pytest.mark.parametrize(
+    ("argv", "content", "message"),
+    [
+        (["--samples", "{dir}/missing.csv"], None, "cannot read"),
+        (["--samples", "{dir}/bad.csv"], "timestamp,series,ttft_ms\n2025-01-06,a,x\n", "bad.csv: line 2: ttft_ms 'x'"),
+        (["--samples", "{dir}/bad.csv"], b"timestamp,series,ttft_ms\n\xff\n", "not UTF-8"),
+        (["--samples", "{dir}/bad.csv", "--config", "{dir}/nope.yaml"], "", "file not found"),
+        ([], None, "give --samples FILE.csv"),
+        (["--samples", "x.csv", "--export"], None, "not both"),
+    ],
+)
+def test_bad_input_exits_2_saying_what_to_fix(
+    tmp_path: Path, argv: list[str], content: str | bytes | None, message: str
+) -> None:
+    if isinstance(content, bytes):
+        (tmp_path / "bad.csv").write_bytes(content)
+    elif content is not None:
+        (tmp_path / "bad.csv").write_text(content)
+    code, out, err = run(*(arg.format(dir=tmp_path) for arg in argv))
+    assert (code, out) == (2, ""), err
+    assert message in err
+
+
+# ---------------------------------------------------------------- --export
+
+
+async def test_the_stored_history_exports_as_the_runs_it_holds(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    batches = [
+        make_batch(STORE_T0 + i * EVERY, targets=("qwen3-8b",), errors={2: ErrorClass.SERVER_ERROR} if i == 1 else None)
+        for i in range(3)
+    ]
+    for batch in batches:
+        await repository.save_runs(batch)
+    stream = io.StringIO()
+    assert await export_samples(repository, stream) == 3 * 2 * 5  # runs x prompts x measured rounds
+    runs = read(stream.getvalue())
+    assert sorted(runs) == ["qwen3-8b/long/test-lab", "qwen3-8b/short/test-lab"]
+    stored = sorted((run.series.prompt, run.ttft_p50_ms, run.ok, run.errors) for batch in batches for run, _ in batch)
+    exported = sorted(
+        (name.split("/")[1], point.ttft_ms, point.ok, point.errors) for name, points in runs.items() for point in points
+    )
+    assert [(p, pytest.approx(t), ok, e) for p, t, ok, e in exported] == stored
+
+
+def test_series_that_would_share_a_name_are_told_apart() -> None:
+    old = SeriesKey("api", "vllm", "Qwen/Qwen3-8B", "short", "fra")
+    new = SeriesKey("api", "vllm", "Qwen/Qwen3-14B", "short", "fra")
+    other = SeriesKey("api", "vllm", "Qwen/Qwen3-8B", "long", "fra")
+    assert series_names([old, new, other]) == {
+        old: "api/short/fra[vllm:Qwen/Qwen3-8B]",
+        new: "api/short/fra[vllm:Qwen/Qwen3-14B]",
+        other: "api/long/fra",
+    }
