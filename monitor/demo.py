@@ -66,9 +66,10 @@ jobs:
     warmup: 0
     pause_s: 0.2
 detection:
-  # Production defaults want hours of history; the demo has a minute.
+  # Production defaults want hours of history and 5-minute runs; the demo has a minute of 5-second runs.
   min_history_runs: 8
   trailing_runs: 12
+  page: {window_runs: 3, confirmations: 2}
 alerts:
   receivers:
     console: {{type: log}}

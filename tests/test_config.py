@@ -329,7 +329,7 @@ def test_it_names_a_missing_required_key() -> None:
         ),
         (
             lambda d: d.update(detection={"page": {"ratio": 1.05}}),
-            "detection: clear_ratio (1.08) must be below ticket.ratio (1.15) and page.ratio (1.05), "
+            "detection: clear_ratio (1.08) must be below ticket.ratio (1.12) and page.ratio (1.05), "
             "or incidents would clear while still over their threshold",
         ),
     ],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import math
@@ -22,7 +23,7 @@ from monitor.probe.result import ErrorClass
 from monitor.store.records import SeriesKey
 from monitor.store.repository import Repository
 from tests.store_fixtures import T0 as STORE_T0
-from tests.store_fixtures import make_batch
+from tests.store_fixtures import Backend, make_batch
 
 pytest_plugins = ("tests.store_fixtures",)
 
@@ -299,3 +300,26 @@ def test_series_that_would_share_a_name_are_told_apart() -> None:
         new: "api/short/fra[vllm:Qwen/Qwen3-14B]",
         other: "api/long/fra",
     }
+
+
+async def test_export_writes_the_configs_database_to_a_file(backend: Backend, tmp_path: Path) -> None:
+    engine = backend.engine()
+    try:
+        await Repository(engine).save_runs(make_batch(STORE_T0, targets=("qwen3-8b",), prompts=("short",)))
+    finally:
+        await engine.dispose()
+    config = tmp_path / "config.yaml"
+    config.write_text(f"database:\n  url: '{backend.url}'\n")
+    target = tmp_path / "history.csv"
+    code, out, err = await asyncio.to_thread(run, "--export", str(target), "--config", str(config))
+    assert (code, out) == (0, ""), err
+    assert err == f"exported 5 samples to {target}\n"
+    assert [len(points) for points in read(target.read_text()).values()] == [1]
+
+
+async def test_export_from_a_database_without_the_schema_exits_3(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"database:\n  url: 'sqlite+aiosqlite:///{tmp_path / 'empty.db'}'\n")
+    code, out, err = await asyncio.to_thread(run, "--export", "--config", str(config))
+    assert (code, out) == (3, ""), err
+    assert err.startswith("ttft-monitor replay --export: ")

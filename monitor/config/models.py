@@ -83,9 +83,7 @@ class ConfigModel(BaseModel):
 
 class Retention(ConfigModel):
     raw_days: int = Field(30, ge=1, description="Days to keep every individual probe sample.")
-    rollup_days: int = Field(
-        400, ge=1, description="Days to keep hourly/daily rollups (percentiles per target)."
-    )
+    rollup_days: int = Field(400, ge=1, description="Days to keep hourly/daily rollups (percentiles per target).")
 
 
 class Database(ConfigModel):
@@ -163,9 +161,7 @@ class Timeouts(ConfigModel):
 
 
 class Tls(ConfigModel):
-    verify: bool = Field(
-        True, description="Verify the server certificate. Switch off only for lab endpoints."
-    )
+    verify: bool = Field(True, description="Verify the server certificate. Switch off only for lab endpoints.")
     ca_file: UserPath | None = Field(
         None, description="PEM bundle of extra CA certificates to trust (private CAs). Must exist."
     )
@@ -269,7 +265,8 @@ class Params(ConfigModel):
 
 class Slo(ConfigModel):
     ttft_p50_ms: float | None = Field(
-        None, gt=0, description="Median TTFT objective in milliseconds, shown on dashboards and in alerts."
+        None, gt=0, description="Median TTFT objective in milliseconds: runs persistently above it open an `slo` "
+        "ticket."
     )
 
 
@@ -299,9 +296,7 @@ class PromptProfile(ConfigModel):
 
 
 class Job(ConfigModel):
-    name: str = Field(
-        description="Unique job name (letters, digits, `_`, `.`, `-`); used in metrics and alerts."
-    )
+    name: str = Field(description="Unique job name (letters, digits, `_`, `.`, `-`); used in metrics and alerts.")
     schedule: str = Field(
         description="Cron expression: 5 fields `minute hour day month weekday` (Sunday = 0 or 7), "
         "6 fields with "
@@ -365,16 +360,18 @@ class Job(ConfigModel):
 
 class SeverityRule(ConfigModel):
     ratio: float = Field(gt=1, description="Fire when TTFT exceeds baseline x ratio ...")
-    min_delta_ms: float = Field(
-        ge=0, description="... and exceeds baseline by at least this many milliseconds ..."
+    min_delta_ms: float = Field(ge=0, description="... and exceeds baseline by at least this many milliseconds ...")
+    confirmations: int = Field(ge=1, description="... in this many consecutive runs ...")
+    window_runs: int = Field(
+        ge=1, description="... comparing the median of this many recent runs (defaults assume 5-minute runs) ..."
     )
-    confirmations: int = Field(ge=1, description="... in this many consecutive runs.")
+    z_threshold: float = Field(
+        gt=0, description="... which must also be this many standard errors (from MAD) above the baseline."
+    )
 
 
 class Availability(ConfigModel):
-    consecutive_failures: int = Field(
-        3, ge=1, description="Runs in a row where every request failed before alerting."
-    )
+    consecutive_failures: int = Field(3, ge=1, description="Runs in a row where every request failed before alerting.")
     error_rate: float = Field(
         0.5,
         gt=0,
@@ -385,8 +382,8 @@ class Availability(ConfigModel):
 
 
 DEFAULT_SEVERITY_RULES: dict[str, dict[str, float]] = {
-    "page": {"ratio": 1.5, "min_delta_ms": 100, "confirmations": 2},
-    "ticket": {"ratio": 1.15, "min_delta_ms": 30, "confirmations": 6},
+    "page": {"ratio": 1.5, "min_delta_ms": 100, "confirmations": 2, "window_runs": 5, "z_threshold": 4.0},
+    "ticket": {"ratio": 1.12, "min_delta_ms": 30, "confirmations": 6, "window_runs": 24, "z_threshold": 2.5},
 }
 
 
@@ -395,32 +392,40 @@ class Detection(ConfigModel):
     seasonal_days: int = Field(
         7,
         ge=0,
-        description="Days back to compare the same hour/weekday against (0 turns the seasonal baseline off).",
+        description="Days back to compare the same time of day against; tickets need 3 days of it (0 turns the "
+        "seasonal baseline off, at about 6 false alerts a week).",
     )
-    trailing_runs: int = Field(36, ge=1, description="Recent runs forming the trailing baseline.")
+    trailing_runs: int = Field(
+        36, ge=1, description="Recent runs forming the trailing baseline, used until a seasonal baseline exists."
+    )
     page: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["page"]),
-        description="Rule for `page` severity: large, confirmed regressions. "
-        "Keys left out keep their defaults.",
+        description="Rule for `page` severity: large, confirmed regressions. Keys left out keep their defaults.",
     )
     ticket: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["ticket"]),
-        description="Rule for `ticket` severity: smaller, sustained regressions. Keys left out keep their "
-        "defaults.",
+        description="Rule for `ticket` severity: smaller, sustained regressions. Keys left out keep their defaults.",
     )
-    z_threshold: float = Field(
-        3.0,
+    seasonal_window_minutes: float = Field(
+        60,
         gt=0,
-        description="Robust z-score a run must also exceed, so noisy targets do not alert on noise.",
+        le=720,
+        description="The seasonal baseline uses each past day's runs within this many minutes of the same time of day.",
+    )
+    level_hours: float = Field(
+        24,
+        gt=0,
+        description="Hours of recent runs that set the baseline's current level, so slow drift is not a regression.",
+    )
+    clear_runs: int = Field(
+        6, ge=1, description="An incident clears on the median of max(clear_runs, the severity's window_runs) runs."
     )
     clear_ratio: float = Field(
         1.08,
         ge=1,
         description="An incident clears once TTFT is back below baseline x this (below `ticket.ratio`).",
     )
-    availability: Availability = Field(
-        default_factory=Availability, description="Alerting on failed requests."
-    )
+    availability: Availability = Field(default_factory=Availability, description="Alerting on failed requests.")
 
     @model_validator(mode="before")
     @classmethod
@@ -447,12 +452,10 @@ class Detection(ConfigModel):
 
 
 class Receiver(ConfigModel):
-    type: Literal["webhook", "slack", "pagerduty", "alertmanager", "feishu", "dingtalk", "wecom", "log"] = (
-        Field(description="Kind of destination.")
+    type: Literal["webhook", "slack", "pagerduty", "alertmanager", "feishu", "dingtalk", "wecom", "log"] = Field(
+        description="Kind of destination."
     )
-    url: str | None = Field(
-        None, description="Destination URL. Webhook URLs are often secrets: prefer `url_env`."
-    )
+    url: str | None = Field(None, description="Destination URL. Webhook URLs are often secrets: prefer `url_env`.")
     url_env: EnvName = Field(None, description="Name of the environment variable holding the URL.")
     secret_env: EnvName = Field(
         None,
@@ -523,15 +526,11 @@ class Route(ConfigModel):
     severities: list[Severity] = Field(
         default_factory=_paged_severities, min_length=1, description="Severities this route takes."
     )
-    jobs: list[str] = Field(
-        default_factory=list, description="Only alerts from these jobs; empty means all jobs."
-    )
+    jobs: list[str] = Field(default_factory=list, description="Only alerts from these jobs; empty means all jobs.")
 
 
 class Silence(ConfigModel):
-    targets: list[str] = Field(
-        default_factory=list, description="Targets silenced; empty silences everything."
-    )
+    targets: list[str] = Field(default_factory=list, description="Targets silenced; empty silences everything.")
     start: datetime | None = Field(None, description="Start of a one-off window, with UTC offset.")
     end: datetime | None = Field(None, description="End of a one-off window, with UTC offset.")
     cron: str | None = Field(
@@ -577,20 +576,14 @@ class Silence(ConfigModel):
 
 
 class Alerts(ConfigModel):
-    base_url: str | None = Field(
-        None, description="Public URL of your dashboard, used for links in notifications."
-    )
+    base_url: str | None = Field(None, description="Public URL of your dashboard, used for links in notifications.")
     renotify_interval_s: float = Field(
         14400, ge=0, description="Repeat an open incident's notification this often (0 = never)."
     )
     send_resolved: bool = Field(True, description="Also notify when an incident clears.")
-    receivers: dict[Name, Receiver] = Field(
-        default_factory=dict, description="Notification destinations, by name."
-    )
+    receivers: dict[Name, Receiver] = Field(default_factory=dict, description="Notification destinations, by name.")
     routes: list[Route] = Field(default_factory=list, description="Which alerts go to which receivers.")
-    silences: list[Silence] = Field(
-        default_factory=list, description="Windows in which alerts are suppressed."
-    )
+    silences: list[Silence] = Field(default_factory=list, description="Windows in which alerts are suppressed.")
 
     @field_validator("base_url")
     @classmethod

@@ -25,10 +25,11 @@ def series_names(keys: Sequence[SeriesKey]) -> dict[SeriesKey, str]:
     }
 
 
-async def stored_rows(repository: Repository, *, since: datetime | None = None) -> AsyncIterator[SampleRow]:
-    """Every measured sample of every series started since `since` (default: all), series by series."""
+async def stored_rows(
+    repository: Repository, keys: Sequence[SeriesKey], *, since: datetime | None = None
+) -> AsyncIterator[SampleRow]:
+    """Every measured sample of the series `keys` started since `since` (default: all), series by series."""
     now = datetime.now(UTC)
-    keys = await repository.series_list()
     for key, name in series_names(keys).items():
         runs = await repository.runs_between(key, since or EPOCH, now + CHUNK)
         if not runs:
@@ -52,10 +53,11 @@ async def stored_rows(repository: Repository, *, since: datetime | None = None) 
 
 async def export_samples(repository: Repository, stream: TextIO, *, since: datetime | None = None) -> int:
     """Write the stored history to `stream` as a samples CSV; the number of samples written."""
+    keys = await repository.series_list()  # before writing anything: fails first if the schema is missing
     write_samples_csv([], stream)
     count = 0
     batch: list[SampleRow] = []
-    async for row in stored_rows(repository, since=since):
+    async for row in stored_rows(repository, keys, since=since):
         batch.append(row)
         if len(batch) >= 10_000:
             count += write_samples_csv(batch, stream, header=False)

@@ -1,0 +1,29 @@
+"""`ttft-monitor demo` end to end: the simulator, the real daemon, a regression that opens and resolves."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+
+
+@pytest.mark.timeout(240)
+def test_the_demo_raises_and_resolves_a_regression(tmp_path: Path) -> None:
+    result = run_cli(
+        "demo", "--state-dir", str(tmp_path / "demo"), "--slow-after", "40", "--recover-after", "100",
+        "--duration", "170", timeout=220,
+    )
+    out = result.stdout
+    assert result.code == 0, str(result)
+    assert re.search(r"metrics: http://127\.0\.0\.1:\d+/metrics", out)
+    assert "made qwen3-14b 2.5x slower" in out
+    opened = out.index("!!! [PAGE] TTFT regression on qwen3-14b")
+    resolved = out.index("!!! [RESOLVED] TTFT regression on qwen3-14b")
+    assert opened < resolved
+    # only the slowed model regressed
+    assert "regression on qwen3-8b" not in out and "regression on gpt-4o-mini" not in out
+    assert "Traceback" not in out + result.stderr
+    assert out.rstrip().endswith("ttft-monitor demo: stopped")
