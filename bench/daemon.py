@@ -157,7 +157,7 @@ def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
     }
 
 
-def bench_once_startup(sim: str, folder: Path, runs: int = 5) -> list[float]:
+def bench_once_startup(sim: str, folder: Path, runs: int = 7) -> list[float]:
     config = folder / "once.yaml"
     config.write_text(
         f'database: {{url: "sqlite+aiosqlite:///{folder}/once.db", state_dir: "{folder}/state-once"}}\n'
@@ -183,6 +183,7 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--every", type=int, default=10, help="schedule period in seconds")
+    parser.add_argument("--once-only", action="store_true", help="only measure `once` start-up")
     args = parser.parse_args()
     sim_proc, sim = start_sim()
     try:
@@ -193,9 +194,10 @@ def main() -> None:
                   f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
             print(f"daemon: {args.series} series every {args.every} s "
                   f"(offered {args.series / args.every:.0f} probes/s) for {args.seconds:.0f} s, SQLite")
-            result = bench_daemon(sim, args, folder)
-            for key, value in result.items():
-                print(f"  {key:18s} {value if not isinstance(value, float) else round(value, 3)}")
+            if not args.once_only:
+                result = bench_daemon(sim, args, folder)
+                for key, value in result.items():
+                    print(f"  {key:18s} {value if not isinstance(value, float) else round(value, 3)}")
             startup = bench_once_startup(sim, folder)
             print(f"once start-up (process start -> first request at the server), s: median "
                   f"{statistics.median(startup):.3f}  all {[round(s, 3) for s in startup]}")

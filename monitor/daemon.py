@@ -31,7 +31,6 @@ from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
 from monitor.logging import Redactor
 from monitor.metrics.definitions import Metrics
-from monitor.metrics.server import start_metrics_server
 from monitor.schedule.claims import TickClaims
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
 
@@ -144,6 +143,8 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
                 return False, f"database unreachable ({type(exc).__name__})"
             metrics.database_up.set(1)
             return True, "ready"
+
+        from monitor.metrics.server import start_metrics_server  # aiohttp.web: only the daemon serves
 
         try:
             runner = await start_metrics_server(metrics.registry, readiness, config.metrics.listen)
