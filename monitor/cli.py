@@ -16,53 +16,20 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from monitor import __version__
+from monitor.cliargs import DEFAULT_CONFIG_ENV, config_arg, config_path, non_negative, whole_number
 
 if TYPE_CHECKING:
     from monitor.logging import Redactor
     from monitor.probe.command import ProbeOptions
 
-DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
 EXIT_USAGE = 2
 SIM_DEFAULT_PORT = 8400
 
 
-def _config_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        "-c",
-        default=os.environ.get(DEFAULT_CONFIG_ENV),
-        help=f"config file (default: ${DEFAULT_CONFIG_ENV}, else ./config.yaml)",
-    )
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of seconds") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or more")
-    return value
+_config_arg = config_arg
+_positive_int = whole_number(1)
+_non_negative_int = whole_number(0)
+_seconds = non_negative("seconds")
 
 
 def _token_list(text: str) -> list[int]:
@@ -198,7 +165,7 @@ def _probe_options(args: argparse.Namespace) -> ProbeOptions:
     from monitor.probe.command import ProbeOptions
 
     return ProbeOptions(
-        config_path=args.config,
+        config_path=args.config or os.environ.get(DEFAULT_CONFIG_ENV),
         targets=args.target,
         url=args.url,
         api=args.api,
@@ -305,7 +272,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
 def _cmd_check_config(args: argparse.Namespace) -> int:
     from monitor.config.check import check_config
 
-    code, text = check_config(args.config or "config.yaml")
+    code, text = check_config(config_path(args.config))
     (sys.stdout if code == 0 else sys.stderr).write(text.rstrip("\n") + "\n")
     return code
 
@@ -320,14 +287,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from monitor.daemon import run_daemon
 
     redactor = _setup_logging()
-    return asyncio.run(run_daemon(args.config or "config.yaml", redactor=redactor))
+    return asyncio.run(run_daemon(config_path(args.config), redactor=redactor))
 
 
 def _cmd_once(args: argparse.Namespace) -> int:
     from monitor.daemon import run_once
 
     redactor = _setup_logging()
-    return asyncio.run(run_once(args.config or "config.yaml", job_names=args.job, redactor=redactor))
+    return asyncio.run(run_once(config_path(args.config), job_names=args.job, redactor=redactor))
 
 
 def _cmd_db(args: argparse.Namespace) -> int:

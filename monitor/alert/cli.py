@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import sys
 import uuid
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from monitor.alert.model import Notification, series_link
 from monitor.alert.receivers import KINDS
 from monitor.alert.text import fmt_duration, fmt_ms, fmt_ratio, iso
 from monitor.alert.transport import Transport
+from monitor.cliargs import config_path
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.alert.commands import (
-    DEFAULT_CONFIG_ENV,
     EXIT_DATABASE,
     EXIT_FAILED,
     EXIT_OK,
@@ -43,7 +42,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     name = "alert test" if args.command == "alert" else "incidents"
-    path = args.config or os.environ.get(DEFAULT_CONFIG_ENV) or "config.yaml"
+    path = config_path(args.config)
     try:
         config = load_config(path)
     except ConfigError as exc:

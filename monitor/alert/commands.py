@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
-DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
+from monitor.cliargs import config_arg, non_negative
+
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
 DEFAULT_RECENT_DAYS = 7.0
 
 
-def _config_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config", "-c", default=None, help=f"config file (default: ${DEFAULT_CONFIG_ENV}, else ./config.yaml)"
-    )
-
-
-def _days(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of days") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value:g} must be 0 or more")
-    return value
+_config_arg = config_arg
+_days = non_negative("days")
 
 
 def register(subparsers: Any) -> None:

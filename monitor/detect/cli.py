@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from typing import Any, TextIO
 
+from monitor.cliargs import config_path
 from monitor.detect.replay import EXIT_DATABASE, EXIT_OK, EXIT_USAGE, replay_main
 
 DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
@@ -66,7 +66,7 @@ def export_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
     from monitor.config.loader import load_config
     from monitor.store.engine import StoreError, describe_db_error
 
-    path = args.config or os.environ.get(DEFAULT_CONFIG_ENV) or "config.yaml"
+    path = config_path(args.config)
     try:
         config = load_config(path)
     except ConfigError as exc:

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, TextIO
 
+from monitor.cliargs import config_path
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.store import migrate
 from monitor.store.commands import (
-    DEFAULT_CONFIG_ENV,
     EXIT_DATABASE,
     EXIT_DIFFERENT,
     EXIT_OK,
@@ -29,7 +28,7 @@ from monitor.store.engine import StoreError, describe_db_error, display_url
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
-    path = args.config or os.environ.get(DEFAULT_CONFIG_ENV) or "config.yaml"
+    path = config_path(args.config)
     try:
         config = load_config(path)
     except ConfigError as exc:

@@ -5,17 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
+from monitor.cliargs import config_arg
+
 EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
 
 
 def _config_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        "-c",
-        default=None,
-        help=f"config file (default: ${DEFAULT_CONFIG_ENV}, else ./config.yaml); its database.url is used",
-    )
+    config_arg(parser, note="; its database.url is used")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
