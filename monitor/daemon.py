@@ -32,6 +32,7 @@ from monitor.config.models import Config, Job
 from monitor.logging import Redactor
 from monitor.metrics.definitions import Metrics
 from monitor.schedule.claims import TickClaims
+from monitor.schedule.maintenance import run_maintenance
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
 
 EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA = 0, 1, 2, 3
@@ -160,6 +161,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         drainer = asyncio.create_task(store.writer.run_drainer(drainer_stop, 5.0))
         dispatch_stop = asyncio.Event()
         dispatch_task = asyncio.create_task(dispatcher.run(dispatch_stop))
+        maintenance = asyncio.create_task(run_maintenance(store.repository, config.database, dispatch_stop))
         lag_task = asyncio.create_task(_loop_lag_monitor(metrics, notifier, _watchdog_interval(), stop))
 
         scheduler.set_jobs(list(config.jobs))
@@ -207,6 +209,8 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         dispatch_stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(dispatch_task, timeout=10)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(maintenance, timeout=10)
         drainer_stop.set()
         lag_task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -360,11 +364,14 @@ async def _push(config: Config, metrics: Metrics) -> None:
     from prometheus_client import push_to_gateway
 
     log = structlog.get_logger()
+    gateway = config.metrics.pushgateway
+    if not gateway:
+        return
     try:
         await asyncio.wait_for(
             asyncio.to_thread(
                 push_to_gateway,
-                config.metrics.pushgateway,
+                gateway,
                 job="ttft-monitor",
                 registry=metrics.registry,
                 grouping_key={"location": config.location},

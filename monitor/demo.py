@@ -67,7 +67,7 @@ jobs:
     pause_s: 0.2
 detection:
   # Production defaults want hours of history and 5-minute runs; the demo has a minute of 5-second runs.
-  min_history_runs: 8
+  min_history_runs: 6
   trailing_runs: 12
   page: {{window_runs: 3, confirmations: 2}}
 alerts:

@@ -341,3 +341,40 @@ def _query(url: str, sql: str) -> list[tuple]:
             await engine.dispose()
 
     return asyncio.run(read())
+
+
+def test_keys_never_reach_logs_metrics_or_the_database(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    right, wrong = "sk-right-6f1d0c9a2b7e4f5a8c3d", "sk-wrong-1a2b3c4d5e6f7a8b9c0d"
+    sim = start_sim("--no-noise", "--api-key-env", "SIM_KEY", env={**os.environ, "SIM_KEY": right})
+    try:
+        config = write_config(tmp_path, sim)
+        text = config.read_text().replace(
+            "    api: openai-chat\n",
+            "    api: openai-chat\n    api_key_env: PROBE_KEY\n    headers: {X-Trace: '${TRACE_TOKEN}'}\n",
+        )
+        text = text.replace(
+            "targets:\n",
+            '  bad:\n    base_url: "' + sim.v1 + '"\n    api: openai-chat\n    api_key_env: BAD_KEY\n'
+            "targets:\n  denied:\n    provider: bad\n    model: gpt-4o-mini\n    params: {max_tokens: 4}\n",
+        ).replace("targets: [fast]", "targets: [fast, denied]")
+        config.write_text(text)
+        for key, value in {"PROBE_KEY": right, "BAD_KEY": wrong, "TRACE_TOKEN": "trace-secret-77aa88bb99"}.items():
+            monkeypatch.setenv(key, value)
+        upgrade(config)
+        daemon = start_daemon(config, tmp_path)
+        try:
+            wait_ready(daemon)
+            finished = daemon.wait_for("job_finished", count=2)
+            _, metrics = http_get(daemon.metrics_url + "/metrics")
+        finally:
+            assert stop_daemon(daemon) == 0
+    finally:
+        stop_sim(sim)
+    assert all(f["ok"] == 1 and f["failed"] == 1 for f in finished)  # one good key, one refused
+    assert 'error_class="auth"' in metrics
+    logs = daemon.log_path.read_text()
+    database = (tmp_path / "ttft.db").read_bytes()
+    for secret in (right, wrong, "trace-secret-77aa88bb99"):
+        assert secret not in logs
+        assert secret not in metrics
+        assert secret.encode() not in database

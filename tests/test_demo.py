@@ -13,7 +13,7 @@ from tests.conftest import run_cli
 @pytest.mark.timeout(240)
 def test_the_demo_raises_and_resolves_a_regression(tmp_path: Path) -> None:
     result = run_cli(
-        "demo", "--state-dir", str(tmp_path / "demo"), "--slow-after", "40", "--recover-after", "100",
+        "demo", "--state-dir", str(tmp_path / "demo"), "--slow-after", "45", "--recover-after", "105",
         "--duration", "170", timeout=220,
     )
     out = result.stdout

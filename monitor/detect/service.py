@@ -7,7 +7,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from sqlalchemy import and_, insert, select, update
@@ -23,6 +23,12 @@ from monitor.store.models import DetectorStateRow, IncidentRow, SeriesRow
 from monitor.store.records import RunRecord, SeriesKey
 
 SEVERITY_LEVEL = {"ticket": 1, "page": 2}
+NOTIFICATION_STATE: dict[str, Literal["firing", "resolved", "info"]] = {
+    "open": "firing",
+    "update": "firing",
+    "resolve": "resolved",
+    "info": "info",
+}
 
 
 def job_interval(config: Config, job: str) -> timedelta:
@@ -198,7 +204,7 @@ class DetectionService:
         return open_row
 
     def _notification(self, job: str, series: SeriesKey, event: Event, incident_id: uuid.UUID) -> Notification:
-        state = {"open": "firing", "update": "firing", "resolve": "resolved", "info": "info"}[event.action]
+        state = NOTIFICATION_STATE[event.action]
         since = event.detail.get("since")
         if isinstance(since, str):
             since = datetime.fromisoformat(since)

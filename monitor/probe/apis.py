@@ -125,8 +125,8 @@ class _OpenAIBase:
 
 
 class OpenAIChat(_OpenAIBase):
-    name = "openai-chat"
-    path = "/chat/completions"
+    name: ClassVar[str] = "openai-chat"
+    path: ClassVar[str] = "/chat/completions"
 
     def build_body(self, prompt: str, params: RequestParams) -> dict[str, Any]:
         body = self._common(params)
@@ -146,8 +146,8 @@ class OpenAIChat(_OpenAIBase):
 
 
 class OpenAICompletions(_OpenAIBase):
-    name = "openai-completions"
-    path = "/completions"
+    name: ClassVar[str] = "openai-completions"
+    path: ClassVar[str] = "/completions"
 
     def build_body(self, prompt: str, params: RequestParams) -> dict[str, Any]:
         body = self._common(params)
@@ -159,8 +159,8 @@ class OpenAICompletions(_OpenAIBase):
 
 
 class AnthropicMessages:
-    name = "anthropic-messages"
-    path = "/messages"
+    name: ClassVar[str] = "anthropic-messages"
+    path: ClassVar[str] = "/messages"
     version = "2023-06-01"
 
     def auth_headers(self, api_key: str | None) -> dict[str, str]:
@@ -212,6 +212,5 @@ class AnthropicMessages:
         return info
 
 
-FLAVORS: dict[str, ApiFlavor] = {
-    flavor.name: flavor for flavor in (OpenAIChat(), OpenAICompletions(), AnthropicMessages())
-}
+_ALL: tuple[ApiFlavor, ...] = (OpenAIChat(), OpenAICompletions(), AnthropicMessages())
+FLAVORS: dict[str, ApiFlavor] = {flavor.name: flavor for flavor in _ALL}

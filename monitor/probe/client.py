@@ -121,7 +121,7 @@ class _TimedConnector(aiohttp.TCPConnector):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self._factory = functools.partial(_StampingProtocol, loop=self._loop)
+        self._factory = functools.partial(_StampingProtocol, loop=self._loop)  # type: ignore[assignment]
 
     async def _wrap_create_connection(  # type: ignore[override]
         self,

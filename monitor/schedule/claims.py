@@ -37,10 +37,9 @@ class TickClaims:
         return result.rowcount == 1
 
     async def finish(self, *, job: str, scheduled_at: datetime, location: str, status: str) -> None:
-        table = JobTickRow.__table__
         statement = (
-            update(table)
-            .where(table.c.job == job, table.c.scheduled_at == scheduled_at, table.c.location == location)
+            update(JobTickRow)
+            .where(JobTickRow.job == job, JobTickRow.scheduled_at == scheduled_at, JobTickRow.location == location)
             .values(finished_at=datetime.now(UTC), status=status)
         )
         async with self._engine.begin() as connection:

@@ -179,6 +179,7 @@ def _moved(old: tuple[float, float] | None, new: tuple[float, float]) -> bool:
 
 async def _save_calibration(ctx: JobContext, outcome: JobOutcome, log: Any) -> None:
     keys = {(s.target, s.prompt) for s in outcome.samples}
+    assert ctx.repository is not None
     try:
         for key in keys:
             fit = ctx.calibration.fit(key)

@@ -1,0 +1,54 @@
+"""The daemon's housekeeping: hourly rollups and retention, in bounded batches, off the probe path."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from monitor.config.models import Database
+
+MAINTENANCE_INTERVAL_S = 3600.0
+FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturbed
+
+
+async def maintain_once(repository: Any, database: Database, *, now: datetime | None = None) -> dict[str, int]:
+    """Roll up finished hours, then prune raw runs past `retention.raw_days` and rollups past
+    `retention.rollup_days`. Each step works in short transactions (see the repository)."""
+    now = now or datetime.now(UTC)
+    hours = await repository.rollup(now)
+    pruned = await repository.prune(now, database.retention.raw_days, database.retention.rollup_days)
+    return {
+        "hours_rolled_up": hours,
+        "runs_pruned": pruned.runs,
+        "samples_pruned": pruned.samples,
+        "rollups_pruned": pruned.rollups,
+    }
+
+
+async def run_maintenance(
+    repository: Any,
+    database: Database,
+    stop: asyncio.Event,
+    *,
+    first_after_s: float = FIRST_RUN_AFTER_S,
+    interval_s: float = MAINTENANCE_INTERVAL_S,
+) -> None:
+    """Until `stop`: maintenance after `first_after_s`, then every `interval_s`. Never raises."""
+    log = structlog.get_logger()
+    delay = first_after_s
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=delay)
+        if stop.is_set():
+            return
+        delay = interval_s
+        try:
+            done = await maintain_once(repository, database)
+        except Exception as exc:  # the database may be down; try again next time
+            log.warning("maintenance_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+        else:
+            log.info("maintenance_finished", **done)
