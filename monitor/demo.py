@@ -69,7 +69,6 @@ detection:
   # Production defaults want hours of history and 5-minute runs; the demo has a minute of 5-second runs.
   min_history_runs: 6
   trailing_runs: 12
-  page: {{window_runs: 3, confirmations: 2}}
 alerts:
   receivers:
     console: {{type: log}}
