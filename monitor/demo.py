@@ -122,7 +122,7 @@ class LiveTable:
         return "\n".join(lines)
 
     def maybe_draw(self, elapsed: float) -> None:
-        if time.monotonic() - self.last_draw < 5:
+        if not self.recent or time.monotonic() - self.last_draw < 5:
             return
         self.last_draw = time.monotonic()
         self.out.write(f"\n-- TTFT after {elapsed:.0f} s (last 9 samples per series) --\n{self.render()}\n")
