@@ -41,7 +41,7 @@ async def open_store(
     sleep: Callable[[float], Any] = asyncio.sleep,
 ) -> Store:
     """Connect (retrying for `database.connect_retry_s`), refuse a schema behind head, open the spool."""
-    from monitor.store.engine import StoreError, create_engine
+    from monitor.store.engine import StoreError, create_engine, describe_db_error
     from monitor.store.repository import Repository
     from monitor.store.schema import ensure_current
     from monitor.store.spool import Spool
@@ -60,10 +60,8 @@ async def open_store(
         except Exception as exc:
             if asyncio.get_running_loop().time() + delay > deadline:
                 await engine.dispose()
-                raise InfrastructureError(
-                    f"cannot reach the database ({_describe_db(config.database.url)}) after {budget:g} s: "
-                    f"{type(exc).__name__}; check that it runs and that database.url is right"
-                ) from None
+                reason = describe_db_error(exc, config.database.url)
+                raise InfrastructureError(f"gave up after {budget:g} s: {reason}") from None
             log.warning("database_unreachable", retry_in_s=delay, error=type(exc).__name__)
             await sleep(delay)
             delay = min(delay * 2, 5.0)
@@ -108,18 +106,6 @@ class _WriterEvents:
             self.metrics.database_up.set(0)
         elif name in ("database_write_ok", "spool_drained"):
             self.metrics.database_up.set(1)
-
-
-def _describe_db(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    try:
-        parsed = make_url(url)
-    except Exception:
-        return "an unparseable URL"
-    if parsed.drivername.startswith("sqlite"):
-        return f"SQLite file {parsed.database}"
-    return f"{parsed.drivername} at {parsed.host}:{parsed.port or 5432}/{parsed.database}"
 
 
 async def build_context(

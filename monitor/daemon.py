@@ -34,6 +34,7 @@ from monitor.metrics.definitions import Metrics
 from monitor.schedule.claims import TickClaims
 from monitor.schedule.maintenance import run_maintenance
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
+from monitor.store.engine import display_url
 
 EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA = 0, 1, 2, 3
 LOOP_LAG_INTERVAL_S = 0.5
@@ -173,7 +174,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             "daemon_started",
             jobs=[j.name for j in config.jobs],
             metrics=f"http://{config.metrics.listen}/metrics",
-            database=_safe_db(config),
+            database=display_url(config.database.url),
             location=config.location,
             next_runs={k: v.isoformat() if v else None for k, v in scheduler.next_run_times().items()},
         )
@@ -219,12 +220,6 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             await asyncio.wait_for(store.writer.drain(), timeout=5)
         log.info("daemon_stopped", spooled=store.spool.depth)
     return EXIT_OK
-
-
-def _safe_db(config: Config) -> str:
-    from monitor.app import _describe_db
-
-    return _describe_db(config.database.url)
 
 
 async def _run_claimed_tick(state: DaemonState, job: Job, intended: datetime) -> None:
