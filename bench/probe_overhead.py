@@ -53,13 +53,18 @@ from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.prompts import build_text
 from monitor.probe.result import Sample
 from monitor.probe.stats import percentile
+from monitor.sim.profiles import default_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "qwen3-8b"
 # Thinking off, so the first generated token is content and every client counts a token.
 NO_THINKING: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": False}}
 TTFT_MS = 50.0
-DECODE_TPS = 1000.0  # 8 tokens in ~7 ms: the run stays short and streams overlap little
+# Each stream decodes at the simulator's own qwen3-8b rate (90 tok/s, a real server's per-stream
+# speed), so 100 streams send ~9,000 events/s. `--decode-tps 1000` is the stress case: 100,000
+# events/s, more than one Python event loop parses (~30-50 us per event), so the client saturates
+# and the overhead measures its backlog rather than its stamping.
+DEFAULT_DECODE_TPS = default_profiles()[MODEL].decode_tps
 MAX_TOKENS = 8
 PROMPT_CHARS = 700  # ~200 tokens on the simulator's tokenizer, nonce included
 WARMUP_SEQUENTIAL = 5
@@ -172,8 +177,8 @@ def _wait_until_listening(child: subprocess.Popen[str], stderr: Any, port: int) 
             )
 
 
-def configure_model(http: requests.Session, root: str) -> None:
-    patch = {"ttft_base_ms": TTFT_MS, "prefill_ms_per_1k": 0, "decode_tps": DECODE_TPS}
+def configure_model(http: requests.Session, root: str, decode_tps: float) -> None:
+    patch = {"ttft_base_ms": TTFT_MS, "prefill_ms_per_1k": 0, "decode_tps": decode_tps}
     resp = http.post(f"{root}/sim/models/{MODEL}", json=patch, timeout=10)
     if resp.status_code != 200:
         raise BenchError(f"POST /sim/models/{MODEL} answered {resp.status_code}: {resp.text[:300]}")
@@ -564,7 +569,7 @@ def machine_lines(load_at_start: str) -> list[str]:
 
 async def run_all(root: str, args: argparse.Namespace) -> list[Measured]:
     with requests.Session() as http:
-        configure_model(http, root)
+        configure_model(http, root, args.decode_tps)
     clients = Clients(
         TtftMonitorClient(root), RequestsClient(root, args.concurrency), OpenAIClient(root), FloorClient(root)
     )
@@ -592,8 +597,9 @@ def report(results: list[Measured], args: argparse.Namespace, load_at_start: str
     lines = [
         "Probe overhead: the client's arrival stamp of an event minus the simulator's write stamp of it",
         *machine_lines(load_at_start),
-        f"simulator: {MODEL}, thinking off, noise off, configured TTFT {TTFT_MS:g} ms, {DECODE_TPS:g} tok/s, "
-        f"max_tokens {MAX_TOKENS}; prompts {tokens[0]}-{tokens[-1]} tokens, each with a unique nonce",
+        f"simulator: {MODEL}, thinking off, noise off, configured TTFT {TTFT_MS:g} ms, "
+        f"{args.decode_tps:g} tok/s per stream, max_tokens {MAX_TOKENS}; prompts {tokens[0]}-{tokens[-1]} tokens, "
+        "each with a unique nonce",
         f"sequential: {args.samples} per client, round-robin; concurrent: {args.batches} batches of "
         f"{args.concurrency} streams per client, batches interleaved (requests: {args.concurrency} threads; "
         f"the others: tasks on one loop); all clients in one process, {gc_note}",
@@ -625,6 +631,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--batches", type=int, default=10, help="concurrent batches per client (default 10)")
     parser.add_argument(
+        "--decode-tps",
+        type=float,
+        default=DEFAULT_DECODE_TPS,
+        help=f"each stream's decode rate at the simulator (default {DEFAULT_DECODE_TPS:g}, its {MODEL} profile; "
+        "1000 is the stress case)",
+    )
+    parser.add_argument(
         "--no-gc-freeze",
         dest="gc_freeze",
         action="store_false",
@@ -634,6 +647,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for name in ("samples", "concurrency", "batches"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+    if not args.decode_tps > 0:
+        parser.error("--decode-tps must be above 0")
     return args
 
 

@@ -174,6 +174,28 @@ async def test_a_utf8_character_split_across_writes_is_reassembled(serve) -> Non
     assert sample.ttft_ms is not None and sample.ttft_ms >= 50
 
 
+async def test_a_body_longer_than_the_read_buffer_is_read_to_the_end(serve) -> None:
+    # ~600 KiB, well past aiohttp's 128 KiB high-water mark: a body left unread there would pause
+    # the socket and never end; every token must still be counted and stamped as it came.
+    tokens = 3000
+    script: Script = [(0, ROLE)] + [(0, content("x" * 150))] * tokens + [(0, DONE)]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.ok, sample.error_message
+    assert sample.token_events == tokens
+    assert sample.gap_max_ms is not None and sample.gap_max_ms < 1000
+
+
+async def test_an_error_event_deep_in_a_long_body_is_seen_before_the_body_ends(serve) -> None:
+    # The body is parsed as it piles up, so an error event 200 KiB in ends the probe although the
+    # server then hangs with the connection open.
+    script: Script = [(0, ROLE)] + [(0, content("y" * 150))] * 1000
+    script += [(0, chunk(None, error={"message": "engine died"})), (0, content("z" * 40_000)), (3, DONE)]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.error is ErrorClass.STREAM_ERROR
+    assert sample.error_message == "error event in the stream after 1000 tokens: engine died"
+    assert sample.total_ms is not None and sample.total_ms < 2000
+
+
 async def test_a_stream_cut_mid_way_is_a_stream_error(serve) -> None:
     url = await serve(streaming_handler([(0, ROLE), (0, content("a")), (0.01, content("b"))], cut=True))
     sample = await probe(url)

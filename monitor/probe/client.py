@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import contextvars
 import functools
 import itertools
@@ -42,6 +43,9 @@ from monitor.redact import redact
 
 Clock = Callable[[], int]
 MAX_ERROR_BODY = 2000
+# A body is parsed once it has arrived, or once this much is waiting: below aiohttp's read buffer
+# high-water mark (2 x read_bufsize, 128 KiB by default), where it would pause reading the socket.
+DRAIN_AT_BYTES = 32 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,28 +92,77 @@ _current_stamps: contextvars.ContextVar[_Stamps | None] = contextvars.ContextVar
 
 
 class _StampingProtocol(ResponseHandler):
-    """Stamps every arrival of body bytes in `data_received`, before the reading task is even woken.
+    """Stamps every arrival of body bytes in `data_received`, before anything else looks at them.
 
-    Under load the task that reads the stream runs later than the bytes arrive (behind other
-    streams' work); stamping here keeps that queueing out of TTFT. Each record says: the response
-    body up to byte offset N had arrived at monotonic time T.
+    Each record says: the response body up to byte offset N had arrived at monotonic time T. The
+    stream is parsed later, from these records, so parsing never delays a stamp: under load the
+    loop runs every queued callback before it gets to a socket's read, and a task woken per event
+    to parse it would sit in that queue ahead of other streams' reads. `watch` tells the reader
+    when the body is complete or broken, so it needs no wake-up per event at all.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.arrivals: collections.deque[tuple[int, int]] = collections.deque()
         self._stamped_payload: Any = None
+        self._watched: aiohttp.StreamReader | None = None
+        self._settled: asyncio.Future[None] | None = None
+        self._on_bytes: Callable[[], None] | None = None
+        self.rescued = b""  # body bytes taken out of a watched body as its connection broke
 
     def data_received(self, data: bytes) -> None:
         stamp = time.perf_counter_ns()
         super().data_received(data)
         payload = getattr(self, "_payload", None)
-        if payload is None:
+        if payload is not None:
+            if payload is not self._stamped_payload:
+                self._stamped_payload = payload
+                self.arrivals.clear()
+            self.arrivals.append((payload.total_bytes, stamp))
+        if self._settled is not None:
+            if self._on_bytes is not None:
+                self._on_bytes()
+            self._check_settled()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        content = self._watched
+        if content is not None and content.exception() is None and not content.is_eof():
+            # aiohttp is about to fail the unfinished body, and a failed StreamReader no longer
+            # hands out what it holds: keep those bytes (the tokens before the break) for the reader.
+            with contextlib.suppress(Exception):
+                self.rescued += content.read_nowait()
+        super().connection_lost(exc)
+        if self._settled is not None:
+            self._check_settled()
+
+    def watch(self, content: aiohttp.StreamReader, on_bytes: Callable[[], None]) -> asyncio.Future[None]:
+        """A future that resolves once `content` has all its bytes, or has failed.
+
+        `on_bytes` runs after each arrival; it may take the buffered bytes (and must not raise).
+        """
+        self._watched = content
+        self._on_bytes = on_bytes
+        self._settled = asyncio.get_running_loop().create_future()
+        self._check_settled()
+        return self._settled
+
+    def settle(self) -> None:
+        """Resolve the watch early: the reader has seen enough (an error event, a malformed stream)."""
+        if self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
+
+    def unwatch(self) -> None:
+        self._watched = None
+        self._on_bytes = None
+        self._settled = None
+        self.rescued = b""
+
+    def _check_settled(self) -> None:
+        content, settled = self._watched, self._settled
+        if content is None or settled is None or settled.done():
             return
-        if payload is not self._stamped_payload:
-            self._stamped_payload = payload
-            self.arrivals.clear()
-        self.arrivals.append((payload.total_bytes, stamp))
+        if content.is_eof() or content.exception() is not None or self.transport is None:
+            settled.set_result(None)
 
 
 class _TimedConnector(aiohttp.TCPConnector):
@@ -221,6 +274,162 @@ def _stamped_pieces(
     return pieces
 
 
+class _EventReader:
+    """Turns stamped body bytes into the sample's token times: SSE parsing and per-API classification.
+
+    Every event carries the arrival stamp of the bytes that completed it. Pure bookkeeping, no I/O;
+    raises MalformedEvent or SSEError for a stream that is not what the API promises.
+    """
+
+    def __init__(self, flavor: ApiFlavor, sample: Sample, api_key: str | None) -> None:
+        self.flavor = flavor
+        self.sample = sample
+        self.api_key = api_key
+        self.parser = SSEParser()
+        self.token_stamps: list[int] = []
+        self.first_event: int | None = None
+        self.first_answer: int | None = None
+        self.done = False
+        self.stopped = False  # an error event ended the stream; later bytes are ignored
+
+    def feed(self, arrived: int, data: bytes) -> None:
+        if self.stopped:
+            return
+        sample = self.sample
+        for event in self.parser.feed(data):
+            if self.first_event is None:
+                self.first_event = arrived
+            info = self.flavor.classify(event)
+            if info.served_model:
+                sample.served_model = info.served_model
+            if info.prompt_tokens is not None:
+                sample.prompt_tokens = info.prompt_tokens
+            if info.cached_tokens is not None:
+                sample.cached_tokens = info.cached_tokens
+            if info.completion_tokens is not None:
+                sample.completion_tokens = info.completion_tokens
+            kind = info.kind
+            if kind is Kind.ANSWER or kind is Kind.REASONING:
+                self.token_stamps.append(arrived)
+                if kind is Kind.ANSWER and self.first_answer is None:
+                    self.first_answer = arrived
+            elif kind is Kind.DONE:
+                self.done = True
+            elif kind is Kind.ERROR:
+                sample.error = ErrorClass.STREAM_ERROR
+                sample.error_message = redact(
+                    f"error event in the stream after {len(self.token_stamps)} tokens: {info.error_message}",
+                    [self.api_key],
+                )
+                self.stopped = True
+                return
+
+
+class _Body:
+    """The response body as it arrives: bytes with their arrival stamps, fed to an `_EventReader`."""
+
+    def __init__(self, resp: aiohttp.ClientResponse, reader: _EventReader) -> None:
+        self.content = resp.content
+        self.reader = reader
+        protocol = resp.connection.protocol if resp.connection is not None else None
+        # None when the whole body came with the headers and aiohttp already released the connection.
+        self.protocol = protocol if isinstance(protocol, _StampingProtocol) else None
+        self._arrivals: collections.deque[tuple[int, int]] = (
+            self.protocol.arrivals if self.protocol is not None else collections.deque()
+        )
+        self._consumed = 0
+        self._draining = False
+        self.failure: Exception | None = None  # what a drain inside the protocol's callback raised
+
+    def on_bytes(self) -> None:
+        """Called by the protocol on every arrival: parse only once a long body has piled up.
+
+        Left unread, aiohttp's buffer would pass its high-water mark and pause reading the socket,
+        delaying every later stamp (and the end of the body forever, as nothing reads it).
+        """
+        if self.content.total_bytes - self._consumed < DRAIN_AT_BYTES or self.failure is not None:
+            return
+        try:
+            self.drain()
+        except Exception as exc:  # MalformedEvent, SSEError: for the waiting task, not aiohttp's callback
+            self.failure = exc
+        if (self.failure is not None or self.reader.stopped) and self.protocol is not None:
+            self.protocol.settle()
+
+    def drain(self) -> None:
+        """Feed the reader every byte that has arrived so far, each piece with its arrival stamp.
+
+        Raises the payload's error (a broken connection) only once what arrived before it is read.
+        """
+        if self._draining:  # reading may resume a paused protocol, which re-enters through on_bytes
+            return
+        self._draining = True
+        try:
+            self._drain()
+        finally:
+            self._draining = False
+
+    def _drain(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+        content = self.content
+        chunk = b""
+        if self.protocol is not None and self.protocol.rescued:
+            chunk, self.protocol.rescued = self.protocol.rescued, b""
+        if content.exception() is None:
+            chunk += content.read_nowait()
+        now = time.perf_counter_ns()
+        for at, piece in _stamped_pieces(chunk, self._consumed, self._arrivals, now):
+            self.reader.feed(at, piece)
+        self._consumed += len(chunk)
+        failure = content.exception()
+        if failure is not None and not self.reader.stopped:
+            raise failure
+
+    async def read(self, first_token_by: float) -> None:
+        """Wait for the whole body (a token must have arrived by loop time `first_token_by`), then parse it.
+
+        Raises _Deadline(TIMEOUT_FIRST_TOKEN) if no token had arrived by then; the caller's own
+        deadline bounds the total.
+        """
+        protocol = self.protocol
+        if protocol is None:
+            await self._read_in_task()
+            return
+        settled = protocol.watch(self.content, self.on_bytes)
+        try:
+            remaining = first_token_by - asyncio.get_running_loop().time()
+            if not settled.done() and remaining > 0:
+                await asyncio.wait([settled], timeout=remaining)
+            if not settled.done():
+                self.drain()
+                if self.reader.stopped:
+                    return
+                if not self.reader.token_stamps:
+                    raise _Deadline(ErrorClass.TIMEOUT_FIRST_TOKEN)
+            await settled
+            self.drain()
+        except asyncio.CancelledError:
+            # The total deadline (or shutdown): read what did arrive, so the sample counts its tokens
+            # and sees an error event that came before the wait.
+            with contextlib.suppress(MalformedEvent, SSEError, aiohttp.ClientError):
+                self.drain()
+            raise
+        finally:
+            protocol.unwatch()
+
+    async def _read_in_task(self) -> None:
+        while not self.reader.stopped:
+            chunk = await self.content.readany()
+            if not chunk:
+                break
+            self.reader.feed(time.perf_counter_ns(), chunk)
+
+
+def _tokens(reader: _EventReader | None) -> int:
+    return len(reader.token_stamps) if reader is not None else 0
+
+
 def _ms(start: int | None, end: int | None) -> float | None:
     if start is None or end is None:
         return None
@@ -292,11 +501,8 @@ class ProbeClient:
         stamps.request_start = time.perf_counter_ns()
         start_loop_time = loop.time()
         phase = ErrorClass.TIMEOUT_CONNECT
-        token_stamps: list[int] = []
-        first_event: int | None = None
-        first_answer: int | None = None
+        reader: _EventReader | None = None
         headers_at: int | None = None
-        done = False
         try:
             async with asyncio.timeout_at(start_loop_time + timeouts.first_token) as deadline:
                 try:
@@ -326,58 +532,23 @@ class ProbeClient:
                             "stream; check that the endpoint supports stream: true and the base_url is right"
                         )
                         return
-                    parser = SSEParser()
-                    flavor = endpoint.flavor
-                    read = resp.content.readany
-                    protocol = resp.connection.protocol if resp.connection is not None else None
-                    arrivals: collections.deque[tuple[int, int]] = getattr(protocol, "arrivals", None) or (
-                        collections.deque()
-                    )
-                    consumed = 0
-                    while True:
-                        chunk = await read()
-                        now = time.perf_counter_ns()
-                        if not chunk:
-                            break
-                        pieces = _stamped_pieces(chunk, consumed, arrivals, now)
-                        consumed += len(chunk)
-                        stamped = [(at, event) for at, piece in pieces for event in parser.feed(piece)]
-                        for arrived, event in stamped:
-                            if first_event is None:
-                                first_event = arrived
-                            info = flavor.classify(event)
-                            if info.served_model:
-                                sample.served_model = info.served_model
-                            if info.prompt_tokens is not None:
-                                sample.prompt_tokens = info.prompt_tokens
-                            if info.cached_tokens is not None:
-                                sample.cached_tokens = info.cached_tokens
-                            if info.completion_tokens is not None:
-                                sample.completion_tokens = info.completion_tokens
-                            kind = info.kind
-                            if kind is Kind.ANSWER or kind is Kind.REASONING:
-                                if not token_stamps:
-                                    # From here the total deadline applies, not the first-token one.
-                                    phase = ErrorClass.TIMEOUT_TOTAL
-                                    deadline.reschedule(start_loop_time + timeouts.total)
-                                token_stamps.append(arrived)
-                                if kind is Kind.ANSWER and first_answer is None:
-                                    first_answer = arrived
-                            elif kind is Kind.DONE:
-                                done = True
-                            elif kind is Kind.ERROR:
-                                sample.error = ErrorClass.STREAM_ERROR
-                                sample.error_message = redact(
-                                    f"error event in the stream after {len(token_stamps)} tokens: {info.error_message}",
-                                    [endpoint.api_key],
-                                )
-                                return
+                    reader = _EventReader(endpoint.flavor, sample, endpoint.api_key)
+                    body = _Body(resp, reader)
+                    # The first-token deadline is checked by `body.read`; this one now bounds the total.
+                    phase = ErrorClass.TIMEOUT_TOTAL
+                    deadline.reschedule(start_loop_time + timeouts.total)
+                    await body.read(first_token_by=start_loop_time + timeouts.first_token)
         except TimeoutError:
-            sample.error = phase
-            sample.error_message = self._timeout_message(phase, timeouts, len(token_stamps))
+            if reader is not None and reader.stopped:
+                pass  # an error event had arrived: that is the outcome, not the wait after it
+            else:
+                if phase is ErrorClass.TIMEOUT_TOTAL and not _tokens(reader):
+                    phase = ErrorClass.TIMEOUT_FIRST_TOKEN
+                sample.error = phase
+                sample.error_message = self._timeout_message(phase, timeouts, _tokens(reader))
         except _Deadline as exc:
             sample.error = exc.error
-            sample.error_message = self._timeout_message(exc.error, timeouts, len(token_stamps))
+            sample.error_message = self._timeout_message(exc.error, timeouts, _tokens(reader))
         except (MalformedEvent, SSEError) as exc:
             sample.error = ErrorClass.MALFORMED_STREAM
             sample.error_message = redact(f"malformed stream: {exc}", [endpoint.api_key])
@@ -387,11 +558,11 @@ class ProbeClient:
             else:
                 sample.error = ErrorClass.STREAM_ERROR
                 sample.error_message = (
-                    f"the connection broke mid-stream after {len(token_stamps)} tokens "
+                    f"the connection broke mid-stream after {_tokens(reader)} tokens "
                     f"({type(exc).__name__}); the server or a proxy cut the response"
                 )
         finally:
-            self._finish(sample, endpoint, stamps, headers_at, first_event, token_stamps, first_answer, done)
+            self._finish(sample, endpoint, stamps, headers_at, reader)
 
     def _finish(
         self,
@@ -399,12 +570,13 @@ class ProbeClient:
         endpoint: Endpoint,
         stamps: _Stamps,
         headers_at: int | None,
-        first_event: int | None,
-        token_stamps: list[int],
-        first_answer: int | None,
-        done: bool,
+        reader: _EventReader | None,
     ) -> None:
         end = time.perf_counter_ns()
+        token_stamps = reader.token_stamps if reader is not None else []
+        first_event = reader.first_event if reader is not None else None
+        first_answer = reader.first_answer if reader is not None else None
+        done = reader.done if reader is not None else False
         sent = stamps.sent if stamps.sent is not None else stamps.request_start
         sample.sent_mono_ns = sent
         sample.connection_reused = stamps.reused if stamps.conn_start is not None or stamps.reused else None
