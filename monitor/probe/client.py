@@ -105,6 +105,7 @@ class _StampingProtocol(ResponseHandler):
         super().__init__(*args, **kwargs)
         self.arrivals: collections.deque[tuple[int, int]] = collections.deque()
         self._stamped_payload: Any = None
+        self.head_arrived: int | None = None  # when the current response's head was complete
         self._watched: aiohttp.StreamReader | None = None
         self._settled: asyncio.Future[None] | None = None
         self._on_bytes: Callable[[], None] | None = None
@@ -116,7 +117,9 @@ class _StampingProtocol(ResponseHandler):
         payload = getattr(self, "_payload", None)
         if payload is not None:
             if payload is not self._stamped_payload:
+                # A new response: these bytes completed its head.
                 self._stamped_payload = payload
+                self.head_arrived = stamp
                 self.arrivals.clear()
             self.arrivals.append((payload.total_bytes, stamp))
         if self._settled is not None:
@@ -134,6 +137,13 @@ class _StampingProtocol(ResponseHandler):
         super().connection_lost(exc)
         if self._settled is not None:
             self._check_settled()
+
+    def arrivals_of(self, content: aiohttp.StreamReader) -> collections.deque[tuple[int, int]]:
+        """The arrival record of `content`; empty if this connection has since moved on to another body."""
+        return self.arrivals if content is self._stamped_payload else collections.deque()
+
+    def head_arrival_of(self, content: aiohttp.StreamReader) -> int | None:
+        return self.head_arrived if content is self._stamped_payload else None
 
     def watch(self, content: aiohttp.StreamReader, on_bytes: Callable[[], None]) -> asyncio.Future[None]:
         """A future that resolves once `content` has all its bytes, or has failed.
@@ -331,12 +341,9 @@ class _Body:
     def __init__(self, resp: aiohttp.ClientResponse, reader: _EventReader) -> None:
         self.content = resp.content
         self.reader = reader
-        protocol = resp.connection.protocol if resp.connection is not None else None
-        # None when the whole body came with the headers and aiohttp already released the connection.
-        self.protocol = protocol if isinstance(protocol, _StampingProtocol) else None
-        self._arrivals: collections.deque[tuple[int, int]] = (
-            self.protocol.arrivals if self.protocol is not None else collections.deque()
-        )
+        stamping = _stamping_protocol(resp)
+        self.protocol = stamping if resp.connection is not None else None  # only a live connection is watched
+        self._arrivals = stamping.arrivals_of(self.content) if stamping is not None else collections.deque()
         self._consumed = 0
         self._draining = False
         self.failure: Exception | None = None  # what a drain inside the protocol's callback raised
@@ -394,7 +401,10 @@ class _Body:
         """
         protocol = self.protocol
         if protocol is None:
-            await self._read_in_task()
+            if self.content.is_eof():
+                self.drain()
+            else:
+                await self._read_in_task()
             return
         settled = protocol.watch(self.content, self.on_bytes)
         try:
@@ -424,6 +434,20 @@ class _Body:
             if not chunk:
                 break
             self.reader.feed(time.perf_counter_ns(), chunk)
+
+
+def _stamping_protocol(resp: aiohttp.ClientResponse) -> _StampingProtocol | None:
+    # When the whole body came with the head, aiohttp has already put the connection back in the
+    # pool; its protocol (which aiohttp keeps as `_protocol`) still holds the arrival stamps.
+    protocol = resp.connection.protocol if resp.connection is not None else getattr(resp, "_protocol", None)
+    return protocol if isinstance(protocol, _StampingProtocol) else None
+
+
+def _head_arrival(resp: aiohttp.ClientResponse) -> int:
+    """When the response head arrived, from the protocol's stamps; now, if it kept none."""
+    protocol = _stamping_protocol(resp)
+    stamp = protocol.head_arrival_of(resp.content) if protocol is not None else None
+    return stamp if stamp is not None else time.perf_counter_ns()
 
 
 def _tokens(reader: _EventReader | None) -> int:
@@ -516,7 +540,7 @@ class ProbeClient:
                 except TimeoutError:
                     # aiohttp's own sock_connect timeout; ours surfaces at the `async with` instead.
                     raise _Deadline(ErrorClass.TIMEOUT_CONNECT) from None
-                headers_at = time.perf_counter_ns()
+                headers_at = _head_arrival(resp)
                 phase = ErrorClass.TIMEOUT_FIRST_TOKEN
                 async with resp:
                     sample.http_status = resp.status
