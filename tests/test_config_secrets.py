@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -103,15 +105,33 @@ def test_an_unusable_api_key_file_is_explained(tmp_path: Path, content: str | by
     assert only_error(path, {}) == f"providers.openai.api_key_file: {message.format(path=key_file)}"
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads any file")
 def test_an_unreadable_api_key_file_is_explained(tmp_path: Path) -> None:
     key_file = tmp_path / "key"
     key_file.write_text(SECRET, encoding="utf-8")
     key_file.chmod(0)
     path = write_config(tmp_path, {"api_key_file": str(key_file)})
-    assert only_error(path, {}) == (
+    assert error_without_root_override(path) == (
         f"providers.openai.api_key_file: secret file {key_file} cannot be read: permission denied (check api_key_file)"
     )
+
+
+def error_without_root_override(path: Path) -> str:
+    """`only_error`, run where file permissions apply: root reads any file, so drop that capability."""
+    if os.geteuid() != 0:
+        return only_error(path, {})
+    code = (
+        "import sys; from pathlib import Path; from tests.test_config_secrets import only_error; "
+        "print(only_error(Path(sys.argv[1]), {}))"
+    )
+    done = subprocess.run(
+        ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parent.parent,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
 
 
 def test_a_provider_without_key_settings_has_no_secret(tmp_path: Path) -> None:
