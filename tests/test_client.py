@@ -174,6 +174,114 @@ async def test_a_utf8_character_split_across_writes_is_reassembled(serve) -> Non
     assert sample.ttft_ms is not None and sample.ttft_ms >= 50
 
 
+def http_chunks(data: bytes, size: int) -> bytes:
+    """`data` in HTTP/1.1 chunked encoding, `size` bytes a chunk (no terminating chunk)."""
+    return b"".join(
+        f"{len(data[i : i + size]):x}\r\n".encode() + data[i : i + size] + b"\r\n" for i in range(0, len(data), size)
+    )
+
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+@pytest.fixture
+async def raw_serve() -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """A bare TCP server: `answer(reader, writer)` writes whatever bytes the case needs."""
+    servers: list[asyncio.Server] = []
+
+    async def start(answer: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> str:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            head = await reader.readuntil(b"\r\n\r\n")
+            # The whole request, so closing the socket later sends a FIN, not a reset for unread bytes.
+            length = next(line for line in head.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+            await reader.readexactly(int(length.split(b":")[1]))
+            try:
+                await answer(reader, writer)
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+@pytest.mark.parametrize("before_first_token", [True, False], ids=["before-the-first-token", "mid-stream"])
+async def test_an_error_event_ends_the_probe_though_the_server_holds_the_connection(
+    raw_serve, before_first_token: bool
+) -> None:
+    # The body is parsed in slices: an error event is seen within a fraction of a second, not at a deadline.
+    events = [ROLE] if before_first_token else [ROLE, content("a")]
+    events.append(chunk(None, error={"message": "engine died"}))
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(CHUNKED_HEAD + http_chunks(b"".join(events), 4096))
+        await writer.drain()
+        await reader.read()  # holds the connection open until the client goes
+
+    sample = await probe(await raw_serve(answer), timeouts=Timeouts(connect=2, first_token=3, total=6))
+    assert sample.error is ErrorClass.STREAM_ERROR
+    tokens = 0 if before_first_token else 1
+    assert sample.error_message == f"error event in the stream after {tokens} tokens: engine died"
+    assert sample.total_ms is not None and sample.total_ms < 1500
+
+
+@pytest.mark.parametrize("bad", [b"data: {not json\n\n", b'data: {"choices": 5}\n\n'], ids=["not-json", "wrong-shape"])
+async def test_a_malformed_event_ends_the_probe_though_the_server_holds_the_connection(raw_serve, bad: bytes) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(CHUNKED_HEAD + http_chunks(ROLE + content("a"), 4096))
+        await writer.drain()
+        await asyncio.sleep(0.3)
+        writer.write(http_chunks(bad, 4096))
+        await writer.drain()
+        await reader.read()
+
+    sample = await probe(await raw_serve(answer), timeouts=Timeouts(connect=2, first_token=3, total=6))
+    assert sample.error is ErrorClass.MALFORMED_STREAM, sample.error_message
+    assert sample.error_message is not None and sample.error_message.startswith("malformed stream: event")
+    assert sample.ttft_ms is not None  # the token before it still counts
+    assert sample.total_ms is not None and sample.total_ms < 1500
+
+
+async def test_every_token_of_a_burst_is_counted_when_the_connection_breaks_after_it(raw_serve) -> None:
+    # Head and ~70 KiB of events in one write, then the connection closes mid-body: the bytes
+    # aiohttp holds when it fails the body are taken first, every one of them.
+    tokens = 400
+    events = b"".join(
+        b'data: {"id":"c","choices":[{"index":0,"delta":{"content":"%05d%s"}}]}\n\n' % (i, b"x" * 150)
+        for i in range(tokens)
+    )
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(CHUNKED_HEAD + http_chunks(events, 1000))
+        await writer.drain()
+        await asyncio.sleep(0.05)  # then the fixture closes the connection, the body unfinished
+
+    sample = await probe(await raw_serve(answer))
+    assert sample.error is ErrorClass.STREAM_ERROR
+    assert sample.token_events == tokens
+    assert sample.error_message is not None and f"after {tokens} tokens" in sample.error_message
+
+
+async def test_a_flood_of_tiny_chunks_does_not_stall_the_stream(raw_serve) -> None:
+    # aiohttp pauses the socket once some 16,000 HTTP chunks wait unread, whatever their size; the
+    # reader must take them then, or nothing more arrives until a deadline.
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(CHUNKED_HEAD + http_chunks(ROLE, 4096) + http_chunks(b"\n" * 17_000, 1))
+        await writer.drain()
+        await asyncio.sleep(0.2)
+        writer.write(http_chunks(content("a") + DONE, 4096) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    sample = await probe(await raw_serve(answer), timeouts=Timeouts(connect=2, first_token=3, total=6))
+    assert sample.ok, sample.error_message
+    assert sample.ttft_ms is not None and 200 <= sample.ttft_ms < 1500
+
+
 async def test_a_body_that_comes_with_the_head_is_stamped_when_it_arrived() -> None:
     # Head and whole body in one write: aiohttp has released the connection before the probe's task
     # sees the response. The token still gets the stamp of the bytes' arrival (the same as the head's),

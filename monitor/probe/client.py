@@ -43,9 +43,11 @@ from monitor.redact import redact
 
 Clock = Callable[[], int]
 MAX_ERROR_BODY = 2000
-# A body is parsed once it has arrived, or once this much is waiting: below aiohttp's read buffer
-# high-water mark (2 x read_bufsize, 128 KiB by default), where it would pause reading the socket.
+# A body is parsed once it has arrived, once this much is waiting (well below aiohttp's read-buffer
+# high-water mark, 2 x read_bufsize, where it pauses the socket), and at least this often, so an
+# error event is seen soon even when the server then holds the connection open.
 DRAIN_AT_BYTES = 32 * 1024
+DRAIN_EVERY_S = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,10 +97,11 @@ class _StampingProtocol(ResponseHandler):
     """Stamps every arrival of body bytes in `data_received`, before anything else looks at them.
 
     Each record says: the response body up to byte offset N had arrived at monotonic time T. The
-    stream is parsed later, from these records, so parsing never delays a stamp: under load the
-    loop runs every queued callback before it gets to a socket's read, and a task woken per event
-    to parse it would sit in that queue ahead of other streams' reads. `watch` tells the reader
-    when the body is complete or broken, so it needs no wake-up per event at all.
+    stream is parsed from these records in slices (`watch`'s `take` callback decides when), so
+    parsing never delays a stamp: under load the loop runs every queued callback before it gets to
+    a socket's read, and a task woken per event to parse it would sit in that queue ahead of other
+    streams' reads. `watch` also tells the reader when the body is complete or broken, so it needs
+    no wake-up per event at all.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -108,12 +111,13 @@ class _StampingProtocol(ResponseHandler):
         self.head_arrived: int | None = None  # when the current response's head was complete
         self._watched: aiohttp.StreamReader | None = None
         self._settled: asyncio.Future[None] | None = None
-        self._on_bytes: Callable[[], None] | None = None
-        self.rescued = b""  # body bytes taken out of a watched body as its connection broke
+        self._take: Callable[[bool], None] | None = None
 
     def data_received(self, data: bytes) -> None:
         stamp = time.perf_counter_ns()
         super().data_received(data)
+        if not data:
+            return  # aiohttp resuming a paused read, re-entered from a reader: no new bytes
         payload = getattr(self, "_payload", None)
         if payload is not None:
             if payload is not self._stamped_payload:
@@ -122,21 +126,19 @@ class _StampingProtocol(ResponseHandler):
                 self.head_arrived = stamp
                 self.arrivals.clear()
             self.arrivals.append((payload.total_bytes, stamp))
-        if self._settled is not None:
-            if self._on_bytes is not None:
-                self._on_bytes()
+        if self._take is not None:
+            # aiohttp pauses the socket when too much (or too many pieces) waits unread; once
+            # paused nothing arrives, so the reader must take the buffer now.
+            self._take(getattr(self, "_reading_paused", False))
             self._check_settled()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        content = self._watched
-        if content is not None and content.exception() is None and not content.is_eof():
+        if self._take is not None and self._watched is not None and self._watched.exception() is None:
             # aiohttp is about to fail the unfinished body, and a failed StreamReader no longer
-            # hands out what it holds: keep those bytes (the tokens before the break) for the reader.
-            with contextlib.suppress(Exception):
-                self.rescued += content.read_nowait()
+            # hands out what it holds: the reader takes those bytes (the tokens before the break) now.
+            self._take(True)
         super().connection_lost(exc)
-        if self._settled is not None:
-            self._check_settled()
+        self._check_settled()
 
     def arrivals_of(self, content: aiohttp.StreamReader) -> collections.deque[tuple[int, int]]:
         """The arrival record of `content`; empty if this connection has since moved on to another body."""
@@ -145,13 +147,14 @@ class _StampingProtocol(ResponseHandler):
     def head_arrival_of(self, content: aiohttp.StreamReader) -> int | None:
         return self.head_arrived if content is self._stamped_payload else None
 
-    def watch(self, content: aiohttp.StreamReader, on_bytes: Callable[[], None]) -> asyncio.Future[None]:
+    def watch(self, content: aiohttp.StreamReader, take: Callable[[bool], None]) -> asyncio.Future[None]:
         """A future that resolves once `content` has all its bytes, or has failed.
 
-        `on_bytes` runs after each arrival; it may take the buffered bytes (and must not raise).
+        `take(force)` runs after each arrival, with force=True when the buffered bytes must be read
+        now; it must not raise.
         """
         self._watched = content
-        self._on_bytes = on_bytes
+        self._take = take
         self._settled = asyncio.get_running_loop().create_future()
         self._check_settled()
         return self._settled
@@ -163,9 +166,8 @@ class _StampingProtocol(ResponseHandler):
 
     def unwatch(self) -> None:
         self._watched = None
-        self._on_bytes = None
+        self._take = None
         self._settled = None
-        self.rescued = b""
 
     def _check_settled(self) -> None:
         content, settled = self._watched, self._settled
@@ -309,7 +311,13 @@ class _EventReader:
         for event in self.parser.feed(data):
             if self.first_event is None:
                 self.first_event = arrived
-            info = self.flavor.classify(event)
+            try:
+                info = self.flavor.classify(event)
+            except (TypeError, KeyError, IndexError, AttributeError) as exc:
+                # JSON of an unexpected shape ({"choices": 5}); the API promised otherwise.
+                raise MalformedEvent(
+                    f"event of an unexpected shape ({type(exc).__name__}): {event.data[:80]!r}"
+                ) from exc
             if info.served_model:
                 sample.served_model = info.served_model
             if info.prompt_tokens is not None:
@@ -336,7 +344,13 @@ class _EventReader:
 
 
 class _Body:
-    """The response body as it arrives: bytes with their arrival stamps, fed to an `_EventReader`."""
+    """The response body as it arrives: bytes with their arrival stamps, fed to an `_EventReader`.
+
+    Parsed in slices, off the path of every stamp: at the end of the body; every DRAIN_EVERY_S, so
+    an error event or a malformed one ends the probe soon even if the server then holds the
+    connection open; once DRAIN_AT_BYTES pile up; and at once when aiohttp pauses the socket or
+    the connection breaks.
+    """
 
     def __init__(self, resp: aiohttp.ClientResponse, reader: _EventReader) -> None:
         self.content = resp.content
@@ -346,52 +360,55 @@ class _Body:
         self._arrivals = stamping.arrivals_of(self.content) if stamping is not None else collections.deque()
         self._consumed = 0
         self._draining = False
-        self.failure: Exception | None = None  # what a drain inside the protocol's callback raised
+        self.failure: Exception | None = None  # why the stream is malformed, found by a drain in a callback
 
-    def on_bytes(self) -> None:
-        """Called by the protocol on every arrival: parse only once a long body has piled up.
+    def take(self, force: bool = False) -> None:
+        """The protocol's callback after each arrival (and the periodic tick's): parse when it is time.
 
-        Left unread, aiohttp's buffer would pass its high-water mark and pause reading the socket,
-        delaying every later stamp (and the end of the body forever, as nothing reads it).
+        Never raises: a malformed stream is kept in `failure` and ends the watch.
         """
-        if self.content.total_bytes - self._consumed < DRAIN_AT_BYTES or self.failure is not None:
+        if self.failure is not None or self.reader.stopped:
+            return
+        if not force and self.content.total_bytes - self._consumed < DRAIN_AT_BYTES:
             return
         try:
             self.drain()
-        except Exception as exc:  # MalformedEvent, SSEError: for the waiting task, not aiohttp's callback
+        except (MalformedEvent, SSEError) as exc:
             self.failure = exc
+        except Exception:
+            # The payload's own error (a broken connection): the task meets it on its next drain.
+            # Nothing may raise into aiohttp's protocol callbacks.
+            pass
         if (self.failure is not None or self.reader.stopped) and self.protocol is not None:
             self.protocol.settle()
 
     def drain(self) -> None:
         """Feed the reader every byte that has arrived so far, each piece with its arrival stamp.
 
-        Raises the payload's error (a broken connection) only once what arrived before it is read.
+        Raises a malformed stream, or the payload's error (a broken connection) once what arrived
+        before it is read.
         """
-        if self._draining:  # reading may resume a paused protocol, which re-enters through on_bytes
+        if self._draining:  # reading may resume a paused protocol, which calls back into `take`
             return
         self._draining = True
         try:
-            self._drain()
+            if self.failure is not None:
+                raise self.failure
+            content = self.content
+            if content.exception() is None:
+                chunk = content.read_nowait()
+                now = time.perf_counter_ns()
+                for at, piece in _stamped_pieces(chunk, self._consumed, self._arrivals, now):
+                    self.reader.feed(at, piece)
+                self._consumed += len(chunk)
+            failure = content.exception()
+            if failure is not None and not self.reader.stopped:
+                raise failure
+        except (MalformedEvent, SSEError) as exc:
+            self.failure = exc
+            raise
         finally:
             self._draining = False
-
-    def _drain(self) -> None:
-        if self.failure is not None:
-            raise self.failure
-        content = self.content
-        chunk = b""
-        if self.protocol is not None and self.protocol.rescued:
-            chunk, self.protocol.rescued = self.protocol.rescued, b""
-        if content.exception() is None:
-            chunk += content.read_nowait()
-        now = time.perf_counter_ns()
-        for at, piece in _stamped_pieces(chunk, self._consumed, self._arrivals, now):
-            self.reader.feed(at, piece)
-        self._consumed += len(chunk)
-        failure = content.exception()
-        if failure is not None and not self.reader.stopped:
-            raise failure
 
     async def read(self, first_token_by: float) -> None:
         """Wait for the whole body (a token must have arrived by loop time `first_token_by`), then parse it.
@@ -404,11 +421,20 @@ class _Body:
             if self.content.is_eof():
                 self.drain()
             else:
-                await self._read_in_task()
+                await self._read_in_task(first_token_by)
             return
-        settled = protocol.watch(self.content, self.on_bytes)
+        loop = asyncio.get_running_loop()
+        settled = protocol.watch(self.content, self.take)
+        tick: asyncio.TimerHandle | None = None
+
+        def on_tick() -> None:
+            nonlocal tick
+            self.take(True)
+            tick = loop.call_later(DRAIN_EVERY_S, on_tick) if not settled.done() else None
+
+        tick = loop.call_later(DRAIN_EVERY_S, on_tick)
         try:
-            remaining = first_token_by - asyncio.get_running_loop().time()
+            remaining = first_token_by - loop.time()
             if not settled.done() and remaining > 0:
                 await asyncio.wait([settled], timeout=remaining)
             if not settled.done():
@@ -421,16 +447,26 @@ class _Body:
             self.drain()
         except asyncio.CancelledError:
             # The total deadline (or shutdown): read what did arrive, so the sample counts its tokens
-            # and sees an error event that came before the wait.
-            with contextlib.suppress(MalformedEvent, SSEError, aiohttp.ClientError):
+            # and sees an error event or a malformed one that came before the wait (kept in `failure`).
+            with contextlib.suppress(Exception):
                 self.drain()
             raise
         finally:
+            if tick is not None:
+                tick.cancel()
             protocol.unwatch()
 
-    async def _read_in_task(self) -> None:
+    async def _read_in_task(self, first_token_by: float) -> None:
+        """The plain way, for a body without stamping protocol: bytes get the time this task reads them."""
         while not self.reader.stopped:
-            chunk = await self.content.readany()
+            if self.reader.token_stamps:
+                chunk = await self.content.readany()
+            else:
+                try:
+                    async with asyncio.timeout_at(first_token_by):
+                        chunk = await self.content.readany()
+                except TimeoutError:
+                    raise _Deadline(ErrorClass.TIMEOUT_FIRST_TOKEN) from None
             if not chunk:
                 break
             self.reader.feed(time.perf_counter_ns(), chunk)
@@ -526,6 +562,7 @@ class ProbeClient:
         start_loop_time = loop.time()
         phase = ErrorClass.TIMEOUT_CONNECT
         reader: _EventReader | None = None
+        stream: _Body | None = None
         headers_at: int | None = None
         try:
             async with asyncio.timeout_at(start_loop_time + timeouts.first_token) as deadline:
@@ -557,17 +594,17 @@ class ProbeClient:
                         )
                         return
                     reader = _EventReader(endpoint.flavor, sample, endpoint.api_key)
-                    body = _Body(resp, reader)
-                    # The first-token deadline is checked by `body.read`; this one now bounds the total.
+                    stream = _Body(resp, reader)
+                    # The first-token deadline is checked by `stream.read`; this one now bounds the total.
                     phase = ErrorClass.TIMEOUT_TOTAL
                     deadline.reschedule(start_loop_time + timeouts.total)
-                    await body.read(first_token_by=start_loop_time + timeouts.first_token)
+                    await stream.read(first_token_by=start_loop_time + timeouts.first_token)
         except TimeoutError:
-            if reader is not None and reader.stopped:
-                pass  # an error event had arrived: that is the outcome, not the wait after it
-            else:
-                if phase is ErrorClass.TIMEOUT_TOTAL and not _tokens(reader):
-                    phase = ErrorClass.TIMEOUT_FIRST_TOKEN
+            if stream is not None and stream.failure is not None:
+                # What arrived before the deadline was malformed: that is the outcome, not the wait.
+                sample.error = ErrorClass.MALFORMED_STREAM
+                sample.error_message = redact(f"malformed stream: {stream.failure}", [endpoint.api_key])
+            elif reader is None or not reader.stopped:  # else an error event came first: that is the outcome
                 sample.error = phase
                 sample.error_message = self._timeout_message(phase, timeouts, _tokens(reader))
         except _Deadline as exc:
