@@ -109,15 +109,17 @@ class _StampingProtocol(ResponseHandler):
         self.arrivals: collections.deque[tuple[int, int]] = collections.deque()
         self._stamped_payload: Any = None
         self.head_arrived: int | None = None  # when the current response's head was complete
+        self._last_stamp = 0
         self._watched: aiohttp.StreamReader | None = None
         self._settled: asyncio.Future[None] | None = None
         self._take: Callable[[bool], None] | None = None
 
     def data_received(self, data: bytes) -> None:
-        stamp = time.perf_counter_ns()
+        # An empty call is aiohttp resuming a paused read: it parses bytes that came with an earlier
+        # call, so they carry that call's stamp (never one earlier than their arrival).
+        stamp = time.perf_counter_ns() if data else self._last_stamp
+        self._last_stamp = stamp
         super().data_received(data)
-        if not data:
-            return  # aiohttp resuming a paused read, re-entered from a reader: no new bytes
         payload = getattr(self, "_payload", None)
         if payload is not None:
             if payload is not self._stamped_payload:
