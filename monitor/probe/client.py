@@ -506,9 +506,8 @@ class _Deadline(Exception):
 class ProbeClient:
     """Owns the HTTP session. `fresh=True` opens a new connection (and DNS lookup) per sample."""
 
-    def __init__(self, *, fresh: bool = False, read_chunk_bytes: int = 64 * 1024) -> None:
+    def __init__(self, *, fresh: bool = False) -> None:
         self.fresh = fresh
-        self._read_chunk = read_chunk_bytes
         connector = _TimedConnector(
             limit=0,  # concurrency is capped by the caller, per provider, where it is configured
             force_close=fresh,
