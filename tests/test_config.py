@@ -286,6 +286,10 @@ def test_it_names_a_missing_required_key() -> None:
     ("change", "expected"),
     [
         (lambda d: d["prompts"]["short"].update(tokens=10), "prompts.short.tokens: must be >= 128, got 10"),
+        (
+            lambda d: d.update(detection={"trailing_runs": 11}),
+            "detection.trailing_runs: must be >= 12, got 11",
+        ),
         (lambda d: d["jobs"][0].update(targets=[]), "jobs[0].targets: must not be empty"),
         (
             lambda d: d["jobs"][0].update(name="my job"),

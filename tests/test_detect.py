@@ -149,6 +149,36 @@ def test_a_regression_does_not_become_its_own_baseline_in_the_first_days() -> No
     assert at_day(2 + 5 / 24) <= events[1].at <= at_day(2.75)
 
 
+JITTER = [1.00, 1.06, 0.95, 1.03, 0.97, 1.08, 0.93, 1.02, 0.99, 1.05, 0.96, 1.01]  # deterministic noise
+
+
+def slowed_after(clean: int, slowed: int, factor: float = 2.5, base_ms: float = 200.0) -> list[RunPoint]:
+    """Runs 5 s apart (as in the demo): `clean` runs at base_ms, then `slowed` at factor x base_ms."""
+    return [
+        RunPoint(T0 + timedelta(seconds=5 * i), base_ms * JITTER[i % 12] * (factor if i >= clean else 1.0))
+        for i in range(clean + slowed)
+    ]
+
+
+def pages(points: Sequence[RunPoint], **detection: Any) -> bool:
+    detector = Detector(Detection.model_validate({"min_history_runs": 6, "trailing_runs": 12, **detection}))
+    return any(e.kind == "regression" and e.severity == "page" and e.action == "open" for e in replay(points, detector))
+
+
+@pytest.mark.parametrize("window", [1, 2, 3, 4, 5, 7])
+def test_a_small_page_window_pages_once_the_baseline_has_its_runs(window: int) -> None:
+    # 12 runs of trailing baseline, the page window and two confirmations, all before the slowdown.
+    assert pages(slowed_after(12 + window + 2, 15), page={"window_runs": window})
+
+
+@pytest.mark.parametrize("window", [3, 5])
+def test_runs_confirming_a_page_do_not_enter_its_baseline(window: int) -> None:
+    # The slowdown starts at run 7, before the first verdict (run 12 + window): its 12-run reference
+    # already holds slowed runs. Were each confirming run to enter the reference it is tested
+    # against, the median would jump halfway by the second confirmation and no page would open.
+    assert pages(slowed_after(7, 15), page={"window_runs": window})
+
+
 # ---------------------------------------------------------------- availability, SLO, model
 
 
@@ -276,6 +306,7 @@ def test_the_config_section_turns_into_rules() -> None:
     [
         ({"clear_ratio": 1.2}, "clear_ratio"),
         ({"trailing_runs": 0}, "trailing_runs"),
+        ({"trailing_runs": 11}, "trailing_runs must be at least 12"),
         ({"ticket": Threshold(ratio=1.0, min_delta_ms=0, confirmations=1, window_runs=1, z_threshold=1)}, "ticket"),
         ({"error_rate": 0.0}, "error_rate"),
     ],
@@ -283,6 +314,15 @@ def test_the_config_section_turns_into_rules() -> None:
 def test_inconsistent_rules_are_refused(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         dataclasses.replace(Rules(), **change)
+
+
+def test_the_config_refuses_the_trailing_windows_the_detector_refuses() -> None:
+    from annotated_types import Ge
+
+    from monitor.detect.detector import MIN_BASELINE_RUNS
+
+    minimum = next(m.ge for m in Detection.model_fields["trailing_runs"].metadata if isinstance(m, Ge))
+    assert minimum == MIN_BASELINE_RUNS
 
 
 def test_a_run_needs_an_aware_time_and_a_positive_ttft() -> None:

@@ -396,7 +396,10 @@ class Detection(ConfigModel):
         "seasonal baseline off, at about 6 false alerts a week).",
     )
     trailing_runs: int = Field(
-        36, ge=1, description="Recent runs forming the trailing baseline, used until a seasonal baseline exists."
+        36,
+        ge=12,  # monitor.detect.detector.MIN_BASELINE_RUNS: fewer runs never make a baseline
+        description="Recent runs forming the trailing baseline, used until a seasonal baseline exists (at least "
+        "12: a baseline needs that many runs).",
     )
     page: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["page"]),

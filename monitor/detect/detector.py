@@ -148,6 +148,11 @@ class Rules:
         for name in counts:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.trailing_runs < MIN_BASELINE_RUNS:
+            raise ValueError(
+                f"trailing_runs must be at least {MIN_BASELINE_RUNS} (a baseline needs that many runs), "
+                f"got {self.trailing_runs}"
+            )
         if not (self.level_hours > 0 and self.seasonal_window_minutes > 0):
             raise ValueError("level_hours and seasonal_window_minutes must be above 0")
         for name, rule in (("page", self.page), ("ticket", self.ticket)):
@@ -653,7 +658,7 @@ class _Core:
         rules = self.rules
         incident = state.incidents.get("regression")
         count = len(self.logs)  # valid runs, this one included
-        verdict = self._verdict(incident, count) if count - 1 >= rules.min_history_runs else None
+        verdict = self._verdict(incident, count, state.page_since) if count - 1 >= rules.min_history_runs else None
         if verdict is None:
             state.page_streak = state.ticket_streak = 0
             state.page_since = state.ticket_since = None
@@ -730,12 +735,22 @@ class _Core:
             return False
         return baseline.z(distance, rule.window_runs) >= rule.z_threshold
 
-    def _verdict(self, incident: Incident | None, count: int) -> _Verdict | None:
-        """The baseline and each window's distance from it; None: no verdict."""
+    def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:
+        """The baseline and each window's distance from it; None: no verdict.
+
+        While a page streak builds (`streak_since`: its first confirming run), the reference stays where
+        it was for that first run: the runs confirming a regression must not enter the baseline they
+        are tested against, or a slowdown early in a series' history (a trailing baseline of a few
+        runs) becomes its own baseline before it is confirmed often enough to page. Ticket streaks are
+        left alone: their seasonal reference is days long, and freezing it for them measured 15% more
+        false alerts (bench/detector.py, sigma 0.3) for no gain in pages.
+        """
         rules = self.rules
         page_w, ticket_w, clear_w = rules.page.window_runs, rules.ticket.window_runs, rules.clear_runs
         longest = min(count, max(page_w, ticket_w, clear_w))
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
+        # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
+        at = count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
         baseline = None
         adapted = False
         slot = self._slot(int(self.times[-1] // SLOT_S)) if rules.seasonal_days else None
@@ -745,12 +760,12 @@ class _Core:
             if total == total:  # no nan: every run in the windows has a seasonal baseline
                 # The reference ends before the windows tested, and before an open regression began,
                 # so a regression never becomes its own baseline.
-                end = count - longest
+                end = at - longest
                 baseline = self._seasonal(slot, min(end, onset))
                 if baseline is None and onset < end:
                     baseline, adapted = self._seasonal(slot, end), True
         if baseline is None:
-            end = count - (ticket_w if rules.seasonal_days == 0 else page_w)
+            end = at - (ticket_w if rules.seasonal_days == 0 else page_w)
             baseline = self._trailing(min(end, onset))
             if baseline is None and onset < end:
                 baseline, adapted = self._trailing(end), True
