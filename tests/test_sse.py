@@ -83,7 +83,7 @@ def chunkings(raw: bytes) -> st.SearchStrategy[list[bytes]]:
 
 
 field_line = st.one_of(
-    st.text(alphabet=st.characters(blacklist_characters="\r\n"), max_size=12).map(lambda t: f"data: {t}"),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\r\n"), max_size=12).map(lambda t: f"data: {t}"),
     st.sampled_from(["event: message_start", "event: ping", ": ping", "id: 1", "data", ""]),
 )
 stream_text = st.tuples(st.lists(field_line, max_size=20), st.sampled_from(["\n", "\r\n", "\r"])).map(
