@@ -451,6 +451,29 @@ async def test_a_server_that_hangs_before_the_first_token_times_out(serve) -> No
     assert sample.first_event_ms is not None
 
 
+@pytest.mark.parametrize("hang", [False, True], ids=["stream", "hang-after-role"])
+async def test_without_the_stamping_protocol_the_task_reads_and_keeps_the_deadlines(serve, hang: bool) -> None:
+    # The fallback for a connection whose protocol keeps no stamps: still every token, still the
+    # first-token deadline. (Our connector always makes stamping protocols; this swaps in aiohttp's own.)
+    import functools
+
+    from aiohttp.client_proto import ResponseHandler
+
+    tokens = [(1.0, content("late"))] if hang else [(0.05, content("a")), (0.01, content("b"))]
+    url = await serve(streaming_handler([(0, ROLE), *tokens, (0, DONE)]))
+    async with ProbeClient() as client:
+        connector = client._session.connector
+        assert connector is not None
+        connector._factory = functools.partial(ResponseHandler, loop=asyncio.get_running_loop())  # type: ignore[attr-defined]
+        sample = await probe(url, client=client, timeouts=Timeouts(connect=2, first_token=0.3, total=5))
+    if hang:
+        assert sample.error is ErrorClass.TIMEOUT_FIRST_TOKEN
+    else:
+        assert sample.ok, sample.error_message
+        assert sample.token_events == 2
+        assert sample.ttft_ms is not None and sample.ttft_ms >= 50
+
+
 async def test_a_slow_drip_hits_the_total_timeout(serve) -> None:
     url = await serve(streaming_handler([(0, ROLE), (0, content("a"))] + [(0.1, content("b"))] * 20))
     sample = await probe(url, timeouts=Timeouts(connect=1, first_token=1, total=0.5))
