@@ -282,40 +282,24 @@ async def test_a_flood_of_tiny_chunks_does_not_stall_the_stream(raw_serve) -> No
     assert sample.ttft_ms is not None and 200 <= sample.ttft_ms < 1500
 
 
-async def test_a_body_that_comes_with_the_head_is_stamped_when_it_arrived() -> None:
+async def test_a_body_that_comes_with_the_head_is_stamped_when_it_arrived(raw_serve) -> None:
     # Head and whole body in one write: aiohttp has released the connection before the probe's task
     # sees the response. The token still gets the stamp of the bytes' arrival (the same as the head's),
     # not the later moment the task got round to reading.
-    body = b"".join(f"{len(part):x}\r\n".encode() + part + b"\r\n" for part in (ROLE, content("a"), DONE))
-    response = (
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-        + body
-        + b"0\r\n\r\n"
-    )
-
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await reader.readuntil(b"\r\n\r\n")
         await asyncio.sleep(0.05)
-        writer.write(response)
+        writer.write(CHUNKED_HEAD + http_chunks(ROLE, 4096) + http_chunks(content("a") + DONE, 4096) + b"0\r\n\r\n")
         await writer.drain()
         await reader.read()  # until the client closes
-        writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with ProbeClient() as client:
-            sample = await probe(f"http://127.0.0.1:{port}/v1", client=client)
-    finally:
-        server.close()
-        await server.wait_closed()
+    sample = await probe(await raw_serve(answer))
     assert sample.ok, sample.error_message
     assert sample.ttft_ms is not None and sample.ttft_ms >= 50
     assert sample.ttft_ms == sample.ttfb_ms == sample.first_event_ms
 
 
 async def test_a_body_longer_than_the_read_buffer_is_read_to_the_end(serve) -> None:
-    # ~600 KiB, well past aiohttp's 128 KiB high-water mark: a body left unread there would pause
+    # ~600 KiB, past aiohttp's high-water mark (2 x read_bufsize): a body left unread there would pause
     # the socket and never end; every token must still be counted and stamped as it came.
     tokens = 3000
     script: Script = [(0, ROLE)] + [(0, content("x" * 150))] * tokens + [(0, DONE)]

@@ -354,10 +354,9 @@ class _Body:
     the connection breaks.
     """
 
-    def __init__(self, resp: aiohttp.ClientResponse, reader: _EventReader) -> None:
+    def __init__(self, resp: aiohttp.ClientResponse, reader: _EventReader, stamping: _StampingProtocol | None) -> None:
         self.content = resp.content
         self.reader = reader
-        stamping = _stamping_protocol(resp)
         self.protocol = stamping if resp.connection is not None else None  # only a live connection is watched
         self._arrivals = stamping.arrivals_of(self.content) if stamping is not None else collections.deque()
         self._consumed = 0
@@ -481,9 +480,8 @@ def _stamping_protocol(resp: aiohttp.ClientResponse) -> _StampingProtocol | None
     return protocol if isinstance(protocol, _StampingProtocol) else None
 
 
-def _head_arrival(resp: aiohttp.ClientResponse) -> int:
+def _head_arrival(resp: aiohttp.ClientResponse, protocol: _StampingProtocol | None) -> int:
     """When the response head arrived, from the protocol's stamps; now, if it kept none."""
-    protocol = _stamping_protocol(resp)
     stamp = protocol.head_arrival_of(resp.content) if protocol is not None else None
     return stamp if stamp is not None else time.perf_counter_ns()
 
@@ -578,7 +576,8 @@ class ProbeClient:
                 except TimeoutError:
                     # aiohttp's own sock_connect timeout; ours surfaces at the `async with` instead.
                     raise _Deadline(ErrorClass.TIMEOUT_CONNECT) from None
-                headers_at = _head_arrival(resp)
+                stamping = _stamping_protocol(resp)
+                headers_at = _head_arrival(resp, stamping)
                 phase = ErrorClass.TIMEOUT_FIRST_TOKEN
                 async with resp:
                     sample.http_status = resp.status
@@ -595,7 +594,7 @@ class ProbeClient:
                         )
                         return
                     reader = _EventReader(endpoint.flavor, sample, endpoint.api_key)
-                    stream = _Body(resp, reader)
+                    stream = _Body(resp, reader, stamping)
                     # The first-token deadline is checked by `stream.read`; this one now bounds the total.
                     phase = ErrorClass.TIMEOUT_TOTAL
                     deadline.reschedule(start_loop_time + timeouts.total)
