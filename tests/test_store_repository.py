@@ -91,6 +91,62 @@ async def test_a_replayed_run_or_sample_is_stored_once(engine: AsyncEngine) -> N
     assert await count(engine, "series") == 4
 
 
+async def test_a_tick_probed_by_two_replicas_is_stored_once_whichever_replays_first(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    ticks = [T0 + timedelta(minutes=5 * i) for i in range(3)]
+    # Two replicas of one location probed the same ticks: different run and sample ids, same ticks.
+    replica_a = [run for tick in ticks for run in make_batch(tick)]
+    replica_b = [run for tick in ticks for run in make_batch(tick)]
+    assert {run.run_id for run, _ in replica_a}.isdisjoint(run.run_id for run, _ in replica_b)
+
+    stored_a = await repository.save_runs(replica_a[:4])  # A replays its first tick
+    stored_b = await Repository(engine).save_runs(replica_b)  # B replays everything
+    stored_a_rest = await repository.save_runs(replica_a[4:])  # A replays the rest
+
+    assert stored_a == {run.run_id for run, _ in replica_a[:4]}
+    assert stored_b == {run.run_id for run, _ in replica_b[4:]}
+    assert stored_a_rest == set()
+    assert await count(engine, "runs") == 12  # 3 ticks x 4 series
+    assert await count(engine, "samples") == 12 * 6  # only the stored runs' samples
+    async with engine.connect() as connection:
+        orphans = await connection.scalar(
+            sa.text("SELECT count(*) FROM samples WHERE run_id NOT IN (SELECT id FROM runs)")
+        )
+        distinct = await connection.scalar(
+            sa.text("SELECT count(*) FROM (SELECT DISTINCT series_id, job, intended_at FROM runs) AS ticks")
+        )
+    assert orphans == 0
+    assert distinct == 12
+    loaded = await repository.load_runs(QWEN_SHORT, T0, T0 + timedelta(hours=1))
+    assert [run for run, _ in loaded] == [run for run, _ in replica_a[:4] + replica_b[4:] if run.series == QWEN_SHORT]
+
+
+async def test_both_replicas_runs_of_a_tick_in_one_batch_store_one(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    first = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+    second = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+    stored = await repository.save_runs(first + second)
+    assert stored == {first[0][0].run_id}
+    assert await count(engine, "runs") == 1
+    assert await count(engine, "samples") == 6
+
+
+async def test_other_jobs_and_ad_hoc_runs_at_the_same_time_are_each_their_own(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    one = dict(targets=("qwen3-8b",), prompts=("short",))
+    # Two jobs probing one series at one scheduled time are two runs.
+    await repository.save_runs(make_batch(T0, job="every-5m", **one) + make_batch(T0, job="hourly", **one))
+    # `probe --store` runs are never a second run of a tick, even when their times coincide.
+    adhoc = [make_batch(T0, job="adhoc", **one) for _ in range(3)]
+    stored = await repository.save_runs([run for batch in adhoc for run in batch])
+    assert len(stored) == 3
+    assert await count(engine, "runs") == 5
+    assert await count(engine, "samples") == 5 * 6
+    # ...and an ad-hoc run replayed is still stored once.
+    assert await repository.save_runs(adhoc[0]) == set()
+    assert await count(engine, "runs") == 5
+
+
 async def test_the_last_runs_of_a_series_come_oldest_first(engine: AsyncEngine) -> None:
     repository = Repository(engine)
     for i in range(12):

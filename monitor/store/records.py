@@ -18,7 +18,7 @@ from typing import Any
 from monitor.probe.result import ErrorClass, Sample
 from monitor.probe.stats import median, percentile
 
-ADHOC_JOB = "adhoc"
+ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
 # Not stored: a process-local monotonic clock value, meaningless after the process ends.
 UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns"})
 

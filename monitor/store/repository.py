@@ -2,7 +2,8 @@
 
 Writes are idempotent: runs and samples carry client-generated UUIDs and are inserted with
 ON CONFLICT DO NOTHING, so a batch replayed from the spool (or saved twice after a timeout whose
-commit did land) is stored once. Write transactions are short; retention works in bounded batches.
+commit did land) is stored once; and a series holds one run per job tick, so a tick probed by two
+replicas is stored once too, whichever replays first. Write transactions are short; retention works in bounded batches.
 """
 
 from __future__ import annotations
@@ -182,10 +183,18 @@ def _columns(names: Sequence[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
 
 
+# Runs first; samples only of the runs inserted here. A run not inserted is either stored already
+# (a replay: its samples came in its own transaction) or a second run of one tick (another replica's,
+# whose samples must not join the stored run's).
 _PG_MERGE = f"""
-INSERT INTO runs ({_columns(_RUN_COPY)}) SELECT {_columns(_RUN_COPY)} FROM ttft_stage_runs ON CONFLICT (id) DO NOTHING;
-INSERT INTO samples ({_columns(_SAMPLE_COPY)}) SELECT {_columns(_SAMPLE_COPY)} FROM ttft_stage_samples
-    ON CONFLICT (id) DO NOTHING;
+WITH inserted AS (
+    INSERT INTO runs ({_columns(_RUN_COPY)}) SELECT {_columns(_RUN_COPY)} FROM ttft_stage_runs
+    ON CONFLICT DO NOTHING RETURNING id
+), inserted_samples AS (
+    INSERT INTO samples ({_columns(_SAMPLE_COPY)}) SELECT {_columns(_SAMPLE_COPY)} FROM ttft_stage_samples
+    WHERE run_id IN (SELECT id FROM inserted) ON CONFLICT (id) DO NOTHING
+)
+SELECT id FROM inserted
 """
 _PG_MARK_PENDING = """
 INSERT INTO rollup_pending (series_id, hour, marked_at)
@@ -279,10 +288,17 @@ class Repository:
 
     # ---------------------------------------------------------------- writing
 
-    async def save_runs(self, batch: Batch) -> None:
-        """Store runs with their samples in one transaction. Replays are no-ops (ON CONFLICT DO NOTHING)."""
+    async def save_runs(self, batch: Batch) -> frozenset[uuid.UUID]:
+        """Store runs with their samples in one transaction; returns the ids of the runs inserted.
+
+        A run is skipped, with its samples, when its id is stored already (a replay) or when its
+        series already has a run of the same job for the same scheduled time (`intended_at`): the
+        second run of one tick, as two replicas that could not claim it both probe it. Ad-hoc runs
+        (job `adhoc`) have no tick and are only skipped as replays. Both are ON CONFLICT DO NOTHING,
+        so replaying any spool, in any order, stores each tick once.
+        """
         if not batch:
-            return
+            return frozenset()
         _check_aware(batch)
         learnt: dict[SeriesKey, int] = {}
         try:
@@ -290,33 +306,39 @@ class Repository:
                 ids = await self._resolve_series(connection, {run.series for run, _ in batch}, learnt)
                 hours = sorted({(ids[run.series], floor_hour(run.started_at)) for run, _ in batch})
                 if self._postgres:
-                    await self._save_postgres(connection, batch, ids, hours)
+                    inserted = await self._save_postgres(connection, batch, ids, hours)
                 else:
-                    await self._save_sqlite(connection, batch, ids, hours)
+                    inserted = await self._save_sqlite(connection, batch, ids, hours)
         except BaseException:
             # Ids learnt in a transaction that did not commit may not exist; forget them all.
             self._series_ids.clear()
             raise
         self._series_ids.update(learnt)
+        return inserted
 
     async def _save_sqlite(
         self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]
-    ) -> None:
+    ) -> frozenset[uuid.UUID]:
         runs = [_run_row(run, ids[run.series]) for run, _ in batch]
-        samples = [_sample_row(sample, run.run_id) for run, members in batch for sample in members]
-        for table, rows in ((RUNS, runs), (SAMPLES, samples)):
-            if rows:
-                await connection.execute(sqlite.insert(table).on_conflict_do_nothing(index_elements=["id"]), rows)
+        inserted = frozenset(
+            await connection.scalars(sqlite.insert(RUNS).on_conflict_do_nothing().returning(RUNS.c.id), runs)
+        )
+        samples = [
+            _sample_row(sample, run.run_id) for run, members in batch if run.run_id in inserted for sample in members
+        ]
+        if samples:
+            await connection.execute(sqlite.insert(SAMPLES).on_conflict_do_nothing(index_elements=["id"]), samples)
         statement = sqlite.insert(ROLLUP_PENDING)
         statement = statement.on_conflict_do_update(
             index_elements=["series_id", "hour"], set_={"marked_at": statement.excluded.marked_at}
         )
         now = datetime.now(UTC)
         await connection.execute(statement, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours])
+        return inserted
 
     async def _save_postgres(
         self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]
-    ) -> None:
+    ) -> frozenset[uuid.UUID]:
         """Binary COPY into session-local staging tables, then INSERT ... ON CONFLICT DO NOTHING: several
         times faster than multi-row INSERTs for thousands of samples, and as idempotent."""
         # Through SQLAlchemy first: that begins the transaction the raw connection's COPY then joins.
@@ -334,10 +356,11 @@ class Repository:
             records=[_sample_copy_values(sample, run.run_id) for run, members in batch for sample in members],
             columns=_SAMPLE_COPY,
         )
-        await driver.execute(_PG_MERGE)
+        inserted = frozenset(row[0] for row in await driver.fetch(_PG_MERGE))
         await driver.execute(
             _PG_MARK_PENDING, [sid for sid, _ in hours], [hour for _, hour in hours], datetime.now(UTC)
         )
+        return inserted
 
     async def _resolve_series(
         self, connection: AsyncConnection, keys: set[SeriesKey], learnt: dict[SeriesKey, int]
