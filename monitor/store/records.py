@@ -1,12 +1,15 @@
 """What gets stored, as plain values: series keys, run summaries, hourly statistics. Pure code.
 
-`runs_from_samples` turns one probe run's samples into per-series runs with their summary; the
+`runs_from_samples` turns one probe run's samples into per-series runs with their summary, with
+every text field in a form both databases and the spool can hold (`storable_sample`); the
 `*_to_dict` / `*_from_dict` pairs are the spool's JSON form (lossless, including floats).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -21,6 +24,14 @@ from monitor.probe.stats import median, percentile
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
 # Not stored: a process-local monotonic clock value, meaningless after the process ends.
 UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns"})
+# What a text column cannot hold: NUL (PostgreSQL refuses it in text) and lone surrogates (not UTF-8,
+# so neither database driver nor the spool's JSON can encode them). Each becomes U+FFFD.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE_REPLACEMENT = "\ufffd"
+# Caps, in characters, on text a server chooses; longer values are cut and end with TRUNCATED_MARK.
+SERVER_TEXT_LIMITS = {"served_model": 256, "request_id": 256, "error_message": 2000}
+TRUNCATED_MARK = "\u2026"
+_SAMPLE_TEXT_FIELDS = ("target", "model", "api", "prompt", "served_model", "request_id", "error_message")
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -76,6 +87,53 @@ class HourlyStats:
     ttft_min_ms: float | None
     ttft_max_ms: float | None
     decode_tps_p50: float | None
+
+
+def storable_text(value: str, limit: int | None = None) -> str:
+    """`value` as any text column of either database can hold it: NUL and lone surrogates replaced,
+    at most `limit` characters."""
+    if _UNSTORABLE.search(value) is not None:
+        value = _UNSTORABLE.sub(UNSTORABLE_REPLACEMENT, value)
+    if limit is not None and len(value) > limit:
+        value = value[: limit - len(TRUNCATED_MARK)] + TRUNCATED_MARK
+    return value
+
+
+def storable_sample(sample: Sample) -> Sample:
+    """`sample` with every text field storable (see `storable_text`); the same object when it already is.
+
+    Servers choose `served_model`, `request_id` and `error_message` (a 500 body, an error event): one
+    NUL byte in them must not make the database refuse the run and every other sample with it.
+    """
+    changes: dict[str, str] = {}
+    for name in _SAMPLE_TEXT_FIELDS:
+        value = getattr(sample, name)
+        if value is not None:
+            stored = storable_text(value, SERVER_TEXT_LIMITS.get(name))
+            if stored is not value:
+                changes[name] = stored
+    return dataclasses.replace(sample, **changes) if changes else sample
+
+
+def storable_series(series: SeriesKey) -> SeriesKey:
+    values = {f.name: storable_text(getattr(series, f.name)) for f in fields(SeriesKey)}
+    unchanged = all(values[f.name] is getattr(series, f.name) for f in fields(SeriesKey))
+    return series if unchanged else SeriesKey(**values)
+
+
+def storable_run(run: RunRecord) -> RunRecord:
+    """`run` with its series, job and API storable; the same object when they already are."""
+    series, job, api = storable_series(run.series), storable_text(run.job), storable_text(run.api)
+    if series is run.series and job is run.job and api is run.api:
+        return run
+    return dataclasses.replace(run, series=series, job=job, api=api)
+
+
+def storable_batch(
+    batch: Iterable[tuple[RunRecord, Sequence[Sample]]],
+) -> list[tuple[RunRecord, list[Sample]]]:
+    """Every run and sample of `batch` as the databases and the spool can hold them."""
+    return [(storable_run(run), [storable_sample(s) for s in samples]) for run, samples in batch]
 
 
 def new_run_id() -> uuid.UUID:
@@ -159,10 +217,12 @@ def runs_from_samples(
     """Group one probe run's samples per series (target x prompt), in first-seen order, and summarise.
 
     `provider_of` maps target names to provider names. Every sample id must be a UUID: it is the
-    key that makes a replayed sample land once.
+    key that makes a replayed sample land once. Text is made storable here (`storable_sample`), so
+    the database, the spool and detection all see the same values.
     """
+    provider_of = {storable_text(name): provider for name, provider in provider_of.items()}
     groups: dict[tuple[str, str, str, str], list[Sample]] = {}
-    for sample in samples:
+    for sample in map(storable_sample, samples):
         try:
             uuid.UUID(sample.sample_id)
         except (ValueError, TypeError, AttributeError):
@@ -172,9 +232,12 @@ def runs_from_samples(
     for (target, prompt, model, _api), members in groups.items():
         if target not in provider_of:
             raise ValueError(f"no provider known for target '{target}'; include it in provider_of")
-        series = SeriesKey(target=target, provider=provider_of[target], model=model, prompt=prompt, location=location)
+        series = storable_series(
+            SeriesKey(target=target, provider=provider_of[target], model=model, prompt=prompt, location=location)
+        )
         ordered = sorted(members, key=lambda s: (s.round, not s.warmup))
-        out.append((summarize_run(ordered, run_id=run_id_factory(), job=job, series=series, now=now), ordered))
+        run = summarize_run(ordered, run_id=run_id_factory(), job=storable_text(job), series=series, now=now)
+        out.append((run, ordered))
     return out
 
 

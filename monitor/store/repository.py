@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from monitor.probe.result import ErrorClass, Sample
 from monitor.store.engine import write_transaction
 from monitor.store.models import CALIBRATION, ROLLUP_PENDING, ROLLUPS, RUNS, SAMPLES, SERIES, RunRow, SampleRow
-from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats
+from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats, storable_batch
 from monitor.store.types import UtcDateTime
 
 Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
@@ -299,6 +299,8 @@ class Repository:
         """
         if not batch:
             return frozenset()
+        # Usually done already by runs_from_samples; spool records written by older versions were not.
+        batch = storable_batch(batch)
         _check_aware(batch)
         learnt: dict[SeriesKey, int] = {}
         try:
