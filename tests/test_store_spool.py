@@ -82,14 +82,48 @@ def test_a_line_torn_by_a_crash_is_reported_and_skipped(tmp_path: Path) -> None:
     segment = next(tmp_path.glob("0*.jsonl"))
     with segment.open("ab") as handle:
         handle.write(encode(*batches(1)[0][0])[:-40])  # the write the crash interrupted
+    size_before_the_crash = segment.stat().st_size
     events = Events()
     with Spool(tmp_path, max_bytes=10**7, on_event=events) as spool:
         assert spool.depth == 1
+        assert spool.torn_tails == 1
+        assert segment.stat().st_size == len(encode(*batches(1)[0][0]))  # the fragment is cut off
+        assert size_before_the_crash > segment.stat().st_size
         assert len(spool.peek(10)) == 1
         spool.append(batches(1)[0])
         assert len(spool.peek(10)) == 2
     [torn] = events.named("spool_torn_tail")
-    assert torn["segment"] == segment.name and torn["bytes"] > 0
+    assert torn["segment"] == segment.name and torn["bytes"] > 0 and torn["action"] == "truncated"
+    with Spool(tmp_path, max_bytes=10**7, on_event=events) as spool:
+        assert spool.torn_tails == 0  # reported once
+        assert [entry.problem for entry in spool.peek(10)] == [None, None]
+
+
+def test_a_record_cut_short_or_damaged_is_never_read_as_another(tmp_path: Path) -> None:
+    line = encode(*batches(1)[0][0])
+    glued = line[:-300] + line  # a torn record with the next one written behind it
+    flipped = line[:100] + bytes([line[100] ^ 0x01]) + line[101:]
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append(batches(1)[0])
+    segment = next(tmp_path.glob("0*.jsonl"))
+    segment.write_bytes(glued + flipped + line)
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        first, second, third = spool.peek(10)
+    assert first.run is None and "cut or damaged" in (first.problem or "")
+    assert second.run is None and "checksum" in (second.problem or "")
+    assert third.run is not None and third.problem is None
+
+
+def test_records_spooled_by_the_previous_version_are_still_read(tmp_path: Path) -> None:
+    run, samples = batches(1)[0][0]
+    legacy = encode(run, samples)[18:]  # a bare JSON line, as written before records had a header
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append(batches(1)[0])
+    segment = next(tmp_path.glob("0*.jsonl"))
+    segment.write_bytes(legacy)
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        [entry] = spool.peek(10)
+    assert entry.run == run and entry.samples == samples
 
 
 def test_a_damaged_line_is_handed_out_with_its_problem_so_the_rest_can_flow(tmp_path: Path) -> None:
