@@ -24,7 +24,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.probe.result import ErrorClass, Sample
 from monitor.store.engine import write_transaction
-from monitor.store.models import CALIBRATION, ROLLUP_PENDING, ROLLUPS, RUNS, SAMPLES, SERIES, RunRow, SampleRow
+from monitor.store.models import (
+    CALIBRATION,
+    ROLLUP_PENDING,
+    ROLLUPS,
+    RUNS,
+    SAMPLES,
+    SERIES,
+    AlertOutboxRow,
+    IncidentRow,
+    JobTickRow,
+    RunRow,
+    SampleRow,
+    table_of,
+)
 from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats, storable_batch
 from monitor.store.types import UtcDateTime
 
@@ -45,6 +58,8 @@ class PruneResult:
     runs: int
     samples: int
     rollups: int
+    job_ticks: int = 0
+    incidents: int = 0
 
 
 def _check_aware(batch: Batch) -> None:
@@ -553,23 +568,32 @@ class Repository:
         return done
 
     async def prune(self, now: datetime, raw_days: int, rollup_days: int, batch_size: int = 1000) -> PruneResult:
-        """Delete runs (with their samples) older than `raw_days` and rollups older than `rollup_days`,
-        at most `batch_size` runs or rollups per short transaction. Raw data of an hour whose rollup is
-        still pending is kept until `rollup` has computed it."""
+        """Delete what is past retention, at most `batch_size` rows per short transaction:
+
+        - runs (with their samples) older than `raw_days`; raw data of an hour whose rollup is still
+          pending is kept until `rollup` has computed it;
+        - job tick claims scheduled more than `raw_days` ago (kept as long as the runs they made);
+        - rollups older than `rollup_days`;
+        - incidents resolved more than `rollup_days` ago that no notification refers to any more
+          (the alert dispatcher prunes its own finished rows, after 30 days); open ones are kept.
+
+        Series, detector state and calibration are one row per configured series or target: they
+        do not grow with time and are kept (a running daemon caches series ids).
+        """
         pending, rollups = ROLLUP_PENDING, ROLLUPS
         runs, samples = RUNS, SAMPLES
         raw_cutoff = now - timedelta(days=raw_days)
+        rollup_cutoff = now - timedelta(days=rollup_days)
         async with self._read() as connection:
             oldest_pending = await connection.scalar(select(func.min(pending.c.hour)))
-        if oldest_pending is not None:
-            raw_cutoff = min(raw_cutoff, oldest_pending)
-        deleted_runs = deleted_samples = deleted_rollups = 0
+        runs_cutoff = min(raw_cutoff, oldest_pending) if oldest_pending is not None else raw_cutoff
+        deleted_runs = deleted_samples = 0
         while True:
             async with self._write() as connection:
                 ids = list(
                     await connection.scalars(
                         select(runs.c.id)
-                        .where(runs.c.started_at < raw_cutoff)
+                        .where(runs.c.started_at < runs_cutoff)
                         .order_by(runs.c.started_at)
                         .limit(batch_size)
                     )
@@ -582,24 +606,42 @@ class Repository:
             if len(ids) < batch_size:
                 break
             await asyncio.sleep(0)  # let probes and saves in between
-        rollup_cutoff = now - timedelta(days=rollup_days)
+        ticks = table_of(JobTickRow)
+        deleted_ticks = await self._delete_oldest(
+            ticks, (ticks.c.id,), ticks.c.scheduled_at, ticks.c.scheduled_at < raw_cutoff, batch_size
+        )
+        deleted_rollups = await self._delete_oldest(
+            rollups, (rollups.c.series_id, rollups.c.hour), rollups.c.hour, rollups.c.hour < rollup_cutoff, batch_size
+        )
+        incidents, outbox = table_of(IncidentRow), table_of(AlertOutboxRow)
+        unreferenced = ~select(outbox.c.id).where(outbox.c.incident_id == incidents.c.id).exists()
+        deleted_incidents = await self._delete_oldest(
+            incidents,
+            (incidents.c.id,),
+            incidents.c.resolved_at,
+            (incidents.c.resolved_at < rollup_cutoff) & unreferenced,
+            batch_size,
+        )
+        return PruneResult(
+            runs=deleted_runs,
+            samples=deleted_samples,
+            rollups=deleted_rollups,
+            job_ticks=deleted_ticks,
+            incidents=deleted_incidents,
+        )
+
+    async def _delete_oldest(self, table: Table, key: Sequence[Any], age: Any, condition: Any, batch_size: int) -> int:
+        """Delete the rows matching `condition`, oldest (by `age`) first, `batch_size` per transaction."""
+        deleted = 0
         while True:
             async with self._write() as connection:
                 keys = [
                     tuple(row)
-                    for row in await connection.execute(
-                        select(rollups.c.series_id, rollups.c.hour)
-                        .where(rollups.c.hour < rollup_cutoff)
-                        .order_by(rollups.c.hour)
-                        .limit(batch_size)
-                    )
+                    for row in await connection.execute(select(*key).where(condition).order_by(age).limit(batch_size))
                 ]
                 if keys:
-                    result = await connection.execute(
-                        delete(rollups).where(tuple_(rollups.c.series_id, rollups.c.hour).in_(keys))
-                    )
-                    deleted_rollups += result.rowcount
+                    result = await connection.execute(delete(table).where(tuple_(*key).in_(keys)))
+                    deleted += result.rowcount
             if len(keys) < batch_size:
-                break
+                return deleted
             await asyncio.sleep(0)
-        return PruneResult(runs=deleted_runs, samples=deleted_samples, rollups=deleted_rollups)
