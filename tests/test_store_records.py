@@ -280,3 +280,16 @@ def test_runs_from_samples_stores_what_a_server_sent_in_a_form_the_spool_and_dat
     [(run, members)] = runs_from_samples(samples, job="j", location="lab", provider_of=PROVIDERS)
     assert {s.served_model for s in members} == {"m\ufffd"}
     assert run.series.target == "qwen3-8b"
+
+
+def test_names_from_the_config_are_made_storable_once_per_run_and_in_every_sample() -> None:
+    samples = [dataclasses.replace(s, model="Qwen\x00", prompt="p\ud800") for s in make_samples(rounds=2, warmup=0)]
+    [(run, members)] = runs_from_samples(samples, job="j\x00", location="lab\x00", provider_of=PROVIDERS)
+    assert (run.series.model, run.series.prompt, run.series.location, run.job) == (
+        "Qwen\ufffd",
+        "p\ufffd",
+        "lab\ufffd",
+        "j\ufffd",
+    )
+    assert {(s.model, s.prompt) for s in members} == {("Qwen\ufffd", "p\ufffd")}
+    json.dumps(run_to_dict(run), ensure_ascii=False).encode()  # the spool can write it

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 from monitor.probe.result import ErrorClass, Sample
@@ -31,7 +32,9 @@ UNSTORABLE_REPLACEMENT = "\ufffd"
 # Caps, in characters, on text a server chooses; longer values are cut and end with TRUNCATED_MARK.
 SERVER_TEXT_LIMITS = {"served_model": 256, "request_id": 256, "error_message": 2000}
 TRUNCATED_MARK = "\u2026"
-_SAMPLE_TEXT_FIELDS = ("target", "model", "api", "prompt", "served_model", "request_id", "error_message")
+_SERVER_TEXT_FIELDS = tuple(SERVER_TEXT_LIMITS)
+_SERVER_TEXT_LIMITS = tuple(SERVER_TEXT_LIMITS.values())
+_server_texts = attrgetter(*_SERVER_TEXT_FIELDS)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -92,7 +95,8 @@ class HourlyStats:
 def storable_text(value: str, limit: int | None = None) -> str:
     """`value` as any text column of either database can hold it: NUL and lone surrogates replaced,
     at most `limit` characters."""
-    if _UNSTORABLE.search(value) is not None:
+    # The common case first: ASCII without NUL (two C-speed scans) needs no regular expression.
+    if ("\x00" in value or not value.isascii()) and _UNSTORABLE.search(value) is not None:
         value = _UNSTORABLE.sub(UNSTORABLE_REPLACEMENT, value)
     if limit is not None and len(value) > limit:
         value = value[: limit - len(TRUNCATED_MARK)] + TRUNCATED_MARK
@@ -100,18 +104,21 @@ def storable_text(value: str, limit: int | None = None) -> str:
 
 
 def storable_sample(sample: Sample) -> Sample:
-    """`sample` with every text field storable (see `storable_text`); the same object when it already is.
+    """`sample` with the text a server chose storable (see `storable_text`); the same object when it
+    already is.
 
     Servers choose `served_model`, `request_id` and `error_message` (a 500 body, an error event): one
     NUL byte in them must not make the database refuse the run and every other sample with it.
+    (Target, model, API and prompt come from the config and are checked once per run.)
     """
     changes: dict[str, str] = {}
-    for name in _SAMPLE_TEXT_FIELDS:
-        value = getattr(sample, name)
-        if value is not None:
-            stored = storable_text(value, SERVER_TEXT_LIMITS.get(name))
-            if stored is not value:
-                changes[name] = stored
+    for name, value, limit in zip(_SERVER_TEXT_FIELDS, _server_texts(sample), _SERVER_TEXT_LIMITS, strict=True):
+        # Inline fast path: this runs for every sample stored.
+        if value is None or (value.isascii() and "\x00" not in value and len(value) <= limit):
+            continue
+        stored = storable_text(value, limit)
+        if stored != value:
+            changes[name] = stored
     return dataclasses.replace(sample, **changes) if changes else sample
 
 
@@ -220,7 +227,6 @@ def runs_from_samples(
     key that makes a replayed sample land once. Text is made storable here (`storable_sample`), so
     the database, the spool and detection all see the same values.
     """
-    provider_of = {storable_text(name): provider for name, provider in provider_of.items()}
     groups: dict[tuple[str, str, str, str], list[Sample]] = {}
     for sample in map(storable_sample, samples):
         try:
@@ -229,12 +235,15 @@ def runs_from_samples(
             raise ValueError(f"sample_id {sample.sample_id!r} of target '{sample.target}' is not a UUID") from None
         groups.setdefault((sample.target, sample.prompt, sample.model, sample.api), []).append(sample)
     out: list[tuple[RunRecord, list[Sample]]] = []
-    for (target, prompt, model, _api), members in groups.items():
+    for (target, prompt, model, api), members in groups.items():
         if target not in provider_of:
             raise ValueError(f"no provider known for target '{target}'; include it in provider_of")
         series = storable_series(
             SeriesKey(target=target, provider=provider_of[target], model=model, prompt=prompt, location=location)
         )
+        names = {"target": series.target, "prompt": series.prompt, "model": series.model, "api": storable_text(api)}
+        if names != {"target": target, "prompt": prompt, "model": model, "api": api}:
+            members = [dataclasses.replace(s, **names) for s in members]
         ordered = sorted(members, key=lambda s: (s.round, not s.warmup))
         run = summarize_run(ordered, run_id=run_id_factory(), job=storable_text(job), series=series, now=now)
         out.append((run, ordered))
