@@ -16,7 +16,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
-from operator import attrgetter
 from typing import Any
 
 from monitor.probe.result import ErrorClass, Sample
@@ -32,9 +31,11 @@ UNSTORABLE_REPLACEMENT = "\ufffd"
 # Caps, in characters, on text a server chooses; longer values are cut and end with TRUNCATED_MARK.
 SERVER_TEXT_LIMITS = {"served_model": 256, "request_id": 256, "error_message": 2000}
 TRUNCATED_MARK = "\u2026"
-_SERVER_TEXT_FIELDS = tuple(SERVER_TEXT_LIMITS)
-_SERVER_TEXT_LIMITS = tuple(SERVER_TEXT_LIMITS.values())
-_server_texts = attrgetter(*_SERVER_TEXT_FIELDS)
+_SERVED_MODEL_LIMIT, _REQUEST_ID_LIMIT, _ERROR_MESSAGE_LIMIT = (
+    SERVER_TEXT_LIMITS["served_model"],
+    SERVER_TEXT_LIMITS["request_id"],
+    SERVER_TEXT_LIMITS["error_message"],
+)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -103,6 +104,10 @@ def storable_text(value: str, limit: int | None = None) -> str:
     return value
 
 
+def _storable_as_is(value: str | None, limit: int) -> bool:
+    return value is None or (value.isascii() and "\x00" not in value and len(value) <= limit)
+
+
 def storable_sample(sample: Sample) -> Sample:
     """`sample` with the text a server chose storable (see `storable_text`); the same object when it
     already is.
@@ -111,29 +116,37 @@ def storable_sample(sample: Sample) -> Sample:
     NUL byte in them must not make the database refuse the run and every other sample with it.
     (Target, model, API and prompt come from the config and are checked once per run.)
     """
+    if (
+        _storable_as_is(sample.served_model, _SERVED_MODEL_LIMIT)
+        and _storable_as_is(sample.request_id, _REQUEST_ID_LIMIT)
+        and _storable_as_is(sample.error_message, _ERROR_MESSAGE_LIMIT)
+    ):
+        return sample  # this runs for every sample stored: the common case costs three checks
     changes: dict[str, str] = {}
-    for name, value, limit in zip(_SERVER_TEXT_FIELDS, _server_texts(sample), _SERVER_TEXT_LIMITS, strict=True):
-        # Inline fast path: this runs for every sample stored.
-        if value is None or (value.isascii() and "\x00" not in value and len(value) <= limit):
-            continue
-        stored = storable_text(value, limit)
-        if stored != value:
+    for name, limit in SERVER_TEXT_LIMITS.items():
+        value = getattr(sample, name)
+        if value is not None and (stored := storable_text(value, limit)) != value:
             changes[name] = stored
     return dataclasses.replace(sample, **changes) if changes else sample
 
 
+def _clean(value: str) -> bool:
+    return value.isascii() and "\x00" not in value
+
+
 def storable_series(series: SeriesKey) -> SeriesKey:
-    values = {f.name: storable_text(getattr(series, f.name)) for f in fields(SeriesKey)}
-    unchanged = all(values[f.name] is getattr(series, f.name) for f in fields(SeriesKey))
-    return series if unchanged else SeriesKey(**values)
+    values = (series.target, series.provider, series.model, series.prompt, series.location)
+    if all(map(_clean, values)):
+        return series
+    return SeriesKey(*map(storable_text, values))
 
 
 def storable_run(run: RunRecord) -> RunRecord:
     """`run` with its series, job and API storable; the same object when they already are."""
-    series, job, api = storable_series(run.series), storable_text(run.job), storable_text(run.api)
-    if series is run.series and job is run.job and api is run.api:
+    series = storable_series(run.series)
+    if series is run.series and _clean(run.job) and _clean(run.api):
         return run
-    return dataclasses.replace(run, series=series, job=job, api=api)
+    return dataclasses.replace(run, series=series, job=storable_text(run.job), api=storable_text(run.api))
 
 
 def storable_batch(
