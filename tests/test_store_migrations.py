@@ -15,7 +15,8 @@ from monitor.store import cli, migrate
 from monitor.store import commands as store_commands
 from monitor.store.engine import DatabaseUnavailable, create_engine
 from monitor.store.models import metadata
-from tests.store_fixtures import Backend, free_port
+from monitor.store.repository import Repository
+from tests.store_fixtures import T0, Backend, free_port, make_batch
 
 pytest_plugins = ("tests.store_fixtures",)
 
@@ -67,6 +68,39 @@ async def test_check_names_a_model_change_without_a_migration(
     changed.tables["runs"].append_column(sa.Column("region", sa.Text(), nullable=True))
     monkeypatch.setattr(migrate, "metadata", changed)
     assert await migrate.check(backend.url) == ["column runs.region: in the models but no migration adds it"]
+
+
+async def test_runs_stored_twice_before_the_unique_tick_are_removed_on_upgrade(empty_backend: Backend) -> None:
+    engine = empty_backend.engine()
+    try:
+        await migrate.upgrade(engine, "0002")
+        repository = Repository(engine)
+        first, twin = make_batch(T0), make_batch(T0)  # two replicas, one tick, four series
+        adhoc = make_batch(T0, job="adhoc") + make_batch(T0, job="adhoc")
+        await repository.save_runs(first)
+        await repository.save_runs(twin + adhoc)
+        async with engine.begin() as connection:
+            await connection.execute(sa.text("DELETE FROM rollup_pending"))
+        await migrate.upgrade(engine)
+        async with engine.connect() as connection:
+            runs = set((await connection.scalars(sa.text("SELECT id FROM runs WHERE job <> 'adhoc'"))).all())
+            adhoc_runs = await connection.scalar(sa.text("SELECT count(*) FROM runs WHERE job = 'adhoc'"))
+            samples = await connection.scalar(sa.text("SELECT count(*) FROM samples"))
+            orphans = await connection.scalar(
+                sa.text("SELECT count(*) FROM samples WHERE run_id NOT IN (SELECT id FROM runs)")
+            )
+            pending = await connection.scalar(sa.text("SELECT count(*) FROM rollup_pending"))
+        kept = {str(r).replace("-", "") for r in runs}
+        assert len(kept) == 4
+        assert kept <= {run.run_id.hex for run, _ in first + twin}
+        assert {run.series for run, _ in first + twin if run.run_id.hex in kept} == {run.series for run, _ in first}
+        assert orphans == 0
+        assert adhoc_runs == 8
+        assert samples == (4 + 8) * 6
+        assert pending == 4  # the duplicates' hours are rolled up again
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()
 
 
 async def test_the_daemon_refuses_an_empty_schema_naming_the_fix(empty_backend: Backend) -> None:

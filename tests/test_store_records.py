@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 
 from monitor.probe.result import ErrorClass, Sample
 from monitor.store.records import (
+    SERVER_TEXT_LIMITS,
     RunRecord,
     SeriesKey,
     floor_hour,
@@ -24,6 +26,8 @@ from monitor.store.records import (
     runs_from_samples,
     sample_from_dict,
     sample_to_dict,
+    storable_sample,
+    storable_text,
 )
 from tests.store_fixtures import PROVIDERS, T0, make_samples
 
@@ -238,3 +242,54 @@ def test_a_run_survives_the_spool_format_exactly() -> None:
     samples = make_samples(errors={3: ErrorClass.RATE_LIMITED})
     [(run, _)] = runs_from_samples(samples, job="j", location="l", provider_of=PROVIDERS)
     assert run_from_dict(json.loads(json.dumps(run_to_dict(run)))) == run
+
+
+@pytest.mark.parametrize(
+    ("value", "limit", "expected"),
+    [
+        ("plain", None, "plain"),
+        ("a\x00b", None, "a\ufffdb"),
+        ("\x00\x00", None, "\ufffd\ufffd"),
+        ("lone \ud800 high, lone \udfff low", None, "lone \ufffd high, lone \ufffd low"),
+        ("😀 and 中文 are fine", None, "😀 and 中文 are fine"),
+        ("x" * 10, 10, "x" * 10),
+        ("x" * 11, 10, "x" * 9 + "\u2026"),
+        ("\x00" * 20, 5, "\ufffd" * 4 + "\u2026"),
+    ],
+)
+def test_text_is_made_storable(value: str, limit: int | None, expected: str) -> None:
+    stored = storable_text(value, limit)
+    assert stored == expected
+    stored.encode("utf-8")  # what both drivers and the spool's JSON need
+
+
+def test_only_the_sample_fields_that_need_it_change_and_clean_samples_stay_the_same_object() -> None:
+    clean = make_samples(rounds=1, warmup=0)[0]
+    assert storable_sample(clean) is clean
+    dirty = dataclasses.replace(clean, served_model="a\x00b", error_message="e" * 5000, request_id="r\ud800")
+    stored = storable_sample(dirty)
+    assert (stored.served_model, stored.request_id) == ("a\ufffdb", "r\ufffd")
+    assert len(stored.error_message or "") == SERVER_TEXT_LIMITS["error_message"]
+    assert dataclasses.replace(stored, served_model=None, request_id=None, error_message=None) == dataclasses.replace(
+        dirty, served_model=None, request_id=None, error_message=None
+    )
+
+
+def test_runs_from_samples_stores_what_a_server_sent_in_a_form_the_spool_and_databases_hold() -> None:
+    samples = [dataclasses.replace(s, served_model="m\x00") for s in make_samples(rounds=2, warmup=0)]
+    [(run, members)] = runs_from_samples(samples, job="j", location="lab", provider_of=PROVIDERS)
+    assert {s.served_model for s in members} == {"m\ufffd"}
+    assert run.series.target == "qwen3-8b"
+
+
+def test_names_from_the_config_are_made_storable_once_per_run_and_in_every_sample() -> None:
+    samples = [dataclasses.replace(s, model="Qwen\x00", prompt="p\ud800") for s in make_samples(rounds=2, warmup=0)]
+    [(run, members)] = runs_from_samples(samples, job="j\x00", location="lab\x00", provider_of=PROVIDERS)
+    assert (run.series.model, run.series.prompt, run.series.location, run.job) == (
+        "Qwen\ufffd",
+        "p\ufffd",
+        "lab\ufffd",
+        "j\ufffd",
+    )
+    assert {(s.model, s.prompt) for s in members} == {("Qwen\ufffd", "p\ufffd")}
+    json.dumps(run_to_dict(run), ensure_ascii=False).encode()  # the spool can write it

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -14,6 +16,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.probe.prompts import Calibration
 from monitor.probe.result import SAMPLE_FIELDS, ErrorClass, Sample
+from monitor.schedule.claims import TickClaims
+from monitor.store.models import AlertOutboxRow, IncidentRow, table_of
 from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats
 from monitor.store.repository import PruneResult, Repository
 from tests.store_fixtures import T0, Backend, make_batch
@@ -21,6 +25,11 @@ from tests.store_fixtures import T0, Backend, make_batch
 pytest_plugins = ("tests.store_fixtures",)
 
 QWEN_SHORT = SeriesKey("qwen3-8b", "vllm", "Qwen/Qwen3-8B", "short", "test-lab")
+
+
+async def scalars(engine: AsyncEngine, query: str) -> list[Any]:
+    async with engine.connect() as connection:
+        return list(await connection.scalars(sa.text(query)))
 
 
 async def count(engine: AsyncEngine, table: str) -> int:
@@ -89,6 +98,64 @@ async def test_a_replayed_run_or_sample_is_stored_once(engine: AsyncEngine) -> N
     assert await count(engine, "runs") == 8
     assert await count(engine, "samples") == 8 * 6
     assert await count(engine, "series") == 4
+
+
+async def test_a_tick_probed_by_two_replicas_is_stored_once_whichever_replays_first(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    ticks = [T0 + timedelta(minutes=5 * i) for i in range(3)]
+    # Two replicas of one location probed the same ticks: different run and sample ids, same ticks.
+    replica_a = [run for tick in ticks for run in make_batch(tick)]
+    replica_b = [run for tick in ticks for run in make_batch(tick)]
+    assert {run.run_id for run, _ in replica_a}.isdisjoint(run.run_id for run, _ in replica_b)
+
+    stored_a = await repository.save_runs(replica_a[:4])  # A replays its first tick
+    stored_b = await Repository(engine).save_runs(replica_b)  # B replays everything
+    stored_a_rest = await repository.save_runs(replica_a[4:])  # A replays the rest
+
+    assert stored_a == {run.run_id for run, _ in replica_a[:4]}
+    assert stored_b == {run.run_id for run, _ in replica_b[4:]}
+    assert stored_a_rest == set()
+    assert await count(engine, "runs") == 12  # 3 ticks x 4 series
+    assert await count(engine, "samples") == 12 * 6  # only the stored runs' samples
+    async with engine.connect() as connection:
+        orphans = await connection.scalar(
+            sa.text("SELECT count(*) FROM samples WHERE run_id NOT IN (SELECT id FROM runs)")
+        )
+        distinct = await connection.scalar(
+            sa.text("SELECT count(*) FROM (SELECT DISTINCT series_id, job, intended_at FROM runs) AS ticks")
+        )
+    assert orphans == 0
+    assert distinct == 12
+    loaded = await repository.load_runs(QWEN_SHORT, T0, T0 + timedelta(hours=1))
+    assert [run for run, _ in loaded] == [run for run, _ in replica_a[:4] + replica_b[4:] if run.series == QWEN_SHORT]
+
+
+async def test_both_replicas_runs_of_a_tick_in_one_batch_store_one(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    first = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+    second = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+    stored = await repository.save_runs(first + second)
+    assert len(stored) == 1 and stored <= {first[0][0].run_id, second[0][0].run_id}
+    [kept] = await repository.load_runs(QWEN_SHORT, T0, T0 + timedelta(hours=1))
+    assert kept in (first[0], second[0])  # one whole run with its own samples, not a mix
+    assert await count(engine, "runs") == 1
+    assert await count(engine, "samples") == 6
+
+
+async def test_other_jobs_and_ad_hoc_runs_at_the_same_time_are_each_their_own(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    one = dict(targets=("qwen3-8b",), prompts=("short",))
+    # Two jobs probing one series at one scheduled time are two runs.
+    await repository.save_runs(make_batch(T0, job="every-5m", **one) + make_batch(T0, job="hourly", **one))
+    # `probe --store` runs are never a second run of a tick, even when their times coincide.
+    adhoc = [make_batch(T0, job="adhoc", **one) for _ in range(3)]
+    stored = await repository.save_runs([run for batch in adhoc for run in batch])
+    assert len(stored) == 3
+    assert await count(engine, "runs") == 5
+    assert await count(engine, "samples") == 5 * 6
+    # ...and an ad-hoc run replayed is still stored once.
+    assert await repository.save_runs(adhoc[0]) == set()
+    assert await count(engine, "runs") == 5
 
 
 async def test_the_last_runs_of_a_series_come_oldest_first(engine: AsyncEngine) -> None:
@@ -206,6 +273,60 @@ async def test_retention_prunes_raw_and_rollups_in_short_batches(engine: AsyncEn
     kept = await repository.rollups_between(QWEN_SHORT, T0, now)
     assert [stats.hour for stats in kept] == [T0 + timedelta(hours=h) for h in range(2, 50)]
     assert await repository.prune(now, raw_days=1, rollup_days=2, batch_size=4) == PruneResult(0, 0, 0)
+
+
+async def test_retention_covers_job_ticks_and_long_resolved_incidents(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    await repository.save_runs(one_series_runs(1))
+    [series_id] = await scalars(engine, "SELECT id FROM series")
+    now = T0 + timedelta(days=10)
+    claims = TickClaims(engine)
+    for days_ago in (9, 8, 3, 0):  # raw_days=5: the first two go
+        claimed = await claims.claim(job="j", scheduled_at=now - timedelta(days=days_ago), location="l", owner="me")
+        assert claimed
+    incidents, outbox = table_of(IncidentRow), table_of(AlertOutboxRow)
+
+    def incident(kind: str, opened_days_ago: float, resolved_days_ago: float | None) -> dict[str, object]:
+        return {
+            "id": uuid.uuid4(),
+            "series_id": series_id,
+            "kind": kind,
+            "severity": "page",
+            "opened_at": now - timedelta(days=opened_days_ago),
+            "resolved_at": None if resolved_days_ago is None else now - timedelta(days=resolved_days_ago),
+            "updated_at": now,
+        }
+
+    old_resolved, old_notified, recent_resolved, still_open = (
+        incident("regression", 9, 8),  # rollup_days=7: goes
+        incident("availability", 9, 8),  # would go, but a notification still refers to it
+        incident("slo", 5, 4),
+        incident("regression", 9, None),
+    )
+    async with engine.begin() as connection:
+        await connection.execute(incidents.insert(), [old_resolved, old_notified, recent_resolved, still_open])
+        await connection.execute(
+            outbox.insert().values(
+                id=uuid.uuid4(),
+                dedup_key="k",
+                incident_id=old_notified["id"],
+                receiver="r",
+                event="resolved",
+                payload={},
+                status="sent",
+                attempts=1,
+                next_attempt_at=now,
+                created_at=now,
+            )
+        )
+    result = await repository.prune(now, raw_days=5, rollup_days=7, batch_size=1)
+    assert (result.job_ticks, result.incidents) == (2, 1)
+    remaining_ticks = await scalars(engine, "SELECT scheduled_at FROM job_ticks ORDER BY scheduled_at")
+    assert len(remaining_ticks) == 2
+    remaining = {str(i).replace("-", "") for i in await scalars(engine, "SELECT id FROM incidents")}
+    assert remaining == {i["id"].hex for i in (old_notified, recent_resolved, still_open)}  # type: ignore[attr-defined]
+    second = await repository.prune(now, raw_days=5, rollup_days=7)
+    assert (second.job_ticks, second.incidents) == (0, 0)
 
 
 async def test_raw_data_stays_until_its_rollup_is_computed(engine: AsyncEngine) -> None:

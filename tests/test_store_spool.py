@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import resource
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -82,14 +86,82 @@ def test_a_line_torn_by_a_crash_is_reported_and_skipped(tmp_path: Path) -> None:
     segment = next(tmp_path.glob("0*.jsonl"))
     with segment.open("ab") as handle:
         handle.write(encode(*batches(1)[0][0])[:-40])  # the write the crash interrupted
+    size_before_the_crash = segment.stat().st_size
     events = Events()
     with Spool(tmp_path, max_bytes=10**7, on_event=events) as spool:
         assert spool.depth == 1
+        assert spool.torn_tails == 1
+        assert segment.stat().st_size == len(encode(*batches(1)[0][0]))  # the fragment is cut off
+        assert size_before_the_crash > segment.stat().st_size
         assert len(spool.peek(10)) == 1
         spool.append(batches(1)[0])
         assert len(spool.peek(10)) == 2
     [torn] = events.named("spool_torn_tail")
-    assert torn["segment"] == segment.name and torn["bytes"] > 0
+    assert torn["segment"] == segment.name and torn["bytes"] > 0 and torn["action"] == "truncated"
+    with Spool(tmp_path, max_bytes=10**7, on_event=events) as spool:
+        assert spool.torn_tails == 0  # reported once
+        assert [entry.problem for entry in spool.peek(10)] == [None, None]
+
+
+@contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past `limit` bytes fail part-way with EFBIG, as on a full disk (no root needed)."""
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_an_append_that_fails_part_way_leaves_nothing_behind(tmp_path: Path) -> None:
+    first, big, after = batches(1)[0], make_batch(T0 + timedelta(hours=1)), batches(3)[2]
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append(first)
+        segment = next(tmp_path.glob("0*.jsonl"))
+        size = segment.stat().st_size
+        with file_size_limit(size + 8000), pytest.raises(OSError):
+            spool.append(big)  # four records: the first fits, the second is cut
+        assert segment.stat().st_size == size
+        assert spool.depth == 1
+        spool.append(after)  # lands right behind the first record, not behind a fragment
+        assert [e.run.run_id if e.run else e.problem for e in spool.peek(10)] == run_ids_of(first + after)
+    with Spool(tmp_path, max_bytes=10**7) as spool:  # and after a restart: the failed batch never comes back
+        assert spool.torn_tails == 0
+        assert [e.run.run_id if e.run else e.problem for e in spool.peek(10)] == run_ids_of(first + after)
+
+
+def run_ids_of(batch: list[Any]) -> list[Any]:
+    return [run.run_id for run, _ in batch]
+
+
+def test_a_record_cut_short_or_damaged_is_never_read_as_another(tmp_path: Path) -> None:
+    line = encode(*batches(1)[0][0])
+    glued = line[:-300] + line  # a torn record with the next one written behind it
+    flipped = line[:100] + bytes([line[100] ^ 0x01]) + line[101:]
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append(batches(1)[0])
+    segment = next(tmp_path.glob("0*.jsonl"))
+    segment.write_bytes(glued + flipped + line)
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        first, second, third = spool.peek(10)
+    assert first.run is None and "cut or damaged" in (first.problem or "")
+    assert second.run is None and "checksum" in (second.problem or "")
+    assert third.run is not None and third.problem is None
+
+
+def test_records_spooled_by_the_previous_version_are_still_read(tmp_path: Path) -> None:
+    run, samples = batches(1)[0][0]
+    legacy = encode(run, samples)[18:]  # a bare JSON line, as written before records had a header
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append(batches(1)[0])
+    segment = next(tmp_path.glob("0*.jsonl"))
+    segment.write_bytes(legacy)
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        [entry] = spool.peek(10)
+    assert entry.run == run and entry.samples == samples
 
 
 def test_a_damaged_line_is_handed_out_with_its_problem_so_the_rest_can_flow(tmp_path: Path) -> None:

@@ -16,8 +16,9 @@ FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturb
 
 
 async def maintain_once(repository: Any, database: Database, *, now: datetime | None = None) -> dict[str, int]:
-    """Roll up finished hours, then prune raw runs past `retention.raw_days` and rollups past
-    `retention.rollup_days`. Each step works in short transactions (see the repository)."""
+    """Roll up finished hours, then prune what is past retention: raw runs and job tick claims past
+    `retention.raw_days`, rollups and long-resolved incidents past `retention.rollup_days`. Each
+    step works in short transactions (see `Repository.prune`)."""
     now = now or datetime.now(UTC)
     hours = await repository.rollup(now)
     pruned = await repository.prune(now, database.retention.raw_days, database.retention.rollup_days)
@@ -26,6 +27,8 @@ async def maintain_once(repository: Any, database: Database, *, now: datetime | 
         "runs_pruned": pruned.runs,
         "samples_pruned": pruned.samples,
         "rollups_pruned": pruned.rollups,
+        "job_ticks_pruned": pruned.job_ticks,
+        "incidents_pruned": pruned.incidents,
     }
 
 

@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from monitor.store.records import ADHOC_JOB
 from monitor.store.types import UtcDateTime, json_type
 
 # Deterministic constraint names, so migrations (and SQLite batch mode) can refer to them.
@@ -80,6 +81,18 @@ class RunRow(Base):
 
     __tablename__ = "runs"
     __table_args__ = (
+        # One run per scheduled tick of a series (its location is part of the series): replicas that
+        # both probed a tick while they could not claim it store it once, whichever spool replays
+        # first. Ad-hoc runs (`probe --store`) have no tick: each is its own run.
+        Index(
+            "uq_runs_series_id_job_intended_at",
+            "series_id",
+            "job",
+            "intended_at",
+            unique=True,
+            postgresql_where=text(f"job <> '{ADHOC_JOB}'"),
+            sqlite_where=text(f"job <> '{ADHOC_JOB}'"),
+        ),
         # "The last N runs of a series" and "a series between two times".
         Index("ix_runs_series_id_started_at", "series_id", "started_at"),
         # Retention walks runs oldest first.
@@ -197,7 +210,11 @@ class JobTickRow(Base):
     """A claimed job tick. The unique key lets several daemons race for a tick; one insert wins."""
 
     __tablename__ = "job_ticks"
-    __table_args__ = (UniqueConstraint("job", "scheduled_at", "location"),)
+    __table_args__ = (
+        UniqueConstraint("job", "scheduled_at", "location"),
+        # Retention deletes the oldest claims.
+        Index("ix_job_ticks_scheduled_at", "scheduled_at"),
+    )
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     job: Mapped[str] = mapped_column(Text)

@@ -1,12 +1,15 @@
 """What gets stored, as plain values: series keys, run summaries, hourly statistics. Pure code.
 
-`runs_from_samples` turns one probe run's samples into per-series runs with their summary; the
+`runs_from_samples` turns one probe run's samples into per-series runs with their summary, with
+every text field in a form both databases and the spool can hold (`storable_sample`); the
 `*_to_dict` / `*_from_dict` pairs are the spool's JSON form (lossless, including floats).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import time
 import uuid
 from collections import Counter
@@ -18,9 +21,21 @@ from typing import Any
 from monitor.probe.result import ErrorClass, Sample
 from monitor.probe.stats import median, percentile
 
-ADHOC_JOB = "adhoc"
+ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
 # Not stored: a process-local monotonic clock value, meaningless after the process ends.
 UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns"})
+# What a text column cannot hold: NUL (PostgreSQL refuses it in text) and lone surrogates (not UTF-8,
+# so neither database driver nor the spool's JSON can encode them). Each becomes U+FFFD.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+UNSTORABLE_REPLACEMENT = "\ufffd"
+# Caps, in characters, on text a server chooses; longer values are cut and end with TRUNCATED_MARK.
+SERVER_TEXT_LIMITS = {"served_model": 256, "request_id": 256, "error_message": 2000}
+TRUNCATED_MARK = "\u2026"
+_SERVED_MODEL_LIMIT, _REQUEST_ID_LIMIT, _ERROR_MESSAGE_LIMIT = (
+    SERVER_TEXT_LIMITS["served_model"],
+    SERVER_TEXT_LIMITS["request_id"],
+    SERVER_TEXT_LIMITS["error_message"],
+)
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -76,6 +91,69 @@ class HourlyStats:
     ttft_min_ms: float | None
     ttft_max_ms: float | None
     decode_tps_p50: float | None
+
+
+def storable_text(value: str, limit: int | None = None) -> str:
+    """`value` as any text column of either database can hold it: NUL and lone surrogates replaced,
+    at most `limit` characters."""
+    # The common case first: ASCII without NUL (two C-speed scans) needs no regular expression.
+    if ("\x00" in value or not value.isascii()) and _UNSTORABLE.search(value) is not None:
+        value = _UNSTORABLE.sub(UNSTORABLE_REPLACEMENT, value)
+    if limit is not None and len(value) > limit:
+        value = value[: limit - len(TRUNCATED_MARK)] + TRUNCATED_MARK
+    return value
+
+
+def _storable_as_is(value: str | None, limit: int) -> bool:
+    return value is None or (value.isascii() and "\x00" not in value and len(value) <= limit)
+
+
+def storable_sample(sample: Sample) -> Sample:
+    """`sample` with the text a server chose storable (see `storable_text`); the same object when it
+    already is.
+
+    Servers choose `served_model`, `request_id` and `error_message` (a 500 body, an error event): one
+    NUL byte in them must not make the database refuse the run and every other sample with it.
+    (Target, model, API and prompt come from the config and are checked once per run.)
+    """
+    if (
+        _storable_as_is(sample.served_model, _SERVED_MODEL_LIMIT)
+        and _storable_as_is(sample.request_id, _REQUEST_ID_LIMIT)
+        and _storable_as_is(sample.error_message, _ERROR_MESSAGE_LIMIT)
+    ):
+        return sample  # this runs for every sample stored: the common case costs three checks
+    changes: dict[str, str] = {}
+    for name, limit in SERVER_TEXT_LIMITS.items():
+        value = getattr(sample, name)
+        if value is not None and (stored := storable_text(value, limit)) != value:
+            changes[name] = stored
+    return dataclasses.replace(sample, **changes) if changes else sample
+
+
+def _clean(value: str) -> bool:
+    return value.isascii() and "\x00" not in value
+
+
+def storable_series(series: SeriesKey) -> SeriesKey:
+    values = (series.target, series.provider, series.model, series.prompt, series.location)
+    if all(map(_clean, values)):
+        return series
+    return SeriesKey(*map(storable_text, values))
+
+
+def storable_run(run: RunRecord) -> RunRecord:
+    """`run` with its series, job and API storable; the same object when they already are."""
+    series = storable_series(run.series)
+    if series is run.series and _clean(run.job) and _clean(run.api):
+        return run
+    return dataclasses.replace(run, series=series, job=storable_text(run.job), api=storable_text(run.api))
+
+
+def storable_batch(
+    batch: Iterable[tuple[RunRecord, Sequence[Sample]]],
+) -> list[tuple[RunRecord, list[Sample]]]:
+    """Every run and sample of `batch` as the databases and the spool can hold them."""
+    return [(storable_run(run), [storable_sample(s) for s in samples]) for run, samples in batch]
 
 
 def new_run_id() -> uuid.UUID:
@@ -159,22 +237,29 @@ def runs_from_samples(
     """Group one probe run's samples per series (target x prompt), in first-seen order, and summarise.
 
     `provider_of` maps target names to provider names. Every sample id must be a UUID: it is the
-    key that makes a replayed sample land once.
+    key that makes a replayed sample land once. Text is made storable here (`storable_sample`), so
+    the database, the spool and detection all see the same values.
     """
     groups: dict[tuple[str, str, str, str], list[Sample]] = {}
-    for sample in samples:
+    for sample in map(storable_sample, samples):
         try:
             uuid.UUID(sample.sample_id)
         except (ValueError, TypeError, AttributeError):
             raise ValueError(f"sample_id {sample.sample_id!r} of target '{sample.target}' is not a UUID") from None
         groups.setdefault((sample.target, sample.prompt, sample.model, sample.api), []).append(sample)
     out: list[tuple[RunRecord, list[Sample]]] = []
-    for (target, prompt, model, _api), members in groups.items():
+    for (target, prompt, model, api), members in groups.items():
         if target not in provider_of:
             raise ValueError(f"no provider known for target '{target}'; include it in provider_of")
-        series = SeriesKey(target=target, provider=provider_of[target], model=model, prompt=prompt, location=location)
+        series = storable_series(
+            SeriesKey(target=target, provider=provider_of[target], model=model, prompt=prompt, location=location)
+        )
+        names = {"target": series.target, "prompt": series.prompt, "model": series.model, "api": storable_text(api)}
+        if names != {"target": target, "prompt": prompt, "model": model, "api": api}:
+            members = [dataclasses.replace(s, **names) for s in members]
         ordered = sorted(members, key=lambda s: (s.round, not s.warmup))
-        out.append((summarize_run(ordered, run_id=run_id_factory(), job=job, series=series, now=now), ordered))
+        run = summarize_run(ordered, run_id=run_id_factory(), job=storable_text(job), series=series, now=now)
+        out.append((run, ordered))
     return out
 
 

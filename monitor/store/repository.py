@@ -2,7 +2,8 @@
 
 Writes are idempotent: runs and samples carry client-generated UUIDs and are inserted with
 ON CONFLICT DO NOTHING, so a batch replayed from the spool (or saved twice after a timeout whose
-commit did land) is stored once. Write transactions are short; retention works in bounded batches.
+commit did land) is stored once; and a series holds one run per job tick, so a tick probed by two
+replicas is stored once too, whichever replays first. Write transactions are short; retention works in bounded batches.
 """
 
 from __future__ import annotations
@@ -23,8 +24,21 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.probe.result import ErrorClass, Sample
 from monitor.store.engine import write_transaction
-from monitor.store.models import CALIBRATION, ROLLUP_PENDING, ROLLUPS, RUNS, SAMPLES, SERIES, RunRow, SampleRow
-from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats
+from monitor.store.models import (
+    CALIBRATION,
+    ROLLUP_PENDING,
+    ROLLUPS,
+    RUNS,
+    SAMPLES,
+    SERIES,
+    AlertOutboxRow,
+    IncidentRow,
+    JobTickRow,
+    RunRow,
+    SampleRow,
+    table_of,
+)
+from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats, storable_batch
 from monitor.store.types import UtcDateTime
 
 Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
@@ -44,6 +58,8 @@ class PruneResult:
     runs: int
     samples: int
     rollups: int
+    job_ticks: int = 0
+    incidents: int = 0
 
 
 def _check_aware(batch: Batch) -> None:
@@ -182,10 +198,18 @@ def _columns(names: Sequence[str]) -> str:
     return ", ".join(f'"{name}"' for name in names)
 
 
+# Runs first; samples only of the runs inserted here. A run not inserted is either stored already
+# (a replay: its samples came in its own transaction) or a second run of one tick (another replica's,
+# whose samples must not join the stored run's).
 _PG_MERGE = f"""
-INSERT INTO runs ({_columns(_RUN_COPY)}) SELECT {_columns(_RUN_COPY)} FROM ttft_stage_runs ON CONFLICT (id) DO NOTHING;
-INSERT INTO samples ({_columns(_SAMPLE_COPY)}) SELECT {_columns(_SAMPLE_COPY)} FROM ttft_stage_samples
-    ON CONFLICT (id) DO NOTHING;
+WITH inserted AS (
+    INSERT INTO runs ({_columns(_RUN_COPY)}) SELECT {_columns(_RUN_COPY)} FROM ttft_stage_runs
+    ON CONFLICT DO NOTHING RETURNING id
+), inserted_samples AS (
+    INSERT INTO samples ({_columns(_SAMPLE_COPY)}) SELECT {_columns(_SAMPLE_COPY)} FROM ttft_stage_samples
+    WHERE run_id IN (SELECT id FROM inserted) ON CONFLICT (id) DO NOTHING
+)
+SELECT id FROM inserted
 """
 _PG_MARK_PENDING = """
 INSERT INTO rollup_pending (series_id, hour, marked_at)
@@ -279,10 +303,19 @@ class Repository:
 
     # ---------------------------------------------------------------- writing
 
-    async def save_runs(self, batch: Batch) -> None:
-        """Store runs with their samples in one transaction. Replays are no-ops (ON CONFLICT DO NOTHING)."""
+    async def save_runs(self, batch: Batch) -> frozenset[uuid.UUID]:
+        """Store runs with their samples in one transaction; returns the ids of the runs inserted.
+
+        A run is skipped, with its samples, when its id is stored already (a replay) or when its
+        series already has a run of the same job for the same scheduled time (`intended_at`): the
+        second run of one tick, as two replicas that could not claim it both probe it. Ad-hoc runs
+        (job `adhoc`) have no tick and are only skipped as replays. Both are ON CONFLICT DO NOTHING,
+        so replaying any spool, in any order, stores each tick once.
+        """
         if not batch:
-            return
+            return frozenset()
+        # Usually done already by runs_from_samples; spool records written by older versions were not.
+        batch = storable_batch(batch)
         _check_aware(batch)
         learnt: dict[SeriesKey, int] = {}
         try:
@@ -290,33 +323,39 @@ class Repository:
                 ids = await self._resolve_series(connection, {run.series for run, _ in batch}, learnt)
                 hours = sorted({(ids[run.series], floor_hour(run.started_at)) for run, _ in batch})
                 if self._postgres:
-                    await self._save_postgres(connection, batch, ids, hours)
+                    inserted = await self._save_postgres(connection, batch, ids, hours)
                 else:
-                    await self._save_sqlite(connection, batch, ids, hours)
+                    inserted = await self._save_sqlite(connection, batch, ids, hours)
         except BaseException:
             # Ids learnt in a transaction that did not commit may not exist; forget them all.
             self._series_ids.clear()
             raise
         self._series_ids.update(learnt)
+        return inserted
 
     async def _save_sqlite(
         self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]
-    ) -> None:
+    ) -> frozenset[uuid.UUID]:
         runs = [_run_row(run, ids[run.series]) for run, _ in batch]
-        samples = [_sample_row(sample, run.run_id) for run, members in batch for sample in members]
-        for table, rows in ((RUNS, runs), (SAMPLES, samples)):
-            if rows:
-                await connection.execute(sqlite.insert(table).on_conflict_do_nothing(index_elements=["id"]), rows)
+        inserted = frozenset(
+            await connection.scalars(sqlite.insert(RUNS).on_conflict_do_nothing().returning(RUNS.c.id), runs)
+        )
+        samples = [
+            _sample_row(sample, run.run_id) for run, members in batch if run.run_id in inserted for sample in members
+        ]
+        if samples:
+            await connection.execute(sqlite.insert(SAMPLES).on_conflict_do_nothing(index_elements=["id"]), samples)
         statement = sqlite.insert(ROLLUP_PENDING)
         statement = statement.on_conflict_do_update(
             index_elements=["series_id", "hour"], set_={"marked_at": statement.excluded.marked_at}
         )
         now = datetime.now(UTC)
         await connection.execute(statement, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours])
+        return inserted
 
     async def _save_postgres(
         self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]
-    ) -> None:
+    ) -> frozenset[uuid.UUID]:
         """Binary COPY into session-local staging tables, then INSERT ... ON CONFLICT DO NOTHING: several
         times faster than multi-row INSERTs for thousands of samples, and as idempotent."""
         # Through SQLAlchemy first: that begins the transaction the raw connection's COPY then joins.
@@ -334,10 +373,11 @@ class Repository:
             records=[_sample_copy_values(sample, run.run_id) for run, members in batch for sample in members],
             columns=_SAMPLE_COPY,
         )
-        await driver.execute(_PG_MERGE)
+        inserted = frozenset(row[0] for row in await driver.fetch(_PG_MERGE))
         await driver.execute(
             _PG_MARK_PENDING, [sid for sid, _ in hours], [hour for _, hour in hours], datetime.now(UTC)
         )
+        return inserted
 
     async def _resolve_series(
         self, connection: AsyncConnection, keys: set[SeriesKey], learnt: dict[SeriesKey, int]
@@ -528,23 +568,32 @@ class Repository:
         return done
 
     async def prune(self, now: datetime, raw_days: int, rollup_days: int, batch_size: int = 1000) -> PruneResult:
-        """Delete runs (with their samples) older than `raw_days` and rollups older than `rollup_days`,
-        at most `batch_size` runs or rollups per short transaction. Raw data of an hour whose rollup is
-        still pending is kept until `rollup` has computed it."""
+        """Delete what is past retention, at most `batch_size` rows per short transaction:
+
+        - runs (with their samples) older than `raw_days`; raw data of an hour whose rollup is still
+          pending is kept until `rollup` has computed it;
+        - job tick claims scheduled more than `raw_days` ago (kept as long as the runs they made);
+        - rollups older than `rollup_days`;
+        - incidents resolved more than `rollup_days` ago that no notification refers to any more
+          (the alert dispatcher prunes its own finished rows, after 30 days); open ones are kept.
+
+        Series, detector state and calibration are one row per configured series or target: they
+        do not grow with time and are kept (a running daemon caches series ids).
+        """
         pending, rollups = ROLLUP_PENDING, ROLLUPS
         runs, samples = RUNS, SAMPLES
         raw_cutoff = now - timedelta(days=raw_days)
+        rollup_cutoff = now - timedelta(days=rollup_days)
         async with self._read() as connection:
             oldest_pending = await connection.scalar(select(func.min(pending.c.hour)))
-        if oldest_pending is not None:
-            raw_cutoff = min(raw_cutoff, oldest_pending)
-        deleted_runs = deleted_samples = deleted_rollups = 0
+        runs_cutoff = min(raw_cutoff, oldest_pending) if oldest_pending is not None else raw_cutoff
+        deleted_runs = deleted_samples = 0
         while True:
             async with self._write() as connection:
                 ids = list(
                     await connection.scalars(
                         select(runs.c.id)
-                        .where(runs.c.started_at < raw_cutoff)
+                        .where(runs.c.started_at < runs_cutoff)
                         .order_by(runs.c.started_at)
                         .limit(batch_size)
                     )
@@ -557,24 +606,42 @@ class Repository:
             if len(ids) < batch_size:
                 break
             await asyncio.sleep(0)  # let probes and saves in between
-        rollup_cutoff = now - timedelta(days=rollup_days)
+        ticks = table_of(JobTickRow)
+        deleted_ticks = await self._delete_oldest(
+            ticks, (ticks.c.id,), ticks.c.scheduled_at, ticks.c.scheduled_at < raw_cutoff, batch_size
+        )
+        deleted_rollups = await self._delete_oldest(
+            rollups, (rollups.c.series_id, rollups.c.hour), rollups.c.hour, rollups.c.hour < rollup_cutoff, batch_size
+        )
+        incidents, outbox = table_of(IncidentRow), table_of(AlertOutboxRow)
+        unreferenced = ~select(outbox.c.id).where(outbox.c.incident_id == incidents.c.id).exists()
+        deleted_incidents = await self._delete_oldest(
+            incidents,
+            (incidents.c.id,),
+            incidents.c.resolved_at,
+            (incidents.c.resolved_at < rollup_cutoff) & unreferenced,
+            batch_size,
+        )
+        return PruneResult(
+            runs=deleted_runs,
+            samples=deleted_samples,
+            rollups=deleted_rollups,
+            job_ticks=deleted_ticks,
+            incidents=deleted_incidents,
+        )
+
+    async def _delete_oldest(self, table: Table, key: Sequence[Any], age: Any, condition: Any, batch_size: int) -> int:
+        """Delete the rows matching `condition`, oldest (by `age`) first, `batch_size` per transaction."""
+        deleted = 0
         while True:
             async with self._write() as connection:
                 keys = [
                     tuple(row)
-                    for row in await connection.execute(
-                        select(rollups.c.series_id, rollups.c.hour)
-                        .where(rollups.c.hour < rollup_cutoff)
-                        .order_by(rollups.c.hour)
-                        .limit(batch_size)
-                    )
+                    for row in await connection.execute(select(*key).where(condition).order_by(age).limit(batch_size))
                 ]
                 if keys:
-                    result = await connection.execute(
-                        delete(rollups).where(tuple_(rollups.c.series_id, rollups.c.hour).in_(keys))
-                    )
-                    deleted_rollups += result.rowcount
+                    result = await connection.execute(delete(table).where(tuple_(*key).in_(keys)))
+                    deleted += result.rowcount
             if len(keys) < batch_size:
-                break
+                return deleted
             await asyncio.sleep(0)
-        return PruneResult(runs=deleted_runs, samples=deleted_samples, rollups=deleted_rollups)

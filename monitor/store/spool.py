@@ -1,15 +1,20 @@
 """An append-only, fsync'd local spool for runs the database could not take.
 
 Layout of the spool directory (under `database.state_dir`):
-  NNNNNNNNNN.jsonl  segments; one JSON line per run with its samples, appended then fsync'd
+  NNNNNNNNNN.jsonl  segments; one record per line: a run with its samples, appended then fsync'd
   cursor            how far the records have been stored in the database (atomic rename + fsync)
   rejected.jsonl    records the database refused as invalid, kept for a human (never replayed)
   lock              held (flock) while a process uses the spool
 
+A record is one line, `LLLLLLLL CCCCCCCC {json}`: the JSON's length and CRC-32 in hex, so a record
+cut short or damaged is recognised as such, never read as another one. A batch is appended with one
+write and one fsync; when either fails (a full disk), the file is truncated back to where the
+batch began, so the batch is either wholly spooled or wholly absent: a batch reported lost is never
+replayed, and the next append never lands behind a fragment. A crash mid-append can still leave a
+torn tail: the next process truncates it at start, counts it (`torn_tails`) and reports it.
+
 A record is forgotten only after the database committed it, so a crash at any point loses nothing:
-at worst records are replayed twice, and their UUIDs make the second insert a no-op. A new process
-never appends to an old segment, so a line torn by a crash stays at the end of its segment, is
-reported once and skipped.
+at worst records are replayed twice, and the store makes the second insert a no-op.
 
 The size is bounded by `max_bytes`. When a new batch would not fit, the oldest segments are dropped
 (the newest results say how the endpoints are doing now; the configuration documents this), the
@@ -28,6 +33,7 @@ import json
 import logging
 import os
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -51,7 +57,9 @@ LOUD_EVENTS = frozenset(
         "spool_cursor_unreadable",
     }
 )
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # of the JSON inside a record
+_HEADER = b"%08x %08x "
+_HEADER_BYTES = 18
 _SEGMENT_SUFFIX = ".jsonl"
 MIN_SEGMENT_BYTES = 64 * 1024
 MAX_SEGMENT_BYTES = 16 * 1024 * 1024
@@ -104,14 +112,58 @@ def _fsync_dir(path: Path) -> None:
 
 def encode(run: RunRecord, samples: Sequence[Sample]) -> bytes:
     record = {"v": FORMAT_VERSION, "run": run_to_dict(run), "samples": [sample_to_dict(s) for s in samples]}
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    payload = json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+    return _HEADER % (len(payload), zlib.crc32(payload)) + payload + b"\n"
+
+
+def _payload(line: bytes) -> bytes:
+    """The JSON of one record line, checked against its length and checksum."""
+    if line.startswith(b"{"):
+        return line  # written before records carried a length and checksum
+    body = line.removesuffix(b"\n")
+    try:
+        length, checksum = int(body[:8], 16), int(body[9:17], 16)
+    except ValueError:
+        raise ValueError("no record header (length and checksum)") from None
+    payload = body[_HEADER_BYTES:]
+    if len(payload) != length or body[8:9] != b" " or body[17:18] != b" ":
+        raise ValueError(f"record cut or damaged: {len(payload)} bytes where its header says {length}")
+    if zlib.crc32(payload) != checksum:
+        raise ValueError("record damaged: checksum mismatch")
+    return payload
 
 
 def decode(line: bytes) -> tuple[RunRecord, list[Sample]]:
-    record = json.loads(line)
+    record = json.loads(_payload(line))
     if record.get("v") != FORMAT_VERSION:
         raise ValueError(f"unknown spool record version {record.get('v')!r}")
     return run_from_dict(record["run"]), [sample_from_dict(s) for s in record["samples"]]
+
+
+def _append_all_or_nothing(path: Path, data: bytes, *, expected_size: int | None = None) -> None:
+    """Append `data` to `path` with one write and an fsync; on failure truncate the file back to its
+    size before, so nothing of `data` remains. `expected_size`: where the good data ends (bytes left
+    after it by an earlier failed append are cut first)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        before = os.fstat(fd).st_size
+        if expected_size is not None and before != expected_size:
+            os.ftruncate(fd, expected_size)
+            before = expected_size
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                if written <= 0:
+                    raise OSError(f"short write to {path}")
+                view = view[written:]
+            os.fsync(fd)
+        except BaseException:
+            os.ftruncate(fd, before)  # freeing blocks needs no space, so this works on a full disk
+            os.fsync(fd)
+            raise
+    finally:
+        os.close(fd)
 
 
 class Spool:
@@ -132,6 +184,7 @@ class Spool:
         self._lock = threading.Lock()
         self.dropped = 0  # records dropped because the spool was full
         self.rejected = 0  # records moved to rejected.jsonl
+        self.torn_tails = 0  # torn tails (a crash mid-append) truncated at start
         self._segments: dict[int, _Segment] = {}
         self._active: int | None = None  # the segment this process appends to
         self._cursor = (0, 0, 0)  # (segment, byte offset, ordinal): everything before it is stored
@@ -191,11 +244,18 @@ class Spool:
                 path.unlink()  # fully stored before a crash interrupted its removal
                 continue
             content = path.read_bytes()
-            lines = content.count(b"\n")
-            self._segments[number] = _Segment(lines=lines, size=len(content))
-            if not content.endswith(b"\n") and content:
-                torn = len(content) - (content.rfind(b"\n") + 1)
-                self._emit("spool_torn_tail", segment=path.name, bytes=torn)
+            if content and not content.endswith(b"\n"):
+                # A crash mid-append: the batch was never reported spooled. Cut it, so it can never
+                # be read as (part of) a record.
+                good = content.rfind(b"\n") + 1
+                with open(path, "r+b") as handle:
+                    handle.truncate(good)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                self.torn_tails += 1
+                self._emit("spool_torn_tail", segment=path.name, bytes=len(content) - good, action="truncated")
+                content = content[:good]
+            self._segments[number] = _Segment(lines=content.count(b"\n"), size=len(content))
         if self._segments and self._cursor[0] not in self._segments:
             self._cursor = (min(self._segments), 0, 0)
         with contextlib.suppress(FileNotFoundError):
@@ -243,7 +303,8 @@ class Spool:
     def append(self, batch: Sequence[tuple[RunRecord, Sequence[Sample]]]) -> int:
         """Write runs durably (one write and fsync for the batch); returns the number written.
 
-        Drops the oldest segments when the batch would not fit (counted and reported); raises
+        All or nothing: when it raises (a full disk, an I/O error), none of the batch is in the
+        spool. Drops the oldest segments when the batch would not fit (counted and reported); raises
         SpoolFull only for a batch larger than the whole spool.
         """
         data = b"".join(encode(run, samples) for run, samples in batch)
@@ -261,11 +322,8 @@ class Spool:
             number = self._active
             if number is None or self._segments[number].size + len(data) > self.segment_bytes:
                 number = self._new_segment()
-            with open(self._path(number), "ab") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
             segment = self._segments[number]
+            _append_all_or_nothing(self._path(number), data, expected_size=segment.size)
             segment.size += len(data)
             segment.lines += len(batch)
             self._recount()
@@ -284,31 +342,39 @@ class Spool:
 
     def _make_room(self, needed: int) -> None:
         dropped = 0
-        while self._segments and self._counts[1] + needed > self.max_bytes:
-            oldest = min(self._segments)
-            skipped = self._cursor[2] if oldest == self._cursor[0] else 0
-            dropped += self._segments[oldest].lines - skipped
-            self._remove(oldest)
-        if dropped:
-            self.dropped += dropped
-            self._emit(
-                "spool_full",
-                dropped_runs=dropped,
-                dropped_total=self.dropped,
-                max_bytes=self.max_bytes,
-                reason="oldest records dropped to make room",
-            )
+        try:
+            while self._segments and self._counts[1] + needed > self.max_bytes:
+                oldest = min(self._segments)
+                skipped = self._cursor[2] if oldest == self._cursor[0] else 0
+                dropped += self._segments[oldest].lines - skipped
+                self._remove(oldest)
+        finally:  # counted even when the cursor could not be written after a segment was removed
+            if dropped:
+                self.dropped += dropped
+                self._emit(
+                    "spool_full",
+                    dropped_runs=dropped,
+                    dropped_total=self.dropped,
+                    max_bytes=self.max_bytes,
+                    reason="oldest records dropped to make room",
+                )
 
     def _remove(self, number: int) -> None:
         del self._segments[number]
         if self._active == number:
             self._active = None
-        following = min(self._segments) if self._segments else number + 1
-        self._write_cursor((following, 0, 0))
+        # The file first: it frees space on a full disk, and a cursor naming a missing segment is
+        # read as "the oldest segment left, from its start".
         with contextlib.suppress(FileNotFoundError):
             self._path(number).unlink()
+        following = min(self._segments) if self._segments else number + 1
+        self._write_cursor((following, 0, 0))
 
     def _write_cursor(self, cursor: tuple[int, int, int]) -> None:
+        # In memory first: if the file cannot be written (a full disk), a restart replays from the
+        # older cursor, which stores nothing twice; this process goes on from the new one.
+        self._cursor = cursor
+        self._recount()
         temporary = self.directory / "cursor.tmp"
         with open(temporary, "w") as handle:
             json.dump({"segment": cursor[0], "offset": cursor[1], "ordinal": cursor[2]}, handle)
@@ -316,8 +382,6 @@ class Spool:
             os.fsync(handle.fileno())
         os.replace(temporary, self.directory / "cursor")
         _fsync_dir(self.directory)
-        self._cursor = cursor
-        self._recount()
 
     # ---------------------------------------------------------------- reading and acknowledging
 
@@ -374,10 +438,7 @@ class Spool:
             "record": entry.line.decode(errors="replace").rstrip("\n"),
         }
         with self._lock:
-            with open(self.directory / "rejected.jsonl", "a") as handle:
-                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-                handle.flush()
-                os.fsync(handle.fileno())
+            _append_all_or_nothing(self.directory / "rejected.jsonl", (json.dumps(line) + "\n").encode())
             self.rejected += 1
         run_id = str(entry.run.run_id) if entry.run is not None else None
         self._emit("spool_record_rejected", run_id=run_id, reason=reason, rejected_total=self.rejected)
