@@ -100,7 +100,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         return EXIT_CONFIG
     if redactor is not None:
         redactor.secrets = tuple(secrets_of(config))
-    metrics = Metrics(location=config.location)
+    metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
     notifier = _notifier()
     stop = asyncio.Event()
     reload_requested = asyncio.Event()
@@ -304,7 +304,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         print(f"ttft-monitor once: --job: unknown job {', '.join(unknown)} (known: {known})", flush=True)
         return EXIT_CONFIG
     jobs = [j for j in config.jobs if not job_names or j.name in job_names]
-    metrics = Metrics(location=config.location)
+    metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
     async with AsyncExitStack() as stack:
         try:
             store = await open_store(config, metrics=metrics, retry_s=min(config.database.connect_retry_s, 10))
