@@ -137,7 +137,7 @@ def test_the_band_is_the_ticket_rules_edge_above_and_its_mirror_below() -> None:
 
 
 async def test_the_baseline_band_median_and_ratio_are_exported_after_every_evaluated_run(backend: Backend) -> None:
-    config = Config.model_validate({"detection": {"min_history_runs": 12, "trailing_runs": 12, "seasonal_days": 0}})
+    config = Config.model_validate({"detection": {"min_history_runs": 12, "trailing_runs": 12}})
     engine = backend.engine()
     try:
         repository = Repository(engine)
@@ -159,8 +159,9 @@ async def test_the_baseline_band_median_and_ratio_are_exported_after_every_evalu
                 value("ttft_monitor_baseline_band_high_seconds"),
             )
             ratio = value("ttft_monitor_run_ttft_ratio")
-            if baseline is None:  # no baseline for this run (too little history): nothing stale to draw
+            if baseline is None:  # too little history for a baseline: nothing stale to draw
                 assert low is None and high is None and ratio is None, index
+                assert not seen, f"run {index} lost the baseline"
                 continue
             assert ratio == pytest.approx(median / baseline)
             expected = baseline_band_ms(baseline * 1000, ticket_ratio=1.12, ticket_min_delta_ms=30)
@@ -168,7 +169,7 @@ async def test_the_baseline_band_median_and_ratio_are_exported_after_every_evalu
             assert value("ttft_monitor_regression_state") == 0
             seen.append((baseline, median))
         # No incident ever opened, yet the gauges moved with the runs.
-        assert len(seen) >= 5
+        assert len(seen) >= 10
         assert len({median for _, median in seen}) == len(seen)
         assert len({baseline for baseline, _ in seen}) > 1
     finally:

@@ -29,6 +29,10 @@ PROBE_LABELS = (*SERIES_LABELS, "probe_job")
 # A detector series: the database keys it by target (which fixes model and provider), prompt and location.
 DETECTOR_LABELS = ("target", "prompt", "location")
 TTFT_BUCKETS = DEFAULT_TTFT_BUCKETS_S
+# The values of `result` and `reason`, created at zero for each job so rate() and increase() see the
+# first run that fails or is missed (a series born at 1 shows no increase).
+JOB_RESULTS = ("ok", "failed", "error", "skipped_claimed")
+MISSED_REASONS = ("misfired", "coalesced", "still_running")
 
 
 class MonitorRegistry(CollectorRegistry):
@@ -202,6 +206,13 @@ class Metrics:
         self.database_up = Gauge(
             "ttft_monitor_database_up", "1 when the last database operation succeeded.", registry=r
         )
+
+    def start_job_series(self, probe_job: str) -> None:
+        """Create the job's counters at zero."""
+        for result in JOB_RESULTS:
+            self.job_runs.labels(probe_job, result)
+        for reason in MISSED_REASONS:
+            self.scheduler_missed.labels(probe_job, reason)
 
     def observe_sample(
         self,

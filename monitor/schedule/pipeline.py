@@ -119,6 +119,8 @@ async def execute(
     provider_of = {t.name: t.provider for t in plan.targets}
     slo_of = {name: spec.slo for name, spec in ctx.config.targets.items()}
     clock_start = time.perf_counter()
+    if ctx.metrics is not None:
+        ctx.metrics.start_job_series(job)
 
     def record(sample: Sample) -> None:
         outcome.samples.append(sample)
