@@ -292,8 +292,9 @@ class Params(ConfigModel):
 
 class Slo(ConfigModel):
     ttft_p50_ms: float | None = Field(
-        None, gt=0, description="Median TTFT objective in milliseconds: runs persistently above it open an `slo` "
-        "ticket."
+        None,
+        gt=0,
+        description="Median TTFT objective in milliseconds: runs persistently above it open an `slo` ticket.",
     )
     ttft_ms: float | None = Field(
         None,
