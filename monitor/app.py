@@ -145,13 +145,17 @@ async def attach_detection(
     Returns (dispatcher, detection service); the caller runs `dispatcher.run(stop)` as its own task
     (daemon) or `dispatch_due()` once (`once`), so a slow receiver never holds up probing.
     """
-    from monitor.alert.metrics import AlertMetrics
+    from monitor.alert.metrics import OUTCOMES, AlertMetrics
     from monitor.alert.outbox import Dispatcher
     from monitor.alert.transport import Transport
     from monitor.detect.service import DetectionService
 
     transport = await stack.enter_async_context(Transport())
     alert_metrics = AlertMetrics(metrics.registry) if metrics is not None else None
+    if alert_metrics is not None:  # at zero, so the first failed delivery shows as an increase
+        for receiver in context.config.alerts.receivers:
+            for outcome in OUTCOMES:
+                alert_metrics.notifications.labels(receiver=receiver, outcome=outcome)
     dispatcher = Dispatcher(store.engine, context.config.alerts, transport, metrics=alert_metrics)
     service = DetectionService(
         store.engine, store.repository, context.config, outbox=dispatcher.outbox, metrics=metrics

@@ -36,7 +36,7 @@ from monitor.schedule.maintenance import run_maintenance
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
 from monitor.store.engine import display_url
 
-EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA = 0, 1, 2, 3
+EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA, EXIT_PUSH = 0, 1, 2, 3, 4
 LOOP_LAG_INTERVAL_S = 0.5
 
 
@@ -100,7 +100,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         return EXIT_CONFIG
     if redactor is not None:
         redactor.secrets = tuple(secrets_of(config))
-    metrics = Metrics(location=config.location)
+    metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
     notifier = _notifier()
     stop = asyncio.Event()
     reload_requested = asyncio.Event()
@@ -289,7 +289,7 @@ async def _reload(state: DaemonState, stack: AsyncExitStack, redactor: Redactor 
 
 
 async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor | None = None) -> int:
-    """Run the job(s) once through the same pipeline, store, push metrics, exit 0/1/2/3."""
+    """Run the job(s) once through the same pipeline, store, push metrics, exit 0/1/2/3/4."""
     log = structlog.get_logger()
     try:
         config = load_config(config_path)
@@ -304,7 +304,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         print(f"ttft-monitor once: --job: unknown job {', '.join(unknown)} (known: {known})", flush=True)
         return EXIT_CONFIG
     jobs = [j for j in config.jobs if not job_names or j.name in job_names]
-    metrics = Metrics(location=config.location)
+    metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
     async with AsyncExitStack() as stack:
         try:
             store = await open_store(config, metrics=metrics, retry_s=min(config.database.connect_retry_s, 10))
@@ -333,8 +333,9 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             await asyncio.wait_for(dispatcher.dispatch_due(), timeout=60)
         except Exception as exc:  # undelivered notifications stay in the outbox for the next run
             log.warning("alerts_not_dispatched", error=f"{type(exc).__name__}: {exc}"[:300])
-    if config.metrics.pushgateway:
-        await _push(config, metrics)
+    from monitor.metrics.push import push_once_metrics
+
+    pushed = await push_once_metrics(config, metrics.registry, [j.name for j in jobs])
     ok = sum(o.ok for o in outcomes)
     failed = sum(o.failed for o in outcomes)
     log.info("once_finished", jobs=len(outcomes), ok=ok, failed=failed, spooled=spooled)
@@ -352,27 +353,11 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             flush=True,
         )
         return EXIT_INFRA
-    return EXIT_OK if ok else EXIT_PROBES_FAILED
-
-
-async def _push(config: Config, metrics: Metrics) -> None:
-    from prometheus_client import push_to_gateway
-
-    log = structlog.get_logger()
-    gateway = config.metrics.pushgateway
-    if not gateway:
-        return
-    try:
-        await asyncio.wait_for(
-            asyncio.to_thread(
-                push_to_gateway,
-                gateway,
-                job="ttft-monitor",
-                registry=metrics.registry,
-                grouping_key={"location": config.location},
-                timeout=10,
-            ),
-            timeout=15,
+    if not pushed:
+        print(
+            "ttft-monitor once: the Pushgateway did not take the metrics; its answer is in the "
+            "pushgateway_rejected or pushgateway_unreachable log line",
+            flush=True,
         )
-    except Exception as exc:
-        log.warning("pushgateway_failed", error=f"{type(exc).__name__}: {exc}"[:200])
+        return EXIT_PUSH
+    return EXIT_OK if ok else EXIT_PROBES_FAILED

@@ -179,9 +179,11 @@ def test_jobs_fire_on_schedule_samples_land_and_metrics_show_the_series(sim: Sim
         finished = daemon.wait_for("job_finished", count=3, timeout=30)
         status, body = http_get(daemon.metrics_url + "/metrics")
         assert status == 200
-        assert 'ttft_monitor_ttft_seconds_count{location="test",model="gpt-4o-mini",prompt="short",' in body
-        assert 'ttft_monitor_probes_total{error_class="none",location="test",outcome="ok",prompt="short"' in body
-        assert 'ttft_monitor_job_last_run_timestamp_seconds{job="tick"}' in body
+        series = 'location="test",model="gpt-4o-mini",probe_job="tick",prompt="short",'
+        assert "ttft_monitor_ttft_seconds_count{" + series in body
+        assert 'ttft_monitor_probes_total{error_class="none",location="test",outcome="ok",probe_job="tick",' in body
+        assert 'ttft_monitor_job_last_run_timestamp_seconds{probe_job="tick"}' in body
+        assert "_created" not in body
         assert http_get(daemon.metrics_url + "/healthz")[0] == 200
         samples = daemon.events("probe_sample")
         assert all(s["job"] == "tick" and s["target"] == "fast" for s in samples)

@@ -12,6 +12,8 @@ import json
 import posixpath
 import re
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -26,6 +28,8 @@ from tests.conftest import ROOT
 from tests.test_systemd import parse_cli, shutdown_grace_default
 
 K8S = ROOT / "kubernetes"
+# Prometheus Operator custom resources: not in the Kubernetes schema, checked field by field below.
+OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
 MANIFESTS = sorted(p.name for p in K8S.glob("*.yaml"))
 CONFIG_PATH = "/etc/ttft-monitor/config.yaml"
 # Shaped like a real API key (OpenAI/Anthropic style): must never appear in an example.
@@ -140,8 +144,97 @@ def test_the_manifests_match_the_kubernetes_schema() -> None:
     )
     for name in MANIFESTS:
         document = load(name)
-        if document["kind"] != "Kustomization":
+        if document["kind"] != "Kustomization" and document["kind"] not in OPERATOR_KINDS:
             validate.validate(document, "1.30.0", strict=True)
+
+
+# ---------------------------------------------------------------- Prometheus Operator resources
+
+SERVICE_MONITOR_KEYS = {"selector", "endpoints", "namespaceSelector", "jobLabel"}
+ENDPOINT_KEYS = {"port", "path", "interval", "scrapeTimeout", "honorLabels", "scheme"}
+DURATION = re.compile(r"^(\d+(ms|s|m|h))+$")
+
+
+def check_operator_metadata(document: dict[str, Any]) -> None:
+    assert document["apiVersion"] == "monitoring.coreos.com/v1"
+    metadata = document["metadata"]
+    assert set(metadata) <= {"name", "labels", "namespace", "annotations"}
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", metadata["name"])
+    # kube-prometheus-stack selects operator resources by the Helm release label.
+    assert "release" in metadata["labels"]
+    assert all(isinstance(v, str) for v in metadata["labels"].values())
+
+
+@pytest.mark.parametrize("name", ["servicemonitor.yaml", "pushgateway-servicemonitor.yaml"])
+def test_the_service_monitors_have_the_operators_shape(name: str) -> None:
+    document = load(name)
+    assert document["kind"] == "ServiceMonitor"
+    check_operator_metadata(document)
+    spec = document["spec"]
+    assert set(spec) <= SERVICE_MONITOR_KEYS
+    assert spec["selector"]["matchLabels"] and all(isinstance(v, str) for v in spec["selector"]["matchLabels"].values())
+    assert spec["endpoints"]
+    for endpoint in spec["endpoints"]:
+        assert set(endpoint) <= ENDPOINT_KEYS, set(endpoint) - ENDPOINT_KEYS
+        assert isinstance(endpoint["port"], str), "endpoints name the Service's port"
+        assert endpoint["path"] == "/metrics"
+        for key in ("interval", "scrapeTimeout"):
+            if key in endpoint:
+                assert DURATION.match(endpoint[key]), endpoint[key]
+
+
+def test_the_service_monitor_finds_the_daemon_through_its_service() -> None:
+    service = load("service.yaml")
+    monitor = load("servicemonitor.yaml")["spec"]
+    assert monitor["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["endpoints"]
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert endpoint["port"] in ports
+    # The Service reaches the daemon's pods and its named container port.
+    template = load("deployment.yaml")["spec"]["template"]
+    assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
+    (container,) = template["spec"]["containers"]
+    assert ports[endpoint["port"]]["targetPort"] in {p["name"] for p in container["ports"]}
+
+
+def test_the_pushgateway_is_scraped_with_the_pushed_labels_kept() -> None:
+    (endpoint,) = load("pushgateway-servicemonitor.yaml")["spec"]["endpoints"]
+    # Without honorLabels the gateway's own `job` and `instance` would replace the pushed ones.
+    assert endpoint["honorLabels"] is True
+
+
+def test_the_cronjob_variant_pushes_to_the_pushgateway(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(configmap_config())
+    config = load_config(path, environ={"PGPASSWORD": "x", "OPENAI_API_KEY": "x", "ANTHROPIC_API_KEY": "x"})
+    assert config.metrics.pushgateway
+    (container,) = load("cronjob.yaml")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][0] == "once" and "--job" in container["args"]
+
+
+def test_the_prometheus_rule_carries_the_rules_file_unchanged() -> None:
+    rule = load("prometheusrule.yaml")
+    assert rule["kind"] == "PrometheusRule"
+    check_operator_metadata(rule)
+    assert set(rule["spec"]) == {"groups"}
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules.yaml").read_text())
+    assert rule["spec"]["groups"] == rules["groups"]
+    for group in rule["spec"]["groups"]:
+        assert set(group) <= {"name", "interval", "rules"}
+        for entry in group["rules"]:
+            assert ("record" in entry) != ("alert" in entry)
+            assert set(entry) <= {"record", "alert", "expr", "for", "labels", "annotations"}
+            assert isinstance(entry["expr"], str)
+
+
+def test_the_prometheus_rule_file_is_what_the_generator_writes() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "deploy" / "prometheus" / "kubernetes.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
 
 
 # ---------------------------------------------------------------- command lines

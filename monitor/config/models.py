@@ -6,6 +6,7 @@ Field descriptions are the documentation: docs/configuration.md is generated fro
 
 from __future__ import annotations
 
+import itertools
 import re
 from datetime import datetime
 from pathlib import Path
@@ -120,13 +121,30 @@ class Database(ConfigModel):
             yield name, (mask_password(value) if name == "url" else value)
 
 
+# OpenTelemetry GenAI's `gen_ai.server.time_to_first_token` boundaries from 10 ms up (its 1 ms and 5 ms
+# are below any network round trip), extended past its 10 s: a 128k prompt on a busy gateway takes a minute.
+DEFAULT_TTFT_BUCKETS_S = (
+    *(0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0),
+    *(15.0, 20.0, 30.0, 45.0, 60.0, 90.0, 120.0),
+)
+
+
 class Metrics(ConfigModel):
     listen: str = Field(
         "127.0.0.1:9464",
         description="HOST:PORT for the Prometheus `/metrics` endpoint (`[::1]:9464` for IPv6).",
     )
     pushgateway: str | None = Field(
-        None, description="Prometheus Pushgateway URL to push to after each run (for `once` / CronJob mode)."
+        None,
+        description="Prometheus Pushgateway URL `once` pushes to after its run (CronJob mode), one group per "
+        "probe job and location; a rejected push makes `once` exit 4.",
+    )
+    ttft_buckets_s: list[float] = Field(
+        default_factory=lambda: list(DEFAULT_TTFT_BUCKETS_S),
+        min_length=1,
+        description="Upper bounds, in seconds, of the TTFT and TTFA histogram buckets. The default follows "
+        "OpenTelemetry's `gen_ai.server.time_to_first_token` boundaries from 10 ms, extended to 120 s for "
+        "long prompts on busy gateways.",
     )
 
     @field_validator("listen")
@@ -138,6 +156,15 @@ class Metrics(ConfigModel):
     @classmethod
     def _check_pushgateway(cls, url: str | None) -> str | None:
         return None if url is None else check_http_url(url, example="http://pushgateway:9091")
+
+    @field_validator("ttft_buckets_s")
+    @classmethod
+    def _check_buckets(cls, bounds: list[float]) -> list[float]:
+        if any(b <= 0 or b != b or b == float("inf") for b in bounds):
+            raise ValueError("bucket bounds must be positive and finite (the +Inf bucket is always added)")
+        if any(later <= earlier for earlier, later in itertools.pairwise(bounds)):
+            raise ValueError(f"bucket bounds must increase strictly, got {bounds}")
+        return bounds
 
 
 # ---------------------------------------------------------------- providers and targets
@@ -265,8 +292,22 @@ class Params(ConfigModel):
 
 class Slo(ConfigModel):
     ttft_p50_ms: float | None = Field(
-        None, gt=0, description="Median TTFT objective in milliseconds: runs persistently above it open an `slo` "
-        "ticket."
+        None,
+        gt=0,
+        description="Median TTFT objective in milliseconds: runs persistently above it open an `slo` ticket.",
+    )
+    ttft_ms: float | None = Field(
+        None,
+        gt=0,
+        description="Per-probe TTFT objective in milliseconds: a probe is good when it succeeds within it. "
+        "Counted in `ttft_monitor_slo_probes_total` and `ttft_monitor_slo_good_probes_total` for burn-rate "
+        "alerts; unset, the target has no such SLO.",
+    )
+    objective: float = Field(
+        0.99,
+        gt=0,
+        lt=1,
+        description="Share of probes that should be good under `ttft_ms` (0.99: an error budget of 1%).",
     )
 
 

@@ -435,6 +435,7 @@ class _Core:
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
         self._appended_since_trim = 0
+        self.baseline_ms: float | None = None  # what the last stepped run was compared with
 
     # ------------------------------------------------ data
 
@@ -664,7 +665,7 @@ class _Core:
             state.page_since = state.ticket_since = None
             return
         baseline = verdict.baseline
-        baseline_ms = math.exp(baseline.center)
+        baseline_ms = self.baseline_ms = math.exp(baseline.center)
         confirms = self._confirms
         if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms):
             state.page_streak += 1
@@ -893,12 +894,19 @@ class Detector:
         self, history: Sequence[RunPoint], state: SeriesState, run: RunPoint
     ) -> tuple[SeriesState, list[Event]]:
         """The series' new state and the events `run` causes. `history`: the runs before it, oldest first."""
+        new_state, events, _baseline = self.evaluate_with_baseline(history, state, run)
+        return new_state, events
+
+    def evaluate_with_baseline(
+        self, history: Sequence[RunPoint], state: SeriesState, run: RunPoint
+    ) -> tuple[SeriesState, list[Event], float | None]:
+        """`evaluate`, plus the baseline (ms) `run` was compared with: None until the series has one."""
         core = _Core(self.rules, self.slo_ms)
         for point in history:
             core.append(point)
         new_state = state.copy()
         events = core.step(new_state, run)
-        return new_state, events
+        return new_state, events, core.baseline_ms
 
     def replayer(self, state: SeriesState | None = None, history: Iterable[RunPoint] = ()) -> Replayer:
         """An incremental evaluator for a long series, continuing from `state` after `history`."""

@@ -102,7 +102,7 @@ class DetectionService:
                 )
             ).first()
             state = SeriesState.from_json(row.state) if row is not None else SeriesState()
-            new_state, events = detector.evaluate(history, state, point)
+            new_state, events, baseline_ms = detector.evaluate_with_baseline(history, state, point)
             now = datetime.now(UTC)
             if row is None:
                 await connection.execute(
@@ -135,6 +135,15 @@ class DetectionService:
                         self._notification(job, series, event, incident_id), connection=connection
                     )
         self._observe(series, new_state, events)
+        if self._metrics is not None:
+            rule = self._config.detection.ticket
+            self._metrics.observe_baseline(
+                (series.target, series.prompt, series.location),
+                baseline_ms=baseline_ms,
+                run_median_ms=run.ttft_p50_ms,
+                ticket_ratio=rule.ratio,
+                ticket_min_delta_ms=rule.min_delta_ms,
+            )
 
     async def _series_id(self, connection: AsyncConnection, series: SeriesKey) -> int | None:
         return (
@@ -238,9 +247,6 @@ class DetectionService:
         if self._metrics is None:
             return
         labels = (series.target, series.prompt, series.location)
-        for event in events:
-            if event.baseline_ms is not None and event.kind == "regression":
-                self._metrics.baseline.labels(*labels).set(event.baseline_ms / 1000)
         level = 0
         for incident in getattr(state, "incidents", {}).values():
             if getattr(incident, "kind", None) == "regression":

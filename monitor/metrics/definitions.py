@@ -1,73 +1,159 @@
 """Metric definitions. Names follow Prometheus conventions: base units, `_seconds`, `_total`.
 
-Label sets are bounded: target, model, provider, prompt profile name, location, job, error class
+Label sets are bounded: target, model, provider, prompt profile name, location, probe job, error class
 (a fixed set). Never a prompt text, a request id or a server message.
+
+The probe job's label is `probe_job`, not `job`: every Prometheus scrape sets `job` itself, and a
+Pushgateway sets it from the push URL, so a `job` label of ours would arrive renamed or overwritten.
+
+docs/metrics.md is generated from these definitions (`python -m monitor.metrics.docs --write
+docs/metrics.md`) and a test fails when it is stale.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.metrics_core import Metric
 
 from monitor import __version__
+from monitor.config.cron import build_trigger
+from monitor.config.models import DEFAULT_TTFT_BUCKETS_S, Config
 from monitor.probe.result import Sample
 
 SERIES_LABELS = ("target", "model", "provider", "prompt", "location")
-# TTFT spans 50 ms (small prompt, local GPU) to a minute (128k prompt on a busy gateway).
-TTFT_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60)
+PROBE_LABELS = (*SERIES_LABELS, "probe_job")
+# A detector series: the database keys it by target (which fixes model and provider), prompt and location.
+DETECTOR_LABELS = ("target", "prompt", "location")
+TTFT_BUCKETS = DEFAULT_TTFT_BUCKETS_S
+# The values of `result` and `reason`, created at zero for each job so rate() and increase() see the
+# first run that fails or is missed (a series born at 1 shows no increase).
+JOB_RESULTS = ("ok", "failed", "error", "skipped_claimed")
+MISSED_REASONS = ("misfired", "coalesced", "still_running")
+
+
+class MonitorRegistry(CollectorRegistry):
+    """A registry whose exposition leaves out the `_created` series of counters and histograms.
+
+    They would double the number of families and no rule or dashboard reads them. prometheus_client
+    offers only a process-wide switch (`disable_created_metrics()`); filtering here keeps the choice
+    with the registry, so other registries in the same process are untouched.
+    """
+
+    def collect(self) -> Iterator[Metric]:
+        for family in super().collect():
+            if any(sample.name.endswith("_created") for sample in family.samples):
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None, *, location: str = "local") -> None:
-        self.registry = registry if registry is not None else CollectorRegistry()
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        location: str = "local",
+        ttft_buckets: Sequence[float] = TTFT_BUCKETS,
+    ) -> None:
+        self.registry = registry if registry is not None else MonitorRegistry()
         self.location = location
         r = self.registry
+        buckets = tuple(ttft_buckets)
         self.info = Info("ttft_monitor", "ttft-monitor build and placement.", registry=r)
         self.info.info({"version": __version__, "location": location})
         self.ttft = Histogram(
             "ttft_monitor_ttft_seconds",
             "Time to first generated token (content, reasoning or tool call).",
-            SERIES_LABELS,
-            buckets=TTFT_BUCKETS,
+            PROBE_LABELS,
+            buckets=buckets,
             registry=r,
         )
         self.ttft_last = Gauge(
-            "ttft_monitor_ttft_last_seconds", "TTFT of the most recent successful probe.", SERIES_LABELS, registry=r
+            "ttft_monitor_ttft_last_seconds", "TTFT of the most recent successful probe.", PROBE_LABELS, registry=r
         )
         self.ttfa = Histogram(
             "ttft_monitor_ttfa_seconds",
             "Time to the first visible answer token (after any reasoning).",
-            SERIES_LABELS,
-            buckets=TTFT_BUCKETS,
+            PROBE_LABELS,
+            buckets=buckets,
+            registry=r,
+        )
+        self.ttfb = Gauge(
+            "ttft_monitor_ttfb_last_seconds",
+            "Time to the response head (status and headers) of the most recent successful probe.",
+            PROBE_LABELS,
+            registry=r,
+        )
+        self.setup = Gauge(
+            "ttft_monitor_setup_last_seconds",
+            "Connection set-up (DNS, TCP, TLS) of the most recent successful probe; 0 on a reused connection.",
+            PROBE_LABELS,
             registry=r,
         )
         self.decode_rate = Gauge(
             "ttft_monitor_decode_tokens_per_second",
             "Decode rate of the most recent successful probe.",
-            SERIES_LABELS,
+            PROBE_LABELS,
             registry=r,
         )
         self.probes = Counter(
             "ttft_monitor_probes_total",
             "Probes by outcome (ok, error) and error class (none when ok).",
-            ("target", "prompt", "location", "outcome", "error_class"),
+            ("target", "prompt", "location", "probe_job", "outcome", "error_class"),
+            registry=r,
+        )
+        self.slo_probes = Counter(
+            "ttft_monitor_slo_probes_total",
+            "Probes of targets with a per-probe TTFT objective (`slo.ttft_ms`), failed ones included.",
+            ("target", "prompt", "location", "probe_job"),
+            registry=r,
+        )
+        self.slo_good = Counter(
+            "ttft_monitor_slo_good_probes_total",
+            "Probes that succeeded within their target's `slo.ttft_ms`.",
+            ("target", "prompt", "location", "probe_job"),
+            registry=r,
+        )
+        self.slo_objective = Gauge(
+            "ttft_monitor_slo_objective_ratio",
+            "Share of probes that should be good (`slo.objective`); 1 minus it is the error budget.",
+            ("target",),
+            registry=r,
+        )
+        self.slo_threshold = Gauge(
+            "ttft_monitor_slo_ttft_threshold_seconds",
+            "The per-probe TTFT objective (`slo.ttft_ms`).",
+            ("target",),
             registry=r,
         )
         self.job_last_run = Gauge(
-            "ttft_monitor_job_last_run_timestamp_seconds", "Unix time the job last finished.", ("job",), registry=r
+            "ttft_monitor_job_last_run_timestamp_seconds",
+            "Unix time the probe job last finished.",
+            ("probe_job",),
+            registry=r,
+        )
+        self.job_interval = Gauge(
+            "ttft_monitor_job_interval_seconds",
+            "Seconds between the probe job's scheduled runs, for staleness alerts.",
+            ("probe_job",),
+            registry=r,
         )
         self.job_duration = Gauge(
-            "ttft_monitor_job_duration_seconds", "How long the job's last run took.", ("job",), registry=r
+            "ttft_monitor_job_duration_seconds", "How long the probe job's last run took.", ("probe_job",), registry=r
         )
         self.job_runs = Counter(
             "ttft_monitor_job_runs_total",
-            "Job runs by result (ok, failed, error, skipped_claimed).",
-            ("job", "result"),
+            "Probe job runs by result (ok, failed, error, skipped_claimed).",
+            ("probe_job", "result"),
             registry=r,
         )
         self.scheduler_missed = Counter(
             "ttft_monitor_scheduler_missed_runs_total",
-            "Job runs the scheduler did not start (misfired past the grace time, or still running).",
-            ("job", "reason"),
+            "Probe job runs the scheduler did not start (misfired past the grace time, or still running).",
+            ("probe_job", "reason"),
             registry=r,
         )
         self.loop_lag = Histogram(
@@ -82,33 +168,145 @@ class Metrics:
         self.spool_bytes = Gauge("ttft_monitor_spool_bytes", "Size of the local spool.", registry=r)
         self.baseline = Gauge(
             "ttft_monitor_baseline_ttft_seconds",
-            "The detector's TTFT baseline at the last incident change.",
-            ("target", "prompt", "location"),
+            "The detector's TTFT baseline for the series, as of its last evaluated run.",
+            DETECTOR_LABELS,
+            registry=r,
+        )
+        self.baseline_low = Gauge(
+            "ttft_monitor_baseline_band_low_seconds",
+            "Lower edge of the baseline's normal band: baseline / ticket.ratio.",
+            DETECTOR_LABELS,
+            registry=r,
+        )
+        self.baseline_high = Gauge(
+            "ttft_monitor_baseline_band_high_seconds",
+            "Upper edge of the normal band: above max(baseline x ticket.ratio, baseline + ticket.min_delta_ms) "
+            "a run counts towards a ticket.",
+            DETECTOR_LABELS,
+            registry=r,
+        )
+        self.run_median = Gauge(
+            "ttft_monitor_run_ttft_median_seconds",
+            "Median TTFT of the series' last evaluated run.",
+            DETECTOR_LABELS,
+            registry=r,
+        )
+        self.run_ratio = Gauge(
+            "ttft_monitor_run_ttft_ratio",
+            "The last evaluated run's median TTFT divided by the baseline.",
+            DETECTOR_LABELS,
             registry=r,
         )
         self.regression_state = Gauge(
             "ttft_monitor_regression_state",
             "Open regression per series: 0 none, 1 ticket, 2 page.",
-            ("target", "prompt", "location"),
+            DETECTOR_LABELS,
             registry=r,
         )
         self.database_up = Gauge(
             "ttft_monitor_database_up", "1 when the last database operation succeeded.", registry=r
         )
 
-    def observe_sample(self, sample: Sample, *, provider: str) -> None:
+    def start_job_series(self, probe_job: str) -> None:
+        """Create the job's counters at zero."""
+        for result in JOB_RESULTS:
+            self.job_runs.labels(probe_job, result)
+        for reason in MISSED_REASONS:
+            self.scheduler_missed.labels(probe_job, reason)
+
+    def observe_sample(
+        self,
+        sample: Sample,
+        *,
+        provider: str,
+        probe_job: str = "adhoc",
+        slo_ttft_ms: float | None = None,
+        slo_objective: float | None = None,
+    ) -> None:
         if sample.warmup:
             return
-        labels = (sample.target, sample.model, provider, sample.prompt, self.location)
-        if sample.ok and sample.ttft_ms is not None:
+        labels = (sample.target, sample.model, provider, sample.prompt, self.location, probe_job)
+        short = (sample.target, sample.prompt, self.location, probe_job)
+        ok = sample.ok and sample.ttft_ms is not None
+        if ok and sample.ttft_ms is not None:
             seconds = sample.ttft_ms / 1000
             self.ttft.labels(*labels).observe(seconds)
             self.ttft_last.labels(*labels).set(seconds)
             if sample.ttfa_ms is not None:
                 self.ttfa.labels(*labels).observe(sample.ttfa_ms / 1000)
+            if sample.ttfb_ms is not None:
+                self.ttfb.labels(*labels).set(sample.ttfb_ms / 1000)
+            if sample.setup_ms is not None:
+                self.setup.labels(*labels).set(sample.setup_ms / 1000)
             if sample.decode_tps is not None:
                 self.decode_rate.labels(*labels).set(sample.decode_tps)
-            self.probes.labels(sample.target, sample.prompt, self.location, "ok", "none").inc()
+            self.probes.labels(*short, "ok", "none").inc()
         else:
             error = sample.error.value if sample.error is not None else "unknown"
-            self.probes.labels(sample.target, sample.prompt, self.location, "error", error).inc()
+            self.probes.labels(*short, "error", error).inc()
+        if slo_ttft_ms is not None:
+            self.slo_threshold.labels(sample.target).set(slo_ttft_ms / 1000)
+            if slo_objective is not None:
+                self.slo_objective.labels(sample.target).set(slo_objective)
+            self.slo_probes.labels(*short).inc()
+            good = self.slo_good.labels(*short)
+            if ok and sample.ttft_ms is not None and sample.ttft_ms <= slo_ttft_ms:
+                good.inc()
+            else:
+                good.inc(0)  # the series exists from the first probe, so the ratio is defined
+
+    def observe_baseline(
+        self,
+        series: Sequence[str],
+        *,
+        baseline_ms: float | None,
+        run_median_ms: float | None,
+        ticket_ratio: float,
+        ticket_min_delta_ms: float,
+    ) -> None:
+        """The detector's view of one series after an evaluated run (`series`: target, prompt, location).
+
+        Without a baseline (too little history) the baseline, band and ratio series are removed rather
+        than left at an old value a dashboard would draw as current.
+        """
+        if run_median_ms is not None:
+            self.run_median.labels(*series).set(run_median_ms / 1000)
+        derived = (self.baseline, self.baseline_low, self.baseline_high, self.run_ratio)
+        if baseline_ms is None:
+            for gauge in derived:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*series)
+            return
+        low, high = baseline_band_ms(baseline_ms, ticket_ratio=ticket_ratio, ticket_min_delta_ms=ticket_min_delta_ms)
+        self.baseline.labels(*series).set(baseline_ms / 1000)
+        self.baseline_low.labels(*series).set(low / 1000)
+        self.baseline_high.labels(*series).set(high / 1000)
+        if run_median_ms is not None:
+            self.run_ratio.labels(*series).set(run_median_ms / baseline_ms)
+        else:
+            with contextlib.suppress(KeyError):
+                self.run_ratio.remove(*series)
+
+
+def baseline_band_ms(baseline_ms: float, *, ticket_ratio: float, ticket_min_delta_ms: float) -> tuple[float, float]:
+    """(low, high): symmetric in log space below, the ticket rule's ratio and minimum delta above."""
+    return baseline_ms / ticket_ratio, max(baseline_ms * ticket_ratio, baseline_ms + ticket_min_delta_ms)
+
+
+def job_interval_seconds(config: Config, job_name: str) -> float | None:
+    """Seconds between the job's next two scheduled runs (None for an ad-hoc run or an unknown job)."""
+    job = next((j for j in config.jobs if j.name == job_name), None)
+    if job is None:
+        return None
+    trigger = build_trigger(job.schedule, job.timezone)  # without jitter: the nominal interval
+    now = datetime.now(UTC)
+    first = trigger.get_next_fire_time(None, now)
+    second = trigger.get_next_fire_time(first, first + timedelta(microseconds=1)) if first else None
+    return max((second - first).total_seconds(), 1.0) if first and second else None
+
+
+def metric_objects(owners: Iterable[object]) -> list[object]:
+    """The prometheus_client metric objects held as attributes of `owners` (Metrics, AlertMetrics)."""
+    from prometheus_client.metrics import MetricWrapperBase
+
+    return [value for owner in owners for value in vars(owner).values() if isinstance(value, MetricWrapperBase)]

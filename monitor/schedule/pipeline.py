@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 
 from monitor.config.models import Config, Job
-from monitor.metrics.definitions import Metrics
+from monitor.metrics.definitions import Metrics, job_interval_seconds
 from monitor.probe.client import ProbeClient
 from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
@@ -117,12 +117,22 @@ async def execute(
     outcome = JobOutcome(job=job, intended_at=intended_at or started, started_at=started)
     log = structlog.get_logger().bind(job=job)
     provider_of = {t.name: t.provider for t in plan.targets}
+    slo_of = {name: spec.slo for name, spec in ctx.config.targets.items()}
     clock_start = time.perf_counter()
+    if ctx.metrics is not None:
+        ctx.metrics.start_job_series(job)
 
     def record(sample: Sample) -> None:
         outcome.samples.append(sample)
         if ctx.metrics is not None:
-            ctx.metrics.observe_sample(sample, provider=provider_of.get(sample.target, ""))
+            slo = slo_of.get(sample.target)
+            ctx.metrics.observe_sample(
+                sample,
+                provider=provider_of.get(sample.target, ""),
+                probe_job=job,
+                slo_ttft_ms=slo.ttft_ms if slo is not None else None,
+                slo_objective=slo.objective if slo is not None else None,
+            )
         log.info("probe_sample", target=sample.target, prompt=sample.prompt, **_sample_event(sample))
         if on_sample is not None:
             on_sample(sample)
@@ -146,6 +156,9 @@ async def execute(
     if ctx.metrics is not None:
         ctx.metrics.job_last_run.labels(job).set(time.time())
         ctx.metrics.job_duration.labels(job).set(duration)
+        interval = job_interval_seconds(ctx.config, job)
+        if interval is not None:
+            ctx.metrics.job_interval.labels(job).set(interval)
     log.info(
         "job_finished",
         ok=outcome.ok,

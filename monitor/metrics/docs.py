@@ -1,0 +1,96 @@
+"""Generates the metrics reference in docs/metrics.md from the metric definitions.
+
+    python -m monitor.metrics.docs --write docs/metrics.md
+    python -m monitor.metrics.docs --check docs/metrics.md   # exit 1 when stale (a test does this too)
+
+Only the text between the BEGIN and END markers is generated; the prose around it is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from monitor.alert.metrics import AlertMetrics
+from monitor.config.models import DEFAULT_TTFT_BUCKETS_S
+from monitor.metrics.definitions import Metrics, MonitorRegistry, metric_objects
+
+BEGIN = "<!-- BEGIN GENERATED METRICS REFERENCE -->"
+END = "<!-- END GENERATED METRICS REFERENCE -->"
+# What each type exposes, as Prometheus sees it (no `_created`: the registry leaves it out).
+SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count"), "info": ("_info",)}
+
+
+def documented_metrics() -> list[dict[str, Any]]:
+    """Every metric the monitor defines: exposed name, type, labels, help, and the names it exposes."""
+    metrics = Metrics(MonitorRegistry())
+    alert_metrics = AlertMetrics(metrics.registry)
+    out = []
+    # prometheus_client keeps these on its metric objects; it has no public accessor for label names.
+    for wrapper in metric_objects([metrics, alert_metrics]):
+        kind = wrapper._type  # type: ignore[attr-defined]
+        base = wrapper._name  # type: ignore[attr-defined]
+        exposed = [base + suffix for suffix in SUFFIXES[kind]]
+        labels = list(wrapper._labelnames)  # type: ignore[attr-defined]
+        if kind == "info":
+            labels = ["version", "location"]
+        out.append(
+            {
+                "name": exposed[0] if kind != "histogram" else base,
+                "type": kind,
+                "labels": labels,
+                "help": wrapper._documentation,  # type: ignore[attr-defined]
+                "exposed": exposed,
+            }
+        )
+    return sorted(out, key=lambda m: m["name"])
+
+
+def render_reference() -> str:
+    lines = [
+        BEGIN,
+        "",
+        "| metric | type | labels | meaning |",
+        "| --- | --- | --- | --- |",
+    ]
+    for metric in documented_metrics():
+        labels = ", ".join(f"`{label}`" for label in metric["labels"]) or "none"
+        lines.append(f"| `{metric['name']}` | {metric['type']} | {labels} | {metric['help']} |")
+    bounds = ", ".join(f"{b:g}" for b in DEFAULT_TTFT_BUCKETS_S)
+    lines += [
+        "",
+        f"Default TTFT and TTFA histogram bucket bounds (`metrics.ttft_buckets_s`), in seconds: {bounds}.",
+        "",
+        END,
+    ]
+    return "\n".join(lines)
+
+
+def replace_reference(document: str, reference: str) -> str:
+    start, end = document.find(BEGIN), document.find(END)
+    if start < 0 or end < start:
+        raise ValueError(f"the document has no {BEGIN} ... {END} section")
+    return document[:start] + reference + document[end + len(END) :]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m monitor.metrics.docs", description=__doc__.splitlines()[0])
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--write", type=Path, metavar="PATH", help="regenerate the reference in PATH")
+    action.add_argument("--check", type=Path, metavar="PATH", help="exit 1 if the reference in PATH is stale")
+    args = parser.parse_args(argv)
+    path: Path = args.write or args.check
+    document = path.read_text(encoding="utf-8")
+    updated = replace_reference(document, render_reference())
+    if args.check:
+        if updated != document:
+            print(f"{path} is out of date; run: python -m monitor.metrics.docs --write {path}")
+            return 1
+        return 0
+    path.write_text(updated, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
