@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import (
@@ -18,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -73,9 +75,37 @@ UserPath = Annotated[Path, AfterValidator(_expand_user)]
 Headers = Annotated[dict[str, str], AfterValidator(_check_headers)]
 
 
+def _numeric_kind(annotation: Any) -> str | None:
+    """'an integer' or 'a number' when a field holds one (optionally None), else None."""
+    members = [annotation]
+    while members:
+        current = members.pop()
+        origin = get_origin(current)
+        if origin is Annotated:
+            members.append(get_args(current)[0])
+        elif origin in (Union, UnionType):
+            members += [arg for arg in get_args(current) if arg is not type(None)]
+        elif current is int:
+            return "an integer"
+        elif current is float:
+            return "a number"
+    return None
+
+
 class ConfigModel(BaseModel):
     # Numbers are accepted where text is expected so `model: 3` or a numeric header value just work.
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+    # `inf` and `nan` are refused: `pause_s: .inf` would hang a job, and nan passes no bound check.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # YAML's `true` would otherwise pass as 1: `rounds: true` is a slip, not a count.
+        if isinstance(value, bool) and info.field_name is not None:
+            kind = _numeric_kind(cls.model_fields[info.field_name].annotation)
+            if kind is not None:
+                raise ValueError(f"expected {kind}, got {'true' if value else 'false'}")
+        return value
 
 
 # ---------------------------------------------------------------- database and metrics
@@ -102,7 +132,10 @@ class Database(ConfigModel):
         description="Cap on the on-disk spool used while the database is unreachable; oldest dropped.",
     )
     connect_retry_s: float = Field(
-        30, gt=0, description="Seconds between reconnect attempts while the database is unreachable."
+        30,
+        gt=0,
+        le=3600,
+        description="Seconds between reconnect attempts while the database is unreachable.",
     )
 
     @field_validator("url")
@@ -144,11 +177,11 @@ class Metrics(ConfigModel):
 
 
 class Timeouts(ConfigModel):
-    connect: float = Field(10, gt=0, description="Seconds allowed for DNS, TCP and TLS set-up.")
+    connect: float = Field(10, gt=0, le=3600, description="Seconds allowed for DNS, TCP and TLS set-up.")
     first_token: float = Field(
-        60, gt=0, description="Seconds from sending the request to the first token before giving up."
+        60, gt=0, le=3600, description="Seconds from sending the request to the first token before giving up."
     )
-    total: float = Field(300, gt=0, description="Seconds allowed for the whole streamed response.")
+    total: float = Field(300, gt=0, le=3600, description="Seconds allowed for the whole streamed response.")
 
     @model_validator(mode="after")
     def _check_order(self) -> Timeouts:
@@ -265,8 +298,9 @@ class Params(ConfigModel):
 
 class Slo(ConfigModel):
     ttft_p50_ms: float | None = Field(
-        None, gt=0, description="Median TTFT objective in milliseconds: runs persistently above it open an `slo` "
-        "ticket."
+        None,
+        gt=0,
+        description="Median TTFT objective in milliseconds: runs persistently above it open an `slo` ticket.",
     )
 
 
@@ -306,6 +340,7 @@ class Job(ConfigModel):
     jitter_s: float = Field(
         0,
         ge=0,
+        le=86400,
         description="Start each run up to this many seconds late, at random, so jobs do not all fire at :00.",
     )
     targets: list[str] = Field(min_length=1, description="Targets to probe, by name.")
@@ -317,7 +352,7 @@ class Job(ConfigModel):
         le=100,
         description="Unmeasured requests first, so connection set-up and cold caches are not counted.",
     )
-    pause_s: float = Field(1.0, ge=0, description="Seconds to wait between rounds.")
+    pause_s: float = Field(1.0, ge=0, le=3600, description="Seconds to wait between rounds.")
     connection: Literal["reuse", "fresh"] = Field(
         "reuse",
         description="`reuse` keeps connections alive between requests (what clients see when warm); "
@@ -467,7 +502,7 @@ class Receiver(ConfigModel):
     )
     secret_file: UserPath | None = Field(None, description="File holding the receiver's secret.")
     headers: Headers = Field(default_factory=dict, description="Extra HTTP headers; values may use `${VAR}`.")
-    timeout_s: float = Field(10, gt=0, description="Seconds allowed per delivery attempt.")
+    timeout_s: float = Field(10, gt=0, le=300, description="Seconds allowed per delivery attempt.")
 
     _secret: str | None = PrivateAttr(default=None)
     _resolved_url: str | None = PrivateAttr(default=None)
@@ -539,7 +574,9 @@ class Silence(ConfigModel):
     cron: str | None = Field(
         None, description="Start of a recurring window, as a cron expression (needs `duration_s`)."
     )
-    duration_s: float | None = Field(None, gt=0, description="Length of each recurring window in seconds.")
+    duration_s: float | None = Field(
+        None, gt=0, le=366 * 86400, description="Length of each recurring window in seconds."
+    )
     timezone: str = Field("UTC", description="IANA timezone `cron` is read in.")
     comment: str = Field("", description="Why; shown with suppressed alerts.")
 
@@ -581,7 +618,10 @@ class Silence(ConfigModel):
 class Alerts(ConfigModel):
     base_url: str | None = Field(None, description="Public URL of your dashboard, used for links in notifications.")
     renotify_interval_s: float = Field(
-        14400, ge=0, description="Repeat an open incident's notification this often (0 = never)."
+        14400,
+        ge=0,
+        le=30 * 86400,
+        description="Repeat an open incident's notification this often (0 = never).",
     )
     send_resolved: bool = Field(True, description="Also notify when an incident clears.")
     receivers: dict[Name, Receiver] = Field(default_factory=dict, description="Notification destinations, by name.")
