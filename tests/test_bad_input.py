@@ -185,3 +185,59 @@ def test_anchors_and_merge_keys_of_normal_size_still_work(tmp_path: Path) -> Non
     with pytest.raises(ConfigError) as caught:  # the holder key is unknown: proves the alias parsed
         load_config(path, environ={})
     assert [issue.path for issue in caught.value.errors] == ["defaults_holder"]
+
+
+GOOD_WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+@pytest.mark.parametrize(
+    ("secret", "message"),
+    [
+        (
+            "whsec_not-base64!",
+            "the webhook secret starts with whsec_ but the rest is not base64; make one with "
+            "`ttft-monitor alert new-secret`",
+        ),
+        (
+            "a-plain-shared-secret",
+            "a webhook signing secret must be whsec_ followed by base64 (the Standard Webhooks format, which the "
+            "standard's libraries expect); make one with `ttft-monitor alert new-secret`",
+        ),
+        (
+            "whsec_c2hvcnQ=",
+            "the webhook secret holds 5 bytes, fewer than the 24 the Standard Webhooks spec asks for; make one "
+            "with `ttft-monitor alert new-secret`",
+        ),
+    ],
+    ids=["whsec-not-base64", "plain", "too-short"],
+)
+def test_check_config_refuses_a_webhook_secret_the_standard_cannot_verify(
+    tmp_path: Path, secret: str, message: str
+) -> None:
+    path = config_with(
+        tmp_path,
+        ("alerts",),
+        {"receivers": {"hook": {"type": "webhook", "url": "http://127.0.0.1:9/h", "secret_env": "HOOK_SECRET"}}},
+    )
+    result = run_cli("check-config", "--config", str(path), env={"HOOK_SECRET": secret}, timeout=30)
+    assert result.code == 2, result
+    assert result.stderr == f"{path}: alerts.receivers.hook.secret_env: {message}\n", result
+    assert secret not in result.stderr + result.stdout
+
+
+def test_check_config_accepts_a_standard_webhook_secret_from_a_file(tmp_path: Path) -> None:
+    secret_file = tmp_path / "hook-secret"
+    secret_file.write_text(GOOD_WHSEC + "\n", encoding="utf-8")
+    receivers = {"hook": {"type": "webhook", "url": "http://127.0.0.1:9/h", "secret_file": str(secret_file)}}
+    config = load_config(config_with(tmp_path, ("alerts",), {"receivers": receivers}), environ={})
+    assert config.alerts.receivers["hook"].secret() == GOOD_WHSEC
+    secret_file.write_text("plain\n", encoding="utf-8")
+    assert only_error(config_with(tmp_path, ("alerts",), {"receivers": receivers})).startswith(
+        "alerts.receivers.hook.secret_file: a webhook signing secret must be whsec_ followed by base64"
+    )
+
+
+def test_other_receivers_keep_their_own_secret_formats(tmp_path: Path) -> None:
+    receivers = {"pd": {"type": "pagerduty", "secret_env": "PD_KEY"}}
+    config = load_config(config_with(tmp_path, ("alerts",), {"receivers": receivers}), environ={"PD_KEY": "R0UTING"})
+    assert config.alerts.receivers["pd"].secret() == "R0UTING"

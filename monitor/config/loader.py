@@ -19,7 +19,7 @@ from monitor.config.expand import expand_env
 from monitor.config.messages import translate
 from monitor.config.models import ENV_NAME_PATTERN, REFERENCE_ERROR_TYPE, Config, format_path
 from monitor.config.references import reference_problems
-from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret
+from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret, webhook_secret_key
 
 Loc = tuple[str | int, ...]
 
@@ -55,6 +55,7 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     derived += reference_problems(data)
     provider_secrets, receiver_secrets, secret_problems = resolve_all_secrets(data, env)
     derived += secret_problems
+    derived += webhook_secret_problems(data, receiver_secrets)
 
     # A value left unexpanded (its variable is unset) is reported once, not again as a bad value.
     unexpanded = [loc for loc, _ in expansion.problems]
@@ -315,6 +316,30 @@ def resolve_all_secrets(
                 resolve(loc, item, "url_env", None),
             )
     return providers, receivers, problems
+
+
+def webhook_secret_problems(
+    data: Mapping[str, Any], receiver_secrets: Mapping[str, tuple[ResolvedSecret, ResolvedSecret]]
+) -> list[tuple[Loc, str]]:
+    """A problem per webhook receiver whose signing secret is not `whsec_<base64>`.
+
+    Checked at load so `check-config` and a reload refuse it, rather than every notification failing.
+    """
+    alerts = data.get("alerts")
+    receivers = alerts.get("receivers") if isinstance(alerts, Mapping) else None
+    if not isinstance(receivers, Mapping):
+        return []
+    problems: list[tuple[Loc, str]] = []
+    for name, item in receivers.items():
+        secret = receiver_secrets.get(str(name), (ResolvedSecret(None, "none"),))[0].value
+        if not isinstance(item, Mapping) or item.get("type") != "webhook" or secret is None:
+            continue
+        try:
+            webhook_secret_key(secret)
+        except ValueError as exc:
+            key = "secret_env" if item.get("secret_env") is not None else "secret_file"
+            problems.append((("alerts", "receivers", name, key), str(exc)))
+    return problems
 
 
 def document_order(data: Any, loc: Loc = ()) -> dict[Loc, int]:
