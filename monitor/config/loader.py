@@ -71,7 +71,13 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     return config.model_copy(
         update={
             "providers": {
-                name: provider.with_secret(provider_secrets[name].value, source=provider_secrets[name].source)
+                name: provider.with_secret(
+                    provider_secrets[name].value,
+                    source=provider_secrets[name].source,
+                    from_environment=inserted_under(
+                        expansion.inserted, ("providers", name, "base_url"), ("providers", name, "headers")
+                    ),
+                )
                 for name, provider in config.providers.items()
             },
             "alerts": config.alerts.model_copy(
@@ -86,6 +92,17 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
             ),
         }
     )
+
+
+def inserted_under(inserted: Mapping[Loc, list[str]], *prefixes: Loc) -> tuple[str, ...]:
+    """Environment values `${VAR}` put anywhere under one of `prefixes` (a provider's URL and headers)."""
+    found = [
+        value
+        for loc, values in inserted.items()
+        if any(loc[: len(prefix)] == prefix for prefix in prefixes)
+        for value in values
+    ]
+    return tuple(dict.fromkeys(found))
 
 
 def read_yaml_mapping(path: Path, file: str) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from monitor.config.cron import build_trigger, resolve_timezone
 from monitor.config.references import reference_problems
 from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
+from monitor.redact import mask_url, url_credentials
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -247,6 +248,7 @@ class Provider(ConfigModel):
 
     _secret: str | None = PrivateAttr(default=None)
     _auth_source: str = PrivateAttr(default="none")
+    _from_environment: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("base_url")
     @classmethod
@@ -267,12 +269,26 @@ class Provider(ConfigModel):
         """Where the key came from, safe to print: `env OPENAI_API_KEY`, `file /run/key`, or `none`."""
         return self._auth_source
 
-    def with_secret(self, secret: str | None, *, source: str) -> Provider:
-        """A copy carrying `secret`. Kept out of fields so it never reaches repr, dumps or errors."""
+    def with_secret(self, secret: str | None, *, source: str, from_environment: tuple[str, ...] = ()) -> Provider:
+        """A copy carrying `secret`. Kept out of fields so it never reaches repr, dumps or errors.
+
+        `from_environment`: values `${VAR}` put into `base_url` or `headers`, masked like the key.
+        """
         copy = self.model_copy()
         copy._secret = secret
         copy._auth_source = source
+        copy._from_environment = from_environment
         return copy
+
+    def secrets(self) -> tuple[str, ...]:
+        """Everything of this provider's that must never be shown: the key, header values, credentials
+        in `base_url` (userinfo, key-like query values) and whatever `${VAR}` put into either."""
+        found = [self._secret, *self.headers.values(), *url_credentials(self.base_url), *self._from_environment]
+        return tuple(dict.fromkeys(value for value in found if value))
+
+    def display_url(self) -> str:
+        """`base_url` fit to print, every secret in it masked."""
+        return mask_url(self.base_url, self.secrets())
 
     # Header values often carry credentials via ${VAR}; the live values stay available as `.headers`.
     @field_serializer("headers")
