@@ -182,5 +182,5 @@ def secrets_of(config: Config) -> list[str]:
     for receiver in config.alerts.receivers.values():
         url = receiver.resolved_url()
         out += [receiver.secret(), url, *receiver.headers.values(), *url_credentials(url or "")]
-    out += url_credentials(config.database.url)
+    out += url_credentials(config.database.url, user_is_secret=False)
     return list(dict.fromkeys(s for s in out if s))

@@ -87,9 +87,13 @@ def secret_forms(secret: str) -> set[str]:
     return {form for form in forms if len(form) >= MIN_SECRET_CHARS}
 
 
-def url_credentials(url: str) -> list[str]:
+def url_credentials(url: str, *, user_is_secret: bool = True) -> list[str]:
     """The parts of `url` that are credentials: the userinfo (and its `user:password` Basic form) and
-    query values that are long or under a credential-like name."""
+    query values that are long or under a credential-like name.
+
+    A user name alone (`https://KEY@host`) is taken for a key unless `user_is_secret` is false (a
+    database URL's `postgres@host` names a role, and masking it would mask every mention of postgres).
+    """
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -101,7 +105,7 @@ def url_credentials(url: str) -> list[str]:
         if colon and password:
             # What an HTTP client sends as `Authorization: Basic base64(user:password)`, decoded.
             found += [password, userinfo, f"{unquote(user)}:{unquote(password)}"]
-        elif user:
+        elif user and user_is_secret:
             found += [user, f"{unquote(user)}:"]
     for name, value in parse_qsl(parts.query, keep_blank_values=True):
         if value and (name.lower() in SENSITIVE_QUERY_KEYS or len(value) >= LONG_QUERY_VALUE):

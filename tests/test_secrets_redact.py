@@ -1,0 +1,72 @@
+"""The pure redaction rules: each form a secret travels in, and what is left alone."""
+
+from __future__ import annotations
+
+import base64
+from urllib.parse import quote
+
+import pytest
+
+from monitor.redact import REDACTED, mask_url, redact, url_credentials
+
+KEY = "Kx9!q2Zr7$Lm4w8PvT3n"
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (f"bad key {KEY}", f"bad key {REDACTED}"),
+        (f"bad key {KEY.lower()}", f"bad key {REDACTED}"),
+        (f"GET /v1?key={quote(KEY, safe='')}", f"GET /v1?key={REDACTED}"),
+        (f"GET /v1?key={quote(KEY, safe='').lower()}", f"GET /v1?key={REDACTED}"),
+        (f"token {b64(KEY)}", f"token {REDACTED}"),
+        (f"token {b64(KEY).rstrip('=')}", f"token {REDACTED}"),
+        (f"token {base64.urlsafe_b64encode(KEY.encode()).decode()}", f"token {REDACTED}"),
+        (f"Authorization: Basic {b64('someone:' + KEY)}", f"Authorization: Basic {REDACTED}"),
+        ("echo " + b64('{"auth": "' + KEY + '"}'), f"echo {REDACTED}"),
+        (
+            "database_unreachable retry_in_s=0.5 Basic dXNlcjpvdGhlcg==",
+            "database_unreachable retry_in_s=0.5 Basic dXNlcjpvdGhlcg==",
+        ),
+    ],
+    ids=[
+        "plain",
+        "other-case",
+        "url-encoded",
+        "url-encoded-lower",
+        "base64",
+        "base64-unpadded",
+        "base64-urlsafe",
+        "basic",
+        "base64-json",
+        "untouched",
+    ],
+)
+def test_a_secret_is_masked_in_every_form_it_travels_in(text: str, expected: str) -> None:
+    assert redact(text, [KEY]) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "credentials"),
+    [
+        ("https://u:p%40ss@h/v1", ["p%40ss", "u:p%40ss", "u:p@ss"]),
+        ("https://sk0123456789@h/v1", ["sk0123456789", "sk0123456789:"]),
+        ("https://h/v1?key=abcd&api-version=2024-06-01&x=1", ["abcd", "2024-06-01"]),
+        ("https://h/v1", []),
+    ],
+)
+def test_url_credentials(url: str, credentials: list[str]) -> None:
+    assert url_credentials(url) == credentials
+
+
+def test_a_database_user_is_not_a_secret_but_its_password_is() -> None:
+    assert url_credentials("postgresql+asyncpg://postgres@db:5432/x", user_is_secret=False) == []
+    assert "pw-123" in url_credentials("postgresql+asyncpg://postgres:pw-123@db/x", user_is_secret=False)
+
+
+def test_mask_url_hides_userinfo_and_key_like_query_values() -> None:
+    assert mask_url("https://u:hunter22@h/v1?key=abcd&v=1") == f"https://{REDACTED}@h/v1?key={REDACTED}&v=1"
