@@ -55,9 +55,10 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     """Remove known secrets (in every form they travel in) and anything shaped like an API key from `text`."""
     known = tuple(sorted({s for s in secrets if s and len(s) >= MIN_SECRET_CHARS}))
     if known:
-        pattern, needles = _compiled(known)
+        pattern, needles, shortest_run = _compiled(known)
         text = pattern.sub(REDACTED, text)
-        text = _BASE64_RUN.sub(lambda match: _mask_if_encoded_secret(match.group(0), needles), text)
+        if needles is not None:
+            text = _BASE64_RUN.sub(lambda match: _mask_if_encoded_secret(match.group(0), needles, shortest_run), text)
     return _KEY_SHAPES.sub(REDACTED, text)
 
 
@@ -79,7 +80,9 @@ def secret_forms(secret: str) -> set[str]:
     plain = {secret, unquote(secret)}
     forms = set(plain)
     for value in plain:
-        forms |= {quote(value, safe=""), quote(value), quote_plus(value)}
+        for encoded in (quote(value, safe=""), quote(value), quote_plus(value)):
+            # Percent-escapes may come back in lower case (`%2b`); a case-insensitive pattern would be slow.
+            forms |= {encoded, re.sub(r"%[0-9A-F]{2}", lambda escape: escape.group(0).lower(), encoded)}
         raw = value.encode()
         for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
             text = encoded.decode()
@@ -119,17 +122,23 @@ def mask_url(url: str, secrets: Iterable[str | None] = ()) -> str:
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(secrets: tuple[str, ...]) -> tuple[re.Pattern[str], tuple[bytes, ...]]:
+def _compiled(secrets: tuple[str, ...]) -> tuple[re.Pattern[str], re.Pattern[bytes] | None, int]:
+    """The pattern of every form of `secrets`; the pattern of those worth looking for inside decoded
+    base64 (8 characters or longer, so random bytes do not match by chance), and the shortest base64
+    run that could hold one."""
     forms = set().union(*(secret_forms(secret) for secret in secrets))
     # Longest first, so a secret containing another is masked whole.
     alternatives = "|".join(re.escape(form) for form in sorted(forms, key=len, reverse=True))
-    needles = tuple(
-        {form.encode() for secret in secrets for form in (secret, unquote(secret)) if len(form) >= MIN_SECRET_CHARS}
-    )
-    return re.compile(alternatives, re.IGNORECASE), needles
+    inner = {form.encode() for secret in secrets for form in (secret, unquote(secret)) if len(form) >= 8}
+    if not inner:
+        return re.compile(alternatives), None, 0
+    needles = re.compile(b"|".join(re.escape(needle) for needle in sorted(inner, key=len, reverse=True)))
+    return re.compile(alternatives), needles, (min(len(needle) for needle in inner) * 4) // 3
 
 
-def _mask_if_encoded_secret(run: str, needles: tuple[bytes, ...]) -> str:
+def _mask_if_encoded_secret(run: str, needles: re.Pattern[bytes], shortest_run: int) -> str:
+    if len(run) < shortest_run:
+        return run
     body = run.rstrip("=")
     if len(body) % 4 == 1:
         body = body[:-1]
@@ -139,6 +148,6 @@ def _mask_if_encoded_secret(run: str, needles: tuple[bytes, ...]) -> str:
             decoded = base64.b64decode(padded, altchars=altchars, validate=False)
         except (binascii.Error, ValueError):
             continue
-        if any(needle in decoded for needle in needles):
+        if needles.search(decoded):
             return REDACTED
     return run

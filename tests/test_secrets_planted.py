@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +38,12 @@ KEY_ENV = "PLANTED_KEY"
 def forms_of(secret: str) -> set[str]:
     """Every form a leak could take; none may appear anywhere."""
     raw = [secret.encode(), f"{USER}:{secret}".encode(), f"apikey:{secret}".encode()]
-    found = {secret, quote(secret, safe=""), quote(secret, safe="").lower(), quote_plus(secret)}
+    found = {
+        secret,
+        quote(secret, safe=""),
+        re.sub(r"%[0-9A-F]{2}", lambda escape: escape.group(0).lower(), quote(secret, safe="")),
+        quote_plus(secret),
+    }
     for value in raw:
         for encoded in (base64.b64encode(value).decode(), base64.urlsafe_b64encode(value).decode()):
             found |= {encoded, encoded.rstrip("=")}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from urllib.parse import quote
 
 import pytest
@@ -10,6 +11,10 @@ import pytest
 from monitor.redact import REDACTED, mask_url, redact, url_credentials
 
 KEY = "Kx9!q2Zr7$Lm4w8PvT3n"
+
+
+def lower_escapes(text: str) -> str:
+    return re.sub(r"%[0-9A-F]{2}", lambda escape: escape.group(0).lower(), text)
 
 
 def b64(text: str) -> str:
@@ -20,9 +25,8 @@ def b64(text: str) -> str:
     ("text", "expected"),
     [
         (f"bad key {KEY}", f"bad key {REDACTED}"),
-        (f"bad key {KEY.lower()}", f"bad key {REDACTED}"),
         (f"GET /v1?key={quote(KEY, safe='')}", f"GET /v1?key={REDACTED}"),
-        (f"GET /v1?key={quote(KEY, safe='').lower()}", f"GET /v1?key={REDACTED}"),
+        (f"GET /v1?key={lower_escapes(quote(KEY, safe=''))}", f"GET /v1?key={REDACTED}"),
         (f"token {b64(KEY)}", f"token {REDACTED}"),
         (f"token {b64(KEY).rstrip('=')}", f"token {REDACTED}"),
         (f"token {base64.urlsafe_b64encode(KEY.encode()).decode()}", f"token {REDACTED}"),
@@ -35,7 +39,6 @@ def b64(text: str) -> str:
     ],
     ids=[
         "plain",
-        "other-case",
         "url-encoded",
         "url-encoded-lower",
         "base64",
