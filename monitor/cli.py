@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 from monitor import __version__
 from monitor.cliargs import (
     DEFAULT_CONFIG_ENV,
+    OneLineErrorParser,
     config_arg,
     config_path,
     non_negative,
@@ -53,7 +54,7 @@ def _token_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="ttft-monitor",
         description="Measure and watch LLM endpoints' time to first token (TTFT).",
     )

@@ -6,8 +6,19 @@ import argparse
 import math
 import os
 from collections.abc import Callable, Mapping
+from typing import NoReturn
 
 DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Usage errors as one line naming the cause (and where help is), not the usage block first.
+
+    Subcommands' parsers inherit the class, so every command of the CLI answers the same way.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def config_arg(parser: argparse.ArgumentParser, *, note: str = "") -> None:

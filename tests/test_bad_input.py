@@ -105,16 +105,16 @@ def test_yaml_infinity_written_by_hand_is_refused(tmp_path: Path) -> None:
 def test_probe_arguments_are_finite_and_in_range(args: list[str], line: str) -> None:
     result = run_cli("probe", "--url", "http://127.0.0.1:9/v1", "--model", "m", *args, timeout=20)
     assert result.code == 2, result
-    assert result.stderr.strip().splitlines()[-1] == f"ttft-monitor probe: error: {line}", result
-    assert "Traceback" not in result.stderr
+    assert result.stderr == f"ttft-monitor probe: error: {line} (see ttft-monitor probe --help)\n", result
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
 def test_sim_refuses_a_port_that_does_not_exist(port: str) -> None:
     result = run_cli("sim", "--port", port, timeout=20)
     assert result.code == 2, result
-    assert "Traceback" not in result.stderr, result
-    assert "is not a port number" in result.stderr.strip().splitlines()[-1], result
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("ttft-monitor sim: error: argument --port: "), result
+    assert "is not a port number" in line and line.endswith("(see ttft-monitor sim --help)"), result
 
 
 def test_sim_refuses_a_port_in_use_in_one_line() -> None:
@@ -155,7 +155,7 @@ BILLION_LAUGHS = "\n".join(
         ),
         (
             "a: " + "[" * 20000 + "]" * 20000 + "\n",
-            "values are nested too deeply to read (thousands of levels); a config needs a few",
+            "values are nested more than 64 levels deep, which no config needs; check the brackets and indentation",
         ),
         (
             "#" * (1024 * 1024 + 1),

@@ -26,6 +26,7 @@ Loc = tuple[str | int, ...]
 # A config is a few kilobytes and a few hundred values; these bounds are far above any real one.
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 64
 
 # Headers that carry credentials; their values must come from ${VAR}, never sit in the file.
 CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"})
@@ -238,7 +239,22 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice in one mapping instead of keeping the last silently."""
+    """SafeLoader that rejects a key given twice in one mapping instead of keeping the last silently,
+    and values nested deeper than any config (`[[[[...` would otherwise recurse until Python gives up)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise YamlTooLarge(
+                    f"values are nested more than {MAX_YAML_DEPTH} levels deep, which no config needs; "
+                    "check the brackets and indentation"
+                )
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Node] = {}
