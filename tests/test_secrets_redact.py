@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import re
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+import yaml
 
 from monitor.redact import REDACTED, mask_url, redact, url_credentials
 
@@ -73,3 +75,29 @@ def test_a_database_user_is_not_a_secret_but_its_password_is() -> None:
 
 def test_mask_url_hides_userinfo_and_key_like_query_values() -> None:
     assert mask_url("https://u:hunter22@h/v1?key=abcd&v=1") == f"https://{REDACTED}@h/v1?key={REDACTED}&v=1"
+
+
+def test_a_provider_s_secrets_are_its_credentials_not_every_header_value(tmp_path: Path) -> None:
+    from monitor.config import load_config
+
+    provider = {
+        "base_url": "https://u:${URL_PASSWORD}@h/v1?key=${URL_KEY}&api-version=2024",
+        "api": "openai-chat",
+        "api_key_env": "API_KEY",
+        "headers": {"X-Debug": "true", "X-Tenant-Token": "${TENANT_TOKEN}", "Authorization": "Bearer ${GATEWAY}"},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump({"providers": {"p": provider}}), encoding="utf-8")
+    environ = {
+        "URL_PASSWORD": "pw-0001",
+        "URL_KEY": "qk-0002",
+        "API_KEY": "ak-0003",
+        "TENANT_TOKEN": "tt-0004",
+        "GATEWAY": "gw-0005",
+    }
+    config = load_config(path, environ=environ)
+    secrets = config.providers["p"].secrets()
+    assert set(environ.values()) <= set(secrets)
+    assert "Bearer gw-0005" in secrets
+    assert "true" not in secrets and "2024" not in secrets
+    assert config.providers["p"].display_url() == f"https://{REDACTED}@h/v1?key={REDACTED}&api-version=2024"

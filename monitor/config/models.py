@@ -29,7 +29,7 @@ from pydantic_core import PydanticCustomError
 from monitor.config.cron import build_trigger, resolve_timezone
 from monitor.config.references import reference_problems
 from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
-from monitor.redact import mask_url, url_credentials
+from monitor.redact import SENSITIVE_HEADERS, mask_url, url_credentials
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -281,9 +281,11 @@ class Provider(ConfigModel):
         return copy
 
     def secrets(self) -> tuple[str, ...]:
-        """Everything of this provider's that must never be shown: the key, header values, credentials
-        in `base_url` (userinfo, key-like query values) and whatever `${VAR}` put into either."""
-        found = [self._secret, *self.headers.values(), *url_credentials(self.base_url), *self._from_environment]
+        """Everything of this provider's that must never be shown: the key, credential headers' values,
+        credentials in `base_url` (userinfo, key-like query values) and whatever `${VAR}` put into the
+        URL or any header. A literal `X-Debug: true` is no secret: masking it would mask every "true"."""
+        credential_headers = [value for name, value in self.headers.items() if name.lower() in SENSITIVE_HEADERS]
+        found = [self._secret, *credential_headers, *url_credentials(self.base_url), *self._from_environment]
         return tuple(dict.fromkeys(value for value in found if value))
 
     def display_url(self) -> str:
