@@ -176,10 +176,15 @@ def freeze_heap() -> None:
 
 
 def secrets_of(config: Config) -> list[str]:
-    """Every secret the config resolved, for the log redactor."""
-    out = [p.secret() for p in config.providers.values()]
-    out += [r.secret() for r in config.alerts.receivers.values()]
-    out += [r.resolved_url() for r in config.alerts.receivers.values()]
+    """Every secret the config resolved, for the log redactor: keys, header values, credentials in URLs
+    (userinfo, key-like query values) and values `${VAR}` put into a provider's URL or headers."""
+    from monitor.redact import url_credentials
+
+    out: list[str | None] = []
     for provider in config.providers.values():
-        out += list(provider.headers.values())
-    return [s for s in out if s]
+        out += provider.secrets()
+    for receiver in config.alerts.receivers.values():
+        url = receiver.resolved_url()
+        out += [receiver.secret(), url, *receiver.headers.values(), *url_credentials(url or "")]
+    out += url_credentials(config.database.url, user_is_secret=False)
+    return list(dict.fromkeys(s for s in out if s))

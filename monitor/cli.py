@@ -16,7 +16,16 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from monitor import __version__
-from monitor.cliargs import DEFAULT_CONFIG_ENV, config_arg, config_path, non_negative, whole_number
+from monitor.cliargs import (
+    DEFAULT_CONFIG_ENV,
+    OneLineErrorParser,
+    config_arg,
+    config_path,
+    non_negative,
+    port_number,
+    positive,
+    whole_number,
+)
 
 if TYPE_CHECKING:
     from monitor.logging import Redactor
@@ -28,8 +37,11 @@ SIM_DEFAULT_PORT = 8400
 
 _config_arg = config_arg
 _positive_int = whole_number(1)
-_non_negative_int = whole_number(0)
+_rounds = whole_number(1, 1000)
+_warmup = whole_number(0, 100)
 _seconds = non_negative("seconds")
+_pause = non_negative("seconds", maximum=3600)
+_timeout = positive("seconds", maximum=3600)
 
 
 def _token_list(text: str) -> list[int]:
@@ -42,7 +54,7 @@ def _token_list(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="ttft-monitor",
         description="Measure and watch LLM endpoints' time to first token (TTFT).",
     )
@@ -83,9 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="bust (default): a unique nonce first so no prefix cache answers; warm: repeat one prompt",
     )
     how = probe.add_argument_group("how")
-    how.add_argument("--rounds", "-n", type=_positive_int, default=5, help="measured requests per series (5)")
-    how.add_argument("--warmup", type=_non_negative_int, default=1, help="unmeasured requests first (1)")
-    how.add_argument("--pause", type=_seconds, default=1.0, help="seconds between rounds of a series (1)")
+    how.add_argument("--rounds", "-n", type=_rounds, default=5, help="measured requests per series (5)")
+    how.add_argument("--warmup", type=_warmup, default=1, help="unmeasured requests first (1)")
+    how.add_argument("--pause", type=_pause, default=1.0, help="seconds between rounds of a series (1)")
     how.add_argument(
         "--connection",
         choices=["reuse", "fresh"],
@@ -93,8 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="reuse (default): keep-alive; fresh: new connection per request, set-up shown separately",
     )
     how.add_argument("--concurrency", type=_positive_int, default=1, help="requests in flight at once (1)")
-    how.add_argument("--timeout-first-token", type=float, default=60.0, help="seconds, for --url (60)")
-    how.add_argument("--timeout-total", type=float, default=300.0, help="seconds, for --url (300)")
+    how.add_argument("--timeout-first-token", type=_timeout, default=60.0, help="seconds, for --url (60)")
+    how.add_argument("--timeout-total", type=_timeout, default=300.0, help="seconds, for --url (300)")
     how.add_argument("--format", "-f", choices=["table", "json", "csv"], default="table", help="output (table)")
     how.add_argument(
         "--store", action="store_true", help="also write the samples to the config's database (job name adhoc)"
@@ -112,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
         "realistic latency, a prefix cache and faults on demand (control API under /sim/).",
     )
     sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=int, default=SIM_DEFAULT_PORT)
+    sim.add_argument("--port", type=port_number, default=SIM_DEFAULT_PORT, help="0 picks a free port")
     sim.add_argument("--no-noise", action="store_true", help="exact latencies (noise sigma 0)")
     sim.add_argument("--seed", type=int, help="seed the noise for repeatable runs")
     sim.add_argument("--api-key-env", help="require the key in this environment variable")

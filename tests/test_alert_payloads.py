@@ -26,6 +26,9 @@ from tests.test_alert_support import (
     receiver,
 )
 
+# The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).
+WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
 NOW = T0 + timedelta(minutes=20)
 TITLE = "[PAGE] TTFT regression on qwen3-8b / short @ fra-dc1: 1,234 ms vs 410 ms baseline (3.01x)"
 SUMMARY = "Median TTFT 3.01x its 7-day same-hour baseline for 2 runs."
@@ -187,7 +190,7 @@ def test_webhook_signature_matches_the_standard_webhooks_test_vector() -> None:
     # The example from the Standard Webhooks specification.
     signature = webhook.sign(
         # The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).
-        "whsec_" "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
         "msg_p5jXN8AQM9LWM0D4loKWxJek",
         1614265330,
         b'{"test": 2432232314}',
@@ -197,7 +200,7 @@ def test_webhook_signature_matches_the_standard_webhooks_test_vector() -> None:
 
 def test_webhook_headers_carry_a_stable_id_the_timestamp_and_the_signature() -> None:
     n = notification()
-    request = webhook.build(n, receiver("webhook", "https://hooks.example.com/ttft", secret="raw-secret"), NOW)
+    request = webhook.build(n, receiver("webhook", "https://hooks.example.com/ttft", secret=WHSEC), NOW)
     assert request.headers["webhook-id"] == n.message_id()
     assert request.headers["webhook-timestamp"] == str(int(NOW.timestamp()))
     assert request.headers["webhook-signature"].startswith("v1,")
@@ -206,9 +209,7 @@ def test_webhook_headers_carry_a_stable_id_the_timestamp_and_the_signature() -> 
 
 
 def test_configured_headers_cannot_replace_the_signature() -> None:
-    r = receiver(
-        "webhook", "https://hooks.example.com/ttft", secret="raw-secret", headers={"webhook-signature": "forged"}
-    )
+    r = receiver("webhook", "https://hooks.example.com/ttft", secret=WHSEC, headers={"webhook-signature": "forged"})
     assert webhook.build(notification(), r, NOW).headers["webhook-signature"] != "forged"
 
 
@@ -468,9 +469,38 @@ def test_receivers_without_a_url_are_config_errors(type_: str) -> None:
         KINDS[type_].build(notification(), r, NOW)
 
 
-def test_a_whsec_secret_that_is_not_base64_is_a_config_error() -> None:
-    r = receiver("webhook", "https://hooks.example.com/x", secret="whsec_not base64!")
-    assert KINDS["webhook"].problems(r) == ["the webhook secret starts with whsec_ but the rest is not base64"]
+@pytest.mark.parametrize(
+    ("secret", "problem"),
+    [
+        (
+            "whsec_not base64!",
+            "the webhook secret starts with whsec_ but the rest is not base64; make one with "
+            "`ttft-monitor alert new-secret`",
+        ),
+        (
+            "a-plain-shared-secret",
+            "a webhook signing secret must be whsec_ followed by base64 (the Standard Webhooks format, which the "
+            "standard's libraries expect); make one with `ttft-monitor alert new-secret`",
+        ),
+        (
+            "whsec_c2hvcnQ=",
+            "the webhook secret holds 5 bytes, fewer than the 24 the Standard Webhooks spec asks for; make one "
+            "with `ttft-monitor alert new-secret`",
+        ),
+    ],
+)
+def test_a_webhook_secret_not_in_the_standard_format_is_a_config_error(secret: str, problem: str) -> None:
+    r = receiver("webhook", "https://hooks.example.com/x", secret=secret)
+    assert KINDS["webhook"].problems(r) == [problem]
+    with pytest.raises(BuildError) as caught:
+        KINDS["webhook"].build(notification(), r, NOW)
+    assert str(caught.value) == problem
+
+
+def test_an_unpadded_whsec_secret_signs_like_the_padded_one() -> None:
+    padded = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwAA=="
+    signed = webhook.sign(padded, "msg_1", 1614265330, b"{}")
+    assert webhook.sign(padded.rstrip("="), "msg_1", 1614265330, b"{}") == signed
 
 
 def test_every_config_receiver_type_has_a_module() -> None:

@@ -1,6 +1,6 @@
-"""`ttft-monitor alert test --receiver NAME` and `ttft-monitor incidents [--format table|json]`.
+"""`ttft-monitor alert test --receiver NAME`, `alert new-secret` and `incidents [--format table|json]`.
 
-Exit codes. `alert test`: 0 the receiver accepted (2xx), 1 it did not (its answer is printed),
+Exit codes. `alert new-secret`: 0. `alert test`: 0 the receiver accepted (2xx), 1 it did not (its answer is printed),
 2 usage or config error. `incidents`: 0 listed, 2 config error, 3 the database failed.
 """
 
@@ -25,6 +25,7 @@ from monitor.cliargs import config_path
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
+from monitor.config.secrets import new_webhook_secret
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -41,6 +42,9 @@ from monitor.alert.commands import (
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    if args.command == "alert" and args.alert_command == "new-secret":
+        out.write(new_webhook_secret() + "\n")
+        return EXIT_OK
     name = "alert test" if args.command == "alert" else "incidents"
     path = config_path(args.config)
     try:

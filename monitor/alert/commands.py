@@ -18,7 +18,7 @@ def register(subparsers: Any) -> None:
     """Add `alert` (with `test`) and `incidents` to the CLI's subparsers; `run(args)` executes them."""
     alert = subparsers.add_parser(
         "alert",
-        help="alert receivers: send a test notification",
+        help="alert receivers: send a test notification, make a webhook secret",
         description="Work with the receivers under alerts.receivers in the config.",
     )
     actions = alert.add_subparsers(dest="alert_command", metavar="ACTION")
@@ -32,6 +32,12 @@ def register(subparsers: Any) -> None:
     )
     test.add_argument("--receiver", "-r", required=True, help="receiver name under alerts.receivers")
     _config_arg(test)
+    actions.add_parser(
+        "new-secret",
+        help="print a new webhook signing secret (whsec_ + base64 of 32 random bytes)",
+        description="Print a fresh Standard Webhooks signing secret for a webhook receiver's secret_env or "
+        "secret_file; give the same value to the receiving side's Standard Webhooks library.",
+    )
 
     incidents = subparsers.add_parser(
         "incidents",

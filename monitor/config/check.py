@@ -35,19 +35,16 @@ def render_summary(config: Config, *, path: str, now: datetime) -> str:
         f"{path}: OK",
         f"location: {config.location}",
         f"database: {mask_password(db.url)}",
-        f"  state_dir {db.state_dir}, keep raw {db.retention.raw_days} d,"
-        f" rollups {db.retention.rollup_days} d",
+        f"  state_dir {db.state_dir}, keep raw {db.retention.raw_days} d, rollups {db.retention.rollup_days} d",
         f"metrics: listen {config.metrics.listen}"
         + (f", push to {config.metrics.pushgateway}" if config.metrics.pushgateway else ""),
         f"providers ({len(config.providers)}):",
     ]
     for name, provider in config.providers.items():
-        lines.append(f"  {name}: {provider.api} {provider.base_url}, auth: {provider.auth_source()}")
+        lines.append(f"  {name}: {provider.api} {provider.display_url()}, auth: {provider.auth_source()}")
     lines.append(f"targets ({len(config.targets)}):")
     for name, target in config.targets.items():
-        lines.append(
-            f"  {name}: model {target.model} on {target.provider}, max_tokens {target.params.max_tokens}"
-        )
+        lines.append(f"  {name}: model {target.model} on {target.provider}, max_tokens {target.params.max_tokens}")
     lines.append(f"prompts ({len(config.prompts)}):")
     for name, prompt in config.prompts.items():
         lines.append(f"  {name}: {prompt.tokens} tokens, {prompt.language}, cache {prompt.cache}")
@@ -60,8 +57,7 @@ def render_summary(config: Config, *, path: str, now: datetime) -> str:
             f" (+{job.warmup} warmup), connection {job.connection}",
             f"    targets: {', '.join(job.targets)}",
             f"    prompts: {', '.join(job.prompts)}",
-            "    next runs: "
-            + ", ".join(t.isoformat() for t in next_fire_times(job.trigger(), now, NEXT_RUNS_SHOWN)),
+            "    next runs: " + ", ".join(t.isoformat() for t in next_fire_times(job.trigger(), now, NEXT_RUNS_SHOWN)),
         ]
     receivers = config.alerts.receivers
     lines.append(

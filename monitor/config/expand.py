@@ -20,6 +20,8 @@ class Expansion:
     problems: list[tuple[Loc, str]] = field(default_factory=list)
     # Key paths whose value came (partly) from the environment; such values may be secrets.
     substituted: set[Loc] = field(default_factory=set)
+    # The environment values put in at each such path, so they can be masked wherever they show up.
+    inserted: dict[Loc, list[str]] = field(default_factory=dict)
 
 
 def expand_env(data: Any, environ: Mapping[str, str]) -> Expansion:
@@ -35,13 +37,16 @@ def expand_env(data: Any, environ: Mapping[str, str]) -> Expansion:
 
 def _expand(data: Any, environ: Mapping[str, str], loc: Loc, result: Expansion) -> Any:
     if isinstance(data, str):
+        inserted: list[str] = []
         try:
-            expanded = expand_string(data, environ)
+            expanded = expand_string(data, environ, inserted=inserted)
         except ValueError as exc:
             result.problems.append((loc, str(exc)))
             return data
         if "${" in data:
             result.substituted.add(loc)
+        if inserted:
+            result.inserted[loc] = inserted
         return expanded
     if isinstance(data, Mapping):
         return {key: _expand(value, environ, (*loc, key), result) for key, value in data.items()}
@@ -50,8 +55,11 @@ def _expand(data: Any, environ: Mapping[str, str], loc: Loc, result: Expansion) 
     return data
 
 
-def expand_string(text: str, environ: Mapping[str, str]) -> str:
-    """Expand one string. Like the shell, `:-default` is used when the variable is unset *or* empty."""
+def expand_string(text: str, environ: Mapping[str, str], *, inserted: list[str] | None = None) -> str:
+    """Expand one string. Like the shell, `:-default` is used when the variable is unset *or* empty.
+
+    Values taken from the environment (not defaults written in the file) are appended to `inserted`.
+    """
     problems: list[str] = []
 
     def replace(match: re.Match[str]) -> str:
@@ -68,12 +76,12 @@ def expand_string(text: str, environ: Mapping[str, str]) -> str:
             return token
         name, default = reference["name"], reference["default"]
         value = environ.get(name)
+        if value and inserted is not None:
+            inserted.append(value)
         if default is not None:
             return value if value else default
         if value is None:
-            problems.append(
-                f"environment variable {name} is not set; export it or write ${{{name}:-default}}"
-            )
+            problems.append(f"environment variable {name} is not set; export it or write ${{{name}:-default}}")
             return token
         return value
 

@@ -19,14 +19,17 @@ from monitor.config.expand import expand_env
 from monitor.config.messages import translate
 from monitor.config.models import ENV_NAME_PATTERN, REFERENCE_ERROR_TYPE, Config, format_path
 from monitor.config.references import reference_problems
-from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret
+from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret, webhook_secret_key
 
 Loc = tuple[str | int, ...]
 
+# A config is a few kilobytes and a few hundred values; these bounds are far above any real one.
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_YAML_VALUES = 100_000
+MAX_YAML_DEPTH = 64
+
 # Headers that carry credentials; their values must come from ${VAR}, never sit in the file.
-CREDENTIAL_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"}
-)
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"})
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:
@@ -53,6 +56,7 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     derived += reference_problems(data)
     provider_secrets, receiver_secrets, secret_problems = resolve_all_secrets(data, env)
     derived += secret_problems
+    derived += webhook_secret_problems(data, receiver_secrets)
 
     # A value left unexpanded (its variable is unset) is reported once, not again as a bad value.
     unexpanded = [loc for loc, _ in expansion.problems]
@@ -68,7 +72,13 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     return config.model_copy(
         update={
             "providers": {
-                name: provider.with_secret(provider_secrets[name].value, source=provider_secrets[name].source)
+                name: provider.with_secret(
+                    provider_secrets[name].value,
+                    source=provider_secrets[name].source,
+                    from_environment=inserted_under(
+                        expansion.inserted, ("providers", name, "base_url"), ("providers", name, "headers")
+                    ),
+                )
                 for name, provider in config.providers.items()
             },
             "alerts": config.alerts.model_copy(
@@ -85,6 +95,17 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     )
 
 
+def inserted_under(inserted: Mapping[Loc, list[str]], *prefixes: Loc) -> tuple[str, ...]:
+    """Environment values `${VAR}` put anywhere under one of `prefixes` (a provider's URL and headers)."""
+    found = [
+        value
+        for loc, values in inserted.items()
+        if any(loc[: len(prefix)] == prefix for prefix in prefixes)
+        for value in values
+    ]
+    return tuple(dict.fromkeys(found))
+
+
 def read_yaml_mapping(path: Path, file: str) -> dict[str, Any]:
     """The top-level mapping in `path`, or ConfigError for a missing, unreadable or malformed file."""
 
@@ -92,7 +113,14 @@ def read_yaml_mapping(path: Path, file: str) -> dict[str, Any]:
         return ConfigError([ConfigIssue(file, "", message, line, column)])
 
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise fail(
+                f"is larger than {MAX_CONFIG_BYTES // 1024 // 1024} MiB, which no config needs; "
+                "check that --config names the right file"
+            )
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise fail(f"file not found (looked at {path.absolute()}); pass --config PATH or create it") from None
     except IsADirectoryError:
@@ -105,7 +133,11 @@ def read_yaml_mapping(path: Path, file: str) -> dict[str, Any]:
         raise fail(f"cannot be read: {exc.strerror}") from None
 
     try:
-        data = yaml.load(text, Loader=_StrictLoader)
+        data = load_yaml_bounded(text)
+    except YamlTooLarge as exc:
+        raise fail(str(exc)) from None
+    except RecursionError:
+        raise fail("values are nested too deeply to read (thousands of levels); a config needs a few") from None
     except yaml.MarkedYAMLError as exc:
         message, mark = yaml_error_message(exc)
         raise fail(message, mark.line + 1 if mark else None, mark.column + 1 if mark else None) from None
@@ -130,9 +162,7 @@ def yaml_error_message(exc: yaml.MarkedYAMLError) -> tuple[str, yaml.Mark | None
         return problem, exc.problem_mark
     if "alias" in context or "undefined alias" in problem:
         # Unquoted cron expressions are the usual cause, and PyYAML's wording does not suggest it.
-        message = (
-            "YAML syntax error: a value starting with '*' must be quoted, e.g. schedule: \"*/5 * * * *\""
-        )
+        message = "YAML syntax error: a value starting with '*' must be quoted, e.g. schedule: \"*/5 * * * *\""
         return message, exc.context_mark or exc.problem_mark
     hint = ""
     if "'\\t'" in problem:
@@ -142,8 +172,89 @@ def yaml_error_message(exc: yaml.MarkedYAMLError) -> tuple[str, yaml.Mark | None
     return f"YAML syntax error: {problem}{f' ({context})' if context else ''}{hint}", exc.problem_mark
 
 
+class YamlTooLarge(ValueError):
+    """The document would expand to more values than any config has (an alias bomb, say)."""
+
+
+def load_yaml_bounded(text: str, *, max_values: int = MAX_YAML_VALUES) -> Any:
+    """`text` parsed as YAML, refusing documents whose aliases expand past `max_values` values.
+
+    The node graph is composed first, where an alias is one shared node; its expanded size is
+    counted once per distinct node before anything is built, so "billion laughs" is refused after
+    reading a few hundred bytes instead of being walked a billion times by everything downstream.
+    """
+    loader = _StrictLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        values = expanded_size(node, limit=max_values)
+        if values > max_values:
+            raise YamlTooLarge(
+                f"YAML anchors and aliases (&name / *name) expand to more than {max_values} values, "
+                "which no config needs (an alias bomb?); write the values out or use fewer aliases"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def expanded_size(root: yaml.Node, *, limit: int) -> int:
+    """How many scalars, sequences and mappings `root` stands for once every alias is expanded.
+
+    Counted once per distinct node (memoised by identity) and stopped just past `limit`. An alias
+    to one of its own ancestors (`&a [*a]`) would be infinite: YamlTooLarge.
+    """
+    sizes: dict[int, int] = {}
+    on_path: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        children = _children(node)
+        if children_done:
+            on_path.discard(key)
+            sizes[key] = min(limit + 1, 1 + sum(sizes[id(child)] for child in children))
+            continue
+        if key in on_path:
+            raise YamlTooLarge("a YAML alias refers to a value that contains it (an endless loop); remove it")
+        on_path.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in on_path:
+                raise YamlTooLarge("a YAML alias refers to a value that contains it (an endless loop); remove it")
+            if id(child) not in sizes:
+                stack.append((child, False))
+    return sizes[id(root)]
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    return []
+
+
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects a key given twice in one mapping instead of keeping the last silently."""
+    """SafeLoader that rejects a key given twice in one mapping instead of keeping the last silently,
+    and values nested deeper than any config (`[[[[...` would otherwise recurse until Python gives up)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                raise YamlTooLarge(
+                    f"values are nested more than {MAX_YAML_DEPTH} levels deep, which no config needs; "
+                    "check the brackets and indentation"
+                )
+            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: dict[Any, yaml.Node] = {}
@@ -192,9 +303,7 @@ def literal_credential_problems(raw: Mapping[str, Any]) -> list[tuple[Loc, str]]
 
 def resolve_all_secrets(
     data: Mapping[str, Any], environ: Mapping[str, str]
-) -> tuple[
-    dict[str, ResolvedSecret], dict[str, tuple[ResolvedSecret, ResolvedSecret]], list[tuple[Loc, str]]
-]:
+) -> tuple[dict[str, ResolvedSecret], dict[str, tuple[ResolvedSecret, ResolvedSecret]], list[tuple[Loc, str]]]:
     """Secrets of every provider and receiver, by name, plus a problem per one that cannot be read.
 
     Works on the parsed data so a missing key is reported alongside schema errors. Entries whose key
@@ -240,6 +349,30 @@ def resolve_all_secrets(
                 resolve(loc, item, "url_env", None),
             )
     return providers, receivers, problems
+
+
+def webhook_secret_problems(
+    data: Mapping[str, Any], receiver_secrets: Mapping[str, tuple[ResolvedSecret, ResolvedSecret]]
+) -> list[tuple[Loc, str]]:
+    """A problem per webhook receiver whose signing secret is not `whsec_<base64>`.
+
+    Checked at load so `check-config` and a reload refuse it, rather than every notification failing.
+    """
+    alerts = data.get("alerts")
+    receivers = alerts.get("receivers") if isinstance(alerts, Mapping) else None
+    if not isinstance(receivers, Mapping):
+        return []
+    problems: list[tuple[Loc, str]] = []
+    for name, item in receivers.items():
+        secret = receiver_secrets.get(str(name), (ResolvedSecret(None, "none"),))[0].value
+        if not isinstance(item, Mapping) or item.get("type") != "webhook" or secret is None:
+            continue
+        try:
+            webhook_secret_key(secret)
+        except ValueError as exc:
+            key = "secret_env" if item.get("secret_env") is not None else "secret_file"
+            problems.append((("alerts", "receivers", name, key), str(exc)))
+    return problems
 
 
 def document_order(data: Any, loc: Loc = ()) -> dict[Loc, int]:

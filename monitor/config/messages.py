@@ -74,12 +74,15 @@ def translate(error: ErrorDetails, root: type[BaseModel], *, hide_input: bool = 
         return loc[:-1], f"missing required key '{loc[-1]}'"
     if kind in _TYPE_WORDS:
         return loc, f"expected {_TYPE_WORDS[kind]}, got {describe(value)}"
+    if kind == "finite_number":
+        return loc, f"must be a finite number, got {describe(value)}"
     if kind == "literal_error":
         allowed = re.findall(r"'([^']*)'", str(ctx.get("expected", "")))
         return loc, f"{describe(value)} is not one of {', '.join(allowed)}"
     if kind in _BOUNDS:
         key, sign = _BOUNDS[kind]
-        return loc, f"must be {sign} {ctx.get(key)}, got {describe(value)}"
+        bound = ctx.get(key)
+        return loc, f"must be {sign} {f'{bound:g}' if isinstance(bound, float) else bound}, got {describe(value)}"
     if kind == "too_short":
         minimum = ctx.get("min_length")
         return loc, "must not be empty" if minimum == 1 else f"needs at least {minimum} items"

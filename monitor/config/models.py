@@ -10,7 +10,8 @@ import itertools
 import re
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import (
@@ -19,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationInfo,
     field_serializer,
     field_validator,
     model_validator,
@@ -28,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from monitor.config.cron import build_trigger, resolve_timezone
 from monitor.config.references import reference_problems
 from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
+from monitor.redact import SENSITIVE_HEADERS, mask_url, url_credentials
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -74,9 +77,37 @@ UserPath = Annotated[Path, AfterValidator(_expand_user)]
 Headers = Annotated[dict[str, str], AfterValidator(_check_headers)]
 
 
+def _numeric_kind(annotation: Any) -> str | None:
+    """'an integer' or 'a number' when a field holds one (optionally None), else None."""
+    members = [annotation]
+    while members:
+        current = members.pop()
+        origin = get_origin(current)
+        if origin is Annotated:
+            members.append(get_args(current)[0])
+        elif origin in (Union, UnionType):
+            members += [arg for arg in get_args(current) if arg is not type(None)]
+        elif current is int:
+            return "an integer"
+        elif current is float:
+            return "a number"
+    return None
+
+
 class ConfigModel(BaseModel):
     # Numbers are accepted where text is expected so `model: 3` or a numeric header value just work.
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True)
+    # `inf` and `nan` are refused: `pause_s: .inf` would hang a job, and nan passes no bound check.
+    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # YAML's `true` would otherwise pass as 1: `rounds: true` is a slip, not a count.
+        if isinstance(value, bool) and info.field_name is not None:
+            kind = _numeric_kind(cls.model_fields[info.field_name].annotation)
+            if kind is not None:
+                raise ValueError(f"expected {kind}, got {'true' if value else 'false'}")
+        return value
 
 
 # ---------------------------------------------------------------- database and metrics
@@ -103,7 +134,10 @@ class Database(ConfigModel):
         description="Cap on the on-disk spool used while the database is unreachable; oldest dropped.",
     )
     connect_retry_s: float = Field(
-        30, gt=0, description="Seconds between reconnect attempts while the database is unreachable."
+        30,
+        gt=0,
+        le=3600,
+        description="Seconds between reconnect attempts while the database is unreachable.",
     )
 
     @field_validator("url")
@@ -171,11 +205,11 @@ class Metrics(ConfigModel):
 
 
 class Timeouts(ConfigModel):
-    connect: float = Field(10, gt=0, description="Seconds allowed for DNS, TCP and TLS set-up.")
+    connect: float = Field(10, gt=0, le=3600, description="Seconds allowed for DNS, TCP and TLS set-up.")
     first_token: float = Field(
-        60, gt=0, description="Seconds from sending the request to the first token before giving up."
+        60, gt=0, le=3600, description="Seconds from sending the request to the first token before giving up."
     )
-    total: float = Field(300, gt=0, description="Seconds allowed for the whole streamed response.")
+    total: float = Field(300, gt=0, le=3600, description="Seconds allowed for the whole streamed response.")
 
     @model_validator(mode="after")
     def _check_order(self) -> Timeouts:
@@ -241,6 +275,7 @@ class Provider(ConfigModel):
 
     _secret: str | None = PrivateAttr(default=None)
     _auth_source: str = PrivateAttr(default="none")
+    _from_environment: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("base_url")
     @classmethod
@@ -261,12 +296,28 @@ class Provider(ConfigModel):
         """Where the key came from, safe to print: `env OPENAI_API_KEY`, `file /run/key`, or `none`."""
         return self._auth_source
 
-    def with_secret(self, secret: str | None, *, source: str) -> Provider:
-        """A copy carrying `secret`. Kept out of fields so it never reaches repr, dumps or errors."""
+    def with_secret(self, secret: str | None, *, source: str, from_environment: tuple[str, ...] = ()) -> Provider:
+        """A copy carrying `secret`. Kept out of fields so it never reaches repr, dumps or errors.
+
+        `from_environment`: values `${VAR}` put into `base_url` or `headers`, masked like the key.
+        """
         copy = self.model_copy()
         copy._secret = secret
         copy._auth_source = source
+        copy._from_environment = from_environment
         return copy
+
+    def secrets(self) -> tuple[str, ...]:
+        """Everything of this provider's that must never be shown: the key, credential headers' values,
+        credentials in `base_url` (userinfo, key-like query values) and whatever `${VAR}` put into the
+        URL or any header. A literal `X-Debug: true` is no secret: masking it would mask every "true"."""
+        credential_headers = [value for name, value in self.headers.items() if name.lower() in SENSITIVE_HEADERS]
+        found = [self._secret, *credential_headers, *url_credentials(self.base_url), *self._from_environment]
+        return tuple(dict.fromkeys(value for value in found if value))
+
+    def display_url(self) -> str:
+        """`base_url` fit to print, every secret in it masked."""
+        return mask_url(self.base_url, self.secrets())
 
     # Header values often carry credentials via ${VAR}; the live values stay available as `.headers`.
     @field_serializer("headers")
@@ -347,6 +398,7 @@ class Job(ConfigModel):
     jitter_s: float = Field(
         0,
         ge=0,
+        le=86400,
         description="Start each run up to this many seconds late, at random, so jobs do not all fire at :00.",
     )
     targets: list[str] = Field(min_length=1, description="Targets to probe, by name.")
@@ -358,7 +410,7 @@ class Job(ConfigModel):
         le=100,
         description="Unmeasured requests first, so connection set-up and cold caches are not counted.",
     )
-    pause_s: float = Field(1.0, ge=0, description="Seconds to wait between rounds.")
+    pause_s: float = Field(1.0, ge=0, le=3600, description="Seconds to wait between rounds.")
     connection: Literal["reuse", "fresh"] = Field(
         "reuse",
         description="`reuse` keeps connections alive between requests (what clients see when warm); "
@@ -508,7 +560,7 @@ class Receiver(ConfigModel):
     )
     secret_file: UserPath | None = Field(None, description="File holding the receiver's secret.")
     headers: Headers = Field(default_factory=dict, description="Extra HTTP headers; values may use `${VAR}`.")
-    timeout_s: float = Field(10, gt=0, description="Seconds allowed per delivery attempt.")
+    timeout_s: float = Field(10, gt=0, le=300, description="Seconds allowed per delivery attempt.")
 
     _secret: str | None = PrivateAttr(default=None)
     _resolved_url: str | None = PrivateAttr(default=None)
@@ -580,7 +632,9 @@ class Silence(ConfigModel):
     cron: str | None = Field(
         None, description="Start of a recurring window, as a cron expression (needs `duration_s`)."
     )
-    duration_s: float | None = Field(None, gt=0, description="Length of each recurring window in seconds.")
+    duration_s: float | None = Field(
+        None, gt=0, le=366 * 86400, description="Length of each recurring window in seconds."
+    )
     timezone: str = Field("UTC", description="IANA timezone `cron` is read in.")
     comment: str = Field("", description="Why; shown with suppressed alerts.")
 
@@ -622,7 +676,10 @@ class Silence(ConfigModel):
 class Alerts(ConfigModel):
     base_url: str | None = Field(None, description="Public URL of your dashboard, used for links in notifications.")
     renotify_interval_s: float = Field(
-        14400, ge=0, description="Repeat an open incident's notification this often (0 = never)."
+        14400,
+        ge=0,
+        le=30 * 86400,
+        description="Repeat an open incident's notification this often (0 = never).",
     )
     send_resolved: bool = Field(True, description="Also notify when an incident clears.")
     receivers: dict[Name, Receiver] = Field(default_factory=dict, description="Notification destinations, by name.")

@@ -52,9 +52,7 @@ def check_database_url(url: str) -> str:
         return url
     fix = _DRIVER_FIXES.get(scheme.lower())
     if fix:
-        raise ValueError(
-            f"database URL scheme '{scheme}://' needs the async driver: write '{fix}://' instead"
-        )
+        raise ValueError(f"database URL scheme '{scheme}://' needs the async driver: write '{fix}://' instead")
     raise ValueError(f"database URL scheme '{scheme}://' is not supported; {DATABASE_URL_HINT}")
 
 
@@ -78,7 +76,15 @@ def check_listen_address(address: str) -> str:
     host_ok = (host.startswith("[") and host.endswith("]") and ":" in host) or bool(_HOSTNAME.match(host))
     if not sep or not host_ok or not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(
-            f"'{address}' is not HOST:PORT; write e.g. 127.0.0.1:9464, 0.0.0.0:9464 (all interfaces) "
-            "or [::1]:9464"
+            f"'{address}' is not HOST:PORT; write e.g. 127.0.0.1:9464, 0.0.0.0:9464 (all interfaces) or [::1]:9464"
         )
     return address
+
+
+def api_url(base_url: str, path: str) -> str:
+    """`path` appended to the path of `base_url`, before its query string, which is kept.
+
+    `https://host/v1?key=K` + `/chat/completions` is `https://host/v1/chat/completions?key=K`.
+    """
+    parts = urlsplit(base_url)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + path, parts.query, ""))

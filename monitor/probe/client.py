@@ -35,13 +35,16 @@ from aiohttp.client_exceptions import (
 )
 from aiohttp.client_proto import ResponseHandler
 
+from monitor.config.urls import api_url
 from monitor.probe.apis import ApiFlavor, Kind, MalformedEvent, RequestParams
 from monitor.probe.result import ErrorClass, Sample
 from monitor.probe.sse import SSEError, SSEParser
 from monitor.probe.stats import percentile
-from monitor.redact import redact
+from monitor.redact import redact, redact_fields
 
 Clock = Callable[[], int]
+# Sample fields holding text that came from the server (or names its URL).
+SERVER_TEXT_FIELDS = ("error_message", "served_model", "request_id")
 MAX_ERROR_BODY = 2000
 # A body is parsed once it has arrived, once this much is waiting (well below aiohttp's read-buffer
 # high-water mark, 2 x read_bufsize, where it pauses the socket), and at least this often, so an
@@ -67,10 +70,12 @@ class Endpoint:
     headers: dict[str, str] = field(default_factory=dict)
     timeouts: Timeouts = Timeouts()
     ssl: ssl.SSLContext | bool = True
+    # Everything else that must never reach a sample: header values, credentials in base_url.
+    secrets: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
-        return self.base_url.rstrip("/") + self.flavor.path
+        return api_url(self.base_url, self.flavor.path)
 
     def __repr__(self) -> str:  # never show the key
         return f"Endpoint({self.base_url!r}, {self.flavor.name})"
@@ -544,6 +549,8 @@ class ProbeClient:
             await self._run(endpoint, body, headers, stamps, sample)
         finally:
             _current_stamps.reset(token)
+        # Servers echo keys back, in any encoding; nothing of the endpoint's secrets is stored.
+        redact_fields(sample, SERVER_TEXT_FIELDS, (endpoint.api_key, *endpoint.secrets))
         return sample
 
     async def _run(

@@ -11,6 +11,7 @@ from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, Timeouts
 from monitor.probe.prompts import PromptSpec
 from monitor.probe.runner import ProbeTarget
+from monitor.redact import mask_url, url_credentials
 
 
 def ssl_option(*, verify: bool, ca_file: str | None) -> ssl.SSLContext | bool:
@@ -30,6 +31,7 @@ def endpoint_for(provider: Provider) -> Endpoint:
         headers=dict(provider.headers),
         timeouts=Timeouts(connect=timeouts.connect, first_token=timeouts.first_token, total=timeouts.total),
         ssl=ssl_option(verify=provider.tls.verify, ca_file=str(provider.tls.ca_file) if provider.tls.ca_file else None),
+        secrets=provider.secrets(),
     )
 
 
@@ -84,14 +86,18 @@ def adhoc_target(
     verify: bool = True,
     ca_file: str | None = None,
 ) -> ProbeTarget:
+    secrets = tuple(url_credentials(url))
     endpoint = Endpoint(
         base_url=url.rstrip("/"),
         flavor=FLAVORS[api],
         api_key=api_key,
         timeouts=timeouts,
         ssl=ssl_option(verify=verify, ca_file=ca_file),
+        secrets=secrets,
     )
     params = RequestParams(
         model=model, max_tokens=max_tokens, temperature=0.0, extra_body=extra_body, include_usage=include_usage
     )
-    return ProbeTarget(name=model, provider=url, endpoint=endpoint, params=params)
+    # The URL names the provider in tables, metrics and the database: never with its credentials.
+    provider = mask_url(url, (api_key, *secrets))
+    return ProbeTarget(name=model, provider=provider, endpoint=endpoint, params=params)
