@@ -19,6 +19,8 @@ class ErrorClass(StrEnum):
     TIMEOUT_CONNECT = "timeout_connect"
     TIMEOUT_FIRST_TOKEN = "timeout_first_token"
     TIMEOUT_TOTAL = "timeout_total"
+    PROTOCOL = "protocol"
+    REDIRECT = "redirect"
     AUTH = "auth"
     MODEL_NOT_FOUND = "model_not_found"
     RATE_LIMITED = "rate_limited"
