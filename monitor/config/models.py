@@ -211,6 +211,12 @@ class Provider(ConfigModel):
         description="Ask for token counts in the stream (`stream_options.include_usage`). Switch off for "
         "servers that reject the option.",
     )
+    follow_redirects: bool = Field(
+        False,
+        description="Follow 307 and 308 redirects (up to 5), repeating the POST with its key to the new "
+        "address. Off: a redirect is recorded as error `redirect` with its `Location`. 301, 302 and 303 are "
+        "never followed (they would turn the POST into a GET).",
+    )
 
     _secret: str | None = PrivateAttr(default=None)
     _auth_source: str = PrivateAttr(default="none")

@@ -30,6 +30,7 @@ def endpoint_for(provider: Provider) -> Endpoint:
         headers=dict(provider.headers),
         timeouts=Timeouts(connect=timeouts.connect, first_token=timeouts.first_token, total=timeouts.total),
         ssl=ssl_option(verify=provider.tls.verify, ca_file=str(provider.tls.ca_file) if provider.tls.ca_file else None),
+        follow_redirects=provider.follow_redirects,
     )
 
 
