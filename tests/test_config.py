@@ -264,7 +264,8 @@ def test_it_rejects_an_unknown_api() -> None:
     data = base()
     data["providers"]["sim"]["api"] = "openai"
     assert problems(data) == [
-        "config.yaml: providers.sim.api: 'openai' is not one of openai-chat, openai-completions, anthropic-messages"
+        "config.yaml: providers.sim.api: 'openai' is not one of openai-chat, openai-completions, anthropic-messages, "
+        "openai-responses, gemini"
     ]
 
 

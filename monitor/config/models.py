@@ -181,9 +181,11 @@ class Provider(ConfigModel):
         description="API base URL including the version prefix, e.g. `https://api.openai.com/v1`. "
         "A trailing slash is removed."
     )
-    api: Literal["openai-chat", "openai-completions", "anthropic-messages"] = Field(
-        description="Wire protocol: `openai-chat` (/chat/completions), `openai-completions` (/completions) "
-        "or `anthropic-messages` (/messages)."
+    api: Literal["openai-chat", "openai-completions", "anthropic-messages", "openai-responses", "gemini"] = Field(
+        description="Wire protocol: `openai-chat` (/chat/completions), `openai-completions` (/completions), "
+        "`anthropic-messages` (/messages), `openai-responses` (/responses) or `gemini` "
+        "(/models/MODEL:streamGenerateContent?alt=sse, base_url e.g. "
+        "`https://generativelanguage.googleapis.com/v1beta`)."
     )
     api_key_env: EnvName = Field(
         None,
@@ -230,6 +232,24 @@ class Provider(ConfigModel):
     def _check_one_key_source(self) -> Provider:
         if self.api_key_env is not None and self.api_key_file is not None:
             raise ValueError("set either api_key_env or api_key_file, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _check_gemini_streams_events(self) -> Provider:
+        # Without alt=sse Gemini answers with one JSON array, not events: the probe always adds it.
+        if self.api != "gemini":
+            return self
+        path, _, query = self.base_url.partition("?")
+        if ":streamGenerateContent" in path or ":generateContent" in path or "/models/" in path:
+            raise ValueError(
+                "api gemini: base_url must stop before /models/..., e.g. "
+                "https://generativelanguage.googleapis.com/v1beta (the probe adds the model and ?alt=sse)"
+            )
+        if any(part.split("=", 1)[0].lower() == "alt" for part in query.split("&") if part):
+            raise ValueError(
+                "api gemini: remove alt= from base_url; the probe always asks for alt=sse, without which "
+                "Gemini sends a JSON array instead of events"
+            )
         return self
 
     def secret(self) -> str | None:

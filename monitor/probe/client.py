@@ -88,6 +88,13 @@ class Endpoint:
     def url(self) -> str:
         return self.base_url.rstrip("/") + self.flavor.path
 
+    def url_for(self, params: RequestParams) -> str:
+        """The request URL: the API's path goes before any query in base_url, and the queries merge."""
+        base, _, base_query = self.base_url.partition("?")
+        path, _, own_query = self.flavor.path_for(params).partition("?")
+        query = "&".join(part for part in (own_query, base_query) if part)
+        return base.rstrip("/") + path + (f"?{query}" if query else "")
+
     def __repr__(self) -> str:  # never show the key
         return f"Endpoint({self.base_url!r}, {self.flavor.name})"
 
@@ -423,6 +430,7 @@ class _EventReader:
         self.token_stamps: list[int] = []
         self.first_event: int | None = None
         self.first_answer: int | None = None
+        self.first_tool_call: int | None = None
         self.done = False
         self.stopped = False  # an error event ended the stream; later bytes are ignored
 
@@ -449,11 +457,15 @@ class _EventReader:
             if info.completion_tokens is not None:
                 sample.completion_tokens = info.completion_tokens
             kind = info.kind
-            if kind is Kind.ANSWER or kind is Kind.REASONING:
+            if kind is Kind.ANSWER or kind is Kind.REASONING or kind is Kind.TOOL_CALL:
                 self.token_stamps.append(arrived)
-                if kind is Kind.ANSWER and self.first_answer is None:
+                if kind is not Kind.REASONING and self.first_answer is None:
                     self.first_answer = arrived
+                if kind is Kind.TOOL_CALL and self.first_tool_call is None:
+                    self.first_tool_call = arrived
             elif kind is Kind.DONE:
+                self.done = True
+            if info.finished:
                 self.done = True
             elif kind is Kind.ERROR:
                 sample.error = ErrorClass.STREAM_ERROR
@@ -681,7 +693,7 @@ class ProbeClient:
         stamps = _Stamps()
         token = _current_stamps.set(stamps)
         try:
-            await self._run(endpoint, body, headers, stamps, sample)
+            await self._run(endpoint, endpoint.url_for(params), body, headers, stamps, sample)
         finally:
             _current_stamps.reset(token)
         return sample
@@ -689,6 +701,7 @@ class ProbeClient:
     async def _run(
         self,
         endpoint: Endpoint,
+        url: str,
         body: bytes,
         headers: dict[str, str],
         stamps: _Stamps,
@@ -705,7 +718,7 @@ class ProbeClient:
         headers_at: int | None = None
         try:
             async with asyncio.timeout_at(start_loop_time + timeouts.first_token) as deadline:
-                resp = await self._send(endpoint, body, headers)
+                resp = await self._send(endpoint, url, body, headers)
                 stamping = _stamping_protocol(resp)
                 headers_at = _head_arrival(resp, stamping)
                 phase = ErrorClass.TIMEOUT_FIRST_TOKEN
@@ -763,14 +776,16 @@ class ProbeClient:
         finally:
             self._finish(sample, endpoint, stamps, headers_at, reader)
 
-    async def _send(self, endpoint: Endpoint, body: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+    async def _send(
+        self, endpoint: Endpoint, first_url: str, body: bytes, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
         """POST and return the response once its head is in; 307/308 followed only when the provider says so.
 
         aiohttp's own following is off: it turns a POST into a GET on 301/302 and would report the
         new host's answer as the endpoint's.
         """
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=endpoint.timeouts.connect)
-        url: str | URL = endpoint.url
+        url: str | URL = first_url
         for hop in range(MAX_REDIRECTS + 1):
             try:
                 resp = await self._session.post(
