@@ -932,3 +932,108 @@ def test_following_redirects_is_a_per_provider_setting_off_by_default(configured
 
     provider = Provider.model_validate({"base_url": "http://127.0.0.1:1/v1", "api": "openai-chat", **configured})
     assert endpoint_for(provider).follow_redirects is expected
+
+
+# --- what the server says about itself, and tool calls ---------------------------------------------
+
+
+async def test_the_servers_own_headers_are_kept_with_the_sample(serve) -> None:
+    headers = {
+        "openai-processing-ms": "412",
+        "x-ratelimit-remaining-requests": "9999",
+        "x-ratelimit-remaining-tokens": "1499850",
+        "server-timing": "gfet4t7; dur=245",
+        "request-id": "req_ignored_when_x_request_id_is_there",
+    }
+    sample = await probe(await serve(streaming_handler([(0, content("a")), (0, DONE)], headers=headers)))
+    assert sample.ok, sample.error_message
+    assert sample.request_id == "req-42"
+    assert sample.server_processing_ms == 412.0
+    assert (sample.ratelimit_remaining_requests, sample.ratelimit_remaining_tokens) == (9999, 1499850)
+    assert sample.server_timing == "gfet4t7; dur=245"
+    assert sample.retry_after is None
+
+
+async def test_a_429_keeps_its_retry_after_and_odd_header_values_are_dropped(serve) -> None:
+    headers = {
+        "Retry-After": "20",
+        "openai-processing-ms": "nan",
+        "x-ratelimit-remaining-requests": "-1",
+        "x-ratelimit-remaining-tokens": "lots",
+        "server-timing": "x" * 5000,
+    }
+    sample = await probe(await serve(error_handler(429, {"error": {"message": "slow down"}}, headers)))
+    assert sample.error is ErrorClass.RATE_LIMITED
+    assert sample.retry_after == "20"
+    assert sample.server_processing_ms is None
+    assert (sample.ratelimit_remaining_requests, sample.ratelimit_remaining_tokens) == (None, None)
+    assert sample.server_timing is not None and len(sample.server_timing) == 300
+
+
+def tool_call_delta(arguments: str, *, first: bool = False) -> bytes:
+    call: dict[str, object] = {"index": 0, "function": {"arguments": arguments}}
+    if first:
+        call.update(id="call_1", type="function", function={"name": "get_weather", "arguments": arguments})
+    return chunk({"tool_calls": [call]})
+
+
+async def test_the_first_tool_call_token_is_timed_beside_ttft(serve) -> None:
+    script = [
+        (0, ROLE),
+        (0.04, content("Let me look that up.")),
+        (0.06, tool_call_delta("", first=True)),
+        (0.02, tool_call_delta('{"city": "Par')),
+        (0, tool_call_delta('is"}')),
+        (0, DONE),
+    ]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.ok, sample.error_message
+    assert sample.ttft_ms is not None and 40 <= sample.ttft_ms < 90
+    assert sample.first_tool_call_ms is not None and 100 <= sample.first_tool_call_ms < 170
+    assert sample.token_events == 4
+
+
+async def test_without_a_tool_call_there_is_no_tool_call_time(serve) -> None:
+    sample = await probe(await serve(streaming_handler([(0, ROLE), (0, content("a")), (0, DONE)])))
+    assert sample.ok and sample.first_tool_call_ms is None
+
+
+@pytest.mark.parametrize(
+    ("api", "events"),
+    [
+        (
+            "anthropic-messages",
+            [
+                b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+                b'"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}\n\n',
+                b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                b'"delta":{"type":"input_json_delta","partial_json":"{\\"city\\": "}}\n\n',
+                b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+            ],
+        ),
+        (
+            "openai-responses",
+            [
+                b'event: response.output_item.added\ndata: {"type":"response.output_item.added","output_index":0,'
+                b'"item":{"type":"function_call","id":"fc_1","call_id":"call_1","name":"get_weather","arguments":""}}\n\n',
+                b"event: response.function_call_arguments.delta\n"
+                b'data: {"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,'
+                b'"delta":"{\\"city\\":"}\n\n',
+                b'event: response.completed\ndata: {"type":"response.completed","response":{"status":"completed"}}\n\n',
+            ],
+        ),
+        (
+            "gemini",
+            [
+                b'data: {"candidates":[{"content":{"parts":[{"functionCall":{"name":"get_weather",'
+                b'"args":{"city":"Paris"}}}],"role":"model"},"finishReason":"STOP","index":0}]}\r\n\r\n',
+            ],
+        ),
+    ],
+)
+async def test_a_tool_call_is_timed_in_every_api_with_tools(serve, api: str, events: list[bytes]) -> None:
+    script: Script = [(0.05, events[0]), *[(0, event) for event in events[1:]]]
+    sample = await probe(await serve(streaming_handler(script)), api=api)
+    assert sample.ok, sample.error_message
+    assert sample.first_tool_call_ms is not None and sample.first_tool_call_ms >= 50
+    assert sample.first_tool_call_ms == sample.ttft_ms == sample.ttfa_ms

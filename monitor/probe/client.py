@@ -16,6 +16,7 @@ import contextvars
 import functools
 import itertools
 import json
+import math
 import socket
 import ssl
 import time
@@ -637,6 +638,36 @@ def _head_arrival(resp: aiohttp.ClientResponse, protocol: _StampingProtocol | No
     return stamp if stamp is not None else time.perf_counter_ns()
 
 
+HEADER_TEXT_CAP = 300
+
+
+def _header_text(value: str | None) -> str | None:
+    return value[:HEADER_TEXT_CAP] if value else None
+
+
+def _header_number(value: str | None) -> float | None:
+    try:
+        number = float(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) and number >= 0 else None
+
+
+def _header_count(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() and len(value) < 19 else None
+
+
+def _record_server_headers(headers: Any, sample: Sample) -> None:
+    """What the server says about itself, when it does: kept per sample to tell where the time went."""
+    get = headers.get
+    sample.request_id = _header_text(get("x-request-id") or get("request-id"))
+    sample.server_processing_ms = _header_number(get("openai-processing-ms"))
+    sample.ratelimit_remaining_requests = _header_count(get("x-ratelimit-remaining-requests"))
+    sample.ratelimit_remaining_tokens = _header_count(get("x-ratelimit-remaining-tokens"))
+    sample.retry_after = _header_text(get("retry-after"))
+    sample.server_timing = _header_text(get("server-timing"))
+
+
 def _tokens(reader: _EventReader | None) -> int:
     return len(reader.token_stamps) if reader is not None else 0
 
@@ -724,7 +755,7 @@ class ProbeClient:
                 phase = ErrorClass.TIMEOUT_FIRST_TOKEN
                 async with resp:
                     sample.http_status = resp.status
-                    sample.request_id = resp.headers.get("x-request-id") or resp.headers.get("request-id")
+                    _record_server_headers(resp.headers, sample)
                     if resp.status >= 400:
                         await self._record_http_error(resp, endpoint, sample)
                         return
@@ -815,6 +846,7 @@ class ProbeClient:
         token_stamps = reader.token_stamps if reader is not None else []
         first_event = reader.first_event if reader is not None else None
         first_answer = reader.first_answer if reader is not None else None
+        first_tool_call = reader.first_tool_call if reader is not None else None
         done = reader.done if reader is not None else False
         sent = stamps.sent if stamps.sent is not None else stamps.request_start
         sample.sent_mono_ns = sent
@@ -833,6 +865,7 @@ class ProbeClient:
         if token_stamps:
             sample.ttft_ms = _ms(sent, token_stamps[0])
             sample.ttfa_ms = _ms(sent, first_answer)
+            sample.first_tool_call_ms = _ms(sent, first_tool_call)
             sample.token_events = len(token_stamps)
             if len(token_stamps) > 1:
                 gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
