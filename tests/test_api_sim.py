@@ -50,6 +50,7 @@ async def probe(
     max_tokens: int = 16,
     prompt: str = "Say hello to the monitor, briefly.",
     api_key: str = "sim-key-0123456789",
+    force_tool_call: bool = False,
 ) -> Sample:
     endpoint = Endpoint(
         server.url + VERSION.get(api, "/v1"),
@@ -57,7 +58,14 @@ async def probe(
         api_key=api_key,
         timeouts=Timeouts(connect=2, first_token=5, total=10),
     )
-    params = RequestParams(model=model, max_tokens=max_tokens, temperature=0.0, extra_body={}, include_usage=True)
+    params = RequestParams(
+        model=model,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body={},
+        include_usage=True,
+        force_tool_call=force_tool_call,
+    )
     sample = Sample(target="t", model=model, api=api, prompt="p", round=1)
     async with ProbeClient() as client:
         return await client.probe(endpoint, params, prompt, sample)
@@ -155,3 +163,47 @@ async def test_gemini_without_alt_sse_answers_one_json_array(server: RunningSimu
 async def test_the_new_apis_need_the_key(server: RunningSimulator, api: str) -> None:
     sample = await probe(server, api, api_key="wrong")
     assert sample.error is ErrorClass.AUTH, sample.error_message
+
+
+TOOL_APIS = ["openai-chat", "anthropic-messages", "openai-responses", "gemini"]
+
+
+@pytest.mark.parametrize("api", TOOL_APIS)
+async def test_a_forced_tool_call_is_timed_in_every_api_with_tools(server: RunningSimulator, api: str) -> None:
+    # The simulator answers with a tool call only when the request offers the tool and requires it,
+    # so this also checks each API's request shape.
+    sample = await probe(server, api, force_tool_call=True)
+    assert sample.ok, sample.error_message
+    assert sample.first_tool_call_ms is not None
+    assert sample.first_tool_call_ms == sample.ttft_ms
+    assert TTFT_MS <= sample.first_tool_call_ms < TTFT_MS + 40
+
+
+@pytest.mark.parametrize("api", TOOL_APIS)
+async def test_reasoning_before_a_tool_call_is_time_the_tool_call_waits_for(server: RunningSimulator, api: str) -> None:
+    sample = await probe(server, api, "thinker", force_tool_call=True)
+    assert sample.ok, sample.error_message
+    assert sample.ttft_ms is not None and sample.first_tool_call_ms is not None
+    assert sample.first_tool_call_ms > sample.ttft_ms
+
+
+@pytest.mark.parametrize("api", ALL_APIS)
+async def test_without_forcing_there_is_no_tool_call(server: RunningSimulator, api: str) -> None:
+    sample = await probe(server, api)
+    assert sample.ok and sample.first_tool_call_ms is None
+
+
+async def test_a_prompt_profile_with_tool_call_forces_it_through_the_runner(server: RunningSimulator) -> None:
+    from monitor.probe.prompts import Calibration, PromptFactory, PromptSpec
+    from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan, run_plan
+
+    endpoint = Endpoint(server.url + "/v1", FLAVORS["openai-chat"], api_key="sim-key-0123456789")
+    params = RequestParams(model="plain", max_tokens=16, temperature=0.0, extra_body={}, include_usage=True)
+    target = ProbeTarget(name="plain", provider="sim", endpoint=endpoint, params=params)
+    specs = (PromptSpec("plain-text", 128), PromptSpec("tool", 128, tool_call=True))
+    plan = RunPlan(targets=(target,), prompts=specs, rounds=1, warmup=0, pause_s=0)
+    async with ProbeClient() as client:
+        samples = await run_plan(plan, client=client, limits=ProviderLimits({}), prompts=PromptFactory(Calibration()))
+    by_prompt = {sample.prompt: sample for sample in samples}
+    assert by_prompt["tool"].ok and by_prompt["tool"].first_tool_call_ms is not None
+    assert by_prompt["plain-text"].ok and by_prompt["plain-text"].first_tool_call_ms is None

@@ -316,6 +316,12 @@ class PromptProfile(ConfigModel):
         "`warm` repeats "
         "it so they can (cached TTFT).",
     )
+    tool_call: bool = Field(
+        False,
+        description="Offer one function and require it (`tool_choice`), so the answer is a tool call and "
+        "`first_tool_call_ms` is recorded beside `ttft_ms`. For every API with tools (not "
+        "`openai-completions`).",
+    )
 
 
 # ---------------------------------------------------------------- jobs

@@ -44,6 +44,17 @@ class RequestParams:
     temperature: float
     extra_body: dict[str, Any]
     include_usage: bool
+    force_tool_call: bool = False  # offer TOOL and require it (tool_choice), in the API's own shape
+
+
+# The one function a forced tool call offers; its arguments are the answer, so any model can call it.
+TOOL_NAME = "record_summary"
+TOOL_DESCRIPTION = "Record a one-sentence summary of the text."
+TOOL_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "description": "The summary."}},
+    "required": ["summary"],
+}
 
 
 class ApiFlavor(Protocol):

@@ -9,6 +9,9 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from monitor.probe.api_base import (
+    TOOL_DESCRIPTION,
+    TOOL_NAME,
+    TOOL_PARAMETERS,
     ApiFlavor,
     EventInfo,
     FixedPath,
@@ -80,6 +83,10 @@ class OpenAIChat(_OpenAIBase):
     def build_body(self, prompt: str, params: RequestParams) -> dict[str, Any]:
         body = self._common(params)
         body["messages"] = [{"role": "user", "content": prompt}]
+        if params.force_tool_call:
+            function = {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": TOOL_PARAMETERS}
+            body["tools"] = [{"type": "function", "function": function}]
+            body["tool_choice"] = {"type": "function", "function": {"name": TOOL_NAME}}
         return merge_extra(body, params.extra_body)
 
     def _choice_kind(self, choice: dict[str, Any]) -> Kind:
@@ -128,6 +135,9 @@ class AnthropicMessages(FixedPath):
             "temperature": params.temperature,
             "messages": [{"role": "user", "content": prompt}],
         }
+        if params.force_tool_call:
+            body["tools"] = [{"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "input_schema": TOOL_PARAMETERS}]
+            body["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
         return merge_extra(body, params.extra_body)
 
     def classify(self, event: SSEEvent) -> EventInfo:

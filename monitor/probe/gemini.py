@@ -10,7 +10,18 @@ from __future__ import annotations
 from typing import Any, ClassVar
 from urllib.parse import quote
 
-from monitor.probe.api_base import EventInfo, Kind, MalformedEvent, RequestParams, error_text, load_event, merge_extra
+from monitor.probe.api_base import (
+    TOOL_DESCRIPTION,
+    TOOL_NAME,
+    TOOL_PARAMETERS,
+    EventInfo,
+    Kind,
+    MalformedEvent,
+    RequestParams,
+    error_text,
+    load_event,
+    merge_extra,
+)
 from monitor.probe.sse import SSEEvent
 
 # Ends that are a normal answer; any other finishReason (SAFETY, RECITATION, ...) is an error.
@@ -33,6 +44,10 @@ class Gemini:
             "contents": [{"role": "user", "parts": [{"text": prompt}]}],
             "generationConfig": {"maxOutputTokens": params.max_tokens, "temperature": params.temperature},
         }
+        if params.force_tool_call:
+            declaration = {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": TOOL_PARAMETERS}
+            body["tools"] = [{"functionDeclarations": [declaration]}]
+            body["toolConfig"] = {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [TOOL_NAME]}}
         return merge_extra(body, params.extra_body)
 
     def classify(self, event: SSEEvent) -> EventInfo:

@@ -10,7 +10,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from monitor.probe.api_base import EventInfo, FixedPath, Kind, RequestParams, error_text, load_event, merge_extra
+from monitor.probe.api_base import (
+    TOOL_DESCRIPTION,
+    TOOL_NAME,
+    TOOL_PARAMETERS,
+    EventInfo,
+    FixedPath,
+    Kind,
+    RequestParams,
+    error_text,
+    load_event,
+    merge_extra,
+)
 from monitor.probe.sse import SSEEvent
 
 _ANSWER = frozenset({"response.output_text.delta", "response.refusal.delta"})
@@ -47,6 +58,11 @@ class OpenAIResponses(FixedPath):
             "temperature": params.temperature,
             "store": False,
         }
+        if params.force_tool_call:
+            body["tools"] = [
+                {"type": "function", "name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": TOOL_PARAMETERS}
+            ]
+            body["tool_choice"] = {"type": "function", "name": TOOL_NAME}
         return merge_extra(body, params.extra_body)
 
     def classify(self, event: SSEEvent) -> EventInfo:

@@ -69,7 +69,9 @@ class Endpoints:
 
 
 def prompt_spec(name: str, profile: PromptProfile) -> PromptSpec:
-    return PromptSpec(name=name, tokens=profile.tokens, language=profile.language, cache=profile.cache)
+    return PromptSpec(
+        name=name, tokens=profile.tokens, language=profile.language, cache=profile.cache, tool_call=profile.tool_call
+    )
 
 
 def adhoc_target(

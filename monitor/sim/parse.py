@@ -24,6 +24,22 @@ class SimRequest:
     has_stream_options: bool
     # What the request says about thinking; None leaves it to the model's default.
     thinking: bool | None
+    # The request offers tools and requires one (tool_choice): the answer streams as a tool call.
+    tool_call: bool = False
+
+
+def forces_tool_call(body: Mapping[str, Any]) -> bool:
+    """tool_choice (or Gemini's functionCallingConfig) requiring a tool, with tools offered, in any API's shape."""
+    if not body.get("tools"):
+        return False
+    choice = body.get("tool_choice")
+    if choice in ("required", "any"):
+        return True
+    if isinstance(choice, Mapping) and choice.get("type") in ("function", "tool", "any"):
+        return True
+    config = body.get("toolConfig")
+    calling = config.get("functionCallingConfig") if isinstance(config, Mapping) else None
+    return isinstance(calling, Mapping) and calling.get("mode") == "ANY"
 
 
 def load_json(raw: bytes) -> Mapping[str, Any]:
@@ -127,6 +143,7 @@ def parse_chat(body: Mapping[str, Any]) -> SimRequest:
         include_usage=include_usage,
         has_stream_options=has_options,
         thinking=thinking,
+        tool_call=forces_tool_call(body),
     )
 
 
@@ -169,6 +186,7 @@ def parse_messages(body: Mapping[str, Any]) -> SimRequest:
         include_usage=True,
         has_stream_options=False,
         thinking=thinking,
+        tool_call=forces_tool_call(body),
     )
 
 
@@ -211,6 +229,7 @@ def parse_responses(body: Mapping[str, Any]) -> SimRequest:
         include_usage=True,
         has_stream_options=False,
         thinking=thinking,
+        tool_call=forces_tool_call(body),
     )
 
 
@@ -243,4 +262,5 @@ def parse_gemini(body: Mapping[str, Any], *, model: str, stream: bool) -> SimReq
         include_usage=True,
         has_stream_options=False,
         thinking=thinking,
+        tool_call=forces_tool_call(body),
     )

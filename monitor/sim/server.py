@@ -360,13 +360,23 @@ class _Routes:
         rid = job.stamp.request_id
         if job.api is _RESPONSES:
             return responses_wire.ResponsesWire(
-                response_id=f"resp_{rid}", created=job.created, model=job.body.model, thinking=job.thinking
+                response_id=f"resp_{rid}",
+                created=job.created,
+                model=job.body.model,
+                thinking=job.thinking,
+                tool_call=job.body.tool_call,
             )
         if job.api is _GEMINI:
-            return gemini_wire.GeminiWire(response_id=rid, model=job.body.model, usage=job.usage)
+            return gemini_wire.GeminiWire(
+                response_id=rid, model=job.body.model, usage=job.usage, tool_call=job.body.tool_call
+            )
         if job.api is _MESSAGES:
             return anthropic_wire.MessagesWire(
-                message_id=f"msg_{rid}", model=job.body.model, thinking=job.thinking, usage=job.usage
+                message_id=f"msg_{rid}",
+                model=job.body.model,
+                thinking=job.thinking,
+                usage=job.usage,
+                tool_call=job.body.tool_call,
             )
         if job.api is _COMPLETIONS:
             return openai_wire.CompletionWire(
@@ -381,6 +391,7 @@ class _Routes:
             model=job.body.model,
             reasoning_field=job.profile.reasoning_field,
             include_usage=job.body.include_usage,
+            tool_call=job.body.tool_call,
         )
 
     async def _prefill(self, job: _Job, write: Callable[[bytes], Awaitable[None]]) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from monitor.sim.plan import OutputPlan
-from monitor.sim.wire import Usage, dumps, slot, split_template
+from monitor.sim.wire import TOOL_NAME, Usage, dumps, slot, split_template
 
 # The API's own error message for an internal error.
 INTERNAL_ERROR = "An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting"
@@ -45,7 +45,10 @@ def _finish_reason(finished: bool) -> str:
 
 
 class GeminiWire:
-    def __init__(self, *, response_id: str, model: str, usage: Usage) -> None:
+    def __init__(self, *, response_id: str, model: str, usage: Usage, tool_call: bool = False) -> None:
+        # Gemini sends a function call whole, in one part: the first answer token brings it.
+        self._tool_call = tool_call
+        self._answer: list[str] = []
         self._tail = {"modelVersion": model, "responseId": response_id}
         self._prompt_usage = {"promptTokenCount": usage.prompt_tokens, "totalTokenCount": usage.prompt_tokens}
         self._thoughts = 0
@@ -72,6 +75,11 @@ class GeminiWire:
         return b""
 
     def answer(self, piece: str) -> bytes:
+        if self._tool_call:
+            self._answer.append(piece)
+            if len(self._answer) > 1:
+                return b""
+            return self._chunk({"functionCall": {"name": TOOL_NAME, "args": {"summary": piece}}}).encode()
         head, tail = self._text
         return head + dumps(piece).encode() + tail
 

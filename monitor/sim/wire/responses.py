@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from monitor.sim.plan import OutputPlan
-from monitor.sim.wire import Usage, dumps
+from monitor.sim.wire import TOOL_NAME, Usage, dumps, tool_arguments
 
 
 def usage_json(usage: Usage, *, reasoning_tokens: int = 0) -> dict[str, Any]:
@@ -25,7 +25,9 @@ def usage_json(usage: Usage, *, reasoning_tokens: int = 0) -> dict[str, Any]:
 class ResponsesWire:
     """created, in_progress, a reasoning item when thinking, a message item, completed or incomplete."""
 
-    def __init__(self, *, response_id: str, created: int, model: str, thinking: bool) -> None:
+    def __init__(self, *, response_id: str, created: int, model: str, thinking: bool, tool_call: bool = False) -> None:
+        self._tool_call = tool_call
+        self._call_id = f"fc_{response_id}"
         self._id = response_id
         self._created = created
         self._model = model
@@ -71,6 +73,16 @@ class ResponsesWire:
         }
 
     def _message_start(self) -> bytes:
+        if self._tool_call:
+            call = {
+                "id": self._call_id,
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": f"call_{self._id}",
+                "name": TOOL_NAME,
+                "arguments": "",
+            }
+            return self._event("response.output_item.added", {"output_index": self._message_index, "item": call})
         item = {"id": self._message_id, "type": "message", "status": "in_progress", "role": "assistant", "content": []}
         part = {"type": "output_text", "text": "", "annotations": []}
         return self._event(
@@ -105,10 +117,34 @@ class ResponsesWire:
         return self._event("response.output_item.done", {"output_index": 0, "item": item}) + self._message_start()
 
     def answer(self, piece: str) -> bytes:
+        if self._tool_call:
+            arguments = tool_arguments(piece, first=not self._answer)
+            self._answer.append(arguments)
+            return self._event(
+                "response.function_call_arguments.delta",
+                {"item_id": self._call_id, "output_index": self._message_index, "delta": arguments},
+            )
         self._answer.append(piece)
         return self._delta("response.output_text.delta", self._answer_head, piece)
 
+    def _closing_items(self) -> bytes:
+        arguments = "".join(self._answer)
+        where = {"item_id": self._call_id, "output_index": self._message_index}
+        item = {
+            "id": self._call_id,
+            "type": "function_call",
+            "status": "completed",
+            "call_id": f"call_{self._id}",
+            "name": TOOL_NAME,
+            "arguments": arguments,
+        }
+        return self._event("response.function_call_arguments.done", {**where, "arguments": arguments}) + self._event(
+            "response.output_item.done", {"output_index": self._message_index, "item": item}
+        )
+
     def closing(self, *, finished: bool, usage: Usage) -> bytes:
+        if self._tool_call:
+            return self._end(self._closing_items(), finished=finished, usage=usage)
         text = "".join(self._answer)
         part = {"type": "output_text", "text": text, "annotations": []}
         where = {"item_id": self._message_id, "output_index": self._message_index, "content_index": 0}
@@ -122,6 +158,9 @@ class ResponsesWire:
         out = self._event("response.output_text.done", {**where, "text": text})
         out += self._event("response.content_part.done", {**where, "part": part})
         out += self._event("response.output_item.done", {"output_index": self._message_index, "item": item})
+        return self._end(out, finished=finished, usage=usage)
+
+    def _end(self, out: bytes, *, finished: bool, usage: Usage) -> bytes:
         usage_obj = usage_json(usage, reasoning_tokens=len(self._reasoning))
         if finished:
             return out + self._event("response.completed", {"response": self._response("completed", usage=usage_obj)})
