@@ -336,6 +336,7 @@ class _Inflater:
         self._decoded = 0
         self._consumed = 0  # compressed bytes the decoder has taken
         self._inflate: Any = None  # made on the first bytes: deflate may come with or without its zlib header
+        self._first = b""
 
     def _new(self, first: bytes) -> Any:
         if self.encoding == "gzip":
@@ -360,6 +361,10 @@ class _Inflater:
             )
 
     def feed(self, data: bytes) -> Iterator[bytes]:
+        if self._inflate is None and self.encoding == "deflate" and len(self._first + data) < 2:
+            self._first += data  # not enough to tell a zlib header from raw deflate yet
+            return
+        data, self._first = self._first + data, b""
         try:
             while data:
                 if self._inflate is None:
