@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--api",
         default="openai-chat",
-        choices=["openai-chat", "openai-completions", "anthropic-messages"],
+        choices=["openai-chat", "openai-completions", "anthropic-messages", "openai-responses", "gemini"],
         help="API of --url (default: openai-chat)",
     )
     what.add_argument("--model", help="model name for --url")

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gzip
 import json
+import socket
 import ssl
 import subprocess
+import tracemalloc
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -93,8 +98,11 @@ async def probe(
     fresh: bool = False,
     ssl_option: ssl.SSLContext | bool = True,
     client: ProbeClient | None = None,
+    follow_redirects: bool = False,
 ) -> Sample:
-    endpoint = Endpoint(base_url, FLAVORS[api], api_key=api_key, timeouts=timeouts, ssl=ssl_option)
+    endpoint = Endpoint(
+        base_url, FLAVORS[api], api_key=api_key, timeouts=timeouts, ssl=ssl_option, follow_redirects=follow_redirects
+    )
     sample = Sample(target="t", model="m", api=api, prompt="p", round=1)
     if client is not None:
         return await client.probe(endpoint, PARAMS, "hello", sample)
@@ -621,3 +629,431 @@ def test_body_bytes_get_the_time_they_arrived(chunk, offset, arrivals, expected)
     from monitor.probe.client import _stamped_pieces
 
     assert _stamped_pieces(chunk, offset, deque(arrivals), 99) == expected
+
+
+# --- compressed bodies ----------------------------------------------------------------------------
+
+
+def compressor(encoding: str):
+    """A zlib compressor for the Content-Encoding: gzip, deflate (zlib-wrapped) or raw deflate."""
+    wbits = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS, "raw-deflate": -zlib.MAX_WBITS}[encoding]
+    return zlib.compressobj(6, zlib.DEFLATED, wbits)
+
+
+def encoded_head(encoding: str, *, ctype: str = "text/event-stream", status: str = "200 OK") -> bytes:
+    header = encoding.removeprefix("raw-")
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Encoding: {header}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw-deflate"])
+async def test_a_compressed_stream_is_decoded_and_stamped_when_its_compressed_bytes_arrived(
+    raw_serve, encoding: str
+) -> None:
+    # Each event is flushed, as a compressing server does for SSE; the token's time is the arrival
+    # of the compressed bytes that carry it.
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        packer = compressor(encoding)
+        first = packer.compress(ROLE) + packer.flush(zlib.Z_SYNC_FLUSH)
+        writer.write(encoded_head(encoding) + http_chunks(first, 4096))
+        await writer.drain()
+        for text in ("Hi", " there"):
+            await asyncio.sleep(0.1)
+            writer.write(http_chunks(packer.compress(content(text)) + packer.flush(zlib.Z_SYNC_FLUSH), 4096))
+            await writer.drain()
+        writer.write(http_chunks(packer.compress(DONE) + packer.flush(), 4096) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    sample = await probe(await raw_serve(answer))
+    assert sample.ok, sample.error_message
+    assert sample.token_events == 2
+    assert sample.first_event_ms is not None and sample.first_event_ms < 50
+    assert sample.ttft_ms is not None and 100 <= sample.ttft_ms < 180
+    assert sample.gap_max_ms is not None and 80 <= sample.gap_max_ms < 180
+
+
+async def test_a_compressed_body_that_comes_with_the_head_keeps_its_arrival_stamp(raw_serve) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(0.05)
+        whole = gzip.compress(ROLE + content("a") + DONE)
+        writer.write(encoded_head("gzip") + http_chunks(whole, 4096) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    sample = await probe(await raw_serve(answer))
+    assert sample.ok, sample.error_message
+    assert sample.ttft_ms is not None and sample.ttft_ms >= 50
+    assert sample.ttft_ms == sample.ttfb_ms
+
+
+async def test_the_probe_asks_for_the_encodings_it_decodes(serve) -> None:
+    seen: list[str] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("Accept-Encoding", ""))
+        return await streaming_handler([(0, content("a")), (0, DONE)])(request)
+
+    await probe(await serve(handler))
+    assert seen == ["gzip, deflate"]
+
+
+BOMB_MEMBER = gzip.compress(b"\n" * (1 << 20), 9)  # 1 MiB of blank lines in about 1 KiB
+
+
+@pytest.mark.parametrize(
+    "bomb",
+    [
+        pytest.param(lambda: BOMB_MEMBER * 1024, id="1-GiB-in-1024-members"),
+        pytest.param(lambda: gzip.compress(b"\n" * (32 << 20), 1), id="32-MiB-in-one-member"),
+    ],
+)
+async def test_a_gzip_bomb_is_refused_in_bounded_memory_and_time(raw_serve, bomb: Callable[[], bytes]) -> None:
+    body = bomb()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body)
+        )
+        writer.write(body)
+        await writer.drain()
+        await reader.read()
+
+    url = await raw_serve(answer)
+    tracemalloc.start()
+    try:
+        sample = await probe(url, timeouts=Timeouts(connect=2, first_token=10, total=20))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert sample.error is ErrorClass.MALFORMED_STREAM, sample.error_message
+    assert sample.error_message is not None and "compression bomb" in sample.error_message
+    assert peak < 8 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+    assert sample.total_ms is not None and sample.total_ms < 10_000  # unbounded, parsing 32 MiB alone takes ~45 s
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "expected"),
+    [
+        ("gzip", b"this is not gzip at all", "does not decode"),
+        ("br", b"\x1b\x00\x00", "Content-Encoding: br, which was not asked for"),
+    ],
+    ids=["corrupt-gzip", "brotli-not-asked-for"],
+)
+async def test_a_body_that_cannot_be_decoded_is_a_protocol_error(
+    raw_serve, encoding: str, body: bytes, expected: str
+) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(encoded_head(encoding) + http_chunks(body, 4096) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    sample = await probe(await raw_serve(answer))
+    assert sample.error is ErrorClass.PROTOCOL
+    assert sample.error_message is not None and expected in sample.error_message
+
+
+async def test_a_compressed_error_body_gives_the_servers_message(raw_serve) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        body = gzip.compress(json.dumps({"error": {"message": "engine overloaded"}}).encode())
+        writer.write(encoded_head("gzip", ctype="application/json", status="503 Service Unavailable"))
+        writer.write(http_chunks(body, 4096) + b"0\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    sample = await probe(await raw_serve(answer))
+    assert sample.error is ErrorClass.SERVER_ERROR
+    assert sample.error_message is not None and sample.error_message.startswith("HTTP 503: engine overloaded;")
+
+
+# --- redirects ------------------------------------------------------------------------------------
+
+
+def redirecting_handler(status: int, location: str, seen: list[str]):
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(f"{request.method} {request.path}")
+        await request.read()
+        return web.Response(status=status, headers={"Location": location})
+
+    return handler
+
+
+def recording_stream(seen: list[str]):
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        seen.append(f"{request.method} {request.path} {len(body)}")
+        return await streaming_handler([(0, ROLE), (0, content("elsewhere")), (0, DONE)])(request)
+
+    return handler
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+async def test_a_redirect_is_its_own_error_and_is_not_followed_by_default(serve, status: int) -> None:
+    elsewhere: list[str] = []
+    other = await serve(recording_stream(elsewhere))
+    asked: list[str] = []
+    url = await serve(redirecting_handler(status, f"{other}/chat/completions?key={SECRET}", asked))
+    sample = await probe(url, api_key=SECRET)
+    assert sample.error is ErrorClass.REDIRECT
+    assert sample.http_status == status
+    assert asked == ["POST /v1/chat/completions"]
+    assert elsewhere == []  # the other host was never asked, nor counted as this endpoint's success
+    assert sample.error_message == (
+        f"HTTP {status} redirect to {other}/chat/completions?key=[REDACTED]; point base_url there, "
+        "or set follow_redirects: true for this provider"
+    )
+
+
+@pytest.mark.parametrize("status", [307, 308])
+async def test_a_provider_that_allows_it_follows_307_and_308_with_the_post(serve, status: int) -> None:
+    elsewhere: list[str] = []
+    other = await serve(recording_stream(elsewhere))
+    url = await serve(redirecting_handler(status, f"{other}/chat/completions", []))
+    sample = await probe(url, follow_redirects=True)
+    assert sample.ok, sample.error_message
+    assert sample.http_status == 200
+    assert len(elsewhere) == 1 and elsewhere[0].startswith("POST /v1/chat/completions ")
+    assert int(elsewhere[0].split()[-1]) > 0  # the body went along
+
+
+@pytest.mark.parametrize("status", [301, 302, 303])
+async def test_a_redirect_that_would_turn_the_post_into_a_get_is_never_followed(serve, status: int) -> None:
+    elsewhere: list[str] = []
+    other = await serve(recording_stream(elsewhere))
+    url = await serve(redirecting_handler(status, f"{other}/chat/completions", []))
+    sample = await probe(url, follow_redirects=True)
+    assert sample.error is ErrorClass.REDIRECT
+    assert elsewhere == []
+    assert sample.error_message is not None and "would turn the POST into a GET" in sample.error_message
+
+
+async def test_a_redirect_loop_stops_after_a_few_hops(serve) -> None:
+    asked: list[str] = []
+    url = await serve(redirecting_handler(307, "/v1/chat/completions", asked))
+    sample = await probe(url, follow_redirects=True)
+    assert sample.error is ErrorClass.REDIRECT
+    assert len(asked) == 6
+    assert sample.error_message is not None and "after 5 redirects already followed" in sample.error_message
+
+
+# --- the phase a failure happened in --------------------------------------------------------------
+
+
+async def test_a_server_that_accepts_and_never_answers_is_no_head_in_time_not_a_connect_timeout(raw_serve) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # takes the request, answers nothing, until the client goes
+
+    url = await raw_serve(answer)
+    sample = await probe(url, timeouts=Timeouts(connect=0.2, first_token=0.8, total=3))
+    assert sample.error is ErrorClass.TIMEOUT_FIRST_TOKEN
+    assert sample.error_message == (
+        "connected, but no response headers within 0.8 s of sending; the server accepted the request and "
+        "never answered (overloaded or hung), or raise timeout_s.first_token"
+    )
+    assert sample.total_ms is not None and 750 <= sample.total_ms < 1500
+    assert sample.connect_ms is not None
+
+
+async def test_headers_dripped_at_a_byte_a_second_hit_the_first_token_deadline(raw_serve) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for byte in CHUNKED_HEAD:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            try:
+                await asyncio.wait_for(reader.read(), 1)
+                return  # the client went away
+            except TimeoutError:
+                continue
+
+    sample = await probe(await raw_serve(answer), timeouts=Timeouts(connect=0.2, first_token=1.5, total=3))
+    assert sample.error is ErrorClass.TIMEOUT_FIRST_TOKEN
+    assert sample.error_message is not None and sample.error_message.startswith(
+        "connected, but no response headers within 1.5 s"
+    )
+    assert sample.total_ms is not None and 1450 <= sample.total_ms < 3000
+
+
+async def test_a_full_listen_queue_is_still_a_connect_timeout() -> None:
+    # A listener that never accepts, its queue filled: the kernel drops further SYNs.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        await asyncio.sleep(0.1)
+        sample = await probe(f"http://127.0.0.1:{port}/v1", timeouts=Timeouts(connect=0.3, first_token=1, total=2))
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+    assert sample.error is ErrorClass.TIMEOUT_CONNECT
+    assert sample.error_message is not None and sample.error_message.startswith("no connection within 0.3 s")
+    assert sample.total_ms is not None and sample.total_ms < 900
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 2xx OK\r\nContent-Type: text/event-stream\r\n\r\n",
+        b"SSH-2.0-OpenSSH_9.6\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 20_000 + b"\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(300)) + b"\r\n",
+    ],
+    ids=["bad-status-line", "not-http", "oversized-header", "too-many-headers"],
+)
+async def test_a_broken_response_head_is_a_protocol_error(raw_serve, head: bytes) -> None:
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(head)
+        await writer.drain()
+        await reader.read()
+
+    url = await raw_serve(answer)
+    sample = await probe(url, api_key=SECRET)
+    assert sample.error is ErrorClass.PROTOCOL, sample.error_message
+    assert sample.error_message is not None
+    assert sample.error_message.startswith(f"{url} answered with broken HTTP (")
+    assert sample.total_ms is not None and sample.total_ms < 1000
+
+
+@pytest.mark.parametrize(("configured", "expected"), [({}, False), ({"follow_redirects": True}, True)])
+def test_following_redirects_is_a_per_provider_setting_off_by_default(configured: dict, expected: bool) -> None:
+    from monitor.config.models import Provider
+    from monitor.probe.plan import endpoint_for
+
+    provider = Provider.model_validate({"base_url": "http://127.0.0.1:1/v1", "api": "openai-chat", **configured})
+    assert endpoint_for(provider).follow_redirects is expected
+
+
+# --- what the server says about itself, and tool calls ---------------------------------------------
+
+
+async def test_the_servers_own_headers_are_kept_with_the_sample(serve) -> None:
+    headers = {
+        "openai-processing-ms": "412",
+        "x-ratelimit-remaining-requests": "9999",
+        "x-ratelimit-remaining-tokens": "1499850",
+        "server-timing": "gfet4t7; dur=245",
+        "request-id": "req_ignored_when_x_request_id_is_there",
+    }
+    sample = await probe(await serve(streaming_handler([(0, content("a")), (0, DONE)], headers=headers)))
+    assert sample.ok, sample.error_message
+    assert sample.request_id == "req-42"
+    assert sample.server_processing_ms == 412.0
+    assert (sample.ratelimit_remaining_requests, sample.ratelimit_remaining_tokens) == (9999, 1499850)
+    assert sample.server_timing == "gfet4t7; dur=245"
+    assert sample.retry_after is None
+
+
+async def test_a_429_keeps_its_retry_after_and_odd_header_values_are_dropped(serve) -> None:
+    headers = {
+        "Retry-After": "20",
+        "openai-processing-ms": "nan",
+        "x-ratelimit-remaining-requests": "-1",
+        "x-ratelimit-remaining-tokens": "lots",
+        "server-timing": "x" * 5000,
+    }
+    sample = await probe(await serve(error_handler(429, {"error": {"message": "slow down"}}, headers)))
+    assert sample.error is ErrorClass.RATE_LIMITED
+    assert sample.retry_after == "20"
+    assert sample.server_processing_ms is None
+    assert (sample.ratelimit_remaining_requests, sample.ratelimit_remaining_tokens) == (None, None)
+    assert sample.server_timing is not None and len(sample.server_timing) == 300
+
+
+def tool_call_delta(arguments: str, *, first: bool = False) -> bytes:
+    call: dict[str, object] = {"index": 0, "function": {"arguments": arguments}}
+    if first:
+        call.update(id="call_1", type="function", function={"name": "get_weather", "arguments": arguments})
+    return chunk({"tool_calls": [call]})
+
+
+async def test_the_first_tool_call_token_is_timed_beside_ttft(serve) -> None:
+    script = [
+        (0, ROLE),
+        (0.04, content("Let me look that up.")),
+        (0.06, tool_call_delta("", first=True)),
+        (0.02, tool_call_delta('{"city": "Par')),
+        (0, tool_call_delta('is"}')),
+        (0, DONE),
+    ]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.ok, sample.error_message
+    assert sample.ttft_ms is not None and 40 <= sample.ttft_ms < 90
+    assert sample.first_tool_call_ms is not None and 100 <= sample.first_tool_call_ms < 170
+    assert sample.token_events == 4
+
+
+async def test_without_a_tool_call_there_is_no_tool_call_time(serve) -> None:
+    sample = await probe(await serve(streaming_handler([(0, ROLE), (0, content("a")), (0, DONE)])))
+    assert sample.ok and sample.first_tool_call_ms is None
+
+
+@pytest.mark.parametrize(
+    ("api", "events"),
+    [
+        (
+            "anthropic-messages",
+            [
+                b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+                b'"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}\n\n',
+                b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+                b'"delta":{"type":"input_json_delta","partial_json":"{\\"city\\": "}}\n\n',
+                b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+            ],
+        ),
+        (
+            "openai-responses",
+            [
+                b'event: response.output_item.added\ndata: {"type":"response.output_item.added","output_index":0,'
+                b'"item":{"type":"function_call","id":"fc_1","call_id":"call_1","name":"get_weather","arguments":""}}\n\n',
+                b"event: response.function_call_arguments.delta\n"
+                b'data: {"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,'
+                b'"delta":"{\\"city\\":"}\n\n',
+                b'event: response.completed\ndata: {"type":"response.completed","response":{"status":"completed"}}\n\n',
+            ],
+        ),
+        (
+            "gemini",
+            [
+                b'data: {"candidates":[{"content":{"parts":[{"functionCall":{"name":"get_weather",'
+                b'"args":{"city":"Paris"}}}],"role":"model"},"finishReason":"STOP","index":0}]}\r\n\r\n',
+            ],
+        ),
+    ],
+)
+async def test_a_tool_call_is_timed_in_every_api_with_tools(serve, api: str, events: list[bytes]) -> None:
+    script: Script = [(0.05, events[0]), *[(0, event) for event in events[1:]]]
+    sample = await probe(await serve(streaming_handler(script)), api=api)
+    assert sample.ok, sample.error_message
+    assert sample.first_tool_call_ms is not None and sample.first_tool_call_ms >= 50
+    assert sample.first_tool_call_ms == sample.ttft_ms == sample.ttfa_ms
+
+
+@pytest.mark.parametrize(
+    ("encoding", "packed"),
+    [
+        ("gzip", lambda data: gzip.compress(data[:500]) + gzip.compress(data[500:])),  # two members
+        ("deflate", zlib.compress),
+        ("deflate", lambda data: zlib.compress(data)[2:-4]),  # raw deflate, no zlib header
+    ],
+    ids=["gzip-two-members", "deflate", "raw-deflate"],
+)
+@pytest.mark.parametrize("piece", [1, 7, 4096])
+def test_the_decoder_gives_the_same_bytes_however_the_body_is_cut(encoding: str, packed, piece: int) -> None:
+    from monitor.probe.client import _Inflater
+
+    data = b"".join(b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(300))
+    body = packed(data)
+    inflater = _Inflater(encoding, step=1000)
+    out = b"".join(b"".join(inflater.feed(body[i : i + piece])) for i in range(0, len(body), piece))
+    assert out == data

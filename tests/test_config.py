@@ -67,6 +67,8 @@ def test_the_example_config_loads_with_no_environment_variables() -> None:
         "qwen3-14b": ("sim", "qwen3-14b"),
         "gpt-4o-mini": ("sim", "gpt-4o-mini"),
         "claude-sim": ("sim-anthropic", "claude-haiku-sim"),
+        "gpt-4o-mini-responses": ("sim-responses", "gpt-4o-mini"),
+        "gemini-flash-sim": ("sim-gemini", "gemini-flash-sim"),
     }
     assert config.targets["qwen3-8b"].params.extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
     assert config.targets["qwen3-14b"].params.extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
@@ -264,7 +266,8 @@ def test_it_rejects_an_unknown_api() -> None:
     data = base()
     data["providers"]["sim"]["api"] = "openai"
     assert problems(data) == [
-        "config.yaml: providers.sim.api: 'openai' is not one of openai-chat, openai-completions, anthropic-messages"
+        "config.yaml: providers.sim.api: 'openai' is not one of openai-chat, openai-completions, anthropic-messages, "
+        "openai-responses, gemini"
     ]
 
 
@@ -532,6 +535,7 @@ def test_the_commented_out_examples_in_the_example_config_are_valid() -> None:
         "PGPASSWORD": "pw",
         "SLACK_WEBHOOK_URL": "https://hooks.slack.com/x",
         "PAGERDUTY_ROUTING_KEY": "r",
+        "GEMINI_API_KEY": "g",
     }
     # Only the files the examples point at are missing on a test machine.
     assert problems("\n".join(uncommented) + "\n", environ) == [

@@ -218,8 +218,11 @@ def test_probe_with_sim_runs_the_configured_targets() -> None:
         "probe", "--with-sim", "--rounds", "1", "--warmup", "0", "--pause", "0", "--prompt-tokens", "256", timeout=120
     )
     assert result.code == 0, str(result)
-    for target in ("qwen3-8b", "qwen3-14b", "gpt-4o-mini"):
+    rows = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line.strip()}
+    # Every API flavour the simulator speaks: chat, Anthropic, Responses, Gemini; each without errors.
+    for target in ("qwen3-8b", "qwen3-14b", "gpt-4o-mini", "claude-sim", "gpt-4o-mini-responses", "gemini-flash-sim"):
         assert f"\n{target} " in result.stdout
+        assert rows[target][4] == "0", str(result)
 
 
 def test_check_config_accepts_the_example_config() -> None:

@@ -139,7 +139,7 @@ def test_token_gap_is_the_decode_rate_unless_dripping() -> None:
 
 def test_default_profiles_match_the_public_shapes() -> None:
     profiles = default_profiles()
-    assert set(profiles) == {"qwen3-8b", "qwen3-14b", "gpt-4o-mini", "claude-haiku-sim"}
+    assert set(profiles) == {"qwen3-8b", "qwen3-14b", "gpt-4o-mini", "claude-haiku-sim", "gemini-flash-sim"}
     at_2k = {name: ttft_ms(profile, uncached_tokens=2000, cached_tokens=0) for name, profile in profiles.items()}
     assert at_2k["qwen3-8b"] == pytest.approx(300.0)
     assert at_2k["qwen3-14b"] == pytest.approx(400.0)

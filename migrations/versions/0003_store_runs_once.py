@@ -1,6 +1,6 @@
 """runs: one run per (series, job, scheduled time); job_ticks: an index for retention
 
-Revision ID: store_runs_once
+Revision ID: 0003
 Revises: 0002
 Create Date: 2026-12-01
 
@@ -19,7 +19,7 @@ from alembic import op
 
 from monitor.store.types import UtcDateTime
 
-revision: str = "store_runs_once"
+revision: str = "0003"
 down_revision: str | Sequence[str] | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -242,9 +242,11 @@ class Provider(ConfigModel):
         description="API base URL including the version prefix, e.g. `https://api.openai.com/v1`. "
         "A trailing slash is removed."
     )
-    api: Literal["openai-chat", "openai-completions", "anthropic-messages"] = Field(
-        description="Wire protocol: `openai-chat` (/chat/completions), `openai-completions` (/completions) "
-        "or `anthropic-messages` (/messages)."
+    api: Literal["openai-chat", "openai-completions", "anthropic-messages", "openai-responses", "gemini"] = Field(
+        description="Wire protocol: `openai-chat` (/chat/completions), `openai-completions` (/completions), "
+        "`anthropic-messages` (/messages), `openai-responses` (/responses) or `gemini` "
+        "(/models/MODEL:streamGenerateContent?alt=sse, base_url e.g. "
+        "`https://generativelanguage.googleapis.com/v1beta`)."
     )
     api_key_env: EnvName = Field(
         None,
@@ -272,6 +274,12 @@ class Provider(ConfigModel):
         description="Ask for token counts in the stream (`stream_options.include_usage`). Switch off for "
         "servers that reject the option.",
     )
+    follow_redirects: bool = Field(
+        False,
+        description="Follow 307 and 308 redirects (up to 5), repeating the POST with its key to the new "
+        "address. Off: a redirect is recorded as error `redirect` with its `Location`. 301, 302 and 303 are "
+        "never followed (they would turn the POST into a GET).",
+    )
 
     _secret: str | None = PrivateAttr(default=None)
     _auth_source: str = PrivateAttr(default="none")
@@ -286,6 +294,24 @@ class Provider(ConfigModel):
     def _check_one_key_source(self) -> Provider:
         if self.api_key_env is not None and self.api_key_file is not None:
             raise ValueError("set either api_key_env or api_key_file, not both")
+        return self
+
+    @model_validator(mode="after")
+    def _check_gemini_streams_events(self) -> Provider:
+        # Without alt=sse Gemini answers with one JSON array, not events: the probe always adds it.
+        if self.api != "gemini":
+            return self
+        path, _, query = self.base_url.partition("?")
+        if ":streamGenerateContent" in path or ":generateContent" in path or "/models/" in path:
+            raise ValueError(
+                "api gemini: base_url must stop before /models/..., e.g. "
+                "https://generativelanguage.googleapis.com/v1beta (the probe adds the model and ?alt=sse)"
+            )
+        if any(part.split("=", 1)[0].lower() == "alt" for part in query.split("&") if part):
+            raise ValueError(
+                "api gemini: remove alt= from base_url; the probe always asks for alt=sse, without which "
+                "Gemini sends a JSON array instead of events"
+            )
         return self
 
     def secret(self) -> str | None:
@@ -381,6 +407,12 @@ class PromptProfile(ConfigModel):
         description="`bust` makes every prompt unique so prefix caches cannot help (cold TTFT); "
         "`warm` repeats "
         "it so they can (cached TTFT).",
+    )
+    tool_call: bool = Field(
+        False,
+        description="Offer one function and require it (`tool_choice`), so the answer is a tool call and "
+        "`first_tool_call_ms` is recorded beside `ttft_ms`. For every API with tools (not "
+        "`openai-completions`).",
     )
 
 

@@ -84,7 +84,10 @@ def check_listen_address(address: str) -> str:
 def api_url(base_url: str, path: str) -> str:
     """`path` appended to the path of `base_url`, before its query string, which is kept.
 
-    `https://host/v1?key=K` + `/chat/completions` is `https://host/v1/chat/completions?key=K`.
+    `https://host/v1?key=K` + `/chat/completions` is `https://host/v1/chat/completions?key=K`; a
+    path with its own query (Gemini's `...:streamGenerateContent?alt=sse`) keeps it, first.
     """
     parts = urlsplit(base_url)
-    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + path, parts.query, ""))
+    own_path, _, own_query = path.partition("?")
+    query = "&".join(part for part in (own_query, parts.query) if part)
+    return urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/") + own_path, query, ""))

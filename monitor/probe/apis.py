@@ -1,80 +1,32 @@
 """The only per-API code: how to build the request and what each streamed event means.
 
 Everything else (timing, timeouts, errors, statistics) is shared by all APIs in `client.py`.
-Adding an API flavour means one new class here and one line in `FLAVORS`.
+Adding an API flavour means one new module (built on `api_base`) and one line in `FLAVORS`.
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
+from monitor.probe.api_base import (
+    TOOL_DESCRIPTION,
+    TOOL_NAME,
+    TOOL_PARAMETERS,
+    ApiFlavor,
+    EventInfo,
+    FixedPath,
+    Kind,
+    MalformedEvent,
+    RequestParams,
+    error_text,
+    load_event,
+    merge_extra,
+)
+from monitor.probe.gemini import Gemini
+from monitor.probe.openai_responses import OpenAIResponses
 from monitor.probe.sse import SSEEvent
 
-
-class Kind(Enum):
-    OTHER = "other"  # role chunk, ping, usage-only, empty delta: not a token
-    REASONING = "reasoning"  # a generated token, but not yet the visible answer
-    ANSWER = "answer"  # visible content or a tool call
-    DONE = "done"
-    ERROR = "error"  # the server reported an error inside the stream
-
-
-@dataclass(slots=True)
-class EventInfo:
-    kind: Kind = Kind.OTHER
-    served_model: str | None = None
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    cached_tokens: int | None = None
-    error_message: str | None = None
-
-
-class MalformedEvent(ValueError):
-    """An event whose data is not what the API promises (not JSON, wrong shape)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RequestParams:
-    model: str
-    max_tokens: int
-    temperature: float
-    extra_body: dict[str, Any]
-    include_usage: bool
-
-
-class ApiFlavor(Protocol):
-    name: ClassVar[str]
-    path: ClassVar[str]
-
-    def build_body(self, prompt: str, params: RequestParams) -> dict[str, Any]: ...
-
-    def auth_headers(self, api_key: str | None) -> dict[str, str]: ...
-
-    def classify(self, event: SSEEvent) -> EventInfo: ...
-
-
-def _load(data: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(data)
-    except ValueError as exc:
-        raise MalformedEvent(f"event data is not JSON: {data[:80]!r}") from exc
-    if not isinstance(obj, dict):
-        raise MalformedEvent(f"event data is not a JSON object: {data[:80]!r}")
-    return obj
-
-
-def _error_text(err: Any) -> str:
-    if isinstance(err, dict):
-        return str(err.get("message") or err.get("type") or err)
-    return str(err)
-
-
-def _merge(body: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    # extra_body is passed through verbatim, as the openai SDK does, and may override defaults.
-    return {**body, **extra}
+__all__ = ["FLAVORS", "ApiFlavor", "EventInfo", "Kind", "MalformedEvent", "RequestParams"]
 
 
 def _openai_usage(info: EventInfo, usage: Any) -> None:
@@ -87,7 +39,7 @@ def _openai_usage(info: EventInfo, usage: Any) -> None:
         info.cached_tokens = details.get("cached_tokens")
 
 
-class _OpenAIBase:
+class _OpenAIBase(FixedPath):
     def auth_headers(self, api_key: str | None) -> dict[str, str]:
         return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -105,11 +57,11 @@ class _OpenAIBase:
     def classify(self, event: SSEEvent) -> EventInfo:
         if event.data.strip() == "[DONE]":
             return EventInfo(Kind.DONE)
-        obj = _load(event.data)
+        obj = load_event(event.data)
         info = EventInfo(served_model=obj.get("model"))
         if "error" in obj:
             info.kind = Kind.ERROR
-            info.error_message = _error_text(obj["error"])
+            info.error_message = error_text(obj["error"])
             return info
         _openai_usage(info, obj.get("usage"))
         choices = obj.get("choices")
@@ -131,14 +83,20 @@ class OpenAIChat(_OpenAIBase):
     def build_body(self, prompt: str, params: RequestParams) -> dict[str, Any]:
         body = self._common(params)
         body["messages"] = [{"role": "user", "content": prompt}]
-        return _merge(body, params.extra_body)
+        if params.force_tool_call:
+            function = {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": TOOL_PARAMETERS}
+            body["tools"] = [{"type": "function", "function": function}]
+            body["tool_choice"] = {"type": "function", "function": {"name": TOOL_NAME}}
+        return merge_extra(body, params.extra_body)
 
     def _choice_kind(self, choice: dict[str, Any]) -> Kind:
         delta = choice.get("delta")
         if not isinstance(delta, dict):
             return Kind.OTHER
-        if delta.get("content") or delta.get("tool_calls") or delta.get("function_call"):
+        if delta.get("content"):
             return Kind.ANSWER
+        if delta.get("tool_calls") or delta.get("function_call"):
+            return Kind.TOOL_CALL
         # vLLM before 0.9 and DeepSeek say reasoning_content; newer vLLM and OpenRouter say reasoning.
         if delta.get("reasoning_content") or delta.get("reasoning"):
             return Kind.REASONING
@@ -152,13 +110,13 @@ class OpenAICompletions(_OpenAIBase):
     def build_body(self, prompt: str, params: RequestParams) -> dict[str, Any]:
         body = self._common(params)
         body["prompt"] = prompt
-        return _merge(body, params.extra_body)
+        return merge_extra(body, params.extra_body)
 
     def _choice_kind(self, choice: dict[str, Any]) -> Kind:
         return Kind.ANSWER if choice.get("text") else Kind.OTHER
 
 
-class AnthropicMessages:
+class AnthropicMessages(FixedPath):
     name: ClassVar[str] = "anthropic-messages"
     path: ClassVar[str] = "/messages"
     version = "2023-06-01"
@@ -177,19 +135,22 @@ class AnthropicMessages:
             "temperature": params.temperature,
             "messages": [{"role": "user", "content": prompt}],
         }
-        return _merge(body, params.extra_body)
+        if params.force_tool_call:
+            body["tools"] = [{"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "input_schema": TOOL_PARAMETERS}]
+            body["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
+        return merge_extra(body, params.extra_body)
 
     def classify(self, event: SSEEvent) -> EventInfo:
-        obj = _load(event.data)
+        obj = load_event(event.data)
         kind = obj.get("type") or event.event
         info = EventInfo()
         if kind == "content_block_delta":
             delta = obj.get("delta") or {}
             dtype = delta.get("type")
-            if (dtype == "text_delta" and delta.get("text")) or (
-                dtype == "input_json_delta" and delta.get("partial_json")
-            ):
+            if dtype == "text_delta" and delta.get("text"):
                 info.kind = Kind.ANSWER
+            elif dtype == "input_json_delta" and delta.get("partial_json"):
+                info.kind = Kind.TOOL_CALL
             elif dtype == "thinking_delta" and delta.get("thinking"):
                 info.kind = Kind.REASONING
         elif kind == "message_start":
@@ -208,9 +169,15 @@ class AnthropicMessages:
             info.kind = Kind.DONE
         elif kind == "error":
             info.kind = Kind.ERROR
-            info.error_message = _error_text(obj.get("error"))
+            info.error_message = error_text(obj.get("error"))
         return info
 
 
-_ALL: tuple[ApiFlavor, ...] = (OpenAIChat(), OpenAICompletions(), AnthropicMessages())
+_ALL: tuple[ApiFlavor, ...] = (
+    OpenAIChat(),
+    OpenAICompletions(),
+    AnthropicMessages(),
+    OpenAIResponses(),
+    Gemini(),
+)
 FLAVORS: dict[str, ApiFlavor] = {flavor.name: flavor for flavor in _ALL}

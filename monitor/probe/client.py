@@ -16,10 +16,12 @@ import contextvars
 import functools
 import itertools
 import json
+import math
 import socket
 import ssl
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import SimpleNamespace
@@ -34,6 +36,7 @@ from aiohttp.client_exceptions import (
     ClientSSLError,
 )
 from aiohttp.client_proto import ResponseHandler
+from yarl import URL
 
 from monitor.config.urls import api_url
 from monitor.probe.apis import ApiFlavor, Kind, MalformedEvent, RequestParams
@@ -51,6 +54,19 @@ MAX_ERROR_BODY = 2000
 # error event is seen soon even when the server then holds the connection open.
 DRAIN_AT_BYTES = 32 * 1024
 DRAIN_EVERY_S = 0.25
+# Compressed bodies are decoded, because the SDKs real clients use (httpx under openai and
+# anthropic) ask for gzip and deflate too: a gateway that compresses, and may buffer while it does,
+# is part of what users wait for. Stamps stay on the compressed bytes' arrival. Decoding goes in
+# steps of DECODE_STEP bytes straight into the SSE parser (whose line length is bounded), and stops
+# at a bound (see _Inflater), so a compression bomb costs bounded memory and time.
+ACCEPT_ENCODING = "gzip, deflate"
+DECODE_STEP = 16 * 1024
+MAX_DECODED_BYTES = 64 * 1024 * 1024
+DECODE_FREE_BYTES = 64 * 1024
+MAX_EXPANSION = 100
+# 307 and 308 repeat the POST; 301, 302 and 303 would turn it into a GET, which is no probe.
+REPEATING_REDIRECTS = frozenset({307, 308})
+MAX_REDIRECTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,10 +88,15 @@ class Endpoint:
     ssl: ssl.SSLContext | bool = True
     # Everything else that must never reach a sample: header values, credentials in base_url.
     secrets: tuple[str, ...] = ()
+    follow_redirects: bool = False
 
     @property
     def url(self) -> str:
         return api_url(self.base_url, self.flavor.path)
+
+    def url_for(self, params: RequestParams) -> str:
+        """The request URL: the API's path goes before any query in base_url, and the queries merge."""
+        return api_url(self.base_url, self.flavor.path_for(params))
 
     def __repr__(self) -> str:  # never show the key
         return f"Endpoint({self.base_url!r}, {self.flavor.name})"
@@ -293,6 +314,115 @@ def _stamped_pieces(
     return pieces
 
 
+class BodyDecodeError(Exception):
+    """A compressed body that cannot be decoded (PROTOCOL) or decodes past the bound (MALFORMED_STREAM)."""
+
+    def __init__(self, error: ErrorClass, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+class _Inflater:
+    """Incremental gzip/deflate decoding in bounded steps: compressed bytes in, decoded pieces out.
+
+    Bounded twice: in all (MAX_DECODED_BYTES), and in expansion, past a first DECODE_FREE_BYTES
+    (at most MAX_EXPANSION decoded bytes per compressed byte consumed). Event streams compress
+    about 10 to 1 (a degenerate one repeating one token, under 100 to 1) while a bomb expands about
+    1000 to 1: caught after some 80 KiB, before the parser spends a second on it.
+    """
+
+    def __init__(self, encoding: str, *, limit: int = MAX_DECODED_BYTES, step: int = DECODE_STEP) -> None:
+        self.encoding = encoding
+        self._limit = limit
+        self._step = step
+        self._decoded = 0
+        self._consumed = 0  # compressed bytes the decoder has taken
+        self._inflate: Any = None  # made on the first bytes: deflate may come with or without its zlib header
+        self._first = b""
+
+    def _new(self, first: bytes) -> Any:
+        if self.encoding == "gzip":
+            return zlib.decompressobj(16 + zlib.MAX_WBITS)
+        # RFC 9110 deflate is zlib-wrapped; some servers send raw deflate, as browsers tolerate.
+        wrapped = len(first) >= 2 and first[0] & 0x0F == 8 and (first[0] << 8 | first[1]) % 31 == 0
+        return zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+
+    def _check(self, data: bytes, inflate: Any) -> None:
+        consumed = self._consumed + len(data) - len(inflate.unconsumed_tail)
+        if self._decoded > self._limit:
+            raise BodyDecodeError(
+                ErrorClass.MALFORMED_STREAM,
+                f"the {self.encoding} body decodes to more than {self._limit // (1024 * 1024)} MiB "
+                "(a compression bomb, or a runaway stream); lower max_tokens or fix the server",
+            )
+        if self._decoded > DECODE_FREE_BYTES + MAX_EXPANSION * consumed:
+            raise BodyDecodeError(
+                ErrorClass.MALFORMED_STREAM,
+                f"the {self.encoding} body expands more than {MAX_EXPANSION} times (a compression bomb); "
+                "the server's answer was not decoded further",
+            )
+
+    def feed(self, data: bytes) -> Iterator[bytes]:
+        if self._inflate is None and self.encoding == "deflate" and len(self._first + data) < 2:
+            self._first += data  # not enough to tell a zlib header from raw deflate yet
+            return
+        data, self._first = self._first + data, b""
+        try:
+            while data:
+                if self._inflate is None:
+                    self._inflate = self._new(data)
+                inflate = self._inflate
+                fed = data
+                out = inflate.decompress(fed, self._step)
+                # Output may be pending inside zlib even once the input is used up: ask until a short step.
+                while True:
+                    if out:
+                        self._decoded += len(out)
+                        self._check(fed, inflate)
+                        yield out
+                    if not inflate.unconsumed_tail and len(out) < self._step:
+                        break
+                    self._consumed += len(fed) - len(inflate.unconsumed_tail)
+                    fed = inflate.unconsumed_tail
+                    out = inflate.decompress(fed, self._step)
+                self._consumed += len(fed) - len(inflate.unconsumed_tail) - len(inflate.unused_data)
+                # gzip allows several members back to back; anything after the end starts the next.
+                data = inflate.unused_data if inflate.eof and self.encoding == "gzip" else b""
+                if data:
+                    self._inflate = None
+        except zlib.error as exc:
+            raise BodyDecodeError(
+                ErrorClass.PROTOCOL,
+                f"the body says Content-Encoding: {self.encoding} but does not decode ({exc}); "
+                "the server or a proxy garbles compressed responses",
+            ) from exc
+
+
+def _inflater(resp: aiohttp.ClientResponse) -> _Inflater | None:
+    """The decoder the response's Content-Encoding needs; None for identity. Raises for one not asked for."""
+    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip"):
+        return _Inflater("gzip")
+    if encoding == "deflate":
+        return _Inflater("deflate")
+    raise BodyDecodeError(
+        ErrorClass.PROTOCOL,
+        f"the server sent Content-Encoding: {encoding[:40]}, which was not asked for "
+        f"(Accept-Encoding: {ACCEPT_ENCODING}); check headers: in the provider or the proxy in between",
+    )
+
+
+_BAD_BODY = (MalformedEvent, SSEError, BodyDecodeError)
+
+
+def _bad_body(exc: Exception, api_key: str | None) -> tuple[ErrorClass, str]:
+    if isinstance(exc, BodyDecodeError):
+        return exc.error, redact(str(exc), [api_key])
+    return ErrorClass.MALFORMED_STREAM, redact(f"malformed stream: {exc}", [api_key])
+
+
 class _EventReader:
     """Turns stamped body bytes into the sample's token times: SSE parsing and per-API classification.
 
@@ -308,6 +438,7 @@ class _EventReader:
         self.token_stamps: list[int] = []
         self.first_event: int | None = None
         self.first_answer: int | None = None
+        self.first_tool_call: int | None = None
         self.done = False
         self.stopped = False  # an error event ended the stream; later bytes are ignored
 
@@ -334,11 +465,15 @@ class _EventReader:
             if info.completion_tokens is not None:
                 sample.completion_tokens = info.completion_tokens
             kind = info.kind
-            if kind is Kind.ANSWER or kind is Kind.REASONING:
+            if kind is Kind.ANSWER or kind is Kind.REASONING or kind is Kind.TOOL_CALL:
                 self.token_stamps.append(arrived)
-                if kind is Kind.ANSWER and self.first_answer is None:
+                if kind is not Kind.REASONING and self.first_answer is None:
                     self.first_answer = arrived
+                if kind is Kind.TOOL_CALL and self.first_tool_call is None:
+                    self.first_tool_call = arrived
             elif kind is Kind.DONE:
+                self.done = True
+            if info.finished:
                 self.done = True
             elif kind is Kind.ERROR:
                 sample.error = ErrorClass.STREAM_ERROR
@@ -359,9 +494,16 @@ class _Body:
     the connection breaks.
     """
 
-    def __init__(self, resp: aiohttp.ClientResponse, reader: _EventReader, stamping: _StampingProtocol | None) -> None:
+    def __init__(
+        self,
+        resp: aiohttp.ClientResponse,
+        reader: _EventReader,
+        stamping: _StampingProtocol | None,
+        inflater: _Inflater | None = None,
+    ) -> None:
         self.content = resp.content
         self.reader = reader
+        self.inflater = inflater
         self.protocol = stamping if resp.connection is not None else None  # only a live connection is watched
         self._arrivals = stamping.arrivals_of(self.content) if stamping is not None else collections.deque()
         self._consumed = 0
@@ -379,7 +521,7 @@ class _Body:
             return
         try:
             self.drain()
-        except (MalformedEvent, SSEError) as exc:
+        except _BAD_BODY as exc:
             self.failure = exc
         except Exception:
             # The payload's own error (a broken connection): the task meets it on its next drain.
@@ -405,16 +547,28 @@ class _Body:
                 chunk = content.read_nowait()
                 now = time.perf_counter_ns()
                 for at, piece in _stamped_pieces(chunk, self._consumed, self._arrivals, now):
-                    self.reader.feed(at, piece)
+                    self.feed(at, piece)
                 self._consumed += len(chunk)
             failure = content.exception()
             if failure is not None and not self.reader.stopped:
                 raise failure
-        except (MalformedEvent, SSEError) as exc:
+        except _BAD_BODY as exc:
             self.failure = exc
             raise
         finally:
             self._draining = False
+
+    def feed(self, arrived: int, data: bytes) -> None:
+        """Body bytes that arrived at `arrived`, decoded first if compressed: decoded bytes keep that stamp."""
+        inflater = self.inflater
+        if inflater is None:
+            self.reader.feed(arrived, data)
+            return
+        reader = self.reader
+        for piece in inflater.feed(data):
+            reader.feed(arrived, piece)
+            if reader.stopped:
+                return
 
     async def read(self, first_token_by: float) -> None:
         """Wait for the whole body (a token must have arrived by loop time `first_token_by`), then parse it.
@@ -475,7 +629,7 @@ class _Body:
                     raise _Deadline(ErrorClass.TIMEOUT_FIRST_TOKEN) from None
             if not chunk:
                 break
-            self.reader.feed(time.perf_counter_ns(), chunk)
+            self.feed(time.perf_counter_ns(), chunk)
 
 
 def _stamping_protocol(resp: aiohttp.ClientResponse) -> _StampingProtocol | None:
@@ -489,6 +643,36 @@ def _head_arrival(resp: aiohttp.ClientResponse, protocol: _StampingProtocol | No
     """When the response head arrived, from the protocol's stamps; now, if it kept none."""
     stamp = protocol.head_arrival_of(resp.content) if protocol is not None else None
     return stamp if stamp is not None else time.perf_counter_ns()
+
+
+HEADER_TEXT_CAP = 300
+
+
+def _header_text(value: str | None) -> str | None:
+    return value[:HEADER_TEXT_CAP] if value else None
+
+
+def _header_number(value: str | None) -> float | None:
+    try:
+        number = float(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and math.isfinite(number) and number >= 0 else None
+
+
+def _header_count(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() and len(value) < 19 else None
+
+
+def _record_server_headers(headers: Any, sample: Sample) -> None:
+    """What the server says about itself, when it does: kept per sample to tell where the time went."""
+    get = headers.get
+    sample.request_id = _header_text(get("x-request-id") or get("request-id"))
+    sample.server_processing_ms = _header_number(get("openai-processing-ms"))
+    sample.ratelimit_remaining_requests = _header_count(get("x-ratelimit-remaining-requests"))
+    sample.ratelimit_remaining_tokens = _header_count(get("x-ratelimit-remaining-tokens"))
+    sample.retry_after = _header_text(get("retry-after"))
+    sample.server_timing = _header_text(get("server-timing"))
 
 
 def _tokens(reader: _EventReader | None) -> int:
@@ -539,6 +723,7 @@ class ProbeClient:
         headers = {
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
+            "Accept-Encoding": ACCEPT_ENCODING,  # said outright, not left to the HTTP library's default
             **endpoint.headers,
             **endpoint.flavor.auth_headers(endpoint.api_key),
         }
@@ -546,7 +731,7 @@ class ProbeClient:
         stamps = _Stamps()
         token = _current_stamps.set(stamps)
         try:
-            await self._run(endpoint, body, headers, stamps, sample)
+            await self._run(endpoint, endpoint.url_for(params), body, headers, stamps, sample)
         finally:
             _current_stamps.reset(token)
         # Servers echo keys back, in any encoding; nothing of the endpoint's secrets is stored.
@@ -556,6 +741,7 @@ class ProbeClient:
     async def _run(
         self,
         endpoint: Endpoint,
+        url: str,
         body: bytes,
         headers: dict[str, str],
         stamps: _Stamps,
@@ -572,25 +758,19 @@ class ProbeClient:
         headers_at: int | None = None
         try:
             async with asyncio.timeout_at(start_loop_time + timeouts.first_token) as deadline:
-                try:
-                    resp = await self._session.post(
-                        endpoint.url,
-                        data=body,
-                        headers=headers,
-                        ssl=endpoint.ssl,
-                        timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeouts.connect),
-                    )
-                except TimeoutError:
-                    # aiohttp's own sock_connect timeout; ours surfaces at the `async with` instead.
-                    raise _Deadline(ErrorClass.TIMEOUT_CONNECT) from None
+                resp = await self._send(endpoint, url, body, headers)
                 stamping = _stamping_protocol(resp)
                 headers_at = _head_arrival(resp, stamping)
                 phase = ErrorClass.TIMEOUT_FIRST_TOKEN
                 async with resp:
                     sample.http_status = resp.status
-                    sample.request_id = resp.headers.get("x-request-id") or resp.headers.get("request-id")
+                    _record_server_headers(resp.headers, sample)
                     if resp.status >= 400:
                         await self._record_http_error(resp, endpoint, sample)
+                        return
+                    if 300 <= resp.status < 400:
+                        sample.error = ErrorClass.REDIRECT
+                        sample.error_message = redact(_redirect_message(resp, endpoint), [endpoint.api_key])
                         return
                     ctype = resp.headers.get("Content-Type", "")
                     if "text/event-stream" not in ctype:
@@ -601,7 +781,7 @@ class ProbeClient:
                         )
                         return
                     reader = _EventReader(endpoint.flavor, sample, endpoint.api_key)
-                    stream = _Body(resp, reader, stamping)
+                    stream = _Body(resp, reader, stamping, _inflater(resp))
                     # The first-token deadline is checked by `stream.read`; this one now bounds the total.
                     phase = ErrorClass.TIMEOUT_TOTAL
                     deadline.reschedule(start_loop_time + timeouts.total)
@@ -609,20 +789,24 @@ class ProbeClient:
         except TimeoutError:
             if stream is not None and stream.failure is not None:
                 # What arrived before the deadline was malformed: that is the outcome, not the wait.
-                sample.error = ErrorClass.MALFORMED_STREAM
-                sample.error_message = redact(f"malformed stream: {stream.failure}", [endpoint.api_key])
+                sample.error, sample.error_message = _bad_body(stream.failure, endpoint.api_key)
             elif reader is None or not reader.stopped:  # else an error event came first: that is the outcome
-                sample.error = phase
-                sample.error_message = self._timeout_message(phase, timeouts, _tokens(reader))
+                if phase is ErrorClass.TIMEOUT_CONNECT and _connected(stamps):
+                    # Connected and sent, but no response head by the first-token deadline: the wait
+                    # was the server's, under that deadline, not the connect timeout's.
+                    sample.error = ErrorClass.TIMEOUT_FIRST_TOKEN
+                    sample.error_message = _no_head_message(timeouts)
+                else:
+                    sample.error = phase
+                    sample.error_message = self._timeout_message(phase, timeouts, _tokens(reader))
         except _Deadline as exc:
             sample.error = exc.error
             sample.error_message = self._timeout_message(exc.error, timeouts, _tokens(reader))
-        except (MalformedEvent, SSEError) as exc:
-            sample.error = ErrorClass.MALFORMED_STREAM
-            sample.error_message = redact(f"malformed stream: {exc}", [endpoint.api_key])
+        except _BAD_BODY as exc:
+            sample.error, sample.error_message = _bad_body(exc, endpoint.api_key)
         except aiohttp.ClientError as exc:
             if headers_at is None:
-                sample.error, sample.error_message = _classify_connect_error(exc, endpoint)
+                sample.error, sample.error_message = _classify_request_error(exc, endpoint)
             else:
                 sample.error = ErrorClass.STREAM_ERROR
                 sample.error_message = (
@@ -631,6 +815,33 @@ class ProbeClient:
                 )
         finally:
             self._finish(sample, endpoint, stamps, headers_at, reader)
+
+    async def _send(
+        self, endpoint: Endpoint, first_url: str, body: bytes, headers: dict[str, str]
+    ) -> aiohttp.ClientResponse:
+        """POST and return the response once its head is in; 307/308 followed only when the provider says so.
+
+        aiohttp's own following is off: it turns a POST into a GET on 301/302 and would report the
+        new host's answer as the endpoint's.
+        """
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=endpoint.timeouts.connect)
+        url: str | URL = first_url
+        for hop in range(MAX_REDIRECTS + 1):
+            try:
+                resp = await self._session.post(
+                    url, data=body, headers=headers, ssl=endpoint.ssl, timeout=timeout, allow_redirects=False
+                )
+            except TimeoutError:
+                # aiohttp's own sock_connect timeout; ours surfaces at the caller's `async with` instead.
+                raise _Deadline(ErrorClass.TIMEOUT_CONNECT) from None
+            target = _redirect_target(resp)
+            if not endpoint.follow_redirects or target is None or resp.status not in REPEATING_REDIRECTS:
+                return resp
+            if hop == MAX_REDIRECTS:
+                return resp
+            resp.release()
+            url = target
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def _finish(
         self,
@@ -644,6 +855,7 @@ class ProbeClient:
         token_stamps = reader.token_stamps if reader is not None else []
         first_event = reader.first_event if reader is not None else None
         first_answer = reader.first_answer if reader is not None else None
+        first_tool_call = reader.first_tool_call if reader is not None else None
         done = reader.done if reader is not None else False
         sent = stamps.sent if stamps.sent is not None else stamps.request_start
         sample.sent_mono_ns = sent
@@ -662,6 +874,7 @@ class ProbeClient:
         if token_stamps:
             sample.ttft_ms = _ms(sent, token_stamps[0])
             sample.ttfa_ms = _ms(sent, first_answer)
+            sample.first_tool_call_ms = _ms(sent, first_tool_call)
             sample.token_events = len(token_stamps)
             if len(token_stamps) > 1:
                 gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
@@ -708,6 +921,12 @@ class ProbeClient:
             raw = await resp.content.read(MAX_ERROR_BODY)
         except aiohttp.ClientError:
             raw = b""
+        try:
+            inflater = _inflater(resp)
+            if inflater is not None:
+                raw = next(_Inflater(inflater.encoding, step=MAX_ERROR_BODY).feed(raw), b"")
+        except BodyDecodeError:
+            raw = b"(a compressed body that does not decode)"
         text = raw.decode("utf-8", errors="replace")
         message = _server_message(text)
         status = resp.status
@@ -763,7 +982,41 @@ def _classify_status(status: int, message: str) -> ErrorClass:
     return ErrorClass.BAD_REQUEST
 
 
-def _classify_connect_error(exc: aiohttp.ClientError, endpoint: Endpoint) -> tuple[ErrorClass, str]:
+def _connected(stamps: _Stamps) -> bool:
+    return stamps.reused or stamps.conn_end is not None or stamps.sent is not None
+
+
+def _no_head_message(timeouts: Timeouts) -> str:
+    return (
+        f"connected, but no response headers within {timeouts.first_token:g} s of sending; the server "
+        "accepted the request and never answered (overloaded or hung), or raise timeout_s.first_token"
+    )
+
+
+def _redirect_target(resp: aiohttp.ClientResponse) -> URL | None:
+    location = resp.headers.get("Location")
+    if not 300 <= resp.status < 400 or not location:
+        return None
+    try:
+        return resp.url.join(URL(location))
+    except ValueError:
+        return None
+
+
+def _redirect_message(resp: aiohttp.ClientResponse, endpoint: Endpoint) -> str:
+    status = resp.status
+    target = _redirect_target(resp)
+    if target is None:
+        return f"HTTP {status} redirect without a usable Location; check base_url"
+    where = f"HTTP {status} redirect to {target}"
+    if not endpoint.follow_redirects:
+        return f"{where}; point base_url there, or set follow_redirects: true for this provider"
+    if status not in REPEATING_REDIRECTS:
+        return f"{where}, which would turn the POST into a GET; point base_url there (only 307 and 308 are followed)"
+    return f"{where} after {MAX_REDIRECTS} redirects already followed; point base_url at the final address"
+
+
+def _classify_request_error(exc: aiohttp.ClientError, endpoint: Endpoint) -> tuple[ErrorClass, str]:
     host = endpoint.base_url
     dns_error = getattr(aiohttp, "ClientConnectorDNSError", None)
     if (dns_error is not None and isinstance(exc, dns_error)) or isinstance(
@@ -781,4 +1034,12 @@ def _classify_connect_error(exc: aiohttp.ClientError, endpoint: Endpoint) -> tup
         return ErrorClass.CONNECT, f"cannot connect to {host}: {reason}; is the server running on that port?"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return ErrorClass.CONNECT, f"{host} closed the connection before answering"
+    if isinstance(exc, aiohttp.ClientResponseError):
+        # aiohttp's parser refused the response head: a bad status line, oversized or broken headers.
+        detail = " ".join(str(exc.message).split())[:200] or type(exc).__name__
+        return ErrorClass.PROTOCOL, redact(
+            f"{host} answered with broken HTTP ({detail}); the port may speak another protocol, "
+            "or a proxy in between garbles responses",
+            [endpoint.api_key],
+        )
     return ErrorClass.CONNECT, f"request to {host} failed: {type(exc).__name__}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -134,7 +135,7 @@ def build_prompts(options: ProbeOptions, config: Config | None) -> list[PromptSp
             raise UsageError(f"--prompt: unknown prompt profile '{name}' (known: {known})")
         spec = prompt_spec(name, config.prompts[name])
         if options.cache:
-            spec = PromptSpec(spec.name, spec.tokens, spec.language, options.cache)
+            spec = dataclasses.replace(spec, cache=options.cache)
         specs.append(spec)
     tokens = options.prompt_tokens or ([] if specs else [512])
     for count in tokens:

@@ -32,6 +32,7 @@ def endpoint_for(provider: Provider) -> Endpoint:
         timeouts=Timeouts(connect=timeouts.connect, first_token=timeouts.first_token, total=timeouts.total),
         ssl=ssl_option(verify=provider.tls.verify, ca_file=str(provider.tls.ca_file) if provider.tls.ca_file else None),
         secrets=provider.secrets(),
+        follow_redirects=provider.follow_redirects,
     )
 
 
@@ -70,7 +71,9 @@ class Endpoints:
 
 
 def prompt_spec(name: str, profile: PromptProfile) -> PromptSpec:
-    return PromptSpec(name=name, tokens=profile.tokens, language=profile.language, cache=profile.cache)
+    return PromptSpec(
+        name=name, tokens=profile.tokens, language=profile.language, cache=profile.cache, tool_call=profile.tool_call
+    )
 
 
 def adhoc_target(

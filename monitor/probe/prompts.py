@@ -134,6 +134,8 @@ class PromptSpec:
     tokens: int
     language: str = "en"
     cache: str = "bust"
+    # Offer one function and require it (tool_choice), so the answer is a tool call.
+    tool_call: bool = False
 
 
 class PromptFactory:

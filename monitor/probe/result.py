@@ -19,6 +19,8 @@ class ErrorClass(StrEnum):
     TIMEOUT_CONNECT = "timeout_connect"
     TIMEOUT_FIRST_TOKEN = "timeout_first_token"
     TIMEOUT_TOTAL = "timeout_total"
+    PROTOCOL = "protocol"
+    REDIRECT = "redirect"
     AUTH = "auth"
     MODEL_NOT_FOUND = "model_not_found"
     RATE_LIMITED = "rate_limited"
@@ -53,6 +55,8 @@ class Sample:
     first_event_ms: float | None = None
     ttft_ms: float | None = None
     ttfa_ms: float | None = None
+    # First token of a tool call's name or arguments (a forced tool call: tool_choice).
+    first_tool_call_ms: float | None = None
     total_ms: float | None = None
     gap_p50_ms: float | None = None
     gap_p95_ms: float | None = None
@@ -67,6 +71,12 @@ class Sample:
     served_model: str | None = None
     request_id: str | None = None
     http_status: int | None = None
+    # What the server says about itself, when it does (response headers, capped in length).
+    server_processing_ms: float | None = None  # openai-processing-ms
+    ratelimit_remaining_requests: int | None = None  # x-ratelimit-remaining-requests
+    ratelimit_remaining_tokens: int | None = None  # x-ratelimit-remaining-tokens
+    retry_after: str | None = None  # seconds or an HTTP date, as sent
+    server_timing: str | None = None  # Server-Timing, as sent
     error: ErrorClass | None = None
     error_message: str | None = None
     # The raw monotonic stamp of `sent`, to compare with another process's stamps (benchmarks).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from monitor.probe.apis import RequestParams
@@ -63,6 +63,7 @@ async def run_plan(
     samples: list[Sample] = []
 
     async def series(target: ProbeTarget, spec: PromptSpec) -> None:
+        params = replace(target.params, force_tool_call=True) if spec.tool_call else target.params
         total = plan.warmup + plan.rounds
         for index in range(total):
             if index:
@@ -80,7 +81,7 @@ async def run_plan(
             )
             async with gate, limits.get(target.provider):
                 text = prompts.text_for(target.name, spec, warmup=warmup)
-                await client.probe(target.endpoint, target.params, text, sample)
+                await client.probe(target.endpoint, params, text, sample)
             prompts.calibration.observe((target.name, spec.name), len(text), sample.prompt_tokens)
             samples.append(sample)
             if on_sample is not None:

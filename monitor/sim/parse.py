@@ -1,4 +1,4 @@
-"""Request bodies of the three generation APIs, reduced to what the simulator needs (pure)."""
+"""Request bodies of the five generation APIs, reduced to what the simulator needs (pure)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,22 @@ class SimRequest:
     has_stream_options: bool
     # What the request says about thinking; None leaves it to the model's default.
     thinking: bool | None
+    # The request offers tools and requires one (tool_choice): the answer streams as a tool call.
+    tool_call: bool = False
+
+
+def forces_tool_call(body: Mapping[str, Any]) -> bool:
+    """tool_choice (or Gemini's functionCallingConfig) requiring a tool, with tools offered, in any API's shape."""
+    if not body.get("tools"):
+        return False
+    choice = body.get("tool_choice")
+    if choice in ("required", "any"):
+        return True
+    if isinstance(choice, Mapping) and choice.get("type") in ("function", "tool", "any"):
+        return True
+    config = body.get("toolConfig")
+    calling = config.get("functionCallingConfig") if isinstance(config, Mapping) else None
+    return isinstance(calling, Mapping) and calling.get("mode") == "ANY"
 
 
 def load_json(raw: bytes) -> Mapping[str, Any]:
@@ -127,6 +143,7 @@ def parse_chat(body: Mapping[str, Any]) -> SimRequest:
         include_usage=include_usage,
         has_stream_options=has_options,
         thinking=thinking,
+        tool_call=forces_tool_call(body),
     )
 
 
@@ -169,4 +186,81 @@ def parse_messages(body: Mapping[str, Any]) -> SimRequest:
         include_usage=True,
         has_stream_options=False,
         thinking=thinking,
+        tool_call=forces_tool_call(body),
+    )
+
+
+def _input_text(value: Any) -> str:
+    """Responses `input`: a string, or a list of messages (their text parts) or input_text items."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not value:
+        raise BadRequest("input: Field required (a string or a non-empty list).")
+    texts = []
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise BadRequest(f"input[{i}]: expected an object, got {item!r}.")
+        content = item.get("content")
+        if isinstance(content, list):
+            texts.extend(
+                str(part.get("text", ""))
+                for part in content
+                if isinstance(part, Mapping) and part.get("type") in ("input_text", "text")
+            )
+        elif isinstance(content, str):
+            texts.append(content)
+    return "\n".join(texts)
+
+
+def parse_responses(body: Mapping[str, Any]) -> SimRequest:
+    """POST /v1/responses (OpenAI Responses): usage always comes with the last event."""
+    model = _model(body)
+    instructions = body.get("instructions")
+    text = _input_text(body.get("input"))
+    thinking = None
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, Mapping) and reasoning.get("effort") is not None:
+        thinking = reasoning["effort"] not in ("none", "minimal")
+    return SimRequest(
+        model=model,
+        prompt="\n".join([instructions, text]) if isinstance(instructions, str) and instructions else text,
+        stream=_flag(body, "stream"),
+        max_tokens=_max_tokens(body, "max_output_tokens"),
+        include_usage=True,
+        has_stream_options=False,
+        thinking=thinking,
+        tool_call=forces_tool_call(body),
+    )
+
+
+def parse_gemini(body: Mapping[str, Any], *, model: str, stream: bool) -> SimRequest:
+    """POST .../models/{model}:streamGenerateContent: the model and streaming come from the URL."""
+    contents = body.get("contents")
+    if not isinstance(contents, list) or not contents:
+        raise BadRequest("* GenerateContentRequest.contents: contents is not specified")
+    texts = []
+    for i, content in enumerate(contents):
+        parts = content.get("parts") if isinstance(content, Mapping) else None
+        if not isinstance(parts, list):
+            raise BadRequest(f"* GenerateContentRequest.contents[{i}].parts: parts is not specified")
+        texts.extend(str(part["text"]) for part in parts if isinstance(part, Mapping) and "text" in part)
+    config = body.get("generationConfig") or {}
+    if not isinstance(config, Mapping):
+        raise BadRequest("generationConfig: expected an object.")
+    thinking = None
+    thinking_config = config.get("thinkingConfig")
+    if isinstance(thinking_config, Mapping):
+        if thinking_config.get("thinkingBudget") == 0:
+            thinking = False
+        elif thinking_config.get("includeThoughts") is True:
+            thinking = True
+    return SimRequest(
+        model=model,
+        prompt="\n".join(texts),
+        stream=stream,
+        max_tokens=_max_tokens(config, "maxOutputTokens"),
+        include_usage=True,
+        has_stream_options=False,
+        thinking=thinking,
+        tool_call=forces_tool_call(body),
     )

@@ -92,6 +92,13 @@ def default_profiles() -> dict[str, ModelProfile]:
             reasoning_tokens=30,
             thinks_by_default=False,
         ),
+        "gemini-flash-sim": ModelProfile(
+            name="gemini-flash-sim",
+            ttft_base_ms=250.0,
+            prefill_ms_per_1k=20.0,
+            noise_sigma=0.2,
+            decode_tps=120.0,
+        ),
     }
 
 

@@ -5,7 +5,8 @@ Each generation request gets a time to first token from its model's profile and 
 fraction of a millisecond of its deadline so the simulator can serve as a reference when
 testing how accurately a client measures TTFT.
 
-Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages; GET /v1/models, /health.
+Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses,
+/v1beta/models/{model}:streamGenerateContent (Gemini; also under /v1); GET /v1/models, /health.
 Control: GET /sim/models, POST /sim/models/{name} (partial profile), POST /sim/reset,
 GET /sim/requests/{request_id} (timing stamps).
 """
@@ -26,7 +27,16 @@ from aiohttp import web
 from monitor.sim.arrival import ArrivalStamps
 from monitor.sim.cache import PrefixCache, block_hashes
 from monitor.sim.latency import Clock, sleep_until, sleep_until_precisely, token_gap_ns, ttft_ms
-from monitor.sim.parse import BadRequest, SimRequest, load_json, parse_chat, parse_completions, parse_messages
+from monitor.sim.parse import (
+    BadRequest,
+    SimRequest,
+    load_json,
+    parse_chat,
+    parse_completions,
+    parse_gemini,
+    parse_messages,
+    parse_responses,
+)
 from monitor.sim.plan import OutputPlan, plan_output
 from monitor.sim.profiles import (
     Faults,
@@ -43,7 +53,9 @@ from monitor.sim.stamps import Stamp, StampStore
 from monitor.sim.tokens import tokenize
 from monitor.sim.wire import COMMENT_PING, StreamWire, Usage, dumps
 from monitor.sim.wire import anthropic as anthropic_wire
+from monitor.sim.wire import gemini as gemini_wire
 from monitor.sim.wire import openai as openai_wire
+from monitor.sim.wire import responses as responses_wire
 
 PING_INTERVAL_NS = 100_000_000
 # How often a hanging response checks whether its client has gone.
@@ -130,13 +142,25 @@ class _Api:
     """What differs between the generation endpoints, apart from the wire format."""
 
     name: str
-    parse: Callable[[Mapping[str, Any]], SimRequest]
-    anthropic: bool
+    parse: Callable[[Mapping[str, Any], web.Request], SimRequest]
+    family: str = "openai"  # whose auth, headers and error bodies: openai, anthropic or gemini
+
+    @property
+    def anthropic(self) -> bool:
+        return self.family == "anthropic"
 
 
-_CHAT = _Api("chat", parse_chat, anthropic=False)
-_COMPLETIONS = _Api("completions", parse_completions, anthropic=False)
-_MESSAGES = _Api("messages", parse_messages, anthropic=True)
+def _gemini_request(body: Mapping[str, Any], request: web.Request) -> SimRequest:
+    # Model and streaming are in the URL; without alt=sse the API answers with one JSON array.
+    streams = request.match_info["method"] == "streamGenerateContent" and request.query.get("alt") == "sse"
+    return parse_gemini(body, model=request.match_info["model"], stream=streams)
+
+
+_CHAT = _Api("chat", lambda body, _request: parse_chat(body))
+_COMPLETIONS = _Api("completions", lambda body, _request: parse_completions(body))
+_MESSAGES = _Api("messages", lambda body, _request: parse_messages(body), family="anthropic")
+_RESPONSES = _Api("responses", lambda body, _request: parse_responses(body))
+_GEMINI = _Api("gemini", _gemini_request, family="gemini")
 
 
 @dataclass(slots=True)
@@ -199,6 +223,14 @@ class _Routes:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, _MESSAGES)
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, _RESPONSES)
+
+    async def gemini(self, request: web.Request) -> web.StreamResponse:
+        if request.match_info["method"] not in ("streamGenerateContent", "generateContent"):
+            raise web.HTTPNotFound()
+        return await self._generate(request, _GEMINI)
+
     def _headers(self, api: _Api, request_id: str) -> dict[str, str]:
         if api.anthropic:
             return {"request-id": f"req_{request_id}"}
@@ -221,16 +253,20 @@ class _Routes:
             headers["retry-after"] = "1"
         if api.anthropic:
             body = anthropic_wire.error_body(status, request_id=f"req_{stamp.request_id}", message=message, model=model)
+        elif api.family == "gemini":
+            body = gemini_wire.error_body(status, message=message, model=model)
         else:
             body = openai_wire.error_body(status, message=message, model=model)
         return _json_response(body, status=status, headers=headers)
 
-    def _authorized(self, request: web.Request, *, anthropic: bool) -> bool:
+    def _authorized(self, request: web.Request, *, anthropic: bool, gemini: bool = False) -> bool:
         key = self.sim.api_key
         if key is None:
             return True
         if anthropic:
             return request.headers.get("x-api-key") == key
+        if gemini:
+            return key in (request.headers.get("x-goog-api-key"), request.query.get("key"))
         return request.headers.get("Authorization") == f"Bearer {key}"
 
     async def _generate(self, request: web.Request, api: _Api) -> web.StreamResponse:
@@ -250,7 +286,7 @@ class _Routes:
         stamp = Stamp(request_id=request_id, api=api.name, received_ns=received_ns)
         sim.stamps.add(stamp)
 
-        if not self._authorized(request, anthropic=api.anthropic):
+        if not self._authorized(request, anthropic=api.anthropic, gemini=api.family == "gemini"):
             return self._error(api, stamp, 401)
         raw = await request.read()
         # The request counts as received when its last byte arrived (see monitor.sim.arrival);
@@ -258,7 +294,7 @@ class _Routes:
         arrived = self.arrivals.last_data_ns(request.protocol)
         stamp.received_ns = received_ns = arrived if arrived is not None else sim.clock()
         try:
-            body = api.parse(load_json(raw))
+            body = api.parse(load_json(raw), request)
         except BadRequest as exc:
             return self._error(api, stamp, 400, message=str(exc))
         stamp.model = body.model
@@ -322,9 +358,25 @@ class _Routes:
 
     def _wire(self, job: _Job) -> StreamWire:
         rid = job.stamp.request_id
+        if job.api is _RESPONSES:
+            return responses_wire.ResponsesWire(
+                response_id=f"resp_{rid}",
+                created=job.created,
+                model=job.body.model,
+                thinking=job.thinking,
+                tool_call=job.body.tool_call,
+            )
+        if job.api is _GEMINI:
+            return gemini_wire.GeminiWire(
+                response_id=rid, model=job.body.model, usage=job.usage, tool_call=job.body.tool_call
+            )
         if job.api is _MESSAGES:
             return anthropic_wire.MessagesWire(
-                message_id=f"msg_{rid}", model=job.body.model, thinking=job.thinking, usage=job.usage
+                message_id=f"msg_{rid}",
+                model=job.body.model,
+                thinking=job.thinking,
+                usage=job.usage,
+                tool_call=job.body.tool_call,
             )
         if job.api is _COMPLETIONS:
             return openai_wire.CompletionWire(
@@ -339,6 +391,7 @@ class _Routes:
             model=job.body.model,
             reasoning_field=job.profile.reasoning_field,
             include_usage=job.body.include_usage,
+            tool_call=job.body.tool_call,
         )
 
     async def _prefill(self, job: _Job, write: Callable[[bytes], Awaitable[None]]) -> None:
@@ -480,8 +533,14 @@ class _Routes:
         await sleep_until(job.first_token_ns + max(total - 1, 0) * job.gap_ns, clock=clock)
         stamp.completion_tokens = total
         rid = stamp.request_id
-        body: dict[str, Any]
-        if job.api is _MESSAGES:
+        body: Any
+        if job.api is _RESPONSES:
+            body = responses_wire.response_object(
+                response_id=f"resp_{rid}", created=job.created, model=job.body.model, plan=job.plan, usage=job.usage
+            )
+        elif job.api is _GEMINI:
+            body = gemini_wire.whole_array(response_id=rid, model=job.body.model, plan=job.plan, usage=job.usage)
+        elif job.api is _MESSAGES:
             body = anthropic_wire.message_response(
                 message_id=f"msg_{rid}", model=job.body.model, plan=job.plan, usage=job.usage
             )
@@ -571,6 +630,9 @@ def build_app(simulator: Simulator) -> web.Application:
     app.router.add_post("/v1/chat/completions", routes.chat)
     app.router.add_post("/v1/completions", routes.completions)
     app.router.add_post("/v1/messages", routes.messages)
+    app.router.add_post("/v1/responses", routes.responses)
+    for version in ("v1beta", "v1"):
+        app.router.add_post(f"/{version}/models/{{model}}:{{method}}", routes.gemini)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/health", routes.health)
     app.router.add_get("/sim/models", routes.sim_models)

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, ClassVar, cast
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Double,
     ForeignKey,
@@ -143,6 +144,7 @@ class SampleRow(Base):
     first_event_ms: Mapped[float | None] = mapped_column(Double)
     ttft_ms: Mapped[float | None] = mapped_column(Double)
     ttfa_ms: Mapped[float | None] = mapped_column(Double)
+    first_tool_call_ms: Mapped[float | None] = mapped_column(Double)
     total_ms: Mapped[float | None] = mapped_column(Double)
     gap_p50_ms: Mapped[float | None] = mapped_column(Double)
     gap_p95_ms: Mapped[float | None] = mapped_column(Double)
@@ -157,6 +159,11 @@ class SampleRow(Base):
     served_model: Mapped[str | None] = mapped_column(Text)
     request_id: Mapped[str | None] = mapped_column(Text)
     http_status: Mapped[int | None] = mapped_column(Integer)
+    server_processing_ms: Mapped[float | None] = mapped_column(Double)
+    ratelimit_remaining_requests: Mapped[int | None] = mapped_column(BigInteger)
+    ratelimit_remaining_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    retry_after: Mapped[str | None] = mapped_column(Text)
+    server_timing: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(String(ERROR_CLASS_LENGTH))
     error_message: Mapped[str | None] = mapped_column(Text)
 

@@ -63,3 +63,14 @@ class StreamWire(Protocol):
 
 
 COMMENT_PING = b": ping\n\n"
+
+# A forced tool call answers through this function; its arguments are the answer text, cut at
+# max_tokens like any output (so, like a real model's, they may stop mid-JSON).
+TOOL_NAME = "record_summary"
+TOOL_ARGUMENTS_OPENING = '{"summary": "'
+
+
+def tool_arguments(piece: str, *, first: bool) -> str:
+    """One piece of the arguments JSON: the answer's piece, escaped, after the opening on the first."""
+    escaped = dumps(piece)[1:-1]
+    return TOOL_ARGUMENTS_OPENING + escaped if first else escaped

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from monitor.sim.plan import OutputPlan
-from monitor.sim.wire import Usage, dumps, slot, split_template
+from monitor.sim.wire import TOOL_NAME, Usage, dumps, slot, split_template, tool_arguments
 
 # Real streams carry an opaque signature for the thinking block; clients only pass it back.
 THINKING_SIGNATURE = "EqQBCkYIARgCIkBzaW11bGF0ZWQgdGhpbmtpbmcgc2lnbmF0dXJl"
@@ -45,7 +45,9 @@ def usage_json(usage: Usage, *, output_tokens: int) -> dict[str, Any]:
 class MessagesWire:
     """message_start, a thinking block when thinking, a text block, message_delta, message_stop."""
 
-    def __init__(self, *, message_id: str, model: str, thinking: bool, usage: Usage) -> None:
+    def __init__(self, *, message_id: str, model: str, thinking: bool, usage: Usage, tool_call: bool = False) -> None:
+        self._tool_call = tool_call
+        self._tool_started = False
         self._message_id = message_id
         self._model = model
         self._thinking = thinking
@@ -66,9 +68,7 @@ class MessagesWire:
             "stop_sequence": None,
             "usage": usage_json(self._usage, output_tokens=1),
         }
-        first_block = (
-            {"type": "thinking", "thinking": "", "signature": ""} if self._thinking else {"type": "text", "text": ""}
-        )
+        first_block = {"type": "thinking", "thinking": "", "signature": ""} if self._thinking else self._answer_block()
         return (
             _event("message_start", {"type": "message_start", "message": message})
             + _block_start(0, first_block)
@@ -92,17 +92,29 @@ class MessagesWire:
         return (
             _event("content_block_delta", signature)
             + _block_stop(0)
-            + _block_start(self._answer_index, {"type": "text", "text": ""})
+            + _block_start(self._answer_index, self._answer_block())
         )
 
+    def _answer_block(self) -> dict[str, Any]:
+        if self._tool_call:
+            return {"type": "tool_use", "id": f"toolu_{self._message_id[-12:]}", "name": TOOL_NAME, "input": {}}
+        return {"type": "text", "text": ""}
+
     def answer(self, piece: str) -> bytes:
+        if self._tool_call:
+            first = not self._tool_started
+            self._tool_started = True
+            delta = {"type": "input_json_delta", "partial_json": tool_arguments(piece, first=first)}
+            payload = {"type": "content_block_delta", "index": self._answer_index, "delta": delta}
+            return _event("content_block_delta", payload)
         head, tail = self._text_delta
         return head + dumps(piece).encode() + tail
 
     def closing(self, *, finished: bool, usage: Usage) -> bytes:
+        stop_reason = "tool_use" if self._tool_call and finished else _stop_reason(finished)
         delta = {
             "type": "message_delta",
-            "delta": {"stop_reason": _stop_reason(finished), "stop_sequence": None},
+            "delta": {"stop_reason": stop_reason, "stop_sequence": None},
             "usage": {"output_tokens": usage.completion_tokens},
         }
         return (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from monitor.sim.plan import OutputPlan
-from monitor.sim.wire import Usage, dumps, slot, split_template
+from monitor.sim.wire import TOOL_NAME, Usage, dumps, slot, split_template, tool_arguments
 
 DONE = b"data: [DONE]\n\n"
 
@@ -30,9 +30,21 @@ def _finish_reason(finished: bool) -> str:
 class ChatWire:
     """`data: {chat.completion.chunk}` events, as vLLM's OpenAI server writes them."""
 
-    def __init__(self, *, chunk_id: str, created: int, model: str, reasoning_field: str, include_usage: bool) -> None:
+    def __init__(
+        self,
+        *,
+        chunk_id: str,
+        created: int,
+        model: str,
+        reasoning_field: str,
+        include_usage: bool,
+        tool_call: bool = False,
+    ) -> None:
         self._header = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model}
         self._include_usage = include_usage
+        self._tool_call = tool_call
+        self._tool_started = False
+        self._call_id = f"chatcmpl-tool-{chunk_id[-12:]}"
         self._reasoning = split_template(self._delta_event({reasoning_field: slot()}))
         self._content = split_template(self._delta_event({"content": slot()}))
 
@@ -51,15 +63,30 @@ class ChatWire:
         return b""
 
     def answer(self, piece: str) -> bytes:
+        if self._tool_call:
+            return self._tool_delta(piece)
         head, tail = self._content
         return head + dumps(piece).encode() + tail
+
+    def _tool_delta(self, piece: str) -> bytes:
+        first = not self._tool_started
+        self._tool_started = True
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": tool_arguments(piece, first=first)}}
+        if first:
+            call = {
+                "index": 0,
+                "id": self._call_id,
+                "type": "function",
+                "function": {"name": TOOL_NAME, **call["function"]},
+            }
+        return self._delta_event({"tool_calls": [call]}).encode()
 
     def closing(self, *, finished: bool, usage: Usage) -> bytes:
         choice = {
             "index": 0,
             "delta": {},
             "logprobs": None,
-            "finish_reason": _finish_reason(finished),
+            "finish_reason": "tool_calls" if self._tool_call and finished else _finish_reason(finished),
             "stop_reason": None,
         }
         out = _event({**self._header, "choices": [choice]})

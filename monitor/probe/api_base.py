@@ -1,0 +1,102 @@
+"""What every API flavour shares: the kinds of events, what one event says, the flavour protocol.
+
+The flavours themselves live in `apis.py` and in one module each; `apis.FLAVORS` lists them all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, ClassVar, Protocol
+
+from monitor.probe.sse import SSEEvent
+
+
+class Kind(Enum):
+    OTHER = "other"  # role chunk, ping, usage-only, empty delta: not a token
+    REASONING = "reasoning"  # a generated token, but not yet the visible answer
+    ANSWER = "answer"  # visible content
+    TOOL_CALL = "tool_call"  # a token of a tool call's name or arguments: an answer too
+    DONE = "done"
+    ERROR = "error"  # the server reported an error inside the stream
+
+
+@dataclass(slots=True)
+class EventInfo:
+    kind: Kind = Kind.OTHER
+    served_model: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    error_message: str | None = None
+    finished: bool = False  # this event also ends the stream (APIs without a separate end marker)
+
+
+class MalformedEvent(ValueError):
+    """An event whose data is not what the API promises (not JSON, wrong shape)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestParams:
+    model: str
+    max_tokens: int
+    temperature: float
+    extra_body: dict[str, Any]
+    include_usage: bool
+    force_tool_call: bool = False  # offer TOOL and require it (tool_choice), in the API's own shape
+
+
+# The one function a forced tool call offers; its arguments are the answer, so any model can call it.
+TOOL_NAME = "record_summary"
+TOOL_DESCRIPTION = "Record a one-sentence summary of the text."
+TOOL_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "description": "The summary."}},
+    "required": ["summary"],
+}
+
+
+class ApiFlavor(Protocol):
+    name: ClassVar[str]
+    path: ClassVar[str]
+
+    def path_for(self, params: RequestParams) -> str:
+        """The path (and query) after base_url; most APIs use `path`, Gemini puts the model in it."""
+        ...
+
+    def build_body(self, prompt: str, params: RequestParams) -> dict[str, Any]: ...
+
+    def auth_headers(self, api_key: str | None) -> dict[str, str]: ...
+
+    def classify(self, event: SSEEvent) -> EventInfo: ...
+
+
+def load_event(data: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except ValueError as exc:
+        raise MalformedEvent(f"event data is not JSON: {data[:80]!r}") from exc
+    if not isinstance(obj, dict):
+        raise MalformedEvent(f"event data is not a JSON object: {data[:80]!r}")
+    return obj
+
+
+def error_text(err: Any) -> str:
+    if isinstance(err, dict):
+        return str(err.get("message") or err.get("type") or err)
+    return str(err)
+
+
+def merge_extra(body: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    # extra_body is passed through verbatim, as the openai SDK does, and may override defaults.
+    return {**body, **extra}
+
+
+class FixedPath:
+    """For the APIs whose path does not depend on the request."""
+
+    path: ClassVar[str]
+
+    def path_for(self, params: RequestParams) -> str:
+        return self.path
