@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import io
+import uuid
 from pathlib import Path
 
 import pytest
@@ -73,18 +74,23 @@ async def test_check_names_a_model_change_without_a_migration(
 async def test_runs_stored_twice_before_the_unique_tick_are_removed_on_upgrade(empty_backend: Backend) -> None:
     engine = empty_backend.engine()
     try:
-        await migrate.upgrade(engine, "0002")
-        repository = Repository(engine)
-        first, twin = make_batch(T0), make_batch(T0)  # two replicas, one tick, four series
+        # Today's repository writes today's columns: store at head, then step back to 0002 (the
+        # data stays) and copy every tick's runs as a second replica would have stored them.
+        await migrate.upgrade(engine)
+        first = make_batch(T0)  # one tick, four series
         adhoc = make_batch(T0, job="adhoc") + make_batch(T0, job="adhoc")
-        await repository.save_runs(first)
-        await repository.save_runs(twin + adhoc)
+        await Repository(engine).save_runs(first + adhoc)
+        await migrate.downgrade(engine, "0002")
         async with engine.begin() as connection:
+            twin_ids = await connection.run_sync(_store_a_twin_of_every_tick_run)
             await connection.execute(sa.text("DELETE FROM rollup_pending"))
         await migrate.upgrade(engine)
         async with engine.connect() as connection:
             runs = set((await connection.scalars(sa.text("SELECT id FROM runs WHERE job <> 'adhoc'"))).all())
             adhoc_runs = await connection.scalar(sa.text("SELECT count(*) FROM runs WHERE job = 'adhoc'"))
+            kept_series = await connection.scalar(
+                sa.text("SELECT count(DISTINCT series_id) FROM runs WHERE job <> 'adhoc'")
+            )
             samples = await connection.scalar(sa.text("SELECT count(*) FROM samples"))
             orphans = await connection.scalar(
                 sa.text("SELECT count(*) FROM samples WHERE run_id NOT IN (SELECT id FROM runs)")
@@ -92,8 +98,8 @@ async def test_runs_stored_twice_before_the_unique_tick_are_removed_on_upgrade(e
             pending = await connection.scalar(sa.text("SELECT count(*) FROM rollup_pending"))
         kept = {str(r).replace("-", "") for r in runs}
         assert len(kept) == 4
-        assert kept <= {run.run_id.hex for run, _ in first + twin}
-        assert {run.series for run, _ in first + twin if run.run_id.hex in kept} == {run.series for run, _ in first}
+        assert kept <= {run.run_id.hex for run, _ in first} | twin_ids
+        assert len(twin_ids) == 4 and kept_series == 4  # one run left per (series, tick)
         assert orphans == 0
         assert adhoc_runs == 8
         assert samples == (4 + 8) * 6
@@ -101,6 +107,26 @@ async def test_runs_stored_twice_before_the_unique_tick_are_removed_on_upgrade(e
         assert await migrate.check(engine) == []
     finally:
         await engine.dispose()
+
+
+def _store_a_twin_of_every_tick_run(connection: sa.Connection) -> set[str]:
+    """Copy each non-ad-hoc run and its samples under new ids; the new run ids, as hex."""
+    meta = sa.MetaData()
+    runs = sa.Table("runs", meta, autoload_with=connection)
+    samples = sa.Table("samples", meta, autoload_with=connection)
+    native = connection.dialect.name == "postgresql"
+
+    def new_id() -> object:
+        return uuid.uuid4() if native else uuid.uuid4().hex
+
+    twins: set[str] = set()
+    for run in connection.execute(sa.select(runs).where(runs.c.job != "adhoc")).mappings().all():
+        twin_id = new_id()
+        twins.add(twin_id.hex if isinstance(twin_id, uuid.UUID) else str(twin_id))
+        connection.execute(runs.insert().values({**run, "id": twin_id}))
+        for sample in connection.execute(sa.select(samples).where(samples.c.run_id == run["id"])).mappings().all():
+            connection.execute(samples.insert().values({**sample, "id": new_id(), "run_id": twin_id}))
+    return twins
 
 
 async def test_the_daemon_refuses_an_empty_schema_naming_the_fix(empty_backend: Backend) -> None:
