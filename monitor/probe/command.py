@@ -52,6 +52,7 @@ class ProbeOptions:
     output_format: str = "table"
     store: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
+    report_path: str | None = None
 
 
 def parse_token_list(text: str) -> list[int]:
@@ -270,6 +271,13 @@ def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ:
         stdout.write(render_csv(samples))
     else:
         stdout.write(render_table(rows, show_setup=options.connection == "fresh") + "\n")
+    if options.report_path:
+        from monitor.web.report import write_probe_report
+
+        problem = write_probe_report(options.report_path, samples)
+        if problem:
+            stderr.write(f"ttft-monitor probe: {problem}\n")
+            return EXIT_USAGE
     measured = [s for s in samples if not s.warmup]
     if measured and not any(s.ok for s in measured):
         stderr.write("every probe failed:\n")
