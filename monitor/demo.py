@@ -70,6 +70,7 @@ detection:
   min_history_runs: 6
   trailing_runs: 12
 alerts:
+  base_url: "http://127.0.0.1:{metrics_port}/series"
   receivers:
     console: {{type: log}}
 """
@@ -161,7 +162,8 @@ def run_demo(*, state_dir: Path, slow_after_s: float, recover_after_s: float, du
         )
         out.write(
             f"ttft-monitor demo: simulator at {sim_url}, daemon probing {', '.join(TARGETS)} every 5 s "
-            f"(short and long prompts)\n  metrics: http://127.0.0.1:{metrics_port}/metrics   "
+            f"(short and long prompts)\n  status pages: http://127.0.0.1:{metrics_port}/\n"
+            f"  metrics: http://127.0.0.1:{metrics_port}/metrics   "
             f"config: {config_path}   database: {state_dir / 'demo.db'}\n"
             f"  in {slow_after_s:.0f} s {SLOWED} gets {SLOW_FACTOR}x slower; in {recover_after_s:.0f} s it recovers. "
             "Ctrl-C stops.\n"

@@ -144,3 +144,13 @@ def test_csv_keeps_nested_values_as_json() -> None:
 @pytest.mark.parametrize(("text", "seconds"), [("6h", 21600), ("7d", 604800), ("15m", 900), ("2w", 1209600)])
 def test_durations(text: str, seconds: int) -> None:
     assert parse_duration(text).total_seconds() == seconds
+
+
+def test_notification_links_open_the_series_page_at_the_incident() -> None:
+    from monitor.alert.model import series_link
+
+    link = series_link("http://127.0.0.1:9464/series", target="q<8b", prompt="short", location="lab", job="j", at=NOW)
+    assert link == (
+        "http://127.0.0.1:9464/series?var-target=q%3C8b&var-prompt=short&var-location=lab&var-job=j"
+        "&at=2026-03-02T11%3A00%3A00Z"
+    )

@@ -579,7 +579,11 @@ class Silence(ConfigModel):
 
 
 class Alerts(ConfigModel):
-    base_url: str | None = Field(None, description="Public URL of your dashboard, used for links in notifications.")
+    base_url: str | None = Field(
+        None,
+        description="Public URL of your dashboard, used for links in notifications; for the built-in status "
+        "pages, their series page (`http://HOST:9464/series`), which links open at the incident's time.",
+    )
     renotify_interval_s: float = Field(
         14400, ge=0, description="Repeat an open incident's notification this often (0 = never)."
     )
