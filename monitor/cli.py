@@ -183,6 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _config_arg(report)
     report.add_argument("--since", default="7d", help="how far back, e.g. 24h, 7d, 30d (7d)")
+    report.add_argument("--until", help="end of the window, ISO 8601 with a zone (default: now)")
     report.add_argument("--target", "-t", action="append", default=[], help="only this target (repeatable)")
     report.add_argument("--prompt", action="append", default=[], help="only this prompt profile (repeatable)")
     report.add_argument("--location", action="append", default=[], help="only this location (repeatable)")
@@ -392,13 +393,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
     from monitor.config.errors import ConfigError
     from monitor.config.loader import load_config
-    from monitor.web.api import BadRequest, parse_duration
+    from monitor.web.api import BadRequest, parse_duration, parse_time
     from monitor.web.report import render, report_from_store
 
     try:
         since = parse_duration(args.since)
+        until = parse_time(args.until, "until") if args.until else datetime.now(UTC)
     except BadRequest as exc:
         print(f"ttft-monitor report: --{exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -409,14 +413,12 @@ def _cmd_report(args: argparse.Namespace) -> int:
         return EXIT_USAGE
 
     async def build() -> dict[str, object]:
-        from datetime import UTC, datetime
-
         from monitor.store.engine import create_engine
 
         engine = create_engine(config.database.url)
         try:
             return await report_from_store(
-                engine, since=since, now=datetime.now(UTC), targets=args.target, prompts=args.prompt,
+                engine, since=since, now=until, targets=args.target, prompts=args.prompt,
                 locations=args.location,
             )  # fmt: skip
         finally:

@@ -124,6 +124,7 @@ def web_routes(
     guard: Guard | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     describe_error: Callable[[BaseException], str] = lambda exc: type(exc).__name__,
+    thresholds: Mapping[str, float] | None = None,
 ) -> list[web.RouteDef]:
     """The pages, /static/*, /login and /api/v1/*, for an aiohttp application."""
     guard = guard or Guard()
@@ -195,6 +196,8 @@ def web_routes(
         start, end = time_window(request.query, now(), "24h")
         max_points = _whole(request.query.get("max_points"), queries.MAX_POINTS, "max_points", 10, queries.MAX_POINTS)
         result = await queries.series_points(engine, series_id, start=start, end=end, max_points=max_points)
+        # The detector's ratios (from the config), so the page draws where tickets and pages begin.
+        result["thresholds"] = dict(thresholds) if thresholds else None
         return _respond(request, result, result["points"], f"series-{series_id}")
 
     async def incidents(request: web.Request) -> web.Response:

@@ -392,6 +392,10 @@ async def series_points(
         tail_start = max(rolled) + timedelta(hours=1) if rolled else start
         fresh = [h for h in await repository.hourly_percentiles(key, tail_start, end) if h.hour not in rolled]
         points = hourly_points(sorted([*stored, *fresh], key=lambda h: h.hour), start=start, width_s=width)
+    if baseline is None:
+        baseline = _median(
+            [p["ttft_p50_ms"] for p in points if p["ttft_p50_ms"] is not None and not _inside(p, incidents)]
+        )
     return {
         "series": asdict(info),
         "start": iso(start),
@@ -402,6 +406,11 @@ async def series_points(
         "points": points,
         "incidents": incidents,
     }
+
+
+def _inside(point: dict[str, Any], incidents: Sequence[dict[str, Any]]) -> bool:
+    moment = point["t"]
+    return any(i["since"] <= moment and (i["resolved_at"] is None or moment < i["resolved_at"]) for i in incidents)
 
 
 # ---------------------------------------------------------------- incidents
@@ -429,6 +438,8 @@ def _incident(row: Any, now: datetime) -> dict[str, Any]:
         "kind": row.kind,
         "severity": row.severity,
         "opened_at": iso(row.opened_at),
+        # The first run of the streak that confirmed it: where the change began.
+        "since": details.get("since") or iso(row.opened_at),
         "resolved_at": iso(row.resolved_at),
         "open": row.resolved_at is None,
         "duration_s": round((until - row.opened_at).total_seconds()),

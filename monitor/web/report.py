@@ -148,6 +148,7 @@ def render_html(data: dict[str, Any], *, title: str) -> str:
 <html lang="en">
 <head>
 <meta charset="utf-8">
+<link rel="icon" href="data:,">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{html.escape(title)}</title>
 <style>{_static("uPlot.min.css")}

@@ -62,7 +62,13 @@ def ui_routes(config: Config, engine: AsyncEngine, environ: Mapping[str, str] | 
 
     guard = guard_from_config(config, os.environ if environ is None else environ)
     url = config.database.url
-    return web_routes(engine, guard=guard, describe_error=lambda exc: describe_db_error(exc, url))
+    detection = config.detection
+    return web_routes(
+        engine,
+        guard=guard,
+        describe_error=lambda exc: describe_db_error(exc, url),
+        thresholds={"ticket_ratio": detection.ticket.ratio, "page_ratio": detection.page.ratio},
+    )
 
 
 def ui_url(listen: str) -> str:

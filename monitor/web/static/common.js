@@ -83,6 +83,15 @@ const TTFT = (() => {
     const line = document.createElementNS(ns, "path");
     line.setAttribute("d", path);
     svg.append(line);
+    values.forEach((v, i) => {
+      // An hour without neighbours draws no line: mark it with a dot.
+      if (v === null || (values[i - 1] ?? null) !== null || (values[i + 1] ?? null) !== null) return;
+      const dot = document.createElementNS(ns, "circle");
+      dot.setAttribute("cx", ((i / Math.max(values.length - 1, 1)) * (width - 2) + 1).toFixed(1));
+      dot.setAttribute("cy", (height - 1 - ((v - low) / span) * (height - 2)).toFixed(1));
+      dot.setAttribute("r", "2");
+      svg.append(dot);
+    });
     return svg;
   }
 

@@ -38,7 +38,7 @@
     u.over.querySelectorAll(".incident-shade").forEach((node) => node.remove());
     const [x0, x1] = [u.scales.x.min, u.scales.x.max];
     for (const item of incidents) {
-      const a = Math.max(TTFT.epoch(item.opened_at), x0);
+      const a = Math.max(TTFT.epoch(item.since || item.opened_at), x0);
       const b = Math.min(item.resolved_at ? TTFT.epoch(item.resolved_at) : x1, x1);
       if (b <= a) continue;
       const left = u.valToPos(a, "x"), right = u.valToPos(b, "x");
@@ -95,21 +95,23 @@
     const col = (key) => pts.map((p) => p[key] ?? null);
     const baseline = pts.map(() => data.baseline_ms);
     const incidentBaselines = data.incidents.filter((i) => i.baseline_ms !== null);
-    const bandLow = baseline.map((b) => (b === null ? null : b * 0.8)), bandHigh = baseline.map((b) => (b === null ? null : b * 1.5));
+    // The baseline's band: up to where the detector opens a ticket; the page line above it.
+    const limits = data.thresholds || {};
+    const times = (ratio) => baseline.map((b) => (b === null || !ratio ? null : b * ratio));
     const ttftSeries = [
       { label: "p10", stroke: "rgba(46,111,219,0.35)", points: { show: false } },
       { label: "p50", stroke: "#2e6fdb", width: 1.5, points: { show: pts.length < 400, size: 4 } },
       { label: "p90", stroke: "rgba(46,111,219,0.35)", points: { show: false } },
       { label: "baseline", stroke: "#12b76a", dash: [6, 4], points: { show: false } },
-      { label: "baseline band", stroke: "rgba(18,183,106,0.3)", points: { show: false } },
-      { label: " ", stroke: "rgba(18,183,106,0.3)", points: { show: false } },
+      { label: `ticket ×${limits.ticket_ratio ?? "–"}`, stroke: "rgba(247,144,9,0.6)", dash: [2, 3], points: { show: false } },
+      { label: `page ×${limits.page_ratio ?? "–"}`, stroke: "rgba(217,45,32,0.6)", dash: [2, 3], points: { show: false } },
     ];
     const shade = { hooks: { draw: [(u) => shadeIncidents(u, data.incidents)] } };
     const tip = tooltipPlugin(pts);
     TTFT_CHARTS.timeChart(main, "TTFT (ms): p50 with the p10–p90 band, baseline, incidents shaded",
-      [xs, col("ttft_p10_ms"), col("ttft_p50_ms"), col("ttft_p90_ms"), baseline, bandLow, bandHigh], ttftSeries, {
+      [xs, col("ttft_p10_ms"), col("ttft_p50_ms"), col("ttft_p90_ms"), baseline, times(limits.ticket_ratio), times(limits.page_ratio)], ttftSeries, {
         yLabel: "ms", height: 280,
-        bands: [{ series: [3, 1], fill: "rgba(46,111,219,0.12)" }, { series: [6, 5], fill: "rgba(18,183,106,0.07)" }],
+        bands: [{ series: [3, 1], fill: "rgba(46,111,219,0.12)" }, { series: [5, 4], fill: "rgba(18,183,106,0.08)" }],
         hooks: { draw: shade.hooks.draw, init: [tip.hooks.init], setCursor: [tip.hooks.setCursor] },
       });
     if (incidentBaselines.length) {
@@ -130,6 +132,13 @@
     if (data.resolution !== "hour") {
       TTFT_CHARTS.timeChart(main, "Prompt and cached tokens", [xs, col("prompt_tokens"), col("cached_tokens")],
         [{ label: "prompt tokens", stroke: "#2e6fdb", points: { show: false } }, { label: "cached tokens", stroke: "#f79009", points: { show: false } }], { height: 160 });
+    }
+    const failures = pts.filter((p) => p.errors > 0 && p.error_message).slice(-10).reverse();
+    if (failures.length) {
+      main.append(el("h2", {}, "Recent errors"), el("ul", { class: "recent-errors" }, failures.map((p) =>
+        el("li", {}, `${TTFT.when(p.t)} · ${Object.keys(p.error_counts).join(", ")}${p.http_status ? ` · HTTP ${p.http_status}` : ""}: `,
+          el("span", { class: "error-message" }, p.error_message),
+          p.request_id ? el("span", { class: "muted" }, ` · request ${p.request_id}`) : ""))));
     }
     main.setAttribute("data-loaded", "1");
   }
