@@ -31,6 +31,18 @@ def test_the_median_interval_contains_the_median_and_narrows_with_more_data() ->
     assert high_l - low_l < (high_s - low_s) / 3
 
 
+@pytest.mark.parametrize("n", [15, 31, 200])
+def test_the_exact_bootstrap_agrees_with_resampling(n: int) -> None:
+    rng = random.Random(n)
+    values = sorted(rng.lognormvariate(6, 0.4) for _ in range(n))
+    medians = sorted(stats.quantile(sorted(rng.choices(values, k=n)), 0.5) for _ in range(4000))
+    mean = sum(medians) / len(medians)
+    resampled_variance = sum((m - mean) ** 2 for m in medians) / len(medians)
+    assert stats.median_variance(values) == pytest.approx(resampled_variance, rel=0.25)
+    low, high = stats.median_interval(values)
+    assert low == pytest.approx(medians[100], rel=0.05) and high == pytest.approx(medians[3899], rel=0.05)
+
+
 def test_a_clear_difference_is_significant_and_noise_is_not() -> None:
     rng = random.Random(2)
     fast = sorted(rng.gauss(300, 30) for _ in range(200))

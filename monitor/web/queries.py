@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import uuid
-import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -516,6 +515,7 @@ def compare_values(
             slope_points[target].append((prompt_tokens, ttft))
     sorted_cells = {key: sorted(values) for key, values in cells.items()}
     cdfs = {key: stats.median_bootstrap_cdf(len(values)) for key, values in sorted_cells.items()}
+    variances = {key: stats.median_variance(values, cdfs[key]) for key, values in sorted_cells.items()}
     table = []
     for (target, prompt), values in sorted(sorted_cells.items()):
         interval = stats.median_interval(values, cdfs[(target, prompt)])
@@ -539,10 +539,9 @@ def compare_values(
         ranked = sorted(in_prompt, key=lambda t: (stats.quantile(sorted_cells[(t, prompt)], 0.5), t))
         for i, faster in enumerate(ranked):
             for slower in ranked[i + 1 :]:
-                seed = zlib.crc32(f"{prompt}\0{faster}\0{slower}".encode())
                 diff = stats.median_difference(
                     sorted_cells[(slower, prompt)], sorted_cells[(faster, prompt)],
-                    a_cdf=cdfs[(slower, prompt)], b_cdf=cdfs[(faster, prompt)], seed=seed,
+                    a_variance=variances[(slower, prompt)], b_variance=variances[(faster, prompt)],
                 )  # fmt: skip
                 assert diff is not None
                 pairs.append(
