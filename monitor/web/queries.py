@@ -211,30 +211,30 @@ def _fraction(ok: Any, errors: Any) -> float | None:
 
 async def _baselines(connection: AsyncConnection, *, week: datetime, hour: datetime) -> dict[int, float]:
     """Per series: the median of its hourly p50s over the week before the last hour (stored rollups),
-    or of its run p50s over that time where no rollup exists yet (a young database)."""
-    rows = await connection.execute(
-        select(RollupRow.series_id, RollupRow.ttft_p50_ms).where(
-            RollupRow.hour >= type_coerce(week, UtcDateTime()),
-            RollupRow.hour < type_coerce(hour - timedelta(hours=1), UtcDateTime()),
-            RollupRow.ttft_p50_ms.is_not(None),
-        )
-    )
-    values: dict[int, list[float]] = defaultdict(list)
-    for series_id, p50 in rows:
-        values[series_id].append(p50)
+    or of its run p50s over the day before the last hour where no rollup exists yet (a young database)."""
     day = hour - timedelta(hours=23)
-    rows = await connection.execute(
-        select(RunRow.series_id, RunRow.ttft_p50_ms).where(
-            RunRow.started_at >= type_coerce(max(week, day), UtcDateTime()),
-            RunRow.started_at < type_coerce(hour, UtcDateTime()),
-            RunRow.ttft_p50_ms.is_not(None),
-        )
+    sources = (
+        (RollupRow.series_id, RollupRow.ttft_p50_ms, RollupRow.hour, week, hour - timedelta(hours=1)),
+        (RunRow.series_id, RunRow.ttft_p50_ms, RunRow.started_at, max(week, day), hour),
     )
-    runs: dict[int, list[float]] = defaultdict(list)
-    for series_id, p50 in rows:
-        if series_id not in values:
-            runs[series_id].append(p50)
-    return {sid: m for sid, vs in {**runs, **values}.items() if (m := _median(vs)) is not None}
+    found: list[dict[int, float]] = []
+    for series_id, value, moment, since, until in sources:
+        window = (
+            moment >= type_coerce(since, UtcDateTime()),
+            moment < type_coerce(until, UtcDateTime()),
+            value.is_not(None),
+        )
+        if connection.dialect.name == "postgresql":
+            median = func.percentile_cont(0.5).within_group(value)
+            rows = await connection.execute(select(series_id, median).where(*window).group_by(series_id))
+            found.append({sid: m for sid, m in rows if m is not None})
+            continue
+        values: dict[int, list[float]] = defaultdict(list)
+        for sid, v in await connection.execute(select(series_id, value).where(*window)):
+            values[sid].append(v)
+        found.append({sid: m for sid, vs in values.items() if (m := _median(vs)) is not None})
+    rolled, recent = found
+    return {**recent, **rolled}
 
 
 # ---------------------------------------------------------------- one series over time
