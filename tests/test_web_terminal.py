@@ -39,3 +39,18 @@ def test_a_pipe_gets_plain_lines() -> None:
     table.maybe_draw(10)
     table.note("\n!!! [PAGE] x\n")
     assert "\x1b[" not in piped.getvalue() and "!!! [PAGE] x" in piped.getvalue()
+
+
+def test_probe_progress_shows_done_total_and_eta_on_a_terminal_only() -> None:
+    from monitor.probe.command import Progress
+    from tests.store_fixtures import make_samples
+
+    samples = make_samples(rounds=3, warmup=1)
+    screen, piped = Terminal(), io.StringIO()
+    for stream in (screen, piped):
+        progress = Progress(len(samples), stream)
+        for sample in samples:
+            progress(sample)
+        progress.close()
+    assert "1/4 ETA " in screen.getvalue() and "4/4 qwen3-8b/short" in screen.getvalue()
+    assert piped.getvalue() == ""

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -151,6 +152,7 @@ class Progress:
         self.done = 0
         self.stream = stream
         self.enabled = stream.isatty()
+        self.started = time.monotonic()
 
     def __call__(self, sample: Sample) -> None:
         self.done += 1
@@ -164,7 +166,9 @@ class Progress:
             else (sample.error.value if sample.error else "?")
         )
         bar = "#" * filled + "." * (width - filled)
-        line = f"\r[{bar}] {self.done}/{self.total} {sample.target}/{sample.prompt}: {status}"
+        left_s = (time.monotonic() - self.started) / self.done * (self.total - self.done)
+        eta = f" ETA {left_s:.0f} s" if self.done < self.total else ""
+        line = f"\r[{bar}] {self.done}/{self.total}{eta} {sample.target}/{sample.prompt}: {status}"
         self.stream.write(line[:120].ljust(120))
         self.stream.flush()
 
