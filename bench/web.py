@@ -26,6 +26,7 @@ import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -52,13 +53,23 @@ async def timed(calls: int, make_call: object) -> list[float]:
 
 async def bench(url: str, args: argparse.Namespace) -> None:
     rng = random.Random(args.seed)
-    await migrate.upgrade(url)
     engine = create_engine(url)
     repository = Repository(engine)
     series = make_series(args.series, rng)
     per_tick = len(series) * (ROUNDS + WARMUP)
     ticks = max(1, args.samples // per_tick)
     start = datetime(2026, 1, 5, tzinfo=UTC)
+    now = start + ticks * INTERVAL
+    if not args.reuse:
+        await load(url, repository, series, ticks, start, now, rng)
+    await time_views(engine, series, now, rng, args)
+    await engine.dispose()
+
+
+async def load(url: str, repository: Repository, series: list, ticks: int, start: datetime, now: datetime,
+               rng: random.Random) -> None:  # fmt: skip
+    await migrate.upgrade(url)
+    per_tick = len(series) * (ROUNDS + WARMUP)
     provider_of = {one.key.target: one.key.provider for one in series}
     by_location: dict[str, list] = {}
     for one in series:
@@ -71,7 +82,6 @@ async def bench(url: str, args: argparse.Namespace) -> None:
             batch += runs_from_samples(tick_samples(members, at, rng), job="bench", location=location,
                                        provider_of=provider_of)  # fmt: skip
         await repository.save_runs(batch)
-    now = start + ticks * INTERVAL
     print(f"   loaded {ticks * per_tick:,} samples, {len(series)} series in {time.perf_counter() - began:.0f} s")
     began = time.perf_counter()
     rolled = 0
@@ -81,6 +91,12 @@ async def bench(url: str, args: argparse.Namespace) -> None:
         if not done:
             break
     print(f"   rolled up {rolled:,} series-hours in {time.perf_counter() - began:.0f} s")
+    async with repository.engine.connect() as connection:
+        await connection.exec_driver_sql("ANALYZE")
+        await connection.commit()
+
+
+async def time_views(engine: Any, series: list, now: datetime, rng: random.Random, args: argparse.Namespace) -> None:
     async with engine.connect() as connection:
         await connection.exec_driver_sql("ANALYZE")
         await connection.commit()
@@ -104,7 +120,6 @@ async def bench(url: str, args: argparse.Namespace) -> None:
     print(f"   series, 24 hours (raw, bucketed)         {timings(day)}")
     cells = sum(c["n"] for c in sample["cells"])
     print(f"   compare, 7 days, 3 targets ({cells:,} samples) {timings(compare)}")
-    await engine.dispose()
 
 
 async def main() -> int:
@@ -117,13 +132,21 @@ async def main() -> int:
         "--postgres-url",
         default=os.environ.get("TTFT_TEST_POSTGRES_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
     )
+    parser.add_argument("--keep", action="store_true", help="keep the loaded database (its URL is printed)")
+    parser.add_argument("--reuse", metavar="URL", help="time the views on a database kept by --keep (same options)")
     args = parser.parse_args()
     print(f"ttft-monitor web benchmark  python {platform.python_version()}  {os.cpu_count()} CPUs")
+    if args.reuse:
+        await bench(args.reuse, args)
+        return 0
     url, drop = await postgres_scratch(args.postgres_url)
     try:
         await bench(url, args)
     finally:
-        await drop()
+        if args.keep:
+            print(f"kept: {url}  (time again with --reuse {url})")
+        else:
+            await drop()
     return 0
 
 

@@ -203,3 +203,19 @@ async def test_compare_on_the_database_matches_the_pure_function(backend: Backen
     assert all(c["n"] == 60 and c["prompt"] == "short" for c in result["cells"])
     assert result["available"]["prompts"] == ["long", "short"]
     assert len(result["pairs"]) == 1
+
+
+async def test_a_series_whose_last_run_failed_entirely_is_down(backend: Backend) -> None:
+    from monitor.probe.result import ErrorClass
+    from monitor.store.records import runs_from_samples
+    from tests.store_fixtures import PROVIDERS, make_samples
+
+    repository = await _store(backend, hours=1)
+    at = T0 + timedelta(hours=1)
+    failed = make_samples("qwen3-8b", "short", at=at, errors={i: ErrorClass.SERVER_ERROR for i in range(1, 7)})
+    await repository.save_runs(runs_from_samples(failed, job="every-5m", location="test-lab", provider_of=PROVIDERS))
+    rows = await queries.overview(repository.engine, now=at + timedelta(minutes=5))
+    await repository.engine.dispose()
+    assert (rows[0]["target"], rows[0]["prompt"], rows[0]["status"]) == ("qwen3-8b", "short", "down")
+    assert {r["status"] for r in rows[1:]} == {"ok"}
+    assert rows[0]["availability_24h"] == pytest.approx(60 / 65, abs=1e-5)

@@ -149,20 +149,20 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
         for series_id, _at, p50, _ok in recent:
             if p50 is not None:
                 last_hour[series_id].append(p50)
-        last_failed = dict(
-            (row[0], row[1] == 0)
-            for row in await connection.execute(
-                select(RunRow.series_id, RunRow.ok).where(
-                    RunRow.started_at
-                    == select(func.max(RunRow.started_at))
-                    .where(RunRow.series_id == SeriesRow.id)
-                    .correlate(SeriesRow)
-                    .scalar_subquery(),
-                    RunRow.series_id == SeriesRow.id,
-                    started >= type_coerce(day, UtcDateTime()),
+        latest = (
+            select(RunRow.series_id, func.max(started).label("at"))
+            .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+            .group_by(RunRow.series_id)
+            .subquery()
+        )
+        last_failed = {
+            series_id: ok == 0
+            for series_id, ok in await connection.execute(
+                select(RunRow.series_id, RunRow.ok).join(
+                    latest, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at)
                 )
             )
-        )
+        }
         baselines = await _baselines(connection, week=week, hour=hour)
         incidents = await connection.execute(
             select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
@@ -209,7 +209,9 @@ def _fraction(ok: Any, errors: Any) -> float | None:
     return round(ok / (ok + errors), 5) if ok + errors else None
 
 
-async def _baselines(connection: AsyncConnection, *, week: datetime, hour: datetime) -> dict[int, float]:
+async def _baselines(
+    connection: AsyncConnection, *, week: datetime, hour: datetime, series_ids: Sequence[int] | None = None
+) -> dict[int, float]:
     """Per series: the median of its hourly p50s over the week before the last hour (stored rollups),
     or of its run p50s over the day before the last hour where no rollup exists yet (a young database)."""
     day = hour - timedelta(hours=23)
@@ -223,6 +225,7 @@ async def _baselines(connection: AsyncConnection, *, week: datetime, hour: datet
             moment >= type_coerce(since, UtcDateTime()),
             moment < type_coerce(until, UtcDateTime()),
             value.is_not(None),
+            *([series_id.in_(list(series_ids))] if series_ids is not None else []),
         )
         if connection.dialect.name == "postgresql":
             median = func.percentile_cont(0.5).within_group(value)
@@ -379,9 +382,10 @@ async def series_points(
             width = max(3600, math.ceil(bucket_seconds(range_s, max_points) / 3600) * 3600)
             points = []
         incidents = await _incidents_of(connection, [series_id], start=start, end=end)
-        baseline = (await _baselines(connection, week=end - timedelta(days=7), hour=end - timedelta(hours=1))).get(
-            series_id
+        baselines = await _baselines(
+            connection, week=end - timedelta(days=7), hour=end - timedelta(hours=1), series_ids=[series_id]
         )
+        baseline = baselines.get(series_id)
     if resolution == "hour":
         repository = Repository(engine)
         key = SeriesKey(info.target, info.provider, info.model, info.prompt, info.location)

@@ -26,7 +26,9 @@
     const pick = (name, values) => el("fieldset", {}, el("legend", {}, name + "s"),
       values.map((v) => el("label", {}, el("input", { type: "checkbox", name, value: v, checked: params.getAll(name).includes(v) }), " ", v)));
     form.append(pick("target", data.available.targets), pick("prompt", data.available.prompts));
-    const range = el("select", { name: "since" }, ["24h", "7d", "30d", "90d"].map((r) => el("option", { value: r, selected: r === since }, r)));
+    const ranges = ["1h", "6h", "24h", "7d", "30d", "90d"];
+    if (!ranges.includes(since)) ranges.unshift(since);
+    const range = el("select", { name: "since" }, ranges.map((r) => el("option", { value: r, selected: r === since }, r)));
     form.append(el("label", {}, "range ", range), el("button", { type: "submit" }, "Compare"));
     return form;
   }
