@@ -585,32 +585,31 @@ async def compare(
     locations: Sequence[str] = (),
 ) -> dict[str, Any]:
     """`compare_values` over the successful measured samples of runs started in [start, end)."""
-    query = (
-        select(SeriesRow.target, SeriesRow.model, SeriesRow.prompt, SampleRow.ttft_ms, SampleRow.prompt_tokens)
-        .select_from(
-            SeriesRow.__table__.join(RunRow.__table__, RunRow.series_id == SeriesRow.id).join(
-                SampleRow.__table__, SampleRow.run_id == RunRow.id
+    async with engine.connect() as connection:
+        series = await _series(connection)
+        chosen = {
+            sid: info
+            for sid, info in series.items()
+            if (not targets or info.target in targets)
+            and (not prompts or info.prompt in prompts)
+            and (not locations or info.location in locations)
+        }
+        # By series id: the runs index (series_id, started_at) finds the runs; names are joined here.
+        query = (
+            select(RunRow.series_id, SampleRow.ttft_ms, SampleRow.prompt_tokens)
+            .select_from(RunRow.__table__.join(SampleRow.__table__, SampleRow.run_id == RunRow.id))
+            .where(
+                RunRow.series_id.in_(list(chosen)),
+                RunRow.started_at >= type_coerce(start, UtcDateTime()),
+                RunRow.started_at < type_coerce(end, UtcDateTime()),
+                SampleRow.warmup.is_(False),
+                SampleRow.error.is_(None),
+                SampleRow.ttft_ms.is_not(None),
             )
         )
-        .where(
-            RunRow.started_at >= type_coerce(start, UtcDateTime()),
-            RunRow.started_at < type_coerce(end, UtcDateTime()),
-            SampleRow.warmup.is_(False),
-            SampleRow.error.is_(None),
-            SampleRow.ttft_ms.is_not(None),
-        )
-    )
-    if targets:
-        query = query.where(SeriesRow.target.in_(list(targets)))
-    if prompts:
-        query = query.where(SeriesRow.prompt.in_(list(prompts)))
-    if locations:
-        query = query.where(SeriesRow.location.in_(list(locations)))
-    async with engine.connect() as connection:
-        rows = (await connection.execute(query)).all()
-        available = (
-            await connection.execute(select(SeriesRow.target, SeriesRow.prompt, SeriesRow.location).distinct())
-        ).all()
+        found = (await connection.execute(query)).all() if chosen else []
+    rows = [(chosen[sid].target, chosen[sid].model, chosen[sid].prompt, ttft, tokens) for sid, ttft, tokens in found]
+    available = [(info.target, info.prompt, info.location) for info in series.values()]
     result = compare_values(rows)
     return {
         "start": iso(start),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,13 @@ def _binomial_at_least(n: int, p: float, m: int) -> float:
 def median_bootstrap_cdf(n: int) -> list[float]:
     """cdf[j-1] = P(bootstrap median <= x_(j)) for a sample of n sorted values (lower middle for even n)."""
     m = (n + 1) // 2
-    return [_binomial_at_least(n, j / n, m) for j in range(1, n + 1)]
+    if n <= _EXACT_BINOMIAL_UP_TO:
+        return [_binomial_at_least(n, j / n, m) for j in range(1, n + 1)]
+    # Beyond 10 standard deviations (sqrt(n)/2 order statistics each) the tail is below 1e-23.
+    reach = math.ceil(5 * math.sqrt(n))
+    low, high = max(1, m - reach), min(n, m + reach)
+    middle = [_binomial_at_least(n, j / n, m) for j in range(low, high + 1)]
+    return [0.0] * (low - 1) + middle + [1.0] * (n - high)
 
 
 def _pick(sorted_values: Sequence[float], cdf: Sequence[float], u: float) -> float:
@@ -115,11 +122,12 @@ def prefill_slope(points: Sequence[tuple[float, float]]) -> Slope | None:
     n = len(points)
     if n < 2:
         return None
-    mean_x = sum(x for x, _ in points) / n
-    mean_y = sum(y for _, y in points) / n
-    sxx = sum((x - mean_x) ** 2 for x, _ in points)
+    xs = [x for x, _ in points]
+    ys = [y for _, y in points]
+    mean_x, mean_y = math.fsum(xs) / n, math.fsum(ys) / n
+    dx = [x - mean_x for x in xs]
+    sxx = math.fsum(map(operator.mul, dx, dx))
     if sxx <= 0:
         return None
-    sxy = sum((x - mean_x) * (y - mean_y) for x, y in points)
-    slope = sxy / sxx
+    slope = math.fsum(map(operator.mul, dx, ys)) / sxx
     return Slope(slope * 1000, mean_y - slope * mean_x, n)
