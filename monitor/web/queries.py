@@ -6,10 +6,11 @@ names (docs/api.md); the aggregation itself lives in pure functions below them a
 
 from __future__ import annotations
 
+import asyncio
 import math
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -112,66 +113,33 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
     what is on fire first (page, down, ticket, no data, ok; then by ratio)."""
     day, week, month = now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30)
     hour = now - timedelta(hours=1)
-    async with engine.connect() as connection:
-        series = await _series(connection)
-        started = RunRow.started_at
-        in_window = and_(started >= type_coerce(month, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+    # PostgreSQL: the two heaviest reads run on their own connections, beside the others.
+    apart = engine.dialect.name == "postgresql"
 
-        def total(since: datetime, column: Any) -> Any:
-            return func.sum(case((started >= type_coerce(since, UtcDateTime()), column), else_=0))
+    async def on_own_connection(read: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
+        async with engine.connect() as other:
+            return await read(other)
 
-        counts = await connection.execute(
-            select(
-                RunRow.series_id,
-                total(day, RunRow.ok), total(day, RunRow.errors),
-                total(week, RunRow.ok), total(week, RunRow.errors),
-                total(month, RunRow.ok), total(month, RunRow.errors),
-                total(day, 1),
-                func.max(started),
-            ).where(in_window).group_by(RunRow.series_id)
-        )  # fmt: skip
-        availability: dict[int, tuple[Any, ...]] = {row[0]: tuple(row[1:]) for row in counts}
-        hour_key = _hour_key(connection)
-        hourly = await connection.execute(
-            select(RunRow.series_id, hour_key, func.avg(RunRow.ttft_p50_ms))
-            .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
-            .group_by(RunRow.series_id, hour_key)
-        )
-        sparks: dict[int, dict[str, float | None]] = defaultdict(dict)
-        for series_id, key, value in hourly:
-            sparks[series_id][key] = value
-        recent = await connection.execute(
-            select(RunRow.series_id, RunRow.started_at, RunRow.ttft_p50_ms, RunRow.ok)
-            .where(started >= type_coerce(hour, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
-            .order_by(RunRow.series_id, started)
-        )
-        last_hour: dict[int, list[float]] = defaultdict(list)
-        for series_id, _at, p50, _ok in recent:
-            if p50 is not None:
-                last_hour[series_id].append(p50)
-        latest = (
-            select(RunRow.series_id, func.max(started).label("at"))
-            .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
-            .group_by(RunRow.series_id)
-            .subquery()
-        )
-        last_failed = {
-            series_id: ok == 0
-            for series_id, ok in await connection.execute(
-                select(RunRow.series_id, RunRow.ok).join(
-                    latest, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at)
-                )
-            )
-        }
-        baselines = await _baselines(connection, week=week, hour=hour)
-        incidents = await connection.execute(
-            select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
-                IncidentRow.resolved_at.is_(None)
-            )
-        )
-        open_by_series: dict[int, list[tuple[str, str, float | None]]] = defaultdict(list)
-        for series_id, kind, severity, baseline in incidents:
-            open_by_series[series_id].append((kind, severity, baseline))
+    def start(read: Callable[[AsyncConnection], Awaitable[Any]]) -> asyncio.Future[Any] | None:
+        return asyncio.ensure_future(on_own_connection(read)) if apart else None
+
+    def read_availability(c: AsyncConnection) -> Awaitable[dict[int, tuple[Any, ...]]]:
+        return _availability(c, now=now, day=day, week=week, month=month)
+
+    def read_baselines(c: AsyncConnection) -> Awaitable[dict[int, float]]:
+        return _baselines(c, week=week, hour=hour)
+
+    pending = [start(read_availability), start(read_baselines)]
+    try:
+        async with engine.connect() as connection:
+            rows = await _overview_rows(connection, now=now, day=day, hour=hour)
+            availability = await (pending[0] or read_availability(connection))
+            baselines = await (pending[1] or read_baselines(connection))
+    finally:
+        for task in pending:
+            if task is not None and not task.done():
+                task.cancel()
+    series, sparks, last_hour, last_failed, open_by_series = rows
     hours = [(now - timedelta(hours=23 - i)).strftime("%Y-%m-%d %H") for i in range(24)]
     out = []
     for series_id, info in series.items():
@@ -202,6 +170,79 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
         )
     out.sort(key=_status_rank)
     return out
+
+
+async def _availability(
+    connection: AsyncConnection, *, now: datetime, day: datetime, week: datetime, month: datetime
+) -> dict[int, tuple[Any, ...]]:
+    """Per series: ok and errors over 24 h, 7 d and 30 d, runs in 24 h, the last run's start."""
+    started = RunRow.started_at
+    in_window = and_(started >= type_coerce(month, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+
+    def total(since: datetime, column: Any) -> Any:
+        return func.sum(case((started >= type_coerce(since, UtcDateTime()), column), else_=0))
+
+    counts = await connection.execute(
+        select(
+            RunRow.series_id,
+            total(day, RunRow.ok), total(day, RunRow.errors),
+            total(week, RunRow.ok), total(week, RunRow.errors),
+            total(month, RunRow.ok), total(month, RunRow.errors),
+            total(day, 1),
+            func.max(started),
+        ).where(in_window).group_by(RunRow.series_id)
+    )  # fmt: skip
+    return {row[0]: tuple(row[1:]) for row in counts}
+
+
+async def _overview_rows(
+    connection: AsyncConnection, *, now: datetime, day: datetime, hour: datetime
+) -> tuple[Any, ...]:
+    """The series, their hourly sparkline values, last-hour run medians, whether the last run failed,
+    and their open incidents."""
+    series = await _series(connection)
+    started = RunRow.started_at
+    hour_key = _hour_key(connection)
+    hourly = await connection.execute(
+        select(RunRow.series_id, hour_key, func.avg(RunRow.ttft_p50_ms))
+        .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+        .group_by(RunRow.series_id, hour_key)
+    )
+    sparks: dict[int, dict[str, float | None]] = defaultdict(dict)
+    for series_id, key, value in hourly:
+        sparks[series_id][key] = value
+    recent = await connection.execute(
+        select(RunRow.series_id, RunRow.started_at, RunRow.ttft_p50_ms, RunRow.ok)
+        .where(started >= type_coerce(hour, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+        .order_by(RunRow.series_id, started)
+    )
+    last_hour: dict[int, list[float]] = defaultdict(list)
+    for series_id, _at, p50, _ok in recent:
+        if p50 is not None:
+            last_hour[series_id].append(p50)
+    latest = (
+        select(RunRow.series_id, func.max(started).label("at"))
+        .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+        .group_by(RunRow.series_id)
+        .subquery()
+    )
+    last_failed = {
+        series_id: ok == 0
+        for series_id, ok in await connection.execute(
+            select(RunRow.series_id, RunRow.ok).join(
+                latest, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at)
+            )
+        )
+    }
+    incidents = await connection.execute(
+        select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
+            IncidentRow.resolved_at.is_(None)
+        )
+    )
+    open_by_series: dict[int, list[tuple[str, str, float | None]]] = defaultdict(list)
+    for series_id, kind, severity, baseline in incidents:
+        open_by_series[series_id].append((kind, severity, baseline))
+    return series, sparks, last_hour, last_failed, open_by_series
 
 
 def _fraction(ok: Any, errors: Any) -> float | None:
