@@ -111,6 +111,9 @@ async def test_a_token_protects_ui_and_api_but_not_metrics(backend: Backend) -> 
             for path in ("/metrics", "/healthz", "/readyz"):
                 async with http.get(server + path) as response:
                     assert response.status == 200
+            forged = {"Cookie": "ttft_session=forged", "Authorization": "Bearer wrong"}
+            async with http.get(f"{server}/api/v1/series", headers=forged) as response:
+                assert response.status == 401
             headers = {"Authorization": "Bearer s3cret-token"}
             async with http.get(f"{server}/api/v1/series", headers=headers) as response:
                 assert response.status == 200
