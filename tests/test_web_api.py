@@ -7,6 +7,7 @@ import csv
 import io
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -157,3 +158,40 @@ def test_notification_links_open_the_series_page_at_the_incident() -> None:
         "http://127.0.0.1:9464/series?var-target=q%3C8b&var-prompt=short&var-location=lab&var-job=j"
         "&at=2026-03-02T11%3A00%3A00Z"
     )
+
+
+def test_serve_hashes_a_password_from_stdin() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "monitor", "serve", "--hash-password"],
+        input="correct horse\n", capture_output=True, text=True, cwd=ROOT, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert verify_password("correct horse", done.stdout.strip()) and "correct horse" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "code", "message"),
+    [
+        (
+            "web:\n  token_env: TTFT_WEB_TOKEN_UNSET\n",
+            {},
+            2,
+            "web.token_env names TTFT_WEB_TOKEN_UNSET, which is not set",
+        ),
+        ('database:\n  url: "postgresql+asyncpg://postgres:pw@127.0.0.1:1/x"\n', {}, 3, "127.0.0.1"),
+    ],
+)
+def test_serve_refuses_in_one_line(tmp_path: Path, config: str, env: dict[str, str], code: int, message: str) -> None:
+    from tests.conftest import run_cli
+
+    path = tmp_path / "c.yaml"
+    path.write_text(config)
+    result = run_cli("serve", "--config", str(path), "--listen", f"127.0.0.1:{free_port()}", env=env)
+    assert result.code == code, str(result)
+    assert message in result.stderr and "Traceback" not in result.stderr and ":pw@" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
