@@ -112,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", action="store_true", help="also write the samples to the config's database (job name adhoc)"
     )
     how.add_argument(
+        "--report", metavar="FILE", help="also write the comparison report (HTML; .md or .json by extension)"
+    )
+    how.add_argument(
         "--with-sim",
         action="store_true",
         help=f"start the built-in simulator on 127.0.0.1:{SIM_DEFAULT_PORT} for the duration (demo, tests)",
@@ -170,6 +173,35 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--slow-after", type=_seconds, default=60, help="seconds before the slowdown (60)")
     demo.add_argument("--recover-after", type=_seconds, default=150, help="seconds before recovery (150)")
     demo.add_argument("--duration", type=_seconds, default=None, help="stop after this many seconds (default: Ctrl-C)")
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve the status pages and JSON API alone, read-only (no probing)",
+        description="Serve the status pages (overview, series, compare, incidents) and /api/v1/ from the config's "
+        "database, read-only, with /healthz and /readyz. `run` serves the same pages on metrics.listen.",
+    )
+    _config_arg(serve)
+    serve.add_argument("--listen", default="127.0.0.1:9464", help="HOST:PORT to serve on (127.0.0.1:9464)")
+    serve.add_argument(
+        "--hash-password",
+        action="store_true",
+        help="read a password on stdin and print its hash for web.basic_password_hash, then exit",
+    )
+
+    report = commands.add_parser(
+        "report",
+        help="the comparison of targets and prompt sizes from the stored history, as HTML, Markdown or JSON",
+        description="TTFT median, p90, n and 95%% bootstrap interval per target and prompt, pairwise differences "
+        "and prefill slopes: the numbers of the compare page. HTML is one self-contained file that opens offline.",
+    )
+    _config_arg(report)
+    report.add_argument("--since", default="7d", help="how far back, e.g. 24h, 7d, 30d (7d)")
+    report.add_argument("--until", help="end of the window, ISO 8601 with a zone (default: now)")
+    report.add_argument("--target", "-t", action="append", default=[], help="only this target (repeatable)")
+    report.add_argument("--prompt", action="append", default=[], help="only this prompt profile (repeatable)")
+    report.add_argument("--location", action="append", default=[], help="only this location (repeatable)")
+    report.add_argument("--format", "-f", choices=["html", "md", "json"], default="html", help="output (html)")
+    report.add_argument("--output", "-o", help="write to this file (default: standard output)")
     return parser
 
 
@@ -198,6 +230,7 @@ def _probe_options(args: argparse.Namespace) -> ProbeOptions:
         concurrency=args.concurrency,
         output_format=args.format,
         store=args.store,
+        report_path=args.report,
         timeouts=Timeouts(
             connect=min(10.0, args.timeout_first_token),
             first_token=args.timeout_first_token,
@@ -342,6 +375,89 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.hash_password:
+        import getpass
+
+        from monitor.web.auth import hash_password
+
+        password = getpass.getpass("password: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+        if not password:
+            print("ttft-monitor serve: an empty password cannot be hashed; type one", file=sys.stderr)
+            return EXIT_USAGE
+        print(hash_password(password))
+        return 0
+    from monitor.config.errors import ConfigError
+    from monitor.config.loader import load_config
+    from monitor.config.urls import check_listen_address
+    from monitor.web.serve import serve
+
+    try:
+        check_listen_address(args.listen)
+    except ValueError as exc:
+        print(f"ttft-monitor serve: --listen: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = load_config(config_path(args.config))
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+    return asyncio.run(serve(config, args.listen))
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from monitor.config.errors import ConfigError
+    from monitor.config.loader import load_config
+    from monitor.web.api import BadRequest, parse_duration, parse_time
+    from monitor.web.report import render, report_from_store
+
+    try:
+        since = parse_duration(args.since)
+        until = parse_time(args.until, "until") if args.until else datetime.now(UTC)
+    except BadRequest as exc:
+        print(f"ttft-monitor report: --{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = load_config(config_path(args.config))
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_USAGE
+
+    async def build() -> dict[str, object]:
+        from monitor.store.engine import create_engine
+
+        engine = create_engine(config.database.url)
+        try:
+            return await report_from_store(
+                engine, since=since, now=until, targets=args.target, prompts=args.prompt,
+                locations=args.location,
+            )  # fmt: skip
+        finally:
+            await engine.dispose()
+
+    from monitor.store.engine import describe_db_error
+
+    try:
+        data = asyncio.run(build())
+    except Exception as exc:
+        print(f"ttft-monitor report: {describe_db_error(exc, config.database.url)}", file=sys.stderr)
+        return 3
+    text = render(data, args.format, title=f"TTFT comparison, last {args.since}")
+    if not args.output:
+        sys.stdout.write(text)
+        return 0
+    try:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        print(f"ttft-monitor report: cannot write {args.output}: {exc.strerror}; choose another -o", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"ttft-monitor report: wrote {args.output} ({len(data['cells'])} cells)", file=sys.stderr)  # type: ignore[arg-type]
+    return 0
+
+
 COMMANDS = {
     "probe": _cmd_probe,
     "sim": _cmd_sim,
@@ -353,6 +469,8 @@ COMMANDS = {
     "incidents": _cmd_alert,
     "replay": _cmd_replay,
     "demo": _cmd_demo,
+    "serve": _cmd_serve,
+    "report": _cmd_report,
 }
 
 

@@ -147,9 +147,15 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             return True, "ready"
 
         from monitor.metrics.server import start_metrics_server  # aiohttp.web: only the daemon serves
+        from monitor.web.serve import WebConfigError, ui_routes
 
         try:
-            runner = await start_metrics_server(metrics.registry, readiness, config.metrics.listen)
+            ui = ui_routes(config, store.engine)
+        except WebConfigError as exc:
+            print(f"ttft-monitor run: {exc}", flush=True)
+            return EXIT_CONFIG
+        try:
+            runner = await start_metrics_server(metrics.registry, readiness, config.metrics.listen, routes=ui)
         except OSError as exc:
             print(
                 f"ttft-monitor run: cannot listen on {config.metrics.listen} for /metrics: {exc.strerror}; "
@@ -174,6 +180,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             "daemon_started",
             jobs=[j.name for j in config.jobs],
             metrics=f"http://{config.metrics.listen}/metrics",
+            ui=f"http://{config.metrics.listen}/" if ui else None,
             database=display_url(config.database.url),
             location=config.location,
             next_runs={k: v.isoformat() if v else None for k, v in scheduler.next_run_times().items()},

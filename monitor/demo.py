@@ -70,6 +70,7 @@ detection:
   min_history_runs: 6
   trailing_runs: 12
 alerts:
+  base_url: "http://127.0.0.1:{metrics_port}/series"
   receivers:
     console: {{type: log}}
 """
@@ -78,7 +79,9 @@ alerts:
 def _start_sim(port: int) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "monitor", "sim", "--port", str(port), "--seed", "7"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -103,6 +106,7 @@ class LiveTable:
         self.errors: dict[tuple[str, str], int] = defaultdict(int)
         self.tty = out.isatty()
         self.last_draw = 0.0
+        self.drawn_lines = 0  # lines of the table on screen (a terminal only)
 
     def add(self, event: dict[str, Any]) -> None:
         key = (event.get("target", "?"), event.get("prompt", "?"))
@@ -122,15 +126,39 @@ class LiveTable:
         return "\n".join(lines)
 
     def maybe_draw(self, elapsed: float) -> None:
-        if not self.recent or time.monotonic() - self.last_draw < 5:
+        # A terminal redraws the table in place every second; a pipe gets a new table every 5 s.
+        if not self.recent or time.monotonic() - self.last_draw < (1 if self.tty else 5):
             return
         self.last_draw = time.monotonic()
-        self.out.write(f"\n-- TTFT after {elapsed:.0f} s (last 9 samples per series) --\n{self.render()}\n")
+        text = f"-- TTFT after {elapsed:.0f} s (last 9 samples per series) --\n{self.render()}\n"
+        if self.tty:
+            self._erase()
+            self.drawn_lines = text.count("\n")
+            self.out.write(text)
+        else:
+            self.out.write("\n" + text)
         self.out.flush()
 
+    def note(self, text: str) -> None:
+        """A line above the table: on a terminal the table is erased, the line written, the table redrawn."""
+        if self.tty:
+            self._erase()
+            self.out.write(text.strip("\n") + "\n")
+            self.last_draw = 0.0
+        else:
+            self.out.write(text)
+        self.out.flush()
 
-def run_demo(*, state_dir: Path, slow_after_s: float, recover_after_s: float, duration_s: float | None,
-             out: IO[str] = sys.stdout) -> int:
+    def _erase(self) -> None:
+        if self.drawn_lines:
+            # Cursor up to the table's first line, then clear to the end of the screen.
+            self.out.write(f"\x1b[{self.drawn_lines}F\x1b[J")
+            self.drawn_lines = 0
+
+
+def run_demo(
+    *, state_dir: Path, slow_after_s: float, recover_after_s: float, duration_s: float | None, out: IO[str] = sys.stdout
+) -> int:
     if state_dir.exists():
         shutil.rmtree(state_dir)
     state_dir.mkdir(parents=True)
@@ -148,27 +176,41 @@ def run_demo(*, state_dir: Path, slow_after_s: float, recover_after_s: float, du
     previous = signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        upgrade = subprocess.run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config_path)],
-                                 capture_output=True, text=True)
+        upgrade = subprocess.run(
+            [sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config_path)],
+            capture_output=True,
+            text=True,
+        )
         if upgrade.returncode != 0:
             out.write(upgrade.stdout + upgrade.stderr)
             return upgrade.returncode
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         daemon = subprocess.Popen(
             [sys.executable, "-m", "monitor", "run", "--config", str(config_path)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
             preexec_fn=os.setpgrp,  # Ctrl-C goes to the demo, which stops the daemon with SIGTERM
         )
         out.write(
             f"ttft-monitor demo: simulator at {sim_url}, daemon probing {', '.join(TARGETS)} every 5 s "
-            f"(short and long prompts)\n  metrics: http://127.0.0.1:{metrics_port}/metrics   "
+            f"(short and long prompts)\n  status pages: http://127.0.0.1:{metrics_port}/\n"
+            f"  metrics: http://127.0.0.1:{metrics_port}/metrics   "
             f"config: {config_path}   database: {state_dir / 'demo.db'}\n"
             f"  in {slow_after_s:.0f} s {SLOWED} gets {SLOW_FACTOR}x slower; in {recover_after_s:.0f} s it recovers. "
             "Ctrl-C stops.\n"
         )
         out.flush()
-        _follow(daemon, sim_url, out, slow_after_s=slow_after_s, recover_after_s=recover_after_s,
-                duration_s=duration_s, should_stop=lambda: stop)
+        _follow(
+            daemon,
+            sim_url,
+            out,
+            slow_after_s=slow_after_s,
+            recover_after_s=recover_after_s,
+            duration_s=duration_s,
+            should_stop=lambda: stop,
+        )
     finally:
         if daemon is not None and daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
@@ -183,8 +225,16 @@ def run_demo(*, state_dir: Path, slow_after_s: float, recover_after_s: float, du
     return 0
 
 
-def _follow(daemon: subprocess.Popen[str], sim_url: str, out: IO[str], *, slow_after_s: float,
-            recover_after_s: float, duration_s: float | None, should_stop: Any) -> None:
+def _follow(
+    daemon: subprocess.Popen[str],
+    sim_url: str,
+    out: IO[str],
+    *,
+    slow_after_s: float,
+    recover_after_s: float,
+    duration_s: float | None,
+    should_stop: Any,
+) -> None:
     import selectors
 
     assert daemon.stdout is not None
@@ -199,15 +249,18 @@ def _follow(daemon: subprocess.Popen[str], sim_url: str, out: IO[str], *, slow_a
             break
         if not slowed and elapsed >= slow_after_s:
             profile = json.load(urllib.request.urlopen(f"{sim_url}/sim/models", timeout=5))["models"][SLOWED]
-            _post(f"{sim_url}/sim/models/{SLOWED}", {
-                "ttft_base_ms": profile["ttft_base_ms"] * SLOW_FACTOR,
-                "prefill_ms_per_1k": profile["prefill_ms_per_1k"] * SLOW_FACTOR,
-            })
-            out.write(f"\n>>> {elapsed:.0f} s: made {SLOWED} {SLOW_FACTOR}x slower (simulated regression)\n")
+            _post(
+                f"{sim_url}/sim/models/{SLOWED}",
+                {
+                    "ttft_base_ms": profile["ttft_base_ms"] * SLOW_FACTOR,
+                    "prefill_ms_per_1k": profile["prefill_ms_per_1k"] * SLOW_FACTOR,
+                },
+            )
+            table.note(f"\n>>> {elapsed:.0f} s: made {SLOWED} {SLOW_FACTOR}x slower (simulated regression)\n")
             slowed = True
         if slowed and not recovered and elapsed >= recover_after_s:
             _post(f"{sim_url}/sim/reset", {})
-            out.write(f"\n>>> {elapsed:.0f} s: {SLOWED} is back to normal\n")
+            table.note(f"\n>>> {elapsed:.0f} s: {SLOWED} is back to normal\n")
             recovered = True
         if not selector.select(timeout=0.5):
             table.maybe_draw(elapsed)
@@ -218,14 +271,14 @@ def _follow(daemon: subprocess.Popen[str], sim_url: str, out: IO[str], *, slow_a
         try:
             event = json.loads(line)
         except ValueError:
-            out.write(line)
+            table.note(line)
             continue
         name = event.get("event")
         if name == "probe_sample":
             table.add(event)
         elif name in ("alert_notification", "notification") or event.get("receiver_type") == "log":
-            out.write(f"\n!!! {event.get('summary') or event.get('message') or json.dumps(event)}\n")
+            table.note(f"\n!!! {event.get('summary') or event.get('message') or json.dumps(event)}\n")
         elif event.get("level") in ("warning", "error"):
             details = {k: v for k, v in event.items() if k not in ("event", "level", "timestamp")}
-            out.write(f"  [{event.get('level')}] {name}: {json.dumps(details)[:300]}\n")
+            table.note(f"  [{event.get('level')}] {name}: {json.dumps(details)[:300]}\n")
         table.maybe_draw(elapsed)

@@ -101,17 +101,22 @@ class Notification:
         return replace(self, **changes)
 
 
-def series_link(base_url: str | None, *, target: str, prompt: str, location: str, job: str = "") -> str | None:
+def series_link(
+    base_url: str | None, *, target: str, prompt: str, location: str, job: str = "", at: datetime | None = None
+) -> str | None:
     """The series' page under `alerts.base_url`, as Grafana-style variables; None without a base URL.
 
     `https://grafana.example.com/d/ttft` ->
     `https://grafana.example.com/d/ttft?var-target=qwen3-8b&var-prompt=short&var-location=fra-dc1`.
+    `at` (the incident's time) opens the built-in series page (`http://host:9464/series`) there.
     """
     if not base_url:
         return None
     params = {"var-target": target, "var-prompt": prompt, "var-location": location}
     if job:
         params["var-job"] = job
+    if at is not None:
+        params["at"] = at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     parts = urlsplit(base_url)
     query = f"{parts.query}&{urlencode(params)}" if parts.query else urlencode(params)
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))

@@ -706,7 +706,11 @@ class Silence(ConfigModel):
 
 
 class Alerts(ConfigModel):
-    base_url: str | None = Field(None, description="Public URL of your dashboard, used for links in notifications.")
+    base_url: str | None = Field(
+        None,
+        description="Public URL of your dashboard, used for links in notifications; for the built-in status "
+        "pages, their series page (`http://HOST:9464/series`), which links open at the incident's time.",
+    )
     renotify_interval_s: float = Field(
         14400,
         ge=0,
@@ -722,6 +726,31 @@ class Alerts(ConfigModel):
     @classmethod
     def _check_base_url(cls, url: str | None) -> str | None:
         return None if url is None else check_http_url(url, example="https://grafana.example.com/d/ttft")
+
+
+class Web(ConfigModel):
+    """The status pages and the JSON API, served beside `/metrics` by `run` and alone by `serve`."""
+
+    enabled: bool = Field(True, description="Serve the UI at `/` and the API at `/api/v1/` on `metrics.listen`.")
+    token_env: EnvName = Field(
+        None,
+        description="Name of the environment variable holding a bearer token the UI and API then require "
+        "(`Authorization: Bearer ...`, or the login form). `/metrics` and the health endpoints stay open.",
+    )
+    basic_user: str | None = Field(None, description="User name for HTTP basic auth on the UI and API.")
+    basic_password_hash: str | None = Field(
+        None,
+        description="Hash of the basic-auth password, as printed by `ttft-monitor serve --hash-password` "
+        "(scrypt; never the password itself).",
+    )
+
+    @model_validator(mode="after")
+    def _check_basic(self) -> Web:
+        if (self.basic_user is None) != (self.basic_password_hash is None):
+            raise ValueError("basic_user and basic_password_hash go together; set both or neither")
+        if self.basic_password_hash is not None and not self.basic_password_hash.startswith("scrypt$"):
+            raise ValueError("basic_password_hash must come from `ttft-monitor serve --hash-password` (scrypt$...)")
+        return self
 
 
 # ---------------------------------------------------------------- the whole file
@@ -743,6 +772,7 @@ class Config(ConfigModel):
     jobs: list[Job] = Field(default_factory=list, description="Schedules: which targets and prompts, when.")
     detection: Detection = Field(default_factory=Detection, description="Regression detection.")
     alerts: Alerts = Field(default_factory=Alerts, description="Where incidents are sent.")
+    web: Web = Field(default_factory=Web, description="Status pages and JSON API.")
     shutdown_grace_s: float = Field(
         20,
         gt=0,

@@ -240,6 +240,7 @@ class DetectionService:
                 prompt=series.prompt,
                 location=series.location,
                 job=job,
+                at=event.opened_at,
             ),
         )
 

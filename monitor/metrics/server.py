@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -10,7 +10,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 
 
-def build_app(registry: CollectorRegistry, readiness: ReadinessCheck) -> web.Application:
+def build_app(
+    registry: CollectorRegistry, readiness: ReadinessCheck, routes: Sequence[web.RouteDef] = ()
+) -> web.Application:
+    """`routes` are served beside these three on the same listener (the web UI, monitor.web.api)."""
+
     async def metrics(_request: web.Request) -> web.Response:
         body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -26,6 +30,7 @@ def build_app(registry: CollectorRegistry, readiness: ReadinessCheck) -> web.App
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.add_routes(routes)
     return app
 
 
@@ -34,8 +39,10 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-async def start_metrics_server(registry: CollectorRegistry, readiness: ReadinessCheck, listen: str) -> web.AppRunner:
-    runner = web.AppRunner(build_app(registry, readiness), access_log=None, handle_signals=False)
+async def start_metrics_server(
+    registry: CollectorRegistry, readiness: ReadinessCheck, listen: str, *, routes: Sequence[web.RouteDef] = ()
+) -> web.AppRunner:
+    runner = web.AppRunner(build_app(registry, readiness, routes), access_log=None, handle_signals=False)
     await runner.setup()
     host, port = split_listen(listen)
     site = web.TCPSite(runner, host, port)

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from collections import Counter
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -53,6 +54,7 @@ class ProbeOptions:
     output_format: str = "table"
     store: bool = False
     timeouts: Timeouts = field(default_factory=Timeouts)
+    report_path: str | None = None
 
 
 def parse_token_list(text: str) -> list[int]:
@@ -151,6 +153,7 @@ class Progress:
         self.done = 0
         self.stream = stream
         self.enabled = stream.isatty()
+        self.started = time.monotonic()
 
     def __call__(self, sample: Sample) -> None:
         self.done += 1
@@ -164,7 +167,9 @@ class Progress:
             else (sample.error.value if sample.error else "?")
         )
         bar = "#" * filled + "." * (width - filled)
-        line = f"\r[{bar}] {self.done}/{self.total} {sample.target}/{sample.prompt}: {status}"
+        left_s = (time.monotonic() - self.started) / self.done * (self.total - self.done)
+        eta = f" ETA {left_s:.0f} s" if self.done < self.total else ""
+        line = f"\r[{bar}] {self.done}/{self.total}{eta} {sample.target}/{sample.prompt}: {status}"
         self.stream.write(line[:120].ljust(120))
         self.stream.flush()
 
@@ -271,6 +276,13 @@ def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ:
         stdout.write(render_csv(samples))
     else:
         stdout.write(render_table(rows, show_setup=options.connection == "fresh") + "\n")
+    if options.report_path:
+        from monitor.web.report import write_probe_report
+
+        problem = write_probe_report(options.report_path, samples)
+        if problem:
+            stderr.write(f"ttft-monitor probe: {problem}\n")
+            return EXIT_USAGE
     measured = [s for s in samples if not s.warmup]
     if measured and not any(s.ok for s in measured):
         stderr.write("every probe failed:\n")

@@ -1,0 +1,665 @@
+"""What the pages, the JSON API and the reports show, read from the store. Read-only.
+
+Each function takes an engine and plain parameters and returns JSON-ready dicts with stable field
+names (docs/api.md); the aggregation itself lives in pure functions below them and in `stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import String, and_, case, func, or_, select, type_coerce
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from monitor.store.models import (
+    AlertDeliveryRow,
+    AlertOutboxRow,
+    IncidentRow,
+    RollupRow,
+    RunRow,
+    SampleRow,
+    SeriesRow,
+)
+from monitor.store.records import SeriesKey
+from monitor.store.repository import Repository
+from monitor.store.types import UtcDateTime
+from monitor.web import stats
+
+MAX_POINTS = 1500
+# Raw samples are kept this long by default (database.retention.raw_days); longer views use rollups.
+RAW_RANGE = timedelta(days=7)
+STATUS_ORDER = ("page", "down", "ticket", "no data", "ok")
+_BUCKET_STEPS_S = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
+PHASES = ("dns_ms", "connect_ms", "tls_ms", "ttfb_ms", "first_event_ms", "ttft_ms", "ttfa_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesInfo:
+    id: int
+    target: str
+    provider: str
+    model: str
+    prompt: str
+    location: str
+
+
+def iso(moment: datetime | None) -> str | None:
+    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z") if moment is not None else None
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return stats.quantile(sorted(values), 0.5)
+
+
+def _round(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None or math.isnan(value) else round(value, digits)
+
+
+class NotFound(LookupError):
+    """The series (or other item) asked for does not exist."""
+
+
+async def _series(connection: AsyncConnection, ids: Iterable[int] | None = None) -> dict[int, SeriesInfo]:
+    query = select(
+        SeriesRow.id, SeriesRow.target, SeriesRow.provider, SeriesRow.model, SeriesRow.prompt, SeriesRow.location
+    )
+    if ids is not None:
+        query = query.where(SeriesRow.id.in_(list(ids)))
+    return {row[0]: SeriesInfo(*row) for row in await connection.execute(query)}
+
+
+def _hour_key(connection: AsyncConnection) -> Any:
+    """An expression naming a run's UTC hour, comparable as text on both backends."""
+    if connection.dialect.name == "postgresql":
+        return func.to_char(func.timezone("UTC", RunRow.started_at), "YYYY-MM-DD HH24")
+    # SQLite stores 'YYYY-MM-DD HH:MM:SS' in UTC (monitor.store.types): 13 characters name the hour.
+    return type_coerce(func.substr(RunRow.started_at, 1, 13), String)
+
+
+def _hour_of_key(key: str) -> datetime:
+    return datetime.strptime(key, "%Y-%m-%d %H").replace(tzinfo=UTC)
+
+
+# ---------------------------------------------------------------- overview
+
+
+def series_status(*, open_severities: Sequence[tuple[str, str]], runs_24h: int, last_run_failed: bool) -> str:
+    """ok, ticket, page, down or no data, from the open incidents (kind, severity) and recent runs."""
+    if any(kind == "availability" for kind, _ in open_severities) or (runs_24h and last_run_failed):
+        return "down"
+    if any(severity == "page" for _, severity in open_severities):
+        return "page"
+    if any(severity == "ticket" for _, severity in open_severities):
+        return "ticket"
+    if runs_24h == 0:
+        return "no data"
+    return "ok"
+
+
+def _status_rank(item: dict[str, Any]) -> tuple[int, float, str, str, str]:
+    ratio = item["ratio"] if item["ratio"] is not None else 0.0
+    return (STATUS_ORDER.index(item["status"]), -ratio, item["provider"], item["target"], item["prompt"])
+
+
+async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]]:
+    """Every series with status, last-hour p50, baseline, ratio, a 24 h sparkline and availability;
+    what is on fire first (page, down, ticket, no data, ok; then by ratio)."""
+    day, week, month = now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30)
+    hour = now - timedelta(hours=1)
+    # PostgreSQL: the two heaviest reads run on their own connections, beside the others.
+    apart = engine.dialect.name == "postgresql"
+
+    async def on_own_connection(read: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
+        async with engine.connect() as other:
+            return await read(other)
+
+    def start(read: Callable[[AsyncConnection], Awaitable[Any]]) -> asyncio.Future[Any] | None:
+        return asyncio.ensure_future(on_own_connection(read)) if apart else None
+
+    def read_availability(c: AsyncConnection) -> Awaitable[dict[int, tuple[Any, ...]]]:
+        return _availability(c, now=now, day=day, week=week, month=month)
+
+    def read_baselines(c: AsyncConnection) -> Awaitable[dict[int, float]]:
+        return _baselines(c, week=week, hour=hour)
+
+    pending = [start(read_availability), start(read_baselines)]
+    try:
+        async with engine.connect() as connection:
+            rows = await _overview_rows(connection, now=now, day=day, hour=hour)
+            availability = await (pending[0] or read_availability(connection))
+            baselines = await (pending[1] or read_baselines(connection))
+    finally:
+        for task in pending:
+            if task is not None and not task.done():
+                task.cancel()
+    series, sparks, last_hour, last_failed, open_by_series = rows
+    hours = [(now - timedelta(hours=23 - i)).strftime("%Y-%m-%d %H") for i in range(24)]
+    out = []
+    for series_id, info in series.items():
+        ok_d, err_d, ok_w, err_w, ok_m, err_m, runs_24h, last_at = availability.get(series_id, (0,) * 7 + (None,))
+        opened = open_by_series.get(series_id, [])
+        regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
+        baseline = regression_baseline if regression_baseline is not None else baselines.get(series_id)
+        p50 = _median(last_hour.get(series_id, []))
+        status = series_status(
+            open_severities=[(kind, severity) for kind, severity, _ in opened],
+            runs_24h=int(runs_24h or 0),
+            last_run_failed=last_failed.get(series_id, False),
+        )
+        out.append(
+            {
+                **asdict(info),
+                "status": status,
+                "open_incidents": [{"kind": kind, "severity": severity} for kind, severity, _ in opened],
+                "p50_last_hour_ms": _round(p50),
+                "baseline_ms": _round(baseline),
+                "ratio": _round(p50 / baseline, 3) if p50 is not None and baseline else None,
+                "sparkline_ms": [_round(sparks.get(series_id, {}).get(key)) for key in hours],
+                "availability_24h": _fraction(ok_d, err_d),
+                "availability_7d": _fraction(ok_w, err_w),
+                "availability_30d": _fraction(ok_m, err_m),
+                "last_run_at": iso(last_at),
+            }
+        )
+    out.sort(key=_status_rank)
+    return out
+
+
+async def _availability(
+    connection: AsyncConnection, *, now: datetime, day: datetime, week: datetime, month: datetime
+) -> dict[int, tuple[Any, ...]]:
+    """Per series: ok and errors over 24 h, 7 d and 30 d, runs in 24 h, the last run's start."""
+    started = RunRow.started_at
+    in_window = and_(started >= type_coerce(month, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+
+    def total(since: datetime, column: Any) -> Any:
+        return func.sum(case((started >= type_coerce(since, UtcDateTime()), column), else_=0))
+
+    counts = await connection.execute(
+        select(
+            RunRow.series_id,
+            total(day, RunRow.ok), total(day, RunRow.errors),
+            total(week, RunRow.ok), total(week, RunRow.errors),
+            total(month, RunRow.ok), total(month, RunRow.errors),
+            total(day, 1),
+            func.max(started),
+        ).where(in_window).group_by(RunRow.series_id)
+    )  # fmt: skip
+    return {row[0]: tuple(row[1:]) for row in counts}
+
+
+async def _overview_rows(
+    connection: AsyncConnection, *, now: datetime, day: datetime, hour: datetime
+) -> tuple[Any, ...]:
+    """The series, their hourly sparkline values, last-hour run medians, whether the last run failed,
+    and their open incidents."""
+    series = await _series(connection)
+    started = RunRow.started_at
+    hour_key = _hour_key(connection)
+    hourly = await connection.execute(
+        select(RunRow.series_id, hour_key, func.avg(RunRow.ttft_p50_ms))
+        .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+        .group_by(RunRow.series_id, hour_key)
+    )
+    sparks: dict[int, dict[str, float | None]] = defaultdict(dict)
+    for series_id, key, value in hourly:
+        sparks[series_id][key] = value
+    recent = await connection.execute(
+        select(RunRow.series_id, RunRow.started_at, RunRow.ttft_p50_ms, RunRow.ok)
+        .where(started >= type_coerce(hour, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+        .order_by(RunRow.series_id, started)
+    )
+    last_hour: dict[int, list[float]] = defaultdict(list)
+    for series_id, _at, p50, _ok in recent:
+        if p50 is not None:
+            last_hour[series_id].append(p50)
+    latest = (
+        select(RunRow.series_id, func.max(started).label("at"))
+        .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+        .group_by(RunRow.series_id)
+        .subquery()
+    )
+    last_failed = {
+        series_id: ok == 0
+        for series_id, ok in await connection.execute(
+            select(RunRow.series_id, RunRow.ok).join(
+                latest, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at)
+            )
+        )
+    }
+    incidents = await connection.execute(
+        select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
+            IncidentRow.resolved_at.is_(None)
+        )
+    )
+    open_by_series: dict[int, list[tuple[str, str, float | None]]] = defaultdict(list)
+    for series_id, kind, severity, baseline in incidents:
+        open_by_series[series_id].append((kind, severity, baseline))
+    return series, sparks, last_hour, last_failed, open_by_series
+
+
+def _fraction(ok: Any, errors: Any) -> float | None:
+    ok, errors = int(ok or 0), int(errors or 0)
+    return round(ok / (ok + errors), 5) if ok + errors else None
+
+
+async def _baselines(
+    connection: AsyncConnection, *, week: datetime, hour: datetime, series_ids: Sequence[int] | None = None
+) -> dict[int, float]:
+    """Per series: the median of its hourly p50s over the week before the last hour (stored rollups),
+    or of its run p50s over the day before the last hour where no rollup exists yet (a young database)."""
+    day = hour - timedelta(hours=23)
+    sources = (
+        (RollupRow.series_id, RollupRow.ttft_p50_ms, RollupRow.hour, week, hour - timedelta(hours=1)),
+        (RunRow.series_id, RunRow.ttft_p50_ms, RunRow.started_at, max(week, day), hour),
+    )
+    found: list[dict[int, float]] = []
+    for series_id, value, moment, since, until in sources:
+        window = (
+            moment >= type_coerce(since, UtcDateTime()),
+            moment < type_coerce(until, UtcDateTime()),
+            value.is_not(None),
+            *([series_id.in_(list(series_ids))] if series_ids is not None else []),
+        )
+        if connection.dialect.name == "postgresql":
+            median = func.percentile_cont(0.5).within_group(value)
+            rows = await connection.execute(select(series_id, median).where(*window).group_by(series_id))
+            found.append({sid: m for sid, m in rows if m is not None})
+            continue
+        values: dict[int, list[float]] = defaultdict(list)
+        for sid, v in await connection.execute(select(series_id, value).where(*window)):
+            values[sid].append(v)
+        found.append({sid: m for sid, vs in values.items() if (m := _median(vs)) is not None})
+    rolled, recent = found
+    return {**recent, **rolled}
+
+
+# ---------------------------------------------------------------- one series over time
+
+
+def bucket_seconds(range_s: float, max_points: int = MAX_POINTS) -> int:
+    """The smallest round bucket that keeps a range under `max_points` points."""
+    for step in _BUCKET_STEPS_S:
+        if range_s / step <= max_points:
+            return step
+    return math.ceil(range_s / max_points / 86400) * 86400
+
+
+_SAMPLE_FIELDS = (
+    SampleRow.sent_at, RunRow.started_at, RunRow.id, SampleRow.request_id, SampleRow.error,
+    SampleRow.error_message, SampleRow.http_status, SampleRow.decode_tps, SampleRow.prompt_tokens,
+    SampleRow.cached_tokens, *(getattr(SampleRow, name) for name in PHASES),
+)  # fmt: skip
+
+
+def sample_point(row: Sequence[Any]) -> dict[str, Any]:
+    sent_at, started_at, run_id, request_id, error, message, status, rate, prompt, cached, *phases = row
+    ttft = phases[PHASES.index("ttft_ms")]
+    return {
+        "t": iso(sent_at or started_at),
+        "n": 1,
+        "errors": 1 if error else 0,
+        "ttft_p10_ms": _round(ttft),
+        "ttft_p50_ms": _round(ttft),
+        "ttft_p90_ms": _round(ttft),
+        **{name: _round(value) for name, value in zip(PHASES, phases, strict=True)},
+        "decode_tps": _round(rate),
+        "prompt_tokens": prompt,
+        "cached_tokens": cached,
+        "error_counts": {error: 1} if error else {},
+        "run_id": str(run_id),
+        "request_id": request_id,
+        "error_message": message,
+        "http_status": status,
+    }
+
+
+def bucket_points(rows: Sequence[Sequence[Any]], *, start: datetime, width_s: int) -> list[dict[str, Any]]:
+    """Raw samples folded into buckets of `width_s`: TTFT p10/p50/p90, the phases' and rates' medians."""
+    buckets: dict[int, list[Sequence[Any]]] = defaultdict(list)
+    origin = start.timestamp()
+    for row in rows:
+        moment = row[0] or row[1]
+        buckets[int((moment.timestamp() - origin) // width_s)].append(row)
+    out = []
+    for index in sorted(buckets):
+        members = buckets[index]
+        errors = Counter(row[4] for row in members if row[4])
+        ttfts = sorted(row[10 + PHASES.index("ttft_ms")] for row in members if row[10 + PHASES.index("ttft_ms")])
+
+        def median_of(position: int, members: list[Sequence[Any]] = members) -> float | None:
+            return _median([row[position] for row in members if row[position] is not None])
+
+        out.append(
+            {
+                "t": iso(datetime.fromtimestamp(origin + index * width_s, UTC)),
+                "n": len(members),
+                "errors": sum(errors.values()),
+                "ttft_p10_ms": _round(stats.quantile(ttfts, 0.1)),
+                "ttft_p50_ms": _round(stats.quantile(ttfts, 0.5)),
+                "ttft_p90_ms": _round(stats.quantile(ttfts, 0.9)),
+                **{name: _round(median_of(10 + i)) for i, name in enumerate(PHASES)},
+                "decode_tps": _round(median_of(7)),
+                "prompt_tokens": _round(median_of(8), 0),
+                "cached_tokens": _round(median_of(9), 0),
+                "error_counts": dict(sorted(errors.items())),
+            }
+        )
+    return out
+
+
+def hourly_points(hours: Sequence[Any], *, start: datetime, width_s: int) -> list[dict[str, Any]]:
+    """Hourly statistics (rollups) folded into buckets of `width_s` (a whole number of hours)."""
+    buckets: dict[int, list[Any]] = defaultdict(list)
+    origin = start.timestamp()
+    for item in hours:
+        buckets[int((item.hour.timestamp() - origin) // width_s)].append(item)
+    out = []
+    for index in sorted(buckets):
+        members = buckets[index]
+        p50s = [m.ttft_p50_ms for m in members if m.ttft_p50_ms is not None]
+        p90s = [m.ttft_p90_ms for m in members if m.ttft_p90_ms is not None]
+        lows = [m.ttft_min_ms for m in members if m.ttft_min_ms is not None]
+        rates = [m.decode_tps_p50 for m in members if m.decode_tps_p50 is not None]
+        out.append(
+            {
+                "t": iso(max(datetime.fromtimestamp(origin + index * width_s, UTC), members[0].hour)),
+                "n": sum(m.samples for m in members),
+                "errors": sum(m.errors for m in members),
+                # Rollups keep min, p50, p90, p99 and max: the band's lower edge is the minimum here.
+                "ttft_p10_ms": _round(min(lows)) if lows else None,
+                "ttft_p50_ms": _round(_median(p50s)),
+                "ttft_p90_ms": _round(max(p90s)) if p90s else None,
+                **{name: None for name in PHASES},
+                "ttft_ms": _round(_median(p50s)),
+                "decode_tps": _round(_median(rates)),
+                "prompt_tokens": None,
+                "cached_tokens": None,
+                "error_counts": {"error": sum(m.errors for m in members)} if any(m.errors for m in members) else {},
+            }
+        )
+    return out
+
+
+async def series_points(
+    engine: AsyncEngine, series_id: int, *, start: datetime, end: datetime, max_points: int = MAX_POINTS
+) -> dict[str, Any]:
+    """One series over [start, end): raw samples when they fit, else buckets of them; hourly rollups
+    beyond the raw retention range. With the series' incidents in the range and its baseline."""
+    range_s = (end - start).total_seconds()
+    async with engine.connect() as connection:
+        found = await _series(connection, [series_id])
+        if series_id not in found:
+            raise NotFound(f"no series with id {series_id}")
+        info = found[series_id]
+        if end - start <= RAW_RANGE:
+            rows = (
+                await connection.execute(
+                    select(*_SAMPLE_FIELDS)
+                    .select_from(RunRow.__table__.join(SampleRow.__table__, SampleRow.run_id == RunRow.id))
+                    .where(
+                        RunRow.series_id == series_id,
+                        RunRow.started_at >= type_coerce(start, UtcDateTime()),
+                        RunRow.started_at < type_coerce(end, UtcDateTime()),
+                        SampleRow.warmup.is_(False),
+                    )
+                    .order_by(RunRow.started_at, SampleRow.round)
+                )
+            ).all()
+            if len(rows) <= max_points:
+                resolution, width, points = "sample", 0, [sample_point(row) for row in rows]
+            else:
+                width = bucket_seconds(range_s, max_points)
+                resolution, points = "bucket", bucket_points(rows, start=start, width_s=width)
+        else:
+            resolution = "hour"
+            width = max(3600, math.ceil(bucket_seconds(range_s, max_points) / 3600) * 3600)
+            points = []
+        incidents = await _incidents_of(connection, [series_id], start=start, end=end)
+        baselines = await _baselines(
+            connection, week=end - timedelta(days=7), hour=end - timedelta(hours=1), series_ids=[series_id]
+        )
+        baseline = baselines.get(series_id)
+    if resolution == "hour":
+        repository = Repository(engine)
+        key = SeriesKey(info.target, info.provider, info.model, info.prompt, info.location)
+        stored = await repository.rollups_between(key, start, end)
+        rolled = {item.hour for item in stored}
+        # Hours not rolled up yet (the current one, or a backlog) come from raw samples.
+        tail_start = max(rolled) + timedelta(hours=1) if rolled else start
+        fresh = [h for h in await repository.hourly_percentiles(key, tail_start, end) if h.hour not in rolled]
+        points = hourly_points(sorted([*stored, *fresh], key=lambda h: h.hour), start=start, width_s=width)
+    if baseline is None:
+        baseline = _median(
+            [p["ttft_p50_ms"] for p in points if p["ttft_p50_ms"] is not None and not _inside(p, incidents)]
+        )
+    return {
+        "series": asdict(info),
+        "start": iso(start),
+        "end": iso(end),
+        "resolution": resolution,
+        "bucket_s": width,
+        "baseline_ms": _round(baseline),
+        "points": points,
+        "incidents": incidents,
+    }
+
+
+def _inside(point: dict[str, Any], incidents: Sequence[dict[str, Any]]) -> bool:
+    moment = point["t"]
+    return any(i["since"] <= moment and (i["resolved_at"] is None or moment < i["resolved_at"]) for i in incidents)
+
+
+# ---------------------------------------------------------------- incidents
+
+
+async def _incidents_of(
+    connection: AsyncConnection, series_ids: Sequence[int] | None, *, start: datetime, end: datetime
+) -> list[dict[str, Any]]:
+    query = select(IncidentRow).where(
+        IncidentRow.opened_at < type_coerce(end, UtcDateTime()),
+        or_(IncidentRow.resolved_at.is_(None), IncidentRow.resolved_at >= type_coerce(start, UtcDateTime())),
+    )
+    if series_ids is not None:
+        query = query.where(IncidentRow.series_id.in_(list(series_ids)))
+    rows = (await connection.execute(query.order_by(IncidentRow.opened_at.desc()))).all()
+    return [_incident(row, end) for row in rows]
+
+
+def _incident(row: Any, now: datetime) -> dict[str, Any]:
+    details = row.details or {}
+    until = row.resolved_at or now
+    return {
+        "id": str(row.id),
+        "series_id": row.series_id,
+        "kind": row.kind,
+        "severity": row.severity,
+        "opened_at": iso(row.opened_at),
+        # The first run of the streak that confirmed it: where the change began.
+        "since": details.get("since") or iso(row.opened_at),
+        "resolved_at": iso(row.resolved_at),
+        "open": row.resolved_at is None,
+        "duration_s": round((until - row.opened_at).total_seconds()),
+        "baseline_ms": _round(row.baseline_ms),
+        "observed_ms": _round(row.observed_ms),
+        "ratio": _round(row.ratio, 3),
+        "peak_ratio": _round(details.get("peak_ratio", row.ratio), 3),
+        "error": row.error,
+    }
+
+
+async def incidents(engine: AsyncEngine, *, start: datetime, end: datetime) -> list[dict[str, Any]]:
+    """Incidents open at some time in [start, end), newest first, with their series and every
+    notification: receiver, event, status, attempts and each delivery's outcome."""
+    async with engine.connect() as connection:
+        items = await _incidents_of(connection, None, start=start, end=end)
+        series = await _series(connection, {item["series_id"] for item in items})
+        ids = [uuid.UUID(item["id"]) for item in items]
+        notifications: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        deliveries: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
+        for offset in range(0, len(ids), 500):
+            chunk = ids[offset : offset + 500]
+            outbox = (
+                await connection.execute(
+                    select(
+                        AlertOutboxRow.id, AlertOutboxRow.incident_id, AlertOutboxRow.receiver, AlertOutboxRow.event,
+                        AlertOutboxRow.status, AlertOutboxRow.attempts, AlertOutboxRow.created_at,
+                        AlertOutboxRow.sent_at, AlertOutboxRow.last_error,
+                    ).where(AlertOutboxRow.incident_id.in_(chunk)).order_by(AlertOutboxRow.created_at)
+                )
+            ).all()  # fmt: skip
+            attempts = await connection.execute(
+                select(
+                    AlertDeliveryRow.outbox_id, AlertDeliveryRow.attempted_at, AlertDeliveryRow.outcome,
+                    AlertDeliveryRow.http_status, AlertDeliveryRow.error, AlertDeliveryRow.duration_ms,
+                ).where(AlertDeliveryRow.outbox_id.in_([row[0] for row in outbox])).order_by(AlertDeliveryRow.id)
+            )  # fmt: skip
+            for outbox_id, at, outcome, status, error, duration in attempts:
+                deliveries[outbox_id].append(
+                    {"attempted_at": iso(at), "outcome": outcome, "http_status": status, "error": error,
+                     "duration_ms": _round(duration)}
+                )  # fmt: skip
+            for row in outbox:
+                notifications[str(row[1])].append(
+                    {"receiver": row[2], "event": row[3], "status": row[4], "attempts": row[5],
+                     "created_at": iso(row[6]), "sent_at": iso(row[7]), "last_error": row[8],
+                     "deliveries": deliveries.get(row[0], [])}
+                )  # fmt: skip
+    for item in items:
+        info = series.get(item["series_id"])
+        item.update({k: v for k, v in asdict(info).items() if k != "id"} if info else {})
+        item["notifications"] = notifications.get(item["id"], [])
+    return items
+
+
+# ---------------------------------------------------------------- compare
+
+
+def compare_values(
+    samples: Iterable[tuple[str, str, str, float, float | None]],
+) -> dict[str, Any]:
+    """The seeds' comparison from (target, model, prompt, ttft ms, prompt tokens) of successful samples:
+    per cell median, p90, n and the median's 95% bootstrap interval; per prompt, every pair of targets
+    with the difference of medians, its interval and significance; per target the prefill slope."""
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    tokens: dict[tuple[str, str], list[float]] = defaultdict(list)
+    models: dict[str, str] = {}
+    slope_points: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for target, model, prompt, ttft, prompt_tokens in samples:
+        cells[(target, prompt)].append(ttft)
+        models[target] = model
+        if prompt_tokens is not None:
+            tokens[(target, prompt)].append(prompt_tokens)
+            slope_points[target].append((prompt_tokens, ttft))
+    sorted_cells = {key: sorted(values) for key, values in cells.items()}
+    cdfs = {key: stats.median_bootstrap_cdf(len(values)) for key, values in sorted_cells.items()}
+    variances = {key: stats.median_variance(values, cdfs[key]) for key, values in sorted_cells.items()}
+    table = []
+    for (target, prompt), values in sorted(sorted_cells.items()):
+        interval = stats.median_interval(values, cdfs[(target, prompt)])
+        table.append(
+            {
+                "target": target,
+                "model": models[target],
+                "prompt": prompt,
+                "n": len(values),
+                "median_ms": _round(stats.quantile(values, 0.5)),
+                "p90_ms": _round(stats.quantile(values, 0.9)),
+                "ci_low_ms": _round(interval[0]) if interval else None,
+                "ci_high_ms": _round(interval[1]) if interval else None,
+                "prompt_tokens_median": _round(_median(tokens.get((target, prompt), [])), 0),
+            }
+        )
+    pairs = []
+    prompts = sorted({prompt for _, prompt in sorted_cells})
+    for prompt in prompts:
+        in_prompt = [t for t, p in sorted_cells if p == prompt]
+        ranked = sorted(in_prompt, key=lambda t: (stats.quantile(sorted_cells[(t, prompt)], 0.5), t))
+        for i, faster in enumerate(ranked):
+            for slower in ranked[i + 1 :]:
+                diff = stats.median_difference(
+                    sorted_cells[(slower, prompt)], sorted_cells[(faster, prompt)],
+                    a_variance=variances[(slower, prompt)], b_variance=variances[(faster, prompt)],
+                )  # fmt: skip
+                assert diff is not None
+                pairs.append(
+                    {
+                        "prompt": prompt,
+                        "faster": faster,
+                        "slower": slower,
+                        "difference_ms": _round(diff.difference_ms),
+                        "ci_low_ms": _round(diff.low_ms),
+                        "ci_high_ms": _round(diff.high_ms),
+                        "significant": diff.significant,
+                    }
+                )
+    slopes = []
+    for target in sorted(models):
+        fit = stats.prefill_slope(slope_points.get(target, []))
+        slopes.append(
+            {
+                "target": target,
+                "model": models[target],
+                "ms_per_1k_tokens": _round(fit.ms_per_1k_tokens) if fit else None,
+                "intercept_ms": _round(fit.intercept_ms) if fit else None,
+                "points": fit.points if fit else 0,
+            }
+        )
+    slopes.sort(key=lambda s: (s["ms_per_1k_tokens"] is None, s["ms_per_1k_tokens"] or 0.0, s["target"]))
+    return {"cells": table, "pairs": pairs, "slopes": slopes}
+
+
+async def compare(
+    engine: AsyncEngine,
+    *,
+    start: datetime,
+    end: datetime,
+    targets: Sequence[str] = (),
+    prompts: Sequence[str] = (),
+    locations: Sequence[str] = (),
+) -> dict[str, Any]:
+    """`compare_values` over the successful measured samples of runs started in [start, end)."""
+    async with engine.connect() as connection:
+        series = await _series(connection)
+        chosen = {
+            sid: info
+            for sid, info in series.items()
+            if (not targets or info.target in targets)
+            and (not prompts or info.prompt in prompts)
+            and (not locations or info.location in locations)
+        }
+        # By series id: the runs index (series_id, started_at) finds the runs; names are joined here.
+        query = (
+            select(RunRow.series_id, SampleRow.ttft_ms, SampleRow.prompt_tokens)
+            .select_from(RunRow.__table__.join(SampleRow.__table__, SampleRow.run_id == RunRow.id))
+            .where(
+                RunRow.series_id.in_(list(chosen)),
+                RunRow.started_at >= type_coerce(start, UtcDateTime()),
+                RunRow.started_at < type_coerce(end, UtcDateTime()),
+                SampleRow.warmup.is_(False),
+                SampleRow.error.is_(None),
+                SampleRow.ttft_ms.is_not(None),
+            )
+        )
+        found = (await connection.execute(query)).all() if chosen else []
+    rows = [(chosen[sid].target, chosen[sid].model, chosen[sid].prompt, ttft, tokens) for sid, ttft, tokens in found]
+    available = [(info.target, info.prompt, info.location) for info in series.values()]
+    result = compare_values(rows)
+    return {
+        "start": iso(start),
+        "end": iso(end),
+        "filters": {"targets": list(targets), "prompts": list(prompts), "locations": list(locations)},
+        "available": {
+            "targets": sorted({row[0] for row in available}),
+            "prompts": sorted({row[1] for row in available}),
+            "locations": sorted({row[2] for row in available}),
+        },
+        **result,
+    }

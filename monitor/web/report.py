@@ -1,0 +1,176 @@
+"""`ttft-monitor report` and `probe --report`: the compare view as a document.
+
+The numbers come from `queries.compare_values`, the function behind the compare page and API. HTML
+is one self-contained file: the data as JSON, uPlot and the page's own rendering code inline, so it
+opens from disk with no network; Markdown carries the tables; JSON is the API's document.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from monitor.probe.result import Sample
+from monitor.web import queries
+
+FORMATS = ("html", "md", "json")
+
+
+async def report_from_store(
+    engine: AsyncEngine,
+    *,
+    since: timedelta,
+    now: datetime,
+    targets: Sequence[str] = (),
+    prompts: Sequence[str] = (),
+    locations: Sequence[str] = (),
+) -> dict[str, Any]:
+    return await queries.compare(
+        engine, start=now - since, end=now, targets=targets, prompts=prompts, locations=locations
+    )
+
+
+def report_from_samples(samples: Iterable[Sample], *, now: datetime | None = None) -> dict[str, Any]:
+    """The same document for an ad-hoc probe run (no database): its successful measured samples."""
+    kept = [s for s in samples if not s.warmup and s.error is None and s.ttft_ms is not None]
+    moments = [s.sent_at for s in kept if s.sent_at is not None]
+    end = now or datetime.now(UTC)
+    rows = [(s.target, s.model, s.prompt, float(s.ttft_ms or 0.0), s.prompt_tokens) for s in kept]
+    return {
+        "start": queries.iso(min(moments)) if moments else queries.iso(end),
+        "end": queries.iso(max(moments)) if moments else queries.iso(end),
+        "filters": {"targets": [], "prompts": [], "locations": []},
+        "available": {
+            "targets": sorted({r[0] for r in rows}),
+            "prompts": sorted({r[2] for r in rows}),
+            "locations": [],
+        },
+        **queries.compare_values(rows),
+    }
+
+
+def render(data: dict[str, Any], output_format: str, *, title: str = "TTFT comparison") -> str:
+    if output_format == "json":
+        return json.dumps(data, indent=2) + "\n"
+    if output_format == "md":
+        return render_markdown(data, title=title)
+    if output_format == "html":
+        return render_html(data, title=title)
+    raise ValueError(f"unknown report format {output_format!r}; use one of {', '.join(FORMATS)}")
+
+
+def _ms(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:,.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def _cell(text: Any) -> str:
+    """Markdown table cell text: pipes and line breaks would break the table; HTML is escaped."""
+    return html.escape(str(text)).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(data: dict[str, Any], *, title: str) -> str:
+    lines = [
+        f"# {_cell(title)}",
+        "",
+        f"Samples from {data['start']} to {data['end']}; medians of successful requests.",
+        "",
+    ]
+    lines += [
+        "## TTFT by target and prompt (ms)",
+        "",
+        "| target | model | prompt | prompt tokens | n | median | 95% interval | p90 |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for c in data["cells"]:
+        tokens = "–" if c["prompt_tokens_median"] is None else f"{c['prompt_tokens_median']:,.0f}"
+        lines.append(
+            f"| {_cell(c['target'])} | {_cell(c['model'])} | {_cell(c['prompt'])} | {tokens} | {c['n']} | "
+            f"{_ms(c['median_ms'])} | {_ms(c['ci_low_ms'])} – {_ms(c['ci_high_ms'])} | {_ms(c['p90_ms'])} |"
+        )
+    lines += ["", "## Pairwise differences of medians", ""]
+    for p in data["pairs"]:
+        verdict = "significant" if p["significant"] else "not significant"
+        lines.append(
+            f"- {_cell(p['prompt'])}: **{_cell(p['faster'])}** is faster than **{_cell(p['slower'])}** by "
+            f"{_ms(p['difference_ms'])} ms (95% interval {_ms(p['ci_low_ms'])} – {_ms(p['ci_high_ms'])}), {verdict}"
+        )
+    lines += [
+        "",
+        "## Prefill slope (ms per 1,000 prompt tokens)",
+        "",
+        "| rank | target | model | ms / 1K tokens | intercept ms | samples |",
+        "|---:|---|---|---:|---:|---:|",
+    ]
+    for rank, s in enumerate(data["slopes"], 1):
+        lines.append(
+            f"| {rank} | {_cell(s['target'])} | {_cell(s['model'])} | {_ms(s['ms_per_1k_tokens'])} | "
+            f"{_ms(s['intercept_ms'])} | {s['points']} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _static(name: str) -> str:
+    return (resources.files("monitor.web") / "static" / name).read_text(encoding="utf-8")
+
+
+def _inline_script(code: str) -> str:
+    # A script element ends at the first "</script"; nothing inside may spell it.
+    return code.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
+
+
+def render_html(data: dict[str, Any], *, title: str) -> str:
+    # JSON in a data block: "<" escaped so no value (a target named "</script>") can end the element.
+    payload = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    boot = """
+"use strict";
+(() => {
+  const data = JSON.parse(document.getElementById("report-data").textContent);
+  const root = document.getElementById("app");
+  root.append(TTFT.el("p", { class: "muted" }, `Samples from ${TTFT.when(data.start)} to ${TTFT.when(data.end)}; `
+    + "medians of successful requests, 95% bootstrap intervals."));
+  TTFT_CHARTS.renderCompare(root, data, {});
+  root.setAttribute("data-loaded", "1");
+})();
+"""
+    scripts = "\n".join(
+        f"<script>{_inline_script(code)}</script>"
+        for code in (_static("uPlot.iife.min.js"), _static("common.js"), _static("charts.js"), boot)
+    )
+    return f"""<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<link rel="icon" href="data:,">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{html.escape(title)}</title>
+<style>{_static("uPlot.min.css")}
+{_static("style.css")}</style>
+</head>
+<body>
+<main id="app"><h1>{html.escape(title)}</h1></main>
+<script type="application/json" id="report-data">{payload}</script>
+{scripts}
+</body>
+</html>
+"""
+
+
+def write_probe_report(path: str, samples: Sequence[Sample]) -> str | None:
+    """`probe --report FILE`: the format follows the extension (.md, .json, else HTML). None, or the
+    one-line problem."""
+    output_format = "md" if path.endswith(".md") else "json" if path.endswith(".json") else "html"
+    text = render(report_from_samples(samples), output_format, title="TTFT comparison, ad-hoc probe")
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        return f"cannot write the report {path}: {exc.strerror}; choose another --report path"
+    return None

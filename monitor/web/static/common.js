@@ -1,0 +1,130 @@
+// Shared helpers of the ttft-monitor pages. Data from servers and config is only ever put in the
+// page as text (textContent, attributes set one by one): never parsed as HTML.
+"use strict";
+
+const TTFT = (() => {
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (value === null || value === undefined || value === false) continue;
+      if (key === "class") node.className = value;
+      else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+      else node.setAttribute(key, value === true ? "" : String(value));
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  async function getJSON(url) {
+    const response = await fetch(url, { headers: { Accept: "application/json" }, credentials: "same-origin" });
+    let body = null;
+    try { body = await response.json(); } catch (_) { body = null; }
+    if (!response.ok) throw new Error((body && body.error) || `HTTP ${response.status}`);
+    return body;
+  }
+
+  function ms(value) {
+    if (value === null || value === undefined) return "–";
+    return value >= 100 ? Math.round(value).toLocaleString("en") : value.toFixed(1);
+  }
+
+  function pct(value) {
+    if (value === null || value === undefined) return "–";
+    return (value * 100).toFixed(value >= 0.9995 ? 1 : 2) + "%";
+  }
+
+  function when(iso) {
+    if (!iso) return "–";
+    return iso.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC");
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) return "–";
+    if (seconds < 120) return `${Math.round(seconds)} s`;
+    if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+    if (seconds < 172800) return `${(seconds / 3600).toFixed(1)} h`;
+    return `${(seconds / 86400).toFixed(1)} d`;
+  }
+
+  function epoch(iso) { return Date.parse(iso) / 1000; }
+
+  function nav(active) {
+    const links = [["/", "Overview"], ["/compare", "Compare"], ["/incidents", "Incidents"]];
+    return el("nav", {},
+      el("span", { class: "brand" }, "ttft-monitor"),
+      links.map(([href, label]) => el("a", { href, class: label === active ? "active" : null }, label)));
+  }
+
+  function showError(root, error) {
+    root.append(el("p", { class: "error", role: "alert" }, `Could not load: ${error.message || error}`));
+  }
+
+  function seriesName(s) { return `${s.target} · ${s.prompt} · ${s.location}`; }
+
+  function sparkline(values, width, height) {
+    const ns = "http://www.w3.org/2000/svg";
+    const svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("width", width); svg.setAttribute("height", height);
+    svg.setAttribute("class", "spark");
+    const known = values.filter((v) => v !== null);
+    if (!known.length) return svg;
+    const low = Math.min(...known), high = Math.max(...known), span = high - low || 1;
+    let path = "", pen = false;
+    values.forEach((v, i) => {
+      if (v === null) { pen = false; return; }
+      const x = (i / Math.max(values.length - 1, 1)) * (width - 2) + 1;
+      const y = height - 1 - ((v - low) / span) * (height - 2);
+      path += `${pen ? "L" : "M"}${x.toFixed(1)},${y.toFixed(1)}`;
+      pen = true;
+    });
+    const line = document.createElementNS(ns, "path");
+    line.setAttribute("d", path);
+    svg.append(line);
+    values.forEach((v, i) => {
+      // An hour without neighbours draws no line: mark it with a dot.
+      if (v === null || (values[i - 1] ?? null) !== null || (values[i + 1] ?? null) !== null) return;
+      const dot = document.createElementNS(ns, "circle");
+      dot.setAttribute("cx", ((i / Math.max(values.length - 1, 1)) * (width - 2) + 1).toFixed(1));
+      dot.setAttribute("cy", (height - 1 - ((v - low) / span) * (height - 2)).toFixed(1));
+      dot.setAttribute("r", "2");
+      svg.append(dot);
+    });
+    return svg;
+  }
+
+  function table(columns, rows, options) {
+    // columns: [{key, label, format?, sort?}]; rows: objects. Click a header to sort.
+    const opts = options || {};
+    let sortKey = opts.sortKey || null, ascending = true;
+    const body = el("tbody");
+    const head = el("tr", {}, columns.map((c) => el("th", {
+      scope: "col", class: c.numeric ? "num" : null,
+      onclick: () => { ascending = sortKey === c.key ? !ascending : true; sortKey = c.key; draw(); },
+    }, c.label)));
+    function value(row, c) { return c.sort ? c.sort(row) : row[c.key]; }
+    function draw() {
+      const ordered = rows.slice();
+      if (sortKey) {
+        const c = columns.find((x) => x.key === sortKey);
+        ordered.sort((a, b) => {
+          const x = value(a, c), y = value(b, c);
+          if (x === y) return 0;
+          if (x === null || x === undefined) return 1;
+          if (y === null || y === undefined) return -1;
+          return (x < y ? -1 : 1) * (ascending ? 1 : -1);
+        });
+      }
+      body.replaceChildren(...ordered.map((row) => el("tr", { class: opts.rowClass ? opts.rowClass(row) : null },
+        columns.map((c) => el("td", { class: c.numeric ? "num" : null }, c.format ? c.format(row) : row[c.key])))));
+    }
+    draw();
+    return el("table", { class: opts.class || null }, el("thead", {}, head), body);
+  }
+
+  function csvLink(url) { return el("a", { href: url + (url.includes("?") ? "&" : "?") + "format=csv", class: "csv" }, "CSV"); }
+
+  return { el, getJSON, ms, pct, when, duration, epoch, nav, showError, seriesName, sparkline, table, csvLink };
+})();

@@ -1,0 +1,148 @@
+"use strict";
+(() => {
+  const { el, ms } = TTFT;
+  const app = document.getElementById("app");
+  const main = el("main");
+  app.append(TTFT.nav("Series"), main);
+  const params = new URLSearchParams(location.search);
+  const RANGES = { "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400, "90d": 90 * 86400 };
+  const PHASES = [
+    ["ttfa_ms", "first answer"], ["ttft_ms", "first token"], ["first_event_ms", "first event"],
+    ["ttfb_ms", "headers"], ["setup", "DNS + connect + TLS"],
+  ];
+
+  async function resolveId() {
+    if (params.get("id")) return params.get("id");
+    // Notification links name the series Grafana-style: var-target, var-prompt, var-location.
+    const want = { target: params.get("var-target"), prompt: params.get("var-prompt"), location: params.get("var-location") };
+    const list = await TTFT.getJSON("/api/v1/series");
+    const found = list.series.find((s) => Object.entries(want).every(([k, v]) => v === null || s[k] === v));
+    if (!found) throw new Error("no series matches this link's target, prompt and location");
+    return String(found.id);
+  }
+
+  function windowFor(range) {
+    const seconds = RANGES[range];
+    if (params.get("at")) {
+      const at = Date.parse(params.get("at"));
+      if (!Number.isNaN(at)) {
+        const end = Math.min(Date.now(), at + (seconds * 1000) / 2);
+        return { start: new Date(end - seconds * 1000).toISOString(), end: new Date(end).toISOString() };
+      }
+    }
+    return { since: range };
+  }
+
+  function shadeIncidents(u, incidents) {
+    // Incidents as shaded spans over the plot area, positioned on every redraw.
+    u.over.querySelectorAll(".incident-shade").forEach((node) => node.remove());
+    const [x0, x1] = [u.scales.x.min, u.scales.x.max];
+    for (const item of incidents) {
+      const a = Math.max(TTFT.epoch(item.since || item.opened_at), x0);
+      const b = Math.min(item.resolved_at ? TTFT.epoch(item.resolved_at) : x1, x1);
+      if (b <= a) continue;
+      const left = u.valToPos(a, "x"), right = u.valToPos(b, "x");
+      u.over.append(el("div", {
+        class: "incident-shade", "data-incident": item.id, title: `${item.kind} ${item.severity}`,
+        style: `position:absolute; top:0; bottom:0; left:${left}px; width:${Math.max(2, right - left)}px; ` +
+          `background:${item.severity === "page" ? "rgba(217,45,32,0.16)" : "rgba(247,144,9,0.16)"}; pointer-events:none`,
+      }));
+    }
+  }
+
+  function tooltipPlugin(points) {
+    const tip = el("div", { class: "tooltip", hidden: true });
+    return {
+      hooks: {
+        init: (u) => { u.over.append(tip); },
+        setCursor: (u) => {
+          const i = u.cursor.idx;
+          if (i === null || i === undefined || !points[i]) { tip.hidden = true; return; }
+          const p = points[i];
+          const lines = [TTFT.when(p.t), `TTFT p50 ${ms(p.ttft_p50_ms)} ms`, `n ${p.n}, errors ${p.errors}`];
+          if (p.run_id) lines.push(`run ${p.run_id}`);
+          if (p.request_id) lines.push(`request id ${p.request_id}`);
+          if (p.error_message) lines.push(`error: ${p.error_message}`);
+          tip.textContent = lines.join("\n");
+          tip.hidden = false;
+          tip.style.left = `${Math.min(u.cursor.left + 12, u.over.clientWidth - 240)}px`;
+          tip.style.top = `${u.cursor.top + 12}px`;
+        },
+      },
+    };
+  }
+
+  async function load(range) {
+    main.replaceChildren(el("h1", {}, "Series"));
+    let id, data;
+    try {
+      id = await resolveId();
+      const query = new URLSearchParams(windowFor(range));
+      data = await TTFT.getJSON(`/api/v1/series/${encodeURIComponent(id)}/points?${query}`);
+    } catch (e) { TTFT.showError(main, e); return; }
+    const s = data.series;
+    main.replaceChildren(
+      el("h1", {}, `${s.target} · ${s.prompt} · ${s.location}`),
+      el("p", { class: "muted" }, `${s.provider} · ${s.model} · ${TTFT.when(data.start)} – ${TTFT.when(data.end)} · `,
+        `${data.points.length} points (${data.resolution === "sample" ? "raw samples" : data.resolution === "bucket" ? `${data.bucket_s} s buckets of samples` : "hourly rollups"})`,
+        data.baseline_ms !== null ? ` · baseline ${ms(data.baseline_ms)} ms` : "",
+        TTFT.csvLink(`/api/v1/series/${encodeURIComponent(id)}/points?${new URLSearchParams(windowFor(range))}`)),
+      el("div", { class: "controls" }, Object.keys(RANGES).map((r) =>
+        el("button", { type: "button", class: r === range ? "active" : null, onclick: () => { params.set("range", r); history.replaceState(null, "", `?${params}`); load(r); } }, r))),
+    );
+    const pts = data.points;
+    const xs = pts.map((p) => TTFT.epoch(p.t));
+    const col = (key) => pts.map((p) => p[key] ?? null);
+    const baseline = pts.map(() => data.baseline_ms);
+    const incidentBaselines = data.incidents.filter((i) => i.baseline_ms !== null);
+    // The baseline's band: up to where the detector opens a ticket; the page line above it.
+    const limits = data.thresholds || {};
+    const times = (ratio) => baseline.map((b) => (b === null || !ratio ? null : b * ratio));
+    const ttftSeries = [
+      { label: "p10", stroke: "rgba(46,111,219,0.35)", points: { show: false } },
+      { label: "p50", stroke: "#2e6fdb", width: 1.5, points: { show: pts.length < 400, size: 4 } },
+      { label: "p90", stroke: "rgba(46,111,219,0.35)", points: { show: false } },
+      { label: "baseline", stroke: "#12b76a", dash: [6, 4], points: { show: false } },
+      { label: `ticket ×${limits.ticket_ratio ?? "–"}`, stroke: "rgba(247,144,9,0.6)", dash: [2, 3], points: { show: false } },
+      { label: `page ×${limits.page_ratio ?? "–"}`, stroke: "rgba(217,45,32,0.6)", dash: [2, 3], points: { show: false } },
+    ];
+    const shade = { hooks: { draw: [(u) => shadeIncidents(u, data.incidents)] } };
+    const tip = tooltipPlugin(pts);
+    TTFT_CHARTS.timeChart(main, "TTFT (ms): p50 with the p10–p90 band, baseline, incidents shaded",
+      [xs, col("ttft_p10_ms"), col("ttft_p50_ms"), col("ttft_p90_ms"), baseline, times(limits.ticket_ratio), times(limits.page_ratio)], ttftSeries, {
+        yLabel: "ms", height: 280,
+        bands: [{ series: [3, 1], fill: "rgba(46,111,219,0.12)" }, { series: [5, 4], fill: "rgba(18,183,106,0.08)" }],
+        hooks: { draw: shade.hooks.draw, init: [tip.hooks.init], setCursor: [tip.hooks.setCursor] },
+      });
+    if (incidentBaselines.length) {
+      main.append(el("p", { class: "muted incidents-note" }, data.incidents.map((i) =>
+        `${i.kind} ${i.severity} from ${TTFT.when(i.opened_at)}${i.resolved_at ? ` to ${TTFT.when(i.resolved_at)}` : " (open)"}: baseline ${ms(i.baseline_ms)} ms, observed ${ms(i.observed_ms)} ms, peak ×${i.peak_ratio ?? "–"}`).join(" · ")));
+    }
+    if (data.resolution !== "hour") {
+      const setup = pts.map((p) => (p.dns_ms ?? 0) + (p.connect_ms ?? 0) + (p.tls_ms ?? 0) || null);
+      const colors = ["#7a5af8", "#2e6fdb", "#0e9384", "#f79009", "#667085"];
+      TTFT_CHARTS.timeChart(main, "Phases from send (ms): each layer ends when that phase is reached",
+        [xs, ...PHASES.map(([key]) => (key === "setup" ? setup : col(key)))],
+        PHASES.map(([, label], i) => ({ label, stroke: colors[i], fill: colors[i] + "55", points: { show: false } })), { yLabel: "ms" });
+    }
+    const classes = [...new Set(pts.flatMap((p) => Object.keys(p.error_counts || {})))].sort();
+    TTFT_CHARTS.timeChart(main, "Errors by class", [xs, ...(classes.length ? classes : ["none"]).map((c) => pts.map((p) => (p.error_counts || {})[c] ?? 0))],
+      (classes.length ? classes : ["none"]).map((c, i) => ({ label: c, stroke: TTFT_CHARTS.PALETTE[(i + 1) % 8], points: { show: true, size: 3 } })), { yLabel: "errors", height: 160 });
+    TTFT_CHARTS.timeChart(main, "Decode rate (tokens/s)", [xs, col("decode_tps")], [{ label: "decode tokens/s", stroke: "#0e9384", points: { show: false } }], { height: 160 });
+    if (data.resolution !== "hour") {
+      TTFT_CHARTS.timeChart(main, "Prompt and cached tokens", [xs, col("prompt_tokens"), col("cached_tokens")],
+        [{ label: "prompt tokens", stroke: "#2e6fdb", points: { show: false } }, { label: "cached tokens", stroke: "#f79009", points: { show: false } }], { height: 160 });
+    }
+    const failures = pts.filter((p) => p.errors > 0 && p.error_message).slice(-10).reverse();
+    if (failures.length) {
+      main.append(el("h2", {}, "Recent errors"), el("ul", { class: "recent-errors" }, failures.map((p) =>
+        el("li", {}, `${TTFT.when(p.t)} · ${Object.keys(p.error_counts).join(", ")}${p.http_status ? ` · HTTP ${p.http_status}` : ""}: `,
+          el("span", { class: "error-message" }, p.error_message),
+          p.request_id ? el("span", { class: "muted" }, ` · request ${p.request_id}`) : ""))));
+    }
+    main.setAttribute("data-loaded", "1");
+  }
+
+  const initial = params.get("range") in RANGES ? params.get("range") : "24h";
+  load(initial);
+})();

@@ -1,0 +1,197 @@
+"""The JSON API and pages over real loopback HTTP, on both databases; auth; /metrics stays open."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from monitor.metrics.server import start_metrics_server
+from monitor.store.repository import Repository
+from monitor.web.api import parse_duration, to_csv, web_routes
+from monitor.web.auth import Guard, hash_password, verify_password
+from tests.store_fixtures import T0, Backend, free_port, make_batch
+
+pytest_plugins = ("tests.store_fixtures",)
+NOW = T0 + timedelta(hours=2)
+
+
+async def _ready() -> tuple[bool, str]:
+    return True, "ready"
+
+
+async def _serve(backend: Backend, guard: Guard | None = None) -> AsyncIterator[str]:
+    repository = Repository(backend.engine())
+    try:
+        for step in range(24):
+            await repository.save_runs(make_batch(T0 + timedelta(minutes=5 * step)))
+        port = free_port()
+        routes = web_routes(repository.engine, guard=guard, now=lambda: NOW)
+        runner = await start_metrics_server(CollectorRegistry(), _ready, f"127.0.0.1:{port}", routes=routes)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            await runner.cleanup()
+    finally:
+        await repository.engine.dispose()
+
+
+@pytest.fixture
+async def server(backend: Backend) -> AsyncIterator[str]:
+    async for url in _serve(backend):
+        yield url
+
+
+async def test_the_api_serves_every_view_as_json_and_csv(server: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{server}/api/v1/series") as response:
+            assert response.status == 200, await response.text()
+            body = await response.json()
+        assert len(body["series"]) == 4 and body["now"] == "2026-03-02T11:00:00Z"
+        series_id = body["series"][0]["id"]
+        async with http.get(f"{server}/api/v1/series/{series_id}/points?since=6h") as response:
+            points = await response.json()
+        assert points["resolution"] == "sample" and len(points["points"]) == 24 * 5
+        async with http.get(f"{server}/api/v1/series/{series_id}/points?since=6h&format=csv") as response:
+            assert response.content_type == "text/csv"
+            rows = list(csv.DictReader(io.StringIO(await response.text())))
+        assert len(rows) == 120 and float(rows[0]["ttft_p50_ms"]) == points["points"][0]["ttft_p50_ms"]
+        async with http.get(f"{server}/api/v1/compare?since=1d&prompt=short") as response:
+            compare = await response.json()
+        assert {c["prompt"] for c in compare["cells"]} == {"short"} and len(compare["pairs"]) == 1
+        async with http.get(f"{server}/api/v1/compare?since=1d&format=csv&table=slopes") as response:
+            assert (await response.text()).startswith("target,model,ms_per_1k_tokens")
+        async with http.get(f"{server}/api/v1/incidents?format=csv") as response:
+            assert response.status == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "message"),
+    [
+        ("/api/v1/compare?since=soon", 400, "since='soon' is not a duration"),
+        ("/api/v1/series/abc/points", 400, "whole number"),
+        ("/api/v1/series/9999/points", 404, "no series with id 9999"),
+        ("/api/v1/series?format=xml", 400, "format='xml'"),
+        ("/api/v1/compare?start=2026-03-02T09:00:00", 400, "no time zone"),
+    ],
+)
+async def test_bad_requests_get_one_clear_error(server: str, path: str, status: int, message: str) -> None:
+    async with aiohttp.ClientSession() as http, http.get(server + path) as response:
+        assert response.status == status
+        assert message in (await response.json())["error"]
+
+
+async def test_pages_and_static_files_are_served_with_a_strict_policy(server: str) -> None:
+    async with aiohttp.ClientSession() as http:
+        for path in ("/", "/series", "/compare", "/incidents"):
+            async with http.get(server + path) as response:
+                assert response.status == 200 and response.content_type == "text/html"
+                assert "script-src 'self'" in response.headers["Content-Security-Policy"]
+                assert "/static/common.js" in await response.text()
+        async with http.get(f"{server}/static/uPlot.iife.min.js") as response:
+            assert response.status == 200 and response.content_type == "application/javascript"
+        async with http.get(f"{server}/static/..%2Fapi.py") as response:
+            assert response.status == 404
+
+
+async def test_a_token_protects_ui_and_api_but_not_metrics(backend: Backend) -> None:
+    async for server in _serve(backend, Guard(token="s3cret-token")):
+        # unsafe: keep cookies set by an IP address (127.0.0.1), as a browser does.
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            async with http.get(f"{server}/api/v1/series") as response:
+                assert response.status == 401
+            async with http.get(f"{server}/") as response:
+                assert response.status == 401 and 'name="token"' in await response.text()
+            for path in ("/metrics", "/healthz", "/readyz"):
+                async with http.get(server + path) as response:
+                    assert response.status == 200
+            forged = {"Cookie": "ttft_session=forged", "Authorization": "Bearer wrong"}
+            async with http.get(f"{server}/api/v1/series", headers=forged) as response:
+                assert response.status == 401
+            headers = {"Authorization": "Bearer s3cret-token"}
+            async with http.get(f"{server}/api/v1/series", headers=headers) as response:
+                assert response.status == 200
+            async with http.post(f"{server}/login", data={"token": "wrong"}, allow_redirects=False) as response:
+                assert response.status == 401
+            async with http.post(f"{server}/login", data={"token": "s3cret-token"}, allow_redirects=False) as response:
+                assert response.status == 303
+                assert "s3cret-token" not in response.headers["Set-Cookie"]
+            async with http.get(f"{server}/api/v1/series") as response:
+                assert response.status == 200  # the session cookie
+
+
+async def test_basic_auth_checks_the_scrypt_hash(backend: Backend) -> None:
+    encoded = hash_password("correct horse")
+    assert verify_password("correct horse", encoded) and not verify_password("wrong", encoded)
+    async for server in _serve(backend, Guard(basic_user="ops", basic_password_hash=encoded)):
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{server}/") as response:
+                assert response.status == 401 and response.headers["WWW-Authenticate"].startswith("Basic")
+            for password, status in (("wrong", 401), ("correct horse", 200)):
+                token = base64.b64encode(f"ops:{password}".encode()).decode()
+                async with http.get(f"{server}/", headers={"Authorization": f"Basic {token}"}) as response:
+                    assert response.status == status
+
+
+def test_csv_keeps_nested_values_as_json() -> None:
+    text = to_csv([{"a": 1, "b": {"x": 2}}, {"a": None, "c": 'q,"r'}])
+    assert text == 'a,b,c\n1,"{""x"": 2}",\n,,"q,""r"\n'
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("6h", 21600), ("7d", 604800), ("15m", 900), ("2w", 1209600)])
+def test_durations(text: str, seconds: int) -> None:
+    assert parse_duration(text).total_seconds() == seconds
+
+
+def test_notification_links_open_the_series_page_at_the_incident() -> None:
+    from monitor.alert.model import series_link
+
+    link = series_link("http://127.0.0.1:9464/series", target="q<8b", prompt="short", location="lab", job="j", at=NOW)
+    assert link == (
+        "http://127.0.0.1:9464/series?var-target=q%3C8b&var-prompt=short&var-location=lab&var-job=j"
+        "&at=2026-03-02T11%3A00%3A00Z"
+    )
+
+
+def test_serve_hashes_a_password_from_stdin() -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run(
+        [sys.executable, "-m", "monitor", "serve", "--hash-password"],
+        input="correct horse\n", capture_output=True, text=True, cwd=ROOT, timeout=30,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert verify_password("correct horse", done.stdout.strip()) and "correct horse" not in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("config", "env", "code", "message"),
+    [
+        (
+            "web:\n  token_env: TTFT_WEB_TOKEN_UNSET\n",
+            {},
+            2,
+            "web.token_env names TTFT_WEB_TOKEN_UNSET, which is not set",
+        ),
+        ('database:\n  url: "postgresql+asyncpg://postgres:pw@127.0.0.1:1/x"\n', {}, 3, "127.0.0.1"),
+    ],
+)
+def test_serve_refuses_in_one_line(tmp_path: Path, config: str, env: dict[str, str], code: int, message: str) -> None:
+    from tests.conftest import run_cli
+
+    path = tmp_path / "c.yaml"
+    path.write_text(config)
+    result = run_cli("serve", "--config", str(path), "--listen", f"127.0.0.1:{free_port()}", env=env)
+    assert result.code == code, str(result)
+    assert message in result.stderr and "Traceback" not in result.stderr and ":pw@" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

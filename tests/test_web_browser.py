@@ -1,0 +1,407 @@
+"""The real pages in headless Chromium (Debian's `chromium`, driven by Playwright for Python).
+
+The daemon probes the simulator on a 2-second schedule; one model is made 2.5x slower so a real
+regression incident opens. A series with `<script>` and quotes in its target name and in a server's
+error message is stored beside it. Chromium is installed with apt-get when missing (the tests run as
+root on CI); when that is impossible the tests are skipped and the terminal summary says so. Nothing
+downloads a browser: Playwright is pointed at /usr/bin/chromium.
+
+Set TTFT_WEB_SCREENSHOTS=DIR to keep the screenshots (docs/ui-*.png come from this test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitor.probe.result import ErrorClass
+from monitor.store.engine import create_engine
+from monitor.store.records import runs_from_samples
+from monitor.store.repository import Repository
+from tests.conftest import ROOT, SimProcess, run_cli, start_sim, stop_sim
+from tests.store_fixtures import free_port, make_samples
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+    "--disable-component-update", "--no-first-run",
+]  # fmt: skip
+SEED_MODELS = ("qwen3-8b", "qwen3-14b", "gpt-4o-mini")
+SLOWED = "qwen3-14b"
+EVIL_TARGET = "<script>window.__pwned=1</script>\"q'"
+EVIL_MESSAGE = '<img src=x onerror="window.__pwned=2"><script>window.__pwned=3</script>\'"'
+TOKEN = "browser-test-token"
+_SKIPPED: list[str] = []
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _SKIPPED:
+        terminalreporter.write_sep("!", "BROWSER TESTS SKIPPED", red=True, bold=True)
+        for reason in _SKIPPED:
+            terminalreporter.write_line(reason, red=True, bold=True)
+
+
+def _skip(reason: str) -> None:
+    _SKIPPED.append(reason)
+    pytest.skip(reason)
+
+
+def _install_chromium() -> str | None:
+    """Install Debian's chromium with apt-get; the reason when that is impossible."""
+    if shutil.which("apt-get") is None:
+        return "apt-get is not available"
+    if os.geteuid() != 0:
+        return "not root, so apt-get cannot install it (run `apt-get install -y chromium`)"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
+    done = None
+    for attempt in range(2):
+        if attempt:
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300, check=False)
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
+        if done.returncode == 0 and CHROMIUM.exists():
+            return None
+    return f"apt-get install chromium failed: {done.stderr.strip()[-300:] if done else ''}"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        reason = _install_chromium()
+        if reason is not None:
+            _skip(f"the browser tests were skipped: {CHROMIUM} is missing and {reason}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _skip("the browser tests were skipped: playwright is not installed (pip install -e '.[test]')")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        yield launched
+        launched.close()
+
+
+# ---------------------------------------------------------------- the daemon with a regression
+
+
+def _config(sim: SimProcess, state: Path, port: int) -> str:
+    targets = "".join(
+        f"  {name}:\n    provider: sim\n    model: {name}\n    params:\n      max_tokens: 4\n"
+        + ("      extra_body: {chat_template_kwargs: {enable_thinking: false}}\n" if name.startswith("qwen") else "")
+        for name in SEED_MODELS
+    )
+    return f"""location: lab
+database:
+  url: "sqlite+aiosqlite:///{state}/web.db"
+  state_dir: "{state}"
+metrics:
+  listen: "127.0.0.1:{port}"
+providers:
+  sim:
+    base_url: "{sim.v1}"
+    api: openai-chat
+    max_concurrency: 3
+targets:
+{targets}prompts:
+  short: {{tokens: 256}}
+  long: {{tokens: 2048}}
+jobs:
+  - name: web
+    schedule: "*/2 * * * * *"
+    targets: [{", ".join(SEED_MODELS)}]
+    prompts: [short, long]
+    rounds: 2
+    warmup: 0
+    pause_s: 0
+detection:
+  min_history_runs: 6
+  trailing_runs: 12
+alerts:
+  base_url: "http://127.0.0.1:{port}/series"
+  receivers:
+    console: {{type: log}}
+"""
+
+
+async def _store_hostile_series(url: str) -> None:
+    """A series whose target name and server error message carry markup, as another writer could store."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    samples = []
+    for minutes in (20, 10, 1):
+        at = now - timedelta(minutes=minutes)
+        batch = make_samples("qwen3-8b", "short", at=at, warmup=0, rounds=3, errors={2: ErrorClass.SERVER_ERROR})
+        samples += [
+            dataclasses.replace(s, target=EVIL_TARGET, error_message=EVIL_MESSAGE if s.error else None) for s in batch
+        ]
+    engine = create_engine(url)
+    try:
+        await Repository(engine).save_runs(
+            runs_from_samples(samples, job="web", location="lab", provider_of={EVIL_TARGET: "sim"})
+        )
+    finally:
+        await engine.dispose()
+
+
+def _get(url: str, headers: dict[str, str] | None = None) -> Any:
+    request = urllib.request.Request(url, headers=headers or {})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+@dataclass
+class Monitor:
+    url: str
+    config: Path
+    database_url: str
+    series_id: int  # the slowed one, long prompt
+    incident: dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def monitor(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[Monitor]:
+    state = tmp_path_factory.mktemp("web")
+    sim = start_sim("--seed", "11")
+    port = free_port()
+    config = state / "web.yaml"
+    config.write_text(_config(sim, state, port))
+    daemon = None
+    log = (state / "daemon.log").open("w")
+    try:
+        upgraded = run_cli("db", "upgrade", "--config", str(config))
+        assert upgraded.code == 0, str(upgraded)
+        database_url = f"sqlite+aiosqlite:///{state}/web.db"
+        # Playwright's sync API runs an event loop on this thread: store from another one.
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, _store_hostile_series(database_url)).result()
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "monitor", "run", "--config", str(config)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        url = f"http://127.0.0.1:{port}"
+        started = time.monotonic()
+        slowed = False
+        incident = None
+        while time.monotonic() - started < 150:
+            assert daemon.poll() is None, (state / "daemon.log").read_text()[-3000:]
+            if not slowed and time.monotonic() - started > 32:
+                profile = sim.get("/sim/models")["models"][SLOWED]
+                slower = {key: profile[key] * 2.5 for key in ("ttft_base_ms", "prefill_ms_per_1k")}
+                sim.post(f"/sim/models/{SLOWED}", slower)
+                slowed = True
+            if slowed:
+                try:
+                    found = _get(f"{url}/api/v1/incidents?since=1h")["incidents"]
+                except (urllib.error.URLError, ConnectionError):
+                    found = []
+                regressions = [i for i in found if i["target"] == SLOWED and i["kind"] == "regression"]
+                if regressions:
+                    incident = regressions[0]
+                    break
+            time.sleep(1)
+        assert incident is not None, "no regression incident opened:\n" + (state / "daemon.log").read_text()[-3000:]
+        time.sleep(6)  # a few slow runs inside the incident
+        yield Monitor(url, config, database_url, incident["series_id"], incident)
+    finally:
+        if daemon is not None and daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait()
+        log.close()
+        stop_sim(sim)
+
+
+# ---------------------------------------------------------------- driving the pages
+
+
+@dataclass
+class Visit:
+    page: Any
+    console_errors: list[str]
+
+
+def _open(browser: Any, url: str, *, wait_loaded: bool = True) -> Visit:
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    started = time.monotonic()
+    page.goto(url)
+    if wait_loaded:
+        page.wait_for_selector("main[data-loaded='1']", timeout=15000)
+    page.load_seconds = time.monotonic() - started
+    return Visit(page, errors)
+
+
+def _screenshot(page: Any, name: str, tmp: Path) -> None:
+    keep = os.environ.get("TTFT_WEB_SCREENSHOTS")
+    page.screenshot(path=str(Path(keep) / name if keep else tmp / name), full_page=True)
+
+
+def _no_script_ran(visit: Visit) -> None:
+    assert visit.page.evaluate("() => window.__pwned === undefined")
+    assert visit.console_errors == []
+
+
+@pytest.mark.timeout(300)
+def test_overview_lists_every_series_with_the_slowed_one_first(browser: Any, monitor: Monitor, tmp_path: Path) -> None:
+    visit = _open(browser, monitor.url + "/")
+    page = visit.page
+    rows = page.locator("table.overview tbody tr")
+    assert rows.count() == 7  # three models x two prompts, and the hostile series
+    statuses = page.locator("[data-status]").all_inner_texts()
+    assert statuses[0] in ("page", "ticket")
+    first_group_first_row = page.locator("section.group").first.locator("tbody tr").first
+    assert SLOWED in first_group_first_row.inner_text()
+    assert EVIL_TARGET in page.locator("main").inner_text()  # shown as text, not run
+    assert page.locator("svg.spark path, svg.spark circle").count() >= 6
+    assert page.load_seconds < 5
+    _no_script_ran(visit)
+    _screenshot(page, "ui-overview.png", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_series_page_draws_every_point_and_shades_the_incident(browser: Any, monitor: Monitor, tmp_path: Path) -> None:
+    expected = _get(f"{monitor.url}/api/v1/series/{monitor.series_id}/points?since=6h")
+    visit = _open(browser, f"{monitor.url}/series?id={monitor.series_id}&range=6h")
+    page = visit.page
+    chart = page.locator(".chart").first
+    drawn = page.evaluate("() => document.querySelector('.chart').uplot.data[0].length")
+    assert int(chart.get_attribute("data-points")) == drawn == len(expected["points"]) > 20
+    shades = page.locator(".incident-shade")
+    assert shades.count() >= 1 and shades.first.get_attribute("data-incident") == monitor.incident["id"]
+    assert shades.first.bounding_box()["width"] > 2
+    assert page.locator(".chart").count() >= 5  # TTFT, phases, errors, decode rate, tokens
+    _no_script_ran(visit)
+    _screenshot(page, "ui-series.png", tmp_path)
+    # A notification's link: Grafana-style variables and the incident's time.
+    link = (
+        f"{monitor.url}/series?var-target={SLOWED}&var-prompt=long&var-location=lab&at=" + monitor.incident["opened_at"]
+    )
+    linked = _open(browser, link)
+    assert f"{SLOWED} · long · lab" in linked.page.locator("h1").inner_text()
+    assert linked.page.locator(".incident-shade").count() >= 1
+    assert linked.console_errors == []
+
+
+@pytest.mark.timeout(300)
+def test_compare_ranks_the_seed_models_by_prefill_slope(browser: Any, monitor: Monitor, tmp_path: Path) -> None:
+    visit = _open(browser, f"{monitor.url}/compare?since=1h&target=qwen3-8b&target=qwen3-14b&target=gpt-4o-mini")
+    page = visit.page
+    ranked = page.locator("table.slopes tbody tr td:nth-child(2)").all_inner_texts()
+    assert ranked == ["gpt-4o-mini", "qwen3-8b", "qwen3-14b"]
+    assert page.locator("table.cells tbody tr").count() == 6
+    assert page.locator("svg.bars rect").count() == 6
+    api = _get(f"{monitor.url}/api/v1/compare?since=1h&target=qwen3-8b&target=qwen3-14b&target=gpt-4o-mini")
+    assert [s["target"] for s in api["slopes"]] == ranked
+    _no_script_ran(visit)
+    _screenshot(page, "ui-compare.png", tmp_path)
+
+
+@pytest.mark.timeout(300)
+def test_markup_in_names_and_server_errors_renders_as_text(browser: Any, monitor: Monitor) -> None:
+    series = _get(f"{monitor.url}/api/v1/series")["series"]
+    hostile = next(s for s in series if s["target"] == EVIL_TARGET)
+    visit = _open(browser, f"{monitor.url}/series?id={hostile['id']}&range=6h")
+    page = visit.page
+    assert EVIL_TARGET in page.locator("h1").inner_text()
+    assert EVIL_MESSAGE in page.locator(".recent-errors").inner_text()
+    assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
+    _no_script_ran(visit)
+    compare = _open(browser, f"{monitor.url}/compare?since=1h")
+    assert EVIL_TARGET in compare.page.locator("table.cells").inner_text()
+    _no_script_ran(compare)
+    incidents = _open(browser, f"{monitor.url}/incidents?since=1h")
+    assert incidents.page.locator("[data-incident]").count() >= 1
+    assert incidents.console_errors == []
+
+
+@pytest.mark.timeout(300)
+def test_the_html_report_opens_offline_with_the_compare_numbers(browser: Any, monitor: Monitor, tmp_path: Path) -> None:
+    report = tmp_path / "report.html"
+    # Up to a moment every run started before has been stored (the daemon keeps probing).
+    until = (datetime.now(UTC) - timedelta(seconds=10)).isoformat()
+    result = run_cli(
+        "report", "--config", str(monitor.config), "--since", "1h", "--until", until, "--format", "html",
+        "-o", str(report),
+        *[f"--target={m}" for m in SEED_MODELS],
+    )  # fmt: skip
+    assert result.code == 0, str(result)
+    context = browser.new_context(offline=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(report.as_uri())
+    page.wait_for_selector("main[data-loaded='1']", timeout=15000)
+    assert [r for r in requests if not r.startswith("file://")] == []
+    assert errors == []
+    assert page.locator(".chart canvas").count() >= 1
+    ranked = page.locator("table.slopes tbody tr td:nth-child(2)").all_inner_texts()
+    assert ranked == ["gpt-4o-mini", "qwen3-8b", "qwen3-14b"]
+    data = json.loads(page.locator("#report-data").text_content())
+    api = _get(
+        f"{monitor.url}/api/v1/compare?start={data['start']}&end={data['end']}"
+        + "".join(f"&target={m}" for m in SEED_MODELS)
+    )
+    assert data["cells"] == api["cells"] and data["slopes"] == api["slopes"]
+
+
+@pytest.mark.timeout(300)
+def test_a_token_protects_the_ui_of_serve(browser: Any, monitor: Monitor) -> None:
+    config = monitor.config.with_name("token.yaml")
+    config.write_text(monitor.config.read_text() + "web:\n  token_env: TTFT_WEB_TOKEN\n")
+    port = free_port()
+    env = {**os.environ, "TTFT_WEB_TOKEN": TOKEN, "PYTHONUNBUFFERED": "1"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "serve", "--config", str(config), "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+    )  # fmt: skip
+    try:
+        assert server.stderr is not None
+        line = server.stderr.readline()
+        assert f"status pages at http://127.0.0.1:{port}/" in line, line
+        url = f"http://127.0.0.1:{port}"
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            _get(f"{url}/api/v1/series")
+        assert denied.value.code == 401
+        visit = _open(browser, url + "/", wait_loaded=False)
+        page = visit.page
+        assert page.locator("table.overview").count() == 0
+        page.fill("input[name=token]", "wrong")
+        page.click("button[type=submit]")
+        assert page.locator("input[name=token]").count() == 1
+        page.fill("input[name=token]", TOKEN)
+        page.click("button[type=submit]")
+        page.wait_for_selector("main[data-loaded='1']", timeout=15000)
+        assert page.locator("table.overview tbody tr").count() == 7
+        assert _get(f"{url}/healthz".replace("/healthz", "/api/v1/series"), {"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
+            assert response.status == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)
+        if server.stderr is not None:
+            server.stderr.close()

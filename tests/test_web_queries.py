@@ -1,0 +1,221 @@
+"""The web views' queries on both databases, and their pure statistics."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, table_of
+from monitor.store.repository import Repository
+from monitor.web import queries, stats
+from tests.store_fixtures import T0, Backend, make_batch
+
+pytest_plugins = ("tests.store_fixtures",)
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_the_median_interval_contains_the_median_and_narrows_with_more_data() -> None:
+    rng = random.Random(1)
+    small = sorted(rng.gauss(500, 50) for _ in range(20))
+    large = sorted(rng.gauss(500, 50) for _ in range(2000))
+    low_s, high_s = stats.median_interval(small)
+    low_l, high_l = stats.median_interval(large)
+    assert low_s <= stats.quantile(small, 0.5) <= high_s
+    assert low_l <= stats.quantile(large, 0.5) <= high_l
+    assert high_l - low_l < (high_s - low_s) / 3
+
+
+@pytest.mark.parametrize("n", [15, 31, 200])
+def test_the_exact_bootstrap_agrees_with_resampling(n: int) -> None:
+    rng = random.Random(n)
+    values = sorted(rng.lognormvariate(6, 0.4) for _ in range(n))
+    medians = sorted(stats.quantile(sorted(rng.choices(values, k=n)), 0.5) for _ in range(4000))
+    mean = sum(medians) / len(medians)
+    resampled_variance = sum((m - mean) ** 2 for m in medians) / len(medians)
+    assert stats.median_variance(values) == pytest.approx(resampled_variance, rel=0.25)
+    low, high = stats.median_interval(values)
+    assert low == pytest.approx(medians[100], rel=0.05) and high == pytest.approx(medians[3899], rel=0.05)
+
+
+def test_a_clear_difference_is_significant_and_noise_is_not() -> None:
+    rng = random.Random(2)
+    fast = sorted(rng.gauss(300, 30) for _ in range(200))
+    slow = sorted(rng.gauss(400, 30) for _ in range(200))
+    same = sorted(rng.gauss(300, 30) for _ in range(200))
+    clear = stats.median_difference(slow, fast)
+    assert clear is not None and clear.significant and 80 < clear.difference_ms < 120
+    assert clear.low_ms < clear.difference_ms < clear.high_ms
+    noise = stats.median_difference(same, fast)
+    assert noise is not None and not noise.significant
+    assert stats.median_difference(slow, fast) == clear  # fixed seed: the same numbers every time
+
+
+def test_the_prefill_slope_recovers_ms_per_1k_tokens() -> None:
+    points = [(tokens, 100 + 0.25 * tokens) for tokens in (2000, 16000, 32000) for _ in range(3)]
+    fit = stats.prefill_slope(points)
+    assert fit is not None and fit.ms_per_1k_tokens == pytest.approx(250) and fit.intercept_ms == pytest.approx(100)
+    assert stats.prefill_slope([(2000, 1.0), (2000, 2.0)]) is None
+
+
+@pytest.mark.parametrize(
+    ("opened", "runs", "failed", "expected"),
+    [
+        ([], 10, False, "ok"),
+        ([], 0, False, "no data"),
+        ([("regression", "ticket")], 10, False, "ticket"),
+        ([("regression", "page")], 10, False, "page"),
+        ([("availability", "page")], 10, False, "down"),
+        ([], 10, True, "down"),
+    ],
+)
+def test_series_status(opened: list[tuple[str, str]], runs: int, failed: bool, expected: str) -> None:
+    assert queries.series_status(open_severities=opened, runs_24h=runs, last_run_failed=failed) == expected
+
+
+def test_bucket_width_keeps_points_under_the_cap() -> None:
+    assert queries.bucket_seconds(6 * 3600) == 30
+    assert queries.bucket_seconds(90 * 86400) == 7200
+    assert 90 * 86400 / queries.bucket_seconds(90 * 86400) <= queries.MAX_POINTS
+
+
+def test_compare_ranks_and_pairs() -> None:
+    rng = random.Random(3)
+    rows = []
+    for target, slope in (("a", 0.05), ("b", 0.10), ("c", 0.20)):
+        for tokens in (2000, 16000, 32000):
+            rows += [(target, target.upper(), f"p{tokens}", 80 + slope * tokens + rng.gauss(0, 5), tokens)] * 1
+            rows += [(target, target.upper(), f"p{tokens}", 80 + slope * tokens + rng.gauss(0, 5), tokens)
+                     for _ in range(9)]  # fmt: skip
+    result = queries.compare_values(rows)
+    assert [s["target"] for s in result["slopes"]] == ["a", "b", "c"]
+    assert result["slopes"][2]["ms_per_1k_tokens"] == pytest.approx(200, rel=0.05)
+    assert len(result["cells"]) == 9 and all(c["n"] == 10 for c in result["cells"])
+    big = [p for p in result["pairs"] if p["prompt"] == "p32000"]
+    assert [(p["faster"], p["slower"]) for p in big] == [("a", "b"), ("a", "c"), ("b", "c")]
+    assert all(p["significant"] and p["difference_ms"] > 0 for p in big)
+
+
+# ---------------------------------------------------------------- on the databases
+
+
+async def _store(backend: Backend, hours: int = 3) -> Repository:
+    repository = Repository(backend.engine())
+    for step in range(hours * 12):
+        await repository.save_runs(make_batch(T0 + timedelta(minutes=5 * step)))
+    return repository
+
+
+async def test_overview_lists_every_series_with_status_and_availability(backend: Backend) -> None:
+    repository = await _store(backend)
+    now = T0 + timedelta(hours=3)
+    async with repository.engine.begin() as connection:
+        series_id = await connection.scalar(
+            sa.text("SELECT id FROM series WHERE target='gpt-4o-mini' AND prompt='long'")
+        )
+        await connection.execute(
+            sa.insert(table_of(IncidentRow)).values(
+                id=uuid.uuid4(), series_id=series_id, kind="regression", severity="page", opened_at=now,
+                baseline_ms=100.0, observed_ms=250.0, ratio=2.5, updated_at=now, details={"peak_ratio": 3.1},
+            )
+        )  # fmt: skip
+    rows = await queries.overview(repository.engine, now=now)
+    await repository.engine.dispose()
+    assert len(rows) == 4
+    first = rows[0]
+    assert (first["target"], first["prompt"], first["status"]) == ("gpt-4o-mini", "long", "page")
+    assert first["baseline_ms"] == 100.0 and first["ratio"] == pytest.approx(first["p50_last_hour_ms"] / 100, abs=1e-3)
+    others = rows[1:]
+    assert {r["status"] for r in others} == {"ok"}
+    for row in others:
+        assert row["availability_24h"] == 1.0 and row["p50_last_hour_ms"] > 0
+        assert row["baseline_ms"] > 0 and row["ratio"] == pytest.approx(
+            row["p50_last_hour_ms"] / row["baseline_ms"], abs=1e-2
+        )
+        assert len(row["sparkline_ms"]) == 24 and sum(v is not None for v in row["sparkline_ms"]) == 3
+
+
+async def test_points_are_raw_samples_for_short_ranges_and_buckets_beyond_the_cap(backend: Backend) -> None:
+    repository = await _store(backend, hours=2)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT id FROM series WHERE target='qwen3-8b' AND prompt='short'"))
+    end = T0 + timedelta(hours=2)
+    raw = await queries.series_points(repository.engine, series_id, start=T0, end=end)
+    assert raw["resolution"] == "sample" and len(raw["points"]) == 24 * 5  # warm-ups left out
+    assert all(p["request_id"].startswith("req-") and p["run_id"] for p in raw["points"])
+    folded = await queries.series_points(repository.engine, series_id, start=T0, end=end, max_points=50)
+    assert folded["resolution"] == "bucket" and 0 < len(folded["points"]) <= 50
+    assert sum(p["n"] for p in folded["points"]) == 120
+    assert all(p["ttft_p10_ms"] <= p["ttft_p50_ms"] <= p["ttft_p90_ms"] for p in folded["points"])
+    await repository.rollup(end + timedelta(hours=2))
+    long = await queries.series_points(repository.engine, series_id, start=end - timedelta(days=30), end=end)
+    assert long["resolution"] == "hour" and sum(p["n"] for p in long["points"]) == 120 and len(long["points"]) == 2
+    with pytest.raises(queries.NotFound):
+        await queries.series_points(repository.engine, 9999, start=T0, end=end)
+    await repository.engine.dispose()
+
+
+async def test_incidents_carry_their_notifications_and_deliveries(backend: Backend) -> None:
+    repository = await _store(backend, hours=1)
+    incident_id, outbox_id = uuid.uuid4(), uuid.uuid4()
+    at = T0 + timedelta(minutes=30)
+    async with repository.engine.begin() as connection:
+        series_id = await connection.scalar(sa.text("SELECT id FROM series WHERE target='qwen3-8b' AND prompt='long'"))
+        await connection.execute(
+            sa.insert(table_of(IncidentRow)).values(
+                id=incident_id, series_id=series_id, kind="regression", severity="ticket", opened_at=at,
+                resolved_at=at + timedelta(minutes=20), baseline_ms=200.0, observed_ms=500.0, ratio=2.5,
+                updated_at=at,
+            )
+        )  # fmt: skip
+        await connection.execute(
+            sa.insert(table_of(AlertOutboxRow)).values(
+                id=outbox_id, dedup_key="k1", incident_id=incident_id, receiver="oncall", event="firing",
+                payload={"secret": "x"}, status="sent", attempts=2, next_attempt_at=at, created_at=at, sent_at=at,
+            )
+        )  # fmt: skip
+        for outcome in ("retry", "sent"):
+            await connection.execute(
+                sa.insert(table_of(AlertDeliveryRow)).values(
+                    outbox_id=outbox_id, attempted_at=at, outcome=outcome, http_status=200, duration_ms=12.5
+                )
+            )
+    items = await queries.incidents(repository.engine, start=T0, end=T0 + timedelta(hours=2))
+    await repository.engine.dispose()
+    assert len(items) == 1
+    item = items[0]
+    assert (item["target"], item["prompt"], item["duration_s"], item["open"]) == ("qwen3-8b", "long", 1200, False)
+    [note] = item["notifications"]
+    assert note["receiver"] == "oncall" and [d["outcome"] for d in note["deliveries"]] == ["retry", "sent"]
+    assert "payload" not in note
+
+
+async def test_compare_on_the_database_matches_the_pure_function(backend: Backend) -> None:
+    repository = await _store(backend, hours=1)
+    result = await queries.compare(repository.engine, start=T0, end=T0 + timedelta(hours=1), prompts=["short"])
+    await repository.engine.dispose()
+    assert {c["target"] for c in result["cells"]} == {"qwen3-8b", "gpt-4o-mini"}
+    assert all(c["n"] == 60 and c["prompt"] == "short" for c in result["cells"])
+    assert result["available"]["prompts"] == ["long", "short"]
+    assert len(result["pairs"]) == 1
+
+
+async def test_a_series_whose_last_run_failed_entirely_is_down(backend: Backend) -> None:
+    from monitor.probe.result import ErrorClass
+    from monitor.store.records import runs_from_samples
+    from tests.store_fixtures import PROVIDERS, make_samples
+
+    repository = await _store(backend, hours=1)
+    at = T0 + timedelta(hours=1)
+    failed = make_samples("qwen3-8b", "short", at=at, errors={i: ErrorClass.SERVER_ERROR for i in range(1, 7)})
+    await repository.save_runs(runs_from_samples(failed, job="every-5m", location="test-lab", provider_of=PROVIDERS))
+    rows = await queries.overview(repository.engine, now=at + timedelta(minutes=5))
+    await repository.engine.dispose()
+    assert (rows[0]["target"], rows[0]["prompt"], rows[0]["status"]) == ("qwen3-8b", "short", "down")
+    assert {r["status"] for r in rows[1:]} == {"ok"}
+    assert rows[0]["availability_24h"] == pytest.approx(60 / 65, abs=1e-5)
