@@ -241,6 +241,8 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         lag_task.cancel()
         extra = STOP_EXTRA_S
         await _finish_tasks([dispatch_task, maintenance, drainer, lag_task, *state.bookkeeping], extra)
+        if state.claims is not None:
+            await state.claims.close()
         log.info("daemon_stopped", spooled=store.spool.depth, **closed)
     return EXIT_OK
 

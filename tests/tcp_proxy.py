@@ -109,12 +109,18 @@ class TcpProxy:
                 writer.transport.abort()
                 return
             self._writers.add(up_writer)
-            await asyncio.gather(
-                self._pipe(reader, up_writer, writer), self._pipe(up_reader, writer, up_writer), return_exceptions=True
-            )
-            self._writers.discard(up_writer)
+            try:
+                await asyncio.gather(
+                    self._pipe(reader, up_writer, writer),
+                    self._pipe(up_reader, writer, up_writer),
+                    return_exceptions=True,
+                )
+            finally:
+                self._writers.discard(up_writer)
+                up_writer.close()
         finally:
             self._writers.discard(writer)
+            writer.close()
 
     async def _swallow(self, reader: asyncio.StreamReader) -> None:
         with contextlib.suppress(Exception):

@@ -42,6 +42,7 @@ class TickClaims:
         self._rest_s = rest_s
         self._clock = clock
         self._resting_until = 0.0
+        self._attempts: set[asyncio.Task[bool]] = set()
         dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
         self._insert = dialect.insert(JobTickRow.__table__)
 
@@ -79,12 +80,29 @@ class TickClaims:
         """
         if self.resting:
             return None
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                return await self.claim(job=job, scheduled_at=scheduled_at, location=location, owner=owner)
-        except Exception:
-            self._resting_until = self._clock() + self._rest_s
-            return None
+        # Not `asyncio.timeout`: a cancelled statement still waits for its clean-up (a rollback queued
+        # behind the stuck statement on SQLite, a hung socket on PostgreSQL). The attempt is left to
+        # end by itself (its own timeouts bound it) while the tick goes on.
+        attempt = asyncio.create_task(self.claim(job=job, scheduled_at=scheduled_at, location=location, owner=owner))
+        self._attempts.add(attempt)
+        attempt.add_done_callback(self._forget)
+        done, _ = await asyncio.wait({attempt}, timeout=self._timeout_s)
+        if attempt in done and attempt.exception() is None:
+            return attempt.result()
+        self._resting_until = self._clock() + self._rest_s
+        return None
+
+    def _forget(self, attempt: asyncio.Task[bool]) -> None:
+        self._attempts.discard(attempt)
+        if not attempt.cancelled():
+            attempt.exception()  # retrieved: a late failure is expected, not an unhandled error
+
+    async def close(self) -> None:
+        """Cancel attempts still running (shutdown)."""
+        for attempt in list(self._attempts):
+            attempt.cancel()
+        if self._attempts:
+            await asyncio.wait(set(self._attempts), timeout=1)
 
     async def try_finish(self, *, job: str, scheduled_at: datetime, location: str, status: str) -> None:
         """Bookkeeping only, bounded; skipped while the database is known to be away."""
