@@ -137,12 +137,15 @@ class Daemon:
     process: subprocess.Popen[bytes]
     log: Path
 
-    def events(self, name: str) -> int:
-        count = 0
+    def event_names(self) -> list[str]:
+        names = []
         for line in self.log.read_text(errors="replace").splitlines():
-            with contextlib.suppress(ValueError):  # a line that is not JSON (a crash's traceback)
-                count += json.loads(line).get("event") == name
-        return count
+            with contextlib.suppress(ValueError, AttributeError):  # a line that is not JSON (a traceback)
+                names.append(json.loads(line).get("event"))
+        return names
+
+    def events(self, name: str) -> int:
+        return self.event_names().count(name)
 
     def stop(self, sig: int = signal.SIGTERM) -> float:
         started = time.monotonic()
@@ -245,11 +248,18 @@ class Bench:
         return max(d.stop() for d in daemons)
 
     def _drained(self, daemons: list[Daemon], timeout: float = 60) -> Callable[[], None]:
+        """Wait until every daemon's last database failure is followed by a drained spool."""
+
+        def recovered(daemon: Daemon) -> bool:
+            names = daemon.event_names()
+            failures = [i for i, n in enumerate(names) if n in ("database_write_failed", "spool_drain_failed")]
+            if not failures:
+                return True
+            return any(n in ("spool_drained", "database_write_ok") for n in names[failures[-1] :])
+
         def wait() -> None:
             deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if all(d.events("database_write_failed") <= d.events("spool_drained") for d in daemons):
-                    break
+            while time.monotonic() < deadline and not all(recovered(d) for d in daemons):
                 time.sleep(0.5)
             time.sleep(2 * TICK_S)
 
