@@ -104,6 +104,10 @@ def test_a_blackholed_postgres_skips_no_tick_and_every_run_lands_once_after_reco
     intended = [row[0] for row in _query(direct, "select intended_at from runs where job = 'tick'")]
     runs, ticks = _no_holes(intended)
     assert runs == len(set(intended)) == probed == ticks
+    # Detection followed every stored run, the replayed ones included (each evaluation is one version;
+    # the run stored as the hang began may have had its detection time out).
+    versions = [row[0] for row in _query(direct, "select version from detector_state")]
+    assert len(versions) == 1 and runs - 1 <= versions[0] <= runs, (versions, runs)
 
 
 def test_sqlite_locked_by_another_process_skips_no_tick(sim: SimProcess, tmp_path: Path) -> None:
