@@ -279,3 +279,23 @@ def test_once_on_sigterm_stores_what_it_measured_logs_one_line_and_exits_4(
     with sqlite3.connect(tmp_path / "ttft.db") as conn:
         stored = conn.execute("select count(*) from samples").fetchone()[0]
     assert 2 <= stored == measured < 20, (stored, measured)
+
+
+def test_once_stores_its_runs_detects_them_and_exits_0(sim: SimProcess, tmp_path: Path) -> None:
+    config = write_config(tmp_path, sim, rounds=3)
+    upgrade(config)
+    log = tmp_path / "once.log"
+    process = _run_once(config, log)
+    try:
+        code = process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    with sqlite3.connect(tmp_path / "ttft.db") as conn:
+        samples = conn.execute("select count(*) from samples").fetchone()[0]
+        versions = [row[0] for row in conn.execute("select version from detector_state")]
+    assert samples == text.count('"probe_sample"') == 3
+    assert versions == [1]  # detection ran on the stored run before `once` exited
+    assert text.count('"once_finished"') == 1
