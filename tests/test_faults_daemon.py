@@ -27,6 +27,7 @@ from tests.test_daemon import (
     _admin,
     _fresh_postgres_database,
     _query,
+    http_get,
     start_daemon,
     stop_daemon,
     upgrade,
@@ -172,6 +173,9 @@ def test_sigterm_during_a_database_hang_exits_within_the_grace_and_spools_the_re
         first.wait_for("job_finished", count=2)
         proxy.set_mode("blackhole")
         time.sleep(7)  # a write is stuck on the hung server, later runs queue behind it
+        asked = time.monotonic()
+        assert http_get(first.metrics_url + "/readyz")[0] == 503
+        assert time.monotonic() - asked < 4  # /readyz answers in bounded time, the database hung or not
         started = time.monotonic()
         code = stop_daemon(first, timeout=60)
         elapsed = time.monotonic() - started
