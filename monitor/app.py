@@ -41,14 +41,26 @@ async def open_store(
     sleep: Callable[[float], Any] = asyncio.sleep,
 ) -> Store:
     """Connect (retrying for `database.connect_retry_s`), refuse a schema behind head, open the spool."""
-    from monitor.store.engine import StoreError, create_engine, describe_db_error
+    from monitor.store.engine import (
+        DAEMON_COMMAND_TIMEOUT_S,
+        DAEMON_CONNECT_TIMEOUT_S,
+        DAEMON_POOL_TIMEOUT_S,
+        StoreError,
+        create_engine,
+        describe_db_error,
+    )
     from monitor.store.repository import Repository
     from monitor.store.schema import ensure_current
     from monitor.store.spool import Spool
     from monitor.store.writer import ResultWriter
 
     log = structlog.get_logger()
-    engine = create_engine(config.database.url)
+    engine = create_engine(
+        config.database.url,
+        connect_timeout_s=DAEMON_CONNECT_TIMEOUT_S,
+        command_timeout_s=DAEMON_COMMAND_TIMEOUT_S,
+        pool_timeout=DAEMON_POOL_TIMEOUT_S,
+    )
     repository = Repository(engine)
     budget = config.database.connect_retry_s if retry_s is None else retry_s
     deadline = asyncio.get_running_loop().time() + budget
@@ -108,14 +120,41 @@ class _WriterEvents:
             self.metrics.database_up.set(1)
 
 
+CALIBRATION_LOAD_TIMEOUT_S = 5.0
+
+
 async def build_context(
-    config: Config, stack: AsyncExitStack, *, store: Store | None, metrics: Metrics | None
+    config: Config,
+    stack: AsyncExitStack,
+    *,
+    store: Store | None,
+    metrics: Metrics | None,
+    previous: JobContext | None = None,
 ) -> JobContext:
+    """The context jobs run in. On reload pass the `previous` context: its HTTP clients, calibration
+    and background store live as long as the process (a reload must not open new sessions)."""
+    if previous is not None:
+        context = JobContext(
+            config=config,
+            endpoints=Endpoints(config),
+            limits=ProviderLimits({name: p.max_concurrency for name, p in config.providers.items()}),
+            calibration=previous.calibration,
+            clients=previous.clients,
+            writer=previous.writer,
+            repository=previous.repository,
+            metrics=metrics,
+            after_store=previous.after_store,
+            saved_fits=previous.saved_fits,
+            background=previous.background,
+        )
+        return context
     calibration = Calibration()
     saved: dict[tuple[str, str], tuple[float, float]] = {}
     if store is not None:
         try:
-            for key, (cpt, overhead) in (await store.repository.load_calibration()).items():
+            async with asyncio.timeout(CALIBRATION_LOAD_TIMEOUT_S):
+                fits = await store.repository.load_calibration()
+            for key, (cpt, overhead) in fits.items():
                 calibration.load(key, cpt, overhead)
                 saved[key] = (cpt, overhead)
         except Exception as exc:  # a cold calibration costs one round of accuracy, not correctness
@@ -162,6 +201,21 @@ async def attach_detection(
     )
     context.after_store = service.after_store
     return dispatcher, service
+
+
+def start_background_store(context: JobContext, store: Store) -> Any:
+    """Take storing, calibration saves and detection off the probe path (see monitor.schedule.background)."""
+    from monitor.schedule.background import BackgroundStore
+
+    background = BackgroundStore(
+        store.writer,
+        after_store=context.after_store,
+        save_calibration=store.repository.save_calibration,
+        saved_fits=context.saved_fits,
+    )
+    background.start()
+    context.background = background
+    return background
 
 
 def freeze_heap() -> None:

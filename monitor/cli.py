@@ -146,8 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     once = commands.add_parser(
         "once",
         help="run the job(s) once, store, push metrics, exit (Kubernetes CronJob)",
-        description="Exit status: 0 done, 1 every probe failed, 2 config error, 3 database or spool trouble, "
-        "4 the Pushgateway refused the metrics or could not be reached.",
+        description=(
+            "Exit status: 0 done, 1 every probe failed, 2 config error, 3 database or spool trouble, "
+            "4 stopped by SIGTERM/SIGINT (what was measured is stored or spooled), "
+            "5 the Pushgateway refused the metrics or could not be reached."
+        ),
     )
     _config_arg(once)
     once.add_argument("--job", action="append", default=[], help="only this job (repeatable); default: all")

@@ -10,7 +10,7 @@ import socket
 import time
 import uuid
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -25,6 +25,7 @@ from monitor.app import (
     freeze_heap,
     open_store,
     secrets_of,
+    start_background_store,
 )
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
@@ -36,8 +37,30 @@ from monitor.schedule.maintenance import run_maintenance
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
 from monitor.store.engine import display_url
 
-EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA, EXIT_PUSH = 0, 1, 2, 3, 4
+EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_PUSH = 0, 1, 2, 3, 4, 5
 LOOP_LAG_INTERVAL_S = 0.5
+# After the grace, the rest of shutdown (receivers, housekeeping, closing connections) gets this much
+# more, whatever the database does: the unit and manifests allow the grace plus 10 s.
+STOP_EXTRA_S = 3.0
+DISPOSE_TIMEOUT_S = 2.0
+
+
+async def dispose_engine(engine: Any) -> None:
+    """Close the pool's connections; a hung server must not hold up the exit."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(engine.dispose(), timeout=DISPOSE_TIMEOUT_S)
+
+
+async def _finish_tasks(tasks: list[asyncio.Task[Any]], within_s: float) -> None:
+    """Let `tasks` end by themselves within `within_s` s, then cancel what is left; never raises."""
+    live = [t for t in tasks if not t.done()]
+    if live:
+        await asyncio.wait(live, timeout=max(0.0, within_s))
+    for task in live:
+        task.cancel()
+    for task in live:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await asyncio.wait_for(task, timeout=1)
 
 
 def shutdown_grace(config: Config) -> float:
@@ -73,6 +96,8 @@ class DaemonState:
     claims: TickClaims | None = None
     detection: Any = None
     dispatcher: Any = None
+    # Claim bookkeeping after a run, off the job's task (so it never delays the next tick).
+    bookkeeping: set[asyncio.Task[None]] = field(default_factory=set)
 
 
 async def _loop_lag_monitor(metrics: Metrics, notifier: Any, watchdog_s: float | None, stop: asyncio.Event) -> None:
@@ -116,10 +141,11 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             log.error("startup_failed", reason=str(exc))
             print(f"ttft-monitor run: {exc}", flush=True)
             return EXIT_INFRA
-        stack.push_async_callback(store.engine.dispose)
+        stack.push_async_callback(dispose_engine, store.engine)
         metrics.database_up.set(1)
         context = await build_context(config, stack, store=store, metrics=metrics)
         dispatcher, detection = await attach_detection(context, store, stack, metrics=metrics)
+        background = start_background_store(context, store)
         freeze_heap()
         owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         state: DaemonState | None = None
@@ -138,11 +164,18 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         async def readiness() -> tuple[bool, str]:
             if not scheduler.running:
                 return False, "scheduler not running"
-            try:
-                await asyncio.wait_for(store.repository.ping(), timeout=2)
-            except Exception as exc:
+            # A task, not wait_for: a cancelled ping still waits for its clean-up on a hung server,
+            # and the probe asking /readyz must get its answer within the 2 s.
+            ping = asyncio.create_task(store.repository.ping())
+            ping.add_done_callback(lambda task: task.cancelled() or task.exception())
+            await asyncio.wait({ping}, timeout=2)
+            if not ping.done():
+                ping.cancel()  # its clean-up goes on by itself, bounded by the engine's timeouts
                 metrics.database_up.set(0)
-                return False, f"database unreachable ({type(exc).__name__})"
+                return False, "database unreachable (no answer within 2 s)"
+            if ping.exception() is not None:
+                metrics.database_up.set(0)
+                return False, f"database unreachable ({type(ping.exception()).__name__})"
             metrics.database_up.set(1)
             return True, "ready"
 
@@ -199,11 +232,13 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
                 if notifier is not None:
                     notifier.ready()
 
-        # Shutdown: stop scheduling, let in-flight probes finish within the grace period, flush, exit 0.
+        # Shutdown: stop scheduling, let in-flight probes finish within the grace period, write or spool
+        # what they measured, exit 0; everything else gets a few seconds more, whatever the database does.
         if notifier is not None:
             notifier.stopping()
         scheduler.pause()
         grace = shutdown_grace(state.config)
+        deadline = loop.time() + grace
         pending = set(scheduler.tasks)
         log.info("daemon_stopping", in_flight_jobs=len(pending), grace_s=grace)
         if pending:
@@ -211,38 +246,35 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             for task in still:
                 task.cancel()
             if still:
-                await asyncio.wait(still, timeout=5)
+                await asyncio.wait(still, timeout=2)
                 log.warning("jobs_cancelled_at_shutdown", jobs=len(still))
         scheduler.shutdown()
+        closed = await background.close(max(1.0, deadline - loop.time()))
         dispatch_stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(dispatch_task, timeout=10)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(maintenance, timeout=10)
         drainer_stop.set()
         lag_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(drainer, timeout=5)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(store.writer.drain(), timeout=5)
-        log.info("daemon_stopped", spooled=store.spool.depth)
+        extra = STOP_EXTRA_S
+        await _finish_tasks([dispatch_task, maintenance, drainer, lag_task, *state.bookkeeping], extra)
+        if state.claims is not None:
+            await state.claims.close()
+        log.info("daemon_stopped", spooled=store.spool.depth, **closed)
     return EXIT_OK
 
 
 async def _run_claimed_tick(state: DaemonState, job: Job, intended: datetime) -> None:
     log = structlog.get_logger().bind(job=job.name)
     metrics = state.context.metrics
-    if state.claims is not None:
-        try:
-            claimed = await state.claims.claim(
-                job=job.name, scheduled_at=intended, location=state.config.location, owner=state.owner
-            )
-        except Exception as exc:
-            # The database is down: probe anyway (results go to the spool); a duplicate tick is
-            # better than a hole in the history.
-            log.warning("tick_claim_failed", error=type(exc).__name__)
-            claimed = True
-        if not claimed:
+    claims = state.claims
+    if claims is not None:
+        was_resting = claims.resting
+        claimed = await claims.try_claim(
+            job=job.name, scheduled_at=intended, location=state.config.location, owner=state.owner
+        )
+        if claimed is None and not was_resting:
+            # The database is down or hung: probe anyway (results go to the spool); the store keeps
+            # one run per tick, so a replica probing the same tick is reconciled there.
+            log.warning("tick_claim_failed", scheduled=intended.isoformat(), action="probing unclaimed")
+        if claimed is False:
             log.info("tick_claimed_elsewhere", scheduled=intended.isoformat())
             if metrics is not None:
                 metrics.job_runs.labels(job.name, "skipped_claimed").inc()
@@ -263,11 +295,12 @@ async def _run_claimed_tick(state: DaemonState, job: Job, intended: datetime) ->
     result = "ok" if outcome.ok else "failed"
     if metrics is not None:
         metrics.job_runs.labels(job.name, result).inc()
-    if state.claims is not None:
-        with contextlib.suppress(Exception):  # bookkeeping only; the samples are already stored
-            await state.claims.finish(
-                job=job.name, scheduled_at=intended, location=state.config.location, status=result
-            )
+    if claims is not None and not claims.resting:
+        task = asyncio.create_task(
+            claims.try_finish(job=job.name, scheduled_at=intended, location=state.config.location, status=result)
+        )
+        state.bookkeeping.add(task)
+        task.add_done_callback(state.bookkeeping.discard)
 
 
 async def _reload(state: DaemonState, stack: AsyncExitStack, redactor: Redactor | None) -> None:
@@ -281,12 +314,12 @@ async def _reload(state: DaemonState, stack: AsyncExitStack, redactor: Redactor 
         log.warning("reload_partial", reason="database.url and metrics.listen change only on restart")
     if redactor is not None:
         redactor.secrets = tuple(secrets_of(config))
-    context = await build_context(config, stack, store=state.store, metrics=state.context.metrics)
-    context.calibration = state.context.calibration
-    context.saved_fits = state.context.saved_fits
+    # The process's HTTP clients, calibration and background store carry over: nothing new is opened.
+    context = await build_context(
+        config, stack, store=state.store, metrics=state.context.metrics, previous=state.context
+    )
     if state.detection is not None:
         state.detection.update_config(config)
-        context.after_store = state.detection.after_store
     if state.dispatcher is not None:
         state.dispatcher.update_config(config.alerts)
     state.config = config
@@ -296,7 +329,11 @@ async def _reload(state: DaemonState, stack: AsyncExitStack, redactor: Redactor 
 
 
 async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor | None = None) -> int:
-    """Run the job(s) once through the same pipeline, store, push metrics, exit 0/1/2/3/4."""
+    """Run the job(s) once through the same pipeline, store, push metrics, exit 0/1/2/3/5 (5: the Pushgateway refused).
+
+    SIGTERM or SIGINT (a Kubernetes deadline, eviction or drain): stop probing, write or spool what
+    was measured within `shutdown_grace_s`, log `once_interrupted`, exit 4 (EXIT_INTERRUPTED).
+    """
     log = structlog.get_logger()
     try:
         config = load_config(config_path)
@@ -312,41 +349,126 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         return EXIT_CONFIG
     jobs = [j for j in config.jobs if not job_names or j.name in job_names]
     metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
-    async with AsyncExitStack() as stack:
-        try:
-            store = await open_store(config, metrics=metrics, retry_s=min(config.database.connect_retry_s, 10))
-        except InfrastructureError as exc:
-            print(f"ttft-monitor once: {exc}", flush=True)
-            return EXIT_INFRA
-        stack.push_async_callback(store.engine.dispose)
-        # Earlier outages may have left samples in the spool; they go first, in order.
-        with contextlib.suppress(Exception):
-            await store.writer.drain()
-        context = await build_context(config, stack, store=store, metrics=metrics)
-        dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
-        freeze_heap()
-        intended = datetime.now(UTC)
-        outcomes = await asyncio.gather(
-            *(
-                execute(
-                    context, job=j.name, plan=plan_for_job(context, j), connection=j.connection, intended_at=intended
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    stopped_at: list[float] = []
+    signals: list[str] = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        if not stop.is_set():
+            stopped_at.append(loop.time())
+            signals.append(sig.name)
+            stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal, sig)
+
+    async def until_stopped(awaitable: Any) -> tuple[bool, Any]:
+        """(True, result) when `awaitable` finished; (False, None) when a signal came first (it is cancelled)."""
+        task = asyncio.ensure_future(awaitable)
+        waiter = asyncio.create_task(stop.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if task.done():
+            return True, task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+        return False, None
+
+    def grace_left() -> float:
+        return max(0.5, stopped_at[0] + config.shutdown_grace_s - loop.time()) if stopped_at else 0.5
+
+    try:
+        async with AsyncExitStack() as stack:
+            done, store = await until_stopped(
+                open_store(config, metrics=metrics, retry_s=min(config.database.connect_retry_s, 10))
+            )
+            if not done:
+                log.warning("once_interrupted", signal=signals[0], phase="connecting", samples=0)
+                print(f"ttft-monitor once: stopped by {signals[0]} before probing; nothing measured", flush=True)
+                return EXIT_INTERRUPTED
+            stack.push_async_callback(dispose_engine, store.engine)
+            context = await build_context(config, stack, store=store, metrics=metrics)
+            dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
+            background = start_background_store(context, store)
+            # Earlier outages may have left samples in the spool: they are replayed meanwhile, and new
+            # runs queue behind them in the spool, so the order holds.
+            earlier = asyncio.create_task(store.writer.drain())
+            freeze_heap()
+            intended = datetime.now(UTC)
+            samples: list[Any] = []
+            executions = [
+                asyncio.create_task(
+                    execute(
+                        context,
+                        job=j.name,
+                        plan=plan_for_job(context, j),
+                        connection=j.connection,
+                        intended_at=intended,
+                        on_sample=samples.append,
+                    )
                 )
                 for j in jobs
-            )
-        )
-        spooled = store.spool.depth
-        try:
-            await dispatcher.renotify_due()
-            await asyncio.wait_for(dispatcher.dispatch_due(), timeout=60)
-        except Exception as exc:  # undelivered notifications stay in the outbox for the next run
-            log.warning("alerts_not_dispatched", error=f"{type(exc).__name__}: {exc}"[:300])
+            ]
+
+            async def interrupted(phase: str) -> int:
+                for task in executions:
+                    task.cancel()  # each hands what it measured to the background store
+                await asyncio.gather(*executions, return_exceptions=True)
+                closed = await background.close(grace_left())
+                earlier.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await earlier
+                measured = [x for x in samples if not x.warmup]
+                lost = store.writer.lost_runs
+                log.warning(
+                    "once_interrupted",
+                    signal=signals[0],
+                    phase=phase,
+                    samples=len(measured),
+                    ok=sum(1 for x in measured if x.ok),
+                    stored_runs=store.writer.stored_runs,
+                    spooled=store.spool.depth,
+                    lost_runs=lost,
+                    **closed,
+                )
+                print(
+                    f"ttft-monitor once: stopped by {signals[0]} while {phase}; {len(measured)} samples measured, "
+                    f"{store.spool.depth} runs wait in the spool, {lost} lost",
+                    flush=True,
+                )
+                return EXIT_INTERRUPTED
+
+            done, outcomes = await until_stopped(asyncio.gather(*executions))
+            if not done:
+                return await interrupted("probing")
+            done, _ = await until_stopped(background.flush(3600))
+            if done:
+                done, _ = await until_stopped(earlier)
+            if done:
+                done, _ = await until_stopped(store.writer.drain())
+            if done:
+                done, _ = await until_stopped(background.settle(60))
+            if not done:
+                return await interrupted("storing")
+            await background.close(1)
+            spooled = store.spool.depth
+            try:
+                await dispatcher.renotify_due()
+                await asyncio.wait_for(dispatcher.dispatch_due(), timeout=60)
+            except Exception as exc:  # undelivered notifications stay in the outbox for the next run
+                log.warning("alerts_not_dispatched", error=f"{type(exc).__name__}: {exc}"[:300])
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
     from monitor.metrics.push import push_once_metrics
 
     pushed = await push_once_metrics(config, metrics.registry, [j.name for j in jobs])
     ok = sum(o.ok for o in outcomes)
     failed = sum(o.failed for o in outcomes)
     log.info("once_finished", jobs=len(outcomes), ok=ok, failed=failed, spooled=spooled)
-    if any(o.samples and not o.stored for o in outcomes):
+    if any(o.saved is not None and o.saved.done() and o.saved.result() == "lost" for o in outcomes):
         print(
             "ttft-monitor once: some samples could be stored neither in the database nor in the spool; "
             "see the results_lost log line",

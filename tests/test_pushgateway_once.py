@@ -186,7 +186,7 @@ def test_a_rejected_push_fails_the_run_with_the_gateways_answer_logged(
     assert status in (200, 202), body
     config = write_config(tmp_path, sim, pushgateway.url)
     result = run_cli("once", "--config", str(config), "--job", "alpha")
-    assert result.code == 4, str(result)
+    assert result.code == 5, str(result)
     assert "Pushgateway did not take the metrics" in result.stdout
     rejected = [
         json.loads(line)
@@ -205,5 +205,5 @@ def test_an_unreachable_gateway_fails_the_run(sim: SimProcess, tmp_path: Path) -
 
     config = write_config(tmp_path, sim, f"http://127.0.0.1:{free_port()}")
     result = run_cli("once", "--config", str(config), "--job", "alpha")
-    assert result.code == 4, str(result)
+    assert result.code == 5, str(result)
     assert "pushgateway_unreachable" in result.stdout

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import structlog
 from sqlalchemy import and_, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.model import Notification, series_link
@@ -42,6 +43,13 @@ def job_interval(config: Config, job: str) -> timedelta:
             if first and second:
                 return max(second - first, timedelta(seconds=1))
     return timedelta(minutes=5)
+
+
+STATE_WRITE_ATTEMPTS = 8
+
+
+class StateConflict(Exception):
+    """Another writer (a replica, a concurrent evaluation) changed the series' detector state first."""
 
 
 class DetectionService:
@@ -83,6 +91,46 @@ class DetectionService:
                 )
 
     async def _evaluate(self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta) -> None:
+        """Evaluate one run; the state is written only if nobody else wrote it meanwhile (compare-and-set
+        on `version`), else everything is read again and evaluated afresh."""
+        for _attempt in range(STATE_WRITE_ATTEMPTS):
+            try:
+                outcome = await self._evaluate_once(job, run, samples, interval)
+            except StateConflict:
+                continue
+            except IntegrityError:  # another writer created the series' first state row meanwhile
+                continue
+            if outcome is not None:
+                new_state, events, baseline_ms = outcome
+                for event in events:
+                    self._log.warning(
+                        "incident_" + event.action,
+                        job=job,
+                        target=run.series.target,
+                        prompt=run.series.prompt,
+                        kind=event.kind,
+                        severity=event.severity,
+                        baseline_ms=event.baseline_ms,
+                        observed_ms=event.observed_ms,
+                        ratio=event.ratio,
+                        error_class=event.error,
+                    )
+                self._observe(run.series, new_state, events)
+                if self._metrics is not None:
+                    rule = self._config.detection.ticket
+                    self._metrics.observe_baseline(
+                        (run.series.target, run.series.prompt, run.series.location),
+                        baseline_ms=baseline_ms,
+                        run_median_ms=run.ttft_p50_ms,
+                        ticket_ratio=rule.ratio,
+                        ticket_min_delta_ms=rule.min_delta_ms,
+                    )
+            return
+        raise StateConflict(f"the detector state changed under {STATE_WRITE_ATTEMPTS} attempts in a row")
+
+    async def _evaluate_once(
+        self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta
+    ) -> tuple[SeriesState, list[Event], float | None] | None:
         series = run.series
         detector = self._detector(series.target)
         since = detector.history_since(run.started_at, interval=interval)
@@ -93,7 +141,7 @@ class DetectionService:
         async with write_transaction(self._engine) as connection:
             series_id = await self._series_id(connection, series)
             if series_id is None:
-                return
+                return None
             row = (
                 await connection.execute(
                     select(DetectorStateRow.state, DetectorStateRow.version).where(
@@ -111,39 +159,20 @@ class DetectionService:
                     )
                 )
             else:
-                await connection.execute(
+                written = await connection.execute(
                     update(DetectorStateRow)
-                    .where(DetectorStateRow.series_id == series_id)
+                    .where(DetectorStateRow.series_id == series_id, DetectorStateRow.version == row.version)
                     .values(state=new_state.to_json(), version=row.version + 1, updated_at=now)
                 )
+                if written.rowcount != 1:
+                    raise StateConflict("the detector state changed since it was read")  # rolls back
             for event in events:
                 incident_id = await self._record_incident(connection, series_id, event, now)
-                self._log.warning(
-                    "incident_" + event.action,
-                    job=job,
-                    target=series.target,
-                    prompt=series.prompt,
-                    kind=event.kind,
-                    severity=event.severity,
-                    baseline_ms=event.baseline_ms,
-                    observed_ms=event.observed_ms,
-                    ratio=event.ratio,
-                    error_class=event.error,
-                )
                 if self._outbox is not None:
                     await self._outbox.notify(
                         self._notification(job, series, event, incident_id), connection=connection
                     )
-        self._observe(series, new_state, events)
-        if self._metrics is not None:
-            rule = self._config.detection.ticket
-            self._metrics.observe_baseline(
-                (series.target, series.prompt, series.location),
-                baseline_ms=baseline_ms,
-                run_median_ms=run.ttft_p50_ms,
-                ticket_ratio=rule.ratio,
-                ticket_min_delta_ms=rule.min_delta_ms,
-            )
+        return new_state, events, baseline_ms
 
     async def _series_id(self, connection: AsyncConnection, series: SeriesKey) -> int | None:
         return (

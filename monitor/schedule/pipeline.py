@@ -18,6 +18,7 @@ from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
+from monitor.schedule.background import AFTERCARE_TIMEOUT_S
 
 SAMPLE_LOG_FIELDS = (
     "round",
@@ -54,6 +55,9 @@ class JobContext:
     repository: Any | None = None
     metrics: Metrics | None = None
     after_store: Callable[[str, Sequence[Any]], Any] | None = None  # detection hook, once it exists
+    # The daemon and `once` hand finished runs to a BackgroundStore (monitor.schedule.background) so
+    # no probe ever waits on the database; without one (`probe --store`) runs are stored inline.
+    background: Any | None = None
     # Calibration as last written to the database, so unchanged fits are not written every run.
     saved_fits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
@@ -67,6 +71,8 @@ class JobOutcome:
     samples: list[Sample] = field(default_factory=list)
     stored: bool = False
     cancelled: bool = False
+    # Handed to the background store: resolves to the writer's outcome ("stored", "spooled", "lost").
+    saved: asyncio.Future[str] | None = None
 
     @property
     def measured(self) -> list[Sample]:
@@ -149,7 +155,10 @@ async def execute(
     except asyncio.CancelledError:
         outcome.cancelled = True
         log.warning("job_cancelled", samples_taken=len(outcome.samples))
-        await asyncio.shield(_store(ctx, outcome, provider_of, log))
+        if ctx.background is not None:
+            _hand_over(ctx, outcome, provider_of)  # synchronous: nothing to wait for while cancelled
+        else:
+            await asyncio.shield(_store(ctx, outcome, provider_of, log))
         raise
     await _store(ctx, outcome, provider_of, log)
     duration = time.perf_counter() - clock_start
@@ -169,20 +178,50 @@ async def execute(
     return outcome
 
 
+def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> list[Any]:
+    from monitor.store.records import runs_from_samples
+
+    return runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
+
+
+def _hand_over(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> None:
+    """Queue the run for the background store and return at once: the next tick never waits on it."""
+    outcome.finished_at = datetime.now(UTC)
+    if ctx.background is None or not outcome.samples:
+        return
+    outcome.saved = ctx.background.submit(outcome.job, _batch(ctx, outcome, provider_of), _moved_fits(ctx, outcome))
+    outcome.stored = True  # handed over; `saved` says how it ended ("lost" is logged loudly)
+
+
 async def _store(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], log: Any) -> None:
+    if ctx.background is not None:
+        _hand_over(ctx, outcome, provider_of)
+        return
     outcome.finished_at = datetime.now(UTC)
     if ctx.writer is None or not outcome.samples:
         return
-    from monitor.store.records import runs_from_samples
-
-    batch = runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
+    batch = _batch(ctx, outcome, provider_of)
     saved = await ctx.writer.save(batch)
     # "lost": neither the database nor the spool took it; the writer has logged it loudly.
     outcome.stored = str(saved) != "lost"
     if ctx.repository is not None:
         await _save_calibration(ctx, outcome, log)
-    if ctx.after_store is not None:
-        await ctx.after_store(outcome.job, batch)
+    if ctx.after_store is not None and str(saved) == "stored":
+        try:
+            async with asyncio.timeout(AFTERCARE_TIMEOUT_S):
+                await ctx.after_store(outcome.job, batch)
+        except TimeoutError:
+            log.warning("detection_skipped", runs=len(batch), error="TimeoutError")
+
+
+def _moved_fits(ctx: JobContext, outcome: JobOutcome) -> dict[tuple[str, str], tuple[float, float]]:
+    """The calibration fits of this run's series that moved since they were last saved."""
+    out: dict[tuple[str, str], tuple[float, float]] = {}
+    for key in {(s.target, s.prompt) for s in outcome.samples}:
+        fit = ctx.calibration.fit(key)
+        if fit is not None and _moved(ctx.saved_fits.get(key), fit):
+            out[key] = fit
+    return out
 
 
 def _moved(old: tuple[float, float] | None, new: tuple[float, float]) -> bool:
@@ -191,12 +230,10 @@ def _moved(old: tuple[float, float] | None, new: tuple[float, float]) -> bool:
 
 
 async def _save_calibration(ctx: JobContext, outcome: JobOutcome, log: Any) -> None:
-    keys = {(s.target, s.prompt) for s in outcome.samples}
     assert ctx.repository is not None
     try:
-        for key in keys:
-            fit = ctx.calibration.fit(key)
-            if fit is not None and _moved(ctx.saved_fits.get(key), fit):
+        async with asyncio.timeout(AFTERCARE_TIMEOUT_S):
+            for key, fit in _moved_fits(ctx, outcome).items():
                 await ctx.repository.save_calibration(key, *fit)
                 ctx.saved_fits[key] = fit
     except Exception as exc:  # calibration is an optimisation; a failed save must not fail the job

@@ -110,6 +110,10 @@ class JobScheduler:
             self.tasks.add(task)
         try:
             await self._run_job(job, nominal_fire_time(job, intended))
+        except asyncio.CancelledError:
+            # Cancelled at shutdown once the grace is over: the daemon has logged it and the samples
+            # taken are handed to the store. Ending normally keeps APScheduler from logging an error.
+            return
         finally:
             if task is not None:
                 self.tasks.discard(task)

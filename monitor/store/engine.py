@@ -21,6 +21,11 @@ from monitor.config.urls import mask_password
 WRITE_OPTION = "ttft_write"
 DEFAULT_SQLITE_BUSY_TIMEOUT_MS = 5000
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
+# The daemon's engines bound every statement too, so a hung server (TCP accepts, nothing answers)
+# costs a bounded wait, never a stuck task; one-off tools (migrations) leave it unbounded.
+DAEMON_COMMAND_TIMEOUT_S = 10.0
+DAEMON_CONNECT_TIMEOUT_S = 5.0
+DAEMON_POOL_TIMEOUT_S = 10.0
 
 
 class StoreError(Exception):
@@ -48,6 +53,7 @@ def create_engine(
     *,
     sqlite_busy_timeout_ms: int = DEFAULT_SQLITE_BUSY_TIMEOUT_MS,
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    command_timeout_s: float | None = None,
     **kwargs: Any,
 ) -> AsyncEngine:
     """An engine for `postgresql+asyncpg://` or `sqlite+aiosqlite://` URLs.
@@ -56,7 +62,8 @@ def create_engine(
     a busy timeout, `synchronous=FULL` (a committed run survives power loss: the spool forgets it on
     commit), and real transactions (SQLAlchemy emits BEGIN, so DDL in migrations is transactional).
     PostgreSQL: a bounded connect timeout, sessions in UTC, and pre-ping so connections broken by a
-    server restart are replaced instead of failing the next write.
+    server restart are replaced instead of failing the next write. `command_timeout_s` bounds each
+    statement (asyncpg's `command_timeout`) on PostgreSQL; SQLite's bound is the busy timeout.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -80,6 +87,7 @@ def create_engine(
     connect_args = {
         "timeout": connect_timeout_s,
         "server_settings": {"timezone": "UTC", "application_name": "ttft-monitor"},
+        **({"command_timeout": command_timeout_s} if command_timeout_s else {}),
         **kwargs.pop("connect_args", {}),
     }
     kwargs.setdefault("pool_pre_ping", True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -52,6 +52,8 @@ class ResultWriter:
         self.spooled_runs = 0
         self.replayed_runs = 0
         self.lost_runs = 0
+        # Told about every batch the database committed, written or replayed (detection follows it).
+        self.on_stored: Callable[[Batch], None] | None = None
 
     @property
     def spool(self) -> Spool:
@@ -63,6 +65,8 @@ class ResultWriter:
     async def _store(self, batch: Batch) -> None:
         async with asyncio.timeout(self._db_timeout_s):
             await self._repository.save_runs(batch)
+        if self.on_stored is not None:
+            self.on_stored(batch)
 
     def _database_failed(self, event: str, exc: BaseException, **fields: Any) -> None:
         self._database_down = True

@@ -1,0 +1,208 @@
+"""Finished runs leave the probe path here: a job hands its batch over and returns at once.
+
+Two stages, each one task, each strictly in order:
+
+- writing: the writer stores the batch, or spools it when the database is down, slow or behind
+  (the spool is local disk, so a hung database delays a write by the writer's timeout at most,
+  and only this stage, never the next tick);
+- aftercare, for runs the database holds: calibration fits and detection, each with a bounded
+  wait. Runs stored later by the spool's replay join the same queue when they land, so detection
+  still sees every stored run, in the order stored.
+
+At shutdown `close` gives both stages what is left of the grace; whatever the writing stage has
+not written by then goes to the spool, so nothing measured is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+AFTERCARE_TIMEOUT_S = 10.0
+
+Batch = Sequence[tuple[Any, Sequence[Any]]]  # (RunRecord, samples)
+AfterStore = Callable[[str, Batch], Awaitable[None]]
+SaveCalibration = Callable[[tuple[str, str], float, float], Awaitable[None]]
+
+
+@dataclass
+class _Write:
+    job: str
+    batch: Batch
+    fits: dict[tuple[str, str], tuple[float, float]]
+    done: asyncio.Future[str]
+
+
+@dataclass
+class _Aftercare:
+    job: str
+    batch: Batch = ()
+    fits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+
+
+class BackgroundStore:
+    def __init__(
+        self,
+        writer: Any,
+        *,
+        after_store: AfterStore | None = None,
+        save_calibration: SaveCalibration | None = None,
+        saved_fits: dict[tuple[str, str], tuple[float, float]] | None = None,
+        aftercare_timeout_s: float = AFTERCARE_TIMEOUT_S,
+    ) -> None:
+        self._writer = writer
+        self.after_store = after_store
+        self._save_calibration = save_calibration
+        self.saved_fits = saved_fits if saved_fits is not None else {}
+        self._aftercare_timeout_s = aftercare_timeout_s
+        self._writes: asyncio.Queue[_Write] = asyncio.Queue()
+        self._aftercare: asyncio.Queue[_Aftercare] = asyncio.Queue()
+        self._in_hand: _Write | None = None
+        self._aftercare_busy = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
+        self._log = structlog.get_logger()
+        # Runs the spool's replay stores are detected like the ones written directly.
+        writer.on_stored = self._stored
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._write_loop(), name="store-writes"),
+            asyncio.create_task(self._aftercare_loop(), name="store-aftercare"),
+        ]
+
+    @property
+    def pending_writes(self) -> int:
+        return self._writes.qsize() + (self._in_hand is not None)
+
+    def submit(self, job: str, batch: Batch, fits: dict[tuple[str, str], tuple[float, float]]) -> asyncio.Future[str]:
+        """Queue a finished run's batch; the future resolves to the writer's outcome ("stored", ...)."""
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        item = _Write(job, batch, fits, done)
+        if self._closing:
+            self._spool_now(item)
+        else:
+            self._writes.put_nowait(item)
+        return done
+
+    def _stored(self, batch: Batch) -> None:
+        """Called by the writer for every batch the database committed (written or replayed)."""
+        if self.after_store is None:
+            return
+        by_job: list[tuple[str, list[Any]]] = []
+        for run, samples in batch:
+            if by_job and by_job[-1][0] == run.job:
+                by_job[-1][1].append((run, samples))
+            else:
+                by_job.append((run.job, [(run, samples)]))
+        for job, runs in by_job:
+            self._aftercare.put_nowait(_Aftercare(job, runs))
+
+    async def _write_loop(self) -> None:
+        while True:
+            item = await self._writes.get()
+            self._in_hand = item
+            try:
+                saved = str(await self._writer.save(item.batch))
+            except Exception as exc:  # the writer reports its own trouble; this is a bug, keep going
+                self._log.error("store_stage_failed", job=item.job, error=f"{type(exc).__name__}: {exc}"[:300])
+                saved = "lost"
+            finally:
+                self._in_hand = None
+            if not item.done.done():
+                item.done.set_result(saved)
+            if item.fits and saved == "stored":
+                self._aftercare.put_nowait(_Aftercare(item.job, fits=item.fits))
+
+    async def _aftercare_loop(self) -> None:
+        while True:
+            item = await self._aftercare.get()
+            self._aftercare_busy = True
+            try:
+                async with asyncio.timeout(self._aftercare_timeout_s):
+                    if item.fits:
+                        await self._save_fits(item.fits)
+                    if item.batch and self.after_store is not None:
+                        await self.after_store(item.job, item.batch)
+            except Exception as exc:  # the database is slow or away: this run goes undetected, probing goes on
+                self._log.warning(
+                    "detection_skipped" if item.batch else "calibration_not_saved",
+                    job=item.job,
+                    runs=len(item.batch),
+                    error=type(exc).__name__,
+                )
+            finally:
+                self._aftercare_busy = False
+
+    async def _save_fits(self, fits: dict[tuple[str, str], tuple[float, float]]) -> None:
+        if self._save_calibration is None:
+            return
+        for key, fit in fits.items():
+            await self._save_calibration(key, *fit)
+            self.saved_fits[key] = fit
+
+    def _spool_now(self, item: _Write) -> None:
+        try:
+            self._writer.spool.append(item.batch)
+            saved = "spooled"
+        except Exception as exc:
+            self._log.warning("results_lost", job=item.job, runs=len(item.batch), error=str(exc)[:300])
+            saved = "lost"
+        if not item.done.done():
+            item.done.set_result(saved)
+
+    async def flush(self, within_s: float) -> bool:
+        """Wait up to `within_s` s until every submitted batch is written (stored or spooled)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        # Polled: the state spans two queues and a task; a 20 ms poll costs nothing at shutdown.
+        while self.pending_writes and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        return not self.pending_writes
+
+    async def settle(self, within_s: float) -> bool:
+        """Wait up to `within_s` s until aftercare (calibration, detection) has caught up too."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        if not await self.flush(within_s):
+            return False
+        await self._aftercare_idle(deadline - loop.time())
+        return self._aftercare.empty()
+
+    async def _aftercare_idle(self, within_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        while loop.time() < deadline and (not self._aftercare.empty() or self._aftercare_busy):  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+    async def close(self, within_s: float) -> dict[str, int]:
+        """Write what is queued within `within_s` s; spool the rest; stop both stages. Never raises."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(0.0, within_s)
+        written = await self.flush(max(0.0, deadline - loop.time()))
+        self._closing = True
+        spooled_at_close = 0
+        if not written:
+            # The database is hung: the batch in hand is spooled by the writer when cancelled.
+            self._tasks[0].cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(asyncio.shield(self._tasks[0]), timeout=2)
+            in_hand = self._in_hand
+            if in_hand is not None and not in_hand.done.done():
+                in_hand.done.set_result("spooled")
+            while not self._writes.empty():
+                self._spool_now(self._writes.get_nowait())
+                spooled_at_close += 1
+        await self._aftercare_idle(max(0.0, deadline - loop.time()))
+        undetected = self._aftercare.qsize()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        return {"spooled_at_close": spooled_at_close, "aftercare_skipped": undetected}
