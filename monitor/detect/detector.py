@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from monitor.detect.stats import mad_sigma, median, median_se_factor
+from monitor.detect.stats import cusum_step, long_run_factor, mad_sigma, median, median_se_factor
 
 if TYPE_CHECKING:
     from monitor.config.models import Detection
@@ -127,6 +127,22 @@ class Threshold:
 
 
 @dataclass(frozen=True, slots=True)
+class Cusum:
+    """The sequential rule for moderate shifts: a one-sided CUSUM of each run's seasonal residual minus
+    the level, in units of the residuals' long-run sigma (their MAD-sigma, widened when the noise is
+    autocorrelated). Each run adds its standardised residual minus half of log(`shift_ratio`) (the
+    smallest shift worth a ticket), clipped so one run adds at most `clip`; a ticket opens when the sum
+    reaches `threshold` and the shift it estimates is at least `min_delta_ms`, and the sum restarts
+    from 0."""
+
+    shift_ratio: float
+    threshold: float
+    clip: float
+    min_delta_ms: float = 20.0
+    block_runs: int = 12  # runs per block when measuring how autocorrelated the noise is
+
+
+@dataclass(frozen=True, slots=True)
 class Rules:
     """Every knob of the detector. Defaults are the measured ones (see docs/detection.md)."""
 
@@ -137,6 +153,7 @@ class Rules:
     level_hours: float = 24.0
     page: Threshold = Threshold(ratio=1.5, min_delta_ms=100.0, confirmations=2, window_runs=5, z_threshold=4.0)
     ticket: Threshold = Threshold(ratio=1.12, min_delta_ms=30.0, confirmations=6, window_runs=24, z_threshold=2.5)
+    cusum: Cusum | None = Cusum(shift_ratio=1.10, threshold=18.0, clip=2.5)
     clear_ratio: float = 1.08
     clear_runs: int = 6
     consecutive_failures: int = 3
@@ -167,6 +184,10 @@ class Rules:
             )
         if not 0 < self.error_rate <= 1:
             raise ValueError(f"error_rate must be within (0, 1], got {self.error_rate}")
+        if self.cusum is not None and not (
+            self.cusum.shift_ratio > 1 and self.cusum.threshold > 0 and self.cusum.clip > 0
+        ):
+            raise ValueError("cusum: shift_ratio must be above 1, threshold and clip above 0")
 
     @classmethod
     def from_config(cls, detection: Detection) -> Rules:
@@ -193,6 +214,7 @@ class Rules:
             ticket=threshold(detection.ticket, default.ticket),
             clear_ratio=detection.clear_ratio,
             clear_runs=getattr(detection, "clear_runs", default.clear_runs),
+            cusum=getattr(detection, "cusum", default.cusum),
             consecutive_failures=detection.availability.consecutive_failures,
             error_rate=detection.availability.error_rate,
             error_window_runs=detection.availability.window_runs,
@@ -296,6 +318,9 @@ class SeriesState:
     resolved_at: datetime | None = None  # of the last regression incident
     served_model: str | None = None
     incidents: dict[str, Incident] = field(default_factory=dict)
+    cusum: float = 0.0  # the sequential rule's sum, in long-run sigmas
+    cusum_since: datetime | None = None  # the first run of its current excursion above 0
+    cusum_runs: int = 0  # runs in that excursion
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the `detector_state.state` column)."""
@@ -314,6 +339,9 @@ class SeriesState:
             "resolved_at": stamp(self.resolved_at),
             "served_model": self.served_model,
             "incidents": {kind: incident.to_json() for kind, incident in sorted(self.incidents.items())},
+            "cusum": self.cusum,
+            "cusum_since": stamp(self.cusum_since),
+            "cusum_runs": self.cusum_runs,
         }
 
     @classmethod
@@ -337,6 +365,9 @@ class SeriesState:
             resolved_at=moment("resolved_at"),
             served_model=data.get("served_model"),
             incidents={kind: Incident.from_json(value) for kind, value in data.get("incidents", {}).items()},
+            cusum=float(data.get("cusum", 0.0)),
+            cusum_since=moment("cusum_since"),
+            cusum_runs=int(data.get("cusum_runs", 0)),
         )
 
     def copy(self) -> SeriesState:
@@ -350,6 +381,9 @@ class SeriesState:
             self.resolved_at,
             self.served_model,
             {k: v.copy() for k, v in self.incidents.items()},
+            self.cusum,
+            self.cusum_since,
+            self.cusum_runs,
         )
 
 
@@ -435,6 +469,7 @@ class _Core:
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
         self._appended_since_trim = 0
+        self._factor_cache: tuple[tuple[int, int], float] | None = None
 
     # ------------------------------------------------ data
 
@@ -469,6 +504,7 @@ class _Core:
             return
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
         if drop > 0:
+            self._factor_cache = None
             del self.times[:drop], self.logs[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             low, high = self._reference_range
@@ -685,10 +721,26 @@ class _Core:
 
         paging = state.page_streak >= rules.page.confirmations
         ticketing = state.ticket_streak >= rules.ticket.confirmations
+        sequential = self._cusum(state, run, incident, count, fresh) if not (paging or ticketing) else None
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
         if verdict.adapted:
             detail["baseline"] += ", adapted to the incident's level"
-        if incident is None and (paging or ticketing):
+        if incident is None and sequential is not None:
+            cusum_baseline_ms, ratio, since, total = sequential
+            incident = Incident(
+                kind="regression",
+                severity="ticket",
+                opened_at=run.at,
+                since=since,
+                baseline_ms=cusum_baseline_ms,
+                observed_ms=cusum_baseline_ms * ratio,
+                ratio=ratio,
+                triggers=["cusum"],
+            )
+            state.incidents["regression"] = incident
+            detail.update(rule="cusum", cusum=round(total, 2))
+            events.append(_event(incident, "open", run.at, detail))
+        elif incident is None and (paging or ticketing):
             severity: Severity = "page" if paging else "ticket"
             distance = verdict.page if paging or verdict.ticket is None else verdict.ticket
             ratio = math.exp(distance)
@@ -702,6 +754,7 @@ class _Core:
                 ratio=ratio,
             )
             state.incidents["regression"] = incident
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             detail["z"] = round(baseline.z(distance, getattr(rules, severity).window_runs), 2)
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
@@ -723,6 +776,60 @@ class _Core:
             detail["opened_observed_ms"] = incident.observed_ms
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
             events.append(_event(incident, "resolve", run.at, detail, resolved=True))
+
+    def _cusum(
+        self, state: SeriesState, run: RunPoint, incident: Incident | None, count: int, fresh: bool
+    ) -> tuple[float, float, datetime, float] | None:
+        """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
+
+        The level it is measured from is frozen where the current excursion began, so a shift that is
+        building up evidence never becomes its own baseline. It sleeps while a regression is open and,
+        after one resolved, until the ticket window holds only newer runs (`fresh`)."""
+        rule = self.rules.cusum
+        residual = self._residuals[count - 1] if rule is not None else None
+        if rule is None or incident is not None or not fresh or residual is None or residual != residual:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        start = count - 1 if state.cusum_since is None else bisect_left(self.times, state.cusum_since.timestamp())
+        slot = self._slot(int(self.times[count - 1] // SLOT_S))
+        baseline = self._seasonal(slot, start) if slot is not None else None
+        if baseline is None:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        spread = baseline.sigma * self._long_run_factor(start, baseline, rule)
+        allowance = math.log(rule.shift_ratio) / 2.0 / spread
+        total = cusum_step(state.cusum, (residual - baseline.level) / spread, allowance=allowance, clip=rule.clip)
+        if total <= 0.0:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        since = state.cusum_since or run.at
+        runs = state.cusum_runs + 1
+        if total < rule.threshold:
+            state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
+            return None
+        # The sum is sum(value - allowance) over the excursion: its mean value is the shift's estimate.
+        ratio = math.exp(min(total / runs + allowance, allowance + rule.clip) * spread)
+        baseline_ms = math.exp(baseline.center)
+        if baseline_ms * (ratio - 1.0) < rule.min_delta_ms:  # significant, but too small to matter
+            state.cusum, state.cusum_since, state.cusum_runs = rule.threshold, since, runs
+            return None
+        state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+        return baseline_ms, ratio, since, total
+
+    def _long_run_factor(self, end: int, baseline: _Baseline, rule: Cusum) -> float:
+        """How much autocorrelation widens the spread of sums of the reference runs' residuals (>= 1)."""
+        key = (end, rule.block_runs)
+        cached = self._factor_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        end_s = self.times[min(end, len(self.times) - 1)]
+        low = bisect_left(self.times, end_s - self._level_s)
+        values = [r for r in self._residuals_between(low, end) if r == r]
+        factor = long_run_factor(
+            values, center=baseline.level, sigma=baseline.sigma, clip=rule.clip, block=rule.block_runs
+        )
+        self._factor_cache = (key, factor)
+        return factor
 
     @staticmethod
     def _confirms(

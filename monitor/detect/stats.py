@@ -65,3 +65,34 @@ def log_ms(ms: float) -> float:
     if not (ms > 0.0 and math.isfinite(ms)):
         raise ValueError(f"a duration must be positive and finite, got {ms!r}")
     return math.log(ms)
+
+
+def long_run_factor(values: Sequence[float], *, center: float, sigma: float, clip: float, block: int) -> float:
+    """How much more a sum of consecutive values varies than if they were independent: the standard
+    deviation of the means of every `block` consecutive values (each clipped to center +- clip sigma),
+    times sqrt(block), over that of the values themselves. About 1 for independent noise; load that comes
+    and goes for an hour makes it larger. Never below 1; 1 when there are fewer than 2 blocks of values.
+    """
+    count = len(values)
+    if block < 2 or count < 2 * block or sigma <= 0:
+        return 1.0
+    clipped = [max(-clip, min(clip, (v - center) / sigma)) for v in values]
+    mean = sum(clipped) / count
+    variance = sum((z - mean) ** 2 for z in clipped) / (count - 1)
+    if variance <= 0:
+        return 1.0
+    window = sum(clipped[:block])
+    sums = [window]
+    for index in range(block, count):
+        window += clipped[index] - clipped[index - block]
+        sums.append(window)
+    block_mean = sum(sums) / len(sums)
+    block_variance = sum((s - block_mean) ** 2 for s in sums) / (len(sums) - 1) / block
+    return max(1.0, math.sqrt(block_variance / variance))
+
+
+def cusum_step(total: float, value: float, *, allowance: float, clip: float) -> float:
+    """One step of a one-sided (upward) CUSUM on a standardised value: the value is clipped to
+    +-(allowance + clip), so one outlier adds at most `clip`, and the sum never goes below 0."""
+    bound = allowance + clip
+    return max(0.0, total + max(-bound, min(bound, value)) - allowance)
