@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from monitor.detect.stats import cusum_step, long_run_factor, mad_sigma, median, median_se_factor
+from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_se_factor
 
 if TYPE_CHECKING:
     from monitor.config.models import Detection
@@ -139,7 +139,7 @@ class Cusum:
     threshold: float
     clip: float
     min_delta_ms: float = 20.0
-    block_runs: int = 12  # runs per block when measuring how autocorrelated the noise is
+    block_runs: int = 24  # runs per block when measuring how autocorrelated the noise is
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,9 +402,12 @@ class _Baseline:
     """What the windows are compared with: `center` (log ms) and the per-run spread around it, the
     MAD of `reference` (sorted), computed only when a window is large enough to need a z-score."""
 
-    __slots__ = ("_sigma", "center", "extra", "level", "reference", "seasonal")
+    __slots__ = ("_sigma", "center", "end", "extra", "level", "reference", "seasonal")
 
-    def __init__(self, *, center: float, level: float, reference: list[float], seasonal: bool, extra: float) -> None:
+    def __init__(
+        self, *, center: float, level: float, reference: list[float], seasonal: bool, extra: float, end: int = 0
+    ) -> None:
+        self.end = end  # the reference's runs end before this index
         self.center = center
         self.level = level  # median of `reference`; windows' distances are measured from it
         self.reference = reference
@@ -469,7 +472,7 @@ class _Core:
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
         self._appended_since_trim = 0
-        self._factor_cache: tuple[tuple[int, int], float] | None = None
+        self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
 
     # ------------------------------------------------ data
 
@@ -504,7 +507,7 @@ class _Core:
             return
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
         if drop > 0:
-            self._factor_cache = None
+            self._profile_cache = None
             del self.times[:drop], self.logs[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             low, high = self._reference_range
@@ -611,6 +614,7 @@ class _Core:
             reference=reference,
             seasonal=True,
             extra=(math.pi / 2.0) ** 2 / slot.count,  # a median of per-day medians
+            end=end,
         )
 
     def _trailing(self, end: int) -> _Baseline | None:
@@ -713,7 +717,12 @@ class _Core:
         fresh = state.resolved_at is None or (
             count >= ticket_w and self.times[count - ticket_w] > state.resolved_at.timestamp()
         )
-        if fresh and confirms(verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms):
+        # With the sequential rule on, it opens tickets; the ticket window only times clearing and SLO.
+        if (
+            rules.cusum is None
+            and fresh
+            and confirms(verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms)
+        ):
             state.ticket_streak += 1
             state.ticket_since = state.ticket_since or run.at
         else:
@@ -796,9 +805,16 @@ class _Core:
         if baseline is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
-        spread = baseline.sigma * self._long_run_factor(start, baseline, rule)
-        allowance = math.log(rule.shift_ratio) / 2.0 / spread
-        total = cusum_step(state.cusum, (residual - baseline.level) / spread, allowance=allowance, clip=rule.clip)
+        # Per-run units: the allowance is half the smallest shift that matters; a run counts at most
+        # `clip` sigmas beyond it either way, so a spike adds little.
+        allowance = math.log(rule.shift_ratio) / 2.0 / baseline.sigma
+        bound = allowance + rule.clip
+        mean, factor = self._profile(start, baseline, bound, rule.block_runs)
+        value = max(-bound, min(bound, (residual - baseline.level) / baseline.sigma))
+        # In units of factor^2 x sigma: for the same false-alert rate, a CUSUM's threshold grows with the
+        # noise's long-run variance, not its sigma (the sum drifts down as fast, but wanders further).
+        scale = factor * factor
+        total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
         if total <= 0.0:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
@@ -808,7 +824,7 @@ class _Core:
             state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
             return None
         # The sum is sum(value - allowance) over the excursion: its mean value is the shift's estimate.
-        ratio = math.exp(min(total / runs + allowance, allowance + rule.clip) * spread)
+        ratio = math.exp(min(total * scale / runs + allowance, bound) * baseline.sigma)
         baseline_ms = math.exp(baseline.center)
         if baseline_ms * (ratio - 1.0) < rule.min_delta_ms:  # significant, but too small to matter
             state.cusum, state.cusum_since, state.cusum_runs = rule.threshold, since, runs
@@ -816,31 +832,35 @@ class _Core:
         state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
         return baseline_ms, ratio, since, total
 
-    def _long_run_factor(self, end: int, baseline: _Baseline, rule: Cusum) -> float:
-        """How much autocorrelation widens the spread of sums of the reference runs' residuals (>= 1)."""
-        key = (end, rule.block_runs)
-        cached = self._factor_cache
+    def _profile(self, end: int, baseline: _Baseline, bound: float, block: int) -> tuple[float, float]:
+        """The clipped mean and the long-run factor of the reference runs' residuals before run `end`."""
+        key = (end, bound, block)
+        cached = self._profile_cache
         if cached is not None and cached[0] == key:
             return cached[1]
         end_s = self.times[min(end, len(self.times) - 1)]
         low = bisect_left(self.times, end_s - self._level_s)
         values = [r for r in self._residuals_between(low, end) if r == r]
-        factor = long_run_factor(
-            values, center=baseline.level, sigma=baseline.sigma, clip=rule.clip, block=rule.block_runs
-        )
-        self._factor_cache = (key, factor)
-        return factor
+        profile = clipped_profile(values, center=baseline.level, sigma=baseline.sigma, bound=bound, block=block)
+        self._profile_cache = (key, profile)
+        return profile
 
-    @staticmethod
     def _confirms(
-        distance: float | None, rule: Threshold, log_ratio: float, baseline: _Baseline, baseline_ms: float
+        self, distance: float | None, rule: Threshold, log_ratio: float, baseline: _Baseline, baseline_ms: float
     ) -> bool:
         # Cheapest test first: the spread (a MAD) is computed only for windows that are far enough out.
         if distance is None or distance < log_ratio:
             return False
         if baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
             return False
-        return baseline.z(distance, rule.window_runs) >= rule.z_threshold
+        z = baseline.z(distance, rule.window_runs)
+        if z < rule.z_threshold or not baseline.seasonal or self.rules.cusum is None:
+            return z >= rule.z_threshold
+        # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
+        # noise would: widen the standard error by the long-run factor of the reference's residuals.
+        cusum = self.rules.cusum
+        _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
+        return z / factor >= rule.z_threshold
 
     def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:
         """The baseline and each window's distance from it; None: no verdict.

@@ -67,32 +67,38 @@ def log_ms(ms: float) -> float:
     return math.log(ms)
 
 
-def long_run_factor(values: Sequence[float], *, center: float, sigma: float, clip: float, block: int) -> float:
-    """How much more a sum of consecutive values varies than if they were independent: the standard
-    deviation of the means of every `block` consecutive values (each clipped to center +- clip sigma),
-    times sqrt(block), over that of the values themselves. About 1 for independent noise; load that comes
-    and goes for an hour makes it larger. Never below 1; 1 when there are fewer than 2 blocks of values.
+def clipped_profile(
+    values: Sequence[float], *, center: float, sigma: float, bound: float, block: int
+) -> tuple[float, float]:
+    """(mean, long-run factor) of the values standardised as (v - center) / sigma and clipped to
+    +-bound, in time order.
+
+    The mean is what a CUSUM of such values must subtract to drift down on healthy data: spikes make it
+    larger than the median. The factor is how much more a sum of consecutive values varies than if
+    they were independent: the standard deviation of the sums of every `block` consecutive values over
+    sqrt(block) times that of the values. About 1 for independent noise, larger when load comes and
+    goes; never below 1, and 1 with fewer than two blocks of values.
     """
     count = len(values)
-    if block < 2 or count < 2 * block or sigma <= 0:
-        return 1.0
-    clipped = [max(-clip, min(clip, (v - center) / sigma)) for v in values]
+    if count == 0 or sigma <= 0:
+        return 0.0, 1.0
+    clipped = [max(-bound, min(bound, (v - center) / sigma)) for v in values]
     mean = sum(clipped) / count
+    if block < 2 or count < 2 * block:
+        return mean, 1.0
     variance = sum((z - mean) ** 2 for z in clipped) / (count - 1)
     if variance <= 0:
-        return 1.0
+        return mean, 1.0
     window = sum(clipped[:block])
     sums = [window]
     for index in range(block, count):
         window += clipped[index] - clipped[index - block]
         sums.append(window)
-    block_mean = sum(sums) / len(sums)
-    block_variance = sum((s - block_mean) ** 2 for s in sums) / (len(sums) - 1) / block
-    return max(1.0, math.sqrt(block_variance / variance))
+    sums_mean = sum(sums) / len(sums)
+    sums_variance = sum((total - sums_mean) ** 2 for total in sums) / (len(sums) - 1) / block
+    return mean, max(1.0, math.sqrt(sums_variance / variance))
 
 
-def cusum_step(total: float, value: float, *, allowance: float, clip: float) -> float:
-    """One step of a one-sided (upward) CUSUM on a standardised value: the value is clipped to
-    +-(allowance + clip), so one outlier adds at most `clip`, and the sum never goes below 0."""
-    bound = allowance + clip
-    return max(0.0, total + max(-bound, min(bound, value)) - allowance)
+def cusum_step(total: float, value: float, *, allowance: float) -> float:
+    """One step of a one-sided (upward) CUSUM: add `value` minus the `allowance`, never going below 0."""
+    return max(0.0, total + value - allowance)
