@@ -62,6 +62,9 @@ SLOTS_PER_DAY = int(DAY_S // SLOT_S)
 SEASONAL_MIN_DAYS = 3
 # A trailing baseline needs at least this many runs to be trusted.
 MIN_BASELINE_RUNS = 12
+# Runs (a day of 5-minute runs) whose autocorrelation widens a page's standard error while the
+# baseline is a trailing window.
+TRAILING_PROFILE_RUNS = 288
 # Floor on the baseline's sigma (log units), so a near-constant series cannot divide by zero.
 SIGMA_FLOOR = 0.01
 UNKNOWN_ERROR = "unknown"
@@ -247,6 +250,8 @@ class Event:
     ratio: float | None = None
     error: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    peak_ratio: float | None = None  # the highest ratio while the incident was open, and when
+    peak_at: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -262,6 +267,13 @@ class Incident:
     ratio: float | None = None
     error: str | None = None
     triggers: list[str] = field(default_factory=list)
+    peak_ratio: float | None = None  # the highest ratio seen while open (a short window's median)
+    peak_at: datetime | None = None
+
+    def see(self, ratio: float, at: datetime) -> None:
+        """Remember `ratio` if it is the highest yet."""
+        if self.peak_ratio is None or ratio > self.peak_ratio:
+            self.peak_ratio, self.peak_at = ratio, at
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -274,6 +286,8 @@ class Incident:
             "ratio": self.ratio,
             "error": self.error,
             "triggers": list(self.triggers),
+            "peak_ratio": self.peak_ratio,
+            "peak_at": self.peak_at.isoformat() if self.peak_at is not None else None,
         }
 
     @classmethod
@@ -288,6 +302,8 @@ class Incident:
             ratio=data.get("ratio"),
             error=data.get("error"),
             triggers=list(data.get("triggers", [])),
+            peak_ratio=data.get("peak_ratio"),
+            peak_at=datetime.fromisoformat(data["peak_at"]) if data.get("peak_at") else None,
         )
 
     def copy(self) -> Incident:
@@ -301,6 +317,8 @@ class Incident:
             self.ratio,
             self.error,
             list(self.triggers),
+            self.peak_ratio,
+            self.peak_at,
         )
 
 
@@ -622,7 +640,7 @@ class _Core:
         if len(reference) < MIN_BASELINE_RUNS:
             return None
         level = median(reference, presorted=True)
-        return _Baseline(center=level, level=level, reference=reference, seasonal=False, extra=0.0)
+        return _Baseline(center=level, level=level, reference=reference, seasonal=False, extra=0.0, end=end)
 
     # ------------------------------------------------ one run
 
@@ -746,6 +764,7 @@ class _Core:
                 ratio=ratio,
                 triggers=["cusum"],
             )
+            incident.see(ratio, run.at)
             state.incidents["regression"] = incident
             detail.update(rule="cusum", cusum=round(total, 2))
             events.append(_event(incident, "open", run.at, detail))
@@ -762,17 +781,20 @@ class _Core:
                 observed_ms=baseline_ms * ratio,
                 ratio=ratio,
             )
+            incident.see(ratio, run.at)
             state.incidents["regression"] = incident
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             detail["z"] = round(baseline.z(distance, getattr(rules, severity).window_runs), 2)
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
             ratio = math.exp(verdict.page)
+            incident.see(ratio, run.at)
             incident.severity = "page"
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
             detail["z"] = round(baseline.z(verdict.page, rules.page.window_runs), 2)
             events.append(_event(incident, "update", run.at, detail))
         elif incident is not None:
+            incident.see(math.exp(verdict.page), run.at)
             window = max(rules.clear_runs, getattr(rules, incident.severity).window_runs)
             ratio = math.exp(verdict.clear(window))
             if ratio >= rules.clear_ratio or state.page_streak:
@@ -783,6 +805,7 @@ class _Core:
             state.resolved_at = run.at
             detail["opened_baseline_ms"] = incident.baseline_ms
             detail["opened_observed_ms"] = incident.observed_ms
+            detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
             events.append(_event(incident, "resolve", run.at, detail, resolved=True))
 
@@ -854,12 +877,23 @@ class _Core:
         if baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
             return False
         z = baseline.z(distance, rule.window_runs)
-        if z < rule.z_threshold or not baseline.seasonal or self.rules.cusum is None:
+        cusum = self.rules.cusum
+        if z < rule.z_threshold or cusum is None:
             return z >= rule.z_threshold
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: widen the standard error by the long-run factor of the reference's residuals.
-        cusum = self.rules.cusum
-        _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
+        # Against a trailing baseline, of the last day's raw runs: there the daily cycle is such noise.
+        if baseline.seasonal:
+            _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
+        else:
+            end = baseline.end
+            _mean, factor = clipped_profile(
+                self.logs[max(0, end - TRAILING_PROFILE_RUNS) : end],
+                center=baseline.level,
+                sigma=baseline.sigma,
+                bound=cusum.clip,
+                block=cusum.block_runs,
+            )
         return z / factor >= rule.z_threshold
 
     def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:
@@ -942,9 +976,11 @@ class _Core:
                     observed_ms=observed,
                     ratio=ratio,
                 )
+                incident.see(ratio, run.at)
                 state.incidents["slo"] = incident
                 events.append(_event(incident, "open", run.at, detail))
             return
+        incident.see(ratio, run.at)
         if observed < self.slo_ms / rules.clear_ratio:
             del state.incidents["slo"]
             state.slo_streak, state.slo_since = 0, None
@@ -956,7 +992,10 @@ class _Core:
                 baseline_ms=self.slo_ms,
                 observed_ms=observed,
                 ratio=ratio,
+                peak_ratio=incident.peak_ratio,
+                peak_at=incident.peak_at,
             )
+            detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
             events.append(_event(resolved, "resolve", run.at, detail, resolved=True))
 
 
@@ -990,6 +1029,8 @@ def _event(
         ratio=incident.ratio,
         error=incident.error,
         detail={"since": incident.since.isoformat(), **detail},
+        peak_ratio=incident.peak_ratio,
+        peak_at=incident.peak_at,
     )
 
 
