@@ -62,9 +62,6 @@ SLOTS_PER_DAY = int(DAY_S // SLOT_S)
 SEASONAL_MIN_DAYS = 3
 # A trailing baseline needs at least this many runs to be trusted.
 MIN_BASELINE_RUNS = 12
-# Runs (a day of 5-minute runs) whose autocorrelation widens a page's standard error while the
-# baseline is a trailing window.
-TRAILING_PROFILE_RUNS = 288
 # Floor on the baseline's sigma (log units), so a near-constant series cannot divide by zero.
 SIGMA_FLOOR = 0.01
 UNKNOWN_ERROR = "unknown"
@@ -156,7 +153,9 @@ class Rules:
     level_hours: float = 24.0
     page: Threshold = Threshold(ratio=1.5, min_delta_ms=100.0, confirmations=2, window_runs=5, z_threshold=4.0)
     ticket: Threshold = Threshold(ratio=1.12, min_delta_ms=30.0, confirmations=6, window_runs=24, z_threshold=2.5)
-    cusum: Cusum | None = Cusum(shift_ratio=1.10, threshold=18.0, clip=2.5)
+    cusum: Cusum | None = Cusum(shift_ratio=1.10, threshold=24.0, clip=2.5)
+    # The ticket window rule opens tickets beside the CUSUM (always, without one).
+    window_tickets: bool = False
     clear_ratio: float = 1.08
     clear_runs: int = 6
     consecutive_failures: int = 3
@@ -735,9 +734,9 @@ class _Core:
         fresh = state.resolved_at is None or (
             count >= ticket_w and self.times[count - ticket_w] > state.resolved_at.timestamp()
         )
-        # With the sequential rule on, it opens tickets; the ticket window only times clearing and SLO.
+        # With the sequential rule on, the ticket window may only time clearing and SLO (window_tickets).
         if (
-            rules.cusum is None
+            (rules.cusum is None or rules.window_tickets)
             and fresh
             and confirms(verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms)
         ):
@@ -846,8 +845,9 @@ class _Core:
         if total < rule.threshold:
             state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
             return None
-        # The sum is sum(value - allowance) over the excursion: its mean value is the shift's estimate.
-        ratio = math.exp(min(total * scale / runs + allowance, bound) * baseline.sigma)
+        # The shift's estimate: the median residual over the excursion (clipped values understate it).
+        excursion = [r for r in self._residuals_between(start, count) if r == r]
+        ratio = math.exp(median(excursion) - baseline.level)
         baseline_ms = math.exp(baseline.center)
         if baseline_ms * (ratio - 1.0) < rule.min_delta_ms:  # significant, but too small to matter
             state.cusum, state.cusum_since, state.cusum_runs = rule.threshold, since, runs
@@ -882,17 +882,17 @@ class _Core:
             return z >= rule.z_threshold
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: widen the standard error by the long-run factor of the reference's residuals.
-        # Against a trailing baseline, of the last day's raw runs: there the daily cycle is such noise.
+        # Against a trailing baseline, of its own runs, in blocks of a sixth of them.
         if baseline.seasonal:
             _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
         else:
             end = baseline.end
             _mean, factor = clipped_profile(
-                self.logs[max(0, end - TRAILING_PROFILE_RUNS) : end],
+                self.logs[max(0, end - self.rules.trailing_runs) : end],
                 center=baseline.level,
                 sigma=baseline.sigma,
                 bound=cusum.clip,
-                block=cusum.block_runs,
+                block=self.rules.trailing_runs // 6,
             )
         return z / factor >= rule.z_threshold
 
