@@ -882,9 +882,12 @@ class _Core:
             return z >= rule.z_threshold
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: widen the standard error by the long-run factor of the reference's residuals.
-        # Against a trailing baseline, of its own runs, in blocks of a sixth of them.
+        # Against a trailing baseline, of its own runs, in blocks of a sixth of them (when that is at
+        # least 6 runs: shorter blocks cannot tell load that comes and goes from noise).
         if baseline.seasonal:
             _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
+        elif self.rules.trailing_runs < 36:
+            factor = 1.0
         else:
             end = baseline.end
             _mean, factor = clipped_profile(
