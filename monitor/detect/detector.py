@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_se_factor
+from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_and_sigma, median_se_factor
 
 if TYPE_CHECKING:
     from monitor.config.models import Detection
@@ -445,6 +445,19 @@ class _Baseline:
 
 
 @dataclass(frozen=True, slots=True)
+class _CusumReference:
+    """What the sequential rule measures from: the median residual and its MAD-sigma, the allowance and
+    clip bound in those sigmas, the clipped mean (in sigmas from the median) and the long-run factor."""
+
+    level: float
+    sigma: float
+    allowance: float
+    bound: float
+    mean: float
+    factor: float
+
+
+@dataclass(frozen=True, slots=True)
 class _Verdict:
     """Log distances from the baseline of the medians over each window."""
 
@@ -489,6 +502,7 @@ class _Core:
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
         self._appended_since_trim = 0
+        self._cusum_references: dict[int, _CusumReference | None] = {}
         self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
 
     # ------------------------------------------------ data
@@ -823,19 +837,16 @@ class _Core:
             return None
         start = count - 1 if state.cusum_since is None else bisect_left(self.times, state.cusum_since.timestamp())
         slot = self._slot(int(self.times[count - 1] // SLOT_S))
-        baseline = self._seasonal(slot, start) if slot is not None else None
-        if baseline is None:
+        reference = self._cusum_reference(start, rule) if slot is not None else None
+        if slot is None or reference is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
-        # Per-run units: the allowance is half the smallest shift that matters; a run counts at most
-        # `clip` sigmas beyond it either way, so a spike adds little.
-        allowance = math.log(rule.shift_ratio) / 2.0 / baseline.sigma
-        bound = allowance + rule.clip
-        mean, factor = self._profile(start, baseline, bound, rule.block_runs)
-        value = max(-bound, min(bound, (residual - baseline.level) / baseline.sigma))
+        allowance, bound, factor = reference.allowance, reference.bound, reference.factor
+        value = max(-bound, min(bound, (residual - reference.level) / reference.sigma))
         # In units of factor^2 x sigma: for the same false-alert rate, a CUSUM's threshold grows with the
         # noise's long-run variance, not its sigma (the sum drifts down as fast, but wanders further).
         scale = factor * factor
+        mean = reference.mean
         total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
         if total <= 0.0:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
@@ -847,13 +858,42 @@ class _Core:
             return None
         # The shift's estimate: the median residual over the excursion (clipped values understate it).
         excursion = [r for r in self._residuals_between(start, count) if r == r]
-        ratio = math.exp(median(excursion) - baseline.level)
-        baseline_ms = math.exp(baseline.center)
+        ratio = math.exp(median(excursion) - reference.level)
+        baseline_ms = math.exp(slot.center + reference.level)
         if baseline_ms * (ratio - 1.0) < rule.min_delta_ms:  # significant, but too small to matter
             state.cusum, state.cusum_since, state.cusum_runs = rule.threshold, since, runs
             return None
         state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
         return baseline_ms, ratio, since, total
+
+    def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
+        """The sequential rule's reference: the seasonal residuals of the `level_hours` before the hour in
+        which run `start` falls. Per hour, so it is computed once an hour (or once per excursion),
+        from the data alone. None until half that time is covered by runs with a seasonal baseline."""
+        hour = int(self.times[start] // 3600.0)
+        cached = self._cusum_references.get(hour, _UNCACHED)
+        if cached is not _UNCACHED:
+            return cached  # type: ignore[return-value]
+        end_s = hour * 3600.0
+        low = bisect_left(self.times, end_s - self._level_s)
+        high = bisect_left(self.times, end_s)
+        result = None
+        if high > low and self.times[low] <= end_s - self._level_s / 2:
+            values = [r for r in self._residuals_between(low, high) if r == r]
+            if len(values) >= max(MIN_BASELINE_RUNS, (high - low) // 2):
+                level, sigma = median_and_sigma(values)
+                sigma = max(sigma, SIGMA_FLOOR)
+                # Per-run units: the allowance is half the smallest shift that matters; a run counts at
+                # most `clip` sigmas beyond it either way, so a spike adds little.
+                allowance = math.log(rule.shift_ratio) / 2.0 / sigma
+                bound = allowance + rule.clip
+                mean, factor = clipped_profile(values, center=level, sigma=sigma, bound=bound, block=rule.block_runs)
+                result = _CusumReference(level, sigma, allowance, bound, mean, factor)
+        self._cusum_references[hour] = result
+        if len(self._cusum_references) > 64:
+            for old in sorted(self._cusum_references)[:-48]:
+                del self._cusum_references[old]
+        return result
 
     def _profile(self, end: int, baseline: _Baseline, bound: float, block: int) -> tuple[float, float]:
         """The clipped mean and the long-run factor of the reference runs' residuals before run `end`."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate
 
 # MAD x this estimates the standard deviation of normal data (1 / Phi^-1(3/4)).
 MAD_TO_SIGMA = 1.482602218505602
@@ -82,21 +83,19 @@ def clipped_profile(
     count = len(values)
     if count == 0 or sigma <= 0:
         return 0.0, 1.0
-    clipped = [max(-bound, min(bound, (v - center) / sigma)) for v in values]
-    mean = sum(clipped) / count
+    low, high = center - bound * sigma, center + bound * sigma
+    clipped = [((v if v < high else high) if v > low else low) for v in values]
+    prefix = [0.0, *accumulate(clipped)]
+    mean = prefix[-1] / count
     if block < 2 or count < 2 * block:
-        return mean, 1.0
-    variance = sum((z - mean) ** 2 for z in clipped) / (count - 1)
+        return (mean - center) / sigma, 1.0
+    variance = (sum(z * z for z in clipped) - count * mean * mean) / (count - 1)
     if variance <= 0:
-        return mean, 1.0
-    window = sum(clipped[:block])
-    sums = [window]
-    for index in range(block, count):
-        window += clipped[index] - clipped[index - block]
-        sums.append(window)
+        return (mean - center) / sigma, 1.0
+    sums = [prefix[i + block] - prefix[i] for i in range(count - block + 1)]
     sums_mean = sum(sums) / len(sums)
-    sums_variance = sum((total - sums_mean) ** 2 for total in sums) / (len(sums) - 1) / block
-    return mean, max(1.0, math.sqrt(sums_variance / variance))
+    sums_variance = (sum(t * t for t in sums) - len(sums) * sums_mean * sums_mean) / (len(sums) - 1) / block
+    return (mean - center) / sigma, max(1.0, math.sqrt(max(sums_variance, 0.0) / variance))
 
 
 def cusum_step(total: float, value: float, *, allowance: float) -> float:
