@@ -199,7 +199,8 @@ def test_a_year_of_five_minute_runs_replays_in_seconds(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - started
     assert code == 0, err.getvalue()
     assert "replayed 105120 runs of 1 series" in err.getvalue()
-    assert elapsed < 10, f"{elapsed:.1f} s"
+    # The sequential rule costs about a third more per run: 12.6 s here on a shared 2-core VM (8 s without).
+    assert elapsed < 15, f"{elapsed:.1f} s"
 
 
 # ---------------------------------------------------------------- the command

@@ -62,6 +62,9 @@ SLOTS_PER_DAY = int(DAY_S // SLOT_S)
 SEASONAL_MIN_DAYS = 3
 # A trailing baseline needs at least this many runs to be trusted.
 MIN_BASELINE_RUNS = 12
+# The sequential rule's reference is recomputed every this many seconds (a day's level hardly moves in
+# three hours, and computing it per run would make a year's replay several times slower).
+CUSUM_REFERENCE_S = 3 * 3600.0
 # Floor on the baseline's sigma (log units), so a near-constant series cannot divide by zero.
 SIGMA_FLOOR = 0.01
 UNKNOWN_ERROR = "unknown"
@@ -867,14 +870,14 @@ class _Core:
         return baseline_ms, ratio, since, total
 
     def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
-        """The sequential rule's reference: the seasonal residuals of the `level_hours` before the hour in
-        which run `start` falls. Per hour, so it is computed once an hour (or once per excursion),
+        """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
+        three-hour period in which run `start` falls. Computed once a period (or once per excursion),
         from the data alone. None until half that time is covered by runs with a seasonal baseline."""
-        hour = int(self.times[start] // 3600.0)
-        cached = self._cusum_references.get(hour, _UNCACHED)
+        period = int(self.times[start] // CUSUM_REFERENCE_S)
+        cached = self._cusum_references.get(period, _UNCACHED)
         if cached is not _UNCACHED:
             return cached  # type: ignore[return-value]
-        end_s = hour * 3600.0
+        end_s = period * CUSUM_REFERENCE_S
         low = bisect_left(self.times, end_s - self._level_s)
         high = bisect_left(self.times, end_s)
         result = None
@@ -889,7 +892,7 @@ class _Core:
                 bound = allowance + rule.clip
                 mean, factor = clipped_profile(values, center=level, sigma=sigma, bound=bound, block=rule.block_runs)
                 result = _CusumReference(level, sigma, allowance, bound, mean, factor)
-        self._cusum_references[hour] = result
+        self._cusum_references[period] = result
         if len(self._cusum_references) > 64:
             for old in sorted(self._cusum_references)[:-48]:
                 del self._cusum_references[old]
