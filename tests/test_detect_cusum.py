@@ -67,7 +67,7 @@ def test_it_tickets_a_twenty_percent_step_on_single_probe_runs_within_six_hours(
 
 def test_pure_noise_with_spikes_opens_nothing() -> None:
     for seed in (11, 12):
-        events, state = feed(single_probe_runs(10, seed=seed, spikes=0.02))
+        events, _state = feed(single_probe_runs(10, seed=seed, spikes=0.02))
         assert [e for _, e in events if e.kind == "regression"] == [], seed
 
 
@@ -88,12 +88,8 @@ def test_a_burst_of_spikes_cannot_push_it_over() -> None:
 def test_it_resets_when_it_fires_and_sleeps_while_the_incident_is_open() -> None:
     points = single_probe_runs(9.5, seed=1, step_from_day=8.25, factor=1.3)
     replayer = Detector().replayer()
-    for index, point in enumerate(points):
-        events = replayer.feed(point)
-        if any(e.action == "open" for e in events):
-            break
-    else:
-        raise AssertionError("no incident opened")
+    index = next((i for i, point in enumerate(points) if any(e.action == "open" for e in replayer.feed(point))), None)
+    assert index is not None, "no incident opened"
     state = replayer.state
     assert (state.cusum, state.cusum_since, state.cusum_runs) == (0.0, None, 0)
     for point in points[index + 1 : index + 30]:
