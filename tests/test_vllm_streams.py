@@ -117,20 +117,17 @@ def test_usage_and_the_served_model_come_out_of_a_real_stream(capture: Capture) 
     )
     assert usage["prompt_tokens"] == capture.prompt_tokens
     assert usage["cached_tokens"] == capture.cached_tokens
-    if capture.api != "openai-responses":  # the Responses flavour reads the model from no event
-        assert usage["served_model"] == "tiny"
+    assert usage["served_model"] == "tiny"
 
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda c: c.id)
 def test_a_real_stream_ends_as_its_api_says(capture: Capture) -> None:
     events, infos = classify(capture)
     assert not [info for info in infos if info.kind is Kind.ERROR]
-    if capture.last_event == "[DONE]":
-        assert events[-1].data == "[DONE]"
-        assert infos[-1].kind is Kind.DONE
-        assert [info.kind for info in infos].count(Kind.DONE) == 1
-    else:
-        assert json.loads(events[-1].data)["type"] == capture.last_event
+    last = events[-1].data if events[-1].data == "[DONE]" else json.loads(events[-1].data)["type"]
+    assert last == capture.last_event
+    assert infos[-1].kind is Kind.DONE
+    assert [info.kind for info in infos].count(Kind.DONE) == 1
 
 
 class _ReplayHandler(BaseHTTPRequestHandler):
