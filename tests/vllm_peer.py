@@ -148,8 +148,11 @@ def ensure_model(python: Path, venv: Path, *, say: Any = print) -> Path:
 
 def prepare(environ: dict[str, str] | os._Environ[str] = os.environ, *, say: Any = print) -> PreparedPeer:
     venv = env_dir(environ)
-    python = ensure_environment(venv, say=say)
-    return PreparedPeer(python=python, model=ensure_model(python, venv, say=say))
+    try:
+        python = ensure_environment(venv, say=say)
+        return PreparedPeer(python=python, model=ensure_model(python, venv, say=say))
+    except OSError as exc:
+        raise PeerUnavailable(f"cannot write {venv} ({exc}); point {ENV_VARIABLE} at a writable directory") from exc
 
 
 def free_port() -> int:
@@ -273,7 +276,7 @@ def start_server(peer: PreparedPeer, *, log_path: Path, timeout_s: float = START
 # --- pytest plugin -----------------------------------------------------------------------------
 
 _PREPARED = pytest.StashKey[PreparedPeer | str]()
-_SKIPPED = pytest.StashKey[list[str]]()
+_SKIPPED = pytest.StashKey[str]()
 _FIGURES = pytest.StashKey[list[str]]()
 
 
@@ -306,19 +309,17 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         terminalreporter.write_sep("=", "monitor against a real vLLM")
         for line in figures:
             terminalreporter.write_line(line)
-    skipped = config.stash.get(_SKIPPED, [])
+    skipped = config.stash.get(_SKIPPED, None)
     if skipped:
         terminalreporter.write_sep("!", "VLLM TESTS SKIPPED", red=True, bold=True)
-        terminalreporter.write_line(
-            f"{len(skipped)} test(s) against a real vLLM skipped: {skipped[0]}", red=True, bold=True
-        )
+        terminalreporter.write_line(f"Every test against a real vLLM was skipped. {skipped}", red=True, bold=True)
 
 
 @pytest.fixture(scope="session")
 def vllm_peer(request: pytest.FixtureRequest) -> PreparedPeer:
     prepared = _prepare_for_session(request.config)
     if isinstance(prepared, str):
-        request.config.stash.setdefault(_SKIPPED, []).append(prepared)
+        request.config.stash[_SKIPPED] = prepared
         pytest.skip(prepared)
     return prepared
 
