@@ -22,12 +22,13 @@ from monitor.store.models import (
     AlertDeliveryRow,
     AlertOutboxRow,
     IncidentRow,
+    RollupPendingRow,
     RollupRow,
     RunRow,
     SampleRow,
     SeriesRow,
 )
-from monitor.store.records import SeriesKey
+from monitor.store.records import SeriesKey, floor_hour
 from monitor.store.repository import Repository
 from monitor.store.types import UtcDateTime
 from monitor.web import stats
@@ -175,24 +176,106 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
 async def _availability(
     connection: AsyncConnection, *, now: datetime, day: datetime, week: datetime, month: datetime
 ) -> dict[int, tuple[Any, ...]]:
-    """Per series: ok and errors over 24 h, 7 d and 30 d, runs in 24 h, the last run's start."""
+    """Per series: ok and errors over 24 h, 7 d and 30 d, runs in 24 h, the last run's start.
+
+    Whole hours come from the hourly rollups (measured samples and errors per hour of run start, the
+    runs' own ok and errors summed); runs are read only for what no rollup holds yet: the part hour
+    at each window's start, the current hour, and hours whose rollup is pending (runs arrived since
+    it was computed). Every hour with runs has a rollup or a pending mark (Repository.save_runs
+    writes the mark in the runs' transaction), so each run counts once; hours whose raw runs
+    retention has deleted still count through their rollups.
+    """
+    windows = (day, week, month)
+    current = floor_hour(now)
+    pending_rows = await connection.execute(
+        select(RollupPendingRow.series_id, RollupPendingRow.hour).where(
+            RollupPendingRow.hour >= type_coerce(floor_hour(month), UtcDateTime()),
+            RollupPendingRow.hour < type_coerce(current, UtcDateTime()),
+        )
+    )
+    pending: set[tuple[int, datetime]] = {(series_id, hour) for series_id, hour in pending_rows}
+    rolled = await connection.execute(_rolled_up_counts(windows, current=current))
+    counts: dict[int, list[int]] = {series_id: [int(v or 0) for v in values] for series_id, *values in rolled}
     started = RunRow.started_at
-    in_window = and_(started >= type_coerce(month, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
+    segments: list[Any] = [started >= type_coerce(current, UtcDateTime())]
+    segments += [
+        and_(started >= type_coerce(w, UtcDateTime()), started < type_coerce(ceil_hour(w), UtcDateTime()))
+        for w in windows
+        if ceil_hour(w) != w
+    ]
+    by_hour: dict[datetime, list[int]] = defaultdict(list)
+    for series_id, hour in sorted(pending):
+        by_hour[hour].append(series_id)
+    segments += [
+        and_(
+            started >= type_coerce(hour, UtcDateTime()),
+            started < type_coerce(hour + timedelta(hours=1), UtcDateTime()),
+            RunRow.series_id.in_(series_ids),
+        )
+        for hour, series_ids in by_hour.items()
+    ]
+    fresh = await connection.execute(
+        select(RunRow.series_id, started, RunRow.ok, RunRow.errors).where(
+            started >= type_coerce(month, UtcDateTime()),
+            started < type_coerce(now, UtcDateTime()),
+            or_(*segments),
+        )
+    )
+    for series_id, at, ok, errors in fresh:
+        hour = floor_hour(at)
+        unrolled = hour >= current or (series_id, hour) in pending
+        totals = counts.setdefault(series_id, [0] * 6)
+        for index, since in enumerate(windows):
+            # A run is counted here when its window does not hold its whole hour from a rollup.
+            if at >= since and (hour < since or unrolled):
+                totals[2 * index] += ok
+                totals[2 * index + 1] += errors
+    last = (
+        select(func.max(started))
+        .where(
+            RunRow.series_id == SeriesRow.id,
+            started >= type_coerce(month, UtcDateTime()),
+            started < type_coerce(now, UtcDateTime()),
+        )
+        .scalar_subquery()
+    )
+    out: dict[int, tuple[Any, ...]] = {}
+    for series_id, last_at in await connection.execute(select(SeriesRow.id, last)):
+        totals = counts.get(series_id, [0] * 6)
+        # Only whether the series ran in the last 24 h matters to its status.
+        out[series_id] = (*totals, int(last_at is not None and last_at >= day), last_at)
+    return out
+
+
+def _rolled_up_counts(windows: Sequence[datetime], *, current: datetime) -> Any:
+    """Per series, ok samples and errors of the whole hours in each window (before the current hour)
+    whose rollups are up to date."""
+    hour = RollupRow.hour
+    ok = RollupRow.samples - RollupRow.errors
 
     def total(since: datetime, column: Any) -> Any:
-        return func.sum(case((started >= type_coerce(since, UtcDateTime()), column), else_=0))
+        return func.sum(case((hour >= type_coerce(since, UtcDateTime()), column), else_=0))
 
-    counts = await connection.execute(
-        select(
-            RunRow.series_id,
-            total(day, RunRow.ok), total(day, RunRow.errors),
-            total(week, RunRow.ok), total(week, RunRow.errors),
-            total(month, RunRow.ok), total(month, RunRow.errors),
-            total(day, 1),
-            func.max(started),
-        ).where(in_window).group_by(RunRow.series_id)
-    )  # fmt: skip
-    return {row[0]: tuple(row[1:]) for row in counts}
+    is_pending = (
+        select(RollupPendingRow.series_id)
+        .where(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
+        .exists()
+    )
+    columns = [total(since, column) for since in windows for column in (ok, RollupRow.errors)]
+    return (
+        select(RollupRow.series_id, *columns)
+        .where(
+            hour >= type_coerce(min(windows), UtcDateTime()),
+            hour < type_coerce(current, UtcDateTime()),
+            ~is_pending,
+        )
+        .group_by(RollupRow.series_id)
+    )
+
+
+def ceil_hour(moment: datetime) -> datetime:
+    floor = floor_hour(moment)
+    return floor if floor == moment else floor + timedelta(hours=1)
 
 
 async def _overview_rows(
