@@ -128,8 +128,10 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
         return _availability(c, now=now, day=day, week=week, month=month)
 
     def read_baselines(c: AsyncConnection) -> Awaitable[dict[int, float]]:
-        return _baselines(c, week=week, hour=hour)
+        return _baselines(c, week=week, hour=hour, series_ids=list(series))
 
+    async with engine.connect() as connection:
+        series = await _series(connection)
     pending = [start(read_availability), start(read_baselines)]
     try:
         async with engine.connect() as connection:
@@ -140,11 +142,13 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
         for task in pending:
             if task is not None and not task.done():
                 task.cancel()
-    series, sparks, last_hour, last_failed, open_by_series = rows
+    sparks, last_hour, open_by_series = rows
     hours = [(now - timedelta(hours=23 - i)).strftime("%Y-%m-%d %H") for i in range(24)]
     out = []
     for series_id, info in series.items():
-        ok_d, err_d, ok_w, err_w, ok_m, err_m, runs_24h, last_at = availability.get(series_id, (0,) * 7 + (None,))
+        ok_d, err_d, ok_w, err_w, ok_m, err_m, runs_24h, last_at, last_failed = availability.get(
+            series_id, (0,) * 7 + (None, False)
+        )
         opened = open_by_series.get(series_id, [])
         regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
         baseline = regression_baseline if regression_baseline is not None else baselines.get(series_id)
@@ -152,7 +156,7 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
         status = series_status(
             open_severities=[(kind, severity) for kind, severity, _ in opened],
             runs_24h=int(runs_24h or 0),
-            last_run_failed=last_failed.get(series_id, False),
+            last_run_failed=last_failed,
         )
         out.append(
             {
@@ -176,7 +180,8 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
 async def _availability(
     connection: AsyncConnection, *, now: datetime, day: datetime, week: datetime, month: datetime
 ) -> dict[int, tuple[Any, ...]]:
-    """Per series: ok and errors over 24 h, 7 d and 30 d, runs in 24 h, the last run's start.
+    """Per series: ok and errors over 24 h, 7 d and 30 d, whether it ran in 24 h, the last run's
+    start and whether that run failed entirely.
 
     Whole hours come from the hourly rollups (measured samples and errors per hour of run start, the
     runs' own ok and errors summed); runs are read only for what no rollup holds yet: the part hour
@@ -230,6 +235,7 @@ async def _availability(
             if at >= since and (hour < since or unrolled):
                 totals[2 * index] += ok
                 totals[2 * index + 1] += errors
+    # Each series' last run: one backward step of the runs index (series_id, started_at) per series.
     last = (
         select(func.max(started))
         .where(
@@ -239,11 +245,16 @@ async def _availability(
         )
         .scalar_subquery()
     )
+    latest = select(SeriesRow.id.label("series_id"), last.label("at")).subquery()
+    last_runs = select(latest.c.series_id, latest.c.at, RunRow.ok).select_from(
+        latest.outerjoin(RunRow, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at))
+    )
     out: dict[int, tuple[Any, ...]] = {}
-    for series_id, last_at in await connection.execute(select(SeriesRow.id, last)):
+    for series_id, last_at, last_ok in await connection.execute(last_runs):
         totals = counts.get(series_id, [0] * 6)
+        ran_24h = last_at is not None and last_at >= day
         # Only whether the series ran in the last 24 h matters to its status.
-        out[series_id] = (*totals, int(last_at is not None and last_at >= day), last_at)
+        out[series_id] = (*totals, int(ran_24h), last_at, ran_24h and last_ok == 0)
     return out
 
 
@@ -281,9 +292,7 @@ def ceil_hour(moment: datetime) -> datetime:
 async def _overview_rows(
     connection: AsyncConnection, *, now: datetime, day: datetime, hour: datetime
 ) -> tuple[Any, ...]:
-    """The series, their hourly sparkline values, last-hour run medians, whether the last run failed,
-    and their open incidents."""
-    series = await _series(connection)
+    """Per series: hourly sparkline values, last-hour run medians and open incidents."""
     started = RunRow.started_at
     hour_key = _hour_key(connection)
     hourly = await connection.execute(
@@ -303,20 +312,6 @@ async def _overview_rows(
     for series_id, _at, p50, _ok in recent:
         if p50 is not None:
             last_hour[series_id].append(p50)
-    latest = (
-        select(RunRow.series_id, func.max(started).label("at"))
-        .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
-        .group_by(RunRow.series_id)
-        .subquery()
-    )
-    last_failed = {
-        series_id: ok == 0
-        for series_id, ok in await connection.execute(
-            select(RunRow.series_id, RunRow.ok).join(
-                latest, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at)
-            )
-        )
-    }
     incidents = await connection.execute(
         select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
             IncidentRow.resolved_at.is_(None)
@@ -325,7 +320,7 @@ async def _overview_rows(
     open_by_series: dict[int, list[tuple[str, str, float | None]]] = defaultdict(list)
     for series_id, kind, severity, baseline in incidents:
         open_by_series[series_id].append((kind, severity, baseline))
-    return series, sparks, last_hour, last_failed, open_by_series
+    return sparks, last_hour, open_by_series
 
 
 def _fraction(ok: Any, errors: Any) -> float | None:
@@ -337,7 +332,8 @@ async def _baselines(
     connection: AsyncConnection, *, week: datetime, hour: datetime, series_ids: Sequence[int] | None = None
 ) -> dict[int, float]:
     """Per series: the median of its hourly p50s over the week before the last hour (stored rollups),
-    or of its run p50s over the day before the last hour where no rollup exists yet (a young database)."""
+    or of its run p50s over the day before the last hour where no rollup exists yet (a young database).
+    Runs are read only for the series of `series_ids` without a rollup (all series when None)."""
     day = hour - timedelta(hours=23)
     sources = (
         (RollupRow.series_id, RollupRow.ttft_p50_ms, RollupRow.hour, week, hour - timedelta(hours=1)),
@@ -345,6 +341,11 @@ async def _baselines(
     )
     found: list[dict[int, float]] = []
     for series_id, value, moment, since, until in sources:
+        if found and series_ids is not None:
+            series_ids = [sid for sid in series_ids if sid not in found[0]]
+            if not series_ids:
+                found.append({})
+                break
         window = (
             moment >= type_coerce(since, UtcDateTime()),
             moment < type_coerce(until, UtcDateTime()),
@@ -718,21 +719,13 @@ async def compare(
             and (not prompts or info.prompt in prompts)
             and (not locations or info.location in locations)
         }
-        # By series id: the runs index (series_id, started_at) finds the runs; names are joined here.
-        query = (
-            select(RunRow.series_id, SampleRow.ttft_ms, SampleRow.prompt_tokens)
-            .select_from(RunRow.__table__.join(SampleRow.__table__, SampleRow.run_id == RunRow.id))
-            .where(
-                RunRow.series_id.in_(list(chosen)),
-                RunRow.started_at >= type_coerce(start, UtcDateTime()),
-                RunRow.started_at < type_coerce(end, UtcDateTime()),
-                SampleRow.warmup.is_(False),
-                SampleRow.error.is_(None),
-                SampleRow.ttft_ms.is_not(None),
-            )
-        )
-        found = (await connection.execute(query)).all() if chosen else []
-    rows = [(chosen[sid].target, chosen[sid].model, chosen[sid].prompt, ttft, tokens) for sid, ttft, tokens in found]
+        found = await _compare_samples(connection, list(chosen), start=start, end=end) if chosen else []
+    rows = [
+        (info.target, info.model, info.prompt, ttft, tokens)
+        for sid, ttfts, tokens_of in found
+        for info in (chosen[sid],)
+        for ttft, tokens in zip(ttfts, tokens_of, strict=True)
+    ]
     available = [(info.target, info.prompt, info.location) for info in series.values()]
     result = compare_values(rows)
     return {
@@ -746,3 +739,33 @@ async def compare(
         },
         **result,
     }
+
+
+async def _compare_samples(
+    connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime
+) -> list[tuple[int, Sequence[float], Sequence[float | None]]]:
+    """Per series: the TTFT and prompt tokens of its successful measured samples of runs started in
+    [start, end), as two parallel sequences."""
+    # By series id: the runs index (series_id, started_at) finds the runs; names are joined by the caller.
+    window = (
+        RunRow.series_id.in_(list(series_ids)),
+        RunRow.started_at >= type_coerce(start, UtcDateTime()),
+        RunRow.started_at < type_coerce(end, UtcDateTime()),
+        SampleRow.warmup.is_(False),
+        SampleRow.error.is_(None),
+        SampleRow.ttft_ms.is_not(None),
+    )
+    joined = RunRow.__table__.join(SampleRow.__table__, SampleRow.run_id == RunRow.id)
+    if connection.dialect.name == "postgresql":
+        # One row per series with its values as arrays, which asyncpg decodes in C: row by row, building
+        # a result row per sample took about half of the view's time (bench/web.py).
+        query = select(RunRow.series_id, func.array_agg(SampleRow.ttft_ms), func.array_agg(SampleRow.prompt_tokens))
+        rows = await connection.execute(query.select_from(joined).where(*window).group_by(RunRow.series_id))
+        return [(sid, ttfts, tokens) for sid, ttfts, tokens in rows]
+    values: dict[int, tuple[list[float], list[float | None]]] = defaultdict(lambda: ([], []))
+    for sid, ttft, tokens in await connection.execute(
+        select(RunRow.series_id, SampleRow.ttft_ms, SampleRow.prompt_tokens).select_from(joined).where(*window)
+    ):
+        values[sid][0].append(ttft)
+        values[sid][1].append(tokens)
+    return [(sid, ttfts, tokens) for sid, (ttfts, tokens) in values.items()]
