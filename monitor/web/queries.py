@@ -10,7 +10,7 @@ import asyncio
 import math
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -114,59 +114,62 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
     what is on fire first (page, down, ticket, no data, ok; then by ratio)."""
     day, week, month = now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30)
     hour = now - timedelta(hours=1)
-    # PostgreSQL: the two heaviest reads run on their own connections, beside the others.
-    apart = engine.dialect.name == "postgresql"
+    postgres = engine.dialect.name == "postgresql"
+    # PostgreSQL: one scan of the rollups gives availability and the baselines' medians, on its own
+    # connection beside the other reads.
+    median_between = (week, hour - timedelta(hours=1)) if postgres else None
 
-    async def on_own_connection(read: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
+    async def read_availability(c: AsyncConnection) -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
+        return await _availability(c, now=now, day=day, week=week, month=month, median_between=median_between)
+
+    async def on_own_connection() -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
         async with engine.connect() as other:
-            return await read(other)
-
-    def start(read: Callable[[AsyncConnection], Awaitable[Any]]) -> asyncio.Future[Any] | None:
-        return asyncio.ensure_future(on_own_connection(read)) if apart else None
-
-    def read_availability(c: AsyncConnection) -> Awaitable[dict[int, tuple[Any, ...]]]:
-        return _availability(c, now=now, day=day, week=week, month=month)
-
-    def read_baselines(c: AsyncConnection) -> Awaitable[dict[int, float]]:
-        return _baselines(c, week=week, hour=hour, series_ids=list(series))
+            return await read_availability(other)
 
     async with engine.connect() as connection:
         series = await _series(connection)
-    pending = [start(read_availability), start(read_baselines)]
+    apart = asyncio.ensure_future(on_own_connection()) if postgres else None
     try:
         async with engine.connect() as connection:
             rows = await _overview_rows(connection, now=now, day=day, hour=hour)
-            availability = await (pending[0] or read_availability(connection))
-            baselines = await (pending[1] or read_baselines(connection))
+            last_runs = await _last_runs(connection, now=now, month=month)
+            availability, rolled = await (apart or read_availability(connection))
+            baselines = await _baselines(connection, week=week, hour=hour, series_ids=list(series), rolled=rolled)
     finally:
-        for task in pending:
-            if task is not None and not task.done():
-                task.cancel()
+        if apart is not None and not apart.done():
+            apart.cancel()
     sparks, last_hour, open_by_series = rows
     hours = [(now - timedelta(hours=23 - i)).strftime("%Y-%m-%d %H") for i in range(24)]
     out = []
     for series_id, info in series.items():
-        ok_d, err_d, ok_w, err_w, ok_m, err_m, runs_24h, last_at, last_failed = availability.get(
-            series_id, (0,) * 7 + (None, False)
-        )
+        ok_d, err_d, ok_w, err_w, ok_m, err_m = availability.get(series_id, (0,) * 6)
+        last_at, last_ok = last_runs.get(series_id, (None, None))
+        ran_24h = last_at is not None and last_at >= day
         opened = open_by_series.get(series_id, [])
         regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
         baseline = regression_baseline if regression_baseline is not None else baselines.get(series_id)
         p50 = _median(last_hour.get(series_id, []))
+        spark = sparks.get(series_id, {})
         status = series_status(
             open_severities=[(kind, severity) for kind, severity, _ in opened],
-            runs_24h=int(runs_24h or 0),
-            last_run_failed=last_failed,
+            # Only whether the series ran in the last 24 h matters here.
+            runs_24h=int(ran_24h),
+            last_run_failed=ran_24h and last_ok == 0,
         )
         out.append(
             {
-                **asdict(info),
+                "id": info.id,
+                "target": info.target,
+                "provider": info.provider,
+                "model": info.model,
+                "prompt": info.prompt,
+                "location": info.location,
                 "status": status,
                 "open_incidents": [{"kind": kind, "severity": severity} for kind, severity, _ in opened],
                 "p50_last_hour_ms": _round(p50),
                 "baseline_ms": _round(baseline),
                 "ratio": _round(p50 / baseline, 3) if p50 is not None and baseline else None,
-                "sparkline_ms": [_round(sparks.get(series_id, {}).get(key)) for key in hours],
+                "sparkline_ms": [_round(spark.get(key)) for key in hours],
                 "availability_24h": _fraction(ok_d, err_d),
                 "availability_7d": _fraction(ok_w, err_w),
                 "availability_30d": _fraction(ok_m, err_m),
@@ -178,10 +181,16 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
 
 
 async def _availability(
-    connection: AsyncConnection, *, now: datetime, day: datetime, week: datetime, month: datetime
-) -> dict[int, tuple[Any, ...]]:
-    """Per series: ok and errors over 24 h, 7 d and 30 d, whether it ran in 24 h, the last run's
-    start and whether that run failed entirely.
+    connection: AsyncConnection,
+    *,
+    now: datetime,
+    day: datetime,
+    week: datetime,
+    month: datetime,
+    median_between: tuple[datetime, datetime] | None = None,
+) -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
+    """Per series: ok and errors over 24 h, 7 d and 30 d. With `median_between` (PostgreSQL), also
+    each series' median of its hourly p50s in that range, from the same scan of the rollups.
 
     Whole hours come from the hourly rollups (measured samples and errors per hour of run start, the
     runs' own ok and errors summed); runs are read only for what no rollup holds yet: the part hour
@@ -199,8 +208,13 @@ async def _availability(
         )
     )
     pending: set[tuple[int, datetime]] = {(series_id, hour) for series_id, hour in pending_rows}
-    rolled = await connection.execute(_rolled_up_counts(windows, current=current))
-    counts: dict[int, list[int]] = {series_id: [int(v or 0) for v in values] for series_id, *values in rolled}
+    rolled = await connection.execute(_rolled_up_counts(windows, current=current, median_between=median_between))
+    counts: dict[int, list[int]] = {}
+    medians: dict[int, float] = {}
+    for series_id, *values in rolled:
+        counts[series_id] = [int(v or 0) for v in values[:6]]
+        if median_between is not None and values[6] is not None:
+            medians[series_id] = values[6]
     started = RunRow.started_at
     segments: list[Any] = [started >= type_coerce(current, UtcDateTime())]
     segments += [
@@ -235,7 +249,17 @@ async def _availability(
             if at >= since and (hour < since or unrolled):
                 totals[2 * index] += ok
                 totals[2 * index + 1] += errors
-    # Each series' last run: one backward step of the runs index (series_id, started_at) per series.
+    return {series_id: tuple(totals) for series_id, totals in counts.items()}, (
+        medians if median_between is not None else None
+    )
+
+
+async def _last_runs(
+    connection: AsyncConnection, *, now: datetime, month: datetime
+) -> dict[int, tuple[datetime | None, int | None]]:
+    """Per series: its last run's start in [month, now) and that run's ok samples."""
+    started = RunRow.started_at
+    # One backward step of the runs index (series_id, started_at) per series.
     last = (
         select(func.max(started))
         .where(
@@ -246,40 +270,41 @@ async def _availability(
         .scalar_subquery()
     )
     latest = select(SeriesRow.id.label("series_id"), last.label("at")).subquery()
-    last_runs = select(latest.c.series_id, latest.c.at, RunRow.ok).select_from(
-        latest.outerjoin(RunRow, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at))
+    rows = await connection.execute(
+        select(latest.c.series_id, latest.c.at, RunRow.ok).select_from(
+            latest.outerjoin(RunRow, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at))
+        )
     )
-    out: dict[int, tuple[Any, ...]] = {}
-    for series_id, last_at, last_ok in await connection.execute(last_runs):
-        totals = counts.get(series_id, [0] * 6)
-        ran_24h = last_at is not None and last_at >= day
-        # Only whether the series ran in the last 24 h matters to its status.
-        out[series_id] = (*totals, int(ran_24h), last_at, ran_24h and last_ok == 0)
-    return out
+    return {series_id: (at, ok) for series_id, at, ok in rows}
 
 
-def _rolled_up_counts(windows: Sequence[datetime], *, current: datetime) -> Any:
+def _rolled_up_counts(
+    windows: Sequence[datetime], *, current: datetime, median_between: tuple[datetime, datetime] | None
+) -> Any:
     """Per series, ok samples and errors of the whole hours in each window (before the current hour)
-    whose rollups are up to date."""
+    whose rollups are up to date; with `median_between` (PostgreSQL), also the median of the hourly
+    p50s in that range, every rollup counted (the baseline; one scan of the rollups for both)."""
     hour = RollupRow.hour
     ok = RollupRow.samples - RollupRow.errors
+    up_to_date = RollupPendingRow.hour.is_(None)
 
     def total(since: datetime, column: Any) -> Any:
-        return func.sum(case((hour >= type_coerce(since, UtcDateTime()), column), else_=0))
+        return func.sum(case((and_(hour >= type_coerce(since, UtcDateTime()), up_to_date), column), else_=0))
 
-    is_pending = (
-        select(RollupPendingRow.series_id)
-        .where(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
-        .exists()
-    )
     columns = [total(since, column) for since in windows for column in (ok, RollupRow.errors)]
+    if median_between is not None:
+        since, until = median_between
+        in_range = and_(
+            hour >= type_coerce(since, UtcDateTime()),
+            hour < type_coerce(until, UtcDateTime()),
+            RollupRow.ttft_p50_ms.is_not(None),
+        )
+        columns.append(func.percentile_cont(0.5).within_group(RollupRow.ttft_p50_ms).filter(in_range))
+    pending = and_(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
     return (
         select(RollupRow.series_id, *columns)
-        .where(
-            hour >= type_coerce(min(windows), UtcDateTime()),
-            hour < type_coerce(current, UtcDateTime()),
-            ~is_pending,
-        )
+        .select_from(RollupRow.__table__.outerjoin(RollupPendingRow.__table__, pending))
+        .where(hour >= type_coerce(min(windows), UtcDateTime()), hour < type_coerce(current, UtcDateTime()))
         .group_by(RollupRow.series_id)
     )
 
@@ -329,18 +354,24 @@ def _fraction(ok: Any, errors: Any) -> float | None:
 
 
 async def _baselines(
-    connection: AsyncConnection, *, week: datetime, hour: datetime, series_ids: Sequence[int] | None = None
+    connection: AsyncConnection,
+    *,
+    week: datetime,
+    hour: datetime,
+    series_ids: Sequence[int] | None = None,
+    rolled: dict[int, float] | None = None,
 ) -> dict[int, float]:
     """Per series: the median of its hourly p50s over the week before the last hour (stored rollups),
     or of its run p50s over the day before the last hour where no rollup exists yet (a young database).
-    Runs are read only for the series of `series_ids` without a rollup (all series when None)."""
+    Runs are read only for the series of `series_ids` without a rollup (all series when None).
+    `rolled`: the rollups' medians when already computed (`_rolled_up_counts`)."""
     day = hour - timedelta(hours=23)
     sources = (
         (RollupRow.series_id, RollupRow.ttft_p50_ms, RollupRow.hour, week, hour - timedelta(hours=1)),
         (RunRow.series_id, RunRow.ttft_p50_ms, RunRow.started_at, max(week, day), hour),
     )
-    found: list[dict[int, float]] = []
-    for series_id, value, moment, since, until in sources:
+    found: list[dict[int, float]] = [rolled] if rolled is not None else []
+    for series_id, value, moment, since, until in sources[len(found) :]:
         if found and series_ids is not None:
             series_ids = [sid for sid in series_ids if sid not in found[0]]
             if not series_ids:
