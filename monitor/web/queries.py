@@ -10,7 +10,7 @@ import asyncio
 import math
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -115,29 +115,36 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
     day, week, month = now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30)
     hour = now - timedelta(hours=1)
     postgres = engine.dialect.name == "postgresql"
-    # PostgreSQL: one scan of the rollups gives availability and the baselines' medians, on its own
-    # connection beside the other reads.
+    # PostgreSQL: one scan of the rollups gives availability and the baselines' medians.
     median_between = (week, hour - timedelta(hours=1)) if postgres else None
 
     async def read_availability(c: AsyncConnection) -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
         return await _availability(c, now=now, day=day, week=week, month=month, median_between=median_between)
 
-    async def on_own_connection() -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
+    async def read_rows(c: AsyncConnection) -> tuple[Any, ...]:
+        return await _overview_rows(c, now=now, day=day, hour=hour)
+
+    async def on_own_connection(read: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
         async with engine.connect() as other:
-            return await read_availability(other)
+            return await read(other)
 
     async with engine.connect() as connection:
         series = await _series(connection)
-    apart = asyncio.ensure_future(on_own_connection()) if postgres else None
-    try:
-        async with engine.connect() as connection:
-            rows = await _overview_rows(connection, now=now, day=day, hour=hour)
+        # PostgreSQL: the two heaviest reads run on their own connections, beside the others.
+        apart = (
+            [asyncio.ensure_future(on_own_connection(read)) for read in (read_availability, read_rows)]
+            if postgres
+            else []
+        )
+        try:
             last_runs = await _last_runs(connection, now=now, month=month)
-            availability, rolled = await (apart or read_availability(connection))
+            availability, rolled = await (apart[0] if apart else read_availability(connection))
             baselines = await _baselines(connection, week=week, hour=hour, series_ids=list(series), rolled=rolled)
-    finally:
-        if apart is not None and not apart.done():
-            apart.cancel()
+            rows = await (apart[1] if apart else read_rows(connection))
+        finally:
+            for task in apart:
+                if not task.done():
+                    task.cancel()
     sparks, last_hour, open_by_series = rows
     hours = [(now - timedelta(hours=23 - i)).strftime("%Y-%m-%d %H") for i in range(24)]
     out = []
