@@ -327,14 +327,21 @@ async def _overview_rows(
     """Per series: hourly sparkline values, last-hour run medians and open incidents."""
     started = RunRow.started_at
     hour_key = _hour_key(connection)
-    hourly = await connection.execute(
-        select(RunRow.series_id, hour_key, func.avg(RunRow.ttft_p50_ms))
+    hourly = (
+        select(RunRow.series_id, hour_key.label("hour"), func.avg(RunRow.ttft_p50_ms).label("p50"))
         .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
         .group_by(RunRow.series_id, hour_key)
     )
     sparks: dict[int, dict[str, float | None]] = defaultdict(dict)
-    for series_id, key, value in hourly:
-        sparks[series_id][key] = value
+    if connection.dialect.name == "postgresql":
+        # One row per series with its hours as arrays: 24 times fewer rows to build (bench/web.py).
+        by_hour = hourly.subquery()
+        per_series = select(by_hour.c.series_id, func.array_agg(by_hour.c.hour), func.array_agg(by_hour.c.p50))
+        for series_id, keys, values in await connection.execute(per_series.group_by(by_hour.c.series_id)):
+            sparks[series_id] = dict(zip(keys, values, strict=True))
+    else:
+        for series_id, key, value in await connection.execute(hourly):
+            sparks[series_id][key] = value
     recent = await connection.execute(
         select(RunRow.series_id, RunRow.started_at, RunRow.ttft_p50_ms, RunRow.ok)
         .where(started >= type_coerce(hour, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
