@@ -30,6 +30,7 @@ from monitor.app import (
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
+from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH, EXIT_USAGE
 from monitor.logging import Redactor
 from monitor.metrics.definitions import Metrics
 from monitor.schedule.claims import TickClaims
@@ -37,7 +38,6 @@ from monitor.schedule.maintenance import run_maintenance
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
 from monitor.store.engine import display_url
 
-EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_PUSH = 0, 1, 2, 3, 4, 5
 LOOP_LAG_INTERVAL_S = 0.5
 # After the grace, the rest of shutdown (receivers, housekeeping, closing connections) gets this much
 # more, whatever the database does: the unit and manifests allow the grace plus 10 s.
@@ -122,7 +122,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
     except ConfigError as exc:
         log.error("config_invalid", errors=[str(e) for e in exc.errors])
         print(str(exc), flush=True)
-        return EXIT_CONFIG
+        return EXIT_USAGE
     if redactor is not None:
         redactor.secrets = tuple(secrets_of(config))
     metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
@@ -186,7 +186,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             ui = ui_routes(config, store.engine)
         except WebConfigError as exc:
             print(f"ttft-monitor run: {exc}", flush=True)
-            return EXIT_CONFIG
+            return EXIT_USAGE
         try:
             runner = await start_metrics_server(metrics.registry, readiness, config.metrics.listen, routes=ui)
         except OSError as exc:
@@ -339,14 +339,14 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         config = load_config(config_path)
     except ConfigError as exc:
         print(str(exc), flush=True)
-        return EXIT_CONFIG
+        return EXIT_USAGE
     if redactor is not None:
         redactor.secrets = tuple(secrets_of(config))
     unknown = [n for n in job_names if n not in {j.name for j in config.jobs}]
     if unknown:
         known = ", ".join(j.name for j in config.jobs) or "none"
         print(f"ttft-monitor once: --job: unknown job {', '.join(unknown)} (known: {known})", flush=True)
-        return EXIT_CONFIG
+        return EXIT_USAGE
     jobs = [j for j in config.jobs if not job_names or j.name in job_names]
     metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
     loop = asyncio.get_running_loop()
@@ -489,4 +489,4 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             flush=True,
         )
         return EXIT_PUSH
-    return EXIT_OK if ok else EXIT_PROBES_FAILED
+    return EXIT_OK if ok else EXIT_FAILED

@@ -22,9 +22,10 @@ REDACTED = "[REDACTED]"
 _KEY_SHAPES = re.compile(
     r"(?:sk-(?:ant-|proj-)?[A-Za-z0-9_\-*]{6,}|(?i:bearer)\s+[A-Za-z0-9._\-~+/*]{6,}=*|whsec_[A-Za-z0-9+/=]{6,})"
 )
-SENSITIVE_HEADERS = frozenset(
-    {"authorization", "x-api-key", "api-key", "proxy-authorization", "cookie", "x-goog-api-key"}
-)
+# Headers that carry credentials: the config refuses literal values for them (only ${VAR}).
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"})
+# Headers whose values never reach a log or an error: the credentials, and cookies.
+SENSITIVE_HEADERS = CREDENTIAL_HEADERS | {"cookie"}
 # Query parameters that carry credentials, whatever their length.
 SENSITIVE_QUERY_KEYS = frozenset(
     {

@@ -30,13 +30,8 @@ from monitor.config.secrets import new_webhook_secret
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.alert.commands import (
-    EXIT_DATABASE,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    register,
-)
+from monitor.alert.commands import register
+from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -69,10 +64,10 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         return asyncio.run(_incidents(config, args.format, args.days, out))
     except StoreError as exc:
         err.write(f"ttft-monitor {name}: {exc}\n")
-        return EXIT_DATABASE
+        return EXIT_INFRA
     except Exception as exc:  # a database error we did not classify: one line, never a traceback
         err.write(f"ttft-monitor {name}: {describe_db_error(exc, config.database.url)}\n")
-        return EXIT_DATABASE
+        return EXIT_INFRA
 
 
 # ---------------------------------------------------------------- alert test

@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import (
@@ -27,10 +27,21 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from monitor.alert.receivers import KINDS as RECEIVER_KINDS
 from monitor.config.cron import build_trigger, resolve_timezone
 from monitor.config.references import reference_problems
 from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
+from monitor.probe.apis import FLAVORS
 from monitor.redact import SENSITIVE_HEADERS, mask_url, url_credentials
+
+# The allowed values come from the registries, so a new API flavour or receiver is one module and one
+# registry line; pydantic still reports "not one of ..." with the full list, in registry order.
+if TYPE_CHECKING:
+    ApiName = str
+    ReceiverType = str
+else:
+    ApiName = Literal[tuple(FLAVORS)]
+    ReceiverType = Literal[tuple(RECEIVER_KINDS)]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -242,7 +253,7 @@ class Provider(ConfigModel):
         description="API base URL including the version prefix, e.g. `https://api.openai.com/v1`. "
         "A trailing slash is removed."
     )
-    api: Literal["openai-chat", "openai-completions", "anthropic-messages", "openai-responses", "gemini"] = Field(
+    api: ApiName = Field(
         description="Wire protocol: `openai-chat` (/chat/completions), `openai-completions` (/completions), "
         "`anthropic-messages` (/messages), `openai-responses` (/responses) or `gemini` "
         "(/models/MODEL:streamGenerateContent?alt=sse, base_url e.g. "
@@ -580,9 +591,7 @@ class Detection(ConfigModel):
 
 
 class Receiver(ConfigModel):
-    type: Literal["webhook", "slack", "pagerduty", "alertmanager", "feishu", "dingtalk", "wecom", "log"] = Field(
-        description="Kind of destination."
-    )
+    type: ReceiverType = Field(description="Kind of destination.")
     url: str | None = Field(None, description="Destination URL. Webhook URLs are often secrets: prefer `url_env`.")
     url_env: EnvName = Field(None, description="Name of the environment variable holding the URL.")
     secret_env: EnvName = Field(

@@ -17,14 +17,13 @@ from monitor.app import InfrastructureError
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
+from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from monitor.probe.client import Timeouts
 from monitor.probe.plan import Endpoints, adhoc_target, prompt_spec
 from monitor.probe.prompts import PromptSpec
 from monitor.probe.report import render_csv, render_json, render_table, summarize
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan
-
-EXIT_OK, EXIT_ALL_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
 
 
 class UsageError(Exception):
@@ -288,7 +287,7 @@ def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ:
         stderr.write("every probe failed:\n")
         for line in failure_lines(measured):
             stderr.write(f"  {line}\n")
-        return EXIT_ALL_FAILED
+        return EXIT_FAILED
     if options.output_format != "table":
         for line in failure_lines(measured):
             stderr.write(f"failed: {line}\n")
