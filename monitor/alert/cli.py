@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 from monitor.alert.commands import register
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from monitor.table import table_lines
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -238,7 +239,7 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
     if not incidents:
         return f"no open incidents, and none resolved in the last {recent_days:g} days\n"
     header = ("STATE", "SEVERITY", "KIND", "SERIES", "OPENED", "FOR", "BASELINE", "OBSERVED", "RATIO", "ERROR", "ID")
-    rows = [header]
+    rows = []
     for item in incidents:
         end = item.resolved_at or now
         rows.append(
@@ -256,8 +257,7 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
                 str(item.id)[:8],
             )
         )
-    widths = [max(len(row[col]) for row in rows) for col in range(len(header))]
-    lines = ["  ".join(cell.ljust(widths[col]) for col, cell in enumerate(row)).rstrip() for row in rows]
+    lines = table_lines(header, rows)
     open_count = sum(1 for item in incidents if item.resolved_at is None)
     lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")
     return "\n".join(lines) + "\n"

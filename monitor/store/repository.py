@@ -39,6 +39,7 @@ from monitor.store.models import (
     table_of,
 )
 from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats, storable_batch
+from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_insert
 from monitor.store.types import UtcDateTime
 
 Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
@@ -49,7 +50,6 @@ _SAMPLE_COLUMNS = tuple(
     for f in fields(Sample)
     if f.name not in {"target", "model", "api", "prompt", "sample_id", "sent_mono_ns", "error"}
 )
-_SERIES_COLUMNS = ("target", "provider", "model", "prompt", "location")
 _HOUR = timedelta(hours=1)
 
 
@@ -284,7 +284,7 @@ class Repository:
         return self._engine
 
     def _insert(self, table: Table) -> Any:
-        return (postgresql.insert if self._postgres else sqlite.insert)(table)
+        return upsert_insert(self._engine, table)
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
@@ -387,9 +387,9 @@ class Repository:
         if not missing:
             return ids
         table = SERIES
-        rows = [{name: getattr(key, name) for name in _SERIES_COLUMNS} for key in missing]
-        await connection.execute(self._insert(table).on_conflict_do_nothing(index_elements=list(_SERIES_COLUMNS)), rows)
-        columns = [table.c[name] for name in _SERIES_COLUMNS]
+        rows = [{name: getattr(key, name) for name in SERIES_COLUMNS} for key in missing]
+        await connection.execute(self._insert(table).on_conflict_do_nothing(index_elements=list(SERIES_COLUMNS)), rows)
+        columns = [table.c[name] for name in SERIES_COLUMNS]
         found = await connection.execute(
             select(table.c.id, *columns).where(tuple_(*columns).in_([tuple(row.values()) for row in rows]))
         )
@@ -402,7 +402,7 @@ class Repository:
 
     async def series_list(self) -> list[SeriesKey]:
         table = SERIES
-        columns = [table.c[name] for name in _SERIES_COLUMNS]
+        columns = [table.c[name] for name in SERIES_COLUMNS]
         async with self._read() as connection:
             rows = await connection.execute(select(*columns).order_by(*columns))
             return [SeriesKey(*row) for row in rows]
@@ -411,10 +411,7 @@ class Repository:
         known = self._series_ids.get(series)
         if known is not None:
             return known
-        table = SERIES
-        found = await connection.scalar(
-            select(table.c.id).where(*(table.c[name] == getattr(series, name) for name in _SERIES_COLUMNS))
-        )
+        found = await find_series_id(connection, series)
         if found is not None:
             self._series_ids[series] = found
         return found
