@@ -29,7 +29,7 @@ from monitor.cliargs import (
 
 if TYPE_CHECKING:
     from monitor.logging import Redactor
-    from monitor.probe.command import ProbeOptions
+    from monitor.probe_command import ProbeOptions
 
 from monitor.exitcodes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from monitor.probe.apis import FLAVORS
@@ -47,7 +47,7 @@ _timeout = positive("seconds", maximum=3600)
 
 
 def _token_list(text: str) -> list[int]:
-    from monitor.probe.command import UsageError, parse_token_list
+    from monitor.probe_command import UsageError, parse_token_list
 
     try:
         return parse_token_list(text)
@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _probe_options(args: argparse.Namespace) -> ProbeOptions:
     from monitor.probe.client import Timeouts
-    from monitor.probe.command import ProbeOptions
+    from monitor.probe_command import ProbeOptions
 
     return ProbeOptions(
         config_path=args.config or os.environ.get(DEFAULT_CONFIG_ENV),
@@ -282,7 +282,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from monitor.logging import configure_logging
 
     # stdout carries the table / JSON / CSV; only warnings go to stderr.
-    from monitor.probe.command import probe_main
+    from monitor.probe_command import probe_main
 
     configure_logging(stream=sys.stderr, level=logging.WARNING)
     options = _probe_options(args)

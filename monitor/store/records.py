@@ -24,6 +24,48 @@ from monitor.probe.stats import median, percentile
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
 # Not stored: a process-local monotonic clock value, meaningless after the process ends.
 UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns"})
+# The samples table's value columns and the Sample field each is read from, spelled out so that renaming
+# a Sample field cannot change the schema without a migration (tests/test_store_records.py checks that
+# every field and every column is accounted for).
+SAMPLE_COLUMN_FIELDS: dict[str, str] = {
+    "round": "round",
+    "warmup": "warmup",
+    "intended_at": "intended_at",
+    "sent_at": "sent_at",
+    "dns_ms": "dns_ms",
+    "connect_ms": "connect_ms",
+    "tls_ms": "tls_ms",
+    "connection_reused": "connection_reused",
+    "setup_ms": "setup_ms",
+    "ttfb_ms": "ttfb_ms",
+    "first_event_ms": "first_event_ms",
+    "ttft_ms": "ttft_ms",
+    "ttfa_ms": "ttfa_ms",
+    "first_tool_call_ms": "first_tool_call_ms",
+    "total_ms": "total_ms",
+    "gap_p50_ms": "gap_p50_ms",
+    "gap_p95_ms": "gap_p95_ms",
+    "gap_max_ms": "gap_max_ms",
+    "decode_tps": "decode_tps",
+    "token_events": "token_events",
+    "prompt_tokens": "prompt_tokens",
+    "completion_tokens": "completion_tokens",
+    "cached_tokens": "cached_tokens",
+    "prompt_tokens_target": "prompt_tokens_target",
+    "prompt_chars": "prompt_chars",
+    "served_model": "served_model",
+    "request_id": "request_id",
+    "http_status": "http_status",
+    "server_processing_ms": "server_processing_ms",
+    "ratelimit_remaining_requests": "ratelimit_remaining_requests",
+    "ratelimit_remaining_tokens": "ratelimit_remaining_tokens",
+    "retry_after": "retry_after",
+    "server_timing": "server_timing",
+    "error_message": "error_message",
+}
+# Sample fields stored elsewhere: once per run or series (target, model, api, prompt), as the row's key
+# (sample_id is the column id) or converted (error, an ErrorClass stored by value).
+SAMPLE_FIELDS_STORED_APART = frozenset({"target", "model", "api", "prompt", "sample_id", "error"})
 # What a text column cannot hold: NUL (PostgreSQL refuses it in text) and lone surrogates (not UTF-8,
 # so neither database driver nor the spool's JSON can encode them). Each becomes U+FFFD.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")

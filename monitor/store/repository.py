@@ -38,18 +38,20 @@ from monitor.store.models import (
     SampleRow,
     table_of,
 )
-from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats, storable_batch
+from monitor.store.records import (
+    SAMPLE_COLUMN_FIELDS,
+    HourlyStats,
+    RunRecord,
+    SeriesKey,
+    floor_hour,
+    hourly_stats,
+    storable_batch,
+)
 from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_insert
 from monitor.store.types import UtcDateTime
 
 Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
 
-# Sample fields kept in the samples table; target, model, prompt and api come from the run and series.
-_SAMPLE_COLUMNS = tuple(
-    f.name
-    for f in fields(Sample)
-    if f.name not in {"target", "model", "api", "prompt", "sample_id", "sent_mono_ns", "error"}
-)
 _HOUR = timedelta(hours=1)
 
 
@@ -98,7 +100,7 @@ def _run_row(run: RunRecord, series_id: int) -> dict[str, Any]:
 
 
 def _sample_row(sample: Sample, run_id: uuid.UUID) -> dict[str, Any]:
-    row = {name: getattr(sample, name) for name in _SAMPLE_COLUMNS}
+    row = {column: getattr(sample, name) for column, name in SAMPLE_COLUMN_FIELDS.items()}
     row["id"] = uuid.UUID(sample.sample_id)
     row["run_id"] = run_id
     row["error"] = sample.error.value if sample.error is not None else None
@@ -186,8 +188,8 @@ _RUN_COPY = (
     "id", "series_id", "job", "api", "intended_at", "started_at", "finished_at", "rounds", "warmup", "ok", "errors",
     "ttft_p50_ms", "ttft_min_ms", "ttft_max_ms", "ttfa_p50_ms", "decode_tps_p50", "prompt_tokens_p50", "error",
 )  # fmt: skip
-_SAMPLE_COPY = ("id", "run_id", *_SAMPLE_COLUMNS, "error")
-_sample_values = attrgetter(*_SAMPLE_COLUMNS)
+_SAMPLE_COPY = ("id", "run_id", *SAMPLE_COLUMN_FIELDS, "error")
+_sample_values = attrgetter(*SAMPLE_COLUMN_FIELDS.values())
 _PG_STAGE_TABLES = tuple(
     f"CREATE TEMP TABLE IF NOT EXISTS ttft_stage_{table} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     for table in ("runs", "samples")
@@ -256,7 +258,7 @@ def _run_record(row: Any, series: SeriesKey) -> RunRecord:
 
 
 def _sample(row: Any, run: RunRecord) -> Sample:
-    values = {name: getattr(row, name) for name in _SAMPLE_COLUMNS}
+    values = {name: getattr(row, column) for column, name in SAMPLE_COLUMN_FIELDS.items()}
     return Sample(
         target=run.series.target,
         model=run.series.model,
