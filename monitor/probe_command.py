@@ -24,6 +24,7 @@ from monitor.probe.prompts import PromptSpec
 from monitor.probe.report import render_csv, render_json, render_table, summarize
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan
+from monitor.store.records import ADHOC_JOB
 
 
 class UsageError(Exception):
@@ -206,7 +207,7 @@ async def probe_once(
         context = await build_context(config or Config(), stack, store=opened, metrics=None)
         context.limits = limits
         freeze_heap()
-        outcome = await execute(context, job="adhoc", plan=plan, connection=connection, on_sample=on_sample)
+        outcome = await execute(context, job=ADHOC_JOB, plan=plan, connection=connection, on_sample=on_sample)
         if opened is not None and opened.spool.depth:
             raise StoreTrouble(
                 f"the database did not take the samples; {opened.spool.depth} wait in the spool and are "

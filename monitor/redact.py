@@ -63,10 +63,6 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     return _KEY_SHAPES.sub(REDACTED, text)
 
 
-def redact_headers(headers: dict[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if k.lower() in SENSITIVE_HEADERS else v) for k, v in headers.items()}
-
-
 def redact_fields(record: Any, names: Iterable[str], secrets: Iterable[str | None]) -> None:
     """Redact the text attributes `names` of `record` in place (None and non-text values are left alone)."""
     known = tuple(secrets)

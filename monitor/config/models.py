@@ -174,7 +174,7 @@ DEFAULT_TTFT_BUCKETS_S = (
 )
 
 
-class Metrics(ConfigModel):
+class MetricsSettings(ConfigModel):
     listen: str = Field(
         "127.0.0.1:9464",
         description="HOST:PORT for the Prometheus `/metrics` endpoint (`[::1]:9464` for IPv6).",
@@ -215,7 +215,7 @@ class Metrics(ConfigModel):
 # ---------------------------------------------------------------- providers and targets
 
 
-class Timeouts(ConfigModel):
+class TimeoutSettings(ConfigModel):
     connect: float = Field(10, gt=0, le=3600, description="Seconds allowed for DNS, TCP and TLS set-up.")
     first_token: float = Field(
         60, gt=0, le=3600, description="Seconds from sending the request to the first token before giving up."
@@ -223,7 +223,7 @@ class Timeouts(ConfigModel):
     total: float = Field(300, gt=0, le=3600, description="Seconds allowed for the whole streamed response.")
 
     @model_validator(mode="after")
-    def _check_order(self) -> Timeouts:
+    def _check_order(self) -> TimeoutSettings:
         if not self.connect <= self.first_token <= self.total:
             raise ValueError(
                 f"timeouts must satisfy connect <= first_token <= total, got connect={self.connect:g}, "
@@ -273,7 +273,7 @@ class Provider(ConfigModel):
         default_factory=dict,
         description="Extra HTTP headers sent with every request. Values may use `${VAR}` for secrets.",
     )
-    timeout_s: Timeouts = Field(default_factory=Timeouts, description="Per-request time limits.")
+    timeout_s: TimeoutSettings = Field(default_factory=TimeoutSettings, description="Per-request time limits.")
     max_concurrency: int = Field(
         4,
         ge=1,
@@ -772,7 +772,7 @@ class Config(ConfigModel):
         description="Where this monitor runs (e.g. `fra-dc1`); a label on every result.",
     )
     database: Database = Field(default_factory=Database, description="Where results are stored.")
-    metrics: Metrics = Field(default_factory=Metrics, description="Prometheus exposition.")
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings, description="Prometheus exposition.")
     providers: dict[Name, Provider] = Field(default_factory=dict, description="API endpoints, by name.")
     targets: dict[Name, Target] = Field(
         default_factory=dict, description="What to probe: a model on a provider, by name."
@@ -806,10 +806,6 @@ class Config(ConfigModel):
                 return job
         known = ", ".join(job.name for job in self.jobs) or "none"
         raise KeyError(f"no job named '{name}' (known: {known})")
-
-    def provider_of(self, target_name: str) -> Provider:
-        """The provider the target called `target_name` runs on."""
-        return self.providers[self.targets[target_name].provider]
 
 
 def format_path(loc: tuple[str | int, ...]) -> str:

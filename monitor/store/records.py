@@ -120,6 +120,10 @@ class RunRecord:
     error: ErrorClass | None
 
 
+# Runs with their samples: what is written, spooled and replayed together.
+Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
+
+
 @dataclass(frozen=True, slots=True)
 class HourlyStats:
     """Measured samples of one series in one UTC hour (by their run's start)."""

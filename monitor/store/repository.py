@@ -40,6 +40,7 @@ from monitor.store.models import (
 )
 from monitor.store.records import (
     SAMPLE_COLUMN_FIELDS,
+    Batch,
     HourlyStats,
     RunRecord,
     SeriesKey,
@@ -49,8 +50,6 @@ from monitor.store.records import (
 )
 from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_insert
 from monitor.store.types import UtcDateTime
-
-Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
 
 _HOUR = timedelta(hours=1)
 
