@@ -81,8 +81,8 @@ def secret_forms(secret: str) -> set[str]:
             # Percent-escapes may come back in lower case (`%2b`); a case-insensitive pattern would be slow.
             forms |= {encoded, re.sub(r"%[0-9A-F]{2}", lambda escape: escape.group(0).lower(), encoded)}
         raw = value.encode()
-        for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
-            text = encoded.decode()
+        for blob in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+            text = blob.decode()
             forms |= {text, text.rstrip("=")}
     return {form for form in forms if len(form) >= MIN_SECRET_CHARS}
 

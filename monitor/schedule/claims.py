@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.store.models import JobTickRow
+from monitor.store.models import JobTickRow, table_of
 from monitor.store.statements import upsert_insert
 
 CLAIM_TIMEOUT_S = 1.5
@@ -43,7 +43,7 @@ class TickClaims:
         self._clock = clock
         self._resting_until = 0.0
         self._attempts: set[asyncio.Task[bool]] = set()
-        self._insert = upsert_insert(engine, JobTickRow.__table__)
+        self._insert = upsert_insert(engine, table_of(JobTickRow))
 
     async def claim(self, *, job: str, scheduled_at: datetime, location: str, owner: str) -> bool:
         """True when this process won the tick; False when another daemon already has it."""

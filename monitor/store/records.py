@@ -168,7 +168,7 @@ def storable_sample(sample: Sample) -> Sample:
         and _storable_as_is(sample.error_message, _ERROR_MESSAGE_LIMIT)
     ):
         return sample  # this runs for every sample stored: the common case costs three checks
-    changes: dict[str, str] = {}
+    changes: dict[str, Any] = {}
     for name, limit in SERVER_TEXT_LIMITS.items():
         value = getattr(sample, name)
         if value is not None and (stored := storable_text(value, limit)) != value:
@@ -300,7 +300,12 @@ def runs_from_samples(
         series = storable_series(
             SeriesKey(target=target, provider=provider_of[target], model=model, prompt=prompt, location=location)
         )
-        names = {"target": series.target, "prompt": series.prompt, "model": series.model, "api": storable_text(api)}
+        names: dict[str, Any] = {
+            "target": series.target,
+            "prompt": series.prompt,
+            "model": series.model,
+            "api": storable_text(api),
+        }
         if names != {"target": target, "prompt": prompt, "model": model, "api": api}:
             members = [dataclasses.replace(s, **names) for s in members]
         ordered = sorted(members, key=lambda s: (s.round, not s.warmup))

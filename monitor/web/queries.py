@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import String, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -275,7 +275,7 @@ async def _baselines(
             continue
         values: dict[int, list[float]] = defaultdict(list)
         for sid, v in await connection.execute(select(series_id, value).where(*window)):
-            values[sid].append(v)
+            values[sid].append(cast(float, v))  # the window excludes NULLs
         found.append({sid: m for sid, vs in values.items() if (m := _median(vs)) is not None})
     rolled, recent = found
     return {**recent, **rolled}
@@ -651,7 +651,7 @@ async def compare(
         found = (await connection.execute(query)).all() if chosen else []
     rows = [(chosen[sid].target, chosen[sid].model, chosen[sid].prompt, ttft, tokens) for sid, ttft, tokens in found]
     available = [(info.target, info.prompt, info.location) for info in series.values()]
-    result = compare_values(rows)
+    result = compare_values(cast(list[tuple[str, str, str, float, float | None]], rows))  # NULL ttft filtered out
     return {
         "start": iso(start),
         "end": iso(end),
