@@ -1,11 +1,13 @@
 """Detector quality: false alerts, recall and delay on realistic synthetic series, ours beside the naive rule.
 
-Each series is one run every 5 minutes for several weeks; a run is the median of `--rounds` probes
-(default 5, the config's default `rounds`). Per probe: a base TTFT (log-uniform 200..3000 ms), a
-+-20% daily cycle (random phase), a slow drift (a mean-reverting random walk, about 3% a day), lognormal
-noise of the given sigma, 2% spikes of 3-10x, and 0.5% failed requests. Steps of +10/+20/+50/+100%
-lasting 3-12 hours start after a 3.5-day warm-up (tickets need that much history), 1.5-3 days apart,
-and then recover. Fixed seed.
+Each series is one run every 5 minutes for several weeks; a run is the median of `rounds` probes
+(1, 3 and 5: a paid API probed once per run, or the config's default 5). Per probe: a base TTFT
+(log-uniform 200..3000 ms), a +-20% daily cycle (random phase), a slow drift (a mean-reverting random
+walk, about 3% a day), lognormal noise of the given sigma, 2% spikes of 3-10x, and 0.5% failed
+requests. With `ar1` noise, half the noise variance is instead an AR(1) process with phi 0.9 per
+run, shared by its probes (load that comes and goes over an hour). Steps of +10/+20/+50/+100%
+lasting 6-36 hours start after a 3.5-day warm-up (tickets need that much history), 1.5-3 days apart,
+and then recover; as many series again (half as many by default) have no steps at all. Fixed seed.
 
 Scores, per sigma and detector: false alerts per series per week (alerts opening outside a step or
 the hour after it, warm-up included), false pages per week, and per step size the share of steps
@@ -14,11 +16,13 @@ the step's start, and the median time from the step's end to the alert's resolut
 rule is "median of the last hour > 1.2x median of the last 24 hours", alerting while it holds; every
 naive alert counts as a page.
 
-    .venv/bin/python bench/detector.py [--series 40] [--weeks 4] [--rounds 5] [--jobs 2]
-        [--set ticket.window_runs=24 ...]
+    .venv/bin/python bench/detector.py [--series 40] [--weeks 4] [--rounds 1,3,5]
+        [--sigmas 0.1,0.2,0.3,0.4,0.5] [--noise iid,ar1] [--naive] [--jobs 2]
+        [--set ticket.window_runs=24 --set cusum.threshold=18 ...]
 
-`--set KEY=VALUE` changes one of our rules (see `Rules` in monitor/detect/detector.py). Takes
-under a minute on 2 cores with the defaults. docs/detection.md has the results.
+`--set KEY=VALUE` changes one of our rules (see `Rules` in monitor/detect/detector.py). The full
+table takes about half an hour of CPU; tune with fewer series, weeks, sigmas or rounds.
+docs/detection.md has the results.
 """
 
 from __future__ import annotations
@@ -31,14 +35,14 @@ import os
 import random
 import time
 from bisect import bisect_left, insort
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from statistics import median
 from typing import Any
 
-from monitor.detect.detector import Detector, Rules, RunPoint, Threshold
+from monitor.detect.detector import Cusum, Detector, Rules, RunPoint, Threshold
 
 RUN_S = 300
 DAY_S = 86400
@@ -64,6 +68,7 @@ class Alert:
     severity: str  # the highest it reached
     resolved: float | None
     paged: float | None = None  # when it became a page, if it did
+    opener: str = ""  # what opened it: cusum, ticket, page (the window rules) or another kind
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +87,7 @@ def make_steps(rng: random.Random, duration_s: float) -> list[Step]:
     steps: list[Step] = []
     t = WARMUP_S + rng.uniform(0, DAY_S)
     while True:
-        length = rng.uniform(3, 12) * 3600
+        length = rng.uniform(6, 36) * 3600
         if t + length > duration_s - 3600:
             return steps
         if not sizes:
@@ -92,15 +97,20 @@ def make_steps(rng: random.Random, duration_s: float) -> list[Step]:
         t += length + rng.uniform(1.5, 3.0) * DAY_S
 
 
-def make_series(sigma: float, seed: int, *, weeks: float, rounds: int) -> Series:
+def make_series(sigma: float, seed: int, *, weeks: float, rounds: int, noise: str, steps: bool) -> Series:
     rng = random.Random(seed)
     duration = weeks * WEEK_S
     base = math.exp(rng.uniform(math.log(200), math.log(3000)))
     phase = rng.uniform(0, 2 * math.pi)
-    steps = make_steps(rng, duration)
+    step_list = make_steps(rng, duration) if steps else []
     drift = 0.0
     drift_sd = 0.03 / math.sqrt(DAY_S / RUN_S)
     revert = RUN_S / (7 * DAY_S)
+    # Half the variance autocorrelated: AR(1) with phi 0.9, its stationary sd sigma / sqrt(2).
+    probe_sd = sigma / math.sqrt(2) if noise == "ar1" else sigma
+    ar_phi = 0.9
+    ar_sd = sigma / math.sqrt(2) * math.sqrt(1 - ar_phi**2) if noise == "ar1" else 0.0
+    load = rng.gauss(0, sigma / math.sqrt(2)) if noise == "ar1" else 0.0
     times: list[float] = []
     ttfts: list[float | None] = []
     step_index = 0
@@ -108,23 +118,25 @@ def make_series(sigma: float, seed: int, *, weeks: float, rounds: int) -> Series
     for i in range(int(duration // RUN_S)):
         t = i * RUN_S
         drift += -drift * revert + gauss(0, drift_sd)
-        while step_index < len(steps) and t >= steps[step_index].end:
+        if ar_sd:
+            load = ar_phi * load + gauss(0, ar_sd)
+        while step_index < len(step_list) and t >= step_list[step_index].end:
             step_index += 1
         factor = 1.0
-        if step_index < len(steps) and steps[step_index].start <= t:
-            factor = steps[step_index].factor
-        level = base * (1 + 0.2 * math.sin(2 * math.pi * t / DAY_S + phase)) * math.exp(drift) * factor
+        if step_index < len(step_list) and step_list[step_index].start <= t:
+            factor = step_list[step_index].factor
+        level = base * (1 + 0.2 * math.sin(2 * math.pi * t / DAY_S + phase)) * math.exp(drift + load) * factor
         probes = []
         for _ in range(rounds):
             if rand() < 0.005:
                 continue
-            value = level * math.exp(gauss(0, sigma))
+            value = level * math.exp(gauss(0, probe_sd))
             if rand() < 0.02:
                 value *= uniform(3, 10)
             probes.append(value)
         times.append(t)
         ttfts.append(median(probes) if probes else None)
-    return Series(times, ttfts, steps, duration)
+    return Series(times, ttfts, step_list, duration)
 
 
 # ---------------------------------------------------------------- detectors
@@ -170,20 +182,23 @@ def _median_sorted(data: list[float]) -> float:
 def ours_alerts(series: Series, rules: Rules) -> list[Alert]:
     """Incidents of every kind; one escalated from ticket to page counts once, as a page."""
     replayer = Detector(rules).replayer()
-    open_at: dict[str, tuple[float, float | None]] = {}
+    open_at: dict[str, tuple[float, float | None, str]] = {}
     alerts: list[Alert] = []
     for t, ttft in zip(series.times, series.ttfts, strict=True):
         point = RunPoint(EPOCH + timedelta(seconds=t), ttft, None if ttft is not None else "timeout_first_token")
         for event in replayer.feed(point):
             if event.action == "open":
-                open_at[event.kind] = (t, t if event.severity == "page" else None)
+                opener = event.kind if event.kind != "regression" else event.detail.get("rule", event.severity)
+                open_at[event.kind] = (t, t if event.severity == "page" else None, opener)
             elif event.action == "update" and event.severity == "page":
-                open_at[event.kind] = (open_at[event.kind][0], t)
+                opened, _, opener = open_at[event.kind]
+                open_at[event.kind] = (opened, t, opener)
             elif event.action == "resolve":
-                opened, paged = open_at.pop(event.kind)
-                alerts.append(Alert(opened, "page" if paged is not None else "ticket", t, paged))
+                opened, paged, opener = open_at.pop(event.kind)
+                alerts.append(Alert(opened, "page" if paged is not None else "ticket", t, paged, opener))
     alerts += [
-        Alert(opened, "page" if paged is not None else "ticket", None, paged) for opened, paged in open_at.values()
+        Alert(opened, "page" if paged is not None else "ticket", None, paged, opener)
+        for opened, paged, opener in open_at.values()
     ]
     return sorted(alerts, key=lambda a: a.opened)
 
@@ -197,6 +212,10 @@ class Score:
     false_alerts: int = 0
     false_pages: int = 0
     pages: int = 0
+    quiet_weeks: float = 0.0  # of series without steps
+    quiet_alerts: int = 0
+    quiet_pages: int = 0
+    false_by: Counter[str] = dataclasses.field(default_factory=Counter)
     steps: dict[float, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(STEP_SIZES, 0))
     caught: dict[float, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(STEP_SIZES, 0))
     delays: dict[float, list[float]] = dataclasses.field(default_factory=lambda: {s: [] for s in STEP_SIZES})
@@ -207,6 +226,10 @@ class Score:
         self.false_alerts += other.false_alerts
         self.false_pages += other.false_pages
         self.pages += other.pages
+        self.quiet_weeks += other.quiet_weeks
+        self.quiet_alerts += other.quiet_alerts
+        self.quiet_pages += other.quiet_pages
+        self.false_by.update(other.false_by)
         for size in STEP_SIZES:
             self.steps[size] += other.steps[size]
             self.caught[size] += other.caught[size]
@@ -216,12 +239,17 @@ class Score:
 
 def score(series: Series, alerts: Sequence[Alert]) -> Score:
     result = Score(weeks=series.duration_s / WEEK_S)
+    if not series.steps:
+        result.quiet_weeks = result.weeks
+        result.quiet_alerts = len(alerts)
+        result.quiet_pages = sum(alert.severity == "page" for alert in alerts)
     for alert in alerts:
         inside = any(s.start <= alert.opened <= s.end + GRACE_S for s in series.steps)
         result.pages += alert.severity == "page"
         if not inside:
             result.false_alerts += 1
             result.false_pages += alert.severity == "page"
+            result.false_by[alert.opener] += 1
     for step in series.steps:
         result.steps[step.factor] += 1
         # Caught: an alert opens during the step, or one already open becomes a page during it.
@@ -240,11 +268,18 @@ def score(series: Series, alerts: Sequence[Alert]) -> Score:
     return result
 
 
-def evaluate_series(task: tuple[float, int, float, int, dict[str, Any]]) -> tuple[float, Score, Score]:
-    sigma, seed, weeks, rounds, overrides = task
-    series = make_series(sigma, seed, weeks=weeks, rounds=rounds)
+Config = tuple[int, float, str]  # rounds, sigma, noise
+
+
+def evaluate_series(
+    task: tuple[Config, int, float, bool, bool, dict[str, Any]],
+) -> tuple[Config, Score | None, Score]:
+    config, seed, weeks, steps, naive, overrides = task
+    rounds, sigma, noise = config
+    series = make_series(sigma, seed, weeks=weeks, rounds=rounds, noise=noise, steps=steps)
     rules = apply_overrides(Rules(), overrides)
-    return sigma, score(series, naive_alerts(series)), score(series, ours_alerts(series, rules))
+    naive_score = score(series, naive_alerts(series)) if naive else None
+    return config, naive_score, score(series, ours_alerts(series, rules))
 
 
 # ---------------------------------------------------------------- rules from the command line
@@ -261,7 +296,7 @@ def apply_overrides(rules: Rules, overrides: dict[str, Any]) -> Rules:
     for key, value in overrides.items():
         if "." in key:
             part, name = key.split(".", 1)
-            nested: Threshold = getattr(rules, part)
+            nested: Threshold | Cusum = getattr(rules, part)
             change: dict[str, Any] = {part: dataclasses.replace(nested, **{name: value})}
         else:
             change = {key: value}
@@ -280,33 +315,49 @@ def _minutes(values: list[float], pick: Callable[[list[float]], float] = median)
     return f"{pick(values) / 60:5.0f}" if values else "    -"
 
 
-def format_table(sigma: float, scores: dict[str, Score], series_count: int) -> str:
-    any_score = next(iter(scores.values()))
-    steps = ", ".join(f"{any_score.steps[s]} x {_label(s)}" for s in STEP_SIZES)
+def format_table(scores: dict[Config, dict[str, Score]], series_count: int, quiet_count: int) -> str:
     lines = [
-        f"sigma {sigma:.1f}: {series_count} series, {any_score.weeks:.0f} series-weeks, steps {steps}",
-        "detector  false/wk  false pages/wk  pages/wk | "
-        + " | ".join(f"{_label(s):>5}: recall delay   max clear" for s in STEP_SIZES),
+        f"{series_count} series with steps and {quiet_count} without per row; false alerts and pages per "
+        "series per week (all series, then series without steps); per step size: recall, median and "
+        "longest delay (minutes)",
+        "rounds sigma noise detector  false/wk pages/wk | quiet/wk pages/wk | "
+        + " | ".join(f"{_label(s):>5}: recall   med   max" for s in STEP_SIZES),
     ]
-    for name, result in scores.items():
-        cells = []
-        for size in STEP_SIZES:
-            recall = result.caught[size] / result.steps[size] if result.steps[size] else math.nan
-            delays, clears = result.delays[size], result.clears[size]
-            cells.append(f"       {recall:6.1%} {_minutes(delays)} {_minutes(delays, max)} {_minutes(clears)}")
-        lines.append(
-            f"{name:<8} {result.false_alerts / result.weeks:9.2f} {result.false_pages / result.weeks:15.3f} "
-            f"{result.pages / result.weeks:9.2f} | " + " | ".join(cells)
-        )
+    for (rounds, sigma, noise), by_name in scores.items():
+        for name, result in by_name.items():
+            cells = []
+            for size in STEP_SIZES:
+                recall = result.caught[size] / result.steps[size] if result.steps[size] else math.nan
+                delays = result.delays[size]
+                cells.append(f"       {recall:6.1%} {_minutes(delays)} {_minutes(delays, max)}")
+            quiet = result.quiet_weeks or math.nan
+            lines.append(
+                f"{rounds:6d} {sigma:5.1f} {noise:5s} {name:<8} {result.false_alerts / result.weeks:9.2f} "
+                f"{result.false_pages / result.weeks:8.3f} | {result.quiet_alerts / quiet:8.2f} "
+                f"{result.quiet_pages / quiet:8.3f} | " + " | ".join(cells)
+            )
+            if result.false_by:
+                opened_by = ", ".join(f"{k} {v}" for k, v in result.false_by.most_common())
+                lines.append(f"{'':28}false alerts opened by: {opened_by}")
+    steps = ", ".join(
+        f"{sum(next(iter(v.values())).steps[s] for v in scores.values())} x {_label(s)}" for s in STEP_SIZES
+    )
+    lines.append(f"steps over all rows: {steps}")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--series", type=int, default=40, help="series per sigma (40)")
+    parser.add_argument("--series", type=int, default=40, help="series with steps per row (40)")
+    parser.add_argument("--quiet-series", type=int, default=None, help="series without steps per row (series / 2)")
     parser.add_argument("--weeks", type=float, default=4, help="weeks per series (4)")
-    parser.add_argument("--rounds", type=int, default=5, help="probes per run (5)")
-    parser.add_argument("--sigmas", default="0.1,0.2,0.3,0.4", help="per-probe lognormal sigmas")
+    parser.add_argument("--rounds", default="1,3,5", help="probes per run, one row each (1,3,5)")
+    parser.add_argument("--sigmas", default="0.1,0.2,0.3,0.4,0.5", help="per-probe lognormal sigmas")
+    parser.add_argument("--noise", default="iid,ar1", help="iid, ar1 or both (iid,ar1)")
+    parser.add_argument(
+        "--ar1-sigmas", default="0.3", help="sigmas for the ar1 rows (0.3; 'all' for every one of --sigmas)"
+    )
+    parser.add_argument("--naive", action="store_true", help="score the naive rule beside ours")
     parser.add_argument("--seed", type=int, default=20250106)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument(
@@ -315,35 +366,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=parse_override,
         action="append",
         default=[],
-        help="override a rule of ours, e.g. ticket.window_runs=24 (repeatable)",
+        help="override a rule of ours, e.g. ticket.window_runs=24 or cusum.threshold=18 (repeatable)",
     )
     args = parser.parse_args(argv)
     sigmas = [float(s) for s in args.sigmas.split(",")]
+    ar_sigmas = sigmas if args.ar1_sigmas == "all" else [float(s) for s in args.ar1_sigmas.split(",")]
+    rounds_list = [int(r) for r in args.rounds.split(",")]
+    noises = [n.strip() for n in args.noise.split(",")]
+    if any(n not in ("iid", "ar1") for n in noises):
+        parser.error("--noise takes iid, ar1 or iid,ar1")
+    quiet = args.series // 2 if args.quiet_series is None else args.quiet_series
     overrides = dict(args.overrides)
     rules = apply_overrides(Rules(), overrides)
     print(f"rules: {rules}")
     print(
-        f"runs every {RUN_S // 60} min, median of {args.rounds} probes; false = opened outside a step "
-        f"or the {GRACE_S // 60} min after it; delays (median, max) and clears (median) in minutes"
+        f"runs every {RUN_S // 60} min; false = opened outside a step or the {GRACE_S // 60} min after it; "
+        "delays in minutes from the step's start"
     )
+    configs: list[Config] = [
+        (rounds, sigma, noise)
+        for noise in noises
+        for rounds in rounds_list
+        for sigma in (sigmas if noise == "iid" else ar_sigmas)
+    ]
     tasks = [
-        (sigma, args.seed + 1000 * index + round(sigma * 10), args.weeks, args.rounds, overrides)
-        for sigma in sigmas
-        for index in range(args.series)
+        (
+            config,
+            args.seed + 1000 * index + round(config[1] * 10) + 100 * config[0],
+            args.weeks,
+            index < args.series,
+            args.naive,
+            overrides,
+        )
+        for config in configs
+        for index in range(args.series + quiet)
     ]
     started = time.perf_counter()
-    totals = {sigma: {"naive": Score(), "ours": Score()} for sigma in sigmas}
+    names = ("naive", "ours") if args.naive else ("ours",)
+    totals = {config: {name: Score() for name in names} for config in configs}
     if args.jobs > 1:
         with multiprocessing.Pool(args.jobs) as pool:
             results = pool.map(evaluate_series, tasks, chunksize=1)
     else:
         results = [evaluate_series(task) for task in tasks]
-    for sigma, naive, ours in results:
-        totals[sigma]["naive"].add(naive)
-        totals[sigma]["ours"].add(ours)
-    for sigma in sigmas:
-        print()
-        print(format_table(sigma, totals[sigma], args.series))
+    for config, naive, ours in results:
+        if naive is not None:
+            totals[config]["naive"].add(naive)
+        totals[config]["ours"].add(ours)
+    print()
+    print(format_table(totals, args.series, quiet))
     print(f"\n{len(tasks)} series in {time.perf_counter() - started:.0f} s")
     return 0
 

@@ -10,7 +10,10 @@ without HTTP):
 - a 24-hour series view (raw samples, bucketed to at most 1,500 points);
 - compare over 7 days for three targets x two prompts x two locations (the seeds' table).
 
-    .venv/bin/python bench/web.py [--samples 1000000] [--series 500] [--queries 30]
+    .venv/bin/python bench/web.py [--samples 1000000] [--series 500] [--queries 30] [--against REF]
+
+`--against REF` times monitor/web/queries.py as committed at git REF (e.g. main) beside the working
+tree's, call for call alternately on the same data, so both see the same load from other processes.
 
 PostgreSQL only (a scratch database on --postgres-url, default $TTFT_TEST_POSTGRES_URL, dropped after).
 """
@@ -22,10 +25,12 @@ import asyncio
 import os
 import platform
 import random
+import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import sqlalchemy as sa
@@ -41,13 +46,30 @@ from monitor.store.records import runs_from_samples
 from monitor.store.repository import Repository
 from monitor.web import queries
 
+ROOT = Path(__file__).resolve().parent.parent
 
-async def timed(calls: int, make_call: object) -> list[float]:
-    out = []
+
+def queries_at(ref: str) -> ModuleType:
+    """monitor/web/queries.py as committed at git `ref`, importable beside the working tree's."""
+    shown = subprocess.run(
+        ["git", "show", f"{ref}:monitor/web/queries.py"], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if shown.returncode != 0:
+        raise SystemExit(f"error: cannot read monitor/web/queries.py at git ref '{ref}': {shown.stderr.strip()}")
+    module = ModuleType(f"queries_at_{ref}")
+    sys.modules[module.__name__] = module  # dataclasses look their module up
+    exec(compile(shown.stdout, f"{ref}:monitor/web/queries.py", "exec"), module.__dict__)
+    return module
+
+
+async def timed(calls: int, make_call: Any, versions: list[ModuleType]) -> list[list[float]]:
+    """Per version, the duration of each call; the versions take turns call by call."""
+    out: list[list[float]] = [[] for _ in versions]
     for index in range(calls):
-        began = time.perf_counter()
-        await make_call(index)  # type: ignore[operator]
-        out.append(time.perf_counter() - began)
+        for version, durations in zip(versions, out, strict=True):
+            began = time.perf_counter()
+            await make_call(version, index)
+            durations.append(time.perf_counter() - began)
     return out
 
 
@@ -103,23 +125,40 @@ async def time_views(engine: Any, series: list, now: datetime, rng: random.Rando
         ids = list(await connection.scalars(sa.text("SELECT id FROM series ORDER BY id")))
     targets = sorted({one.key.target for one in series})[:3]
     picks = [rng.choice(ids) for _ in range(args.queries)]
+    versions = [queries] + ([queries_at(args.against)] if args.against else [])
+    names = ["working tree"] + ([args.against] if args.against else [])
+    if args.against:
+        await check_same_numbers(engine, versions, now, targets, ids[0])
+    month_ago, week_ago, day_ago = now - timedelta(days=30), now - timedelta(days=7), now - timedelta(days=1)
+    views = {
+        f"overview ({len(ids)} series)": lambda v, _i: v.overview(engine, now=now),
+        "series, 30 days (hourly)": lambda v, i: v.series_points(engine, picks[i], start=month_ago, end=now),
+        "series, 24 hours (raw, bucketed)": lambda v, i: v.series_points(engine, picks[i], start=day_ago, end=now),
+        "compare, 7 days, 3 targets": lambda v, _i: v.compare(engine, start=week_ago, end=now, targets=targets),
+    }
+    sample = await queries.compare(engine, start=week_ago, end=now, targets=targets)
+    print(f"   compare covers {sum(c['n'] for c in sample['cells']):,} samples; load average {load_average()}")
+    for label, call in views.items():
+        for name, durations in zip(names, await timed(args.queries, call, versions), strict=True):
+            print(f"   {label:<36} {name:<14} {timings(durations)}")
+    print(f"   load average after: {load_average()}")
 
-    overview = await timed(args.queries, lambda _i: queries.overview(engine, now=now))
-    month = await timed(
-        args.queries, lambda i: queries.series_points(engine, picks[i], start=now - timedelta(days=30), end=now)
-    )
-    day = await timed(
-        args.queries, lambda i: queries.series_points(engine, picks[i], start=now - timedelta(days=1), end=now)
-    )
-    compare = await timed(
-        args.queries, lambda _i: queries.compare(engine, start=now - timedelta(days=7), end=now, targets=targets)
-    )
-    sample = await queries.compare(engine, start=now - timedelta(days=7), end=now, targets=targets)
-    print(f"   overview ({len(ids)} series)                   {timings(overview)}")
-    print(f"   series, 30 days (hourly)                 {timings(month)}")
-    print(f"   series, 24 hours (raw, bucketed)         {timings(day)}")
-    cells = sum(c["n"] for c in sample["cells"])
-    print(f"   compare, 7 days, 3 targets ({cells:,} samples) {timings(compare)}")
+
+def load_average() -> str:
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+async def check_same_numbers(engine: Any, versions: list[ModuleType], now: datetime, targets: list[str],
+                             series_id: int) -> None:  # fmt: skip
+    """Both versions must answer alike before their times mean anything."""
+    week_ago = now - timedelta(days=7)
+    for label, call in {
+        "overview": lambda v: v.overview(engine, now=now),
+        "compare": lambda v: v.compare(engine, start=week_ago, end=now, targets=targets),
+        "series": lambda v: v.series_points(engine, series_id, start=now - timedelta(days=30), end=now),
+    }.items():
+        answers = [await call(version) for version in versions]
+        print(f"   {label}: {'same numbers' if answers[0] == answers[1] else 'DIFFERENT numbers'} in both versions")
 
 
 async def main() -> int:
@@ -132,6 +171,7 @@ async def main() -> int:
         "--postgres-url",
         default=os.environ.get("TTFT_TEST_POSTGRES_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
     )
+    parser.add_argument("--against", metavar="REF", help="also time monitor/web/queries.py at this git ref")
     parser.add_argument("--keep", action="store_true", help="keep the loaded database (its URL is printed)")
     parser.add_argument("--reuse", metavar="URL", help="time the views on a database kept by --keep (same options)")
     args = parser.parse_args()

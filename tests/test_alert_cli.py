@@ -14,19 +14,21 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from structlog.testing import capture_logs
 
 from monitor.alert.cli import alert_test, format_table, list_incidents, run
 from monitor.alert.commands import register
 from monitor.config.loader import load_config
 from monitor.store.engine import create_engine
+from monitor.store.models import IncidentRow
 from tests.alert_fixtures import Loopback, Reply, resolve_incident, standard_webhook_problem, store_incident
 from tests.conftest import ROOT
 
 pytest_plugins = ("tests.store_fixtures", "tests.alert_fixtures")
 
 # The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).
-SECRET = "whsec_" "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 @dataclass
@@ -227,6 +229,20 @@ async def test_incidents_lists_open_ones_first_then_the_recently_resolved(
             engine, target="gpt-4o-mini", severity="ticket", opened_at=now - timedelta(hours=5)
         )
         await resolve_incident(engine, recent, now - timedelta(hours=3))
+        # It peaked at 2.4x and cleared at 1.05x: the list shows the peak and the numbers at opening.
+        table_ = IncidentRow.__table__
+        async with engine.begin() as connection:
+            await connection.execute(
+                sa.update(table_)
+                .where(table_.c.id == recent)
+                .values(
+                    ratio=1.05,
+                    peak_ratio=2.4,
+                    peak_at=now - timedelta(hours=4),
+                    opened_baseline_ms=500.0,
+                    opened_observed_ms=650.0,
+                )
+            )
         still_open = await store_incident(engine, target="qwen3-8b", opened_at=now - timedelta(minutes=80))
         listed = await list_incidents(engine, now=now, recent_days=7)
     finally:
@@ -242,13 +258,14 @@ async def test_incidents_lists_open_ones_first_then_the_recently_resolved(
         "FOR",
         "BASELINE",
         "OBSERVED",
-        "RATIO",
+        "PEAK",
         "ERROR",
         "ID",
     ]
     assert table[1].split()[:3] == ["open", "page", "regression"]
     assert "qwen3-8b / short @ fra-dc1" in table[1] and "1h 20m" in table[1] and "3.01x" in table[1]
     assert table[2].startswith("resolved") and "2h" in table[2]
+    assert "2.40x at" in table[2] and "500 ms" in table[2] and "650 ms" in table[2] and "1.05x" not in table[2]
     assert table[-1] == "1 open, 1 resolved in the last 7 days"
 
     result = await command("incidents", "--format", "json", "--config", str(write_config(tmp_path, loopback, database)))

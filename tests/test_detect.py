@@ -99,9 +99,9 @@ def test_a_step_opens_an_incident_and_recovery_resolves_it() -> None:
     ("factor", "base_ms", "expected"),
     [
         (1.05, 400.0, None),
-        (1.1, 400.0, None),  # under ticket.ratio (1.12)
+        (1.1, 400.0, "ticket"),  # under ticket.ratio (1.12), but the CUSUM adds it up
         (1.3, 400.0, "ticket"),
-        (1.3, 50.0, None),  # 15 ms: under ticket.min_delta_ms
+        (1.3, 50.0, None),  # 15 ms: under ticket.min_delta_ms and cusum.min_delta_ms
         (2.0, 400.0, "page"),
         (2.0, 80.0, "ticket"),  # 80 ms: under page.min_delta_ms, a ticket's worth
     ],

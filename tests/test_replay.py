@@ -199,7 +199,9 @@ def test_a_year_of_five_minute_runs_replays_in_seconds(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - started
     assert code == 0, err.getvalue()
     assert "replayed 105120 runs of 1 series" in err.getvalue()
-    assert elapsed < 10, f"{elapsed:.1f} s"
+    # The sequential rule costs per run: 12.6 to 17.4 s here on a shared, loaded 2-core VM (under 10 s
+    # without it).
+    assert elapsed < 25, f"{elapsed:.1f} s"
 
 
 # ---------------------------------------------------------------- the command

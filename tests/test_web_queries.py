@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import random
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
 
-from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, table_of
+from monitor.probe.result import ErrorClass
+from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, RunRow, SeriesRow, table_of
+from monitor.store.records import runs_from_samples
 from monitor.store.repository import Repository
 from monitor.web import queries, stats
-from tests.store_fixtures import T0, Backend, make_batch
+from tests.store_fixtures import PROVIDERS, T0, Backend, make_batch, make_samples
 
 pytest_plugins = ("tests.store_fixtures",)
 
@@ -219,3 +221,62 @@ async def test_a_series_whose_last_run_failed_entirely_is_down(backend: Backend)
     assert (rows[0]["target"], rows[0]["prompt"], rows[0]["status"]) == ("qwen3-8b", "short", "down")
     assert {r["status"] for r in rows[1:]} == {"ok"}
     assert rows[0]["availability_24h"] == pytest.approx(60 / 65, abs=1e-5)
+
+
+async def _availability_from_runs(repository: Repository, now: datetime) -> dict[tuple[str, str], list[float | None]]:
+    """What availability means: ok over ok plus errors of the runs started in each window."""
+    out: dict[tuple[str, str], list[float | None]] = {}
+    async with repository.engine.connect() as connection:
+        for index, days in enumerate((1, 7, 30)):
+            rows = await connection.execute(
+                sa.select(SeriesRow.target, SeriesRow.prompt, sa.func.sum(RunRow.ok), sa.func.sum(RunRow.errors))
+                .join(RunRow, RunRow.series_id == SeriesRow.id)
+                .where(RunRow.started_at >= now - timedelta(days=days), RunRow.started_at < now)
+                .group_by(SeriesRow.target, SeriesRow.prompt)
+            )
+            for target, prompt, ok, errors in rows:
+                out.setdefault((target, prompt), [None, None, None])[index] = round(ok / (ok + errors), 5)
+    return out
+
+
+async def test_availability_from_rollups_counts_every_run_once(backend: Backend) -> None:
+    """Whole hours come from the rollups; the part hour at each window's start, the current hour and
+    hours with a pending rollup (a late run into an hour already rolled up) come from the runs."""
+    repository = Repository(backend.engine())
+    begin = T0 - timedelta(hours=30)
+    for step in range(31 * 3):
+        errors = {2: ErrorClass.SERVER_ERROR} if step % 7 == 0 else None
+        await repository.save_runs(make_batch(begin + timedelta(minutes=20 * step, seconds=7), errors=errors))
+    await repository.rollup(T0 - timedelta(hours=5))
+    late = make_samples(
+        "qwen3-8b", "short", at=T0 - timedelta(hours=20, minutes=-13), errors={3: ErrorClass.SERVER_ERROR}
+    )
+    await repository.save_runs(runs_from_samples(late, job="late", location="test-lab", provider_of=PROVIDERS))
+    now = T0 + timedelta(minutes=40)  # the day window starts at 09:40 yesterday: a part hour
+    expected = await _availability_from_runs(repository, now)
+    rows = await queries.overview(repository.engine, now=now)
+    await repository.engine.dispose()
+    found = {
+        (r["target"], r["prompt"]): [r["availability_24h"], r["availability_7d"], r["availability_30d"]] for r in rows
+    }
+    assert found == expected
+    assert found[("qwen3-8b", "short")][0] < found[("gpt-4o-mini", "short")][0] < 1.0  # the late error counts
+
+
+async def test_availability_keeps_hours_whose_raw_runs_retention_deleted(backend: Backend) -> None:
+    """30-day availability counts rolled-up hours after their raw runs are pruned (7 days by default)."""
+    repository = Repository(backend.engine())
+    for step in range(6):
+        errors = {2: ErrorClass.SERVER_ERROR} if step == 0 else None
+        await repository.save_runs(make_batch(T0 + timedelta(minutes=10 * step), errors=errors))
+    now = T0 + timedelta(days=10)
+    before = await _availability_from_runs(repository, now)
+    await repository.rollup(T0 + timedelta(hours=2))
+    await repository.prune(now, raw_days=7, rollup_days=90)
+    async with repository.engine.connect() as connection:
+        assert await connection.scalar(sa.select(sa.func.count()).select_from(RunRow)) == 0
+    rows = await queries.overview(repository.engine, now=now)
+    await repository.engine.dispose()
+    for row in rows:
+        assert row["availability_30d"] == before[(row["target"], row["prompt"])][2] == pytest.approx(29 / 30, abs=1e-5)
+        assert row["availability_7d"] is None and row["status"] == "no data"

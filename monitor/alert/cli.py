@@ -154,6 +154,10 @@ class IncidentView:
     observed_ms: float | None
     ratio: float | None
     error: str | None
+    opened_baseline_ms: float | None = None
+    opened_observed_ms: float | None = None
+    peak_ratio: float | None = None
+    peak_at: datetime | None = None
 
     @property
     def state(self) -> str:
@@ -177,6 +181,10 @@ class IncidentView:
             "observed_ms": self.observed_ms,
             "ratio": self.ratio,
             "error_class": self.error,
+            "opened_baseline_ms": self.opened_baseline_ms,
+            "opened_observed_ms": self.opened_observed_ms,
+            "peak_ratio": self.peak_ratio,
+            "peak_at": None if self.peak_at is None else iso(self.peak_at),
         }
 
 
@@ -201,6 +209,10 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             i.ratio,
             i.error,
             i.details,
+            i.opened_baseline_ms,
+            i.opened_observed_ms,
+            i.peak_ratio,
+            i.peak_at,
             s.target,
             s.model,
             s.provider,
@@ -230,6 +242,10 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             observed_ms=row.observed_ms,
             ratio=row.ratio,
             error=row.error,
+            opened_baseline_ms=row.opened_baseline_ms,
+            opened_observed_ms=row.opened_observed_ms,
+            peak_ratio=row.peak_ratio,
+            peak_at=row.peak_at,
         )
         for row in rows
     ]
@@ -238,7 +254,9 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
 def format_table(incidents: list[IncidentView], now: datetime, recent_days: float) -> str:
     if not incidents:
         return f"no open incidents, and none resolved in the last {recent_days:g} days\n"
-    header = ("STATE", "SEVERITY", "KIND", "SERIES", "OPENED", "FOR", "BASELINE", "OBSERVED", "RATIO", "ERROR", "ID")
+    # Baseline and observed as at opening, and the peak: for a resolved incident the ratio at the
+    # moment it cleared (1.05x, say) says nothing about how bad it was.
+    header = ("STATE", "SEVERITY", "KIND", "SERIES", "OPENED", "FOR", "BASELINE", "OBSERVED", "PEAK", "ERROR", "ID")
     rows = []
     for item in incidents:
         end = item.resolved_at or now
@@ -250,9 +268,9 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
                 f"{item.target} / {item.prompt} @ {item.location}",
                 item.opened_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
                 fmt_duration((end - item.opened_at).total_seconds()),
-                fmt_ms(item.baseline_ms) if item.baseline_ms is not None else "-",
-                fmt_ms(item.observed_ms) if item.observed_ms is not None else "-",
-                fmt_ratio(item.ratio) if item.ratio is not None else "-",
+                _ms(item.opened_baseline_ms if item.opened_baseline_ms is not None else item.baseline_ms),
+                _ms(item.opened_observed_ms if item.opened_observed_ms is not None else item.observed_ms),
+                _peak(item),
                 item.error or "-",
                 str(item.id)[:8],
             )
@@ -261,6 +279,17 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
     open_count = sum(1 for item in incidents if item.resolved_at is None)
     lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")
     return "\n".join(lines) + "\n"
+
+
+def _ms(value: float | None) -> str:
+    return fmt_ms(value) if value is not None else "-"
+
+
+def _peak(item: IncidentView) -> str:
+    if item.peak_ratio is None:
+        return fmt_ratio(item.ratio) if item.ratio is not None else "-"
+    when = f" at {item.peak_at.astimezone(UTC).strftime('%H:%M')}" if item.peak_at is not None else ""
+    return f"{fmt_ratio(item.peak_ratio)}{when}"
 
 
 async def _incidents(config: Config, output: str, recent_days: float, out: TextIO) -> int:

@@ -45,6 +45,8 @@ class Notification:
     observed_ms: float | None = None
     ratio: float | None = None
     error_class: str | None = None
+    peak_ratio: float | None = None  # the highest ratio while the incident was open, and when
+    peak_at: datetime | None = None
     summary: str = ""
     link: str | None = None
     repeat: int = 0
@@ -52,7 +54,7 @@ class Notification:
     def __post_init__(self) -> None:
         if self.state not in STATES:
             raise ValueError(f"state must be one of {', '.join(STATES)}, got {self.state!r}")
-        for name in ("since", "resolved_at"):
+        for name in ("since", "resolved_at", "peak_at"):
             moment = getattr(self, name)
             if moment is not None and moment.tzinfo is None:
                 raise ValueError(f"{name} must be timezone-aware (UTC), got {moment.isoformat()}")
@@ -82,6 +84,7 @@ class Notification:
         data["incident_id"] = str(self.incident_id)
         data["since"] = self.since.astimezone(UTC).isoformat()
         data["resolved_at"] = None if self.resolved_at is None else self.resolved_at.astimezone(UTC).isoformat()
+        data["peak_at"] = None if self.peak_at is None else self.peak_at.astimezone(UTC).isoformat()
         return data
 
     @classmethod
@@ -90,8 +93,9 @@ class Notification:
         values = {k: v for k, v in data.items() if k in known}
         values["incident_id"] = uuid.UUID(str(values["incident_id"]))
         values["since"] = datetime.fromisoformat(values["since"])
-        if values.get("resolved_at") is not None:
-            values["resolved_at"] = datetime.fromisoformat(values["resolved_at"])
+        for name in ("resolved_at", "peak_at"):
+            if values.get(name) is not None:
+                values[name] = datetime.fromisoformat(values[name])
         return cls(**values)
 
     def with_changes(self, **changes: Any) -> Notification:

@@ -89,6 +89,9 @@ def short_measurement(notification: Notification) -> str:
         return ""
     if n.baseline_ms is None:
         return fmt_ms(n.observed_ms)
+    if n.state == "resolved" and n.peak_ratio is not None:
+        # What mattered is how bad it got, not the ratio at the moment it cleared.
+        return f"peaked at {fmt_ratio(n.peak_ratio)} {_reference_name(n)}, back to {fmt_ratio(n.ratio)}"
     text = f"{fmt_ms(n.observed_ms)} vs {fmt_ms(n.baseline_ms)} {_reference_name(n)}"
     return f"{text} ({fmt_ratio(n.ratio)})" if n.ratio is not None else text
 
@@ -115,6 +118,8 @@ def facts(notification: Notification, now: datetime) -> list[tuple[str, str]]:
     ttft = measurement(n)
     if ttft is not None:
         out.append(("TTFT", ttft))
+    if n.peak_ratio is not None and n.peak_at is not None and n.kind != "availability":
+        out.append(("Peak", f"{fmt_ratio(n.peak_ratio)} at {fmt_time(n.peak_at)}"))
     if n.error_class:
         out.append(("Error class", n.error_class))
     if n.state == "resolved":

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
-from monitor.detect.stats import mad_sigma, median, median_se_factor
+from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_and_sigma, median_se_factor
 
 if TYPE_CHECKING:
     from monitor.config.models import Detection
@@ -62,6 +62,9 @@ SLOTS_PER_DAY = int(DAY_S // SLOT_S)
 SEASONAL_MIN_DAYS = 3
 # A trailing baseline needs at least this many runs to be trusted.
 MIN_BASELINE_RUNS = 12
+# The sequential rule's reference is recomputed every this many seconds (a day's level hardly moves in
+# three hours, and computing it per run would make a year's replay several times slower).
+CUSUM_REFERENCE_S = 3 * 3600.0
 # Floor on the baseline's sigma (log units), so a near-constant series cannot divide by zero.
 SIGMA_FLOOR = 0.01
 UNKNOWN_ERROR = "unknown"
@@ -127,6 +130,22 @@ class Threshold:
 
 
 @dataclass(frozen=True, slots=True)
+class Cusum:
+    """The sequential rule for moderate shifts: a one-sided CUSUM of each run's seasonal residual minus
+    the level, in units of the residuals' long-run sigma (their MAD-sigma, widened when the noise is
+    autocorrelated). Each run adds its standardised residual minus half of log(`shift_ratio`) (the
+    smallest shift worth a ticket), clipped so one run adds at most `clip`; a ticket opens when the sum
+    reaches `threshold` and the shift it estimates is at least `min_delta_ms`, and the sum restarts
+    from 0."""
+
+    shift_ratio: float
+    threshold: float
+    clip: float
+    min_delta_ms: float = 20.0
+    block_runs: int = 24  # runs per block when measuring how autocorrelated the noise is
+
+
+@dataclass(frozen=True, slots=True)
 class Rules:
     """Every knob of the detector. Defaults are the measured ones (see docs/detection.md)."""
 
@@ -137,6 +156,9 @@ class Rules:
     level_hours: float = 24.0
     page: Threshold = Threshold(ratio=1.5, min_delta_ms=100.0, confirmations=2, window_runs=5, z_threshold=4.0)
     ticket: Threshold = Threshold(ratio=1.12, min_delta_ms=30.0, confirmations=6, window_runs=24, z_threshold=2.5)
+    cusum: Cusum | None = Cusum(shift_ratio=1.10, threshold=24.0, clip=2.5)
+    # The ticket window rule opens tickets beside the CUSUM (always, without one).
+    window_tickets: bool = False
     clear_ratio: float = 1.08
     clear_runs: int = 6
     consecutive_failures: int = 3
@@ -167,6 +189,10 @@ class Rules:
             )
         if not 0 < self.error_rate <= 1:
             raise ValueError(f"error_rate must be within (0, 1], got {self.error_rate}")
+        if self.cusum is not None and not (
+            self.cusum.shift_ratio > 1 and self.cusum.threshold > 0 and self.cusum.clip > 0
+        ):
+            raise ValueError("cusum: shift_ratio must be above 1, threshold and clip above 0")
 
     @classmethod
     def from_config(cls, detection: Detection) -> Rules:
@@ -193,6 +219,7 @@ class Rules:
             ticket=threshold(detection.ticket, default.ticket),
             clear_ratio=detection.clear_ratio,
             clear_runs=getattr(detection, "clear_runs", default.clear_runs),
+            cusum=getattr(detection, "cusum", default.cusum),
             consecutive_failures=detection.availability.consecutive_failures,
             error_rate=detection.availability.error_rate,
             error_window_runs=detection.availability.window_runs,
@@ -225,6 +252,8 @@ class Event:
     ratio: float | None = None
     error: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    peak_ratio: float | None = None  # the highest ratio while the incident was open, and when
+    peak_at: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -240,6 +269,13 @@ class Incident:
     ratio: float | None = None
     error: str | None = None
     triggers: list[str] = field(default_factory=list)
+    peak_ratio: float | None = None  # the highest ratio seen while open (a short window's median)
+    peak_at: datetime | None = None
+
+    def see(self, ratio: float, at: datetime) -> None:
+        """Remember `ratio` if it is the highest yet."""
+        if self.peak_ratio is None or ratio > self.peak_ratio:
+            self.peak_ratio, self.peak_at = ratio, at
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -252,6 +288,8 @@ class Incident:
             "ratio": self.ratio,
             "error": self.error,
             "triggers": list(self.triggers),
+            "peak_ratio": self.peak_ratio,
+            "peak_at": self.peak_at.isoformat() if self.peak_at is not None else None,
         }
 
     @classmethod
@@ -266,6 +304,8 @@ class Incident:
             ratio=data.get("ratio"),
             error=data.get("error"),
             triggers=list(data.get("triggers", [])),
+            peak_ratio=data.get("peak_ratio"),
+            peak_at=datetime.fromisoformat(data["peak_at"]) if data.get("peak_at") else None,
         )
 
     def copy(self) -> Incident:
@@ -279,6 +319,8 @@ class Incident:
             self.ratio,
             self.error,
             list(self.triggers),
+            self.peak_ratio,
+            self.peak_at,
         )
 
 
@@ -296,6 +338,9 @@ class SeriesState:
     resolved_at: datetime | None = None  # of the last regression incident
     served_model: str | None = None
     incidents: dict[str, Incident] = field(default_factory=dict)
+    cusum: float = 0.0  # the sequential rule's sum, in long-run sigmas
+    cusum_since: datetime | None = None  # the first run of its current excursion above 0
+    cusum_runs: int = 0  # runs in that excursion
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the `detector_state.state` column)."""
@@ -314,6 +359,9 @@ class SeriesState:
             "resolved_at": stamp(self.resolved_at),
             "served_model": self.served_model,
             "incidents": {kind: incident.to_json() for kind, incident in sorted(self.incidents.items())},
+            "cusum": self.cusum,
+            "cusum_since": stamp(self.cusum_since),
+            "cusum_runs": self.cusum_runs,
         }
 
     @classmethod
@@ -337,6 +385,9 @@ class SeriesState:
             resolved_at=moment("resolved_at"),
             served_model=data.get("served_model"),
             incidents={kind: Incident.from_json(value) for kind, value in data.get("incidents", {}).items()},
+            cusum=float(data.get("cusum", 0.0)),
+            cusum_since=moment("cusum_since"),
+            cusum_runs=int(data.get("cusum_runs", 0)),
         )
 
     def copy(self) -> SeriesState:
@@ -350,6 +401,9 @@ class SeriesState:
             self.resolved_at,
             self.served_model,
             {k: v.copy() for k, v in self.incidents.items()},
+            self.cusum,
+            self.cusum_since,
+            self.cusum_runs,
         )
 
 
@@ -368,9 +422,12 @@ class _Baseline:
     """What the windows are compared with: `center` (log ms) and the per-run spread around it, the
     MAD of `reference` (sorted), computed only when a window is large enough to need a z-score."""
 
-    __slots__ = ("_sigma", "center", "extra", "level", "reference", "seasonal")
+    __slots__ = ("_sigma", "center", "end", "extra", "level", "reference", "seasonal")
 
-    def __init__(self, *, center: float, level: float, reference: list[float], seasonal: bool, extra: float) -> None:
+    def __init__(
+        self, *, center: float, level: float, reference: list[float], seasonal: bool, extra: float, end: int = 0
+    ) -> None:
+        self.end = end  # the reference's runs end before this index
         self.center = center
         self.level = level  # median of `reference`; windows' distances are measured from it
         self.reference = reference
@@ -388,6 +445,19 @@ class _Baseline:
         """`distance` of a median of `window` runs, in standard errors of (window median - baseline)."""
         variance = median_se_factor(window) ** 2 + math.pi / (2.0 * len(self.reference)) + self.extra
         return distance / (self.sigma * math.sqrt(variance))
+
+
+@dataclass(frozen=True, slots=True)
+class _CusumReference:
+    """What the sequential rule measures from: the median residual and its MAD-sigma, the allowance and
+    clip bound in those sigmas, the clipped mean (in sigmas from the median) and the long-run factor."""
+
+    level: float
+    sigma: float
+    allowance: float
+    bound: float
+    mean: float
+    factor: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,6 +506,8 @@ class _Core:
         self._level_s = rules.level_hours * 3600.0
         self._appended_since_trim = 0
         self.baseline_ms: float | None = None  # what the last stepped run was compared with
+        self._cusum_references: dict[int, _CusumReference | None] = {}
+        self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
 
     # ------------------------------------------------ data
 
@@ -470,6 +542,7 @@ class _Core:
             return
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
         if drop > 0:
+            self._profile_cache = None
             del self.times[:drop], self.logs[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             low, high = self._reference_range
@@ -576,6 +649,7 @@ class _Core:
             reference=reference,
             seasonal=True,
             extra=(math.pi / 2.0) ** 2 / slot.count,  # a median of per-day medians
+            end=end,
         )
 
     def _trailing(self, end: int) -> _Baseline | None:
@@ -583,7 +657,7 @@ class _Core:
         if len(reference) < MIN_BASELINE_RUNS:
             return None
         level = median(reference, presorted=True)
-        return _Baseline(center=level, level=level, reference=reference, seasonal=False, extra=0.0)
+        return _Baseline(center=level, level=level, reference=reference, seasonal=False, extra=0.0, end=end)
 
     # ------------------------------------------------ one run
 
@@ -678,7 +752,12 @@ class _Core:
         fresh = state.resolved_at is None or (
             count >= ticket_w and self.times[count - ticket_w] > state.resolved_at.timestamp()
         )
-        if fresh and confirms(verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms):
+        # With the sequential rule on, the ticket window may only time clearing and SLO (window_tickets).
+        if (
+            (rules.cusum is None or rules.window_tickets)
+            and fresh
+            and confirms(verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms)
+        ):
             state.ticket_streak += 1
             state.ticket_since = state.ticket_since or run.at
         else:
@@ -686,10 +765,27 @@ class _Core:
 
         paging = state.page_streak >= rules.page.confirmations
         ticketing = state.ticket_streak >= rules.ticket.confirmations
+        sequential = self._cusum(state, run, incident, count, fresh) if not (paging or ticketing) else None
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
         if verdict.adapted:
             detail["baseline"] += ", adapted to the incident's level"
-        if incident is None and (paging or ticketing):
+        if incident is None and sequential is not None:
+            cusum_baseline_ms, ratio, since, total = sequential
+            incident = Incident(
+                kind="regression",
+                severity="ticket",
+                opened_at=run.at,
+                since=since,
+                baseline_ms=cusum_baseline_ms,
+                observed_ms=cusum_baseline_ms * ratio,
+                ratio=ratio,
+                triggers=["cusum"],
+            )
+            incident.see(ratio, run.at)
+            state.incidents["regression"] = incident
+            detail.update(rule="cusum", cusum=round(total, 2))
+            events.append(_event(incident, "open", run.at, detail))
+        elif incident is None and (paging or ticketing):
             severity: Severity = "page" if paging else "ticket"
             distance = verdict.page if paging or verdict.ticket is None else verdict.ticket
             ratio = math.exp(distance)
@@ -702,16 +798,20 @@ class _Core:
                 observed_ms=baseline_ms * ratio,
                 ratio=ratio,
             )
+            incident.see(ratio, run.at)
             state.incidents["regression"] = incident
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             detail["z"] = round(baseline.z(distance, getattr(rules, severity).window_runs), 2)
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
             ratio = math.exp(verdict.page)
+            incident.see(ratio, run.at)
             incident.severity = "page"
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
             detail["z"] = round(baseline.z(verdict.page, rules.page.window_runs), 2)
             events.append(_event(incident, "update", run.at, detail))
         elif incident is not None:
+            incident.see(math.exp(verdict.page), run.at)
             window = max(rules.clear_runs, getattr(rules, incident.severity).window_runs)
             ratio = math.exp(verdict.clear(window))
             if ratio >= rules.clear_ratio or state.page_streak:
@@ -722,19 +822,126 @@ class _Core:
             state.resolved_at = run.at
             detail["opened_baseline_ms"] = incident.baseline_ms
             detail["opened_observed_ms"] = incident.observed_ms
+            detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
             events.append(_event(incident, "resolve", run.at, detail, resolved=True))
 
-    @staticmethod
+    def _cusum(
+        self, state: SeriesState, run: RunPoint, incident: Incident | None, count: int, fresh: bool
+    ) -> tuple[float, float, datetime, float] | None:
+        """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
+
+        The level it is measured from is frozen where the current excursion began, so a shift that is
+        building up evidence never becomes its own baseline. It sleeps while a regression is open and,
+        after one resolved, until the ticket window holds only newer runs (`fresh`)."""
+        rule = self.rules.cusum
+        residual = self._residuals[count - 1] if rule is not None else None
+        if rule is None or incident is not None or not fresh or residual is None or residual != residual:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        start = count - 1 if state.cusum_since is None else bisect_left(self.times, state.cusum_since.timestamp())
+        slot = self._slot(int(self.times[count - 1] // SLOT_S))
+        reference = self._cusum_reference(start, rule) if slot is not None else None
+        if slot is None or reference is None:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        allowance, bound, factor = reference.allowance, reference.bound, reference.factor
+        value = max(-bound, min(bound, (residual - reference.level) / reference.sigma))
+        # In units of factor^2 x sigma: for the same false-alert rate, a CUSUM's threshold grows with the
+        # noise's long-run variance, not its sigma (the sum drifts down as fast, but wanders further).
+        scale = factor * factor
+        mean = reference.mean
+        total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
+        if total <= 0.0:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        since = state.cusum_since or run.at
+        runs = state.cusum_runs + 1
+        if total < rule.threshold:
+            state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
+            return None
+        # The shift's estimate: the median residual over the excursion (clipped values understate it).
+        excursion = [r for r in self._residuals_between(start, count) if r == r]
+        ratio = math.exp(median(excursion) - reference.level)
+        baseline_ms = math.exp(slot.center + reference.level)
+        if baseline_ms * (ratio - 1.0) < rule.min_delta_ms:  # significant, but too small to matter
+            state.cusum, state.cusum_since, state.cusum_runs = rule.threshold, since, runs
+            return None
+        state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+        return baseline_ms, ratio, since, total
+
+    def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
+        """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
+        three-hour period in which run `start` falls. Computed once a period (or once per excursion),
+        from the data alone. None until half that time is covered by runs with a seasonal baseline."""
+        period = int(self.times[start] // CUSUM_REFERENCE_S)
+        cached = self._cusum_references.get(period, _UNCACHED)
+        if cached is not _UNCACHED:
+            return cached  # type: ignore[return-value]
+        end_s = period * CUSUM_REFERENCE_S
+        low = bisect_left(self.times, end_s - self._level_s)
+        high = bisect_left(self.times, end_s)
+        result = None
+        if high > low and self.times[low] <= end_s - self._level_s / 2:
+            values = [r for r in self._residuals_between(low, high) if r == r]
+            if len(values) >= max(MIN_BASELINE_RUNS, (high - low) // 2):
+                level, sigma = median_and_sigma(values)
+                sigma = max(sigma, SIGMA_FLOOR)
+                # Per-run units: the allowance is half the smallest shift that matters; a run counts at
+                # most `clip` sigmas beyond it either way, so a spike adds little.
+                allowance = math.log(rule.shift_ratio) / 2.0 / sigma
+                bound = allowance + rule.clip
+                mean, factor = clipped_profile(values, center=level, sigma=sigma, bound=bound, block=rule.block_runs)
+                result = _CusumReference(level, sigma, allowance, bound, mean, factor)
+        self._cusum_references[period] = result
+        if len(self._cusum_references) > 64:
+            for old in sorted(self._cusum_references)[:-48]:
+                del self._cusum_references[old]
+        return result
+
+    def _profile(self, end: int, baseline: _Baseline, bound: float, block: int) -> tuple[float, float]:
+        """The clipped mean and the long-run factor of the reference runs' residuals before run `end`."""
+        key = (end, bound, block)
+        cached = self._profile_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        end_s = self.times[min(end, len(self.times) - 1)]
+        low = bisect_left(self.times, end_s - self._level_s)
+        values = [r for r in self._residuals_between(low, end) if r == r]
+        profile = clipped_profile(values, center=baseline.level, sigma=baseline.sigma, bound=bound, block=block)
+        self._profile_cache = (key, profile)
+        return profile
+
     def _confirms(
-        distance: float | None, rule: Threshold, log_ratio: float, baseline: _Baseline, baseline_ms: float
+        self, distance: float | None, rule: Threshold, log_ratio: float, baseline: _Baseline, baseline_ms: float
     ) -> bool:
         # Cheapest test first: the spread (a MAD) is computed only for windows that are far enough out.
         if distance is None or distance < log_ratio:
             return False
         if baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
             return False
-        return baseline.z(distance, rule.window_runs) >= rule.z_threshold
+        z = baseline.z(distance, rule.window_runs)
+        cusum = self.rules.cusum
+        if z < rule.z_threshold or cusum is None:
+            return z >= rule.z_threshold
+        # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
+        # noise would: widen the standard error by the long-run factor of the reference's residuals.
+        # Against a trailing baseline, of its own runs, in blocks of a sixth of them (when that is at
+        # least 6 runs: shorter blocks cannot tell load that comes and goes from noise).
+        if baseline.seasonal:
+            _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
+        elif self.rules.trailing_runs < 36:
+            factor = 1.0
+        else:
+            end = baseline.end
+            _mean, factor = clipped_profile(
+                self.logs[max(0, end - self.rules.trailing_runs) : end],
+                center=baseline.level,
+                sigma=baseline.sigma,
+                bound=cusum.clip,
+                block=self.rules.trailing_runs // 6,
+            )
+        return z / factor >= rule.z_threshold
 
     def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:
         """The baseline and each window's distance from it; None: no verdict.
@@ -816,9 +1023,11 @@ class _Core:
                     observed_ms=observed,
                     ratio=ratio,
                 )
+                incident.see(ratio, run.at)
                 state.incidents["slo"] = incident
                 events.append(_event(incident, "open", run.at, detail))
             return
+        incident.see(ratio, run.at)
         if observed < self.slo_ms / rules.clear_ratio:
             del state.incidents["slo"]
             state.slo_streak, state.slo_since = 0, None
@@ -830,7 +1039,10 @@ class _Core:
                 baseline_ms=self.slo_ms,
                 observed_ms=observed,
                 ratio=ratio,
+                peak_ratio=incident.peak_ratio,
+                peak_at=incident.peak_at,
             )
+            detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
             events.append(_event(resolved, "resolve", run.at, detail, resolved=True))
 
 
@@ -864,6 +1076,8 @@ def _event(
         ratio=incident.ratio,
         error=incident.error,
         detail={"since": incident.since.isoformat(), **detail},
+        peak_ratio=incident.peak_ratio,
+        peak_at=incident.peak_at,
     )
 
 

@@ -209,7 +209,15 @@ class DetectionService:
             "error": event.error,
             "updated_at": now,
             "details": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in event.detail.items()},
+            "peak_ratio": event.peak_ratio,
+            "peak_at": event.peak_at,
         }
+        if event.action == "open":
+            values["opened_baseline_ms"] = event.baseline_ms
+            values["opened_observed_ms"] = event.observed_ms
+        elif event.action == "resolve" and "opened_baseline_ms" in event.detail:
+            values["opened_baseline_ms"] = event.detail["opened_baseline_ms"]
+            values["opened_observed_ms"] = event.detail.get("opened_observed_ms")
         if event.action == "info" or (open_row is None and event.action == "open"):
             incident_id = uuid.uuid4()
             await connection.execute(
@@ -263,6 +271,8 @@ class DetectionService:
             observed_ms=event.observed_ms,
             ratio=event.ratio,
             error_class=event.error,
+            peak_ratio=event.peak_ratio,
+            peak_at=event.peak_at,
             link=series_link(
                 self._config.alerts.base_url,
                 target=series.target,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from itertools import accumulate
 
 # MAD x this estimates the standard deviation of normal data (1 / Phi^-1(3/4)).
 MAD_TO_SIGMA = 1.482602218505602
@@ -65,3 +66,38 @@ def log_ms(ms: float) -> float:
     if not (ms > 0.0 and math.isfinite(ms)):
         raise ValueError(f"a duration must be positive and finite, got {ms!r}")
     return math.log(ms)
+
+
+def clipped_profile(
+    values: Sequence[float], *, center: float, sigma: float, bound: float, block: int
+) -> tuple[float, float]:
+    """(mean, long-run factor) of the values standardised as (v - center) / sigma and clipped to
+    +-bound, in time order.
+
+    The mean is what a CUSUM of such values must subtract to drift down on healthy data: spikes make it
+    larger than the median. The factor is how much more a sum of consecutive values varies than if
+    they were independent: the standard deviation of the sums of every `block` consecutive values over
+    sqrt(block) times that of the values. About 1 for independent noise, larger when load comes and
+    goes; never below 1, and 1 with fewer than two blocks of values.
+    """
+    count = len(values)
+    if count == 0 or sigma <= 0:
+        return 0.0, 1.0
+    low, high = center - bound * sigma, center + bound * sigma
+    clipped = [((v if v < high else high) if v > low else low) for v in values]
+    prefix = [0.0, *accumulate(clipped)]
+    mean = prefix[-1] / count
+    if block < 2 or count < 2 * block:
+        return (mean - center) / sigma, 1.0
+    variance = (sum(z * z for z in clipped) - count * mean * mean) / (count - 1)
+    if variance <= 0:
+        return (mean - center) / sigma, 1.0
+    sums = [prefix[i + block] - prefix[i] for i in range(count - block + 1)]
+    sums_mean = sum(sums) / len(sums)
+    sums_variance = (sum(t * t for t in sums) - len(sums) * sums_mean * sums_mean) / (len(sums) - 1) / block
+    return (mean - center) / sigma, max(1.0, math.sqrt(max(sums_variance, 0.0) / variance))
+
+
+def cusum_step(total: float, value: float, *, allowance: float) -> float:
+    """One step of a one-sided (upward) CUSUM: add `value` minus the `allowance`, never going below 0."""
+    return max(0.0, total + value - allowance)

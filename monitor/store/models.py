@@ -263,6 +263,15 @@ class IncidentRow(Base):
     details: Mapped[dict[str, Any] | None]
     updated_at: Mapped[datetime]
 
+    # ---- detect branch (migration 0003_detect_incidents): what mattered. The baseline and observed
+    # TTFT when the incident opened (baseline_ms/observed_ms/ratio follow its updates and its resolve),
+    # and the highest ratio while it was open, with when.
+    opened_baseline_ms: Mapped[float | None] = mapped_column(Double)
+    opened_observed_ms: Mapped[float | None] = mapped_column(Double)
+    peak_ratio: Mapped[float | None] = mapped_column(Double)
+    peak_at: Mapped[datetime | None]
+    # ---- end of the detect branch's block
+
 
 class DetectorStateRow(Base):
     """The detector's per-series memory (confirmations, hysteresis); `version` for compare-and-set."""

@@ -1,0 +1,44 @@
+"""Where vLLM cannot be installed, its tests are skipped loudly, never silently (tests/vllm_peer.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+from tests.vllm_peer import ENV_VARIABLE
+
+
+def run_vllm_tests(env_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_vllm.py", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, ENV_VARIABLE: str(env_dir)},
+        timeout=120,
+    )
+
+
+def test_an_impossible_install_skips_every_vllm_test_and_the_summary_says_why(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    done = run_vllm_tests(blocker / "vllm-env")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert re.search(r"\b8 skipped\b", output) and " passed" not in output, output
+    assert "VLLM TESTS SKIPPED" in output, output
+    assert f"vLLM cannot be installed here: cannot write {blocker / 'vllm-env'}" in output, output
+    assert f"point {ENV_VARIABLE} at a writable directory" in output, output
+
+
+def test_nothing_is_installed_when_no_vllm_test_is_selected(tmp_path: Path) -> None:
+    env_dir = tmp_path / "vllm-env"
+    done = run_vllm_tests(env_dir, "-m", "not vllm")
+    output = done.stdout + done.stderr
+    assert re.search(r"\b8 deselected\b", output), output
+    assert "VLLM TESTS SKIPPED" not in output, output
+    assert not tmp_path.joinpath("vllm-env.lock").exists() and not env_dir.exists()
