@@ -1,6 +1,7 @@
 """Alembic environment (async). The application passes an open connection in
-`config.attributes["connection"]` (see monitor/store/migrate.py); the alembic command line gives the
-database with `-x url=...` (see migrations/alembic.ini)."""
+`config.attributes["connection"]` (see monitor/store/migrate.py); pytest-alembic passes an engine
+there, async or not (tests/test_store_alembic_checks.py); the alembic command line gives the database
+with `-x url=...` (see migrations/alembic.ini)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from logging.config import fileConfig
 from typing import Any
 
 from alembic import context
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.store.engine import create_engine
 from monitor.store.models import metadata
@@ -37,8 +39,7 @@ def do_run_migrations(connection: Connection) -> None:
         context.run_migrations()
 
 
-async def run_async_migrations(url: str) -> None:
-    engine = create_engine(url)
+async def run_async_migrations(engine: AsyncEngine) -> None:
     try:
         async with engine.connect() as connection:
             await connection.run_sync(do_run_migrations)
@@ -55,11 +56,16 @@ def run_migrations_offline() -> None:
 
 
 def run_migrations_online() -> None:
-    connection = config.attributes.get("connection")
-    if connection is not None:
-        do_run_migrations(connection)
+    connectable = config.attributes.get("connection")
+    if connectable is None:
+        asyncio.run(run_async_migrations(create_engine(_url())))
+    elif isinstance(connectable, AsyncEngine):
+        asyncio.run(run_async_migrations(connectable))
+    elif isinstance(connectable, Engine):
+        with connectable.begin() as connection:
+            do_run_migrations(connection)
     else:
-        asyncio.run(run_async_migrations(_url()))
+        do_run_migrations(connectable)
 
 
 if context.is_offline_mode():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -19,6 +19,16 @@ from monitor.probe.prompts import Calibration
 from monitor.probe.runner import ProviderLimits
 from monitor.schedule.pipeline import JobContext
 
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from monitor.alert.outbox import Dispatcher
+    from monitor.detect.service import DetectionService
+    from monitor.schedule.background import BackgroundStore
+    from monitor.store.repository import Repository
+    from monitor.store.spool import Spool
+    from monitor.store.writer import ResultWriter
+
 
 class InfrastructureError(Exception):
     """The database or the spool is unusable; the message says what to check."""
@@ -26,10 +36,10 @@ class InfrastructureError(Exception):
 
 @dataclass
 class Store:
-    engine: Any
-    repository: Any
-    spool: Any
-    writer: Any
+    engine: AsyncEngine
+    repository: Repository
+    spool: Spool
+    writer: ResultWriter
 
 
 async def open_store(
@@ -38,7 +48,7 @@ async def open_store(
     metrics: Metrics | None,
     retry_s: float | None = None,
     spool_subdir: str | None = None,
-    sleep: Callable[[float], Any] = asyncio.sleep,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> Store:
     """Connect (retrying for `database.connect_retry_s`), refuse a schema behind head, open the spool."""
     from monitor.store.engine import (
@@ -101,7 +111,7 @@ class _WriterEvents:
 
     def __init__(self, metrics: Metrics | None) -> None:
         self.metrics = metrics
-        self.spool: Any = None
+        self.spool: Spool | None = None
         self.log = structlog.get_logger()
 
     def __call__(self, name: str, **fields: Any) -> None:
@@ -178,7 +188,7 @@ async def build_context(
 
 async def attach_detection(
     context: JobContext, store: Store, stack: AsyncExitStack, *, metrics: Metrics | None
-) -> tuple[Any, Any]:
+) -> tuple[Dispatcher, DetectionService]:
     """Detection after every stored run, and the alert dispatcher that delivers its notifications.
 
     Returns (dispatcher, detection service); the caller runs `dispatcher.run(stop)` as its own task
@@ -203,7 +213,7 @@ async def attach_detection(
     return dispatcher, service
 
 
-def start_background_store(context: JobContext, store: Store) -> Any:
+def start_background_store(context: JobContext, store: Store) -> BackgroundStore:
     """Take storing, calibration saves and detection off the probe path (see monitor.schedule.background)."""
     from monitor.schedule.background import BackgroundStore
 

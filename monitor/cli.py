@@ -29,9 +29,11 @@ from monitor.cliargs import (
 
 if TYPE_CHECKING:
     from monitor.logging import Redactor
-    from monitor.probe.command import ProbeOptions
+    from monitor.probe_command import ProbeOptions
 
-EXIT_USAGE = 2
+from monitor.exitcodes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from monitor.probe.apis import FLAVORS
+
 SIM_DEFAULT_PORT = 8400
 
 
@@ -45,7 +47,7 @@ _timeout = positive("seconds", maximum=3600)
 
 
 def _token_list(text: str) -> list[int]:
-    from monitor.probe.command import UsageError, parse_token_list
+    from monitor.probe_command import UsageError, parse_token_list
 
     try:
         return parse_token_list(text)
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument(
         "--api",
         default="openai-chat",
-        choices=["openai-chat", "openai-completions", "anthropic-messages", "openai-responses", "gemini"],
+        choices=list(FLAVORS),
         help="API of --url (default: openai-chat)",
     )
     what.add_argument("--model", help="model name for --url")
@@ -210,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _probe_options(args: argparse.Namespace) -> ProbeOptions:
     from monitor.probe.client import Timeouts
-    from monitor.probe.command import ProbeOptions
+    from monitor.probe_command import ProbeOptions
 
     return ProbeOptions(
         config_path=args.config or os.environ.get(DEFAULT_CONFIG_ENV),
@@ -280,7 +282,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from monitor.logging import configure_logging
 
     # stdout carries the table / JSON / CSV; only warnings go to stderr.
-    from monitor.probe.command import probe_main
+    from monitor.probe_command import probe_main
 
     configure_logging(stream=sys.stderr, level=logging.WARNING)
     options = _probe_options(args)
@@ -315,7 +317,7 @@ def _cmd_sim(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    return 0
+    return EXIT_OK
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
@@ -389,7 +391,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             print("ttft-monitor serve: an empty password cannot be hashed; type one", file=sys.stderr)
             return EXIT_USAGE
         print(hash_password(password))
-        return 0
+        return EXIT_OK
     from monitor.config.errors import ConfigError
     from monitor.config.loader import load_config
     from monitor.config.urls import check_listen_address
@@ -446,11 +448,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
         data = asyncio.run(build())
     except Exception as exc:
         print(f"ttft-monitor report: {describe_db_error(exc, config.database.url)}", file=sys.stderr)
-        return 3
+        return EXIT_INFRA
     text = render(data, args.format, title=f"TTFT comparison, last {args.since}")
     if not args.output:
         sys.stdout.write(text)
-        return 0
+        return EXIT_OK
     try:
         with open(args.output, "w", encoding="utf-8") as out:
             out.write(text)
@@ -458,7 +460,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         print(f"ttft-monitor report: cannot write {args.output}: {exc.strerror}; choose another -o", file=sys.stderr)
         return EXIT_USAGE
     print(f"ttft-monitor report: wrote {args.output} ({len(data['cells'])} cells)", file=sys.stderr)  # type: ignore[arg-type]
-    return 0
+    return EXIT_OK
 
 
 COMMANDS = {

@@ -7,13 +7,14 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import time
 import uuid
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -30,14 +31,23 @@ from monitor.app import (
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
+from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH, EXIT_USAGE
 from monitor.logging import Redactor
 from monitor.metrics.definitions import Metrics
+from monitor.probe.result import Sample
 from monitor.schedule.claims import TickClaims
 from monitor.schedule.maintenance import run_maintenance
 from monitor.schedule.pipeline import JobContext, execute, plan_for_job
 from monitor.store.engine import display_url
 
-EXIT_OK, EXIT_PROBES_FAILED, EXIT_CONFIG, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_PUSH = 0, 1, 2, 3, 4, 5
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from monitor.alert.outbox import Dispatcher
+    from monitor.detect.service import DetectionService
+    from monitor.schedule.scheduler import JobScheduler
+    from monitor.systemd_notify import Notifier
+
 LOOP_LAG_INTERVAL_S = 0.5
 # After the grace, the rest of shutdown (receivers, housekeeping, closing connections) gets this much
 # more, whatever the database does: the unit and manifests allow the grace plus 10 s.
@@ -45,7 +55,7 @@ STOP_EXTRA_S = 3.0
 DISPOSE_TIMEOUT_S = 2.0
 
 
-async def dispose_engine(engine: Any) -> None:
+async def dispose_engine(engine: AsyncEngine) -> None:
     """Close the pool's connections; a hung server must not hold up the exit."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(engine.dispose(), timeout=DISPOSE_TIMEOUT_S)
@@ -67,7 +77,7 @@ def shutdown_grace(config: Config) -> float:
     return config.shutdown_grace_s
 
 
-def _notifier() -> Any:
+def _notifier() -> Notifier | None:
     try:
         from monitor.systemd_notify import Notifier
 
@@ -91,16 +101,18 @@ class DaemonState:
     config: Config
     context: JobContext
     store: Store
-    scheduler: Any  # monitor.schedule.scheduler.JobScheduler (APScheduler is imported only by `run`)
+    scheduler: JobScheduler  # a type only here: APScheduler is imported only by `run`
     owner: str
     claims: TickClaims | None = None
-    detection: Any = None
-    dispatcher: Any = None
+    detection: DetectionService | None = None
+    dispatcher: Dispatcher | None = None
     # Claim bookkeeping after a run, off the job's task (so it never delays the next tick).
     bookkeeping: set[asyncio.Task[None]] = field(default_factory=set)
 
 
-async def _loop_lag_monitor(metrics: Metrics, notifier: Any, watchdog_s: float | None, stop: asyncio.Event) -> None:
+async def _loop_lag_monitor(
+    metrics: Metrics, notifier: Notifier | None, watchdog_s: float | None, stop: asyncio.Event
+) -> None:
     """Measures how late the loop wakes a timer; pets the systemd watchdog only while it keeps turning."""
     loop = asyncio.get_running_loop()
     last_pet = 0.0
@@ -121,8 +133,8 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         config = load_config(config_path)
     except ConfigError as exc:
         log.error("config_invalid", errors=[str(e) for e in exc.errors])
-        print(str(exc), flush=True)
-        return EXIT_CONFIG
+        print(str(exc), file=sys.stderr, flush=True)
+        return EXIT_USAGE
     if redactor is not None:
         redactor.secrets = tuple(secrets_of(config))
     metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
@@ -139,7 +151,7 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             store = await open_store(config, metrics=metrics)
         except InfrastructureError as exc:
             log.error("startup_failed", reason=str(exc))
-            print(f"ttft-monitor run: {exc}", flush=True)
+            print(f"ttft-monitor run: {exc}", file=sys.stderr, flush=True)
             return EXIT_INFRA
         stack.push_async_callback(dispose_engine, store.engine)
         metrics.database_up.set(1)
@@ -185,14 +197,17 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         try:
             ui = ui_routes(config, store.engine)
         except WebConfigError as exc:
-            print(f"ttft-monitor run: {exc}", flush=True)
-            return EXIT_CONFIG
+            log.error("web_config_invalid", error=str(exc))
+            print(f"ttft-monitor run: {exc}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
         try:
             runner = await start_metrics_server(metrics.registry, readiness, config.metrics.listen, routes=ui)
         except OSError as exc:
+            log.error("metrics_listen_failed", listen=config.metrics.listen, error=exc.strerror)
             print(
                 f"ttft-monitor run: cannot listen on {config.metrics.listen} for /metrics: {exc.strerror}; "
                 "change metrics.listen or stop what uses that port",
+                file=sys.stderr,
                 flush=True,
             )
             return EXIT_INFRA
@@ -338,15 +353,19 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
     try:
         config = load_config(config_path)
     except ConfigError as exc:
-        print(str(exc), flush=True)
-        return EXIT_CONFIG
+        log.error("config_invalid", errors=[str(e) for e in exc.errors])
+        print(str(exc), file=sys.stderr, flush=True)
+        return EXIT_USAGE
     if redactor is not None:
         redactor.secrets = tuple(secrets_of(config))
     unknown = [n for n in job_names if n not in {j.name for j in config.jobs}]
     if unknown:
         known = ", ".join(j.name for j in config.jobs) or "none"
-        print(f"ttft-monitor once: --job: unknown job {', '.join(unknown)} (known: {known})", flush=True)
-        return EXIT_CONFIG
+        log.error("unknown_job", jobs=unknown, known=known)
+        print(
+            f"ttft-monitor once: --job: unknown job {', '.join(unknown)} (known: {known})", file=sys.stderr, flush=True
+        )
+        return EXIT_USAGE
     jobs = [j for j in config.jobs if not job_names or j.name in job_names]
     metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
     loop = asyncio.get_running_loop()
@@ -386,7 +405,11 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             )
             if not done:
                 log.warning("once_interrupted", signal=signals[0], phase="connecting", samples=0)
-                print(f"ttft-monitor once: stopped by {signals[0]} before probing; nothing measured", flush=True)
+                print(
+                    f"ttft-monitor once: stopped by {signals[0]} before probing; nothing measured",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return EXIT_INTERRUPTED
             stack.push_async_callback(dispose_engine, store.engine)
             context = await build_context(config, stack, store=store, metrics=metrics)
@@ -397,7 +420,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             earlier = asyncio.create_task(store.writer.drain())
             freeze_heap()
             intended = datetime.now(UTC)
-            samples: list[Any] = []
+            samples: list[Sample] = []
             executions = [
                 asyncio.create_task(
                     execute(
@@ -436,6 +459,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
                 print(
                     f"ttft-monitor once: stopped by {signals[0]} while {phase}; {len(measured)} samples measured, "
                     f"{store.spool.depth} runs wait in the spool, {lost} lost",
+                    file=sys.stderr,
                     flush=True,
                 )
                 return EXIT_INTERRUPTED
@@ -472,13 +496,16 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         print(
             "ttft-monitor once: some samples could be stored neither in the database nor in the spool; "
             "see the results_lost log line",
+            file=sys.stderr,
             flush=True,
         )
         return EXIT_INFRA
     if spooled:
+        log.warning("once_left_in_spool", runs=spooled)
         print(
-            f"ttft-monitor once: the database did not take {spooled} samples; they wait in the spool at "
+            f"ttft-monitor once: the database did not take {spooled} runs; they wait in the spool at "
             f"{Path(config.database.state_dir) / 'spool'} and are written on the next run",
+            file=sys.stderr,
             flush=True,
         )
         return EXIT_INFRA
@@ -486,7 +513,8 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         print(
             "ttft-monitor once: the Pushgateway did not take the metrics; its answer is in the "
             "pushgateway_rejected or pushgateway_unreachable log line",
+            file=sys.stderr,
             flush=True,
         )
         return EXIT_PUSH
-    return EXIT_OK if ok else EXIT_PROBES_FAILED
+    return EXIT_OK if ok else EXIT_FAILED

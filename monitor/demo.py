@@ -20,6 +20,8 @@ from collections import defaultdict, deque
 from pathlib import Path
 from typing import IO, Any
 
+from monitor.alert.receivers.log import EVENT as ALERT_LOG_EVENT
+
 TARGETS = ("qwen3-8b", "qwen3-14b", "gpt-4o-mini")
 SLOWED = "qwen3-14b"
 SLOW_FACTOR = 2.5
@@ -276,7 +278,7 @@ def _follow(
         name = event.get("event")
         if name == "probe_sample":
             table.add(event)
-        elif name in ("alert_notification", "notification") or event.get("receiver_type") == "log":
+        elif name == ALERT_LOG_EVENT:
             table.note(f"\n!!! {event.get('summary') or event.get('message') or json.dumps(event)}\n")
         elif event.get("level") in ("warning", "error"):
             details = {k: v for k, v in event.items() if k not in ("event", "level", "timestamp")}

@@ -22,9 +22,10 @@ REDACTED = "[REDACTED]"
 _KEY_SHAPES = re.compile(
     r"(?:sk-(?:ant-|proj-)?[A-Za-z0-9_\-*]{6,}|(?i:bearer)\s+[A-Za-z0-9._\-~+/*]{6,}=*|whsec_[A-Za-z0-9+/=]{6,})"
 )
-SENSITIVE_HEADERS = frozenset(
-    {"authorization", "x-api-key", "api-key", "proxy-authorization", "cookie", "x-goog-api-key"}
-)
+# Headers that carry credentials: the config refuses literal values for them (only ${VAR}).
+CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"})
+# Headers whose values never reach a log or an error: the credentials, and cookies.
+SENSITIVE_HEADERS = CREDENTIAL_HEADERS | {"cookie"}
 # Query parameters that carry credentials, whatever their length.
 SENSITIVE_QUERY_KEYS = frozenset(
     {
@@ -62,10 +63,6 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     return _KEY_SHAPES.sub(REDACTED, text)
 
 
-def redact_headers(headers: dict[str, str]) -> dict[str, str]:
-    return {k: (REDACTED if k.lower() in SENSITIVE_HEADERS else v) for k, v in headers.items()}
-
-
 def redact_fields(record: Any, names: Iterable[str], secrets: Iterable[str | None]) -> None:
     """Redact the text attributes `names` of `record` in place (None and non-text values are left alone)."""
     known = tuple(secrets)
@@ -84,8 +81,8 @@ def secret_forms(secret: str) -> set[str]:
             # Percent-escapes may come back in lower case (`%2b`); a case-insensitive pattern would be slow.
             forms |= {encoded, re.sub(r"%[0-9A-F]{2}", lambda escape: escape.group(0).lower(), encoded)}
         raw = value.encode()
-        for encoded in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
-            text = encoded.decode()
+        for blob in (base64.b64encode(raw), base64.urlsafe_b64encode(raw)):
+            text = blob.decode()
             forms |= {text, text.rstrip("=")}
     return {form for form in forms if len(form) >= MIN_SECRET_CHARS}
 

@@ -23,10 +23,10 @@ import pytest
 from monitor.alert.outbox import Dispatcher
 from monitor.alert.transport import Transport
 from monitor.store.engine import create_engine
+from tests.alert_fixtures import alerts, notification, outbox_rows, receiver, resolve_incident, store_incident
 from tests.store_fixtures import free_port
-from tests.test_alert_support import alerts, notification, outbox_rows, receiver, resolve_incident, store_incident
 
-pytest_plugins = ("tests.store_fixtures", "tests.test_alert_support")
+pytest_plugins = ("tests.store_fixtures", "tests.alert_fixtures")
 
 BINARY = Path("/usr/bin/prometheus-alertmanager")
 _SKIPPED: list[str] = []

@@ -22,10 +22,10 @@ from monitor.alert.commands import register
 from monitor.config.loader import load_config
 from monitor.store.engine import create_engine
 from monitor.store.models import IncidentRow
+from tests.alert_fixtures import Loopback, Reply, resolve_incident, standard_webhook_problem, store_incident
 from tests.conftest import ROOT
-from tests.test_alert_support import Loopback, Reply, resolve_incident, standard_webhook_problem, store_incident
 
-pytest_plugins = ("tests.store_fixtures", "tests.test_alert_support")
+pytest_plugins = ("tests.store_fixtures", "tests.alert_fixtures")
 
 # The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

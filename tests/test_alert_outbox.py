@@ -20,8 +20,7 @@ from monitor.alert.outbox import Dispatcher, Enqueued, Outbox, RetryPolicy
 from monitor.alert.transport import Transport
 from monitor.config.models import Alerts, Route, Silence
 from monitor.store.models import IncidentRow
-from tests.store_fixtures import Backend
-from tests.test_alert_support import (
+from tests.alert_fixtures import (
     T0,
     Loopback,
     Reply,
@@ -33,8 +32,9 @@ from tests.test_alert_support import (
     resolve_incident,
     store_incident,
 )
+from tests.store_fixtures import Backend
 
-pytest_plugins = ("tests.store_fixtures", "tests.test_alert_support")
+pytest_plugins = ("tests.store_fixtures", "tests.alert_fixtures")
 
 
 @pytest.fixture
@@ -167,6 +167,15 @@ async def test_two_dispatchers_on_one_database_deliver_each_state_change_exactly
             await e.dispose()
 
 
+async def all_sent(engine: AsyncEngine, *, count: int, timeout_s: float = 10) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            rows = await outbox_rows(engine)
+            if len(rows) == count and {row.status for row in rows} == {"sent"}:
+                return
+            await asyncio.sleep(0.05)
+
+
 async def test_two_running_dispatchers_deliver_every_change_once(backend: Backend, loopback: Loopback) -> None:
     config = hook_alerts(loopback, "/a", "/b")
     engines = [backend.engine(), backend.engine()]
@@ -183,7 +192,8 @@ async def test_two_running_dispatchers_deliver_every_change_once(backend: Backen
                 resolved = notification(incident_id=incident, state="resolved", resolved_at=T0 + timedelta(hours=1))
                 await pair[(index + 1) % 2].outbox.notify(resolved)
             await loopback.wait_for(20)
-            await asyncio.sleep(0.3)  # time for a duplicate to show up, if one were coming
+            # Every row sent and committed: no dispatcher claims a sent row again, so no duplicate can follow.
+            await all_sent(engines[0], count=20)
             stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks), timeout=5)
         seen = Counter(delivered(loopback))

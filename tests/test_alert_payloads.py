@@ -16,7 +16,7 @@ from monitor.alert.receivers.base import BuildError
 from monitor.alert.routing import active_silence, route, silence_window
 from monitor.alert.text import fmt_duration, fmt_ms, headline, lines, truncate_bytes
 from monitor.config.models import Route, Silence
-from tests.test_alert_support import (
+from tests.alert_fixtures import (
     INCIDENT,
     LINK,
     T0,

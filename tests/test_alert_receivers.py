@@ -14,8 +14,7 @@ from monitor.alert.deliver import deliver
 from monitor.alert.receivers import KINDS
 from monitor.alert.transport import SendResult, Transport
 from monitor.config.models import Receiver
-from tests.conftest import run_cli
-from tests.test_alert_support import (
+from tests.alert_fixtures import (
     INCIDENT,
     T0,
     Loopback,
@@ -27,8 +26,9 @@ from tests.test_alert_support import (
     receiver,
     standard_webhook_problem,
 )
+from tests.conftest import run_cli
 
-pytest_plugins = ("tests.test_alert_support",)
+pytest_plugins = ("tests.alert_fixtures",)
 
 NOW = T0 + timedelta(minutes=20)
 # The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).

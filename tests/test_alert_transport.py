@@ -10,9 +10,9 @@ import pytest
 
 from monitor.alert.model import HttpRequest
 from monitor.alert.transport import Transport, classify_status, parse_retry_after
-from tests.test_alert_support import Loopback, Reply
+from tests.alert_fixtures import Loopback, Reply
 
-pytest_plugins = ("tests.test_alert_support",)
+pytest_plugins = ("tests.alert_fixtures",)
 
 
 def post(url: str, body: bytes = b"{}") -> HttpRequest:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.probe.api_base import EventInfo, Kind, MalformedEvent, RequestParams
+from monitor.probe.api_base import EventInfo, EventKind, MalformedEvent, RequestParams
 from monitor.probe.apis import FLAVORS
 from monitor.probe.client import Endpoint
 from monitor.probe.sse import SSEEvent
@@ -39,28 +39,28 @@ USAGE = {
 }
 
 CASES = [
-    ("text", chunk([{"text": "The"}]), EventInfo(Kind.ANSWER, served_model=VERSION)),
+    ("text", chunk([{"text": "The"}]), EventInfo(EventKind.ANSWER, served_model=VERSION)),
     (
         "thought summary",
         chunk([{"text": "**Thinking about the question**", "thought": True}]),
-        EventInfo(Kind.REASONING, served_model=VERSION),
+        EventInfo(EventKind.REASONING, served_model=VERSION),
     ),
     (
         "thought, then text in one chunk",
         chunk([{"text": "hmm", "thought": True}, {"text": "Answer"}]),
-        EventInfo(Kind.ANSWER, served_model=VERSION),
+        EventInfo(EventKind.ANSWER, served_model=VERSION),
     ),
     (
         "function call",
         chunk([{"functionCall": {"name": "get_current_weather", "args": {"location": "Boston, MA"}}}]),
-        EventInfo(Kind.TOOL_CALL, served_model=VERSION),
+        EventInfo(EventKind.TOOL_CALL, served_model=VERSION),
     ),
-    ("empty text", chunk([{"text": ""}]), EventInfo(Kind.OTHER, served_model=VERSION)),
+    ("empty text", chunk([{"text": ""}]), EventInfo(EventKind.OTHER, served_model=VERSION)),
     (
         "last text with STOP and usage",
         chunk([{"text": " sky is blue."}], finish="STOP", usage=USAGE),
         EventInfo(
-            Kind.ANSWER,
+            EventKind.ANSWER,
             served_model=VERSION,
             prompt_tokens=2100,
             cached_tokens=2048,
@@ -71,22 +71,22 @@ CASES = [
     (
         "MAX_TOKENS with no text",
         chunk([{"text": ""}], finish="MAX_TOKENS"),
-        EventInfo(Kind.OTHER, served_model=VERSION, finished=True),
+        EventInfo(EventKind.OTHER, served_model=VERSION, finished=True),
     ),
     (
         "SAFETY stop",
         chunk([], finish="SAFETY"),
-        EventInfo(Kind.ERROR, served_model=VERSION, error_message="generation stopped: SAFETY"),
+        EventInfo(EventKind.ERROR, served_model=VERSION, error_message="generation stopped: SAFETY"),
     ),
     (
         "usage only",
         chunk(usage={"promptTokenCount": 8, "totalTokenCount": 8}),
-        EventInfo(Kind.OTHER, served_model=VERSION, prompt_tokens=8),
+        EventInfo(EventKind.OTHER, served_model=VERSION, prompt_tokens=8),
     ),
     (
         "blocked prompt",
         {"promptFeedback": {"blockReason": "SAFETY"}, "modelVersion": VERSION},
-        EventInfo(Kind.ERROR, served_model=VERSION, error_message="prompt blocked: SAFETY"),
+        EventInfo(EventKind.ERROR, served_model=VERSION, error_message="prompt blocked: SAFETY"),
     ),
     (
         "error",
@@ -97,7 +97,7 @@ CASES = [
                 "status": "UNAVAILABLE",
             }
         },
-        EventInfo(Kind.ERROR, error_message="The model is overloaded. Please try again later."),
+        EventInfo(EventKind.ERROR, error_message="The model is overloaded. Please try again later."),
     ),
 ]
 

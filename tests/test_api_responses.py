@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from monitor.probe.api_base import EventInfo, Kind, MalformedEvent, RequestParams
+from monitor.probe.api_base import EventInfo, EventKind, MalformedEvent, RequestParams
 from monitor.probe.apis import FLAVORS
 from monitor.probe.sse import SSEEvent
 
@@ -43,12 +43,12 @@ CASES = [
     (
         "created",
         {"type": "response.created", "sequence_number": 0, "response": response("in_progress")},
-        EventInfo(Kind.OTHER, served_model=SERVED),
+        EventInfo(EventKind.OTHER, served_model=SERVED),
     ),
     (
         "in_progress",
         {"type": "response.in_progress", "sequence_number": 1, "response": response("in_progress")},
-        EventInfo(Kind.OTHER, served_model=SERVED),
+        EventInfo(EventKind.OTHER, served_model=SERVED),
     ),
     (
         "output_item.added",
@@ -58,7 +58,7 @@ CASES = [
             "item": {"id": "msg_123", "status": "in_progress", "type": "message", "role": "assistant", "content": []},
             "sequence_number": 2,
         },
-        EventInfo(Kind.OTHER),
+        EventInfo(EventKind.OTHER),
     ),
     (
         "content_part.added",
@@ -70,7 +70,7 @@ CASES = [
             "part": {"type": "output_text", "text": "", "annotations": []},
             "sequence_number": 3,
         },
-        EventInfo(Kind.OTHER),
+        EventInfo(EventKind.OTHER),
     ),
     (
         "output_text.delta",
@@ -82,17 +82,17 @@ CASES = [
             "delta": "In",
             "sequence_number": 4,
         },
-        EventInfo(Kind.ANSWER),
+        EventInfo(EventKind.ANSWER),
     ),
     (
         "output_text.delta, empty",
         {"type": "response.output_text.delta", "item_id": "msg_123", "delta": "", "sequence_number": 5},
-        EventInfo(Kind.OTHER),
+        EventInfo(EventKind.OTHER),
     ),
     (
         "refusal.delta",
         {"type": "response.refusal.delta", "item_id": "msg_123", "delta": "refusal text so far", "sequence_number": 6},
-        EventInfo(Kind.ANSWER),
+        EventInfo(EventKind.ANSWER),
     ),
     (
         "reasoning_summary_text.delta",
@@ -104,7 +104,7 @@ CASES = [
             "delta": '**Responding to a greeting**\n\nThe user just said, "Hello!"',
             "sequence_number": 1,
         },
-        EventInfo(Kind.REASONING),
+        EventInfo(EventKind.REASONING),
     ),
     (
         "reasoning_text.delta",
@@ -116,7 +116,7 @@ CASES = [
             "delta": "The",
             "sequence_number": 1,
         },
-        EventInfo(Kind.REASONING),
+        EventInfo(EventKind.REASONING),
     ),
     (
         "function_call_arguments.delta",
@@ -127,7 +127,7 @@ CASES = [
             "delta": '{ "arg":',
             "sequence_number": 1,
         },
-        EventInfo(Kind.TOOL_CALL),
+        EventInfo(EventKind.TOOL_CALL),
     ),
     (
         "output_text.done",
@@ -139,12 +139,12 @@ CASES = [
             "text": "In a shimmering forest under a sky full of stars...",
             "sequence_number": 7,
         },
-        EventInfo(Kind.OTHER),
+        EventInfo(EventKind.OTHER),
     ),
     (
         "completed",
         {"type": "response.completed", "response": response("completed", usage=USAGE), "sequence_number": 8},
-        EventInfo(Kind.DONE, served_model=SERVED, prompt_tokens=2006, completion_tokens=12, cached_tokens=1920),
+        EventInfo(EventKind.DONE, served_model=SERVED, prompt_tokens=2006, completion_tokens=12, cached_tokens=1920),
     ),
     (
         "incomplete at max_output_tokens",
@@ -153,7 +153,7 @@ CASES = [
             "response": response("incomplete", incomplete_details={"reason": "max_output_tokens"}, usage=USAGE),
             "sequence_number": 8,
         },
-        EventInfo(Kind.DONE, served_model=SERVED, prompt_tokens=2006, completion_tokens=12, cached_tokens=1920),
+        EventInfo(EventKind.DONE, served_model=SERVED, prompt_tokens=2006, completion_tokens=12, cached_tokens=1920),
     ),
     (
         "incomplete for another reason",
@@ -162,7 +162,7 @@ CASES = [
             "response": response("incomplete", incomplete_details={"reason": "content_filter"}),
             "sequence_number": 8,
         },
-        EventInfo(Kind.ERROR, served_model=SERVED, error_message="response incomplete: content_filter"),
+        EventInfo(EventKind.ERROR, served_model=SERVED, error_message="response incomplete: content_filter"),
     ),
     (
         "failed",
@@ -171,7 +171,7 @@ CASES = [
             "response": response("failed", error={"code": "server_error", "message": "The model failed to generate"}),
             "sequence_number": 8,
         },
-        EventInfo(Kind.ERROR, served_model=SERVED, error_message="response failed: The model failed to generate"),
+        EventInfo(EventKind.ERROR, served_model=SERVED, error_message="response failed: The model failed to generate"),
     ),
     (
         "error",
@@ -182,7 +182,7 @@ CASES = [
             "param": None,
             "sequence_number": 1,
         },
-        EventInfo(Kind.ERROR, error_message="Something went wrong"),
+        EventInfo(EventKind.ERROR, error_message="Something went wrong"),
     ),
 ]
 

@@ -544,3 +544,29 @@ def test_the_commented_out_examples_in_the_example_config_are_valid() -> None:
         "config.yaml: providers.vllm.tls.ca_file: CA file /etc/ssl/internal-ca.pem does not exist "
         "(relative paths start at the working directory)",
     ]
+
+
+def test_every_registered_api_flavour_and_receiver_kind_is_accepted_by_the_config():
+    from monitor.alert.receivers import KINDS
+    from monitor.config.models import Provider, Receiver
+    from monitor.probe.apis import FLAVORS
+
+    for name in FLAVORS:
+        assert Provider.model_validate({"base_url": "http://127.0.0.1:8400/v1", "api": name}).api == name
+    for name in KINDS:
+        assert Receiver.model_construct(type=name).type == name
+        assert name in str(Receiver.model_json_schema()["properties"]["type"])
+
+
+@pytest.mark.parametrize("first", ["monitor.alert.receivers", "monitor.config", "monitor.probe.apis", "monitor.cli"])
+def test_the_registries_and_the_config_import_in_any_order(first: str) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {first}, monitor.config.models, monitor.alert.receivers"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr

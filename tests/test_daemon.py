@@ -12,7 +12,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -289,7 +289,7 @@ def test_two_daemons_on_one_database_run_every_tick_exactly_once(
     try:
         wait_ready(a)
         wait_ready(b)
-        time.sleep(9)
+        wait_until(lambda: _ticks_seen(a, b) >= (4, 3), timeout=45)
     finally:
         assert stop_daemon(a) == 0
         assert stop_daemon(b) == 0
@@ -302,6 +302,20 @@ def test_two_daemons_on_one_database_run_every_tick_exactly_once(
     runs = _query(shared, "select intended_at from runs where job = 'tick'")
     assert len(runs) == len(set(runs)) == len(ran_a) + len(ran_b)
     assert len(_query(shared, "select id from job_ticks")) == len(runs)
+
+
+def _ticks_seen(*daemons: Daemon) -> tuple[int, int]:
+    """(runs finished, ticks left to the other daemon) over all `daemons`."""
+    finished = sum(len(d.events("job_finished")) for d in daemons)
+    skipped = sum(len(d.events("tick_claimed_elsewhere")) for d in daemons)
+    return finished, skipped
+
+
+def wait_until(condition: Callable[[], bool], *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.2)
 
 
 def _admin(url: str, statement: str) -> None:

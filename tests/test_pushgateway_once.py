@@ -187,7 +187,7 @@ def test_a_rejected_push_fails_the_run_with_the_gateways_answer_logged(
     config = write_config(tmp_path, sim, pushgateway.url)
     result = run_cli("once", "--config", str(config), "--job", "alpha")
     assert result.code == 5, str(result)
-    assert "Pushgateway did not take the metrics" in result.stdout
+    assert "Pushgateway did not take the metrics" in result.stderr
     rejected = [
         json.loads(line)
         for line in result.stdout.splitlines()

@@ -293,3 +293,17 @@ def test_names_from_the_config_are_made_storable_once_per_run_and_in_every_sampl
     )
     assert {(s.model, s.prompt) for s in members} == {("Qwen\ufffd", "p\ufffd")}
     json.dumps(run_to_dict(run), ensure_ascii=False).encode()  # the spool can write it
+
+
+def test_every_sample_field_has_a_column_and_every_samples_column_a_field():
+    from dataclasses import fields
+
+    from monitor.store.models import SAMPLES
+    from monitor.store.records import SAMPLE_COLUMN_FIELDS, SAMPLE_FIELDS_STORED_APART, UNSTORED_SAMPLE_FIELDS
+
+    sample_fields = {f.name for f in fields(Sample)}
+    accounted = set(SAMPLE_COLUMN_FIELDS.values()) | SAMPLE_FIELDS_STORED_APART | UNSTORED_SAMPLE_FIELDS
+    assert sample_fields - accounted == set(), "Sample fields with no column: map them in SAMPLE_COLUMN_FIELDS"
+    assert accounted - sample_fields == set(), "mapped names that are not Sample fields"
+    columns = {column.name for column in SAMPLES.c}
+    assert columns == {*SAMPLE_COLUMN_FIELDS, "id", "run_id", "error"}

@@ -17,14 +17,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from monitor.probe.apis import FLAVORS, EventInfo, Kind
+from monitor.probe.apis import FLAVORS, EventInfo, EventKind
 from monitor.probe.sse import SSEEvent, SSEParser
 from tests.conftest import run_cli
 
 STREAMS = Path(__file__).resolve().parent / "streams" / "vllm"
 REQUESTS = json.loads((STREAMS / "requests.json").read_text())["streams"]
 # What counts as a generated token: every kind but these (a tool-call kind, where there is one, counts).
-NOT_TOKENS = {Kind.OTHER, Kind.DONE, Kind.ERROR}
+NOT_TOKENS = {EventKind.OTHER, EventKind.DONE, EventKind.ERROR}
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,9 @@ def test_the_first_token_is_the_first_event_with_generated_text(capture: Capture
     assert token_at == with_text
     assert token_at[0] == capture.first_token_at, [e.data[:100] for e in events[: capture.first_token_at + 1]]
     before = infos[: capture.first_token_at]
-    assert all(info.kind is Kind.OTHER for info in before), f"{capture.first_event}: {before}"
+    assert all(info.kind is EventKind.OTHER for info in before), f"{capture.first_event}: {before}"
     assert len(token_at) == capture.token_events
-    assert all(infos[i].kind is Kind.ANSWER for i in token_at)
+    assert all(infos[i].kind is EventKind.ANSWER for i in token_at)
 
 
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda c: c.id)
@@ -123,11 +123,11 @@ def test_usage_and_the_served_model_come_out_of_a_real_stream(capture: Capture) 
 @pytest.mark.parametrize("capture", CAPTURES, ids=lambda c: c.id)
 def test_a_real_stream_ends_as_its_api_says(capture: Capture) -> None:
     events, infos = classify(capture)
-    assert not [info for info in infos if info.kind is Kind.ERROR]
+    assert not [info for info in infos if info.kind is EventKind.ERROR]
     last = events[-1].data if events[-1].data == "[DONE]" else json.loads(events[-1].data)["type"]
     assert last == capture.last_event
-    assert infos[-1].kind is Kind.DONE
-    assert [info.kind for info in infos].count(Kind.DONE) == 1
+    assert infos[-1].kind is EventKind.DONE
+    assert [info.kind for info in infos].count(EventKind.DONE) == 1
 
 
 class _ReplayHandler(BaseHTTPRequestHandler):

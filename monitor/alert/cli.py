@@ -30,13 +30,9 @@ from monitor.config.secrets import new_webhook_secret
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.alert.commands import (
-    EXIT_DATABASE,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    register,
-)
+from monitor.alert.commands import register
+from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from monitor.table import table_lines
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
@@ -69,10 +65,10 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         return asyncio.run(_incidents(config, args.format, args.days, out))
     except StoreError as exc:
         err.write(f"ttft-monitor {name}: {exc}\n")
-        return EXIT_DATABASE
+        return EXIT_INFRA
     except Exception as exc:  # a database error we did not classify: one line, never a traceback
         err.write(f"ttft-monitor {name}: {describe_db_error(exc, config.database.url)}\n")
-        return EXIT_DATABASE
+        return EXIT_INFRA
 
 
 # ---------------------------------------------------------------- alert test
@@ -261,7 +257,7 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
     # Baseline and observed as at opening, and the peak: for a resolved incident the ratio at the
     # moment it cleared (1.05x, say) says nothing about how bad it was.
     header = ("STATE", "SEVERITY", "KIND", "SERIES", "OPENED", "FOR", "BASELINE", "OBSERVED", "PEAK", "ERROR", "ID")
-    rows = [header]
+    rows = []
     for item in incidents:
         end = item.resolved_at or now
         rows.append(
@@ -279,8 +275,7 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
                 str(item.id)[:8],
             )
         )
-    widths = [max(len(row[col]) for row in rows) for col in range(len(header))]
-    lines = ["  ".join(cell.ljust(widths[col]) for col, cell in enumerate(row)).rstrip() for row in rows]
+    lines = table_lines(header, rows)
     open_count = sum(1 for item in incidents if item.resolved_at is None)
     lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")
     return "\n".join(lines) + "\n"

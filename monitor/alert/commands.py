@@ -6,7 +6,6 @@ from typing import Any
 
 from monitor.cliargs import config_arg, non_negative
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
 DEFAULT_RECENT_DAYS = 7.0
 
 

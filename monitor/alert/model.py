@@ -18,9 +18,6 @@ State = Literal["firing", "resolved", "info"]
 # How a delivery attempt ended: only `transient` failures are worth retrying.
 Outcome = Literal["ok", "transient", "permanent"]
 STATES: tuple[State, ...] = ("firing", "resolved", "info")
-# Kinds the detector raises, plus `test` for `ttft-monitor alert test`.
-KINDS = ("regression", "availability", "slo", "model_changed", "test")
-SEVERITIES = ("page", "ticket", "info")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

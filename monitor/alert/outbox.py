@@ -35,7 +35,6 @@ from typing import Any
 
 import sqlalchemy as sa
 import structlog
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.deliver import deliver
@@ -47,6 +46,7 @@ from monitor.alert.transport import SendResult, Transport
 from monitor.config.models import Alerts, Receiver
 from monitor.store.engine import write_transaction
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow
+from monitor.store.statements import upsert_insert
 
 PENDING, SENT, FAILED, SUPPRESSED, SUPERSEDED = "pending", "sent", "failed", "suppressed", "superseded"
 OUTBOX: sa.Table = AlertOutboxRow.__table__  # type: ignore[assignment]
@@ -75,7 +75,7 @@ def dedup_key(notification: Notification, receiver: str) -> str:
 
 
 def _insert(connection: AsyncConnection) -> Any:
-    return (postgresql.insert if connection.dialect.name == "postgresql" else sqlite.insert)(OUTBOX)
+    return upsert_insert(connection, OUTBOX)
 
 
 _transaction = write_transaction

@@ -11,9 +11,8 @@ from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
 from monitor.config.urls import mask_password
+from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 
-EXIT_OK = 0
-EXIT_INVALID = 2
 NEXT_RUNS_SHOWN = 3
 
 
@@ -24,7 +23,7 @@ def check_config(
     try:
         config = load_config(path, environ=environ)
     except ConfigError as exc:
-        return EXIT_INVALID, str(exc)
+        return EXIT_USAGE, str(exc)
     return EXIT_OK, render_summary(config, path=str(path), now=now or datetime.now(UTC))
 
 

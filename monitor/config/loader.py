@@ -20,6 +20,7 @@ from monitor.config.messages import translate
 from monitor.config.models import ENV_NAME_PATTERN, REFERENCE_ERROR_TYPE, Config, format_path
 from monitor.config.references import reference_problems
 from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret, webhook_secret_key
+from monitor.redact import CREDENTIAL_HEADERS
 
 Loc = tuple[str | int, ...]
 
@@ -27,9 +28,6 @@ Loc = tuple[str | int, ...]
 MAX_CONFIG_BYTES = 1024 * 1024
 MAX_YAML_VALUES = 100_000
 MAX_YAML_DEPTH = 64
-
-# Headers that carry credentials; their values must come from ${VAR}, never sit in the file.
-CREDENTIAL_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "x-goog-api-key"})
 
 
 def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -> Config:

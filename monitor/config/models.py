@@ -11,7 +11,7 @@ import re
 from datetime import datetime
 from pathlib import Path
 from types import UnionType
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 from apscheduler.triggers.cron import CronTrigger
 from pydantic import (
@@ -27,10 +27,21 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from monitor.alert.receivers import KINDS as RECEIVER_KINDS
 from monitor.config.cron import build_trigger, resolve_timezone
 from monitor.config.references import reference_problems
 from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
+from monitor.probe.apis import FLAVORS
 from monitor.redact import SENSITIVE_HEADERS, mask_url, url_credentials
+
+# The allowed values come from the registries, so a new API flavour or receiver is one module and one
+# registry line; pydantic still reports "not one of ..." with the full list, in registry order.
+if TYPE_CHECKING:
+    ApiName = str
+    ReceiverType = str
+else:
+    ApiName = Literal[tuple(FLAVORS)]
+    ReceiverType = Literal[tuple(RECEIVER_KINDS)]
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.-]+$")
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -163,7 +174,7 @@ DEFAULT_TTFT_BUCKETS_S = (
 )
 
 
-class Metrics(ConfigModel):
+class MetricsSettings(ConfigModel):
     listen: str = Field(
         "127.0.0.1:9464",
         description="HOST:PORT for the Prometheus `/metrics` endpoint (`[::1]:9464` for IPv6).",
@@ -204,7 +215,7 @@ class Metrics(ConfigModel):
 # ---------------------------------------------------------------- providers and targets
 
 
-class Timeouts(ConfigModel):
+class TimeoutSettings(ConfigModel):
     connect: float = Field(10, gt=0, le=3600, description="Seconds allowed for DNS, TCP and TLS set-up.")
     first_token: float = Field(
         60, gt=0, le=3600, description="Seconds from sending the request to the first token before giving up."
@@ -212,7 +223,7 @@ class Timeouts(ConfigModel):
     total: float = Field(300, gt=0, le=3600, description="Seconds allowed for the whole streamed response.")
 
     @model_validator(mode="after")
-    def _check_order(self) -> Timeouts:
+    def _check_order(self) -> TimeoutSettings:
         if not self.connect <= self.first_token <= self.total:
             raise ValueError(
                 f"timeouts must satisfy connect <= first_token <= total, got connect={self.connect:g}, "
@@ -242,7 +253,7 @@ class Provider(ConfigModel):
         description="API base URL including the version prefix, e.g. `https://api.openai.com/v1`. "
         "A trailing slash is removed."
     )
-    api: Literal["openai-chat", "openai-completions", "anthropic-messages", "openai-responses", "gemini"] = Field(
+    api: ApiName = Field(
         description="Wire protocol: `openai-chat` (/chat/completions), `openai-completions` (/completions), "
         "`anthropic-messages` (/messages), `openai-responses` (/responses) or `gemini` "
         "(/models/MODEL:streamGenerateContent?alt=sse, base_url e.g. "
@@ -262,7 +273,7 @@ class Provider(ConfigModel):
         default_factory=dict,
         description="Extra HTTP headers sent with every request. Values may use `${VAR}` for secrets.",
     )
-    timeout_s: Timeouts = Field(default_factory=Timeouts, description="Per-request time limits.")
+    timeout_s: TimeoutSettings = Field(default_factory=TimeoutSettings, description="Per-request time limits.")
     max_concurrency: int = Field(
         4,
         ge=1,
@@ -580,9 +591,7 @@ class Detection(ConfigModel):
 
 
 class Receiver(ConfigModel):
-    type: Literal["webhook", "slack", "pagerduty", "alertmanager", "feishu", "dingtalk", "wecom", "log"] = Field(
-        description="Kind of destination."
-    )
+    type: ReceiverType = Field(description="Kind of destination.")
     url: str | None = Field(None, description="Destination URL. Webhook URLs are often secrets: prefer `url_env`.")
     url_env: EnvName = Field(None, description="Name of the environment variable holding the URL.")
     secret_env: EnvName = Field(
@@ -763,7 +772,7 @@ class Config(ConfigModel):
         description="Where this monitor runs (e.g. `fra-dc1`); a label on every result.",
     )
     database: Database = Field(default_factory=Database, description="Where results are stored.")
-    metrics: Metrics = Field(default_factory=Metrics, description="Prometheus exposition.")
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings, description="Prometheus exposition.")
     providers: dict[Name, Provider] = Field(default_factory=dict, description="API endpoints, by name.")
     targets: dict[Name, Target] = Field(
         default_factory=dict, description="What to probe: a model on a provider, by name."
@@ -797,10 +806,6 @@ class Config(ConfigModel):
                 return job
         known = ", ".join(job.name for job in self.jobs) or "none"
         raise KeyError(f"no job named '{name}' (known: {known})")
-
-    def provider_of(self, target_name: str) -> Provider:
-        """The provider the target called `target_name` runs on."""
-        return self.providers[self.targets[target_name].provider]
 
 
 def format_path(loc: tuple[str | int, ...]) -> str:

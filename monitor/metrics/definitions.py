@@ -163,7 +163,9 @@ class Metrics:
             registry=r,
         )
         self.spool_records = Gauge(
-            "ttft_monitor_spool_records", "Samples waiting in the local spool for the database.", registry=r
+            "ttft_monitor_spool_records",
+            "Runs (with their samples) waiting in the local spool for the database.",
+            registry=r,
         )
         self.spool_bytes = Gauge("ttft_monitor_spool_bytes", "Size of the local spool.", registry=r)
         self.baseline = Gauge(

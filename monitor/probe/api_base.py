@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Protocol
 from monitor.probe.sse import SSEEvent
 
 
-class Kind(Enum):
+class EventKind(Enum):
     OTHER = "other"  # role chunk, ping, usage-only, empty delta: not a token
     REASONING = "reasoning"  # a generated token, but not yet the visible answer
     ANSWER = "answer"  # visible content
@@ -24,7 +24,7 @@ class Kind(Enum):
 
 @dataclass(slots=True)
 class EventInfo:
-    kind: Kind = Kind.OTHER
+    kind: EventKind = EventKind.OTHER
     served_model: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None

@@ -14,8 +14,8 @@ from monitor.probe.api_base import (
     TOOL_PARAMETERS,
     ApiFlavor,
     EventInfo,
+    EventKind,
     FixedPath,
-    Kind,
     MalformedEvent,
     RequestParams,
     error_text,
@@ -26,7 +26,7 @@ from monitor.probe.gemini import Gemini
 from monitor.probe.openai_responses import OpenAIResponses
 from monitor.probe.sse import SSEEvent
 
-__all__ = ["FLAVORS", "ApiFlavor", "EventInfo", "Kind", "MalformedEvent", "RequestParams"]
+__all__ = ["FLAVORS", "ApiFlavor", "EventInfo", "EventKind", "MalformedEvent", "RequestParams"]
 
 
 def _openai_usage(info: EventInfo, usage: Any) -> None:
@@ -56,11 +56,11 @@ class _OpenAIBase(FixedPath):
 
     def classify(self, event: SSEEvent) -> EventInfo:
         if event.data.strip() == "[DONE]":
-            return EventInfo(Kind.DONE)
+            return EventInfo(EventKind.DONE)
         obj = load_event(event.data)
         info = EventInfo(served_model=obj.get("model"))
         if "error" in obj:
-            info.kind = Kind.ERROR
+            info.kind = EventKind.ERROR
             info.error_message = error_text(obj["error"])
             return info
         _openai_usage(info, obj.get("usage"))
@@ -72,7 +72,7 @@ class _OpenAIBase(FixedPath):
             info.kind = self._choice_kind(choice)
         return info
 
-    def _choice_kind(self, choice: dict[str, Any]) -> Kind:
+    def _choice_kind(self, choice: dict[str, Any]) -> EventKind:
         raise NotImplementedError
 
 
@@ -89,18 +89,18 @@ class OpenAIChat(_OpenAIBase):
             body["tool_choice"] = {"type": "function", "function": {"name": TOOL_NAME}}
         return merge_extra(body, params.extra_body)
 
-    def _choice_kind(self, choice: dict[str, Any]) -> Kind:
+    def _choice_kind(self, choice: dict[str, Any]) -> EventKind:
         delta = choice.get("delta")
         if not isinstance(delta, dict):
-            return Kind.OTHER
+            return EventKind.OTHER
         if delta.get("content"):
-            return Kind.ANSWER
+            return EventKind.ANSWER
         if delta.get("tool_calls") or delta.get("function_call"):
-            return Kind.TOOL_CALL
+            return EventKind.TOOL_CALL
         # vLLM before 0.9 and DeepSeek say reasoning_content; newer vLLM and OpenRouter say reasoning.
         if delta.get("reasoning_content") or delta.get("reasoning"):
-            return Kind.REASONING
-        return Kind.OTHER
+            return EventKind.REASONING
+        return EventKind.OTHER
 
 
 class OpenAICompletions(_OpenAIBase):
@@ -112,8 +112,8 @@ class OpenAICompletions(_OpenAIBase):
         body["prompt"] = prompt
         return merge_extra(body, params.extra_body)
 
-    def _choice_kind(self, choice: dict[str, Any]) -> Kind:
-        return Kind.ANSWER if choice.get("text") else Kind.OTHER
+    def _choice_kind(self, choice: dict[str, Any]) -> EventKind:
+        return EventKind.ANSWER if choice.get("text") else EventKind.OTHER
 
 
 class AnthropicMessages(FixedPath):
@@ -148,11 +148,11 @@ class AnthropicMessages(FixedPath):
             delta = obj.get("delta") or {}
             dtype = delta.get("type")
             if dtype == "text_delta" and delta.get("text"):
-                info.kind = Kind.ANSWER
+                info.kind = EventKind.ANSWER
             elif dtype == "input_json_delta" and delta.get("partial_json"):
-                info.kind = Kind.TOOL_CALL
+                info.kind = EventKind.TOOL_CALL
             elif dtype == "thinking_delta" and delta.get("thinking"):
-                info.kind = Kind.REASONING
+                info.kind = EventKind.REASONING
         elif kind == "message_start":
             message = obj.get("message") or {}
             info.served_model = message.get("model")
@@ -166,9 +166,9 @@ class AnthropicMessages(FixedPath):
             usage = obj.get("usage") or {}
             info.completion_tokens = usage.get("output_tokens")
         elif kind == "message_stop":
-            info.kind = Kind.DONE
+            info.kind = EventKind.DONE
         elif kind == "error":
-            info.kind = Kind.ERROR
+            info.kind = EventKind.ERROR
             info.error_message = error_text(obj.get("error"))
         return info
 

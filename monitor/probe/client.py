@@ -39,7 +39,7 @@ from aiohttp.client_proto import ResponseHandler
 from yarl import URL
 
 from monitor.config.urls import api_url
-from monitor.probe.apis import ApiFlavor, Kind, MalformedEvent, RequestParams
+from monitor.probe.apis import ApiFlavor, EventKind, MalformedEvent, RequestParams
 from monitor.probe.result import ErrorClass, Sample
 from monitor.probe.sse import SSEError, SSEParser
 from monitor.probe.stats import percentile
@@ -465,17 +465,17 @@ class _EventReader:
             if info.completion_tokens is not None:
                 sample.completion_tokens = info.completion_tokens
             kind = info.kind
-            if kind is Kind.ANSWER or kind is Kind.REASONING or kind is Kind.TOOL_CALL:
+            if kind is EventKind.ANSWER or kind is EventKind.REASONING or kind is EventKind.TOOL_CALL:
                 self.token_stamps.append(arrived)
-                if kind is not Kind.REASONING and self.first_answer is None:
+                if kind is not EventKind.REASONING and self.first_answer is None:
                     self.first_answer = arrived
-                if kind is Kind.TOOL_CALL and self.first_tool_call is None:
+                if kind is EventKind.TOOL_CALL and self.first_tool_call is None:
                     self.first_tool_call = arrived
-            elif kind is Kind.DONE:
+            elif kind is EventKind.DONE:
                 self.done = True
             if info.finished:
                 self.done = True
-            elif kind is Kind.ERROR:
+            elif kind is EventKind.ERROR:
                 sample.error = ErrorClass.STREAM_ERROR
                 sample.error_message = redact(
                     f"error event in the stream after {len(self.token_stamps)} tokens: {info.error_message}",

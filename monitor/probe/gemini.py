@@ -15,7 +15,7 @@ from monitor.probe.api_base import (
     TOOL_NAME,
     TOOL_PARAMETERS,
     EventInfo,
-    Kind,
+    EventKind,
     MalformedEvent,
     RequestParams,
     error_text,
@@ -54,7 +54,7 @@ class Gemini:
         obj = load_event(event.data)
         info = EventInfo(served_model=obj.get("modelVersion"))
         if "error" in obj:
-            info.kind = Kind.ERROR
+            info.kind = EventKind.ERROR
             info.error_message = error_text(obj["error"])
             return info
         usage = obj.get("usageMetadata")
@@ -69,7 +69,7 @@ class Gemini:
         if not candidates:
             blocked = (obj.get("promptFeedback") or {}).get("blockReason")
             if blocked:
-                info.kind = Kind.ERROR
+                info.kind = EventKind.ERROR
                 info.error_message = f"prompt blocked: {blocked}"
             return info
         candidate = candidates[0]
@@ -77,15 +77,15 @@ class Gemini:
             raise MalformedEvent("candidates[0] is not an object")
         for part in (candidate.get("content") or {}).get("parts") or ():
             if part.get("functionCall"):
-                info.kind = Kind.TOOL_CALL
-            elif part.get("text") and info.kind is Kind.OTHER:
-                info.kind = Kind.REASONING if part.get("thought") else Kind.ANSWER
-            elif part.get("text") and not part.get("thought") and info.kind is Kind.REASONING:
-                info.kind = Kind.ANSWER
+                info.kind = EventKind.TOOL_CALL
+            elif part.get("text") and info.kind is EventKind.OTHER:
+                info.kind = EventKind.REASONING if part.get("thought") else EventKind.ANSWER
+            elif part.get("text") and not part.get("thought") and info.kind is EventKind.REASONING:
+                info.kind = EventKind.ANSWER
         reason = candidate.get("finishReason")
         if reason in _NORMAL_ENDS:
             info.finished = True
         elif reason:
-            info.kind = Kind.ERROR
+            info.kind = EventKind.ERROR
             info.error_message = f"generation stopped: {reason}"
         return info

@@ -15,8 +15,8 @@ from monitor.probe.api_base import (
     TOOL_NAME,
     TOOL_PARAMETERS,
     EventInfo,
+    EventKind,
     FixedPath,
-    Kind,
     RequestParams,
     error_text,
     load_event,
@@ -70,28 +70,28 @@ class OpenAIResponses(FixedPath):
         kind = obj.get("type") or event.event
         info = EventInfo()
         if kind in _ANSWER:
-            info.kind = Kind.ANSWER if obj.get("delta") else Kind.OTHER
+            info.kind = EventKind.ANSWER if obj.get("delta") else EventKind.OTHER
         elif kind in _REASONING:
-            info.kind = Kind.REASONING if obj.get("delta") else Kind.OTHER
+            info.kind = EventKind.REASONING if obj.get("delta") else EventKind.OTHER
         elif kind in _TOOL_CALL:
-            info.kind = Kind.TOOL_CALL if obj.get("delta") else Kind.OTHER
+            info.kind = EventKind.TOOL_CALL if obj.get("delta") else EventKind.OTHER
         elif kind == "error":
-            info.kind = Kind.ERROR
+            info.kind = EventKind.ERROR
             info.error_message = error_text(obj.get("error") or obj)
         elif kind in _ENDS or kind in ("response.created", "response.in_progress"):
             response = obj.get("response") or {}
             info.served_model = response.get("model")
             _usage(info, response)
             if kind == "response.completed":
-                info.kind = Kind.DONE
+                info.kind = EventKind.DONE
             elif kind == "response.incomplete":
                 reason = (response.get("incomplete_details") or {}).get("reason")
                 if reason == "max_output_tokens":
-                    info.kind = Kind.DONE
+                    info.kind = EventKind.DONE
                 else:
-                    info.kind = Kind.ERROR
+                    info.kind = EventKind.ERROR
                     info.error_message = f"response incomplete: {reason or 'no reason given'}"
             elif kind == "response.failed":
-                info.kind = Kind.ERROR
+                info.kind = EventKind.ERROR
                 info.error_message = f"response failed: {error_text(response.get('error') or 'no error given')}"
         return info

@@ -12,6 +12,7 @@ from typing import Any
 
 from monitor.probe.result import SAMPLE_FIELDS, Sample
 from monitor.probe.stats import median, percentile
+from monitor.table import table_lines
 
 
 @dataclass(slots=True)
@@ -93,15 +94,7 @@ def render_table(rows: Sequence[SeriesSummary], *, show_setup: bool = False) -> 
         if show_setup:
             line.append(_num(r.setup_ms_p50))
         body.append(line)
-    widths = [max(len(h), *(len(row[i]) for row in body)) if body else len(h) for i, h in enumerate(headers)]
-
-    def fmt(cells: list[str]) -> str:
-        pairs = enumerate(zip(cells, widths, strict=True))
-        padded = (c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in pairs)
-        return "  ".join(padded).rstrip()
-
-    lines = [fmt(headers), fmt(["-" * w for w in widths])]
-    lines.extend(fmt(row) for row in body)
+    lines = table_lines(headers, body, left_columns=2, rule=True)
     lines.append("times in ms; tokens = median prompt tokens the server reported; warm-up rounds excluded")
     error_lines = [
         f"  {r.target} / {r.prompt}: " + ", ".join(f"{k} x{v}" for k, v in sorted(r.errors.items()))

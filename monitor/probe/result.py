@@ -33,7 +33,7 @@ class ErrorClass(StrEnum):
 
 @dataclass(slots=True)
 class Sample:
-    """One streamed request. Durations are milliseconds from `sent_ns` on one monotonic clock."""
+    """One streamed request. Durations are milliseconds from the request being sent, on one monotonic clock."""
 
     target: str
     model: str

@@ -99,10 +99,6 @@ class SSEParser:
         self._reset_event()
         return []
 
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._buffer)
-
     def _reset_event(self) -> None:
         self._data = []
         self._has_data = False

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
+from monitor.store.records import Batch
+
 AFTERCARE_TIMEOUT_S = 10.0
 
-Batch = Sequence[tuple[Any, Sequence[Any]]]  # (RunRecord, samples)
 AfterStore = Callable[[str, Batch], Awaitable[None]]
 SaveCalibration = Callable[[tuple[str, str], float, float], Awaitable[None]]
 

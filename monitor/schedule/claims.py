@@ -18,10 +18,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from sqlalchemy import update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.store.models import JobTickRow
+from monitor.store.models import JobTickRow, table_of
+from monitor.store.statements import upsert_insert
 
 CLAIM_TIMEOUT_S = 1.5
 CLAIMS_REST_S = 10.0
@@ -43,8 +43,7 @@ class TickClaims:
         self._clock = clock
         self._resting_until = 0.0
         self._attempts: set[asyncio.Task[bool]] = set()
-        dialect = postgresql if engine.dialect.name == "postgresql" else sqlite
-        self._insert = dialect.insert(JobTickRow.__table__)
+        self._insert = upsert_insert(engine, table_of(JobTickRow))
 
     async def claim(self, *, job: str, scheduled_at: datetime, location: str, owner: str) -> bool:
         """True when this process won the tick; False when another daemon already has it."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -18,7 +18,13 @@ from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
-from monitor.schedule.background import AFTERCARE_TIMEOUT_S
+from monitor.schedule.background import AFTERCARE_TIMEOUT_S, AfterStore
+
+if TYPE_CHECKING:
+    from monitor.schedule.background import BackgroundStore
+    from monitor.store.records import Batch
+    from monitor.store.repository import Repository
+    from monitor.store.writer import ResultWriter
 
 SAMPLE_LOG_FIELDS = (
     "round",
@@ -51,13 +57,13 @@ class JobContext:
     limits: ProviderLimits
     calibration: Calibration
     clients: dict[str, ProbeClient]  # by connection mode: "reuse", "fresh"
-    writer: Any | None = None  # monitor.store.writer.ResultWriter; None: do not store
-    repository: Any | None = None
+    writer: ResultWriter | None = None  # None: do not store
+    repository: Repository | None = None
     metrics: Metrics | None = None
-    after_store: Callable[[str, Sequence[Any]], Any] | None = None  # detection hook, once it exists
+    after_store: AfterStore | None = None  # detection hook, once it exists
     # The daemon and `once` hand finished runs to a BackgroundStore (monitor.schedule.background) so
     # no probe ever waits on the database; without one (`probe --store`) runs are stored inline.
-    background: Any | None = None
+    background: BackgroundStore | None = None
     # Calibration as last written to the database, so unchanged fits are not written every run.
     saved_fits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
 
@@ -178,7 +184,7 @@ async def execute(
     return outcome
 
 
-def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> list[Any]:
+def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> Batch:
     from monitor.store.records import runs_from_samples
 
     return runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)

@@ -100,7 +100,7 @@ def _content_text(content: Any, where: str) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        texts = []
+        texts: list[str] = []
         for i, part in enumerate(content):
             if not isinstance(part, Mapping):
                 raise BadRequest(f"{where}[{i}]: expected an object, got {part!r}.")
@@ -117,7 +117,7 @@ def _messages_text(body: Mapping[str, Any]) -> list[str]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("messages: Field required (a non-empty list).")
-    texts = []
+    texts: list[str] = []
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
             raise BadRequest(f"messages[{i}]: expected an object with a 'role'.")
@@ -196,7 +196,7 @@ def _input_text(value: Any) -> str:
         return value
     if not isinstance(value, list) or not value:
         raise BadRequest("input: Field required (a string or a non-empty list).")
-    texts = []
+    texts: list[str] = []
     for i, item in enumerate(value):
         if not isinstance(item, Mapping):
             raise BadRequest(f"input[{i}]: expected an object, got {item!r}.")
@@ -238,7 +238,7 @@ def parse_gemini(body: Mapping[str, Any], *, model: str, stream: bool) -> SimReq
     contents = body.get("contents")
     if not isinstance(contents, list) or not contents:
         raise BadRequest("* GenerateContentRequest.contents: contents is not specified")
-    texts = []
+    texts: list[str] = []
     for i, content in enumerate(contents):
         parts = content.get("parts") if isinstance(content, Mapping) else None
         if not isinstance(parts, list):

@@ -15,13 +15,8 @@ from typing import Any, TextIO
 from monitor.cliargs import config_path
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
+from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from monitor.store import migrate
-from monitor.store.commands import (
-    EXIT_DATABASE,
-    EXIT_DIFFERENT,
-    EXIT_OK,
-    EXIT_USAGE,
-)
 from monitor.store.engine import StoreError, describe_db_error, display_url
 
 
@@ -48,10 +43,10 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         return EXIT_USAGE
     except StoreError as exc:  # DatabaseUnavailable and the rest: already one line
         err.write(f"ttft-monitor db {args.db_command}: {exc}\n")
-        return EXIT_DATABASE
+        return EXIT_INFRA
     except Exception as exc:  # a database error we did not classify: one line, never a traceback
         err.write(f"ttft-monitor db {args.db_command}: {describe_db_error(exc, url)}\n")
-        return EXIT_DATABASE
+        return EXIT_INFRA
 
 
 def _name(revision: str | None) -> str:
@@ -96,4 +91,4 @@ async def _check(url: str, out: TextIO) -> int:
     for line in differences:
         out.write(f"  {line}\n")
     out.write("write a migration for these (see docs/storage.md, 'Changing the schema')\n")
-    return EXIT_DIFFERENT
+    return EXIT_FAILED

@@ -7,8 +7,6 @@ from typing import Any
 
 from monitor.cliargs import config_arg
 
-EXIT_OK, EXIT_DIFFERENT, EXIT_USAGE, EXIT_DATABASE = 0, 1, 2, 3
-
 
 def _config_arg(parser: argparse.ArgumentParser) -> None:
     config_arg(parser, note="; its database.url is used")

@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 
 from monitor.config.urls import mask_password
@@ -34,10 +34,6 @@ class StoreError(Exception):
 
 class DatabaseUnavailable(StoreError):
     """The database cannot be reached or refused us (network, server down, login, missing database)."""
-
-
-def is_sqlite(url: str | URL) -> bool:
-    return make_url(url).get_backend_name() == "sqlite"
 
 
 def sqlite_path(url: str | URL) -> Path | None:
@@ -110,11 +106,6 @@ def _configure_sqlite(engine: AsyncEngine, *, busy_timeout_ms: int) -> None:
     def _on_begin(connection: Any) -> None:
         write = connection.get_execution_options().get(WRITE_OPTION, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
-
-
-def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    """ORM sessions whose objects stay readable after commit (no implicit lazy reload in async code)."""
-    return async_sessionmaker(engine, expire_on_commit=False)
 
 
 def display_url(url: str | URL) -> str:

@@ -24,6 +24,48 @@ from monitor.probe.stats import median, percentile
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
 # Not stored: a process-local monotonic clock value, meaningless after the process ends.
 UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns"})
+# The samples table's value columns and the Sample field each is read from, spelled out so that renaming
+# a Sample field cannot change the schema without a migration (tests/test_store_records.py checks that
+# every field and every column is accounted for).
+SAMPLE_COLUMN_FIELDS: dict[str, str] = {
+    "round": "round",
+    "warmup": "warmup",
+    "intended_at": "intended_at",
+    "sent_at": "sent_at",
+    "dns_ms": "dns_ms",
+    "connect_ms": "connect_ms",
+    "tls_ms": "tls_ms",
+    "connection_reused": "connection_reused",
+    "setup_ms": "setup_ms",
+    "ttfb_ms": "ttfb_ms",
+    "first_event_ms": "first_event_ms",
+    "ttft_ms": "ttft_ms",
+    "ttfa_ms": "ttfa_ms",
+    "first_tool_call_ms": "first_tool_call_ms",
+    "total_ms": "total_ms",
+    "gap_p50_ms": "gap_p50_ms",
+    "gap_p95_ms": "gap_p95_ms",
+    "gap_max_ms": "gap_max_ms",
+    "decode_tps": "decode_tps",
+    "token_events": "token_events",
+    "prompt_tokens": "prompt_tokens",
+    "completion_tokens": "completion_tokens",
+    "cached_tokens": "cached_tokens",
+    "prompt_tokens_target": "prompt_tokens_target",
+    "prompt_chars": "prompt_chars",
+    "served_model": "served_model",
+    "request_id": "request_id",
+    "http_status": "http_status",
+    "server_processing_ms": "server_processing_ms",
+    "ratelimit_remaining_requests": "ratelimit_remaining_requests",
+    "ratelimit_remaining_tokens": "ratelimit_remaining_tokens",
+    "retry_after": "retry_after",
+    "server_timing": "server_timing",
+    "error_message": "error_message",
+}
+# Sample fields stored elsewhere: once per run or series (target, model, api, prompt), as the row's key
+# (sample_id is the column id) or converted (error, an ErrorClass stored by value).
+SAMPLE_FIELDS_STORED_APART = frozenset({"target", "model", "api", "prompt", "sample_id", "error"})
 # What a text column cannot hold: NUL (PostgreSQL refuses it in text) and lone surrogates (not UTF-8,
 # so neither database driver nor the spool's JSON can encode them). Each becomes U+FFFD.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
@@ -78,6 +120,10 @@ class RunRecord:
     error: ErrorClass | None
 
 
+# Runs with their samples: what is written, spooled and replayed together.
+Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
+
+
 @dataclass(frozen=True, slots=True)
 class HourlyStats:
     """Measured samples of one series in one UTC hour (by their run's start)."""
@@ -122,7 +168,7 @@ def storable_sample(sample: Sample) -> Sample:
         and _storable_as_is(sample.error_message, _ERROR_MESSAGE_LIMIT)
     ):
         return sample  # this runs for every sample stored: the common case costs three checks
-    changes: dict[str, str] = {}
+    changes: dict[str, Any] = {}
     for name, limit in SERVER_TEXT_LIMITS.items():
         value = getattr(sample, name)
         if value is not None and (stored := storable_text(value, limit)) != value:
@@ -254,7 +300,12 @@ def runs_from_samples(
         series = storable_series(
             SeriesKey(target=target, provider=provider_of[target], model=model, prompt=prompt, location=location)
         )
-        names = {"target": series.target, "prompt": series.prompt, "model": series.model, "api": storable_text(api)}
+        names: dict[str, Any] = {
+            "target": series.target,
+            "prompt": series.prompt,
+            "model": series.model,
+            "api": storable_text(api),
+        }
         if names != {"target": target, "prompt": prompt, "model": model, "api": api}:
             members = [dataclasses.replace(s, **names) for s in members]
         ordered = sorted(members, key=lambda s: (s.round, not s.warmup))

@@ -38,18 +38,19 @@ from monitor.store.models import (
     SampleRow,
     table_of,
 )
-from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats, storable_batch
+from monitor.store.records import (
+    SAMPLE_COLUMN_FIELDS,
+    Batch,
+    HourlyStats,
+    RunRecord,
+    SeriesKey,
+    floor_hour,
+    hourly_stats,
+    storable_batch,
+)
+from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_insert
 from monitor.store.types import UtcDateTime
 
-Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
-
-# Sample fields kept in the samples table; target, model, prompt and api come from the run and series.
-_SAMPLE_COLUMNS = tuple(
-    f.name
-    for f in fields(Sample)
-    if f.name not in {"target", "model", "api", "prompt", "sample_id", "sent_mono_ns", "error"}
-)
-_SERIES_COLUMNS = ("target", "provider", "model", "prompt", "location")
 _HOUR = timedelta(hours=1)
 
 
@@ -98,7 +99,7 @@ def _run_row(run: RunRecord, series_id: int) -> dict[str, Any]:
 
 
 def _sample_row(sample: Sample, run_id: uuid.UUID) -> dict[str, Any]:
-    row = {name: getattr(sample, name) for name in _SAMPLE_COLUMNS}
+    row = {column: getattr(sample, name) for column, name in SAMPLE_COLUMN_FIELDS.items()}
     row["id"] = uuid.UUID(sample.sample_id)
     row["run_id"] = run_id
     row["error"] = sample.error.value if sample.error is not None else None
@@ -186,8 +187,8 @@ _RUN_COPY = (
     "id", "series_id", "job", "api", "intended_at", "started_at", "finished_at", "rounds", "warmup", "ok", "errors",
     "ttft_p50_ms", "ttft_min_ms", "ttft_max_ms", "ttfa_p50_ms", "decode_tps_p50", "prompt_tokens_p50", "error",
 )  # fmt: skip
-_SAMPLE_COPY = ("id", "run_id", *_SAMPLE_COLUMNS, "error")
-_sample_values = attrgetter(*_SAMPLE_COLUMNS)
+_SAMPLE_COPY = ("id", "run_id", *SAMPLE_COLUMN_FIELDS, "error")
+_sample_values = attrgetter(*SAMPLE_COLUMN_FIELDS.values())
 _PG_STAGE_TABLES = tuple(
     f"CREATE TEMP TABLE IF NOT EXISTS ttft_stage_{table} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
     for table in ("runs", "samples")
@@ -256,7 +257,7 @@ def _run_record(row: Any, series: SeriesKey) -> RunRecord:
 
 
 def _sample(row: Any, run: RunRecord) -> Sample:
-    values = {name: getattr(row, name) for name in _SAMPLE_COLUMNS}
+    values = {name: getattr(row, column) for column, name in SAMPLE_COLUMN_FIELDS.items()}
     return Sample(
         target=run.series.target,
         model=run.series.model,
@@ -284,7 +285,7 @@ class Repository:
         return self._engine
 
     def _insert(self, table: Table) -> Any:
-        return (postgresql.insert if self._postgres else sqlite.insert)(table)
+        return upsert_insert(self._engine, table)
 
     @asynccontextmanager
     async def _read(self) -> AsyncIterator[AsyncConnection]:
@@ -387,9 +388,9 @@ class Repository:
         if not missing:
             return ids
         table = SERIES
-        rows = [{name: getattr(key, name) for name in _SERIES_COLUMNS} for key in missing]
-        await connection.execute(self._insert(table).on_conflict_do_nothing(index_elements=list(_SERIES_COLUMNS)), rows)
-        columns = [table.c[name] for name in _SERIES_COLUMNS]
+        rows = [{name: getattr(key, name) for name in SERIES_COLUMNS} for key in missing]
+        await connection.execute(self._insert(table).on_conflict_do_nothing(index_elements=list(SERIES_COLUMNS)), rows)
+        columns = [table.c[name] for name in SERIES_COLUMNS]
         found = await connection.execute(
             select(table.c.id, *columns).where(tuple_(*columns).in_([tuple(row.values()) for row in rows]))
         )
@@ -402,7 +403,7 @@ class Repository:
 
     async def series_list(self) -> list[SeriesKey]:
         table = SERIES
-        columns = [table.c[name] for name in _SERIES_COLUMNS]
+        columns = [table.c[name] for name in SERIES_COLUMNS]
         async with self._read() as connection:
             rows = await connection.execute(select(*columns).order_by(*columns))
             return [SeriesKey(*row) for row in rows]
@@ -411,10 +412,7 @@ class Repository:
         known = self._series_ids.get(series)
         if known is not None:
             return known
-        table = SERIES
-        found = await connection.scalar(
-            select(table.c.id).where(*(table.c[name] == getattr(series, name) for name in _SERIES_COLUMNS))
-        )
+        found = await find_series_id(connection, series)
         if found is not None:
             self._series_ids[series] = found
         return found

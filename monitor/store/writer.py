@@ -10,17 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any
 
-from monitor.probe.result import Sample
 from monitor.store.engine import describe_db_error, is_bad_data
-from monitor.store.records import RunRecord
+from monitor.store.records import Batch
 from monitor.store.repository import Repository
 from monitor.store.spool import EventSink, Spool, SpooledRun, log_event
-
-Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
 
 
 class Saved(StrEnum):
@@ -50,7 +47,6 @@ class ResultWriter:
         # Counters for metrics (runs, each with its samples).
         self.stored_runs = 0
         self.spooled_runs = 0
-        self.replayed_runs = 0
         self.lost_runs = 0
         # Told about every batch the database committed, written or replayed (detection follows it).
         self.on_stored: Callable[[Batch], None] | None = None
@@ -138,7 +134,6 @@ class ResultWriter:
                     break
                 replayed += stored
         if replayed:
-            self.replayed_runs += replayed
             self._database_ok()
             self._emit("spool_drained", runs=replayed, spool_depth=self._spool.depth)
         return replayed
@@ -184,19 +179,6 @@ class ResultWriter:
                     self._emit("spool_drain_failed", error=f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
-
-    def stats(self) -> Mapping[str, Any]:
-        """Counters and spool state, for metrics."""
-        return {
-            "stored_runs": self.stored_runs,
-            "spooled_runs": self.spooled_runs,
-            "replayed_runs": self.replayed_runs,
-            "lost_runs": self.lost_runs,
-            "spool_depth": self._spool.depth,
-            "spool_bytes": self._spool.bytes,
-            "spool_dropped": self._spool.dropped,
-            "spool_rejected": self._spool.rejected,
-        }
 
 
 def _reason(exc: BaseException) -> str:

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import String, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -404,7 +404,7 @@ async def _baselines(
             continue
         values: dict[int, list[float]] = defaultdict(list)
         for sid, v in await connection.execute(select(series_id, value).where(*window)):
-            values[sid].append(v)
+            values[sid].append(cast(float, v))  # the window excludes NULLs
         found.append({sid: m for sid, vs in values.items() if (m := _median(vs)) is not None})
     rolled, recent = found
     return {**recent, **rolled}
@@ -772,7 +772,7 @@ async def compare(
         for ttft, tokens in zip(ttfts, tokens_of, strict=True)
     ]
     available = [(info.target, info.prompt, info.location) for info in series.values()]
-    result = compare_values(rows)
+    result = compare_values(cast(list[tuple[str, str, str, float, float | None]], rows))  # NULL ttft filtered out
     return {
         "start": iso(start),
         "end": iso(end),
@@ -806,11 +806,11 @@ async def _compare_samples(
         # a result row per sample took about half of the view's time (bench/web.py).
         query = select(RunRow.series_id, func.array_agg(SampleRow.ttft_ms), func.array_agg(SampleRow.prompt_tokens))
         rows = await connection.execute(query.select_from(joined).where(*window).group_by(RunRow.series_id))
-        return [(sid, ttfts, tokens) for sid, ttfts, tokens in rows]
+        return [(sid, cast(Sequence[float], ttfts), tokens) for sid, ttfts, tokens in rows]  # no NULL ttft
     values: dict[int, tuple[list[float], list[float | None]]] = defaultdict(lambda: ([], []))
     for sid, ttft, tokens in await connection.execute(
         select(RunRow.series_id, SampleRow.ttft_ms, SampleRow.prompt_tokens).select_from(joined).where(*window)
     ):
-        values[sid][0].append(ttft)
+        values[sid][0].append(cast(float, ttft))  # the window excludes NULL ttft
         values[sid][1].append(tokens)
     return [(sid, ttfts, tokens) for sid, (ttfts, tokens) in values.items()]

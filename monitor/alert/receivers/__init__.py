@@ -1,4 +1,8 @@
-"""One module per receiver type; adding one means a new module and one line here."""
+"""One module per receiver type; adding one means a new module and one line here.
+
+The config builds its receiver `type` values from `KINDS`, so receiver modules import `monitor.config`
+only for type hints (under TYPE_CHECKING) or inside functions: a top-level import would be circular.
+"""
 
 from __future__ import annotations
 

@@ -11,11 +11,13 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monitor import __version__
 from monitor.alert.model import HttpRequest, Notification, Outcome
-from monitor.config.models import Receiver
+
+if TYPE_CHECKING:
+    from monitor.config.models import Receiver
 
 USER_AGENT = f"ttft-monitor/{__version__}"
 

@@ -11,13 +11,15 @@ import base64
 import hashlib
 import hmac
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
 from monitor.alert.text import facts, headline, truncate, truncate_bytes
-from monitor.config.models import Receiver
+
+if TYPE_CHECKING:
+    from monitor.config.models import Receiver
 
 # 130101: sending too fast (20 messages a minute per robot).
 TRANSIENT_CODES = frozenset({130101})

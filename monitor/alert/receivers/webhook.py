@@ -13,13 +13,14 @@ import base64
 import hashlib
 import hmac
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import BuildError, ReceiverKind, dumps, post, require_url, url_problems
 from monitor.alert.text import headline, iso, plain_text
-from monitor.config.models import Receiver
-from monitor.config.secrets import webhook_secret_key
+
+if TYPE_CHECKING:
+    from monitor.config.models import Receiver
 
 
 def payload(notification: Notification, now: datetime) -> dict[str, Any]:
@@ -56,6 +57,9 @@ def payload(notification: Notification, now: datetime) -> dict[str, Any]:
 
 
 def secret_key(secret: str) -> bytes:
+    # Imported here: monitor.config builds its receiver-type list from this package's registry.
+    from monitor.config.secrets import webhook_secret_key
+
     try:
         return webhook_secret_key(secret)
     except ValueError as exc:

@@ -17,14 +17,14 @@ from monitor.app import InfrastructureError
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
+from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from monitor.probe.client import Timeouts
 from monitor.probe.plan import Endpoints, adhoc_target, prompt_spec
 from monitor.probe.prompts import PromptSpec
 from monitor.probe.report import render_csv, render_json, render_table, summarize
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan
-
-EXIT_OK, EXIT_ALL_FAILED, EXIT_USAGE, EXIT_INFRA = 0, 1, 2, 3
+from monitor.store.records import ADHOC_JOB
 
 
 class UsageError(Exception):
@@ -207,7 +207,7 @@ async def probe_once(
         context = await build_context(config or Config(), stack, store=opened, metrics=None)
         context.limits = limits
         freeze_heap()
-        outcome = await execute(context, job="adhoc", plan=plan, connection=connection, on_sample=on_sample)
+        outcome = await execute(context, job=ADHOC_JOB, plan=plan, connection=connection, on_sample=on_sample)
         if opened is not None and opened.spool.depth:
             raise StoreTrouble(
                 f"the database did not take the samples; {opened.spool.depth} wait in the spool and are "
@@ -288,7 +288,7 @@ def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ:
         stderr.write("every probe failed:\n")
         for line in failure_lines(measured):
             stderr.write(f"  {line}\n")
-        return EXIT_ALL_FAILED
+        return EXIT_FAILED
     if options.output_format != "table":
         for line in failure_lines(measured):
             stderr.write(f"failed: {line}\n")

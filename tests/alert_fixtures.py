@@ -3,6 +3,7 @@ HTTP receiver on loopback that records every request and answers as scripted, in
 real database, configs.
 
 No test lives here. Signatures are verified with code written here, independently of monitor.alert.
+PYTEST_DONT_REWRITE: the test modules import helpers from here before `pytest_plugins` loads it.
 """
 
 from __future__ import annotations

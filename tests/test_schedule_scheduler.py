@@ -1,0 +1,103 @@
+"""The scheduler wrapper on its own: which tick a jittered run belongs to, and every missed tick counted."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+from apscheduler.events import (
+    EVENT_JOB_MAX_INSTANCES,
+    EVENT_JOB_MISSED,
+    EVENT_JOB_SUBMITTED,
+    JobExecutionEvent,
+    JobSubmissionEvent,
+)
+
+from monitor.config.models import Job
+from monitor.metrics.definitions import Metrics
+from monitor.schedule.scheduler import JobScheduler, nominal_fire_time
+
+
+def job(schedule: str, jitter_s: float = 0, name: str = "alpha") -> Job:
+    return Job(name=name, schedule=schedule, jitter_s=jitter_s, targets=["t"], prompts=["p"])
+
+
+def at(hour: int, minute: int, second: int = 0, micro: int = 0) -> datetime:
+    return datetime(2026, 3, 2, hour, minute, second, micro, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "jitter_s", "run_time", "tick"),
+    [
+        ("*/5 * * * *", 0, at(12, 5, 17), at(12, 5, 17)),  # no jitter: the run time is the tick
+        ("*/5 * * * *", 30, at(12, 5, 0), at(12, 5)),  # jitter drew 0
+        ("*/5 * * * *", 30, at(12, 5, 17), at(12, 5)),
+        ("*/5 * * * *", 30, at(12, 5, 30), at(12, 5)),  # the largest delay
+        ("*/5 * * * *", 30, at(12, 5, 29, 999999), at(12, 5)),
+        ("0 * * * *", 120, at(13, 1, 59), at(13, 0)),
+        ("0 * * * *", 120, at(13, 0, 0, 1), at(13, 0)),
+        ("* * * * *", 50, at(8, 0, 49), at(8, 0)),  # ticks closer than twice the jitter
+        ("* * * * *", 50, at(8, 1, 10), at(8, 1)),
+    ],
+)
+def test_a_jittered_run_belongs_to_the_tick_at_or_before_it(schedule, jitter_s, run_time, tick):
+    assert nominal_fire_time(job(schedule, jitter_s), run_time) == tick
+
+
+def missed(metrics: Metrics, job_name: str, reason: str) -> float:
+    value = metrics.registry.get_sample_value(
+        "ttft_monitor_scheduler_missed_runs_total", {"probe_job": job_name, "reason": reason}
+    )
+    return value or 0.0
+
+
+async def eventually(condition: Callable[[], bool], timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if condition():
+                return
+            await asyncio.sleep(0.05)
+
+
+async def nothing(_job: Job, _tick: datetime) -> None:
+    return None
+
+
+def test_it_counts_coalesced_misfired_and_still_running_ticks_per_job_and_reason():
+    metrics = Metrics()
+    scheduler = JobScheduler(nothing, metrics=metrics)
+    times = [at(12, 0), at(12, 5), at(12, 10)]
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", times))
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "beta", "default", [at(12, 10)]))
+    scheduler._on_event(JobExecutionEvent(EVENT_JOB_MISSED, "alpha", "default", at(12, 15)))
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_MAX_INSTANCES, "beta", "default", [at(12, 15)]))
+    assert missed(metrics, "alpha", "coalesced") == 2  # three due ticks ran once
+    assert missed(metrics, "beta", "coalesced") == 0
+    assert missed(metrics, "alpha", "misfired") == 1
+    assert missed(metrics, "beta", "still_running") == 1
+    assert missed(metrics, "alpha", "still_running") == 0
+
+
+async def test_a_tick_due_while_the_last_run_still_goes_is_skipped_and_counted():
+    metrics = Metrics()
+    started: list[datetime] = []
+    release = asyncio.Event()
+
+    async def slow(_job: Job, tick: datetime) -> None:
+        started.append(tick)
+        await release.wait()
+
+    scheduler = JobScheduler(slow, metrics=metrics)
+    scheduler.set_jobs([job("* * * * * *")])  # every second
+    scheduler.start()
+    try:
+        await eventually(lambda: missed(metrics, "alpha", "still_running") >= 2, 10)
+        assert len(started) == 1  # never two runs of one job at once
+        assert started[0].microsecond == 0  # the nominal tick, not the moment it started
+    finally:
+        release.set()
+        scheduler.pause()
+        await eventually(lambda: not scheduler.tasks, 5)
+        scheduler.shutdown()
