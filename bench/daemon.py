@@ -30,7 +30,10 @@ PROMPT_SIZES = (128, 160, 192, 224, 256)
 def start_sim() -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "monitor", "sim", "--port", "0", "--no-noise"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
     )
     assert proc.stdout is not None
     match = re.search(r"(http://127\.0\.0\.1:\d+)", proc.stdout.readline())
@@ -119,8 +122,12 @@ def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
     run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
     log_path = folder / "daemon.log"
     with log_path.open("wb") as log:
-        daemon = subprocess.Popen([sys.executable, "-m", "monitor", "run", "--config", str(config)],
-                                  stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+        daemon = subprocess.Popen(
+            [sys.executable, "-m", "monitor", "run", "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+        )
     try:
         time.sleep(args.seconds)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -142,8 +149,11 @@ def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
         server_ttft = (rec["first_token_write_ns"] - rec["received_ns"]) / 1e6
         overhead.append(sample["ttft_ms"] - server_ttft)
     overhead.sort()
-    missed = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                 if line.startswith("ttft_monitor_scheduler_missed_runs_total{"))
+    missed = sum(
+        float(line.split()[-1])
+        for line in metrics.splitlines()
+        if line.startswith("ttft_monitor_scheduler_missed_runs_total{")
+    )
     return {
         "probes": len(samples),
         "ok": len(ok),
@@ -190,17 +200,23 @@ def main() -> None:
         post(f"{sim}/sim/models/bench-model", {"ttft_base_ms": 40, "prefill_ms_per_1k": 20, "decode_tps": 500})
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
-            print(f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-                  f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
-            print(f"daemon: {args.series} series every {args.every} s "
-                  f"(offered {args.series / args.every:.0f} probes/s) for {args.seconds:.0f} s, SQLite")
+            print(
+                f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+                f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}"
+            )
+            print(
+                f"daemon: {args.series} series every {args.every} s "
+                f"(offered {args.series / args.every:.0f} probes/s) for {args.seconds:.0f} s, SQLite"
+            )
             if not args.once_only:
                 result = bench_daemon(sim, args, folder)
                 for key, value in result.items():
                     print(f"  {key:18s} {value if not isinstance(value, float) else round(value, 3)}")
             startup = bench_once_startup(sim, folder)
-            print(f"once start-up (process start -> first request at the server), s: median "
-                  f"{statistics.median(startup):.3f}  all {[round(s, 3) for s in startup]}")
+            print(
+                f"once start-up (process start -> first request at the server), s: median "
+                f"{statistics.median(startup):.3f}  all {[round(s, 3) for s in startup]}"
+            )
             print("targets: >= 50 probes/s, overhead p99 < 5 ms, RSS < 200 MB, once start-up < 1.5 s")
     finally:
         sim_proc.terminate()

@@ -52,8 +52,7 @@ def test_every_documented_key_exists() -> None:
 def test_the_generated_reference_is_up_to_date() -> None:
     text = DOCS.read_text(encoding="utf-8")
     assert replace_reference(text, render_reference()) == text, (
-        "docs/configuration.md is stale; run: "
-        ".venv/bin/python -m monitor.config.docs --write docs/configuration.md"
+        "docs/configuration.md is stale; run: .venv/bin/python -m monitor.config.docs --write docs/configuration.md"
     )
 
 

@@ -13,8 +13,16 @@ from tests.conftest import run_cli
 @pytest.mark.timeout(260)
 def test_the_demo_raises_and_resolves_a_regression(tmp_path: Path) -> None:
     result = run_cli(
-        "demo", "--state-dir", str(tmp_path / "demo"), "--slow-after", "45", "--recover-after", "120",
-        "--duration", "185", timeout=230,
+        "demo",
+        "--state-dir",
+        str(tmp_path / "demo"),
+        "--slow-after",
+        "45",
+        "--recover-after",
+        "120",
+        "--duration",
+        "185",
+        timeout=230,
     )
     out = result.stdout
     assert result.code == 0, str(result)

@@ -59,9 +59,7 @@ def reference_rows(
             (field.description or "").replace("|", "\\|"),
         )
         if nested is not None:
-            yield from reference_rows(
-                nested, nested_prefix, default if isinstance(default, BaseModel) else None
-            )
+            yield from reference_rows(nested, nested_prefix, default if isinstance(default, BaseModel) else None)
 
 
 def render_reference() -> str:
@@ -185,9 +183,7 @@ def _is_model(annotation: Any) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m monitor.config.docs", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m monitor.config.docs", description=__doc__.splitlines()[0])
     action = parser.add_mutually_exclusive_group(required=True)
     action.add_argument("--write", type=Path, metavar="PATH", help="regenerate the reference in PATH")
     action.add_argument("--check", type=Path, metavar="PATH", help="exit 1 if the reference in PATH is stale")

@@ -21,11 +21,7 @@ class ConfigIssue:
 
     def __str__(self) -> str:
         if self.line is not None:
-            where = (
-                f"{self.file}:{self.line}:{self.column}"
-                if self.column is not None
-                else f"{self.file}:{self.line}"
-            )
+            where = f"{self.file}:{self.line}:{self.column}" if self.column is not None else f"{self.file}:{self.line}"
             return f"{where}: {self.message}"
         if self.path:
             return f"{self.file}: {self.path}: {self.message}"

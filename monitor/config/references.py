@@ -38,8 +38,7 @@ def reference_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
                 problems.append(
                     (
                         ("jobs", index, "name"),
-                        f"job name '{name}' is already used by jobs[{job_names[name]}]; "
-                        "job names must be unique",
+                        f"job name '{name}' is already used by jobs[{job_names[name]}]; job names must be unique",
                     )
                 )
             else:
@@ -55,9 +54,7 @@ def reference_problems(data: Mapping[str, Any]) -> list[tuple[Loc, str]]:
             "receiver",
             "alerts.receivers:",
         )
-        problems += _unknown(
-            ("alerts", "routes", index, "jobs"), route.get("jobs"), set(job_names), "job", "jobs:"
-        )
+        problems += _unknown(("alerts", "routes", index, "jobs"), route.get("jobs"), set(job_names), "job", "jobs:")
     for index, silence in _items(alerts.get("silences")):
         problems += _unknown(
             ("alerts", "silences", index, "targets"), silence.get("targets"), targets, "target", "targets:"
