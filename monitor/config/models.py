@@ -506,6 +506,30 @@ class Availability(ConfigModel):
     window_runs: int = Field(12, ge=1, description="Runs over which `error_rate` is measured.")
 
 
+class SequentialRule(ConfigModel):
+    """The CUSUM that opens tickets for moderate shifts (docs/detection.md, "Adding up evidence")."""
+
+    enabled: bool = Field(True, description="Add up evidence across runs; false leaves tickets to the window rule.")
+    shift_ratio: float = Field(
+        1.10,
+        gt=1,
+        description="The smallest shift worth a ticket: each run adds its residual minus half of log(shift_ratio).",
+    )
+    threshold: float = Field(
+        24.0,
+        gt=0,
+        description="A ticket opens when the sum reaches this (in the residuals' long-run sigmas); lower is sooner "
+        "and noisier.",
+    )
+    clip: float = Field(
+        2.5, gt=0, description="One run adds at most this many sigmas beyond the allowance, so spikes cannot push it."
+    )
+    min_delta_ms: float = Field(
+        20.0, ge=0, description="The shift the sum estimates must also be at least this many milliseconds."
+    )
+    block_runs: int = Field(24, ge=2, description="Runs per block when measuring how autocorrelated the residuals are.")
+
+
 DEFAULT_SEVERITY_RULES: dict[str, dict[str, float]] = {
     "page": {"ratio": 1.5, "min_delta_ms": 100, "confirmations": 2, "window_runs": 5, "z_threshold": 4.0},
     "ticket": {"ratio": 1.12, "min_delta_ms": 30, "confirmations": 6, "window_runs": 24, "z_threshold": 2.5},
@@ -552,6 +576,15 @@ class Detection(ConfigModel):
         1.08,
         ge=1,
         description="An incident clears once TTFT is back below baseline x this (below `ticket.ratio`).",
+    )
+    cusum: SequentialRule = Field(
+        default_factory=SequentialRule,
+        description="The sequential rule (a one-sided CUSUM of the seasonal residuals) that opens tickets.",
+    )
+    window_tickets: bool = Field(
+        False,
+        description="The `ticket` window rule opens tickets beside the CUSUM too (it always does when `cusum` is "
+        "disabled).",
     )
     availability: Availability = Field(default_factory=Availability, description="Alerting on failed requests.")
 

@@ -209,6 +209,19 @@ class Rules:
                 z_threshold=getattr(rule, "z_threshold", fallback.z_threshold),
             )
 
+        def cusum(rule: Any) -> Cusum | None:
+            if rule is None:
+                return default.cusum
+            if not rule.enabled:
+                return None
+            return Cusum(
+                shift_ratio=rule.shift_ratio,
+                threshold=rule.threshold,
+                clip=rule.clip,
+                min_delta_ms=rule.min_delta_ms,
+                block_runs=rule.block_runs,
+            )
+
         return cls(
             min_history_runs=detection.min_history_runs,
             seasonal_days=detection.seasonal_days,
@@ -219,7 +232,8 @@ class Rules:
             ticket=threshold(detection.ticket, default.ticket),
             clear_ratio=detection.clear_ratio,
             clear_runs=getattr(detection, "clear_runs", default.clear_runs),
-            cusum=getattr(detection, "cusum", default.cusum),
+            cusum=cusum(getattr(detection, "cusum", None)),
+            window_tickets=getattr(detection, "window_tickets", default.window_tickets),
             consecutive_failures=detection.availability.consecutive_failures,
             error_rate=detection.availability.error_rate,
             error_window_runs=detection.availability.window_runs,
