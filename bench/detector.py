@@ -79,6 +79,8 @@ class Series:
     ttfts: list[float | None]
     steps: list[Step]
     duration_s: float
+    probes: list[int]  # measured (successful) probes of each run; the rest of `rounds` failed
+    rounds: int
 
 
 # ---------------------------------------------------------------- generating
@@ -115,6 +117,7 @@ def make_series(sigma: float, seed: int, *, weeks: float, rounds: int, noise: st
     load = rng.gauss(0, sigma / math.sqrt(2)) if noise == "ar1" else 0.0
     times: list[float] = []
     ttfts: list[float | None] = []
+    measured: list[int] = []
     step_index = 0
     gauss, uniform, rand = rng.gauss, rng.uniform, rng.random
     for i in range(int(duration // RUN_S)):
@@ -138,7 +141,8 @@ def make_series(sigma: float, seed: int, *, weeks: float, rounds: int, noise: st
             probes.append(value)
         times.append(t)
         ttfts.append(median(probes) if probes else None)
-    return Series(times, ttfts, step_list, duration)
+        measured.append(len(probes))
+    return Series(times, ttfts, step_list, duration, measured, rounds)
 
 
 # ---------------------------------------------------------------- detectors
@@ -186,8 +190,9 @@ def ours_alerts(series: Series, rules: Rules) -> list[Alert]:
     replayer = Detector(rules).replayer()
     open_at: dict[str, tuple[float, float | None, str]] = {}
     alerts: list[Alert] = []
-    for t, ttft in zip(series.times, series.ttfts, strict=True):
-        point = RunPoint(EPOCH + timedelta(seconds=t), ttft, None if ttft is not None else "timeout_first_token")
+    for t, ttft, ok in zip(series.times, series.ttfts, series.probes, strict=True):
+        error = None if ok == series.rounds else "timeout_first_token"
+        point = RunPoint(EPOCH + timedelta(seconds=t), ttft, error, ok=ok, errors=series.rounds - ok)
         for event in replayer.feed(point):
             if event.action == "open":
                 opener = event.kind if event.kind != "regression" else event.detail.get("rule", event.severity)
