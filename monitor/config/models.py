@@ -582,7 +582,7 @@ class Detection(ConfigModel):
         description="The sequential rule (a one-sided CUSUM of the seasonal residuals) that opens tickets.",
     )
     window_tickets: bool = Field(
-        False,
+        True,
         description="The `ticket` window rule opens tickets beside the CUSUM too (it always does when `cusum` is "
         "disabled).",
     )

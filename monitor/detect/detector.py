@@ -167,7 +167,7 @@ class Rules:
     ticket: Threshold = Threshold(ratio=1.12, min_delta_ms=30.0, confirmations=6, window_runs=24, z_threshold=2.5)
     cusum: Cusum | None = Cusum(shift_ratio=1.10, threshold=24.0, clip=2.5)
     # The ticket window rule opens tickets beside the CUSUM (always, without one).
-    window_tickets: bool = False
+    window_tickets: bool = True
     clear_ratio: float = 1.08
     clear_runs: int = 6
     consecutive_failures: int = 3
