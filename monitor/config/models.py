@@ -493,6 +493,12 @@ class SeverityRule(ConfigModel):
     z_threshold: float = Field(
         gt=0, description="... which must also be this many standard errors (from MAD) above the baseline."
     )
+    min_probes: int = Field(
+        0,
+        ge=0,
+        description="The window stretches back (to at most this many runs) until it holds this many measured "
+        "requests, so jobs with few `rounds` decide on more runs; 0: never.",
+    )
 
 
 class Availability(ConfigModel):
@@ -511,12 +517,12 @@ class SequentialRule(ConfigModel):
 
     enabled: bool = Field(True, description="Add up evidence across runs; false leaves tickets to the window rule.")
     shift_ratio: float = Field(
-        1.10,
+        1.15,
         gt=1,
         description="The smallest shift worth a ticket: each run adds its residual minus half of log(shift_ratio).",
     )
     threshold: float = Field(
-        24.0,
+        16.0,
         gt=0,
         description="A ticket opens when the sum reaches this (in the residuals' long-run sigmas); lower is sooner "
         "and noisier.",
@@ -531,8 +537,22 @@ class SequentialRule(ConfigModel):
 
 
 DEFAULT_SEVERITY_RULES: dict[str, dict[str, float]] = {
-    "page": {"ratio": 1.5, "min_delta_ms": 100, "confirmations": 2, "window_runs": 5, "z_threshold": 4.0},
-    "ticket": {"ratio": 1.12, "min_delta_ms": 30, "confirmations": 6, "window_runs": 24, "z_threshold": 2.5},
+    "page": {
+        "ratio": 1.5,
+        "min_delta_ms": 100,
+        "confirmations": 2,
+        "window_runs": 5,
+        "z_threshold": 4.0,
+        "min_probes": 10,
+    },
+    "ticket": {
+        "ratio": 1.12,
+        "min_delta_ms": 30,
+        "confirmations": 6,
+        "window_runs": 24,
+        "z_threshold": 2.5,
+        "min_probes": 0,
+    },
 }
 
 

@@ -165,7 +165,7 @@ class Rules:
         ratio=1.5, min_delta_ms=100.0, confirmations=2, window_runs=5, z_threshold=4.0, min_probes=10
     )
     ticket: Threshold = Threshold(ratio=1.12, min_delta_ms=30.0, confirmations=6, window_runs=24, z_threshold=2.5)
-    cusum: Cusum | None = Cusum(shift_ratio=1.10, threshold=24.0, clip=2.5)
+    cusum: Cusum | None = Cusum(shift_ratio=1.15, threshold=16.0, clip=2.5)
     # The ticket window rule opens tickets beside the CUSUM (always, without one).
     window_tickets: bool = True
     clear_ratio: float = 1.08
