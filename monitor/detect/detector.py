@@ -782,7 +782,8 @@ class _Core:
         fresh = state.resolved_at is None or (
             count >= ticket_w and self.times[count - ticket_w] > state.resolved_at.timestamp()
         )
-        # With the sequential rule on, the ticket window may only time clearing and SLO (window_tickets).
+        # The ticket window opens tickets beside the sequential rule unless window_tickets is off; then it
+        # only times clearing and the SLO rule.
         if (
             (rules.cusum is None or rules.window_tickets)
             and fresh
