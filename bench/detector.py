@@ -18,8 +18,10 @@ naive alert counts as a page.
 
     .venv/bin/python bench/detector.py [--series 40] [--weeks 4] [--rounds 1,3,5]
         [--sigmas 0.1,0.2,0.3,0.4,0.5] [--noise iid,ar1] [--naive] [--jobs 2]
-        [--set ticket.window_runs=24 --set cusum.threshold=18 ...]
+        [--window-tickets off|on|both] [--set ticket.window_runs=24 --set cusum.threshold=18 ...]
 
+`--window-tickets both` scores our detector twice on the same series: `cusum` (the sequential rule
+opens tickets alone) and `cusum+win` (the ticket window rule opens them too, `window_tickets=True`).
 `--set KEY=VALUE` changes one of our rules (see `Rules` in monitor/detect/detector.py). The full
 table takes about half an hour of CPU; tune with fewer series, weeks, sigmas or rounds.
 docs/detection.md has the results.
@@ -77,6 +79,8 @@ class Series:
     ttfts: list[float | None]
     steps: list[Step]
     duration_s: float
+    probes: list[int]  # measured (successful) probes of each run; the rest of `rounds` failed
+    rounds: int
 
 
 # ---------------------------------------------------------------- generating
@@ -113,6 +117,7 @@ def make_series(sigma: float, seed: int, *, weeks: float, rounds: int, noise: st
     load = rng.gauss(0, sigma / math.sqrt(2)) if noise == "ar1" else 0.0
     times: list[float] = []
     ttfts: list[float | None] = []
+    measured: list[int] = []
     step_index = 0
     gauss, uniform, rand = rng.gauss, rng.uniform, rng.random
     for i in range(int(duration // RUN_S)):
@@ -136,7 +141,8 @@ def make_series(sigma: float, seed: int, *, weeks: float, rounds: int, noise: st
             probes.append(value)
         times.append(t)
         ttfts.append(median(probes) if probes else None)
-    return Series(times, ttfts, step_list, duration)
+        measured.append(len(probes))
+    return Series(times, ttfts, step_list, duration, measured, rounds)
 
 
 # ---------------------------------------------------------------- detectors
@@ -184,8 +190,9 @@ def ours_alerts(series: Series, rules: Rules) -> list[Alert]:
     replayer = Detector(rules).replayer()
     open_at: dict[str, tuple[float, float | None, str]] = {}
     alerts: list[Alert] = []
-    for t, ttft in zip(series.times, series.ttfts, strict=True):
-        point = RunPoint(EPOCH + timedelta(seconds=t), ttft, None if ttft is not None else "timeout_first_token")
+    for t, ttft, ok in zip(series.times, series.ttfts, series.probes, strict=True):
+        error = None if ok == series.rounds else "timeout_first_token"
+        point = RunPoint(EPOCH + timedelta(seconds=t), ttft, error, ok=ok, errors=series.rounds - ok)
         for event in replayer.feed(point):
             if event.action == "open":
                 opener = event.kind if event.kind != "regression" else event.detail.get("rule", event.severity)
@@ -272,14 +279,16 @@ Config = tuple[int, float, str]  # rounds, sigma, noise
 
 
 def evaluate_series(
-    task: tuple[Config, int, float, bool, bool, dict[str, Any]],
-) -> tuple[Config, Score | None, Score]:
-    config, seed, weeks, steps, naive, overrides = task
+    task: tuple[Config, int, float, bool, bool, dict[str, dict[str, Any]]],
+) -> tuple[Config, dict[str, Score]]:
+    """Scores of one series, by detector name: `naive` if asked for, then each variant of ours."""
+    config, seed, weeks, steps, naive, variants = task
     rounds, sigma, noise = config
     series = make_series(sigma, seed, weeks=weeks, rounds=rounds, noise=noise, steps=steps)
-    rules = apply_overrides(Rules(), overrides)
-    naive_score = score(series, naive_alerts(series)) if naive else None
-    return config, naive_score, score(series, ours_alerts(series, rules))
+    scores = {"naive": score(series, naive_alerts(series))} if naive else {}
+    for name, overrides in variants.items():
+        scores[name] = score(series, ours_alerts(series, apply_overrides(Rules(), overrides)))
+    return config, scores
 
 
 # ---------------------------------------------------------------- rules from the command line
@@ -289,7 +298,14 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep:
         raise argparse.ArgumentTypeError(f"'{text}' is not KEY=VALUE (e.g. ticket.window_runs=24)")
+    value = value.strip()
+    if value.lower() in ("true", "false"):
+        return key.strip(), value.lower() == "true"
     return key.strip(), float(value) if "." in value or "e" in value else int(value)
+
+
+WINDOW_TICKET_VARIANTS = {"off": {"cusum": False}, "on": {"cusum+win": True}}
+WINDOW_TICKET_VARIANTS["both"] = {**WINDOW_TICKET_VARIANTS["off"], **WINDOW_TICKET_VARIANTS["on"]}
 
 
 def apply_overrides(rules: Rules, overrides: dict[str, Any]) -> Rules:
@@ -320,7 +336,7 @@ def format_table(scores: dict[Config, dict[str, Score]], series_count: int, quie
         f"{series_count} series with steps and {quiet_count} without per row; false alerts and pages per "
         "series per week (all series, then series without steps); per step size: recall, median and "
         "longest delay (minutes)",
-        "rounds sigma noise detector  false/wk pages/wk | quiet/wk pages/wk | "
+        "rounds sigma noise detector   false/wk pages/wk | quiet/wk pages/wk | "
         + " | ".join(f"{_label(s):>5}: recall   med   max" for s in STEP_SIZES),
     ]
     for (rounds, sigma, noise), by_name in scores.items():
@@ -332,13 +348,13 @@ def format_table(scores: dict[Config, dict[str, Score]], series_count: int, quie
                 cells.append(f"       {recall:6.1%} {_minutes(delays)} {_minutes(delays, max)}")
             quiet = result.quiet_weeks or math.nan
             lines.append(
-                f"{rounds:6d} {sigma:5.1f} {noise:5s} {name:<8} {result.false_alerts / result.weeks:9.2f} "
+                f"{rounds:6d} {sigma:5.1f} {noise:5s} {name:<9} {result.false_alerts / result.weeks:9.2f} "
                 f"{result.false_pages / result.weeks:8.3f} | {result.quiet_alerts / quiet:8.2f} "
                 f"{result.quiet_pages / quiet:8.3f} | " + " | ".join(cells)
             )
             if result.false_by:
                 opened_by = ", ".join(f"{k} {v}" for k, v in result.false_by.most_common())
-                lines.append(f"{'':28}false alerts opened by: {opened_by}")
+                lines.append(f"{'':29}false alerts opened by: {opened_by}")
     steps = ", ".join(
         f"{sum(next(iter(v.values())).steps[s] for v in scores.values())} x {_label(s)}" for s in STEP_SIZES
     )
@@ -358,6 +374,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--ar1-sigmas", default="0.3", help="sigmas for the ar1 rows (0.3; 'all' for every one of --sigmas)"
     )
     parser.add_argument("--naive", action="store_true", help="score the naive rule beside ours")
+    parser.add_argument(
+        "--window-tickets",
+        choices=tuple(WINDOW_TICKET_VARIANTS),
+        default=None,
+        help="score ours without (off), with (on) or both ways with the ticket window rule opening tickets "
+        "beside the CUSUM (default: the rules' own setting)",
+    )
     parser.add_argument("--seed", type=int, default=20250106)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument(
@@ -379,6 +402,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     overrides = dict(args.overrides)
     rules = apply_overrides(Rules(), overrides)
     print(f"rules: {rules}")
+    if args.window_tickets is None:
+        variants = {"ours": overrides}
+    else:
+        variants = {
+            name: {**overrides, "window_tickets": on}
+            for name, on in WINDOW_TICKET_VARIANTS[args.window_tickets].items()
+        }
     print(
         f"runs every {RUN_S // 60} min; false = opened outside a step or the {GRACE_S // 60} min after it; "
         "delays in minutes from the step's start"
@@ -396,23 +426,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.weeks,
             index < args.series,
             args.naive,
-            overrides,
+            variants,
         )
         for config in configs
         for index in range(args.series + quiet)
     ]
     started = time.perf_counter()
-    names = ("naive", "ours") if args.naive else ("ours",)
+    names = (("naive",) if args.naive else ()) + tuple(variants)
     totals = {config: {name: Score() for name in names} for config in configs}
     if args.jobs > 1:
         with multiprocessing.Pool(args.jobs) as pool:
             results = pool.map(evaluate_series, tasks, chunksize=1)
     else:
         results = [evaluate_series(task) for task in tasks]
-    for config, naive, ours in results:
-        if naive is not None:
-            totals[config]["naive"].add(naive)
-        totals[config]["ours"].add(ours)
+    for config, by_name in results:
+        for name, result in by_name.items():
+            totals[config][name].add(result)
     print()
     print(format_table(totals, args.series, quiet))
     print(f"\n{len(tasks)} series in {time.perf_counter() - started:.0f} s")

@@ -55,7 +55,7 @@ def series(
             level * math.exp(rng.gauss(0, sigma)) * (rng.uniform(3, 10) if rng.random() < spikes else 1.0)
             for _ in range(probes)
         ]
-        points.append(RunPoint(T0 + i * EVERY, statistics.median(values)))
+        points.append(RunPoint(T0 + i * EVERY, statistics.median(values), ok=probes, errors=0))
     return points
 
 
@@ -74,6 +74,18 @@ def at_day(day: float) -> datetime:
 def test_a_healthy_series_with_a_daily_cycle_and_spikes_raises_nothing() -> None:
     points = series(10, sigma=0.2, seed=1, spikes=0.02)
     assert replay(points) == []
+
+
+@pytest.mark.parametrize(("probes", "pages"), [(5, True), (1, False)])
+def test_single_probe_runs_page_on_a_window_of_ten_runs(probes: int, pages: bool) -> None:
+    # Four runs in a row 3x slower: a 5-run median of 5-probe runs (25 requests) is slow twice in a
+    # row and pages; with one probe per run the window stretches to 10 runs, whose median is not.
+    points = series(5, sigma=0.1, seed=4, probes=probes)
+    burst = round(4.5 * RUNS_PER_DAY)
+    points[burst : burst + 4] = [dataclasses.replace(p, ttft_ms=p.ttft_ms * 3) for p in points[burst : burst + 4]]
+    assert Rules().page.min_probes == 10
+    events = replay(points)
+    assert [(e.kind, e.severity) for e in events if e.action == "open"] == ([("regression", "page")] if pages else [])
 
 
 def test_spikes_on_single_probe_runs_do_not_page() -> None:
@@ -153,9 +165,12 @@ JITTER = [1.00, 1.06, 0.95, 1.03, 0.97, 1.08, 0.93, 1.02, 0.99, 1.05, 0.96, 1.01
 
 
 def slowed_after(clean: int, slowed: int, factor: float = 2.5, base_ms: float = 200.0) -> list[RunPoint]:
-    """Runs 5 s apart (as in the demo): `clean` runs at base_ms, then `slowed` at factor x base_ms."""
+    """Runs 5 s apart of 3 requests each (as in the demo): `clean` runs at base_ms, then `slowed` at
+    factor x base_ms."""
     return [
-        RunPoint(T0 + timedelta(seconds=5 * i), base_ms * JITTER[i % 12] * (factor if i >= clean else 1.0))
+        RunPoint(
+            T0 + timedelta(seconds=5 * i), base_ms * JITTER[i % 12] * (factor if i >= clean else 1.0), ok=3, errors=0
+        )
         for i in range(clean + slowed)
     ]
 

@@ -325,3 +325,65 @@ async def test_export_from_a_database_without_the_schema_exits_3(tmp_path: Path)
     code, out, err = await asyncio.to_thread(run, "--export", "--config", str(config))
     assert (code, out) == (3, ""), err
     assert err.startswith("ttft-monitor replay --export: ")
+
+
+def step_csv(path: Path, *, seed: int = 2, factor: float = 1.2) -> None:
+    """Nine and a half days of runs (sigma 0.15, about what 5 probes of 0.3 give; a +-20% daily cycle),
+    `factor` slower from day 8.25 on."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(round(9.5 * 288)):
+        level = 800 * (1 + 0.2 * math.sin(2 * math.pi * i / 288)) * (factor if i >= 8.25 * 288 else 1.0)
+        rows.append(SampleRow(T0 + i * EVERY, "api/short/lab", level * math.exp(rng.gauss(0, 0.15))))
+    with path.open("w", encoding="utf-8", newline="") as stream:
+        write_samples_csv(rows, stream)
+
+
+@pytest.mark.parametrize(
+    ("detection", "tickets"),
+    [
+        ("{}", True),  # a +20% step: tickets
+        ("{window_tickets: false}", True),  # the CUSUM alone catches it
+        ("{cusum: {threshold: 1000}, window_tickets: false}", False),  # it never adds up to 1000
+        ("{cusum: {enabled: false}}", True),  # without it the window rule tickets
+    ],
+)
+def test_the_cusum_keys_of_the_config_reach_the_detector(tmp_path: Path, detection: str, tickets: bool) -> None:
+    samples = tmp_path / "samples.csv"
+    step_csv(samples)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "providers:\n  local: {base_url: 'http://127.0.0.1:8000/v1', api: openai-chat}\n"
+        f"targets:\n  api: {{provider: local, model: m}}\ndetection: {detection}\n"
+    )
+    code, out, err = run("--samples", str(samples), "--config", str(config))
+    assert code == 0, err
+    incidents = [json.loads(line) for line in out.splitlines()]
+    # A step that lasts becomes the level within a day: the ticket resolves, and may open again.
+    assert bool(incidents) == tickets, incidents
+    assert {(incident["kind"], incident["severity"]) for incident in incidents} <= {("regression", "ticket")}
+    assert all(incident["opened_at"] > "2025-01-14T06:00:00Z" for incident in incidents)  # after the step
+
+
+def test_the_configs_defaults_are_the_detectors() -> None:
+    from monitor.config.models import Detection
+    from monitor.detect.detector import Rules
+
+    assert Rules.from_config(Detection()) == Rules()
+    rules = Rules.from_config(Detection.model_validate({"cusum": {"threshold": 18, "clip": 2}, "window_tickets": True}))
+    assert (rules.cusum.threshold, rules.cusum.clip, rules.window_tickets) == (18, 2, True)
+    assert Rules.from_config(Detection.model_validate({"cusum": {"enabled": False}})).cusum is None
+
+
+def test_a_bad_cusum_key_exits_2_naming_it(tmp_path: Path) -> None:
+    samples = tmp_path / "samples.csv"
+    samples.write_text(outage_csv())
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "providers:\n  local: {base_url: 'http://127.0.0.1:8000/v1', api: openai-chat}\n"
+        "targets:\n  api: {provider: local, model: m}\ndetection: {cusum: {threshold: 0}}\n"
+    )
+    code, out, err = run("--samples", str(samples), "--config", str(config))
+    assert (code, out) == (2, ""), err
+    assert "detection.cusum.threshold" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err

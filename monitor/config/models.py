@@ -504,6 +504,12 @@ class SeverityRule(ConfigModel):
     z_threshold: float = Field(
         gt=0, description="... which must also be this many standard errors (from MAD) above the baseline."
     )
+    min_probes: int = Field(
+        0,
+        ge=0,
+        description="The window stretches back (to at most this many runs) until it holds this many measured "
+        "requests, so jobs with few `rounds` decide on more runs; 0: never.",
+    )
 
 
 class Availability(ConfigModel):
@@ -517,9 +523,47 @@ class Availability(ConfigModel):
     window_runs: int = Field(12, ge=1, description="Runs over which `error_rate` is measured.")
 
 
+class SequentialRule(ConfigModel):
+    """The CUSUM that opens tickets for moderate shifts (docs/detection.md, "Adding up evidence")."""
+
+    enabled: bool = Field(True, description="Add up evidence across runs; false leaves tickets to the window rule.")
+    shift_ratio: float = Field(
+        1.15,
+        gt=1,
+        description="The smallest shift worth a ticket: each run adds its residual minus half of log(shift_ratio).",
+    )
+    threshold: float = Field(
+        16.0,
+        gt=0,
+        description="A ticket opens when the sum reaches this (in the residuals' long-run sigmas); lower is sooner "
+        "and noisier.",
+    )
+    clip: float = Field(
+        2.5, gt=0, description="One run adds at most this many sigmas beyond the allowance, so spikes cannot push it."
+    )
+    min_delta_ms: float = Field(
+        20.0, ge=0, description="The shift the sum estimates must also be at least this many milliseconds."
+    )
+    block_runs: int = Field(24, ge=2, description="Runs per block when measuring how autocorrelated the residuals are.")
+
+
 DEFAULT_SEVERITY_RULES: dict[str, dict[str, float]] = {
-    "page": {"ratio": 1.5, "min_delta_ms": 100, "confirmations": 2, "window_runs": 5, "z_threshold": 4.0},
-    "ticket": {"ratio": 1.12, "min_delta_ms": 30, "confirmations": 6, "window_runs": 24, "z_threshold": 2.5},
+    "page": {
+        "ratio": 1.5,
+        "min_delta_ms": 100,
+        "confirmations": 2,
+        "window_runs": 5,
+        "z_threshold": 4.0,
+        "min_probes": 10,
+    },
+    "ticket": {
+        "ratio": 1.12,
+        "min_delta_ms": 30,
+        "confirmations": 6,
+        "window_runs": 24,
+        "z_threshold": 2.5,
+        "min_probes": 0,
+    },
 }
 
 
@@ -563,6 +607,15 @@ class Detection(ConfigModel):
         1.08,
         ge=1,
         description="An incident clears once TTFT is back below baseline x this (below `ticket.ratio`).",
+    )
+    cusum: SequentialRule = Field(
+        default_factory=SequentialRule,
+        description="The sequential rule (a one-sided CUSUM of the seasonal residuals) that opens tickets.",
+    )
+    window_tickets: bool = Field(
+        True,
+        description="The `ticket` window rule opens tickets beside the CUSUM too (it always does when `cusum` is "
+        "disabled).",
     )
     availability: Availability = Field(default_factory=Availability, description="Alerting on failed requests.")
 

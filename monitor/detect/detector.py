@@ -120,13 +120,20 @@ def point_from_run(record: RunRecord, *, served_model: str | None = None) -> Run
 class Threshold:
     """When a run confirms a severity: the median of the last `window_runs` runs is at least `ratio`
     times, `min_delta_ms` and `z_threshold` standard errors above the baseline; `confirmations`
-    confirming runs in a row open it."""
+    confirming runs in a row open it. The window stretches back until it holds `min_probes` measured
+    requests (at most `min_probes` runs), so runs of one probe each need a longer window than runs of 5."""
 
     ratio: float
     min_delta_ms: float
     confirmations: int
     window_runs: int
     z_threshold: float
+    min_probes: int = 0
+
+    @property
+    def longest_window(self) -> int:
+        """The most runs the window can stretch to."""
+        return max(self.window_runs, self.min_probes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,11 +161,13 @@ class Rules:
     seasonal_window_minutes: float = 60.0
     trailing_runs: int = 36
     level_hours: float = 24.0
-    page: Threshold = Threshold(ratio=1.5, min_delta_ms=100.0, confirmations=2, window_runs=5, z_threshold=4.0)
+    page: Threshold = Threshold(
+        ratio=1.5, min_delta_ms=100.0, confirmations=2, window_runs=5, z_threshold=4.0, min_probes=10
+    )
     ticket: Threshold = Threshold(ratio=1.12, min_delta_ms=30.0, confirmations=6, window_runs=24, z_threshold=2.5)
-    cusum: Cusum | None = Cusum(shift_ratio=1.10, threshold=24.0, clip=2.5)
+    cusum: Cusum | None = Cusum(shift_ratio=1.15, threshold=16.0, clip=2.5)
     # The ticket window rule opens tickets beside the CUSUM (always, without one).
-    window_tickets: bool = False
+    window_tickets: bool = True
     clear_ratio: float = 1.08
     clear_runs: int = 6
     consecutive_failures: int = 3
@@ -178,8 +187,10 @@ class Rules:
         if not (self.level_hours > 0 and self.seasonal_window_minutes > 0):
             raise ValueError("level_hours and seasonal_window_minutes must be above 0")
         for name, rule in (("page", self.page), ("ticket", self.ticket)):
-            if rule.window_runs < 1 or rule.confirmations < 1:
-                raise ValueError(f"{name}.window_runs and {name}.confirmations must be at least 1")
+            if rule.window_runs < 1 or rule.confirmations < 1 or rule.min_probes < 0:
+                raise ValueError(
+                    f"{name}.window_runs and {name}.confirmations must be at least 1, {name}.min_probes 0 or more"
+                )
             if rule.ratio <= 1 or rule.z_threshold <= 0 or rule.min_delta_ms < 0:
                 raise ValueError(f"{name}: ratio must be above 1, z_threshold above 0, min_delta_ms 0 or more")
         if self.clear_ratio >= min(self.page.ratio, self.ticket.ratio):
@@ -207,6 +218,20 @@ class Rules:
                 confirmations=rule.confirmations,
                 window_runs=getattr(rule, "window_runs", fallback.window_runs),
                 z_threshold=getattr(rule, "z_threshold", fallback.z_threshold),
+                min_probes=getattr(rule, "min_probes", fallback.min_probes),
+            )
+
+        def cusum(rule: Any) -> Cusum | None:
+            if rule is None:
+                return default.cusum
+            if not rule.enabled:
+                return None
+            return Cusum(
+                shift_ratio=rule.shift_ratio,
+                threshold=rule.threshold,
+                clip=rule.clip,
+                min_delta_ms=rule.min_delta_ms,
+                block_runs=rule.block_runs,
             )
 
         return cls(
@@ -219,7 +244,8 @@ class Rules:
             ticket=threshold(detection.ticket, default.ticket),
             clear_ratio=detection.clear_ratio,
             clear_runs=getattr(detection, "clear_runs", default.clear_runs),
-            cusum=getattr(detection, "cusum", default.cusum),
+            cusum=cusum(getattr(detection, "cusum", None)),
+            window_tickets=getattr(detection, "window_tickets", default.window_tickets),
             consecutive_failures=detection.availability.consecutive_failures,
             error_rate=detection.availability.error_rate,
             error_window_runs=detection.availability.window_runs,
@@ -229,7 +255,7 @@ class Rules:
     def history_runs(self) -> int:
         """The most recent valid runs whose values the detector reads; the level and the seasonal
         baselines reach `_lookback_s` further back in time."""
-        longest = max(self.page.window_runs, self.ticket.window_runs, self.clear_runs)
+        longest = max(self.page.longest_window, self.ticket.longest_window, self.clear_runs)
         return max(self.min_history_runs, self.trailing_runs + longest, self.error_window_runs)
 
 
@@ -469,6 +495,8 @@ class _Verdict:
     ticket: float | None  # None: too little history, or no seasonal baseline yet
     recent: list[float]  # the last runs' log TTFTs or residuals; minus baseline.level, distances
     adapted: bool  # an open incident outlived the history before it: its level is the new normal
+    page_window: int  # runs in each window (stretched to hold their rule's min_probes)
+    ticket_window: int
 
     def clear(self, window: int) -> float:
         """Distance of the median over the last `window` runs (only needed while an incident is open)."""
@@ -485,6 +513,7 @@ class _Core:
         self.slo_ms = slo_ms
         self.times: list[float] = []
         self.logs: list[float] = []
+        self.probes: list[int] = []  # measured requests of each valid run
         # Log distance of each run from its slot's seasonal baseline; nan: none; None: not computed yet.
         self._residuals: list[float | None] = []
         self._slots: dict[int, _Slot | None] = {}
@@ -530,6 +559,7 @@ class _Core:
             raise ValueError(f"runs must come in time order; {run.at.isoformat()} is older than the last one")
         self.times.append(moment)
         self.logs.append(math.log(run.ttft_ms))
+        self.probes.append(max(ok, 1))
         self._residuals.append(None)
         self._appended_since_trim += 1
         if self._appended_since_trim >= 4096:
@@ -543,7 +573,7 @@ class _Core:
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
         if drop > 0:
             self._profile_cache = None
-            del self.times[:drop], self.logs[:drop], self._residuals[:drop]
+            del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             low, high = self._reference_range
             if low >= drop:
@@ -741,7 +771,7 @@ class _Core:
         baseline = verdict.baseline
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
         confirms = self._confirms
-        if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms):
+        if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
         else:
@@ -752,11 +782,14 @@ class _Core:
         fresh = state.resolved_at is None or (
             count >= ticket_w and self.times[count - ticket_w] > state.resolved_at.timestamp()
         )
-        # With the sequential rule on, the ticket window may only time clearing and SLO (window_tickets).
+        # The ticket window opens tickets beside the sequential rule unless window_tickets is off; then it
+        # only times clearing and the SLO rule.
         if (
             (rules.cusum is None or rules.window_tickets)
             and fresh
-            and confirms(verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms)
+            and confirms(
+                verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms, verdict.ticket_window
+            )
         ):
             state.ticket_streak += 1
             state.ticket_since = state.ticket_since or run.at
@@ -801,14 +834,15 @@ class _Core:
             incident.see(ratio, run.at)
             state.incidents["regression"] = incident
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
-            detail["z"] = round(baseline.z(distance, getattr(rules, severity).window_runs), 2)
+            window = verdict.page_window if severity == "page" else verdict.ticket_window
+            detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs)), 2)
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
             ratio = math.exp(verdict.page)
             incident.see(ratio, run.at)
             incident.severity = "page"
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
-            detail["z"] = round(baseline.z(verdict.page, rules.page.window_runs), 2)
+            detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs)), 2)
             events.append(_event(incident, "update", run.at, detail))
         elif incident is not None:
             incident.see(math.exp(verdict.page), run.at)
@@ -912,15 +946,39 @@ class _Core:
         self._profile_cache = (key, profile)
         return profile
 
+    def _window(self, rule: Threshold, count: int) -> int:
+        """Runs in `rule`'s window ending at valid run `count` - 1: `window_runs`, stretched back until
+        it holds `min_probes` measured requests (at most `longest_window` runs)."""
+        runs = rule.window_runs
+        if rule.min_probes <= 0 or runs > count:
+            return runs
+        probes = self.probes
+        held = sum(probes[count - runs : count])
+        limit = min(rule.longest_window, count)
+        while held < rule.min_probes and runs < limit:
+            runs += 1
+            held += probes[count - runs]
+        return runs
+
     def _confirms(
-        self, distance: float | None, rule: Threshold, log_ratio: float, baseline: _Baseline, baseline_ms: float
+        self,
+        distance: float | None,
+        rule: Threshold,
+        log_ratio: float,
+        baseline: _Baseline,
+        baseline_ms: float,
+        window: int,
     ) -> bool:
         # Cheapest test first: the spread (a MAD) is computed only for windows that are far enough out.
         if distance is None or distance < log_ratio:
             return False
         if baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
             return False
-        z = baseline.z(distance, rule.window_runs)
+        # A window stretched to hold `min_probes` requests makes its median robust to single-probe noise,
+        # but is judged as significant as `window_runs` runs only: load that comes and goes does not
+        # average out over the extra runs (bench, AR(1) noise, 1 probe per run: z on the stretched
+        # window measured 0.53 false pages a week, on `window_runs` 0.20).
+        z = baseline.z(distance, min(window, rule.window_runs))
         cusum = self.rules.cusum
         if z < rule.z_threshold or cusum is None:
             return z >= rule.z_threshold
@@ -954,7 +1012,7 @@ class _Core:
         false alerts (bench/detector.py, sigma 0.3) for no gain in pages.
         """
         rules = self.rules
-        page_w, ticket_w, clear_w = rules.page.window_runs, rules.ticket.window_runs, rules.clear_runs
+        page_w, ticket_w, clear_w = self._window(rules.page, count), self._window(rules.ticket, count), rules.clear_runs
         longest = min(count, max(page_w, ticket_w, clear_w))
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
         # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
@@ -989,6 +1047,8 @@ class _Core:
         return _Verdict(
             baseline=baseline,
             page=median(recent[-page_w:]) - level,
+            page_window=page_w,
+            ticket_window=ticket_w,
             ticket=ticket,
             recent=recent,
             adapted=adapted,
