@@ -38,7 +38,15 @@ from monitor.store.models import (
     SampleRow,
     table_of,
 )
-from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats, storable_batch
+from monitor.store.records import (
+    SERVER_RUN_FIELDS,
+    HourlyStats,
+    RunRecord,
+    SeriesKey,
+    floor_hour,
+    hourly_stats,
+    storable_batch,
+)
 from monitor.store.types import UtcDateTime
 
 Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
@@ -94,6 +102,7 @@ def _run_row(run: RunRecord, series_id: int) -> dict[str, Any]:
         "decode_tps_p50": run.decode_tps_p50,
         "prompt_tokens_p50": run.prompt_tokens_p50,
         "error": run.error.value if run.error is not None else None,
+        **{name: getattr(run, name) for name in SERVER_RUN_FIELDS},
     }
 
 
@@ -185,6 +194,7 @@ _ROLLUPS_BETWEEN = (
 _RUN_COPY = (
     "id", "series_id", "job", "api", "intended_at", "started_at", "finished_at", "rounds", "warmup", "ok", "errors",
     "ttft_p50_ms", "ttft_min_ms", "ttft_max_ms", "ttfa_p50_ms", "decode_tps_p50", "prompt_tokens_p50", "error",
+    *SERVER_RUN_FIELDS,
 )  # fmt: skip
 _SAMPLE_COPY = ("id", "run_id", *_SAMPLE_COLUMNS, "error")
 _sample_values = attrgetter(*_SAMPLE_COLUMNS)
@@ -248,10 +258,11 @@ def _run_record(row: Any, series: SeriesKey) -> RunRecord:
         rate,
         tokens,
         error,
+        *server,
     ) = row
     return RunRecord(
         run_id, job, series, api, intended, started, finished, rounds, warmup, ok, errors,
-        p50, low, high, ttfa, rate, tokens, _ERROR_CLASSES[error] if error is not None else None,
+        p50, low, high, ttfa, rate, tokens, _ERROR_CLASSES[error] if error is not None else None, *server,
     )  # fmt: skip
 
 
