@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from monitor.alert.attribution import ServerSplit, classify, server_split, split_text
-from monitor.alert.cli import IncidentView, format_table
+from monitor.alert.cli import IncidentView, format_table, list_incidents
 from monitor.alert.model import Notification
 from monitor.alert.text import facts, plain_text
+from monitor.config.models import Config
+from monitor.detect.service import DetectionService
 from monitor.store.records import RunRecord, SeriesKey
+from monitor.store.repository import Repository
+from tests.store_fixtures import T0, Backend, make_batch
+
+pytest_plugins = ("tests.store_fixtures",)
 
 QUEUED = ServerSplit(ttft_ms=900, ttft_baseline_ms=360, waiting=12, waiting_baseline=0)
 QUEUE_SPLIT = ServerSplit(
@@ -112,3 +120,41 @@ def test_incidents_table_and_json_state_the_split() -> None:
     table = format_table([item], NOW, 7).splitlines()
     assert table[2] == f"  where: {text}"
     assert item.to_json()["cause"] == "server_queue" and item.to_json()["attribution"] == text
+
+
+# ---------------------------------------------------------------- through detection and the store
+
+
+async def test_a_regression_from_the_servers_queue_is_labelled_so_in_incidents(backend: Backend) -> None:
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        service = DetectionService(engine, repository, Config(), outbox=None, metrics=None)
+        rng = random.Random(7)
+        for i in range(72):
+            slow = i >= 60  # six hours at 400 ms, then the server queues: 12 waiting, 900 ms on its clock
+            batch = make_batch(T0 + timedelta(minutes=5 * i), targets=("qwen3-8b",), prompts=("short",))
+            noise = rng.uniform(-10, 10)
+            changed = [
+                (
+                    dataclasses.replace(
+                        run,
+                        ttft_p50_ms=(950.0 if slow else 400.0) + noise,
+                        server_ttft_ms=(900.0 if slow else 360.0) + noise,
+                        server_waiting=12.0 if slow else 0.0,
+                    ),
+                    samples,
+                )
+                for run, samples in batch
+            ]
+            await repository.save_runs(changed)
+            await service.after_store("every-5m", changed)
+        listed = await list_incidents(engine, now=T0 + timedelta(days=1), recent_days=7)
+    finally:
+        await engine.dispose()
+    regressions = [item for item in listed if item.kind == "regression"]
+    assert regressions, listed
+    item = regressions[0]
+    assert item.cause == "server_queue", item
+    assert item.attribution is not None and item.attribution.endswith(": queueing on the server"), item
+    assert "12 requests waiting (baseline 0)" in item.attribution
