@@ -158,6 +158,9 @@ class IncidentView:
     opened_observed_ms: float | None = None
     peak_ratio: float | None = None
     peak_at: datetime | None = None
+    # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
+    cause: str | None = None
+    attribution: str | None = None
 
     @property
     def state(self) -> str:
@@ -185,6 +188,8 @@ class IncidentView:
             "opened_observed_ms": self.opened_observed_ms,
             "peak_ratio": self.peak_ratio,
             "peak_at": None if self.peak_at is None else iso(self.peak_at),
+            "cause": self.cause,
+            "attribution": self.attribution,
         }
 
 
@@ -235,7 +240,9 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             provider=row.provider,
             prompt=row.prompt,
             location=row.location,
-            job=(row.details or {}).get("job") if isinstance(row.details, dict) else None,
+            job=_detail(row.details, "job"),
+            cause=_detail(row.details, "cause"),
+            attribution=_detail(row.details, "attribution"),
             opened_at=row.opened_at,
             resolved_at=row.resolved_at,
             baseline_ms=row.baseline_ms,
@@ -249,6 +256,10 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
         )
         for row in rows
     ]
+
+
+def _detail(details: Any, name: str) -> Any:
+    return details.get(name) if isinstance(details, dict) else None
 
 
 def format_table(incidents: list[IncidentView], now: datetime, recent_days: float) -> str:
@@ -275,7 +286,12 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
                 str(item.id)[:8],
             )
         )
-    lines = table_lines(header, rows)
+    laid_out = table_lines(header, rows)
+    lines = laid_out[:1]
+    for line, item in zip(laid_out[1:], incidents, strict=True):
+        lines.append(line)
+        if item.attribution:
+            lines.append(f"  where: {item.attribution}")
     open_count = sum(1 for item in incidents if item.resolved_at is None)
     lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")
     return "\n".join(lines) + "\n"

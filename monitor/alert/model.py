@@ -50,6 +50,9 @@ class Notification:
     summary: str = ""
     link: str | None = None
     repeat: int = 0
+    # Where the time went, from the server's own metrics (monitor.alert.attribution), when known.
+    cause: str | None = None
+    attribution: str = ""
 
     def __post_init__(self) -> None:
         if self.state not in STATES:

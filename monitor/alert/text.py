@@ -118,6 +118,8 @@ def facts(notification: Notification, now: datetime) -> list[tuple[str, str]]:
     ttft = measurement(n)
     if ttft is not None:
         out.append(("TTFT", ttft))
+    if n.attribution:
+        out.append(("Where", n.attribution))
     if n.peak_ratio is not None and n.peak_at is not None and n.kind != "availability":
         out.append(("Peak", f"{fmt_ratio(n.peak_ratio)} at {fmt_time(n.peak_at)}"))
     if n.error_class:

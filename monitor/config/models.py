@@ -291,6 +291,13 @@ class Provider(ConfigModel):
         "address. Off: a redirect is recorded as error `redirect` with its `Location`. 301, 302 and 303 are "
         "never followed (they would turn the POST into a GET).",
     )
+    server_metrics_url: str | None = Field(
+        None,
+        description="The server's own Prometheus endpoint (self-hosted vLLM or SGLang), e.g. "
+        "`http://127.0.0.1:8000/metrics`. Scraped right before and right after each run (2 s limit; a slow "
+        "or dead endpoint only leaves the run's `server_*` columns empty) to store requests waiting and "
+        "running, KV-cache usage, prefix-cache hit rate and the server's own TTFT, queue and prefill time.",
+    )
 
     _secret: str | None = PrivateAttr(default=None)
     _auth_source: str = PrivateAttr(default="none")
@@ -300,6 +307,11 @@ class Provider(ConfigModel):
     @classmethod
     def _check_base_url(cls, url: str) -> str:
         return check_http_url(url, example="http://127.0.0.1:8000/v1 or https://api.openai.com/v1")
+
+    @field_validator("server_metrics_url")
+    @classmethod
+    def _check_server_metrics_url(cls, url: str | None) -> str | None:
+        return None if url is None else check_http_url(url, example="http://127.0.0.1:8000/metrics")
 
     @model_validator(mode="after")
     def _check_one_key_source(self) -> Provider:

@@ -14,6 +14,7 @@ from sqlalchemy import and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from monitor.alert.attribution import ServerSplit, classify, server_split, split_text
 from monitor.alert.model import Notification, series_link
 from monitor.config.models import Config
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
@@ -30,6 +31,15 @@ NOTIFICATION_STATE: dict[str, Literal["firing", "resolved", "info"]] = {
     "resolve": "resolved",
     "info": "info",
 }
+
+
+def _where(event: Event, split: ServerSplit | None) -> dict[str, str] | None:
+    """For a TTFT regression of a run with server metrics: the cause and the sentence saying it."""
+    if event.kind != "regression" or event.action == "resolve" or split is None:
+        return None
+    cause = classify(event.observed_ms, event.baseline_ms, split)
+    text = split_text(event.observed_ms, event.baseline_ms, split)
+    return {"cause": cause, "attribution": text} if cause is not None and text is not None else None
 
 
 def job_interval(config: Config, job: str) -> timedelta:
@@ -166,11 +176,13 @@ class DetectionService:
                 )
                 if written.rowcount != 1:
                     raise StateConflict("the detector state changed since it was read")  # rolls back
+            split = server_split(run, records)
             for event in events:
-                incident_id = await self._record_incident(connection, series_id, event, now)
+                where = _where(event, split)
+                incident_id = await self._record_incident(connection, series_id, event, now, where)
                 if self._outbox is not None:
                     await self._outbox.notify(
-                        self._notification(job, series, event, incident_id), connection=connection
+                        self._notification(job, series, event, incident_id, where), connection=connection
                     )
         return new_state, events, baseline_ms
 
@@ -190,7 +202,12 @@ class DetectionService:
         ).scalar()
 
     async def _record_incident(
-        self, connection: AsyncConnection, series_id: int, event: Event, now: datetime
+        self,
+        connection: AsyncConnection,
+        series_id: int,
+        event: Event,
+        now: datetime,
+        where: dict[str, str] | None = None,
     ) -> uuid.UUID:
         open_row = (
             await connection.execute(
@@ -208,7 +225,8 @@ class DetectionService:
             "ratio": event.ratio,
             "error": event.error,
             "updated_at": now,
-            "details": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in event.detail.items()},
+            "details": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in event.detail.items()}
+            | (where or {}),
             "peak_ratio": event.peak_ratio,
             "peak_at": event.peak_at,
         }
@@ -249,7 +267,9 @@ class DetectionService:
         await connection.execute(update(IncidentRow).where(IncidentRow.id == open_row).values(**values))
         return open_row
 
-    def _notification(self, job: str, series: SeriesKey, event: Event, incident_id: uuid.UUID) -> Notification:
+    def _notification(
+        self, job: str, series: SeriesKey, event: Event, incident_id: uuid.UUID, where: dict[str, str] | None = None
+    ) -> Notification:
         state = NOTIFICATION_STATE[event.action]
         since = event.detail.get("since")
         if isinstance(since, str):
@@ -273,6 +293,8 @@ class DetectionService:
             error_class=event.error,
             peak_ratio=event.peak_ratio,
             peak_at=event.peak_at,
+            cause=where["cause"] if where else None,
+            attribution=where["attribution"] if where else "",
             link=series_link(
                 self._config.alerts.base_url,
                 target=series.target,

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 import structlog
 
 from monitor.config.models import Config, Job
@@ -18,6 +19,7 @@ from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
+from monitor.probe.server_metrics import ServerMetrics, scrape, server_metrics
 from monitor.schedule.background import AFTERCARE_TIMEOUT_S, AfterStore
 
 if TYPE_CHECKING:
@@ -66,6 +68,8 @@ class JobContext:
     background: BackgroundStore | None = None
     # Calibration as last written to the database, so unchanged fits are not written every run.
     saved_fits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
+    # For providers' `server_metrics_url`; without one, a run that needs it opens its own.
+    scrape_session: aiohttp.ClientSession | None = None
 
 
 @dataclass
@@ -79,6 +83,8 @@ class JobOutcome:
     cancelled: bool = False
     # Handed to the background store: resolves to the writer's outcome ("stored", "spooled", "lost").
     saved: asyncio.Future[str] | None = None
+    # By target: what its server's own metrics said over the run (providers with server_metrics_url).
+    server: dict[str, ServerMetrics] = field(default_factory=dict)
 
     @property
     def measured(self) -> list[Sample]:
@@ -150,14 +156,16 @@ async def execute(
             on_sample(sample)
 
     try:
-        await run_plan(
-            plan,
-            client=ctx.clients[connection],
-            limits=ctx.limits,
-            prompts=PromptFactory(ctx.calibration),
-            intended_at=outcome.intended_at,
-            on_sample=record,
-        )
+        async with _ServerReadings(ctx, plan, log) as readings:
+            await run_plan(
+                plan,
+                client=ctx.clients[connection],
+                limits=ctx.limits,
+                prompts=PromptFactory(ctx.calibration),
+                intended_at=outcome.intended_at,
+                on_sample=record,
+            )
+            outcome.server = await readings.over_the_run()
     except asyncio.CancelledError:
         outcome.cancelled = True
         log.warning("job_cancelled", samples_taken=len(outcome.samples))
@@ -187,7 +195,73 @@ async def execute(
 def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> Batch:
     from monitor.store.records import runs_from_samples
 
-    return runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
+    batch = runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
+    if not outcome.server:
+        return batch
+    return [
+        (replace(run, **outcome.server[run.series.target].run_fields()), samples)
+        if run.series.target in outcome.server
+        else (run, samples)
+        for run, samples in batch
+    ]
+
+
+class _ServerReadings:
+    """Scrapes the servers' own metrics endpoints of a plan's targets right before and after its run.
+
+    Each scrape is bounded (SCRAPE_TIMEOUT_S) and never raises: a dead or hung endpoint delays the
+    first probe by at most that, and only leaves the run's `server_*` fields empty.
+    """
+
+    def __init__(self, ctx: JobContext, plan: RunPlan, log: Any) -> None:
+        providers = ctx.config.providers
+        self._url_of = {
+            t.name: url
+            for t in plan.targets
+            if t.provider in providers and (url := providers[t.provider].server_metrics_url) is not None
+        }
+        self._model_of = {t.name: t.params.model for t in plan.targets}
+        self._provider_of = {t.name: t.provider for t in plan.targets}
+        self._session = ctx.scrape_session
+        self._own_session: aiohttp.ClientSession | None = None
+        self._before: dict[str, Any] = {}
+        self._log = log
+
+    async def __aenter__(self) -> _ServerReadings:
+        if self._url_of:
+            if self._session is None:
+                self._session = self._own_session = aiohttp.ClientSession()
+            self._before = await self._read_all()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        if self._own_session is not None:
+            await self._own_session.close()
+
+    async def over_the_run(self) -> dict[str, ServerMetrics]:
+        if not self._url_of:
+            return {}
+        after = await self._read_all()
+        out: dict[str, ServerMetrics] = {}
+        for target, url in self._url_of.items():
+            metrics = server_metrics(self._before.get(url), after.get(url), self._model_of[target])
+            if metrics is not None:
+                out[target] = metrics
+        return out
+
+    async def _read_all(self) -> dict[str, Any]:
+        assert self._session is not None
+        urls = sorted(set(self._url_of.values()))
+        readings = await asyncio.gather(*(scrape(self._session, url) for url in urls))
+        out: dict[str, Any] = {}
+        for url, reading in zip(urls, readings, strict=True):
+            if isinstance(reading, str):
+                # The URL may carry credentials: name the provider, never the address.
+                providers = sorted({self._provider_of[t] for t, u in self._url_of.items() if u == url})
+                self._log.warning("server_metrics_unread", providers=providers, error=reading)
+            else:
+                out[url] = reading
+        return out
 
 
 def _hand_over(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> None:

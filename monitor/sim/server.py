@@ -6,7 +6,8 @@ fraction of a millisecond of its deadline so the simulator can serve as a refere
 testing how accurately a client measures TTFT.
 
 Endpoints: POST /v1/chat/completions, /v1/completions, /v1/messages, /v1/responses,
-/v1beta/models/{model}:streamGenerateContent (Gemini; also under /v1); GET /v1/models, /health.
+/v1beta/models/{model}:streamGenerateContent (Gemini; also under /v1); GET /v1/models, /health,
+/metrics (the server's own metrics, under vLLM's names: see monitor.sim.metrics).
 Control: GET /sim/models, POST /sim/models/{name} (partial profile), POST /sim/reset,
 GET /sim/requests/{request_id} (timing stamps).
 """
@@ -23,10 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from monitor.sim.arrival import ArrivalStamps
 from monitor.sim.cache import PrefixCache, block_hashes
 from monitor.sim.latency import Clock, sleep_until, sleep_until_precisely, token_gap_ns, ttft_ms
+from monitor.sim.metrics import SimMetrics
 from monitor.sim.parse import (
     BadRequest,
     SimRequest,
@@ -93,6 +96,8 @@ class Simulator:
         self.profiles: dict[str, ModelProfile] = {}
         self.caches: dict[str, PrefixCache] = {}
         self.stamps = StampStore(capacity=stamp_capacity)
+        # Not cleared by reset: a real server's counters only grow while it runs.
+        self.metrics = SimMetrics()
         self.reset()
 
     def reset(self) -> None:
@@ -326,6 +331,12 @@ class _Routes:
         stamp.configured_ttft_ms = ttft
         stamp.prompt_tokens = len(tokens)
         stamp.cached_tokens = cached
+        metrics, model = sim.metrics, body.model
+
+        def prefilled() -> None:
+            cache.insert(hashes)
+            metrics.first_token(model, (sim.clock() - received_ns) / 1e9)
+
         stamp.reasoning = thinking
         job = _Job(
             request=request,
@@ -339,8 +350,9 @@ class _Routes:
             created=int(sim.wall_clock()),
             first_token_ns=received_ns + round(ttft * 1_000_000),
             gap_ns=token_gap_ns(profile),
-            on_prefilled=lambda: cache.insert(hashes),
+            on_prefilled=prefilled,
         )
+        metrics.arrived(model, prompt_tokens=len(tokens), cached_tokens=cached)
         try:
             if body.stream:
                 return await self._stream(job)
@@ -350,6 +362,7 @@ class _Routes:
             raise
         finally:
             stamp.completed_ns = sim.clock()
+            metrics.finished(model)
 
     def _client_gone(self, stamp: Stamp) -> None:
         # A fault outcome (hang, malformed) says more than the client's leaving, which it causes.
@@ -585,6 +598,10 @@ class _Routes:
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
 
+    async def metrics(self, request: web.Request) -> web.Response:
+        page = self.sim.metrics.page(self.sim.profiles, self.sim.caches)
+        return web.Response(body=page, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
     # --- control -----------------------------------------------------------------------
 
     def _models_json(self) -> dict[str, Any]:
@@ -635,6 +652,7 @@ def build_app(simulator: Simulator) -> web.Application:
         app.router.add_post(f"/{version}/models/{{model}}:{{method}}", routes.gemini)
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/health", routes.health)
+    app.router.add_get("/metrics", routes.metrics)
     app.router.add_get("/sim/models", routes.sim_models)
     app.router.add_post("/sim/models/{name}", routes.sim_update_model)
     app.router.add_post("/sim/reset", routes.sim_reset)

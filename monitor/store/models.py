@@ -119,6 +119,14 @@ class RunRow(Base):
     prompt_tokens_p50: Mapped[float | None] = mapped_column(Double)
     error: Mapped[str | None] = mapped_column(String(ERROR_CLASS_LENGTH))
     stored_at: Mapped[datetime] = mapped_column(server_default=NOW)
+    # The server's own metrics over the run (providers with `server_metrics_url`), else NULL.
+    server_waiting: Mapped[float | None] = mapped_column(Double)
+    server_running: Mapped[float | None] = mapped_column(Double)
+    server_kv_cache_usage: Mapped[float | None] = mapped_column(Double)
+    server_prefix_hit_rate: Mapped[float | None] = mapped_column(Double)
+    server_ttft_ms: Mapped[float | None] = mapped_column(Double)
+    server_queue_ms: Mapped[float | None] = mapped_column(Double)
+    server_prefill_ms: Mapped[float | None] = mapped_column(Double)
 
 
 class SampleRow(Base):

@@ -118,6 +118,21 @@ class RunRecord:
     decode_tps_p50: float | None
     prompt_tokens_p50: float | None
     error: ErrorClass | None
+    # What the server's own metrics said over the run (monitor.probe.server_metrics.ServerMetrics);
+    # None: its provider names no `server_metrics_url`, or the endpoint did not answer in time.
+    server_waiting: float | None = None
+    server_running: float | None = None
+    server_kv_cache_usage: float | None = None
+    server_prefix_hit_rate: float | None = None
+    server_ttft_ms: float | None = None
+    server_queue_ms: float | None = None
+    server_prefill_ms: float | None = None
+
+
+SERVER_RUN_FIELDS = (
+    "server_waiting", "server_running", "server_kv_cache_usage", "server_prefix_hit_rate",
+    "server_ttft_ms", "server_queue_ms", "server_prefill_ms",
+)  # fmt: skip
 
 
 # Runs with their samples: what is written, spooled and replayed together.

@@ -40,6 +40,7 @@ from monitor.store.models import (
 )
 from monitor.store.records import (
     SAMPLE_COLUMN_FIELDS,
+    SERVER_RUN_FIELDS,
     Batch,
     HourlyStats,
     RunRecord,
@@ -95,6 +96,7 @@ def _run_row(run: RunRecord, series_id: int) -> dict[str, Any]:
         "decode_tps_p50": run.decode_tps_p50,
         "prompt_tokens_p50": run.prompt_tokens_p50,
         "error": run.error.value if run.error is not None else None,
+        **{name: getattr(run, name) for name in SERVER_RUN_FIELDS},
     }
 
 
@@ -186,6 +188,7 @@ _ROLLUPS_BETWEEN = (
 _RUN_COPY = (
     "id", "series_id", "job", "api", "intended_at", "started_at", "finished_at", "rounds", "warmup", "ok", "errors",
     "ttft_p50_ms", "ttft_min_ms", "ttft_max_ms", "ttfa_p50_ms", "decode_tps_p50", "prompt_tokens_p50", "error",
+    *SERVER_RUN_FIELDS,
 )  # fmt: skip
 _SAMPLE_COPY = ("id", "run_id", *SAMPLE_COLUMN_FIELDS, "error")
 _sample_values = attrgetter(*SAMPLE_COLUMN_FIELDS.values())
@@ -249,10 +252,11 @@ def _run_record(row: Any, series: SeriesKey) -> RunRecord:
         rate,
         tokens,
         error,
+        *server,
     ) = row
     return RunRecord(
         run_id, job, series, api, intended, started, finished, rounds, warmup, ok, errors,
-        p50, low, high, ttfa, rate, tokens, _ERROR_CLASSES[error] if error is not None else None,
+        p50, low, high, ttfa, rate, tokens, _ERROR_CLASSES[error] if error is not None else None, *server,
     )  # fmt: skip
 
 

@@ -1,0 +1,147 @@
+"""What an inference server's own Prometheus endpoint says about a run: parsing and deltas (pure),
+and the scrape (the one I/O function, bounded by a short timeout and never raising).
+
+A provider that names `server_metrics_url` (self-hosted vLLM or SGLang) is scraped right before and
+right after each run; `server_metrics` turns the two readings into what is stored with the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+# Short: the "before" scrape sits in front of the run's first probe.
+SCRAPE_TIMEOUT_S = 2.0
+# A metrics page is tens of kilobytes; a server sending more is not a metrics endpoint.
+MAX_SCRAPE_BYTES = 8 * 1024 * 1024
+MODEL_LABEL = "model_name"  # vLLM and SGLang both label per-model series so
+
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
+KV_CACHE_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
+PREFIX_HITS, PREFIX_QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
+PREFIX_HIT_RATE_GAUGE = "sglang:cache_hit_rate"
+TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
+QUEUE_TIME = ("vllm:request_queue_time_seconds",)
+PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
+
+# Sample name -> [(labels, value)], as read from one scrape.
+Snapshot = Mapping[str, list[tuple[dict[str, str], float]]]
+
+
+@dataclass(frozen=True, slots=True)
+class ServerMetrics:
+    """One run as the server saw it. Gauges: the larger of the readings before and after the run;
+    rates and means: over the run (the deltas between the two readings). None: not known."""
+
+    waiting: float | None = None
+    running: float | None = None
+    kv_cache_usage: float | None = None  # fraction, 0..1
+    prefix_hit_rate: float | None = None  # fraction of prompt tokens served from the prefix cache
+    ttft_ms: float | None = None  # mean over the requests the server finished prefilling in the run
+    queue_ms: float | None = None
+    prefill_ms: float | None = None
+
+    def run_fields(self) -> dict[str, float | None]:
+        """As the `server_*` fields of a RunRecord."""
+        return {f"server_{name}": getattr(self, name) for name in self.__slots__}
+
+
+def parse_snapshot(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The samples of a Prometheus text page by sample name. Raises ValueError on a malformed page."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise ValueError(f"not a Prometheus text page ({type(exc).__name__})") from None
+    return out
+
+
+def _total(snapshot: Snapshot | None, name: str, model: str) -> float | None:
+    """The sum over the label sets of `model` (series without a model label count: one-model servers)."""
+    if snapshot is None or name not in snapshot:
+        return None
+    values = [v for labels, v in snapshot[name] if labels.get(MODEL_LABEL, model) == model]
+    return sum(values) if values else None
+
+
+def _first_total(snapshot: Snapshot | None, names: tuple[str, ...], model: str) -> float | None:
+    for name in names:
+        value = _total(snapshot, name, model)
+        if value is not None:
+            return value
+    return None
+
+
+def _gauge(before: Snapshot | None, after: Snapshot | None, names: tuple[str, ...], model: str) -> float | None:
+    readings = [v for v in (_first_total(s, names, model) for s in (before, after)) if v is not None]
+    return max(readings) if readings else None
+
+
+def _delta(before: Snapshot | None, after: Snapshot | None, name: str, model: str) -> float | None:
+    if before is None:
+        return None
+    # A series first seen after the run started from zero during it (labels appear on first use).
+    old, new = _total(before, name, model) or 0.0, _total(after, name, model)
+    if old is None or new is None or new < old:  # missing, or the server restarted in between
+        return None
+    return new - old
+
+
+def _histogram_mean_ms(
+    before: Snapshot | None, after: Snapshot | None, names: tuple[str, ...], model: str
+) -> float | None:
+    for name in names:
+        count = _delta(before, after, f"{name}_count", model)
+        total = _delta(before, after, f"{name}_sum", model)
+        if count is not None and total is not None:
+            return total / count * 1000 if count > 0 else None
+    return None
+
+
+def server_metrics(before: Snapshot | None, after: Snapshot | None, model: str) -> ServerMetrics | None:
+    """What the two readings say about `model` over the run; None when neither reading exists."""
+    if before is None and after is None:
+        return None
+    hits, queries = _delta(before, after, PREFIX_HITS, model), _delta(before, after, PREFIX_QUERIES, model)
+    if hits is not None and queries:
+        hit_rate: float | None = hits / queries
+    else:
+        hit_rate = _total(after, PREFIX_HIT_RATE_GAUGE, model) if queries is None else None
+    return ServerMetrics(
+        waiting=_gauge(before, after, WAITING, model),
+        running=_gauge(before, after, RUNNING, model),
+        kv_cache_usage=_gauge(before, after, KV_CACHE_USAGE, model),
+        prefix_hit_rate=hit_rate,
+        ttft_ms=_histogram_mean_ms(before, after, TTFT, model),
+        queue_ms=_histogram_mean_ms(before, after, QUEUE_TIME, model),
+        prefill_ms=_histogram_mean_ms(before, after, PREFILL_TIME, model),
+    )
+
+
+async def scrape(
+    session: aiohttp.ClientSession, url: str, *, timeout_s: float = SCRAPE_TIMEOUT_S
+) -> dict[str, list[tuple[dict[str, str], float]]] | str:
+    """One reading of `url`, or the reason there is none (an error class, safe to log). Never raises
+    except on cancellation, and never takes longer than `timeout_s`."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url, allow_redirects=False) as response:
+                if response.status != 200:
+                    return f"http_{response.status}"
+                body = await response.content.read(MAX_SCRAPE_BYTES + 1)
+                if len(body) > MAX_SCRAPE_BYTES:
+                    return "too_large"
+        return parse_snapshot(body.decode("utf-8", errors="replace"))
+    except TimeoutError:
+        return "timeout"
+    except ValueError:
+        return "malformed"
+    except (aiohttp.ClientError, OSError) as exc:
+        return type(exc).__name__
