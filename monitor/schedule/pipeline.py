@@ -199,11 +199,16 @@ def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) ->
     if not outcome.server:
         return batch
     return [
-        (replace(run, **outcome.server[run.series.target].run_fields()), samples)
+        (replace(run, **_as_kwargs(outcome.server[run.series.target].run_fields())), samples)
         if run.series.target in outcome.server
         else (run, samples)
         for run, samples in batch
     ]
+
+
+def _as_kwargs(fields: dict[str, float | None]) -> dict[str, Any]:
+    # The `server_*` fields are all optional floats; mypy cannot see that through `**`.
+    return fields
 
 
 class _ServerReadings:
