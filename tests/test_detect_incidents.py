@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import uuid
 from datetime import UTC, datetime, timedelta
 
 from monitor.alert.model import Notification
 from monitor.alert.text import facts, headline
 from monitor.detect.detector import Detector, SeriesState
+from tests.alert_fixtures import notification as alert_notification
 from tests.test_detect import Step, at_day, series
 
 
@@ -46,17 +46,8 @@ def test_the_peak_survives_a_restart() -> None:
 
 def test_a_resolve_notification_shows_the_peak_not_the_ratio_at_resolve() -> None:
     since = datetime(2025, 1, 6, 3, 10, tzinfo=UTC)
-    notification = Notification(
-        incident_id=uuid.uuid4(),
+    notification = alert_notification(
         state="resolved",
-        kind="regression",
-        severity="page",
-        job="every-5m",
-        target="qwen3-8b",
-        model="Qwen/Qwen3-8B",
-        provider="vllm",
-        prompt="short",
-        location="fra-dc1",
         since=since,
         resolved_at=since + timedelta(hours=2),
         baseline_ms=400.0,

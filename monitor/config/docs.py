@@ -6,7 +6,6 @@ python -m monitor.config.docs --check docs/configuration.md   # exit 1 if stale
 
 from __future__ import annotations
 
-import argparse
 import types
 import typing
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from monitor.config.models import Config
+from monitor.docgen import regenerate
 
 BEGIN = "<!-- BEGIN GENERATED REFERENCE: python -m monitor.config.docs --write docs/configuration.md -->"
 END = "<!-- END GENERATED REFERENCE -->"
@@ -183,21 +183,12 @@ def _is_model(annotation: Any) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m monitor.config.docs", description=__doc__.splitlines()[0])
-    action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write", type=Path, metavar="PATH", help="regenerate the reference in PATH")
-    action.add_argument("--check", type=Path, metavar="PATH", help="exit 1 if the reference in PATH is stale")
-    args = parser.parse_args(argv)
-    path: Path = args.write or args.check
-    document = path.read_text(encoding="utf-8")
-    updated = replace_reference(document, render_reference())
-    if args.check:
-        if updated != document:
-            print(f"{path} is out of date; run: python -m monitor.config.docs --write {path}")
-            return 1
-        return 0
-    path.write_text(updated, encoding="utf-8")
-    return 0
+    return regenerate(
+        argv,
+        prog="python -m monitor.config.docs",
+        description=__doc__.splitlines()[0],
+        update=lambda document: replace_reference(document, render_reference()),
+    )
 
 
 if __name__ == "__main__":

@@ -8,12 +8,11 @@ Only the text between the BEGIN and END markers is generated; the prose around i
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
 from typing import Any
 
 from monitor.alert.metrics import AlertMetrics
 from monitor.config.models import DEFAULT_TTFT_BUCKETS_S
+from monitor.docgen import regenerate
 from monitor.metrics.definitions import Metrics, MonitorRegistry, metric_objects
 
 BEGIN = "<!-- BEGIN GENERATED METRICS REFERENCE -->"
@@ -75,21 +74,12 @@ def replace_reference(document: str, reference: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m monitor.metrics.docs", description=__doc__.splitlines()[0])
-    action = parser.add_mutually_exclusive_group(required=True)
-    action.add_argument("--write", type=Path, metavar="PATH", help="regenerate the reference in PATH")
-    action.add_argument("--check", type=Path, metavar="PATH", help="exit 1 if the reference in PATH is stale")
-    args = parser.parse_args(argv)
-    path: Path = args.write or args.check
-    document = path.read_text(encoding="utf-8")
-    updated = replace_reference(document, render_reference())
-    if args.check:
-        if updated != document:
-            print(f"{path} is out of date; run: python -m monitor.metrics.docs --write {path}")
-            return 1
-        return 0
-    path.write_text(updated, encoding="utf-8")
-    return 0
+    return regenerate(
+        argv,
+        prog="python -m monitor.metrics.docs",
+        description=__doc__.splitlines()[0],
+        update=lambda document: replace_reference(document, render_reference()),
+    )
 
 
 if __name__ == "__main__":
