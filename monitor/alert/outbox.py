@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -25,8 +25,13 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from monitor.alert.metrics import AlertMetrics
 from monitor.alert.model import Notification
 from monitor.alert.routing import active_silence, describe_silence, route
+from monitor.alert.text import annotation_text, fmt_time
 from monitor.config.models import Alerts
 from monitor.store.outbox import FIRING_EVENTS, PENDING, SUPPRESSED, OutboxStore
+from monitor.store.triage import TriageStore
+
+# How long before an incident began a change marker still counts as a likely cause worth naming.
+ANNOTATION_WINDOW = timedelta(hours=1)
 
 __all__ = ["FIRING_EVENTS", "Enqueued", "Outbox", "dedup_key", "event_of", "utc_now"]
 
@@ -85,19 +90,44 @@ class Outbox:
         new state), so the state change and its notifications commit or fail together.
         """
         now = now or utc_now()
-        alerts = self._alerts
-        if notification.state == "resolved" and not alerts.send_resolved:
+        if notification.state == "resolved" and not self._alerts.send_resolved:
             return []
+        if connection is not None:
+            notification, out = await self._notify_in(connection, notification, now)
+        else:
+            async with self._store.transaction() as own:
+                notification, out = await self._notify_in(own, notification, now)
+        self._after_enqueue(notification, out)
+        return out
+
+    async def _notify_in(
+        self, connection: AsyncConnection, notification: Notification, now: datetime
+    ) -> tuple[Notification, list[Enqueued]]:
+        alerts = self._alerts
+        notification = await self._annotated(connection, notification, now)
         receivers = route(notification, alerts.routes, alerts.receivers)
         silence = active_silence(notification, alerts.silences, now)
         reason = describe_silence(*silence) if silence is not None else None
-        if connection is not None:
-            out = await self._enqueue_in(connection, notification, receivers, now, reason)
-        else:
-            async with self._store.transaction() as own:
-                out = await self._enqueue_in(own, notification, receivers, now, reason)
-        self._after_enqueue(notification, out)
-        return out
+        if reason is None and notification.state == "firing":
+            # Someone is on it: a severity change of an acknowledged incident is recorded, not sent.
+            # Its first notice went out before anyone could acknowledge it, and its resolve still does.
+            acked = await TriageStore.acknowledged(connection, notification.incident_id)
+            if acked is not None:
+                reason = f"acknowledged by {acked[0] or 'someone'} at {fmt_time(acked[1])}"
+        return notification, await self._enqueue_in(connection, notification, receivers, now, reason)
+
+    @staticmethod
+    async def _annotated(connection: AsyncConnection, notification: Notification, now: datetime) -> Notification:
+        """The notification naming the change markers (`ttft-monitor annotate`) of its target, or of
+        every target, from an hour before the incident began until now."""
+        if notification.annotation:
+            return notification
+        marks = await TriageStore.annotations_between(
+            connection, notification.since - ANNOTATION_WINDOW, now, target=notification.target, limit=3
+        )
+        if not marks:
+            return notification
+        return notification.with_changes(annotation=annotation_text([(mark.text, mark.at) for mark in marks]))
 
     async def enqueue(
         self,

@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.store.engine import write_transaction
-from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, table_of
+from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, IncidentTriageRow, table_of
 from monitor.store.statements import upsert_insert
 
 # Row statuses (the `status` column).
@@ -28,6 +28,7 @@ FIRING_EVENTS = ("firing", "renotify")
 OUTBOX = table_of(AlertOutboxRow)
 DELIVERIES = table_of(AlertDeliveryRow)
 INCIDENTS = table_of(IncidentRow)
+TRIAGE = table_of(IncidentTriageRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +233,7 @@ class OutboxStore:
     # ------------------------------------------------------------ reminders and housekeeping
 
     async def firing_of_open_incidents(self) -> tuple[list[Any], set[tuple[uuid.UUID, str]]]:
-        """The first-notice rows of open incidents, oldest first, with the incident's current values;
+        """The first-notice rows of open incidents not acknowledged, oldest first, with the incident's current values;
         and the (incident, receiver) pairs that have a row still pending."""
         query = (
             sa.select(
@@ -246,7 +247,9 @@ class OutboxStore:
                 INCIDENTS.c.error,
             )
             .join(INCIDENTS, INCIDENTS.c.id == OUTBOX.c.incident_id)
-            .where(INCIDENTS.c.resolved_at.is_(None), OUTBOX.c.event == "firing")
+            # An acknowledged incident gets no reminders: someone is on it.
+            .outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id)
+            .where(INCIDENTS.c.resolved_at.is_(None), OUTBOX.c.event == "firing", TRIAGE.c.acked_at.is_(None))
             .order_by(OUTBOX.c.created_at)
         )
         busy_query = sa.select(OUTBOX.c.incident_id, OUTBOX.c.receiver).where(
