@@ -308,3 +308,26 @@ async def test_incidents_lists_acks_labels_notes_and_annotations(engine: AsyncEn
     assert "  label: true-positive" in text
     assert "  change: after annotation 'vLLM upgraded' at 08:50 UTC" in text
     assert text.endswith("annotations in the last 7 days:\n  2026-03-02 08:50  all targets: vLLM upgraded (by bob)\n")
+
+
+async def test_the_incidents_api_shows_the_triage_fields(engine: AsyncEngine, loopback: Loopback) -> None:
+    from monitor.web import queries
+
+    config = hook(loopback)
+    incident = await store_incident(engine)
+    untouched = await store_incident(engine, target="gpt-4o-mini")
+    await TriageStore(engine).annotate("vLLM upgraded", target="qwen3-8b", by="bob", now=T0 - timedelta(minutes=5))
+    t = triage(engine, config)
+    await t.ack(str(incident), by="alice")
+    await t.label(str(incident), "expected", by="alice")
+    items = await queries.incidents(engine, start=T0 - timedelta(days=1), end=T0 + timedelta(hours=1))
+    by_id = {item["id"]: item for item in items}
+    mine, other = by_id[str(incident)], by_id[str(untouched)]
+    assert (mine["acked_by"], mine["acked_at"], mine["label"], mine["note"]) == (
+        "alice",
+        "2026-03-02T09:30:00Z",
+        "expected",
+        None,
+    )
+    assert [a["text"] for a in mine["annotations"]] == ["vLLM upgraded"]
+    assert (other["acked_by"], other["label"], other["annotations"]) == (None, None, [])

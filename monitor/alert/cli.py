@@ -218,9 +218,8 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
     """Open incidents (newest first), then those resolved since `now - recent_days` (newest first)."""
     import sqlalchemy as sa
 
-    from monitor.alert.outbox import ANNOTATION_WINDOW
     from monitor.store.models import IncidentRow, SeriesRow
-    from monitor.store.triage import TriageStore
+    from monitor.store.triage import ANNOTATION_WINDOW, TriageStore
 
     i = IncidentRow.__table__.c
     s = SeriesRow.__table__.c
@@ -254,8 +253,9 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
         triage = await TriageStore.records(connection, [row.id for row in rows])
-        starts = {row.id: _began(row.details, row.opened_at) - ANNOTATION_WINDOW for row in rows}
-        marks = await TriageStore.annotations_between(connection, min(starts.values(), default=now), now)
+        starts = {row.id: _began(row.details, row.opened_at) for row in rows}
+        earliest = min(starts.values(), default=now) - ANNOTATION_WINDOW
+        marks = await TriageStore.annotations_between(connection, earliest, now)
     views = [
         IncidentView(
             id=row.id,
@@ -296,8 +296,10 @@ def _began(details: Any, opened_at: datetime) -> datetime:
 def _with_triage(
     view: IncidentView, record: TriageRecord | None, marks: list[Annotation], start: datetime, now: datetime
 ) -> IncidentView:
+    from monitor.store.triage import related_annotations
+
     end = view.resolved_at or now
-    related = tuple(m for m in marks if start <= m.at <= end and (m.target is None or m.target == view.target))
+    related = tuple(related_annotations(marks, target=view.target, began=start, until=end))
     if record is None:
         return replace(view, annotations=related)
     return replace(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -28,10 +28,7 @@ from monitor.alert.routing import active_silence, describe_silence, route
 from monitor.alert.text import annotation_text, fmt_time
 from monitor.config.models import Alerts
 from monitor.store.outbox import FIRING_EVENTS, PENDING, SUPPRESSED, OutboxStore
-from monitor.store.triage import TriageStore
-
-# How long before an incident began a change marker still counts as a likely cause worth naming.
-ANNOTATION_WINDOW = timedelta(hours=1)
+from monitor.store.triage import ANNOTATION_WINDOW, TriageStore
 
 __all__ = ["FIRING_EVENTS", "Enqueued", "Outbox", "dedup_key", "event_of", "utc_now"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,6 +29,8 @@ ANNOTATIONS = table_of(AnnotationRow)
 DETECTOR_STATE = table_of(DetectorStateRow)
 # The shortest id prefix accepted: `incidents` shows 8 characters.
 MIN_PREFIX = 4
+# How long before an incident began a change marker still counts as a likely cause worth naming.
+ANNOTATION_WINDOW = timedelta(hours=1)
 
 
 class IncidentLookupError(Exception):
@@ -92,6 +94,29 @@ class TriageRecord:
     resolved_at: datetime | None = None
     resolved_by: str | None = None
     note: str | None = None
+
+
+def related_annotations(
+    marks: Sequence[Annotation], *, target: str, began: datetime, until: datetime
+) -> list[Annotation]:
+    """The markers of `target` (or of every target) from ANNOTATION_WINDOW before `began` to `until`."""
+    start = began - ANNOTATION_WINDOW
+    return [m for m in marks if start <= m.at <= until and (m.target is None or m.target == target)]
+
+
+def triage_json(record: TriageRecord | None, annotations: Sequence[Annotation]) -> dict[str, Any]:
+    """The triage fields of an incident as `incidents --format json` and /api/v1/incidents show them."""
+    from monitor.alert.text import iso
+
+    record = record or TriageRecord()
+    return {
+        "acked_at": None if record.acked_at is None else iso(record.acked_at),
+        "acked_by": record.acked_by,
+        "label": record.label,
+        "resolved_by": record.resolved_by,
+        "note": record.note,
+        "annotations": [item.to_json() for item in annotations],
+    }
 
 
 def _annotation(row: Any) -> Annotation:
