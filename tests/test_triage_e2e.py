@@ -26,7 +26,8 @@ from tests.store_fixtures import free_port
 pytest_plugins = ("tests.store_fixtures", "tests.alert_fixtures")
 
 SLOWED = "gpt-4o-mini"
-SLOW_FACTOR = 3.0
+# Unmistakable even on a loaded machine, where probes of the simulator jitter by hundreds of ms.
+SLOW_FACTOR = 5.0
 
 
 @dataclass
@@ -62,7 +63,7 @@ prompts:
   short: {{tokens: 256}}
 jobs:
   - name: e2e
-    schedule: "*/2 * * * * *"
+    schedule: "*/5 * * * * *"
     targets: [mini]
     prompts: [short]
     rounds: 3
@@ -128,13 +129,13 @@ def received(loopback: Loopback, event: str) -> list[Received]:
 
 @pytest.fixture
 def sim() -> AsyncIterator[SimProcess]:  # type: ignore[misc]
-    process = start_sim("--seed", "7")
+    process = start_sim("--no-noise")
     yield process
     stop_sim(process)
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 async def test_a_slowdown_is_annotated_acked_labelled_resolved_by_hand_and_counted(
     tmp_path: Path, sim: SimProcess, loopback: Loopback
 ) -> None:
@@ -156,7 +157,7 @@ async def test_a_slowdown_is_annotated_acked_labelled_resolved_by_hand_and_count
         )
     try:
         # A baseline first: the detector wants min_history_runs runs of history.
-        await wait_for("7 stored runs", lambda: stored_runs(tmp_path) >= 7, within_s=90, log=log)
+        await wait_for("7 stored runs", lambda: stored_runs(tmp_path) >= 7, within_s=120, log=log)
         result = await cli(config, "annotate", "vLLM upgraded", "--target", "mini")
         assert result.code == EXIT_OK, result
         stamp = result.stdout.split(" recorded at ")[1][11:16]  # HH:MM of the ISO time printed
@@ -168,7 +169,7 @@ async def test_a_slowdown_is_annotated_acked_labelled_resolved_by_hand_and_count
                 "prefill_ms_per_1k": profile["prefill_ms_per_1k"] * SLOW_FACTOR,
             },
         )
-        await wait_for("firing webhook", lambda: received(loopback, "incident.firing"), within_s=120, log=log)
+        await wait_for("firing webhook", lambda: received(loopback, "incident.firing"), within_s=240, log=log)
         firing = received(loopback, "incident.firing")[0].json()["data"]
         assert firing["kind"] == "regression" and firing["series"]["target"] == "mini"
         assert f"Change: after annotation 'vLLM upgraded' at {stamp} UTC" in firing["text"], firing["text"]
@@ -182,7 +183,7 @@ async def test_a_slowdown_is_annotated_acked_labelled_resolved_by_hand_and_count
         sim.post("/sim/reset", {})  # the model recovers; the incident is closed by hand all the same
         result = await cli(config, "incidents", "resolve", short, "--note", "rolled back vLLM")
         assert result.code == EXIT_OK and "queued for hook" in result.stdout, result
-        await wait_for("resolved webhook", lambda: received(loopback, "incident.resolved"), within_s=30, log=log)
+        await wait_for("resolved webhook", lambda: received(loopback, "incident.resolved"), within_s=60, log=log)
         resolved = received(loopback, "incident.resolved")[0].json()["data"]
         assert resolved["incident_id"] == incident
         assert resolved["summary"] == "Resolved by hand by e2e: rolled back vLLM"
