@@ -331,3 +331,16 @@ async def test_the_incidents_api_shows_the_triage_fields(engine: AsyncEngine, lo
     )
     assert [a["text"] for a in mine["annotations"]] == ["vLLM upgraded"]
     assert (other["acked_by"], other["label"], other["annotations"]) == (None, None, [])
+
+
+async def test_alertmanager_keeps_its_keepalive_re_sends_after_an_ack(engine: AsyncEngine, loopback: Loopback) -> None:
+    # Alertmanager resolves an alert whose endsAt passes: its 60 s re-sends are a keep-alive, not a
+    # reminder to a person, so an ack must not stop them (Alertmanager dedups them itself).
+    config = alerts({"am": receiver("alertmanager", loopback.url())}, renotify_interval_s=600)
+    incident = await store_incident(engine)
+    async with Transport() as transport:
+        d = dispatcher(engine, config, transport)
+        await d.outbox.notify(notification(incident_id=incident), now=T0)
+        await d.dispatch_due(T0)
+        await triage(engine, config).ack(str(incident), by="alice")
+        assert await d.renotify_due(T0 + timedelta(seconds=61)) == 1

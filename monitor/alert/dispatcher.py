@@ -163,10 +163,12 @@ class Dispatcher:
         except TimeoutError:
             return SendResult("transient", None, f"no answer within {receiver.timeout_s:g} s (timeout)")
 
-    def _interval(self, receiver: Receiver) -> float | None:
-        """How often a still-firing incident is sent again to this receiver; None for never."""
+    def _interval(self, receiver: Receiver, *, acked: bool = False) -> float | None:
+        """How often a still-firing incident is sent again to this receiver; None for never. Once it is
+        acknowledged, only a receiver's own resend interval remains: Alertmanager's re-sends are a
+        keep-alive (it resolves an alert whose endsAt passes), not a reminder to a person."""
         options = []
-        if self._alerts.renotify_interval_s > 0:
+        if self._alerts.renotify_interval_s > 0 and not acked:
             options.append(self._alerts.renotify_interval_s)
         kind = KINDS.get(receiver.type)
         if kind is not None and kind.resend_interval_s is not None:
@@ -278,7 +280,7 @@ class Dispatcher:
             receiver = self._alerts.receivers.get(name)
             if receiver is None or (incident_id, name) in busy:
                 continue
-            interval = self._interval(receiver)
+            interval = self._interval(receiver, acked=bool(row.acked))
             if interval is None:
                 continue
             repeat = int((now - row.created_at).total_seconds() // interval)

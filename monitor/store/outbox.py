@@ -233,7 +233,8 @@ class OutboxStore:
     # ------------------------------------------------------------ reminders and housekeeping
 
     async def firing_of_open_incidents(self) -> tuple[list[Any], set[tuple[uuid.UUID, str]]]:
-        """The first-notice rows of open incidents not acknowledged, oldest first, with the incident's current values;
+        """The first-notice rows of open incidents, oldest first, with the incident's current values and
+        whether it was acknowledged (`acked`);
         and the (incident, receiver) pairs that have a row still pending."""
         query = (
             sa.select(
@@ -245,11 +246,11 @@ class OutboxStore:
                 INCIDENTS.c.observed_ms,
                 INCIDENTS.c.ratio,
                 INCIDENTS.c.error,
+                TRIAGE.c.acked_at.is_not(None).label("acked"),
             )
             .join(INCIDENTS, INCIDENTS.c.id == OUTBOX.c.incident_id)
-            # An acknowledged incident gets no reminders: someone is on it.
             .outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id)
-            .where(INCIDENTS.c.resolved_at.is_(None), OUTBOX.c.event == "firing", TRIAGE.c.acked_at.is_(None))
+            .where(INCIDENTS.c.resolved_at.is_(None), OUTBOX.c.event == "firing")
             .order_by(OUTBOX.c.created_at)
         )
         busy_query = sa.select(OUTBOX.c.incident_id, OUTBOX.c.receiver).where(
