@@ -344,3 +344,53 @@ async def test_alertmanager_keeps_its_keepalive_re_sends_after_an_ack(engine: As
         await d.dispatch_due(T0)
         await triage(engine, config).ack(str(incident), by="alice")
         assert await d.renotify_due(T0 + timedelta(seconds=61)) == 1
+
+
+async def test_after_a_manual_resolve_the_detector_leaves_the_closed_incident_alone(backend: Backend) -> None:
+    import dataclasses
+
+    from monitor.detect.service import DetectionService
+    from monitor.store.repository import Repository
+    from tests.store_fixtures import T0 as RUNS_T0
+    from tests.store_fixtures import make_batch
+
+    engine = backend.engine()
+    table = IncidentRow.__table__
+    try:
+        repository = Repository(engine)
+        service = DetectionService(engine, repository, Config(), outbox=None, metrics=None)
+        rng = random.Random(7)
+
+        async def run(i: int, slow: bool) -> None:
+            batch = make_batch(RUNS_T0 + timedelta(minutes=5 * i), targets=("qwen3-8b",), prompts=("short",))
+            level = 1200.0 if slow else 400.0
+            changed = [(dataclasses.replace(r, ttft_p50_ms=level + rng.uniform(-10, 10)), s) for r, s in batch]
+            await repository.save_runs(changed)
+            await service.after_store("every-5m", changed)
+
+        async def regressions() -> list[sa.Row]:
+            async with engine.connect() as connection:
+                query = sa.select(table).where(table.c.kind == "regression").order_by(table.c.opened_at)
+                return list((await connection.execute(query)).all())
+
+        i = 0
+        for i in range(60):
+            await run(i, slow=False)
+        while not await regressions():
+            i += 1
+            assert i < 80, "no regression opened"
+            await run(i, slow=True)
+        (opened,) = await regressions()
+        resolved_at = RUNS_T0 + timedelta(minutes=5 * i + 1)
+        await triage(engine, alerts({}), resolved_at).resolve(str(opened.id), by="alice", note="known")
+        for j in range(i + 1, i + 4):
+            await run(j, slow=True)
+        for j in range(i + 4, i + 40):  # and it recovers: the detector has nothing of it left to resolve
+            await run(j, slow=False)
+        rows = await regressions()
+    finally:
+        await engine.dispose()
+    closed = next(row for row in rows if row.id == opened.id)
+    assert (closed.resolved_at, closed.updated_at) == (resolved_at, resolved_at)
+    # Any later incident is a new one, not the closed one resumed or resolved a second time.
+    assert all(row.opened_at > resolved_at for row in rows if row.id != opened.id), rows
