@@ -170,11 +170,7 @@ class IncidentView:
     attribution: str | None = None
     # Triage (monitor.triage): who acknowledged, the label, a manual resolve's author and note, and the
     # change markers from an hour before it began until it ended.
-    acked_at: datetime | None = None
-    acked_by: str | None = None
-    label: str | None = None
-    resolved_by: str | None = None
-    note: str | None = None
+    triage: TriageRecord | None = None
     annotations: tuple[Annotation, ...] = ()
 
     @property
@@ -205,13 +201,7 @@ class IncidentView:
             "peak_at": None if self.peak_at is None else iso(self.peak_at),
             "cause": self.cause,
             "attribution": self.attribution,
-            "acked_at": None if self.acked_at is None else iso(self.acked_at),
-            "acked_by": self.acked_by,
-            "label": self.label,
-            "resolved_by": self.resolved_by,
-            "note": self.note,
-            "annotations": [item.to_json() for item in self.annotations],
-        }
+        } | _triage_json(self.triage, self.annotations)
 
 
 async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: float) -> list[IncidentView]:
@@ -300,17 +290,13 @@ def _with_triage(
 
     end = view.resolved_at or now
     related = tuple(related_annotations(marks, target=view.target, began=start, until=end))
-    if record is None:
-        return replace(view, annotations=related)
-    return replace(
-        view,
-        acked_at=record.acked_at,
-        acked_by=record.acked_by,
-        label=record.label,
-        resolved_by=record.resolved_by,
-        note=record.note,
-        annotations=related,
-    )
+    return replace(view, triage=record, annotations=related)
+
+
+def _triage_json(record: TriageRecord | None, annotations: Sequence[Annotation]) -> dict[str, Any]:
+    from monitor.store.triage import triage_json
+
+    return triage_json(record, annotations)
 
 
 async def list_annotations(engine: AsyncEngine, *, now: datetime, recent_days: float) -> list[Annotation]:
@@ -366,13 +352,14 @@ def format_table(
 
 def _triage_lines(item: IncidentView) -> list[str]:
     out = []
-    if item.acked_at is not None:
-        out.append(f"  acked: by {item.acked_by or '?'} at {_hhmm(item.acked_at)}")
-    if item.resolved_by is not None:
-        note = f": {item.note}" if item.note else ""
-        out.append(f"  resolved by hand: by {item.resolved_by}{note}")
-    if item.label is not None:
-        out.append(f"  label: {item.label}")
+    record = item.triage
+    if record is not None and record.acked_at is not None:
+        out.append(f"  acked: by {record.acked_by or '?'} at {_hhmm(record.acked_at)}")
+    if record is not None and record.resolved_by is not None:
+        note = f": {record.note}" if record.note else ""
+        out.append(f"  resolved by hand: by {record.resolved_by}{note}")
+    if record is not None and record.label is not None:
+        out.append(f"  label: {record.label}")
     if item.annotations:
         out.append(f"  change: {annotation_text([(m.text, m.at) for m in item.annotations])}")
     return out
