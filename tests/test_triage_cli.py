@@ -177,3 +177,18 @@ def test_an_unreachable_database_exits_3(tmp_path: Path, args: tuple[str, ...]) 
 def test_a_database_without_the_schema_exits_3_and_says_what_to_run(tmp_path: Path) -> None:
     result = cli(write_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"), "incidents", "stats")
     assert result.code == EXIT_INFRA and "ttft-monitor db upgrade" in result.stderr, result
+
+
+@pytest.mark.parametrize(
+    ("given", "environ", "expected"),
+    [
+        ("bob", {"USER": "alice"}, "bob"),
+        (None, {"USER": "alice"}, "alice"),
+        ("  eve\n[PAGE] fake  ", {}, "eve [PAGE] fake"),
+        ("x" * 300, {}, "x" * 200),
+    ],
+)
+def test_who_is_one_short_line(given: str | None, environ: dict[str, str], expected: str) -> None:
+    from monitor.triage.cli import who
+
+    assert who(given, environ) == expected

@@ -40,7 +40,8 @@ def command_name(args: argparse.Namespace) -> str:
 def who(given: str | None, environ: dict[str, str] | None = None) -> str:
     """`--by`, else $USER, else the login name, else "unknown"."""
     env = os.environ if environ is None else environ
-    name = (given or env.get("USER") or "").strip()
+    # One line: the name goes into notifications ("Resolved by hand by NAME").
+    name = " ".join((given or env.get("USER") or "").split())
     if not name:
         try:
             name = getpass.getuser()
