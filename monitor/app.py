@@ -22,7 +22,7 @@ from monitor.schedule.pipeline import JobContext
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from monitor.alert.outbox import Dispatcher
+    from monitor.alert.dispatcher import Dispatcher
     from monitor.detect.service import DetectionService
     from monitor.schedule.background import BackgroundStore
     from monitor.store.repository import Repository
@@ -194,8 +194,8 @@ async def attach_detection(
     Returns (dispatcher, detection service); the caller runs `dispatcher.run(stop)` as its own task
     (daemon) or `dispatch_due()` once (`once`), so a slow receiver never holds up probing.
     """
+    from monitor.alert.dispatcher import Dispatcher
     from monitor.alert.metrics import OUTCOMES, AlertMetrics
-    from monitor.alert.outbox import Dispatcher
     from monitor.alert.transport import Transport
     from monitor.detect.service import DetectionService
 

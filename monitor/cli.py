@@ -160,9 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     # Registration modules import argparse only: `ttft-monitor once` must start fast.
     from monitor.alert.commands import register as register_alert
     from monitor.store.commands import register as register_db
+    from monitor.triage.commands import register as register_triage
 
     register_db(commands)
     register_alert(commands)
+    register_triage(commands)
     from monitor.detect.cli import register as register_replay
 
     register_replay(commands)
@@ -361,6 +363,21 @@ def _cmd_alert(args: argparse.Namespace) -> int:
     return run_alert(args)
 
 
+def _cmd_incidents(args: argparse.Namespace) -> int:
+    if getattr(args, "incidents_command", None) is None:
+        return _cmd_alert(args)
+    return _cmd_triage(args)
+
+
+def _cmd_triage(args: argparse.Namespace) -> int:
+    from monitor.logging import configure_logging
+    from monitor.triage.cli import run as run_triage
+
+    # stdout says what was done; the outbox's log lines (warnings only) go to stderr.
+    configure_logging(stream=sys.stderr, level=logging.WARNING)
+    return run_triage(args)
+
+
 def _cmd_replay(args: argparse.Namespace) -> int:
     from monitor.detect.cli import run as run_replay
 
@@ -471,7 +488,8 @@ COMMANDS = {
     "once": _cmd_once,
     "db": _cmd_db,
     "alert": _cmd_alert,
-    "incidents": _cmd_alert,
+    "incidents": _cmd_incidents,
+    "annotate": _cmd_triage,
     "replay": _cmd_replay,
     "demo": _cmd_demo,
     "serve": _cmd_serve,

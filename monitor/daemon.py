@@ -43,7 +43,7 @@ from monitor.store.engine import display_url
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from monitor.alert.outbox import Dispatcher
+    from monitor.alert.dispatcher import Dispatcher
     from monitor.detect.service import DetectionService
     from monitor.schedule.scheduler import JobScheduler
     from monitor.systemd_notify import Notifier

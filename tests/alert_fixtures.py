@@ -165,7 +165,9 @@ async def _empty(url: str) -> None:
     try:
         async with engine.begin() as connection:
             await connection.execute(
-                sa.text("TRUNCATE alert_deliveries, alert_outbox, incidents, series RESTART IDENTITY CASCADE")
+                sa.text(
+                    "TRUNCATE alert_deliveries, alert_outbox, annotations, incidents, series RESTART IDENTITY CASCADE"
+                )
             )
     finally:
         await engine.dispose()

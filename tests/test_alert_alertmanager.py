@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from monitor.alert.outbox import Dispatcher
+from monitor.alert.dispatcher import Dispatcher
 from monitor.alert.transport import Transport
 from monitor.store.engine import create_engine
 from tests.alert_fixtures import alerts, notification, outbox_rows, receiver, resolve_incident, store_incident

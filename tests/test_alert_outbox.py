@@ -15,8 +15,9 @@ import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from monitor.alert.dispatcher import Dispatcher, RetryPolicy
 from monitor.alert.metrics import AlertMetrics
-from monitor.alert.outbox import Dispatcher, Enqueued, Outbox, RetryPolicy
+from monitor.alert.outbox import Enqueued, Outbox
 from monitor.alert.transport import Transport
 from monitor.config.models import Alerts, Route, Silence
 from monitor.store.models import IncidentRow

@@ -35,3 +35,13 @@ def test_ci_runs_the_readme_test_command_unchanged() -> None:
     test_command = next(b for b in blocks if "pytest" in b)
     ci = (ROOT / ".ci" / "run").read_text()
     assert test_command.strip() in ci.splitlines()
+
+
+def test_every_action_of_a_command_is_documented() -> None:
+    docs = README + "".join(path.read_text() for path in sorted((ROOT / "docs").glob("*.md")))
+    missing = []
+    for name, parser in subcommands().items():
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                missing += [f"ttft-monitor {name} {sub}" for sub in action.choices]
+    assert [command for command in missing if command not in docs] == []

@@ -23,6 +23,7 @@ pytest_plugins = ("tests.store_fixtures",)
 
 RESULT_TABLES = {"series", "runs", "samples", "rollups_hourly", "rollup_pending", "calibration"}
 COORDINATION_TABLES = {"job_ticks", "incidents", "detector_state", "alert_outbox", "alert_deliveries"}
+TRIAGE_TABLES = {"incident_triage", "annotations"}
 
 
 async def tables(engine: AsyncEngine) -> set[str]:
@@ -39,7 +40,7 @@ async def test_it_upgrades_from_empty_downgrades_to_base_and_upgrades_again(empt
     try:
         assert await migrate.current(engine) is None
         assert await migrate.upgrade(engine) == (None, migrate.head())
-        assert await tables(engine) == RESULT_TABLES | COORDINATION_TABLES | {"alembic_version"}
+        assert await tables(engine) == RESULT_TABLES | COORDINATION_TABLES | TRIAGE_TABLES | {"alembic_version"}
         # Every downgrade works, one step at a time.
         assert await migrate.downgrade(engine, "0001") == (migrate.head(), "0001")
         assert await tables(engine) == RESULT_TABLES | {"alembic_version"}

@@ -12,14 +12,15 @@ import json
 import logging
 import sys
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TextIO
 
 from monitor.alert.deliver import config_problems, deliver
 from monitor.alert.model import Notification, series_link
 from monitor.alert.receivers import KINDS
-from monitor.alert.text import fmt_duration, fmt_ms, fmt_ratio, iso
+from monitor.alert.text import annotation_text, fmt_duration, fmt_ms, fmt_ratio, iso
 from monitor.alert.transport import Transport
 from monitor.cliargs import config_path
 from monitor.config.errors import ConfigError
@@ -30,6 +31,8 @@ from monitor.config.secrets import new_webhook_secret
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from monitor.store.triage import Annotation, TriageRecord
+
 from monitor.alert.commands import register
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from monitor.table import table_lines
@@ -38,6 +41,10 @@ from monitor.table import table_lines
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    if getattr(args, "incidents_command", None) is not None:
+        from monitor.triage.cli import run as run_triage
+
+        return run_triage(args, stdout=out, stderr=err)
     if args.command == "alert" and args.alert_command == "new-secret":
         out.write(new_webhook_secret() + "\n")
         return EXIT_OK
@@ -161,6 +168,10 @@ class IncidentView:
     # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
     cause: str | None = None
     attribution: str | None = None
+    # Triage (monitor.triage): who acknowledged, the label, a manual resolve's author and note, and the
+    # change markers from an hour before it began until it ended.
+    triage: TriageRecord | None = None
+    annotations: tuple[Annotation, ...] = ()
 
     @property
     def state(self) -> str:
@@ -190,7 +201,7 @@ class IncidentView:
             "peak_at": None if self.peak_at is None else iso(self.peak_at),
             "cause": self.cause,
             "attribution": self.attribution,
-        }
+        } | _triage_json(self.triage, self.annotations)
 
 
 async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: float) -> list[IncidentView]:
@@ -198,6 +209,7 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
     import sqlalchemy as sa
 
     from monitor.store.models import IncidentRow, SeriesRow
+    from monitor.store.triage import ANNOTATION_WINDOW, TriageStore
 
     i = IncidentRow.__table__.c
     s = SeriesRow.__table__.c
@@ -230,7 +242,11 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
     )
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
-    return [
+        triage = await TriageStore.records(connection, [row.id for row in rows])
+        starts = {row.id: _began(row.details, row.opened_at) for row in rows}
+        earliest = min(starts.values(), default=now) - ANNOTATION_WINDOW
+        marks = await TriageStore.annotations_between(connection, earliest, now)
+    views = [
         IncidentView(
             id=row.id,
             kind=row.kind,
@@ -256,15 +272,51 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
         )
         for row in rows
     ]
+    return [_with_triage(view, triage.get(view.id), marks, starts[view.id], now) for view in views]
+
+
+def _began(details: Any, opened_at: datetime) -> datetime:
+    since = _detail(details, "since")
+    try:
+        return datetime.fromisoformat(since) if isinstance(since, str) else opened_at
+    except ValueError:
+        return opened_at
+
+
+def _with_triage(
+    view: IncidentView, record: TriageRecord | None, marks: list[Annotation], start: datetime, now: datetime
+) -> IncidentView:
+    from monitor.store.triage import related_annotations
+
+    end = view.resolved_at or now
+    related = tuple(related_annotations(marks, target=view.target, began=start, until=end))
+    return replace(view, triage=record, annotations=related)
+
+
+def _triage_json(record: TriageRecord | None, annotations: Sequence[Annotation]) -> dict[str, Any]:
+    from monitor.store.triage import triage_json
+
+    return triage_json(record, annotations)
+
+
+async def list_annotations(engine: AsyncEngine, *, now: datetime, recent_days: float) -> list[Annotation]:
+    """Change markers of the last `recent_days` days, oldest first."""
+    from monitor.store.triage import TriageStore
+
+    async with engine.connect() as connection:
+        return await TriageStore.annotations_between(connection, now - timedelta(days=recent_days), now)
 
 
 def _detail(details: Any, name: str) -> Any:
     return details.get(name) if isinstance(details, dict) else None
 
 
-def format_table(incidents: list[IncidentView], now: datetime, recent_days: float) -> str:
+def format_table(
+    incidents: list[IncidentView], now: datetime, recent_days: float, annotations: Sequence[Annotation] = ()
+) -> str:
+    marks = _annotation_lines(annotations, recent_days)
     if not incidents:
-        return f"no open incidents, and none resolved in the last {recent_days:g} days\n"
+        return f"no open incidents, and none resolved in the last {recent_days:g} days\n" + marks
     # Baseline and observed as at opening, and the peak: for a resolved incident the ratio at the
     # moment it cleared (1.05x, say) says nothing about how bad it was.
     header = ("STATE", "SEVERITY", "KIND", "SERIES", "OPENED", "FOR", "BASELINE", "OBSERVED", "PEAK", "ERROR", "ID")
@@ -292,8 +344,39 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
         lines.append(line)
         if item.attribution:
             lines.append(f"  where: {item.attribution}")
+        lines += _triage_lines(item)
     open_count = sum(1 for item in incidents if item.resolved_at is None)
     lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")
+    return "\n".join(lines) + "\n" + marks
+
+
+def _triage_lines(item: IncidentView) -> list[str]:
+    out = []
+    record = item.triage
+    if record is not None and record.acked_at is not None:
+        out.append(f"  acked: by {record.acked_by or '?'} at {_hhmm(record.acked_at)}")
+    if record is not None and record.resolved_by is not None:
+        note = f": {record.note}" if record.note else ""
+        out.append(f"  resolved by hand: by {record.resolved_by}{note}")
+    if record is not None and record.label is not None:
+        out.append(f"  label: {record.label}")
+    if item.annotations:
+        out.append(f"  change: {annotation_text([(m.text, m.at) for m in item.annotations])}")
+    return out
+
+
+def _hhmm(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
+def _annotation_lines(annotations: Sequence[Annotation], recent_days: float) -> str:
+    if not annotations:
+        return ""
+    lines = [f"annotations in the last {recent_days:g} days:"]
+    for item in annotations:
+        scope = item.target or "all targets"
+        by = f" (by {item.created_by})" if item.created_by else ""
+        lines.append(f"  {_hhmm(item.at)}  {scope}: {item.text}{by}")
     return "\n".join(lines) + "\n"
 
 
@@ -317,12 +400,13 @@ async def _incidents(config: Config, output: str, recent_days: float, out: TextI
         await ensure_current(engine)
         now = datetime.now(UTC)
         incidents = await list_incidents(engine, now=now, recent_days=recent_days)
+        annotations = await list_annotations(engine, now=now, recent_days=recent_days)
     finally:
         await engine.dispose()
     if output == "json":
         out.write(json.dumps([item.to_json() for item in incidents], indent=2) + "\n")
     else:
-        out.write(format_table(incidents, now, recent_days))
+        out.write(format_table(incidents, now, recent_days, annotations))
     return EXIT_OK
 
 

@@ -40,7 +40,7 @@ def register(subparsers: Any) -> None:
 
     incidents = subparsers.add_parser(
         "incidents",
-        help="list open and recently resolved incidents",
+        help="list open and recently resolved incidents; ack, resolve, label them; stats",
         description="List the incidents in the database: open ones first, then those resolved within --days.",
     )
     incidents.add_argument("--format", "-f", choices=["table", "json"], default="table", help="output (table)")
@@ -51,3 +51,6 @@ def register(subparsers: Any) -> None:
         help=f"also list incidents resolved in the last DAYS days (default {DEFAULT_RECENT_DAYS:g})",
     )
     _config_arg(incidents)
+    from monitor.triage.commands import register_incident_actions
+
+    register_incident_actions(incidents)

@@ -53,6 +53,9 @@ class Notification:
     # Where the time went, from the server's own metrics (monitor.alert.attribution), when known.
     cause: str | None = None
     attribution: str = ""
+    # Change markers (`ttft-monitor annotate`) shortly before the incident: "after annotation 'vLLM
+    # upgraded' at 03:02 UTC". Filled in by the outbox when it enqueues.
+    annotation: str = ""
 
     def __post_init__(self) -> None:
         if self.state not in STATES:

@@ -5,6 +5,7 @@ Pure functions of a notification and the current time, so each receiver's exact 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from monitor.alert.model import Notification
@@ -41,6 +42,14 @@ def fmt_time(moment: datetime) -> str:
 def iso(moment: datetime) -> str:
     """RFC 3339 in UTC with a `Z`, whole seconds: what every receiver API accepts."""
     return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def annotation_text(marks: Sequence[tuple[str, datetime]]) -> str:
+    """`after annotation 'vLLM upgraded' at 03:02 UTC` (several: oldest first, comma-separated)."""
+    if not marks:
+        return ""
+    items = ", ".join(f"'{text}' at {at.astimezone(UTC).strftime('%H:%M')} UTC" for text, at in marks)
+    return f"after annotation{'s' if len(marks) > 1 else ''} {items}"
 
 
 def fmt_duration(seconds: float) -> str:
@@ -120,6 +129,8 @@ def facts(notification: Notification, now: datetime) -> list[tuple[str, str]]:
         out.append(("TTFT", ttft))
     if n.attribution:
         out.append(("Where", n.attribution))
+    if n.annotation:
+        out.append(("Change", n.annotation))
     if n.peak_ratio is not None and n.peak_at is not None and n.kind != "availability":
         out.append(("Peak", f"{fmt_ratio(n.peak_ratio)} at {fmt_time(n.peak_at)}"))
     if n.error_class:

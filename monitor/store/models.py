@@ -329,6 +329,36 @@ class AlertDeliveryRow(Base):
     duration_ms: Mapped[float | None] = mapped_column(Double)
 
 
+class IncidentTriageRow(Base):
+    """What people said about an incident (`ttft-monitor incidents ack|label|resolve`); at most one row per
+    incident, written only by those commands, so the detector's updates of `incidents` never race it."""
+
+    __tablename__ = "incident_triage"
+
+    incident_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("incidents.id", ondelete="CASCADE"), primary_key=True)
+    acked_at: Mapped[datetime | None]
+    acked_by: Mapped[str | None] = mapped_column(Text)
+    label: Mapped[str | None] = mapped_column(String(16))
+    labelled_at: Mapped[datetime | None]
+    labelled_by: Mapped[str | None] = mapped_column(Text)
+    # Set when the incident was resolved by hand (`incidents resolve`), with the note given.
+    resolved_at: Mapped[datetime | None]
+    resolved_by: Mapped[str | None] = mapped_column(Text)
+    note: Mapped[str | None] = mapped_column(Text)
+
+
+class AnnotationRow(Base):
+    """A change marker (`ttft-monitor annotate`): what changed, when, and for which target (null: all)."""
+
+    __tablename__ = "annotations"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    at: Mapped[datetime] = mapped_column(index=True)
+    text: Mapped[str] = mapped_column(Text)
+    target: Mapped[str | None] = mapped_column(Text)
+    created_by: Mapped[str | None] = mapped_column(Text)
+
+
 def table_of(model: type[Base]) -> Table:
     """The Core table of a model, typed as a Table (for insert/delete statements)."""
     return cast(Table, model.__table__)

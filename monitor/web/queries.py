@@ -30,6 +30,7 @@ from monitor.store.models import (
 )
 from monitor.store.records import SeriesKey, floor_hour
 from monitor.store.repository import Repository
+from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotations, triage_json
 from monitor.store.types import UtcDateTime
 from monitor.web import stats
 
@@ -661,10 +662,18 @@ async def incidents(engine: AsyncEngine, *, start: datetime, end: datetime) -> l
                      "created_at": iso(row[6]), "sent_at": iso(row[7]), "last_error": row[8],
                      "deliveries": deliveries.get(row[0], [])}
                 )  # fmt: skip
+        triage = await TriageStore.records(connection, ids)
+        began = min((datetime.fromisoformat(item["since"]) for item in items), default=start)
+        marks = await TriageStore.annotations_between(connection, min(began, start) - ANNOTATION_WINDOW, end)
     for item in items:
         info = series.get(item["series_id"])
         item.update({k: v for k, v in asdict(info).items() if k != "id"} if info else {})
         item["notifications"] = notifications.get(item["id"], [])
+        # Triage (monitor.triage): ack, label, a manual resolve's note, change markers near its start.
+        until = datetime.fromisoformat(item["resolved_at"]) if item["resolved_at"] else end
+        began = datetime.fromisoformat(item["since"])
+        related = related_annotations(marks, target=item.get("target", ""), began=began, until=until)
+        item.update(triage_json(triage.get(uuid.UUID(item["id"])), related))
     return items
 
 

@@ -1,0 +1,324 @@
+"""Triage in the database: acknowledgements, labels, manual resolves (`incident_triage`) and change
+markers (`annotations`). Statements only; monitor.triage decides what they mean."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from monitor.store.engine import write_transaction
+from monitor.store.models import (
+    SERIES,
+    AnnotationRow,
+    DetectorStateRow,
+    IncidentRow,
+    IncidentTriageRow,
+    table_of,
+)
+from monitor.store.statements import upsert_insert
+
+INCIDENTS = table_of(IncidentRow)
+TRIAGE = table_of(IncidentTriageRow)
+ANNOTATIONS = table_of(AnnotationRow)
+DETECTOR_STATE = table_of(DetectorStateRow)
+# The shortest id prefix accepted: `incidents` shows 8 characters.
+MIN_PREFIX = 4
+# How long before an incident began a change marker still counts as a likely cause worth naming.
+ANNOTATION_WINDOW = timedelta(hours=1)
+
+
+class IncidentLookupError(Exception):
+    """No incident, or several, match the id given."""
+
+
+@dataclass(frozen=True, slots=True)
+class IncidentFacts:
+    """An incident, its series and what people said about it."""
+
+    id: uuid.UUID
+    series_id: int
+    kind: str
+    severity: str
+    opened_at: datetime
+    resolved_at: datetime | None
+    baseline_ms: float | None
+    observed_ms: float | None
+    ratio: float | None
+    error: str | None
+    peak_ratio: float | None
+    peak_at: datetime | None
+    details: dict[str, Any] | None
+    target: str
+    model: str
+    provider: str
+    prompt: str
+    location: str
+    acked_at: datetime | None
+    acked_by: str | None
+    label: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    id: uuid.UUID
+    at: datetime
+    text: str
+    target: str | None
+    created_by: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        from monitor.alert.text import iso
+
+        return {
+            "id": str(self.id),
+            "at": iso(self.at),
+            "text": self.text,
+            "target": self.target,
+            "created_by": self.created_by,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TriageRecord:
+    acked_at: datetime | None = None
+    acked_by: str | None = None
+    label: str | None = None
+    labelled_at: datetime | None = None
+    labelled_by: str | None = None
+    resolved_at: datetime | None = None
+    resolved_by: str | None = None
+    note: str | None = None
+
+
+def related_annotations(
+    marks: Sequence[Annotation], *, target: str, began: datetime, until: datetime
+) -> list[Annotation]:
+    """The markers of `target` (or of every target) from ANNOTATION_WINDOW before `began` to `until`."""
+    start = began - ANNOTATION_WINDOW
+    return [m for m in marks if start <= m.at <= until and (m.target is None or m.target == target)]
+
+
+def triage_json(record: TriageRecord | None, annotations: Sequence[Annotation]) -> dict[str, Any]:
+    """The triage fields of an incident as `incidents --format json` and /api/v1/incidents show them."""
+    from monitor.alert.text import iso
+
+    record = record or TriageRecord()
+    return {
+        "acked_at": None if record.acked_at is None else iso(record.acked_at),
+        "acked_by": record.acked_by,
+        "label": record.label,
+        "resolved_by": record.resolved_by,
+        "note": record.note,
+        "annotations": [item.to_json() for item in annotations],
+    }
+
+
+def _annotation(row: Any) -> Annotation:
+    return Annotation(row.id, row.at, row.text, row.target, row.created_by)
+
+
+def prefix_bounds(prefix: str) -> tuple[uuid.UUID, uuid.UUID]:
+    """The smallest and largest UUID starting with the hex `prefix` (dashes ignored); ValueError when it
+    is not hex or too short. A range, not LIKE: UUID columns are native on PostgreSQL."""
+    digits = prefix.strip().lower().replace("-", "")
+    if len(digits) < MIN_PREFIX or len(digits) > 32 or any(c not in "0123456789abcdef" for c in digits):
+        raise ValueError(
+            f"'{prefix}' is not an incident id: give the id or its first {MIN_PREFIX}+ hex characters "
+            "as `ttft-monitor incidents` shows them"
+        )
+    return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
+class TriageStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    def transaction(self) -> Any:
+        return write_transaction(self._engine)
+
+    # ------------------------------------------------------------ incidents
+
+    async def find(self, connection: AsyncConnection, given: str) -> IncidentFacts:
+        """The incident whose id is `given` or starts with it; IncidentLookupError when none or several do."""
+        low, high = prefix_bounds(given)
+        query = (
+            sa.select(
+                INCIDENTS,
+                SERIES.c.target,
+                SERIES.c.model,
+                SERIES.c.provider,
+                SERIES.c.prompt,
+                SERIES.c.location,
+                TRIAGE.c.acked_at,
+                TRIAGE.c.acked_by,
+                TRIAGE.c.label,
+            )
+            .join(SERIES, SERIES.c.id == INCIDENTS.c.series_id)
+            .outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id)
+            .where(INCIDENTS.c.id.between(low, high))
+            .limit(2)
+        )
+        rows = (await connection.execute(query)).all()
+        if not rows:
+            raise IncidentLookupError(f"no incident with id '{given}'; `ttft-monitor incidents` lists them")
+        if len(rows) > 1:
+            raise IncidentLookupError(f"'{given}' matches several incidents; give more of the id")
+        row = rows[0]
+        return IncidentFacts(
+            id=row.id,
+            series_id=row.series_id,
+            kind=row.kind,
+            severity=row.severity,
+            opened_at=row.opened_at,
+            resolved_at=row.resolved_at,
+            baseline_ms=row.baseline_ms,
+            observed_ms=row.observed_ms,
+            ratio=row.ratio,
+            error=row.error,
+            peak_ratio=row.peak_ratio,
+            peak_at=row.peak_at,
+            details=row.details,
+            target=row.target,
+            model=row.model,
+            provider=row.provider,
+            prompt=row.prompt,
+            location=row.location,
+            acked_at=row.acked_at,
+            acked_by=row.acked_by,
+            label=row.label,
+        )
+
+    @staticmethod
+    async def _upsert(connection: AsyncConnection, incident_id: uuid.UUID, values: dict[str, Any]) -> None:
+        insert = upsert_insert(connection, TRIAGE).values(incident_id=incident_id, **values)
+        await connection.execute(insert.on_conflict_do_update(index_elements=["incident_id"], set_=values))
+
+    async def ack(self, connection: AsyncConnection, incident_id: uuid.UUID, *, by: str, now: datetime) -> None:
+        await self._upsert(connection, incident_id, {"acked_at": now, "acked_by": by})
+
+    async def label(
+        self, connection: AsyncConnection, incident_id: uuid.UUID, label: str, *, by: str, now: datetime
+    ) -> None:
+        await self._upsert(connection, incident_id, {"label": label, "labelled_at": now, "labelled_by": by})
+
+    async def resolve(
+        self, connection: AsyncConnection, incident_id: uuid.UUID, *, by: str, note: str | None, now: datetime
+    ) -> bool:
+        """Close the incident if it is still open and record who did and why; False when it was not open
+        (anyone, the detector included, may have resolved it a moment ago)."""
+        closed = await connection.execute(
+            sa.update(INCIDENTS)
+            .where(INCIDENTS.c.id == incident_id, INCIDENTS.c.resolved_at.is_(None))
+            .values(resolved_at=now, updated_at=now)
+        )
+        if closed.rowcount != 1:
+            return False
+        await self._upsert(connection, incident_id, {"resolved_at": now, "resolved_by": by, "note": note})
+        return True
+
+    @staticmethod
+    async def forget_in_detector_state(connection: AsyncConnection, series_id: int, kind: str) -> None:
+        """Drop the open incident of `kind` from the series' detector memory, bumping its version so an
+        evaluation that read the old state retries. Without this the detector would go on updating an
+        incident the database says is closed. Streaks are kept: a regression that persists opens anew."""
+        row = (
+            await connection.execute(
+                sa.select(DETECTOR_STATE.c.state, DETECTOR_STATE.c.version).where(
+                    DETECTOR_STATE.c.series_id == series_id
+                )
+            )
+        ).first()
+        if row is None or kind not in (row.state or {}).get("incidents", {}):
+            return
+        state = dict(row.state)
+        state["incidents"] = {k: v for k, v in state["incidents"].items() if k != kind}
+        await connection.execute(
+            sa.update(DETECTOR_STATE)
+            .where(DETECTOR_STATE.c.series_id == series_id)
+            .values(state=state, version=row.version + 1)
+        )
+
+    @staticmethod
+    async def first_firing_payload(connection: AsyncConnection, incident_id: uuid.UUID) -> dict[str, Any] | None:
+        """The notification the incident opened with, as the outbox stored it, if it was sent anywhere."""
+        from monitor.store.outbox import OUTBOX
+
+        return await connection.scalar(
+            sa.select(OUTBOX.c.payload)
+            .where(OUTBOX.c.incident_id == incident_id, OUTBOX.c.event == "firing")
+            .order_by(OUTBOX.c.created_at)
+            .limit(1)
+        )
+
+    @staticmethod
+    async def acknowledged(connection: AsyncConnection, incident_id: uuid.UUID) -> tuple[str | None, datetime] | None:
+        """(by, at) when the incident was acknowledged, else None."""
+        row = (
+            await connection.execute(
+                sa.select(TRIAGE.c.acked_by, TRIAGE.c.acked_at).where(
+                    TRIAGE.c.incident_id == incident_id, TRIAGE.c.acked_at.is_not(None)
+                )
+            )
+        ).first()
+        return (row.acked_by, row.acked_at) if row is not None else None
+
+    @staticmethod
+    async def records(connection: AsyncConnection, incident_ids: Sequence[uuid.UUID]) -> dict[uuid.UUID, TriageRecord]:
+        out: dict[uuid.UUID, TriageRecord] = {}
+        ids = list(incident_ids)
+        for offset in range(0, len(ids), 500):
+            rows = await connection.execute(
+                sa.select(TRIAGE).where(TRIAGE.c.incident_id.in_(ids[offset : offset + 500]))
+            )
+            for row in rows:
+                out[row.incident_id] = TriageRecord(
+                    acked_at=row.acked_at,
+                    acked_by=row.acked_by,
+                    label=row.label,
+                    labelled_at=row.labelled_at,
+                    labelled_by=row.labelled_by,
+                    resolved_at=row.resolved_at,
+                    resolved_by=row.resolved_by,
+                    note=row.note,
+                )
+        return out
+
+    async def label_counts(self, *, since: datetime | None) -> list[tuple[str, str, str | None, int]]:
+        """(kind, severity, label or None, incidents) over incidents opened since `since` (all when None)."""
+        query = (
+            sa.select(INCIDENTS.c.kind, INCIDENTS.c.severity, TRIAGE.c.label, sa.func.count())
+            .select_from(INCIDENTS.outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id))
+            .group_by(INCIDENTS.c.kind, INCIDENTS.c.severity, TRIAGE.c.label)
+        )
+        if since is not None:
+            query = query.where(INCIDENTS.c.opened_at >= since)
+        async with self._engine.connect() as connection:
+            rows = (await connection.execute(query)).all()
+        return [(row[0], row[1], row[2], int(row[3])) for row in rows]
+
+    # ------------------------------------------------------------ annotations
+
+    async def annotate(self, text: str, *, target: str | None, by: str | None, now: datetime) -> Annotation:
+        item = Annotation(uuid.uuid4(), now, text, target, by)
+        async with write_transaction(self._engine) as connection:
+            await connection.execute(
+                sa.insert(ANNOTATIONS).values(id=item.id, at=item.at, text=text, target=target, created_by=by)
+            )
+        return item
+
+    @staticmethod
+    async def annotations_between(
+        connection: AsyncConnection, start: datetime, end: datetime, *, target: str | None = None, limit: int = 1000
+    ) -> list[Annotation]:
+        """Annotations in [start, end], oldest first; with `target`, those for it and those for every target."""
+        query = sa.select(ANNOTATIONS).where(ANNOTATIONS.c.at >= start, ANNOTATIONS.c.at <= end)
+        if target is not None:
+            query = query.where(sa.or_(ANNOTATIONS.c.target.is_(None), ANNOTATIONS.c.target == target))
+        rows = await connection.execute(query.order_by(ANNOTATIONS.c.at.desc()).limit(limit))
+        return sorted((_annotation(row) for row in rows), key=lambda item: item.at)
