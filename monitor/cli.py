@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _probe_options(args: argparse.Namespace) -> ProbeOptions:
-    from monitor.probe.client import Timeouts
+    from monitor.probe.endpoint import Timeouts
     from monitor.probe_command import ProbeOptions
 
     return ProbeOptions(

@@ -626,9 +626,9 @@ async def test_the_request_carries_the_key_and_body_per_api(serve) -> None:
 def test_body_bytes_get_the_time_they_arrived(chunk, offset, arrivals, expected) -> None:
     from collections import deque
 
-    from monitor.probe.client import _stamped_pieces
+    from monitor.probe.body import stamped_pieces
 
-    assert _stamped_pieces(chunk, offset, deque(arrivals), 99) == expected
+    assert stamped_pieces(chunk, offset, deque(arrivals), 99) == expected
 
 
 # --- compressed bodies ----------------------------------------------------------------------------
@@ -1050,10 +1050,10 @@ async def test_a_tool_call_is_timed_in_every_api_with_tools(serve, api: str, eve
 )
 @pytest.mark.parametrize("piece", [1, 7, 4096])
 def test_the_decoder_gives_the_same_bytes_however_the_body_is_cut(encoding: str, packed, piece: int) -> None:
-    from monitor.probe.client import _Inflater
+    from monitor.probe.inflate import Inflater
 
     data = b"".join(b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(300))
     body = packed(data)
-    inflater = _Inflater(encoding, step=1000)
+    inflater = Inflater(encoding, step=1000)
     out = b"".join(b"".join(inflater.feed(body[i : i + piece])) for i in range(0, len(body), piece))
     assert out == data
