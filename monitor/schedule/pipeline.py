@@ -68,7 +68,8 @@ class JobContext:
     background: BackgroundStore | None = None
     # Calibration as last written to the database, so unchanged fits are not written every run.
     saved_fits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
-    # For providers' `server_metrics_url`; without one, a run that needs it opens its own.
+    # For providers' `server_metrics_url`: one per process (`app.ProcessResources`), kept across runs and
+    # reloads so its connections are reused; a context built without one opens a session per run.
     scrape_session: aiohttp.ClientSession | None = None
 
 
