@@ -141,6 +141,8 @@ class Body:
         self._arrivals = stamping.arrivals_of(self.content) if stamping is not None else collections.deque()
         self._consumed = 0
         self._draining = False
+        # Some bytes got the time this task read them, not their arrival stamp (see TimingPath).
+        self.task_read = False
         self.failure: Exception | None = None  # why the stream is malformed, found by a drain in a callback
 
     def take(self, force: bool = False) -> None:
@@ -179,6 +181,9 @@ class Body:
             if content.exception() is None:
                 chunk = content.read_nowait()
                 now = time.perf_counter_ns()
+                arrivals = self._arrivals
+                if chunk and (not arrivals or arrivals[-1][0] < self._consumed + len(chunk)):
+                    self.task_read = True
                 for at, piece in stamped_pieces(chunk, self._consumed, self._arrivals, now):
                     self.feed(at, piece)
                 self._consumed += len(chunk)
@@ -262,4 +267,5 @@ class Body:
                     raise Deadline(ErrorClass.TIMEOUT_FIRST_TOKEN) from None
             if not chunk:
                 break
+            self.task_read = True
             self.feed(time.perf_counter_ns(), chunk)

@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+import structlog
 from yarl import URL
 
 from monitor.probe.aiohttp_hooks import (
@@ -50,7 +51,7 @@ from monitor.probe.errors import (
     timeout_message,
 )
 from monitor.probe.inflate import ACCEPT_ENCODING, Inflater, inflater_for
-from monitor.probe.result import ErrorClass, Sample
+from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.probe.stats import percentile
 from monitor.redact import redact, redact_fields
 
@@ -109,6 +110,7 @@ class ProbeClient:
 
     def __init__(self, *, fresh: bool = False) -> None:
         self.fresh = fresh
+        self._fallback_logged = False
         connector = TimedConnector(
             limit=0,  # concurrency is capped by the caller, per provider, where it is configured
             force_close=fresh,
@@ -150,6 +152,16 @@ class ProbeClient:
             current_stamps.reset(token)
         # Servers echo keys back, in any encoding; nothing of the endpoint's secrets is stored.
         redact_fields(sample, SERVER_TEXT_FIELDS, (endpoint.api_key, *endpoint.secrets))
+        if sample.timing_path is TimingPath.TASK_READ and not self._fallback_logged:
+            self._fallback_logged = True  # once per client: the cause is the installed aiohttp, not the probe
+            structlog.get_logger().warning(
+                "probe_timing_fallback",
+                timing_path=sample.timing_path.value,
+                aiohttp=aiohttp.__version__,
+                reason="the connection's protocol kept no arrival stamps; times are taken when the probe's "
+                "task reads the body, later than arrival under load (samples record timing_path)",
+                fix="install the aiohttp range pyproject.toml pins; tests/test_aiohttp_contract.py names the hook",
+            )
         return sample
 
     async def _run(
@@ -174,6 +186,7 @@ class ProbeClient:
             async with asyncio.timeout_at(start_loop_time + timeouts.first_token) as deadline:
                 resp = await self._send(endpoint, url, body, headers)
                 stamping = stamping_protocol(resp)
+                sample.timing_path = TimingPath.STAMPED if stamping is not None else TimingPath.TASK_READ
                 headers_at = head_arrival(resp, stamping)
                 phase = ErrorClass.TIMEOUT_FIRST_TOKEN
                 async with resp:
@@ -228,6 +241,8 @@ class ProbeClient:
                     f"({type(exc).__name__}); the server or a proxy cut the response"
                 )
         finally:
+            if stream is not None and stream.task_read:
+                sample.timing_path = TimingPath.TASK_READ
             self._finish(sample, endpoint, stamps, headers_at, reader)
 
     async def _send(
