@@ -7,7 +7,7 @@ import gc
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 import structlog
@@ -115,7 +115,7 @@ class _WriterEvents:
         self.spool: Spool | None = None
         self.log = structlog.get_logger()
 
-    def __call__(self, name: str, **fields: Any) -> None:
+    def __call__(self, name: str, **fields: object) -> None:
         from monitor.store.spool import LOUD_EVENTS
 
         loud = name in LOUD_EVENTS or name == "database_write_failed"

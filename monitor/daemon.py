@@ -10,10 +10,11 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Iterable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
@@ -45,6 +46,8 @@ if TYPE_CHECKING:
 
     from monitor.systemd_notify import Notifier
 
+T = TypeVar("T")
+
 LOOP_LAG_INTERVAL_S = 0.5
 # After the grace, the rest of shutdown (receivers, housekeeping, closing connections) gets this much
 # more, whatever the database does: the unit and manifests allow the grace plus 10 s.
@@ -58,7 +61,7 @@ async def dispose_engine(engine: AsyncEngine) -> None:
         await asyncio.wait_for(engine.dispose(), timeout=DISPOSE_TIMEOUT_S)
 
 
-async def _finish_tasks(tasks: list[asyncio.Task[Any]], within_s: float) -> None:
+async def _finish_tasks(tasks: Iterable[asyncio.Task[object]], within_s: float) -> None:
     """Let `tasks` end by themselves within `within_s` s, then cancel what is left; never raises."""
     live = [t for t in tasks if not t.done()]
     if live:
@@ -95,7 +98,7 @@ def _watchdog_interval() -> float | None:
 class StartupFailed(Exception):
     """The daemon cannot start; `event` and `fields` go to the log, the message to stderr."""
 
-    def __init__(self, code: int, event: str, message: str, **fields: Any) -> None:
+    def __init__(self, code: int, event: str, message: str, **fields: object) -> None:
         super().__init__(message)
         self.code = code
         self.event = event
@@ -412,7 +415,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
 
-    async def until_stopped(awaitable: Any) -> tuple[bool, Any]:
+    async def until_stopped(awaitable: Awaitable[T]) -> tuple[bool, T | None]:
         """(True, result) when `awaitable` finished; (False, None) when a signal came first (it is cancelled)."""
         task = asyncio.ensure_future(awaitable)
         waiter = asyncio.create_task(stop.wait())
@@ -441,6 +444,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
                     flush=True,
                 )
                 return EXIT_INTERRUPTED
+            assert store is not None
             stack.push_async_callback(dispose_engine, store.engine)
             context = await build_context(config, stack, store=store, metrics=metrics)
             dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
@@ -497,6 +501,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             done, outcomes = await until_stopped(asyncio.gather(*executions))
             if not done:
                 return await interrupted("probing")
+            assert outcomes is not None
             done, _ = await until_stopped(background.flush(3600))
             if done:
                 done, _ = await until_stopped(earlier)
