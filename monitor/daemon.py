@@ -44,6 +44,7 @@ from monitor.store.engine import display_url
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from monitor.schedule.background import BackgroundStore
     from monitor.systemd_notify import Notifier
 
 T = TypeVar("T")
@@ -142,6 +143,7 @@ class Daemon:
         self._bookkeeping: set[asyncio.Task[None]] = set()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._started = False
+        self._background_started: BackgroundStore | None = None  # to close if start fails after it
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -151,6 +153,8 @@ class Daemon:
         try:
             await self._start()
         except BaseException:
+            if self._background_started is not None:
+                await self._background_started.close(1.0)
             await self._stack.aclose()
             raise
         self._started = True
@@ -175,7 +179,7 @@ class Daemon:
         self.resources = await open_process_resources(stack, store=store)
         context = job_context(config, self.resources, store=store, metrics=metrics)
         self.dispatcher, self.detection = await attach_detection(context, store, stack, metrics=metrics)
-        self.background = start_background_store(context, store)
+        self.background = self._background_started = start_background_store(context, store)
         self.context = context
         self.claims = TickClaims(store.engine)
         freeze_heap()

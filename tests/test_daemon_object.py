@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from monitor.daemon import Daemon, StartupFailed
-from monitor.exitcodes import EXIT_USAGE
+from monitor.exitcodes import EXIT_INFRA, EXIT_USAGE
 from monitor.sim import RunningSimulator, Simulator, start
 from monitor.store import migrate
 
@@ -167,3 +167,26 @@ async def test_a_bad_config_fails_start_with_the_usage_exit_code_and_stop_is_saf
     assert failed.value.code == EXIT_USAGE
     assert failed.value.event == "config_invalid"
     await daemon.stop()  # nothing was started: nothing to stop, and no error
+
+
+async def test_a_busy_metrics_port_fails_start_with_the_infra_exit_code_and_closes_what_it_opened(
+    simulator: tuple[Simulator, RunningSimulator], tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    _write_config(config, tmp_path, simulator[1].url, f"{simulator[1].url}/metrics", job="tick")
+    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+    host, port = listen.rsplit(":", 1)
+    with socket.socket() as busy:
+        busy.bind((host, int(port)))
+        busy.listen()
+        before = {t for t in asyncio.all_tasks() if not t.done()}
+        daemon = Daemon(str(config))
+        with pytest.raises(StartupFailed) as failed:
+            await daemon.start()
+    assert (failed.value.code, failed.value.event) == (EXIT_INFRA, "metrics_listen_failed")
+    assert f"cannot listen on {listen}" in str(failed.value)
+    await asyncio.sleep(0)
+    left = {t for t in asyncio.all_tasks() if not t.done()} - before - {asyncio.current_task()}
+    assert not left, left  # the background store and every other task start opened are gone
+    assert daemon.resources.scrape_session.closed
