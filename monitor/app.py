@@ -7,8 +7,9 @@ import gc
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import aiohttp
 import structlog
 
 from monitor.config.models import Config
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from monitor.alert.dispatcher import Dispatcher
     from monitor.detect.service import DetectionService
-    from monitor.schedule.background import BackgroundStore
+    from monitor.schedule.background import AfterStore, BackgroundStore
     from monitor.store.repository import Repository
     from monitor.store.spool import Spool
     from monitor.store.writer import ResultWriter
@@ -114,7 +115,7 @@ class _WriterEvents:
         self.spool: Spool | None = None
         self.log = structlog.get_logger()
 
-    def __call__(self, name: str, **fields: Any) -> None:
+    def __call__(self, name: str, **fields: object) -> None:
         from monitor.store.spool import LOUD_EVENTS
 
         loud = name in LOUD_EVENTS or name == "database_write_failed"
@@ -133,31 +134,24 @@ class _WriterEvents:
 CALIBRATION_LOAD_TIMEOUT_S = 5.0
 
 
-async def build_context(
-    config: Config,
-    stack: AsyncExitStack,
-    *,
-    store: Store | None,
-    metrics: Metrics | None,
-    previous: JobContext | None = None,
-) -> JobContext:
-    """The context jobs run in. On reload pass the `previous` context: its HTTP clients, calibration
-    and background store live as long as the process (a reload must not open new sessions)."""
-    if previous is not None:
-        context = JobContext(
-            config=config,
-            endpoints=Endpoints(config),
-            limits=ProviderLimits({name: p.max_concurrency for name, p in config.providers.items()}),
-            calibration=previous.calibration,
-            clients=previous.clients,
-            writer=previous.writer,
-            repository=previous.repository,
-            metrics=metrics,
-            after_store=previous.after_store,
-            saved_fits=previous.saved_fits,
-            background=previous.background,
-        )
-        return context
+@dataclass
+class ProcessResources:
+    """What lives as long as the process, opened once and kept across reloads, closed at stop.
+
+    A reload rebuilds only what the config decides (`job_context`); these carry over, so it opens
+    no new HTTP session and forgets no calibration.
+    """
+
+    clients: dict[str, ProbeClient]  # by connection mode: "reuse", "fresh"
+    calibration: Calibration
+    # Calibration as last written to the database, so unchanged fits are not written every run.
+    saved_fits: dict[tuple[str, str], tuple[float, float]]
+    # One session for every scrape of providers' `server_metrics_url`, so its connections are reused.
+    scrape_session: aiohttp.ClientSession
+
+
+async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) -> ProcessResources:
+    """Open the HTTP sessions (closed by `stack`) and load the saved calibration."""
     calibration = Calibration()
     saved: dict[tuple[str, str], tuple[float, float]] = {}
     if store is not None:
@@ -173,17 +167,43 @@ async def build_context(
         "reuse": await stack.enter_async_context(ProbeClient(fresh=False)),
         "fresh": await stack.enter_async_context(ProbeClient(fresh=True)),
     }
+    # No cookie jar: each scrape stands alone, as it did with a session per run.
+    scrape_session = await stack.enter_async_context(aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()))
+    return ProcessResources(clients=clients, calibration=calibration, saved_fits=saved, scrape_session=scrape_session)
+
+
+def job_context(
+    config: Config,
+    resources: ProcessResources,
+    *,
+    store: Store | None,
+    metrics: Metrics | None,
+    after_store: AfterStore | None = None,
+    background: BackgroundStore | None = None,
+) -> JobContext:
+    """The context jobs run in: what `config` decides, over the process's resources."""
     return JobContext(
         config=config,
         endpoints=Endpoints(config),
         limits=ProviderLimits({name: p.max_concurrency for name, p in config.providers.items()}),
-        calibration=calibration,
-        clients=clients,
+        calibration=resources.calibration,
+        clients=resources.clients,
         writer=store.writer if store is not None else None,
         repository=store.repository if store is not None else None,
         metrics=metrics,
-        saved_fits=saved,
+        after_store=after_store,
+        saved_fits=resources.saved_fits,
+        background=background,
+        scrape_session=resources.scrape_session,
     )
+
+
+async def build_context(
+    config: Config, stack: AsyncExitStack, *, store: Store | None, metrics: Metrics | None
+) -> JobContext:
+    """For a command that runs its jobs once (`once`, `probe`): the process's resources and the context in one step."""
+    resources = await open_process_resources(stack, store=store)
+    return job_context(config, resources, store=store, metrics=metrics)
 
 
 async def attach_detection(

@@ -28,6 +28,7 @@ from monitor.cliargs import (
 )
 
 if TYPE_CHECKING:
+    from monitor.config.models import Config
     from monitor.logging import Redactor
     from monitor.probe_command import ProbeOptions
 
@@ -213,7 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _probe_options(args: argparse.Namespace) -> ProbeOptions:
-    from monitor.probe.client import Timeouts
+    from monitor.probe.endpoint import Timeouts
     from monitor.probe_command import ProbeOptions
 
     return ProbeOptions(
@@ -397,6 +398,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _load_config_or_explain(path: str) -> Config | None:
+    """The config at `path`, or None once its errors are on stderr (the command then exits EXIT_USAGE)."""
+    from monitor.config.errors import ConfigError
+    from monitor.config.loader import load_config
+
+    try:
+        return load_config(config_path(path))
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return None
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     if args.hash_password:
         import getpass
@@ -409,8 +422,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         print(hash_password(password))
         return EXIT_OK
-    from monitor.config.errors import ConfigError
-    from monitor.config.loader import load_config
     from monitor.config.urls import check_listen_address
     from monitor.web.serve import serve
 
@@ -419,10 +430,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"ttft-monitor serve: --listen: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        config = load_config(config_path(args.config))
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+    config = _load_config_or_explain(args.config)
+    if config is None:
         return EXIT_USAGE
     return asyncio.run(serve(config, args.listen))
 
@@ -430,8 +439,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from monitor.config.errors import ConfigError
-    from monitor.config.loader import load_config
     from monitor.web.api import BadRequest, parse_duration, parse_time
     from monitor.web.report import render, report_from_store
 
@@ -441,10 +448,8 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except BadRequest as exc:
         print(f"ttft-monitor report: --{exc}", file=sys.stderr)
         return EXIT_USAGE
-    try:
-        config = load_config(config_path(args.config))
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+    config = _load_config_or_explain(args.config)
+    if config is None:
         return EXIT_USAGE
 
     async def build() -> dict[str, object]:

@@ -10,20 +10,21 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Awaitable, Iterable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
 from monitor.app import (
     InfrastructureError,
-    Store,
     attach_detection,
     build_context,
     freeze_heap,
+    job_context,
+    open_process_resources,
     open_store,
     secrets_of,
     start_background_store,
@@ -37,16 +38,16 @@ from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
 from monitor.schedule.claims import TickClaims
 from monitor.schedule.maintenance import run_maintenance
-from monitor.schedule.pipeline import JobContext, execute, plan_for_job
+from monitor.schedule.pipeline import execute, plan_for_job
 from monitor.store.engine import display_url
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-    from monitor.alert.dispatcher import Dispatcher
-    from monitor.detect.service import DetectionService
-    from monitor.schedule.scheduler import JobScheduler
+    from monitor.schedule.background import BackgroundStore
     from monitor.systemd_notify import Notifier
+
+T = TypeVar("T")
 
 LOOP_LAG_INTERVAL_S = 0.5
 # After the grace, the rest of shutdown (receivers, housekeeping, closing connections) gets this much
@@ -61,7 +62,7 @@ async def dispose_engine(engine: AsyncEngine) -> None:
         await asyncio.wait_for(engine.dispose(), timeout=DISPOSE_TIMEOUT_S)
 
 
-async def _finish_tasks(tasks: list[asyncio.Task[Any]], within_s: float) -> None:
+async def _finish_tasks(tasks: Iterable[asyncio.Task[object]], within_s: float) -> None:
     """Let `tasks` end by themselves within `within_s` s, then cancel what is left; never raises."""
     live = [t for t in tasks if not t.done()]
     if live:
@@ -95,19 +96,14 @@ def _watchdog_interval() -> float | None:
         return None
 
 
-@dataclass
-class DaemonState:
-    config_path: str
-    config: Config
-    context: JobContext
-    store: Store
-    scheduler: JobScheduler  # a type only here: APScheduler is imported only by `run`
-    owner: str
-    claims: TickClaims | None = None
-    detection: DetectionService | None = None
-    dispatcher: Dispatcher | None = None
-    # Claim bookkeeping after a run, off the job's task (so it never delays the next tick).
-    bookkeeping: set[asyncio.Task[None]] = field(default_factory=set)
+class StartupFailed(Exception):
+    """The daemon cannot start; `event` and `fields` go to the log, the message to stderr."""
+
+    def __init__(self, code: int, event: str, message: str, **fields: object) -> None:
+        super().__init__(message)
+        self.code = code
+        self.event = event
+        self.fields = fields
 
 
 async def _loop_lag_monitor(
@@ -127,69 +123,70 @@ async def _loop_lag_monitor(
             last_pet = now
 
 
-async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> int:
-    log = structlog.get_logger()
-    try:
-        config = load_config(config_path)
-    except ConfigError as exc:
-        log.error("config_invalid", errors=[str(e) for e in exc.errors])
-        print(str(exc), file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    if redactor is not None:
-        redactor.secrets = tuple(secrets_of(config))
-    metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
-    notifier = _notifier()
-    stop = asyncio.Event()
-    reload_requested = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, reload_requested.set)
+class Daemon:
+    """`ttft-monitor run`: `start` opens everything and schedules the jobs, `reload` re-reads the
+    config (SIGHUP), `stop` shuts down within the grace. Signals are the caller's (`run_daemon`).
 
-    async with AsyncExitStack() as stack:
+    What lives as long as the process (the store, HTTP sessions, calibration, detection, the
+    background store, the metrics server) is opened once in `start` and closed in `stop`; a reload
+    only rebuilds what the config decides (`app.job_context`).
+    """
+
+    def __init__(self, config_path: str, *, redactor: Redactor | None = None, notifier: Notifier | None = None) -> None:
+        self.config_path = config_path
+        self._redactor = redactor
+        self._notifier = notifier
+        self._stack = AsyncExitStack()
+        self._stopping = asyncio.Event()  # ends the daemon's own loops (dispatcher, housekeeping, lag)
+        self._tasks: list[asyncio.Task[None]] = []
+        # Claim bookkeeping after a run, off the job's task (so it never delays the next tick).
+        self._bookkeeping: set[asyncio.Task[None]] = set()
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._started = False
+        self._background_started: BackgroundStore | None = None  # to close if start fails after it
+
+    async def start(self) -> None:
+        """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
+
+        Raises StartupFailed (with the exit code) after closing whatever it had opened.
+        """
         try:
-            store = await open_store(config, metrics=metrics)
+            await self._start()
+        except BaseException:
+            if self._background_started is not None:
+                await self._background_started.close(1.0)
+            await self._stack.aclose()
+            raise
+        self._started = True
+
+    async def _start(self) -> None:
+        log = structlog.get_logger()
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as exc:
+            raise StartupFailed(EXIT_USAGE, "config_invalid", str(exc), errors=[str(e) for e in exc.errors]) from None
+        if self._redactor is not None:
+            self._redactor.secrets = tuple(secrets_of(config))
+        self.config = config
+        metrics = self.metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
+        stack = self._stack
+        try:
+            store = self.store = await open_store(config, metrics=metrics)
         except InfrastructureError as exc:
-            log.error("startup_failed", reason=str(exc))
-            print(f"ttft-monitor run: {exc}", file=sys.stderr, flush=True)
-            return EXIT_INFRA
+            raise StartupFailed(EXIT_INFRA, "startup_failed", f"ttft-monitor run: {exc}", reason=str(exc)) from None
         stack.push_async_callback(dispose_engine, store.engine)
         metrics.database_up.set(1)
-        context = await build_context(config, stack, store=store, metrics=metrics)
-        dispatcher, detection = await attach_detection(context, store, stack, metrics=metrics)
-        background = start_background_store(context, store)
+        self.resources = await open_process_resources(stack, store=store)
+        context = job_context(config, self.resources, store=store, metrics=metrics)
+        self.dispatcher, self.detection = await attach_detection(context, store, stack, metrics=metrics)
+        self.background = self._background_started = start_background_store(context, store)
+        self.context = context
+        self.claims = TickClaims(store.engine)
         freeze_heap()
-        owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        state: DaemonState | None = None
-
-        async def run_tick(job: Job, intended: datetime) -> None:
-            assert state is not None
-            await _run_claimed_tick(state, job, intended)
 
         from monitor.schedule.scheduler import JobScheduler
 
-        scheduler = JobScheduler(run_tick, metrics=metrics)
-        state = DaemonState(
-            config_path, config, context, store, scheduler, owner, TickClaims(store.engine), detection, dispatcher
-        )
-
-        async def readiness() -> tuple[bool, str]:
-            if not scheduler.running:
-                return False, "scheduler not running"
-            # A task, not wait_for: a cancelled ping still waits for its clean-up on a hung server,
-            # and the probe asking /readyz must get its answer within the 2 s.
-            ping = asyncio.create_task(store.repository.ping())
-            ping.add_done_callback(lambda task: task.cancelled() or task.exception())
-            await asyncio.wait({ping}, timeout=2)
-            if not ping.done():
-                ping.cancel()  # its clean-up goes on by itself, bounded by the engine's timeouts
-                metrics.database_up.set(0)
-                return False, "database unreachable (no answer within 2 s)"
-            if ping.exception() is not None:
-                metrics.database_up.set(0)
-                return False, f"database unreachable ({type(ping.exception()).__name__})"
-            metrics.database_up.set(1)
-            return True, "ready"
+        self.scheduler = JobScheduler(self._run_tick, metrics=metrics)
 
         from monitor.metrics.server import start_metrics_server  # aiohttp.web: only the daemon serves
         from monitor.web.serve import WebConfigError, ui_routes
@@ -197,33 +194,33 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
         try:
             ui = ui_routes(config, store.engine)
         except WebConfigError as exc:
-            log.error("web_config_invalid", error=str(exc))
-            print(f"ttft-monitor run: {exc}", file=sys.stderr, flush=True)
-            return EXIT_USAGE
+            raise StartupFailed(EXIT_USAGE, "web_config_invalid", f"ttft-monitor run: {exc}", error=str(exc)) from None
         try:
-            runner = await start_metrics_server(metrics.registry, readiness, config.metrics.listen, routes=ui)
+            runner = await start_metrics_server(metrics.registry, self._readiness, config.metrics.listen, routes=ui)
         except OSError as exc:
-            log.error("metrics_listen_failed", listen=config.metrics.listen, error=exc.strerror)
-            print(
+            raise StartupFailed(
+                EXIT_INFRA,
+                "metrics_listen_failed",
                 f"ttft-monitor run: cannot listen on {config.metrics.listen} for /metrics: {exc.strerror}; "
                 "change metrics.listen or stop what uses that port",
-                file=sys.stderr,
-                flush=True,
-            )
-            return EXIT_INFRA
+                listen=config.metrics.listen,
+                error=exc.strerror,
+            ) from None
         stack.push_async_callback(runner.cleanup)
-        drainer_stop = asyncio.Event()
-        drainer = asyncio.create_task(store.writer.run_drainer(drainer_stop, 5.0))
-        dispatch_stop = asyncio.Event()
-        dispatch_task = asyncio.create_task(dispatcher.run(dispatch_stop))
-        maintenance = asyncio.create_task(run_maintenance(store.repository, config.database, dispatch_stop))
-        lag_task = asyncio.create_task(_loop_lag_monitor(metrics, notifier, _watchdog_interval(), stop))
+        stopping = self._stopping
+        self._lag = asyncio.create_task(_loop_lag_monitor(metrics, self._notifier, _watchdog_interval(), stopping))
+        self._tasks = [
+            asyncio.create_task(store.writer.run_drainer(stopping, 5.0)),
+            asyncio.create_task(self.dispatcher.run(stopping)),
+            asyncio.create_task(run_maintenance(store.repository, config.database, stopping)),
+            self._lag,
+        ]
 
-        scheduler.set_jobs(list(config.jobs))
-        scheduler.start()
-        if notifier is not None:
-            notifier.ready()
-            notifier.status(f"{len(config.jobs)} jobs scheduled")
+        self.scheduler.set_jobs(list(config.jobs))
+        self.scheduler.start()
+        if self._notifier is not None:
+            self._notifier.ready()
+            self._notifier.status(f"{len(config.jobs)} jobs scheduled")
         log.info(
             "daemon_started",
             jobs=[j.name for j in config.jobs],
@@ -231,28 +228,67 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
             ui=f"http://{config.metrics.listen}/" if ui else None,
             database=display_url(config.database.url),
             location=config.location,
-            next_runs={k: v.isoformat() if v else None for k, v in scheduler.next_run_times().items()},
+            next_runs={k: v.isoformat() if v else None for k, v in self.scheduler.next_run_times().items()},
         )
 
-        while not stop.is_set():
-            waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(reload_requested.wait())]
-            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            for waiter in waiters:
-                waiter.cancel()
-            if reload_requested.is_set() and not stop.is_set():
-                reload_requested.clear()
-                if notifier is not None:
-                    notifier.reloading()
-                await _reload(state, stack, redactor)
-                if notifier is not None:
-                    notifier.ready()
+    async def _readiness(self) -> tuple[bool, str]:
+        metrics = self.metrics
+        if not self.scheduler.running:
+            return False, "scheduler not running"
+        # A task, not wait_for: a cancelled ping still waits for its clean-up on a hung server,
+        # and the probe asking /readyz must get its answer within the 2 s.
+        ping = asyncio.create_task(self.store.repository.ping())
+        ping.add_done_callback(lambda task: task.cancelled() or task.exception())
+        await asyncio.wait({ping}, timeout=2)
+        if not ping.done():
+            ping.cancel()  # its clean-up goes on by itself, bounded by the engine's timeouts
+            metrics.database_up.set(0)
+            return False, "database unreachable (no answer within 2 s)"
+        if ping.exception() is not None:
+            metrics.database_up.set(0)
+            return False, f"database unreachable ({type(ping.exception()).__name__})"
+        metrics.database_up.set(1)
+        return True, "ready"
 
-        # Shutdown: stop scheduling, let in-flight probes finish within the grace period, write or spool
-        # what they measured, exit 0; everything else gets a few seconds more, whatever the database does.
-        if notifier is not None:
-            notifier.stopping()
+    async def reload(self) -> None:
+        """Re-read the config file and reschedule; a broken file keeps the running config."""
+        log = structlog.get_logger()
+        current = self.config
+        try:
+            config = load_config(self.config_path)
+        except ConfigError as exc:
+            log.error("reload_rejected", errors=[str(e) for e in exc.errors], keeping=[j.name for j in current.jobs])
+            return
+        if config.database.url != current.database.url or config.metrics.listen != current.metrics.listen:
+            log.warning("reload_partial", reason="database.url and metrics.listen change only on restart")
+        if self._redactor is not None:
+            self._redactor.secrets = tuple(secrets_of(config))
+        self.context = job_context(
+            config,
+            self.resources,
+            store=self.store,
+            metrics=self.metrics,
+            after_store=self.context.after_store,
+            background=self.background,
+        )
+        self.detection.update_config(config)
+        self.dispatcher.update_config(config.alerts)
+        self.config = config
+        self.scheduler.set_jobs(list(config.jobs))
+        log.info("config_reloaded", jobs=[j.name for j in config.jobs])
+
+    async def stop(self) -> None:
+        """Stop scheduling, let in-flight probes finish within the grace, write or spool what they
+        measured; everything else gets STOP_EXTRA_S more, whatever the database does."""
+        if not self._started:
+            return
+        self._started = False
+        self._lag.cancel()  # stopping: the loop's lag is no longer worth watching, nor the watchdog petted
+        log = structlog.get_logger()
+        loop = asyncio.get_running_loop()
+        scheduler = self.scheduler
         scheduler.pause()
-        grace = shutdown_grace(state.config)
+        grace = shutdown_grace(self.config)
         deadline = loop.time() + grace
         pending = set(scheduler.tasks)
         log.info("daemon_stopping", in_flight_jobs=len(pending), grace_s=grace)
@@ -264,83 +300,84 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
                 await asyncio.wait(still, timeout=2)
                 log.warning("jobs_cancelled_at_shutdown", jobs=len(still))
         scheduler.shutdown()
-        closed = await background.close(max(1.0, deadline - loop.time()))
-        dispatch_stop.set()
-        drainer_stop.set()
-        lag_task.cancel()
-        extra = STOP_EXTRA_S
-        await _finish_tasks([dispatch_task, maintenance, drainer, lag_task, *state.bookkeeping], extra)
-        if state.claims is not None:
-            await state.claims.close()
-        log.info("daemon_stopped", spooled=store.spool.depth, **closed)
-    return EXIT_OK
+        closed = await self.background.close(max(1.0, deadline - loop.time()))
+        self._stopping.set()
+        await _finish_tasks([*self._tasks, *self._bookkeeping], STOP_EXTRA_S)
+        await self.claims.close()
+        log.info("daemon_stopped", spooled=self.store.spool.depth, **closed)
+        await self._stack.aclose()
 
-
-async def _run_claimed_tick(state: DaemonState, job: Job, intended: datetime) -> None:
-    log = structlog.get_logger().bind(job=job.name)
-    metrics = state.context.metrics
-    claims = state.claims
-    if claims is not None:
+    async def _run_tick(self, job: Job, intended: datetime) -> None:
+        log = structlog.get_logger().bind(job=job.name)
+        context, location = self.context, self.config.location
+        metrics = self.metrics
+        claims = self.claims
         was_resting = claims.resting
-        claimed = await claims.try_claim(
-            job=job.name, scheduled_at=intended, location=state.config.location, owner=state.owner
-        )
+        claimed = await claims.try_claim(job=job.name, scheduled_at=intended, location=location, owner=self.owner)
         if claimed is None and not was_resting:
             # The database is down or hung: probe anyway (results go to the spool); the store keeps
             # one run per tick, so a replica probing the same tick is reconciled there.
             log.warning("tick_claim_failed", scheduled=intended.isoformat(), action="probing unclaimed")
         if claimed is False:
             log.info("tick_claimed_elsewhere", scheduled=intended.isoformat())
-            if metrics is not None:
-                metrics.job_runs.labels(job.name, "skipped_claimed").inc()
+            metrics.job_runs.labels(job.name, "skipped_claimed").inc()
             return
-    try:
-        outcome = await execute(
-            state.context,
-            job=job.name,
-            plan=plan_for_job(state.context, job),
-            connection=job.connection,
-            intended_at=intended,
-        )
-    except Exception:
-        log.exception("job_error")
-        if metrics is not None:
+        try:
+            outcome = await execute(
+                context,
+                job=job.name,
+                plan=plan_for_job(context, job),
+                connection=job.connection,
+                intended_at=intended,
+            )
+        except Exception:
+            log.exception("job_error")
             metrics.job_runs.labels(job.name, "error").inc()
-        return
-    result = "ok" if outcome.ok else "failed"
-    if metrics is not None:
+            return
+        result = "ok" if outcome.ok else "failed"
         metrics.job_runs.labels(job.name, result).inc()
-    if claims is not None and not claims.resting:
-        task = asyncio.create_task(
-            claims.try_finish(job=job.name, scheduled_at=intended, location=state.config.location, status=result)
-        )
-        state.bookkeeping.add(task)
-        task.add_done_callback(state.bookkeeping.discard)
+        if not claims.resting:
+            task = asyncio.create_task(
+                claims.try_finish(job=job.name, scheduled_at=intended, location=location, status=result)
+            )
+            self._bookkeeping.add(task)
+            task.add_done_callback(self._bookkeeping.discard)
 
 
-async def _reload(state: DaemonState, stack: AsyncExitStack, redactor: Redactor | None) -> None:
-    log = structlog.get_logger()
+async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> int:
+    """`ttft-monitor run`: a `Daemon` driven by signals. SIGHUP reloads; SIGTERM or SIGINT stops, exit 0."""
+    notifier = _notifier()
+    daemon = Daemon(config_path, redactor=redactor, notifier=notifier)
+    stop = asyncio.Event()
+    reload_requested = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload_requested.set)
     try:
-        config = load_config(state.config_path)
-    except ConfigError as exc:
-        log.error("reload_rejected", errors=[str(e) for e in exc.errors], keeping=[j.name for j in state.config.jobs])
-        return
-    if config.database.url != state.config.database.url or config.metrics.listen != state.config.metrics.listen:
-        log.warning("reload_partial", reason="database.url and metrics.listen change only on restart")
-    if redactor is not None:
-        redactor.secrets = tuple(secrets_of(config))
-    # The process's HTTP clients, calibration and background store carry over: nothing new is opened.
-    context = await build_context(
-        config, stack, store=state.store, metrics=state.context.metrics, previous=state.context
-    )
-    if state.detection is not None:
-        state.detection.update_config(config)
-    if state.dispatcher is not None:
-        state.dispatcher.update_config(config.alerts)
-    state.config = config
-    state.context = context
-    state.scheduler.set_jobs(list(config.jobs))
-    log.info("config_reloaded", jobs=[j.name for j in config.jobs])
+        await daemon.start()
+    except StartupFailed as exc:
+        structlog.get_logger().error(exc.event, **exc.fields)
+        print(str(exc), file=sys.stderr, flush=True)
+        return exc.code
+    try:
+        while not stop.is_set():
+            waiters = [asyncio.create_task(stop.wait()), asyncio.create_task(reload_requested.wait())]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waiters:
+                waiter.cancel()
+            if reload_requested.is_set() and not stop.is_set():
+                reload_requested.clear()
+                if notifier is not None:
+                    notifier.reloading()
+                await daemon.reload()
+                if notifier is not None:
+                    notifier.ready()
+    finally:
+        if notifier is not None:
+            notifier.stopping()
+        await daemon.stop()
+    return EXIT_OK
 
 
 async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor | None = None) -> int:
@@ -382,7 +419,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
 
-    async def until_stopped(awaitable: Any) -> tuple[bool, Any]:
+    async def until_stopped(awaitable: Awaitable[T]) -> tuple[bool, T | None]:
         """(True, result) when `awaitable` finished; (False, None) when a signal came first (it is cancelled)."""
         task = asyncio.ensure_future(awaitable)
         waiter = asyncio.create_task(stop.wait())
@@ -411,6 +448,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
                     flush=True,
                 )
                 return EXIT_INTERRUPTED
+            assert store is not None
             stack.push_async_callback(dispose_engine, store.engine)
             context = await build_context(config, stack, store=store, metrics=metrics)
             dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
@@ -467,6 +505,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             done, outcomes = await until_stopped(asyncio.gather(*executions))
             if not done:
                 return await interrupted("probing")
+            assert outcomes is not None
             done, _ = await until_stopped(background.flush(3600))
             if done:
                 done, _ = await until_stopped(earlier)

@@ -18,7 +18,7 @@ from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
-from monitor.probe.client import Timeouts
+from monitor.probe.endpoint import Timeouts
 from monitor.probe.plan import Endpoints, adhoc_target, prompt_spec
 from monitor.probe.prompts import PromptSpec
 from monitor.probe.report import render_csv, render_json, render_table, summarize

@@ -32,7 +32,7 @@ import pytest
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.probe.result import ErrorClass, Sample
+from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store import migrate
 from monitor.store.engine import create_engine
 from monitor.store.records import RunRecord, runs_from_samples
@@ -404,6 +404,7 @@ def make_samples(
             server_timing=None if error else f"gfet4t7; dur={round(ttft)}",
             error=error,
             error_message=f"upstream said no ({error.value})" if error else None,
+            timing_path=TimingPath.TASK_READ if index == 2 else TimingPath.STAMPED,
         )
         out.append(sample)
     return out

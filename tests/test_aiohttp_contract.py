@@ -1,7 +1,7 @@
 """The aiohttp internals the probe client leans on, checked against the installed aiohttp.
 
 The client stamps arrivals inside aiohttp's connection protocol and splits TCP from TLS inside its
-connector (monitor/probe/client.py explains each hook where it is used). These are private parts,
+connector (monitor/probe/aiohttp_hooks.py explains each hook where it is used). These are private parts,
 so pyproject pins the aiohttp range this suite runs on; this file fails loudly, naming the hook,
 when an allowed aiohttp moves one of them, instead of letting the client fall back to a less exact
 clock unnoticed.
@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp.client_proto import ResponseHandler
 
-from monitor.probe import client
+from monitor.probe import aiohttp_hooks
 
 
 async def test_the_response_handler_keeps_the_body_payload_and_the_paused_flag() -> None:
@@ -55,8 +55,8 @@ def test_a_client_response_keeps_its_protocol_after_release() -> None:
 
 
 def test_the_client_uses_the_stamping_protocol_for_its_connections() -> None:
-    assert issubclass(client._StampingProtocol, ResponseHandler)
-    assert issubclass(client._TimedConnector, aiohttp.TCPConnector)
+    assert issubclass(aiohttp_hooks.StampingProtocol, ResponseHandler)
+    assert issubclass(aiohttp_hooks.TimedConnector, aiohttp.TCPConnector)
 
 
 @pytest.fixture(autouse=True)

@@ -260,3 +260,13 @@ def test_the_alias_bomb_is_refused_in_milliseconds_and_memory_stays_small(tmp_pa
         tracemalloc.stop()
     assert elapsed < 2, f"took {elapsed:.2f} s"
     assert peak < 5 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+
+
+@pytest.mark.parametrize("command", [["serve", "--listen", "127.0.0.1:9"], ["report"]])
+def test_serve_and_report_name_the_broken_config_key_and_exit_2(tmp_path: Path, command: list[str]) -> None:
+    path = config_with(tmp_path, ("jobs",), 5)
+    result = run_cli(*command, "--config", str(path), timeout=30)
+    assert result.code == 2, str(result)
+    assert result.stderr.strip() == f"{path}: jobs: expected a list (- item lines, or [a, b]), got 5", str(result)
+    missing = run_cli(*command, "--config", str(tmp_path / "absent.yaml"), timeout=30)
+    assert missing.code == 2 and "file not found" in missing.stderr, str(missing)

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, ProbeClient, Timeouts
-from monitor.probe.result import ErrorClass, Sample
+from monitor.probe.result import ErrorClass, Sample, TimingPath
 
 Script = list[tuple[float, bytes]]  # (sleep seconds before, bytes to write)
 SECRET = "sk-test-abcdefghijklmnopqrstuvwxyz0123"
@@ -119,6 +120,7 @@ async def test_the_role_chunk_is_not_the_first_token(serve) -> None:
     assert sample.ttfa_ms == sample.ttft_ms
     assert sample.request_id == "req-42"
     assert sample.served_model == "served-model"
+    assert sample.timing_path is TimingPath.STAMPED
 
 
 async def test_comments_and_empty_deltas_are_not_tokens(serve) -> None:
@@ -304,6 +306,7 @@ async def test_a_body_that_comes_with_the_head_is_stamped_when_it_arrived(raw_se
     assert sample.ok, sample.error_message
     assert sample.ttft_ms is not None and sample.ttft_ms >= 50
     assert sample.ttft_ms == sample.ttfb_ms == sample.first_event_ms
+    assert sample.timing_path is TimingPath.STAMPED
 
 
 async def test_a_body_longer_than_the_read_buffer_is_read_to_the_end(serve) -> None:
@@ -425,6 +428,7 @@ async def test_a_refused_connection_is_a_connect_error(unused_tcp_port: int) -> 
     assert sample.error_message is not None
     assert sample.error_message.startswith(f"cannot connect to http://127.0.0.1:{unused_tcp_port}/v1")
     assert sample.error_message.endswith("is the server running on that port?")
+    assert sample.timing_path is None  # no response: nothing was timed from one
 
 
 async def test_an_unknown_host_is_a_dns_error() -> None:
@@ -457,13 +461,19 @@ async def test_without_the_stamping_protocol_the_task_reads_and_keeps_the_deadli
         connector = client._session.connector
         assert connector is not None
         connector._factory = functools.partial(ResponseHandler, loop=asyncio.get_running_loop())  # type: ignore[attr-defined]
-        sample = await probe(url, client=client, timeouts=Timeouts(connect=2, first_token=0.3, total=5))
+        with capture_logs() as logs:
+            sample = await probe(url, client=client, timeouts=Timeouts(connect=2, first_token=0.3, total=5))
+            again = await probe(url, client=client, timeouts=Timeouts(connect=2, first_token=0.3, total=5))
     if hang:
         assert sample.error is ErrorClass.TIMEOUT_FIRST_TOKEN
     else:
         assert sample.ok, sample.error_message
         assert sample.token_events == 2
         assert sample.ttft_ms is not None and sample.ttft_ms >= 50
+    # The sample says it was timed by the fallback clock, and the client warns once, not per sample.
+    assert sample.timing_path is again.timing_path is TimingPath.TASK_READ
+    warnings = [e for e in logs if e["event"] == "probe_timing_fallback"]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning", logs
 
 
 async def test_a_slow_drip_hits_the_total_timeout(serve) -> None:
@@ -626,9 +636,9 @@ async def test_the_request_carries_the_key_and_body_per_api(serve) -> None:
 def test_body_bytes_get_the_time_they_arrived(chunk, offset, arrivals, expected) -> None:
     from collections import deque
 
-    from monitor.probe.client import _stamped_pieces
+    from monitor.probe.body import stamped_pieces
 
-    assert _stamped_pieces(chunk, offset, deque(arrivals), 99) == expected
+    assert stamped_pieces(chunk, offset, deque(arrivals), 99) == expected
 
 
 # --- compressed bodies ----------------------------------------------------------------------------
@@ -1050,10 +1060,10 @@ async def test_a_tool_call_is_timed_in_every_api_with_tools(serve, api: str, eve
 )
 @pytest.mark.parametrize("piece", [1, 7, 4096])
 def test_the_decoder_gives_the_same_bytes_however_the_body_is_cut(encoding: str, packed, piece: int) -> None:
-    from monitor.probe.client import _Inflater
+    from monitor.probe.inflate import Inflater
 
     data = b"".join(b'data: {"choices":[{"delta":{"content":"t%d"}}]}\n\n' % i for i in range(300))
     body = packed(data)
-    inflater = _Inflater(encoding, step=1000)
+    inflater = Inflater(encoding, step=1000)
     out = b"".join(b"".join(inflater.feed(body[i : i + piece])) for i in range(0, len(body), piece))
     assert out == data

@@ -28,6 +28,8 @@ def test_ttft_matches_the_simulators_configured_ttft_within_1ms(exact_sim: SimPr
     out = probe_json(exact_sim, "--api", "openai-chat", "--model", "qwen3-8b", "--rounds", "9", *extra)
     measured = [s for s in out["samples"] if not s["warmup"]]
     assert len(measured) == 9 and all(s["error"] is None for s in measured)
+    # Measured by the exact clock (arrival stamps), and the JSON output says so.
+    assert {s["timing_path"] for s in out["samples"]} == {"stamped"}
     errors = []
     for sample in measured:
         stamp = exact_sim.get(f"/sim/requests/{sample['request_id']}")

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from monitor.sim.arrival import ArrivalStamps
 from monitor.sim.cache import BLOCK_TOKENS, PrefixCache, block_hashes
 from monitor.sim.latency import token_gap_ns, ttft_ms
-from monitor.sim.parse import BadRequest, load_json, parse_chat, parse_completions, parse_messages
+from monitor.sim.parse import BadRequest, load_json
 from monitor.sim.plan import plan_output
 from monitor.sim.profiles import (
     Faults,
@@ -25,8 +25,8 @@ from monitor.sim.profiles import (
 )
 from monitor.sim.tokens import count_tokens, pieces, tokenize
 from monitor.sim.wire import Usage
-from monitor.sim.wire.anthropic import MessagesWire
-from monitor.sim.wire.openai import ChatWire, CompletionWire
+from monitor.sim.wire.anthropic import MessagesWire, parse_messages
+from monitor.sim.wire.openai import ChatWire, CompletionWire, parse_chat, parse_completions
 
 
 @pytest.mark.parametrize(

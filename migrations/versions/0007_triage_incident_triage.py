@@ -1,6 +1,6 @@
 """triage: who acknowledged, labelled or resolved an incident (incident_triage); change markers (annotations)
 
-Revision ID: 0007_triage
+Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-01
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007_triage"
+revision: str = "0007"
 down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -8,7 +8,7 @@ from typing import Any
 
 from monitor.config.models import Config, PromptProfile, Provider, Target
 from monitor.probe.apis import FLAVORS, RequestParams
-from monitor.probe.client import Endpoint, Timeouts
+from monitor.probe.endpoint import Endpoint, Timeouts
 from monitor.probe.prompts import PromptSpec
 from monitor.probe.runner import ProbeTarget
 from monitor.redact import mask_url, url_credentials

@@ -31,6 +31,16 @@ class ErrorClass(StrEnum):
     EMPTY_RESPONSE = "empty_response"
 
 
+class TimingPath(StrEnum):
+    """Which clock measured a sample's response: the exact one, or the fallback."""
+
+    # Every byte carries the time it arrived, stamped in aiohttp's connection protocol (aiohttp_hooks).
+    STAMPED = "stamped"
+    # Some bytes carry the time the probe's task read them, later than their arrival under load: the
+    # connection's protocol kept no stamps (an aiohttp that moved a hook the client relies on).
+    TASK_READ = "task_read"
+
+
 @dataclass(slots=True)
 class Sample:
     """One streamed request. Durations are milliseconds from the request being sent, on one monotonic clock."""
@@ -81,6 +91,8 @@ class Sample:
     error_message: str | None = None
     # The raw monotonic stamp of `sent`, to compare with another process's stamps (benchmarks).
     sent_mono_ns: int | None = None
+    # None when no response head arrived (nothing was timed from the response).
+    timing_path: TimingPath | None = None
 
     @property
     def ok(self) -> bool:
@@ -92,6 +104,7 @@ class Sample:
             value = out[key]
             out[key] = value.isoformat() if value is not None else None
         out["error"] = self.error.value if self.error is not None else None
+        out["timing_path"] = self.timing_path.value if self.timing_path is not None else None
         return out
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
 from monitor.probe.apis import RequestParams
-from monitor.probe.client import Endpoint, ProbeClient
+from monitor.probe.client import ProbeClient
+from monitor.probe.endpoint import Endpoint
 from monitor.probe.prompts import PromptFactory, PromptSpec
 from monitor.probe.result import Sample
 

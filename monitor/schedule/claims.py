@@ -1,8 +1,9 @@
 """Tick claims: several daemons (HA replicas of one location) share a database; one probes each tick.
 
-A claim is a row keyed by (job, scheduled time, location); the insert that creates it wins, the
-others see a conflict and stand down. Inserting rather than locking means no lock is held while
-probing, and a crashed daemon's claim simply stays as the record that the tick was taken.
+A claim is a row keyed by (job, scheduled time, location) (`store.ticks.TickClaimRepository`); the
+insert that creates it wins, the others see a conflict and stand down. Inserting rather than
+locking means no lock is held while probing, and a crashed daemon's claim simply stays as the
+record that the tick was taken.
 
 A claim never holds up a probe: it gets `CLAIM_TIMEOUT_S`, and when it cannot be made (database
 down or hung) the tick is probed anyway and the claims rest for `CLAIMS_REST_S` (no more waits on a
@@ -15,13 +16,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 
-from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.store.models import JobTickRow, table_of
-from monitor.store.statements import upsert_insert
+from monitor.store.ticks import TickClaimRepository
 
 CLAIM_TIMEOUT_S = 1.5
 CLAIMS_REST_S = 10.0
@@ -37,36 +36,19 @@ class TickClaims:
         rest_s: float = CLAIMS_REST_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._engine = engine
+        self._ticks = TickClaimRepository(engine)
         self._timeout_s = timeout_s
         self._rest_s = rest_s
         self._clock = clock
         self._resting_until = 0.0
         self._attempts: set[asyncio.Task[bool]] = set()
-        self._insert = upsert_insert(engine, table_of(JobTickRow))
 
     async def claim(self, *, job: str, scheduled_at: datetime, location: str, owner: str) -> bool:
         """True when this process won the tick; False when another daemon already has it."""
-        statement = self._insert.values(
-            job=job,
-            scheduled_at=scheduled_at,
-            location=location,
-            claimed_by=owner,
-            claimed_at=datetime.now(UTC),
-            status="running",
-        ).on_conflict_do_nothing(index_elements=["job", "scheduled_at", "location"])
-        async with self._engine.begin() as connection:
-            result = await connection.execute(statement)
-        return result.rowcount == 1
+        return await self._ticks.claim(job=job, scheduled_at=scheduled_at, location=location, owner=owner)
 
     async def finish(self, *, job: str, scheduled_at: datetime, location: str, status: str) -> None:
-        statement = (
-            update(JobTickRow)
-            .where(JobTickRow.job == job, JobTickRow.scheduled_at == scheduled_at, JobTickRow.location == location)
-            .values(finished_at=datetime.now(UTC), status=status)
-        )
-        async with self._engine.begin() as connection:
-            await connection.execute(statement)
+        await self._ticks.finish(job=job, scheduled_at=scheduled_at, location=location, status=status)
 
     @property
     def resting(self) -> bool:

@@ -19,10 +19,12 @@ from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
-from monitor.probe.server_metrics import ServerMetrics, scrape, server_metrics
+from monitor.probe.server_metrics import ServerMetrics, Snapshot, scrape, server_metrics
 from monitor.schedule.background import AFTERCARE_TIMEOUT_S, AfterStore
 
 if TYPE_CHECKING:
+    from structlog.typing import FilteringBoundLogger
+
     from monitor.schedule.background import BackgroundStore
     from monitor.store.records import Batch
     from monitor.store.repository import Repository
@@ -68,7 +70,8 @@ class JobContext:
     background: BackgroundStore | None = None
     # Calibration as last written to the database, so unchanged fits are not written every run.
     saved_fits: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
-    # For providers' `server_metrics_url`; without one, a run that needs it opens its own.
+    # For providers' `server_metrics_url`: one per process (`app.ProcessResources`), kept across runs and
+    # reloads so its connections are reused; a context built without one opens a session per run.
     scrape_session: aiohttp.ClientSession | None = None
 
 
@@ -112,8 +115,8 @@ def plan_for_job(ctx: JobContext, job: Job) -> RunPlan:
     )
 
 
-def _sample_event(sample: Sample) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _sample_event(sample: Sample) -> dict[str, object]:
+    out: dict[str, object] = {}
     for name in SAMPLE_LOG_FIELDS:
         value = getattr(sample, name)
         if value is not None:
@@ -218,7 +221,7 @@ class _ServerReadings:
     first probe by at most that, and only leaves the run's `server_*` fields empty.
     """
 
-    def __init__(self, ctx: JobContext, plan: RunPlan, log: Any) -> None:
+    def __init__(self, ctx: JobContext, plan: RunPlan, log: FilteringBoundLogger) -> None:
         providers = ctx.config.providers
         self._url_of = {
             t.name: url
@@ -229,7 +232,7 @@ class _ServerReadings:
         self._provider_of = {t.name: t.provider for t in plan.targets}
         self._session = ctx.scrape_session
         self._own_session: aiohttp.ClientSession | None = None
-        self._before: dict[str, Any] = {}
+        self._before: dict[str, Snapshot] = {}
         self._log = log
 
     async def __aenter__(self) -> _ServerReadings:
@@ -254,11 +257,11 @@ class _ServerReadings:
                 out[target] = metrics
         return out
 
-    async def _read_all(self) -> dict[str, Any]:
+    async def _read_all(self) -> dict[str, Snapshot]:
         assert self._session is not None
         urls = sorted(set(self._url_of.values()))
         readings = await asyncio.gather(*(scrape(self._session, url) for url in urls))
-        out: dict[str, Any] = {}
+        out: dict[str, Snapshot] = {}
         for url, reading in zip(urls, readings, strict=True):
             if isinstance(reading, str):
                 # The URL may carry credentials: name the provider, never the address.
@@ -278,7 +281,7 @@ def _hand_over(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]
     outcome.stored = True  # handed over; `saved` says how it ended ("lost" is logged loudly)
 
 
-async def _store(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], log: Any) -> None:
+async def _store(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], log: FilteringBoundLogger) -> None:
     if ctx.background is not None:
         _hand_over(ctx, outcome, provider_of)
         return
@@ -314,7 +317,7 @@ def _moved(old: tuple[float, float] | None, new: tuple[float, float]) -> bool:
     return old is None or abs(new[0] - old[0]) > 0.01 * old[0] or abs(new[1] - old[1]) > 2
 
 
-async def _save_calibration(ctx: JobContext, outcome: JobOutcome, log: Any) -> None:
+async def _save_calibration(ctx: JobContext, outcome: JobOutcome, log: FilteringBoundLogger) -> None:
     assert ctx.repository is not None
     try:
         async with asyncio.timeout(AFTERCARE_TIMEOUT_S):

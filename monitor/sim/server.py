@@ -30,16 +30,7 @@ from monitor.sim.arrival import ArrivalStamps
 from monitor.sim.cache import PrefixCache, block_hashes
 from monitor.sim.latency import Clock, sleep_until, sleep_until_precisely, token_gap_ns, ttft_ms
 from monitor.sim.metrics import SimMetrics
-from monitor.sim.parse import (
-    BadRequest,
-    SimRequest,
-    load_json,
-    parse_chat,
-    parse_completions,
-    parse_gemini,
-    parse_messages,
-    parse_responses,
-)
+from monitor.sim.parse import BadRequest, SimRequest, load_json
 from monitor.sim.plan import OutputPlan, plan_output
 from monitor.sim.profiles import (
     Faults,
@@ -54,11 +45,10 @@ from monitor.sim.profiles import (
 )
 from monitor.sim.stamps import Stamp, StampStore
 from monitor.sim.tokens import tokenize
-from monitor.sim.wire import COMMENT_PING, StreamWire, Usage, dumps
+from monitor.sim.wire import COMMENT_PING, Family, Flavour, Generation, Route, Usage, dumps
 from monitor.sim.wire import anthropic as anthropic_wire
-from monitor.sim.wire import gemini as gemini_wire
 from monitor.sim.wire import openai as openai_wire
-from monitor.sim.wire import responses as responses_wire
+from monitor.sim.wire.registry import FLAVOURS
 
 PING_INTERVAL_NS = 100_000_000
 # How often a hanging response checks whether its client has gone.
@@ -142,38 +132,12 @@ class Simulator:
         return profile.thinks_by_default if request.thinking is None else request.thinking
 
 
-@dataclass(frozen=True, slots=True)
-class _Api:
-    """What differs between the generation endpoints, apart from the wire format."""
-
-    name: str
-    parse: Callable[[Mapping[str, Any], web.Request], SimRequest]
-    family: str = "openai"  # whose auth, headers and error bodies: openai, anthropic or gemini
-
-    @property
-    def anthropic(self) -> bool:
-        return self.family == "anthropic"
-
-
-def _gemini_request(body: Mapping[str, Any], request: web.Request) -> SimRequest:
-    # Model and streaming are in the URL; without alt=sse the API answers with one JSON array.
-    streams = request.match_info["method"] == "streamGenerateContent" and request.query.get("alt") == "sse"
-    return parse_gemini(body, model=request.match_info["model"], stream=streams)
-
-
-_CHAT = _Api("chat", lambda body, _request: parse_chat(body))
-_COMPLETIONS = _Api("completions", lambda body, _request: parse_completions(body))
-_MESSAGES = _Api("messages", lambda body, _request: parse_messages(body), family="anthropic")
-_RESPONSES = _Api("responses", lambda body, _request: parse_responses(body))
-_GEMINI = _Api("gemini", _gemini_request, family="gemini")
-
-
 @dataclass(slots=True)
 class _Job:
     """One accepted generation request, with its timeline worked out."""
 
     request: web.Request
-    api: _Api
+    api: Flavour
     body: SimRequest
     profile: ModelProfile
     stamp: Stamp
@@ -184,6 +148,19 @@ class _Job:
     first_token_ns: int
     gap_ns: int
     on_prefilled: Callable[[], None]
+
+    def generation(self) -> Generation:
+        return Generation(
+            request_id=self.stamp.request_id,
+            created=self.created,
+            model=self.body.model,
+            thinking=self.thinking,
+            tool_call=self.body.tool_call,
+            include_usage=self.body.include_usage,
+            reasoning_field=self.profile.reasoning_field,
+            plan=self.plan,
+            usage=self.usage,
+        )
 
 
 def _json_response(body: Any, *, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
@@ -219,31 +196,19 @@ class _Routes:
 
     # --- generation --------------------------------------------------------------------
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, _CHAT)
+    def generate(self, flavour: Flavour) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        """The request handler for one API flavour."""
 
-    async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, _COMPLETIONS)
+        async def handler(request: web.Request) -> web.StreamResponse:
+            if not flavour.serves(Route(request.match_info, request.query)):
+                raise web.HTTPNotFound()
+            return await self._generate(request, flavour)
 
-    async def messages(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, _MESSAGES)
-
-    async def responses(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, _RESPONSES)
-
-    async def gemini(self, request: web.Request) -> web.StreamResponse:
-        if request.match_info["method"] not in ("streamGenerateContent", "generateContent"):
-            raise web.HTTPNotFound()
-        return await self._generate(request, _GEMINI)
-
-    def _headers(self, api: _Api, request_id: str) -> dict[str, str]:
-        if api.anthropic:
-            return {"request-id": f"req_{request_id}"}
-        return {"x-request-id": request_id}
+        return handler
 
     def _error(
         self,
-        api: _Api,
+        family: Family,
         stamp: Stamp,
         status: int,
         *,
@@ -253,28 +218,17 @@ class _Routes:
         stamp.status = status
         stamp.outcome = "error"
         stamp.completed_ns = self.sim.clock()
-        headers = self._headers(api, stamp.request_id)
+        headers = family.response_headers(stamp.request_id)
         if status == 429:
             headers["retry-after"] = "1"
-        if api.anthropic:
-            body = anthropic_wire.error_body(status, request_id=f"req_{stamp.request_id}", message=message, model=model)
-        elif api.family == "gemini":
-            body = gemini_wire.error_body(status, message=message, model=model)
-        else:
-            body = openai_wire.error_body(status, message=message, model=model)
+        body = family.error_body(status, request_id=stamp.request_id, message=message, model=model)
         return _json_response(body, status=status, headers=headers)
 
-    def _authorized(self, request: web.Request, *, anthropic: bool, gemini: bool = False) -> bool:
+    def _authorized(self, request: web.Request, family: Family) -> bool:
         key = self.sim.api_key
-        if key is None:
-            return True
-        if anthropic:
-            return request.headers.get("x-api-key") == key
-        if gemini:
-            return key in (request.headers.get("x-goog-api-key"), request.query.get("key"))
-        return request.headers.get("Authorization") == f"Bearer {key}"
+        return key is None or family.authorized(request.headers, request.query, key)
 
-    async def _generate(self, request: web.Request, api: _Api) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, api: Flavour) -> web.StreamResponse:
         received_ns = self.sim.clock()
         task = asyncio.current_task()
         if task is None:  # pragma: no cover - aiohttp always runs handlers in a task
@@ -285,32 +239,32 @@ class _Routes:
         finally:
             self._generating.discard(task)
 
-    async def _generate_in_task(self, request: web.Request, api: _Api, received_ns: int) -> web.StreamResponse:
+    async def _generate_in_task(self, request: web.Request, api: Flavour, received_ns: int) -> web.StreamResponse:
         sim = self.sim
         request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
         stamp = Stamp(request_id=request_id, api=api.name, received_ns=received_ns)
         sim.stamps.add(stamp)
 
-        if not self._authorized(request, anthropic=api.anthropic, gemini=api.family == "gemini"):
-            return self._error(api, stamp, 401)
+        if not self._authorized(request, api.family):
+            return self._error(api.family, stamp, 401)
         raw = await request.read()
         # The request counts as received when its last byte arrived (see monitor.sim.arrival);
         # served without that stamp, when its body has been read.
         arrived = self.arrivals.last_data_ns(request.protocol)
         stamp.received_ns = received_ns = arrived if arrived is not None else sim.clock()
         try:
-            body = api.parse(load_json(raw), request)
+            body = api.parse(load_json(raw), Route(request.match_info, request.query))
         except BadRequest as exc:
-            return self._error(api, stamp, 400, message=str(exc))
+            return self._error(api.family, stamp, 400, message=str(exc))
         stamp.model = body.model
         stamp.stream = body.stream
         profile = sim.profiles.get(body.model)
         if profile is None:
-            return self._error(api, stamp, 404, model=body.model)
+            return self._error(api.family, stamp, 404, model=body.model)
         if body.has_stream_options and profile.reject_stream_options:
-            return self._error(api, stamp, 400, message="stream_options: Extra inputs are not permitted")
+            return self._error(api.family, stamp, 400, message="stream_options: Extra inputs are not permitted")
         if sim.draws_error(profile.faults):
-            return self._error(api, stamp, profile.faults.error_status, model=body.model)
+            return self._error(api.family, stamp, profile.faults.error_status, model=body.model)
 
         tokens = tokenize(body.prompt)
         hashes = block_hashes(tokens)
@@ -369,44 +323,6 @@ class _Routes:
         if stamp.outcome == "in_progress":
             stamp.outcome = "shutdown" if self._shutting_down else "client_gone"
 
-    def _wire(self, job: _Job) -> StreamWire:
-        rid = job.stamp.request_id
-        if job.api is _RESPONSES:
-            return responses_wire.ResponsesWire(
-                response_id=f"resp_{rid}",
-                created=job.created,
-                model=job.body.model,
-                thinking=job.thinking,
-                tool_call=job.body.tool_call,
-            )
-        if job.api is _GEMINI:
-            return gemini_wire.GeminiWire(
-                response_id=rid, model=job.body.model, usage=job.usage, tool_call=job.body.tool_call
-            )
-        if job.api is _MESSAGES:
-            return anthropic_wire.MessagesWire(
-                message_id=f"msg_{rid}",
-                model=job.body.model,
-                thinking=job.thinking,
-                usage=job.usage,
-                tool_call=job.body.tool_call,
-            )
-        if job.api is _COMPLETIONS:
-            return openai_wire.CompletionWire(
-                chunk_id=f"cmpl-{rid}",
-                created=job.created,
-                model=job.body.model,
-                include_usage=job.body.include_usage,
-            )
-        return openai_wire.ChatWire(
-            chunk_id=f"chatcmpl-{rid}",
-            created=job.created,
-            model=job.body.model,
-            reasoning_field=job.profile.reasoning_field,
-            include_usage=job.body.include_usage,
-            tool_call=job.body.tool_call,
-        )
-
     async def _prefill(self, job: _Job, write: Callable[[bytes], Awaitable[None]]) -> None:
         """Wait for the first-token deadline, sending `: ping` comments meanwhile if the profile asks."""
         clock = self.sim.clock
@@ -425,7 +341,7 @@ class _Routes:
             headers={
                 "Content-Type": "text/event-stream; charset=utf-8",
                 "Cache-Control": "no-cache",
-                **self._headers(job.api, stamp.request_id),
+                **job.api.family.response_headers(stamp.request_id),
             }
         )
         await response.prepare(job.request)  # headers go out now, before prefill
@@ -440,7 +356,7 @@ class _Routes:
         clock = self.sim.clock
         stamp = job.stamp
         faults = job.profile.faults
-        wire = self._wire(job)
+        wire = job.api.stream(job.generation())
         if job.profile.comment_pings:
             await response.write(COMMENT_PING)
         opening = wire.opening()
@@ -539,42 +455,14 @@ class _Routes:
                 if transport is not None:
                     transport.abort()
                 return web.Response(status=499)
-            response = self._error(job.api, stamp, 500)
+            response = self._error(job.api.family, stamp, 500)
             stamp.outcome = name
             return response
 
         await sleep_until(job.first_token_ns + max(total - 1, 0) * job.gap_ns, clock=clock)
         stamp.completion_tokens = total
-        rid = stamp.request_id
-        body: Any
-        if job.api is _RESPONSES:
-            body = responses_wire.response_object(
-                response_id=f"resp_{rid}", created=job.created, model=job.body.model, plan=job.plan, usage=job.usage
-            )
-        elif job.api is _GEMINI:
-            body = gemini_wire.whole_array(response_id=rid, model=job.body.model, plan=job.plan, usage=job.usage)
-        elif job.api is _MESSAGES:
-            body = anthropic_wire.message_response(
-                message_id=f"msg_{rid}", model=job.body.model, plan=job.plan, usage=job.usage
-            )
-        elif job.api is _COMPLETIONS:
-            body = openai_wire.completion_response(
-                chunk_id=f"cmpl-{rid}",
-                created=job.created,
-                model=job.body.model,
-                plan=job.plan,
-                usage=job.usage,
-            )
-        else:
-            body = openai_wire.chat_response(
-                chunk_id=f"chatcmpl-{rid}",
-                created=job.created,
-                model=job.body.model,
-                reasoning_field=job.profile.reasoning_field,
-                plan=job.plan,
-                usage=job.usage,
-            )
-        headers = self._headers(job.api, rid)
+        body = job.api.whole(job.generation())
+        headers = job.api.family.response_headers(stamp.request_id)
         if faults.malformed_after_tokens is not None:
             stamp.outcome = "malformed"
             text = dumps(body)
@@ -586,10 +474,10 @@ class _Routes:
 
     async def models(self, request: web.Request) -> web.Response:
         anthropic = "anthropic-version" in request.headers or "x-api-key" in request.headers
-        if not self._authorized(request, anthropic=anthropic):
-            api = _MESSAGES if anthropic else _CHAT
+        family = anthropic_wire.FAMILY if anthropic else openai_wire.FAMILY
+        if not self._authorized(request, family):
             stamp = Stamp(request_id=uuid.uuid4().hex, api="models", received_ns=self.sim.clock())
-            return self._error(api, stamp, 401)
+            return self._error(family, stamp, 401)
         names = sorted(self.sim.profiles)
         if anthropic:
             return _json_response(anthropic_wire.models_list(names))
@@ -644,12 +532,9 @@ def build_app(simulator: Simulator) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[ARRIVALS] = arrivals
     app.on_shutdown.append(routes.on_shutdown)
-    app.router.add_post("/v1/chat/completions", routes.chat)
-    app.router.add_post("/v1/completions", routes.completions)
-    app.router.add_post("/v1/messages", routes.messages)
-    app.router.add_post("/v1/responses", routes.responses)
-    for version in ("v1beta", "v1"):
-        app.router.add_post(f"/{version}/models/{{model}}:{{method}}", routes.gemini)
+    for flavour in FLAVOURS:
+        for path in flavour.paths:
+            app.router.add_post(path, routes.generate(flavour))
     app.router.add_get("/v1/models", routes.models)
     app.router.add_get("/health", routes.health)
     app.router.add_get("/metrics", routes.metrics)

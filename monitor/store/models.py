@@ -45,6 +45,7 @@ NAMING_CONVENTION = {
 }
 NOW = text("CURRENT_TIMESTAMP")
 ERROR_CLASS_LENGTH = 32
+TIMING_PATH_LENGTH = 16
 
 
 class Base(DeclarativeBase):
@@ -174,6 +175,9 @@ class SampleRow(Base):
     server_timing: Mapped[str | None] = mapped_column(Text)
     error: Mapped[str | None] = mapped_column(String(ERROR_CLASS_LENGTH))
     error_message: Mapped[str | None] = mapped_column(Text)
+    # Which clock measured the sample (probe.result.TimingPath); null before migration 0007 and when
+    # no response head arrived.
+    timing_path: Mapped[str | None] = mapped_column(String(TIMING_PATH_LENGTH))
 
 
 class RollupRow(Base):

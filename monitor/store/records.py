@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from monitor.probe.result import ErrorClass, Sample
+from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.probe.stats import median, percentile
 
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
@@ -62,6 +62,7 @@ SAMPLE_COLUMN_FIELDS: dict[str, str] = {
     "retry_after": "retry_after",
     "server_timing": "server_timing",
     "error_message": "error_message",
+    "timing_path": "timing_path",
 }
 # Sample fields stored elsewhere: once per run or series (target, model, api, prompt), as the row's key
 # (sample_id is the column id) or converted (error, an ErrorClass stored by value).
@@ -379,6 +380,8 @@ def sample_from_dict(data: Mapping[str, Any]) -> Sample:
     values["sent_at"] = _time(values.get("sent_at"))
     error = values.get("error")
     values["error"] = ErrorClass(error) if error is not None else None
+    timing_path = values.get("timing_path")
+    values["timing_path"] = TimingPath(timing_path) if timing_path is not None else None
     return Sample(**values)
 
 

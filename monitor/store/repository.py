@@ -22,7 +22,7 @@ from sqlalchemy import Double, String, Table, bindparam, delete, func, select, t
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from monitor.probe.result import ErrorClass, Sample
+from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
     CALIBRATION,
@@ -262,6 +262,8 @@ def _run_record(row: Any, series: SeriesKey) -> RunRecord:
 
 def _sample(row: Any, run: RunRecord) -> Sample:
     values = {name: getattr(row, column) for column, name in SAMPLE_COLUMN_FIELDS.items()}
+    if values["timing_path"] is not None:
+        values["timing_path"] = TimingPath(values["timing_path"])
     return Sample(
         target=run.series.target,
         model=run.series.model,

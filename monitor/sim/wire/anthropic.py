@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from monitor.sim.parse import SimRequest, content_text, flag, forces_tool_call, max_tokens_of, messages_text, model_name
 from monitor.sim.plan import OutputPlan
-from monitor.sim.wire import TOOL_NAME, Usage, dumps, slot, split_template, tool_arguments
+from monitor.sim.wire import TOOL_NAME, Family, Flavour, Usage, dumps, slot, split_template, tool_arguments
 
 # Real streams carry an opaque signature for the thinking block; clients only pass it back.
 THINKING_SIGNATURE = "EqQBCkYIARgCIkBzaW11bGF0ZWQgdGhpbmtpbmcgc2lnbmF0dXJl"
@@ -175,3 +177,51 @@ def error_body(status: int, *, request_id: str, message: str | None = None, mode
     if message is None:
         message = f"model: {model}" if status == 404 and model else default_message
     return {"type": "error", "error": {"type": kind, "message": message}, "request_id": request_id}
+
+
+def _authorized(headers: Mapping[str, str], _query: Mapping[str, str], key: str) -> bool:
+    return headers.get("x-api-key") == key
+
+
+FAMILY = Family(
+    name="anthropic",
+    authorized=_authorized,
+    response_headers=lambda request_id: {"request-id": f"req_{request_id}"},
+    error_body=lambda status, *, request_id, message=None, model=None: error_body(
+        status, request_id=f"req_{request_id}", message=message, model=model
+    ),
+)
+
+
+def parse_messages(body: Mapping[str, Any]) -> SimRequest:
+    """POST /v1/messages (Anthropic): max_tokens is required, as in the real API."""
+    model = model_name(body)
+    texts = messages_text(body)
+    max_tokens = max_tokens_of(body, "max_tokens", required=True)
+    system = content_text(body.get("system"), "system")
+    thinking = None
+    config = body.get("thinking")
+    if isinstance(config, Mapping) and config.get("type") in ("enabled", "disabled"):
+        thinking = config["type"] == "enabled"
+    return SimRequest(
+        model=model,
+        prompt="\n".join([system, *texts] if system else texts),
+        stream=flag(body, "stream"),
+        max_tokens=max_tokens,
+        include_usage=True,
+        has_stream_options=False,
+        thinking=thinking,
+        tool_call=forces_tool_call(body),
+    )
+
+
+MESSAGES = Flavour(
+    name="messages",
+    paths=("/v1/messages",),
+    family=FAMILY,
+    parse=lambda body, _route: parse_messages(body),
+    stream=lambda g: MessagesWire(
+        message_id=f"msg_{g.request_id}", model=g.model, thinking=g.thinking, usage=g.usage, tool_call=g.tool_call
+    ),
+    whole=lambda g: message_response(message_id=f"msg_{g.request_id}", model=g.model, plan=g.plan, usage=g.usage),
+)

@@ -7,10 +7,12 @@ sends the same objects as one JSON array (`whole_array`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from monitor.sim.parse import BadRequest, SimRequest, forces_tool_call, max_tokens_of
 from monitor.sim.plan import OutputPlan
-from monitor.sim.wire import TOOL_NAME, Usage, dumps, slot, split_template
+from monitor.sim.wire import TOOL_NAME, Family, Flavour, Route, Usage, dumps, slot, split_template
 
 # The API's own error message for an internal error.
 INTERNAL_ERROR = "An internal error has occurred. Please retry or report in https://developers.generativeai.google/guide/troubleshooting"
@@ -133,3 +135,69 @@ def error_body(status: int, *, message: str | None = None, model: str | None = N
         else:
             message = INTERNAL_ERROR
     return {"error": {"code": status, "message": message, "status": STATUS_NAMES.get(status, "INTERNAL")}}
+
+
+def _authorized(headers: Mapping[str, str], query: Mapping[str, str], key: str) -> bool:
+    return key in (headers.get("x-goog-api-key"), query.get("key"))
+
+
+def _family_error(status: int, *, request_id: str, message: str | None = None, model: str | None = None) -> Any:
+    return error_body(status, message=message, model=model)
+
+
+FAMILY = Family(
+    name="gemini",
+    authorized=_authorized,
+    response_headers=lambda request_id: {"x-request-id": request_id},
+    error_body=_family_error,
+)
+
+
+def parse_gemini(body: Mapping[str, Any], *, model: str, stream: bool) -> SimRequest:
+    """POST .../models/{model}:streamGenerateContent: the model and streaming come from the URL."""
+    contents = body.get("contents")
+    if not isinstance(contents, list) or not contents:
+        raise BadRequest("* GenerateContentRequest.contents: contents is not specified")
+    texts: list[str] = []
+    for i, content in enumerate(contents):
+        parts = content.get("parts") if isinstance(content, Mapping) else None
+        if not isinstance(parts, list):
+            raise BadRequest(f"* GenerateContentRequest.contents[{i}].parts: parts is not specified")
+        texts.extend(str(part["text"]) for part in parts if isinstance(part, Mapping) and "text" in part)
+    config = body.get("generationConfig") or {}
+    if not isinstance(config, Mapping):
+        raise BadRequest("generationConfig: expected an object.")
+    thinking = None
+    thinking_config = config.get("thinkingConfig")
+    if isinstance(thinking_config, Mapping):
+        if thinking_config.get("thinkingBudget") == 0:
+            thinking = False
+        elif thinking_config.get("includeThoughts") is True:
+            thinking = True
+    return SimRequest(
+        model=model,
+        prompt="\n".join(texts),
+        stream=stream,
+        max_tokens=max_tokens_of(config, "maxOutputTokens"),
+        include_usage=True,
+        has_stream_options=False,
+        thinking=thinking,
+        tool_call=forces_tool_call(body),
+    )
+
+
+def _parse(body: Mapping[str, Any], route: Route) -> SimRequest:
+    # Model and streaming are in the URL; without alt=sse the API answers with one JSON array.
+    streams = route.match["method"] == "streamGenerateContent" and route.query.get("alt") == "sse"
+    return parse_gemini(body, model=route.match["model"], stream=streams)
+
+
+GEMINI = Flavour(
+    name="gemini",
+    paths=tuple(f"/{version}/models/{{model}}:{{method}}" for version in ("v1beta", "v1")),
+    family=FAMILY,
+    parse=_parse,
+    stream=lambda g: GeminiWire(response_id=g.request_id, model=g.model, usage=g.usage, tool_call=g.tool_call),
+    whole=lambda g: whole_array(response_id=g.request_id, model=g.model, plan=g.plan, usage=g.usage),
+    serves=lambda route: route.match["method"] in ("streamGenerateContent", "generateContent"),
+)

@@ -2,10 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from monitor.sim.parse import (
+    BadRequest,
+    SimRequest,
+    flag,
+    forces_tool_call,
+    max_tokens_of,
+    messages_text,
+    model_name,
+    stream_options,
+)
 from monitor.sim.plan import OutputPlan
-from monitor.sim.wire import TOOL_NAME, Usage, dumps, slot, split_template, tool_arguments
+from monitor.sim.wire import (
+    TOOL_NAME,
+    Family,
+    Flavour,
+    Usage,
+    dumps,
+    slot,
+    split_template,
+    tool_arguments,
+)
 
 DONE = b"data: [DONE]\n\n"
 
@@ -223,3 +243,100 @@ def error_body(status: int, *, message: str | None = None, model: str | None = N
     if message is None:
         message = f"The model `{model}` does not exist." if status == 404 and model else default_message
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _authorized(headers: Mapping[str, str], _query: Mapping[str, str], key: str) -> bool:
+    return headers.get("Authorization") == f"Bearer {key}"
+
+
+def _family_error(status: int, *, request_id: str, message: str | None = None, model: str | None = None) -> Any:
+    return error_body(status, message=message, model=model)
+
+
+# vLLM's and OpenAI's APIs (the Responses API too): a bearer key, x-request-id, OpenAI error bodies.
+FAMILY = Family(
+    name="openai",
+    authorized=_authorized,
+    response_headers=lambda request_id: {"x-request-id": request_id},
+    error_body=_family_error,
+)
+
+
+def parse_chat(body: Mapping[str, Any]) -> SimRequest:
+    """POST /v1/chat/completions (vLLM / OpenAI)."""
+    model = model_name(body)
+    texts = messages_text(body)
+    stream = flag(body, "stream")
+    has_options, include_usage = stream_options(body, stream)
+    thinking = None
+    kwargs = body.get("chat_template_kwargs")
+    if isinstance(kwargs, Mapping) and isinstance(kwargs.get("enable_thinking"), bool):
+        thinking = kwargs["enable_thinking"]
+    return SimRequest(
+        model=model,
+        prompt="\n".join(texts),
+        stream=stream,
+        max_tokens=max_tokens_of(body, "max_completion_tokens", "max_tokens"),
+        include_usage=include_usage,
+        has_stream_options=has_options,
+        thinking=thinking,
+        tool_call=forces_tool_call(body),
+    )
+
+
+def parse_completions(body: Mapping[str, Any]) -> SimRequest:
+    """POST /v1/completions: a raw prompt, so no chat template and no thinking phase."""
+    model = model_name(body)
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise BadRequest("prompt: Field required (a string).")
+    stream = flag(body, "stream")
+    has_options, include_usage = stream_options(body, stream)
+    return SimRequest(
+        model=model,
+        prompt=prompt,
+        stream=stream,
+        max_tokens=max_tokens_of(body, "max_tokens"),
+        include_usage=include_usage,
+        has_stream_options=has_options,
+        thinking=False,
+    )
+
+
+CHAT = Flavour(
+    name="chat",
+    paths=("/v1/chat/completions",),
+    family=FAMILY,
+    parse=lambda body, _route: parse_chat(body),
+    stream=lambda g: ChatWire(
+        chunk_id=f"chatcmpl-{g.request_id}",
+        created=g.created,
+        model=g.model,
+        reasoning_field=g.reasoning_field,
+        include_usage=g.include_usage,
+        tool_call=g.tool_call,
+    ),
+    whole=lambda g: chat_response(
+        chunk_id=f"chatcmpl-{g.request_id}",
+        created=g.created,
+        model=g.model,
+        reasoning_field=g.reasoning_field,
+        plan=g.plan,
+        usage=g.usage,
+    ),
+)
+
+COMPLETIONS = Flavour(
+    name="completions",
+    paths=("/v1/completions",),
+    family=FAMILY,
+    parse=lambda body, _route: parse_completions(body),
+    stream=lambda g: CompletionWire(
+        chunk_id=f"cmpl-{g.request_id}", created=g.created, model=g.model, include_usage=g.include_usage
+    ),
+    whole=lambda g: completion_response(
+        chunk_id=f"cmpl-{g.request_id}", created=g.created, model=g.model, plan=g.plan, usage=g.usage
+    ),
+)

@@ -6,10 +6,13 @@ response cut by `max_output_tokens` ends with `response.incomplete`, as the host
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+from monitor.sim.parse import BadRequest, SimRequest, flag, forces_tool_call, max_tokens_of, model_name
 from monitor.sim.plan import OutputPlan
-from monitor.sim.wire import TOOL_NAME, Usage, dumps, tool_arguments
+from monitor.sim.wire import TOOL_NAME, Flavour, Usage, dumps, tool_arguments
+from monitor.sim.wire import openai as openai_wire
 
 
 def usage_json(usage: Usage, *, reasoning_tokens: int = 0) -> dict[str, Any]:
@@ -194,3 +197,64 @@ def response_object(*, response_id: str, created: int, model: str, plan: OutputP
         "output": output,
         "usage": usage_json(usage, reasoning_tokens=len(plan.reasoning)),
     }
+
+
+def _input_text(value: Any) -> str:
+    """Responses `input`: a string, or a list of messages (their text parts) or input_text items."""
+    if isinstance(value, str):
+        return value
+    if not isinstance(value, list) or not value:
+        raise BadRequest("input: Field required (a string or a non-empty list).")
+    texts: list[str] = []
+    for i, item in enumerate(value):
+        if not isinstance(item, Mapping):
+            raise BadRequest(f"input[{i}]: expected an object, got {item!r}.")
+        content = item.get("content")
+        if isinstance(content, list):
+            texts.extend(
+                str(part.get("text", ""))
+                for part in content
+                if isinstance(part, Mapping) and part.get("type") in ("input_text", "text")
+            )
+        elif isinstance(content, str):
+            texts.append(content)
+    return "\n".join(texts)
+
+
+def parse_responses(body: Mapping[str, Any]) -> SimRequest:
+    """POST /v1/responses (OpenAI Responses): usage always comes with the last event."""
+    model = model_name(body)
+    instructions = body.get("instructions")
+    text = _input_text(body.get("input"))
+    thinking = None
+    reasoning = body.get("reasoning")
+    if isinstance(reasoning, Mapping) and reasoning.get("effort") is not None:
+        thinking = reasoning["effort"] not in ("none", "minimal")
+    return SimRequest(
+        model=model,
+        prompt="\n".join([instructions, text]) if isinstance(instructions, str) and instructions else text,
+        stream=flag(body, "stream"),
+        max_tokens=max_tokens_of(body, "max_output_tokens"),
+        include_usage=True,
+        has_stream_options=False,
+        thinking=thinking,
+        tool_call=forces_tool_call(body),
+    )
+
+
+RESPONSES = Flavour(
+    name="responses",
+    paths=("/v1/responses",),
+    family=openai_wire.FAMILY,
+    parse=lambda body, _route: parse_responses(body),
+    stream=lambda g: ResponsesWire(
+        response_id=f"resp_{g.request_id}",
+        created=g.created,
+        model=g.model,
+        thinking=g.thinking,
+        tool_call=g.tool_call,
+    ),
+    whole=lambda g: response_object(
+        response_id=f"resp_{g.request_id}", created=g.created, model=g.model, plan=g.plan, usage=g.usage
+    ),
+)

@@ -1,0 +1,248 @@
+"""aiohttp instrumentation: where the probe's clock is read, inside aiohttp's connection machinery.
+
+Stamps are taken when bytes arrive, before any parsing, with `time.perf_counter_ns`. Public
+aiohttp gives request-phase trace hooks (`trace_config`), but no stamp per arrival of body bytes
+and no split between the TCP and the TLS handshake, so this module leans on aiohttp internals.
+Each is explained once, where it is used:
+
+- `ResponseHandler._payload` and `ResponseHandler._reading_paused` (`StampingProtocol.data_received`)
+- `TCPConnector._factory` (`TimedConnector.__init__`)
+- `TCPConnector._wrap_create_connection`, with `_loop`, `_local_addr_infos`, `_happy_eyeballs_delay`,
+  `_interleave` and `_socket_factory` (`TimedConnector._wrap_create_connection`)
+- `ClientResponse._protocol` (`stamping_protocol`)
+
+pyproject pins the aiohttp range they were checked on; tests/test_aiohttp_contract.py fails,
+naming the hook, when an allowed aiohttp moves one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import functools
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import aiohappyeyeballs
+import aiohttp
+from aiohttp.client_exceptions import (
+    ClientConnectorCertificateError,
+    ClientConnectorError,
+    ClientConnectorSSLError,
+)
+from aiohttp.client_proto import ResponseHandler
+
+
+@dataclass(slots=True)
+class Stamps:
+    """Monotonic nanosecond stamps of one request; filled by trace hooks and the read loop."""
+
+    request_start: int = 0
+    dns_start: int | None = None
+    dns_end: int | None = None
+    conn_start: int | None = None
+    tcp_end: int | None = None
+    conn_end: int | None = None
+    reused: bool = False
+    sent: int | None = None
+
+
+current_stamps: contextvars.ContextVar[Stamps | None] = contextvars.ContextVar("ttft_probe_stamps", default=None)
+
+
+class StampingProtocol(ResponseHandler):
+    """Stamps every arrival of body bytes in `data_received`, before anything else looks at them.
+
+    Each record says: the response body up to byte offset N had arrived at monotonic time T. The
+    stream is parsed from these records in slices (`watch`'s `take` callback decides when), so
+    parsing never delays a stamp: under load the loop runs every queued callback before it gets to
+    a socket's read, and a task woken per event to parse it would sit in that queue ahead of other
+    streams' reads. `watch` also tells the reader when the body is complete or broken, so it needs
+    no wake-up per event at all.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.arrivals: collections.deque[tuple[int, int]] = collections.deque()
+        self._stamped_payload: Any = None
+        self.head_arrived: int | None = None  # when the current response's head was complete
+        self._last_stamp = 0
+        self._watched: aiohttp.StreamReader | None = None
+        self._settled: asyncio.Future[None] | None = None
+        self._take: Callable[[bool], None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        # An empty call is aiohttp resuming a paused read: it parses bytes that came with an earlier
+        # call, so they carry that call's stamp (never one earlier than their arrival).
+        stamp = time.perf_counter_ns() if data else self._last_stamp
+        self._last_stamp = stamp
+        super().data_received(data)
+        # aiohttp hook: `_payload` is the StreamReader of the response being read (None until its
+        # head is parsed), the body the bytes just went to.
+        payload = getattr(self, "_payload", None)
+        if payload is not None:
+            if payload is not self._stamped_payload:
+                # A new response: these bytes completed its head.
+                self._stamped_payload = payload
+                self.head_arrived = stamp
+                self.arrivals.clear()
+            self.arrivals.append((payload.total_bytes, stamp))
+        if self._take is not None:
+            # aiohttp hook: `_reading_paused` is set when aiohttp pauses the socket because too much
+            # (or too many pieces) waits unread; once paused nothing arrives, so the reader must
+            # take the buffer now.
+            self._take(getattr(self, "_reading_paused", False))
+            self._check_settled()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._take is not None and self._watched is not None and self._watched.exception() is None:
+            # aiohttp is about to fail the unfinished body, and a failed StreamReader no longer
+            # hands out what it holds: the reader takes those bytes (the tokens before the break) now.
+            self._take(True)
+        super().connection_lost(exc)
+        self._check_settled()
+
+    def arrivals_of(self, content: aiohttp.StreamReader) -> collections.deque[tuple[int, int]]:
+        """The arrival record of `content`; empty if this connection has since moved on to another body."""
+        return self.arrivals if content is self._stamped_payload else collections.deque()
+
+    def head_arrival_of(self, content: aiohttp.StreamReader) -> int | None:
+        return self.head_arrived if content is self._stamped_payload else None
+
+    def watch(self, content: aiohttp.StreamReader, take: Callable[[bool], None]) -> asyncio.Future[None]:
+        """A future that resolves once `content` has all its bytes, or has failed.
+
+        `take(force)` runs after each arrival, with force=True when the buffered bytes must be read
+        now; it must not raise.
+        """
+        self._watched = content
+        self._take = take
+        self._settled = asyncio.get_running_loop().create_future()
+        self._check_settled()
+        return self._settled
+
+    def settle(self) -> None:
+        """Resolve the watch early: the reader has seen enough (an error event, a malformed stream)."""
+        if self._settled is not None and not self._settled.done():
+            self._settled.set_result(None)
+
+    def unwatch(self) -> None:
+        self._watched = None
+        self._take = None
+        self._settled = None
+
+    def _check_settled(self) -> None:
+        content, settled = self._watched, self._settled
+        if content is None or settled is None or settled.done():
+            return
+        if content.is_eof() or content.exception() is not None or self.transport is None:
+            settled.set_result(None)
+
+
+class TimedConnector(aiohttp.TCPConnector):
+    """A TCPConnector that stamps the end of the TCP handshake, so TLS time can be told apart.
+
+    aiohttp does TCP and TLS in one `create_connection` call; this splits it in two: connect the
+    socket (as aiohttp does, with happy eyeballs), stamp, then let the loop do the TLS handshake.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # aiohttp hook: `_factory` makes the protocol of each new connection; ours stamps arrivals.
+        self._factory = functools.partial(StampingProtocol, loop=self._loop)  # type: ignore[assignment]
+
+    async def _wrap_create_connection(  # type: ignore[override]
+        self,
+        *args: Any,
+        addr_infos: list[Any],
+        req: Any,
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 (aiohttp's signature)
+        client_error: type[Exception] = ClientConnectorError,
+        **kwargs: Any,
+    ) -> Any:
+        # aiohttp hook: the connector calls `_wrap_create_connection` to open each connection, TLS
+        # included. This is aiohttp's own body split in two, reading the connector's settings
+        # (`_loop`, `_local_addr_infos`, `_happy_eyeballs_delay`, `_interleave`, `_socket_factory`)
+        # as aiohttp does, and raising the errors aiohttp raises.
+        stamps = current_stamps.get()
+        try:
+            async with asyncio.timeout(timeout.sock_connect):
+                sock = await aiohappyeyeballs.start_connection(
+                    addr_infos=addr_infos,
+                    local_addr_infos=self._local_addr_infos,
+                    happy_eyeballs_delay=self._happy_eyeballs_delay,
+                    interleave=self._interleave,
+                    loop=self._loop,
+                    socket_factory=self._socket_factory,
+                )
+                if stamps is not None:
+                    stamps.tcp_end = time.perf_counter_ns()
+                return await self._loop.create_connection(*args, **kwargs, sock=sock)
+        except ssl.CertificateError as exc:
+            raise ClientConnectorCertificateError(req.connection_key, exc) from exc
+        except ssl.SSLError as exc:
+            raise ClientConnectorSSLError(req.connection_key, exc) from exc
+        except OSError as exc:
+            if exc.errno is None and isinstance(exc, asyncio.TimeoutError):
+                raise
+            raise client_error(req.connection_key, exc) from exc
+
+
+def trace_config() -> aiohttp.TraceConfig:
+    """aiohttp's public request trace hooks, writing into the current request's `Stamps`."""
+
+    def stamps() -> Stamps | None:
+        return current_stamps.get()
+
+    async def dns_start(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.dns_start = time.perf_counter_ns()
+
+    async def dns_end(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.dns_end = time.perf_counter_ns()
+
+    async def conn_start(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.conn_start = time.perf_counter_ns()
+
+    async def conn_end(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.conn_end = time.perf_counter_ns()
+
+    async def reuse(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        if (st := stamps()) is not None:
+            st.reused = True
+
+    async def chunk_sent(_s: Any, _c: SimpleNamespace, _p: Any) -> None:
+        # Called just before each body chunk is written to the transport; the last one wins.
+        if (st := stamps()) is not None:
+            st.sent = time.perf_counter_ns()
+
+    config = aiohttp.TraceConfig()
+    config.on_dns_resolvehost_start.append(dns_start)
+    config.on_dns_resolvehost_end.append(dns_end)
+    config.on_connection_create_start.append(conn_start)
+    config.on_connection_create_end.append(conn_end)
+    config.on_connection_reuseconn.append(reuse)
+    config.on_request_chunk_sent.append(chunk_sent)
+    return config
+
+
+def stamping_protocol(resp: aiohttp.ClientResponse) -> StampingProtocol | None:
+    """The protocol that stamped `resp`'s bytes; None when it is not ours (then nothing was stamped)."""
+    # aiohttp hook: when the whole body came with the head, aiohttp has already put the connection
+    # back in the pool; its protocol, kept on the response as `_protocol`, still holds the stamps.
+    protocol = resp.connection.protocol if resp.connection is not None else getattr(resp, "_protocol", None)
+    return protocol if isinstance(protocol, StampingProtocol) else None
+
+
+def head_arrival(resp: aiohttp.ClientResponse, protocol: StampingProtocol | None) -> int:
+    """When the response head arrived, from the protocol's stamps; now, if it kept none."""
+    stamp = protocol.head_arrival_of(resp.content) if protocol is not None else None
+    return stamp if stamp is not None else time.perf_counter_ns()

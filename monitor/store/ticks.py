@@ -1,0 +1,53 @@
+"""Tick claims in the database: the `job_ticks` table, touched only here.
+
+A claim is a row keyed by (job, scheduled time, location); the insert that creates it wins, the
+others see a conflict and stand down. The policy around it (a bounded wait, resting while the
+database is away) is the scheduler's: monitor/schedule/claims.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from monitor.store.models import JobTickRow, table_of
+from monitor.store.statements import upsert_insert
+
+RUNNING = "running"
+
+
+class TickClaimRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._insert = upsert_insert(engine, table_of(JobTickRow))
+
+    async def claim(
+        self, *, job: str, scheduled_at: datetime, location: str, owner: str, now: datetime | None = None
+    ) -> bool:
+        """True when `owner` won the tick; False when a claim for it already exists (whoever made it)."""
+        statement = self._insert.values(
+            job=job,
+            scheduled_at=scheduled_at,
+            location=location,
+            claimed_by=owner,
+            claimed_at=now or datetime.now(UTC),
+            status=RUNNING,
+        ).on_conflict_do_nothing(index_elements=["job", "scheduled_at", "location"])
+        async with self._engine.begin() as connection:
+            result = await connection.execute(statement)
+        return result.rowcount == 1
+
+    async def finish(
+        self, *, job: str, scheduled_at: datetime, location: str, status: str, now: datetime | None = None
+    ) -> bool:
+        """Record how the tick's run ended; False when there is no claim for that tick."""
+        statement = (
+            update(JobTickRow)
+            .where(JobTickRow.job == job, JobTickRow.scheduled_at == scheduled_at, JobTickRow.location == location)
+            .values(finished_at=now or datetime.now(UTC), status=status)
+        )
+        async with self._engine.begin() as connection:
+            result = await connection.execute(statement)
+        return result.rowcount == 1
