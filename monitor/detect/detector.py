@@ -35,14 +35,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from monitor.detect.core import _Core, _lookback_s
 from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Kind, Rules, Severity, Threshold
 from monitor.detect.state import STATE_VERSION, Event, Incident, RunPoint, SeriesState, point_from_run
-
-if TYPE_CHECKING:
-    from monitor.config.models import Detection
 
 __all__ = [
     "MIN_BASELINE_RUNS",
@@ -70,10 +66,8 @@ class Detector:
     events; nothing is kept between calls. Thread-safe for that reason.
     """
 
-    def __init__(self, rules: Detection | Rules | None = None, slo_ms: float | None = None) -> None:
-        if rules is None:
-            rules = Rules()
-        self.rules = rules if isinstance(rules, Rules) else Rules.from_config(rules)
+    def __init__(self, rules: Rules | None = None, slo_ms: float | None = None) -> None:
+        self.rules = rules if rules is not None else Rules()
         if slo_ms is not None and not slo_ms > 0:
             raise ValueError(f"slo_ms must be positive, got {slo_ms!r}")
         self.slo_ms = slo_ms

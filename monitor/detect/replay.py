@@ -279,7 +279,7 @@ def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
             return Detector()
         # Exported series are named target/prompt/location: the target's SLO applies to them.
         target = config.targets.get(series.split("/", 1)[0])
-        return Detector(config.detection, slo_ms=target.slo.ttft_p50_ms if target is not None else None)
+        return Detector(config.detection.rules(), slo_ms=target.slo.ttft_p50_ms if target is not None else None)
 
     count = 0
     for incident in replay(points, detector_for):

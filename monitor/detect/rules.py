@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
-    from monitor.config.models import Detection
+    from monitor.config.models import Detection, SeverityRule
 
 Kind = Literal["regression", "availability", "slo", "model_changed"]
 Action = Literal["open", "update", "resolve", "info"]
@@ -15,6 +15,84 @@ Severity = Literal["page", "ticket", "info"]
 
 # A trailing baseline needs at least this many runs to be trusted.
 MIN_BASELINE_RUNS = 12
+
+
+class FieldBounds(TypedDict, total=False):
+    ge: float
+    gt: float
+    le: float
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The allowed range of one knob. The detector checks it here; the config's field carries the same
+    bound (`field_bounds`), so a bad value is refused at load with its key path."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+
+    def check(self, name: str, value: float) -> None:
+        if self.ge is not None and value < self.ge:
+            raise ValueError(f"{name} must be at least {self.ge:g}, got {value}")
+        if self.gt is not None and not value > self.gt:
+            raise ValueError(f"{name} must be above {self.gt:g}, got {value}")
+        if self.le is not None and value > self.le:
+            raise ValueError(f"{name} must be at most {self.le:g}, got {value}")
+
+    def field_bounds(self) -> FieldBounds:
+        """Keyword arguments for a pydantic `Field` (ge, gt, le)."""
+        found = FieldBounds()
+        if self.ge is not None:
+            found["ge"] = self.ge
+        if self.gt is not None:
+            found["gt"] = self.gt
+        if self.le is not None:
+            found["le"] = self.le
+        return found
+
+
+_COUNT = Bound(ge=1)
+# Per field of `Threshold` (the config's `detection.page` and `detection.ticket`).
+THRESHOLD_BOUNDS: dict[str, Bound] = {
+    "ratio": Bound(gt=1),
+    "min_delta_ms": Bound(ge=0),
+    "confirmations": _COUNT,
+    "window_runs": _COUNT,
+    "z_threshold": Bound(gt=0),
+    "min_probes": Bound(ge=0),
+}
+# Per field of `Cusum` (the config's `detection.cusum`, beside `enabled`).
+CUSUM_BOUNDS: dict[str, Bound] = {
+    "shift_ratio": Bound(gt=1),
+    "threshold": Bound(gt=0),
+    "clip": Bound(gt=0),
+    "min_delta_ms": Bound(ge=0),
+    "block_runs": Bound(ge=2),
+}
+# Per plain field of `Rules`; the config names the last three `availability.*`.
+RULES_BOUNDS: dict[str, Bound] = {
+    "min_history_runs": _COUNT,
+    "seasonal_days": Bound(ge=0),
+    "seasonal_window_minutes": Bound(gt=0, le=720),
+    "trailing_runs": Bound(ge=MIN_BASELINE_RUNS),
+    "level_hours": Bound(gt=0),
+    "clear_ratio": Bound(ge=1),
+    "clear_runs": _COUNT,
+    "consecutive_failures": _COUNT,
+    "error_rate": Bound(gt=0, le=1),
+    "error_window_runs": _COUNT,
+}
+
+
+def hysteresis_problem(clear_ratio: float, *, page_ratio: float, ticket_ratio: float) -> str | None:
+    """Why these ratios cannot work together, or None."""
+    if clear_ratio < min(page_ratio, ticket_ratio):
+        return None
+    return (
+        f"clear_ratio ({clear_ratio:g}) must be below ticket.ratio ({ticket_ratio:g}) and page.ratio "
+        f"({page_ratio:g}), or incidents would clear while still over their threshold"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,80 +154,44 @@ class Rules:
     error_window_runs: int = 12
 
     def __post_init__(self) -> None:
-        counts = ("min_history_runs", "trailing_runs", "clear_runs", "consecutive_failures", "error_window_runs")
-        for name in counts:
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.trailing_runs < MIN_BASELINE_RUNS:
-            raise ValueError(
-                f"trailing_runs must be at least {MIN_BASELINE_RUNS} (a baseline needs that many runs), "
-                f"got {self.trailing_runs}"
-            )
-        if not (self.level_hours > 0 and self.seasonal_window_minutes > 0):
-            raise ValueError("level_hours and seasonal_window_minutes must be above 0")
-        for name, rule in (("page", self.page), ("ticket", self.ticket)):
-            if rule.window_runs < 1 or rule.confirmations < 1 or rule.min_probes < 0:
-                raise ValueError(
-                    f"{name}.window_runs and {name}.confirmations must be at least 1, {name}.min_probes 0 or more"
-                )
-            if rule.ratio <= 1 or rule.z_threshold <= 0 or rule.min_delta_ms < 0:
-                raise ValueError(f"{name}: ratio must be above 1, z_threshold above 0, min_delta_ms 0 or more")
-        if self.clear_ratio >= min(self.page.ratio, self.ticket.ratio):
-            raise ValueError(
-                f"clear_ratio ({self.clear_ratio:g}) must be below page.ratio and ticket.ratio, or incidents "
-                "would clear while still over their threshold"
-            )
-        if not 0 < self.error_rate <= 1:
-            raise ValueError(f"error_rate must be within (0, 1], got {self.error_rate}")
-        if self.cusum is not None and not (
-            self.cusum.shift_ratio > 1 and self.cusum.threshold > 0 and self.cusum.clip > 0
+        for name, bound in RULES_BOUNDS.items():
+            bound.check(name, getattr(self, name))
+        for prefix, rule, bounds in (
+            ("page", self.page, THRESHOLD_BOUNDS),
+            ("ticket", self.ticket, THRESHOLD_BOUNDS),
+            ("cusum", self.cusum, CUSUM_BOUNDS),
         ):
-            raise ValueError("cusum: shift_ratio must be above 1, threshold and clip above 0")
+            for name, bound in bounds.items() if rule is not None else ():
+                bound.check(f"{prefix}.{name}", getattr(rule, name))
+        problem = hysteresis_problem(self.clear_ratio, page_ratio=self.page.ratio, ticket_ratio=self.ticket.ratio)
+        if problem is not None:
+            raise ValueError(problem)
 
     @classmethod
     def from_config(cls, detection: Detection) -> Rules:
-        """Rules from the config's `detection` section. Keys the config does not have yet keep the
-        defaults here."""
-        default = cls()
+        """Rules from the config's `detection` section (whose defaults and bounds come from here)."""
 
-        def threshold(rule: Any, fallback: Threshold) -> Threshold:
-            return Threshold(
-                ratio=rule.ratio,
-                min_delta_ms=rule.min_delta_ms,
-                confirmations=rule.confirmations,
-                window_runs=getattr(rule, "window_runs", fallback.window_runs),
-                z_threshold=getattr(rule, "z_threshold", fallback.z_threshold),
-                min_probes=getattr(rule, "min_probes", fallback.min_probes),
-            )
+        def threshold(rule: SeverityRule) -> Threshold:
+            return Threshold(**{name: getattr(rule, name) for name in THRESHOLD_BOUNDS})
 
-        def cusum(rule: Any) -> Cusum | None:
-            if rule is None:
-                return default.cusum
-            if not rule.enabled:
-                return None
-            return Cusum(
-                shift_ratio=rule.shift_ratio,
-                threshold=rule.threshold,
-                clip=rule.clip,
-                min_delta_ms=rule.min_delta_ms,
-                block_runs=rule.block_runs,
-            )
-
+        sequential = detection.cusum
+        cusum = Cusum(**{name: getattr(sequential, name) for name in CUSUM_BOUNDS}) if sequential.enabled else None
+        availability = detection.availability
         return cls(
             min_history_runs=detection.min_history_runs,
             seasonal_days=detection.seasonal_days,
-            seasonal_window_minutes=getattr(detection, "seasonal_window_minutes", default.seasonal_window_minutes),
+            seasonal_window_minutes=detection.seasonal_window_minutes,
             trailing_runs=detection.trailing_runs,
-            level_hours=getattr(detection, "level_hours", default.level_hours),
-            page=threshold(detection.page, default.page),
-            ticket=threshold(detection.ticket, default.ticket),
+            level_hours=detection.level_hours,
+            page=threshold(detection.page),
+            ticket=threshold(detection.ticket),
             clear_ratio=detection.clear_ratio,
-            clear_runs=getattr(detection, "clear_runs", default.clear_runs),
-            cusum=cusum(getattr(detection, "cusum", None)),
-            window_tickets=getattr(detection, "window_tickets", default.window_tickets),
-            consecutive_failures=detection.availability.consecutive_failures,
-            error_rate=detection.availability.error_rate,
-            error_window_runs=detection.availability.window_runs,
+            clear_runs=detection.clear_runs,
+            cusum=cusum,
+            window_tickets=detection.window_tickets,
+            consecutive_failures=availability.consecutive_failures,
+            error_rate=availability.error_rate,
+            error_window_runs=availability.window_runs,
         )
 
     @property
@@ -158,3 +200,6 @@ class Rules:
         baselines reach `_lookback_s` further back in time."""
         longest = max(self.page.longest_window, self.ticket.longest_window, self.clear_runs)
         return max(self.min_history_runs, self.trailing_runs + longest, self.error_window_runs)
+
+
+DEFAULT_RULES = Rules()

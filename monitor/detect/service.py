@@ -82,7 +82,7 @@ class DetectionService:
         if detector is None:
             spec = self._config.targets.get(target)
             slo = spec.slo.ttft_p50_ms if spec is not None else None
-            detector = self._detectors[target] = Detector(self._config.detection, slo_ms=slo)
+            detector = self._detectors[target] = Detector(self._config.detection.rules(), slo_ms=slo)
         return detector
 
     async def after_store(self, job: str, batch: Sequence[tuple[RunRecord, Sequence[Sample]]]) -> None:
