@@ -386,3 +386,23 @@ def test_runs_must_come_in_time_order() -> None:
     replayer.feed(RunPoint(T0, 100.0))
     with pytest.raises(ValueError, match="time order"):
         replayer.feed(RunPoint(T0 - EVERY, 100.0))
+
+
+def test_without_a_seasonal_baseline_a_short_history_never_reads_a_negative_slice() -> None:
+    # seasonal_days 0 ends the trailing reference before the ticket window; with fewer runs than that
+    # window the end was negative, so the slice wrapped round and took in the very runs being tested.
+    from monitor.detect.core import _Core
+
+    rules = Detection.model_validate({"seasonal_days": 0, "min_history_runs": 6, "trailing_runs": 12}).rules()
+    core = _Core(rules, None)
+    state = SeriesState()
+    start = datetime(2025, 1, 6, tzinfo=UTC)
+    for index in range(30):
+        ttft = 100.0 if index < 14 else 300.0
+        core.step(state, RunPoint(start + timedelta(minutes=5 * index), ttft))
+        count = len(core.logs)
+        verdict = core._verdict(None, count, None)
+        if verdict is None:
+            continue
+        tested = max(verdict.page_window, verdict.ticket_window if verdict.ticket is not None else 0)
+        assert 0 <= verdict.baseline.end <= count - tested, (count, verdict.baseline.end)

@@ -623,12 +623,15 @@ class _Core:
             if total == total:  # no nan: every run in the windows has a seasonal baseline
                 # The reference ends before the windows tested, and before an open regression began,
                 # so a regression never becomes its own baseline.
-                end = at - longest
+                end = max(0, at - longest)
                 baseline = self._seasonal(slot, min(end, onset))
                 if baseline is None and onset < end:
                     baseline, adapted = self._seasonal(slot, end), True
         if baseline is None:
-            end = at - (ticket_w if rules.seasonal_days == 0 else page_w)
+            # The reference ends before the windows tested: the ticket window too when it gives a verdict
+            # (seasonal baseline off, enough runs), else the page window; never before the first run.
+            tested = ticket_w if rules.seasonal_days == 0 and count >= ticket_w else page_w
+            end = max(0, at - tested)
             baseline = self._trailing(min(end, onset))
             if baseline is None and onset < end:
                 baseline, adapted = self._trailing(end), True
