@@ -818,6 +818,32 @@ class Silence(ConfigModel):
         return self
 
 
+class Grouping(ConfigModel):
+    """One page per outage (docs/alerting.md, "One page per outage")."""
+
+    enabled: bool = Field(
+        True,
+        description="Regressions of several series behind one provider that open within `window_minutes` of each "
+        "other are notified as one group naming its members (one PagerDuty dedup key, one Alertmanager alert); "
+        "false notifies every series on its own.",
+    )
+    window_minutes: float = Field(
+        15,
+        gt=0,
+        le=1440,
+        description="A regression joins its provider's open group when the group's last member opened at most this "
+        "many minutes before; later, it starts a new group.",
+    )
+    hold_minutes: float = Field(
+        10,
+        ge=0,
+        le=1440,
+        description="A group's first notification waits while other series of the provider have begun confirming a "
+        "regression (they are a run or two from joining), at most this many minutes after it opened; a lone "
+        "regression goes out at once. 0: never wait.",
+    )
+
+
 class Alerts(ConfigModel):
     base_url: str | None = Field(
         None,
@@ -834,6 +860,7 @@ class Alerts(ConfigModel):
     receivers: dict[Name, Receiver] = Field(default_factory=dict, description="Notification destinations, by name.")
     routes: list[Route] = Field(default_factory=list, description="Which alerts go to which receivers.")
     silences: list[Silence] = Field(default_factory=list, description="Windows in which alerts are suppressed.")
+    grouping: Grouping = Field(default_factory=Grouping, description="One notification per outage.")
 
     @field_validator("base_url")
     @classmethod

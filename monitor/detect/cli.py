@@ -10,10 +10,8 @@ import asyncio
 import sys
 from typing import Any, TextIO
 
-from monitor.cliargs import config_path
+from monitor.cliargs import DEFAULT_CONFIG_ENV, config_path
 from monitor.detect.replay import EXIT_DATABASE, EXIT_OK, EXIT_USAGE, replay_main
-
-DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
