@@ -16,6 +16,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from monitor.alert.cli import format_table, list_incidents
 from monitor.alert.model import Notification
 from monitor.alert.outbox import Outbox
 from monitor.alert.text import headline
@@ -111,8 +112,8 @@ async def test_a_slow_series_opens_records_notifies_and_resolves_its_incident(ba
     # one page names the model's two series; one resolve, with the same incident id (dedup key).
     assert [(n.state, len(n.members)) for n in sent] == [("firing", 2), ("resolved", 2)]
     assert len({n.incident_id for n in sent}) == 1
-    assert headline(sent[0]).startswith("[PAGE] TTFT regression on gateway-a: 1 target, 2 series, median ")
-    assert headline(sent[1]).startswith("[RESOLVED] TTFT regression on gateway-a: 1 target, 2 series")
+    assert headline(sent[0]).startswith("[PAGE] TTFT regression on a1: 2 series, median ")
+    assert headline(sent[1]).startswith("[RESOLVED] TTFT regression on a1: 2 series")
 
 
 async def test_a_series_never_stored_is_skipped_without_error(backend: Backend) -> None:
@@ -150,6 +151,7 @@ async def test_every_model_of_one_provider_slow_is_one_grouped_notification(back
         incidents = await rows(engine, IncidentRow)
         groups = await rows(engine, IncidentGroupRow)
         sent = await notifications(engine)
+        listed = await list_incidents(engine, now=T0 + timedelta(days=1), recent_days=7)
     finally:
         await engine.dispose()
     # Every member recorded, all in one group; one firing and one resolved notification for all six.
@@ -161,6 +163,9 @@ async def test_every_model_of_one_provider_slow_is_one_grouped_notification(back
     assert headline(page).startswith("[PAGE] TTFT regression on gateway-a: 3 targets, 6 series, median 2.")
     assert len(page.members) == 6 and page.group_id == groups[0].id
     assert sent[1].incident_id == page.incident_id  # one PagerDuty dedup key, one Alertmanager alert
+    # `ttft-monitor incidents` lists every member, each saying which group it was notified in.
+    assert len(listed) == 6 and {(item.group_id, item.group_size) for item in listed} == {(groups[0].id, 6)}
+    assert format_table(listed, T0 + timedelta(days=1), 7).count(f"group: {str(groups[0].id)[:8]}") == 6
 
 
 async def test_without_grouping_every_series_pages_on_its_own(backend: Backend) -> None:

@@ -161,6 +161,9 @@ class IncidentView:
     # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
     cause: str | None = None
     attribution: str | None = None
+    # One page per outage: the group it was notified in, and how many incidents that group holds.
+    group_id: uuid.UUID | None = None
+    group_size: int = 0
 
     @property
     def state(self) -> str:
@@ -188,6 +191,8 @@ class IncidentView:
             "opened_observed_ms": self.opened_observed_ms,
             "peak_ratio": self.peak_ratio,
             "peak_at": None if self.peak_at is None else iso(self.peak_at),
+            "group_id": None if self.group_id is None else str(self.group_id),
+            "group_size": self.group_size,
             "cause": self.cause,
             "attribution": self.attribution,
         }
@@ -218,6 +223,7 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             i.opened_observed_ms,
             i.peak_ratio,
             i.peak_at,
+            i.group_id,
             s.target,
             s.model,
             s.provider,
@@ -230,6 +236,11 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
     )
     async with engine.connect() as connection:
         rows = (await connection.execute(query)).all()
+        groups = {row.group_id for row in rows if row.group_id is not None}
+        sizes: dict[uuid.UUID, int] = {}
+        if groups:
+            count = sa.select(i.group_id, sa.func.count()).where(i.group_id.in_(groups)).group_by(i.group_id)
+            sizes = {group: size for group, size in (await connection.execute(count)).all()}
     return [
         IncidentView(
             id=row.id,
@@ -253,6 +264,8 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             opened_observed_ms=row.opened_observed_ms,
             peak_ratio=row.peak_ratio,
             peak_at=row.peak_at,
+            group_id=row.group_id,
+            group_size=sizes.get(row.group_id, 0) if row.group_id is not None else 0,
         )
         for row in rows
     ]
@@ -292,6 +305,8 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
         lines.append(line)
         if item.attribution:
             lines.append(f"  where: {item.attribution}")
+        if item.group_id is not None and item.group_size > 1:
+            lines.append(f"  group: {str(item.group_id)[:8]}, notified as one with {item.group_size - 1} more")
     open_count = sum(1 for item in incidents if item.resolved_at is None)
     lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")
     return "\n".join(lines) + "\n"

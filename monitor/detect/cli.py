@@ -38,6 +38,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="FILE.csv",
         help="write every stored sample as a samples CSV to FILE.csv (default: standard output)",
     )
+    replay.add_argument(
+        "--groups",
+        action="store_true",
+        help="print the regression groups instead of the incidents (with --config: series grouped by their "
+        "target's provider, as `alerts.grouping` says), each with its members and the notifications it would send",
+    )
     return replay
 
 

@@ -45,43 +45,52 @@ class Member:
     since: datetime
     ratio: float | None
     open: bool
+    peak_ratio: float | None = None  # the highest ratio while it was open
 
 
 @dataclass(frozen=True, slots=True)
 class Summary:
-    """What a group's notification says: `gateway-a: 3 targets, 6 series, median 2.1x since 03:10`."""
+    """What a group's notification says: `gateway-a: 3 targets, 6 series, median 2.1x since 03:10`, or
+    `qwen3-14b: 2 series, median 2.5x since 03:10` when they are one model's prompts."""
 
     label: str
     targets: int
     series: int
     ratio: float | None  # the median of the members' ratios
+    peak_ratio: float | None  # the median of the members' peaks
     since: datetime
     severity: str
     names: tuple[str, ...]  # the members, `target / prompt @ location`
 
-    def text(self) -> str:
-        ratio = f", median {self.ratio:.1f}x" if self.ratio is not None else ""
-        plural = "s" if self.targets != 1 else ""
-        return (
-            f"{self.label}: {self.targets} target{plural}, {self.series} series{ratio} "
-            f"since {self.since.strftime('%H:%M')}"
-        )
+    def text(self, *, resolved: bool = False) -> str:
+        """The one line; a resolved group's says how bad it got, not the ratios it cleared at."""
+        if resolved and self.peak_ratio is not None:
+            ratio = f", median peak {self.peak_ratio:.1f}x"
+        else:
+            ratio = f", median {self.ratio:.1f}x" if self.ratio is not None else ""
+        count = f"{self.series} series" if self.targets == 1 else f"{self.targets} targets, {self.series} series"
+        return f"{self.label}: {count}{ratio} since {self.since.strftime('%H:%M')}"
 
 
 def summarise(provider: str, members: Sequence[Member], *, provider_locations: Iterable[str] = ()) -> Summary:
     """The group's summary. `provider_locations`: every location the provider is watched from; when
     there are several and the members are all at one, the label is that location's path."""
     locations = {m.location for m in members}
+    targets = {m.target for m in members}
     watched = set(provider_locations) | locations
-    label = provider
+    # The narrowest name that covers every member: one model (its prompts), else the provider; seen
+    # from one location of several, the path from there.
+    label = next(iter(targets)) if len(targets) == 1 else provider
     if len(locations) == 1 and len(watched) > 1:
-        label = f"{next(iter(locations))} -> {provider}"
+        label = f"{next(iter(locations))} -> {label}"
     ratios = [m.ratio for m in members if m.ratio is not None]
+    peaks = [m.peak_ratio for m in members if m.peak_ratio is not None]
     return Summary(
         label=label,
-        targets=len({m.target for m in members}),
+        targets=len(targets),
         series=len(members),
         ratio=median(ratios) if ratios else None,
+        peak_ratio=median(peaks) if peaks else None,
         since=min(m.since for m in members),
         severity=max((m.severity for m in members), key=lambda s: SEVERITY_RANK.get(s, 0)),
         names=tuple(sorted(f"{m.target} / {m.prompt} @ {m.location}" for m in members)),

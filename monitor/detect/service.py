@@ -73,6 +73,7 @@ def _member(record: MemberRecord) -> Member:
         since=_member_since(record),
         ratio=record.ratio,
         open=record.resolved_at is None,
+        peak_ratio=record.peak_ratio,
     )
 
 
@@ -364,7 +365,7 @@ class DetectionService:
                 at=lead.opened_at,
             ),
             group_id=group_id,
-            group=summary.text() if several else "",
+            group=summary.text(resolved=state == "resolved") if several else "",
             members=summary.names if several else (),
         )
 
