@@ -104,3 +104,24 @@ def test_a_group_notifies_when_it_opens_grows_rises_or_resolves(
         hold=timedelta(minutes=10),
     )
     assert decision == expected
+
+
+def test_a_group_keeps_one_pagerduty_dedup_key_and_one_alertmanager_alert_as_it_grows() -> None:
+    import uuid
+
+    from monitor.alert.receivers import alertmanager, pagerduty
+    from tests.alert_fixtures import notification
+
+    group = uuid.uuid4()
+    alone = notification(group_id=group)
+    grown = notification(group_id=group, group="gateway-a: 3 targets, 6 series", members=tuple("abcdef"))
+    resolved = grown.with_changes(state="resolved", resolved_at=T0 + timedelta(hours=1))
+    assert pagerduty.dedup_key(alone) == pagerduty.dedup_key(grown) == pagerduty.dedup_key(resolved)
+    labels = alertmanager.alert_labels(alone)
+    assert labels == alertmanager.alert_labels(grown) == alertmanager.alert_labels(resolved)
+    assert labels["group_id"] == str(group)
+    # Growing is a new change to deliver (the group's new members), the same incident to the receiver.
+    assert alone.change_key() != grown.change_key()
+    assert grown.with_changes(members=tuple("abcdefg")).change_key() != grown.change_key()
+    assert grown.to_json()["members"] == list("abcdef")
+    assert type(grown).from_json(grown.to_json()) == grown
