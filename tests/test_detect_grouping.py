@@ -125,3 +125,17 @@ def test_a_group_keeps_one_pagerduty_dedup_key_and_one_alertmanager_alert_as_it_
     assert grown.with_changes(members=tuple("abcdefg")).change_key() != grown.change_key()
     assert grown.to_json()["members"] == list("abcdef")
     assert type(grown).from_json(grown.to_json()) == grown
+
+
+@pytest.mark.parametrize(
+    ("grouping", "key"),
+    [({"window_minutes": 0}, "window_minutes"), ({"hold_minutes": -1}, "hold_minutes"), ({"wait": 1}, "wait")],
+)
+def test_bad_grouping_settings_are_refused_naming_the_key(grouping: dict[str, object], key: str) -> None:
+    from pydantic import ValidationError
+
+    from monitor.config.models import Config
+
+    with pytest.raises(ValidationError) as caught:
+        Config.model_validate({"alerts": {"grouping": grouping}})
+    assert key in str(caught.value) and "grouping" in str(caught.value)

@@ -222,3 +222,34 @@ async def test_two_daemons_on_one_database_send_one_grouped_notification(backend
     # The two halves may be notified as they arrive (3, then 6 members), never as two outages.
     assert len({n.incident_id for n in firing}) == 1, [headline(n) for n in firing]
     assert len(firing[-1].members) == 6
+
+
+async def test_replaying_the_stored_history_groups_as_the_daemon_did(backend: Backend) -> None:
+    import io
+
+    from monitor.detect.detector import Detector
+    from monitor.detect.export import export_samples
+    from monitor.detect.replay import GroupSettings, read_samples_csv, replay
+
+    engine = backend.engine()
+    try:
+        settings = config()
+        await run_ticks(engine, service_on(engine, settings), outage({"a1": 2.5, "a2": 2.5, "a3": 2.5}))
+        sent = await notifications(engine)
+        stream = io.StringIO()
+        await export_samples(Repository(engine), stream)
+    finally:
+        await engine.dispose()
+    stream.seek(0)
+    groups: list[dict[str, Any]] = []
+    incidents = list(
+        replay(
+            read_samples_csv(stream),
+            lambda _series: Detector(settings.detection.rules()),
+            provider_of=lambda series: PROVIDER_OF[series.split("/")[0]],
+            grouping=GroupSettings(),
+            groups=groups,
+        )
+    )
+    assert len(incidents) == 6 and {i["group"] for i in incidents} == {"gateway-a#1"}
+    assert [(n["state"], n["members"]) for n in groups[0]["notifications"]] == [(n.state, len(n.members)) for n in sent]
