@@ -7,7 +7,7 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
 from sqlalchemy.exc import IntegrityError
@@ -23,6 +23,10 @@ from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
 from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore, MemberRecord
 from monitor.store.records import RunRecord, SeriesKey
+
+if TYPE_CHECKING:
+    from monitor.alert.outbox import Outbox
+    from monitor.store.repository import Repository
 
 SEVERITY_LEVEL = {"ticket": 1, "page": 2}
 NOTIFICATION_STATE: dict[str, Literal["firing", "resolved", "info"]] = {
@@ -113,7 +117,13 @@ class StateConflict(Exception):
 
 class DetectionService:
     def __init__(
-        self, engine: AsyncEngine, repository: Any, config: Config, *, outbox: Any | None, metrics: Metrics | None
+        self,
+        engine: AsyncEngine,
+        repository: Repository,
+        config: Config,
+        *,
+        outbox: Outbox | None,
+        metrics: Metrics | None,
     ) -> None:
         self._engine = engine
         self._repository = repository
