@@ -139,3 +139,10 @@ def test_bad_grouping_settings_are_refused_naming_the_key(grouping: dict[str, ob
     with pytest.raises(ValidationError) as caught:
         Config.model_validate({"alerts": {"grouping": grouping}})
     assert key in str(caught.value) and "grouping" in str(caught.value)
+
+
+def test_a_group_by_location_is_named_by_where_it_is_seen_from() -> None:
+    members = [member("a1"), member("b1", location="lab")]
+    assert summarise("lab", members, by="location").text().startswith("from lab: 2 targets, 2 series")
+    assert summarise("lab", [member("a1")], by="location").text().startswith("a1 from lab: 1 series")
+    assert scope("regression", "lab", by="location") == "regression/location/lab"

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -34,14 +35,14 @@ PROMPTS = ("short", "long")
 HEALTHY, SLOW, RECOVERED = 20, 8, 12
 
 
-def config(*, grouping: bool = True) -> Config:
+def config(*, grouping: bool = True, by: str = "provider") -> Config:
     return Config.model_validate(
         {
             "detection": {"min_history_runs": 6, "trailing_runs": 12},
             "alerts": {
                 "receivers": {"log": {"type": "log"}},
                 "routes": [{"receivers": ["log"]}],
-                "grouping": {"enabled": grouping},
+                "grouping": {"enabled": grouping, "by": by},
             },
         }
     )
@@ -253,3 +254,25 @@ async def test_replaying_the_stored_history_groups_as_the_daemon_did(backend: Ba
     )
     assert len(incidents) == 6 and {i["group"] for i in incidents} == {"gateway-a#1"}
     assert [(n["state"], n["members"]) for n in groups[0]["notifications"]] == [(n.state, len(n.members)) for n in sent]
+
+
+@pytest.mark.parametrize(("by", "pages"), [("location", 1), ("provider", 2)])
+async def test_grouped_by_location_one_page_covers_every_provider_slow_from_there(
+    backend: Backend, by: str, pages: int
+) -> None:
+    engine = backend.engine()
+    try:
+        service = service_on(engine, config(by=by))
+        repository = Repository(engine)
+        for index, slow in enumerate(outage({"a1": 2.5, "b1": 2.5})):
+            for location, factor in (("fra", slow), ("iad", {})):
+                batch = tick(index, factor, location=location, targets=("a1", "b1"))
+                await repository.save_runs(batch)
+                await service.after_store("every-5m", batch)
+        sent = await notifications(engine)
+    finally:
+        await engine.dispose()
+    firing = [n for n in sent if n.state == "firing"]
+    assert len(firing) == pages, [headline(n) for n in firing]
+    if by == "location":
+        assert headline(firing[0]).startswith("[PAGE] TTFT regression on from fra: 2 targets, 4 series")

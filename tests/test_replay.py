@@ -421,10 +421,10 @@ def slow_csv(slowed: dict[str, int], runs: int = 60) -> str:
     return stream.getvalue()
 
 
-def run_groups(tmp_path: Path, slowed: dict[str, int], *extra: str) -> tuple[list[dict], str]:
+def run_groups(tmp_path: Path, slowed: dict[str, int], *extra: str, more: str = "") -> tuple[list[dict], str]:
     samples, config = tmp_path / "samples.csv", tmp_path / "config.yaml"
     samples.write_text(slow_csv(slowed))
-    config.write_text(GROUPING_CONFIG)
+    config.write_text(GROUPING_CONFIG + more)
     code, out, err = run("--samples", str(samples), "--config", str(config), *extra)
     assert code == 0, err
     return [json.loads(line) for line in out.splitlines()], err
@@ -455,3 +455,10 @@ def test_replay_keeps_other_providers_and_later_outages_apart(tmp_path: Path) ->
     for group in groups:
         firing = [n for n in group["notifications"] if n["state"] == "firing"]
         assert len(firing) == 1 and firing[0]["members"] == 1
+
+
+def test_replay_groups_by_location_when_the_config_says_so(tmp_path: Path) -> None:
+    slowed = {"a1/short/lab": 20, "b1/short/lab": 20}
+    groups, _ = run_groups(tmp_path, slowed, "--groups", more="alerts: {grouping: {by: location}}\n")
+    assert [(g["group"], g["members"]) for g in groups] == [("lab#1", ["a1 / short @ lab", "b1 / short @ lab"])]
+    assert groups[0]["notifications"][0]["summary"].startswith("from lab: 2 targets, 2 series")

@@ -834,6 +834,11 @@ class Grouping(ConfigModel):
         description="A regression joins its provider's open group when the group's last member opened at most this "
         "many minutes before; later, it starts a new group.",
     )
+    by: Literal["provider", "location"] = Field(
+        "provider",
+        description="What one outage is: regressions of series behind one `provider` (any location), or of "
+        "series seen from one `location` (any provider: that location's network or egress).",
+    )
     hold_minutes: float = Field(
         10,
         ge=0,

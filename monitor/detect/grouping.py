@@ -24,9 +24,10 @@ GROUPED_KINDS = frozenset({"regression"})
 SEVERITY_RANK = {"info": 0, "ticket": 1, "page": 2}
 
 
-def scope(kind: str, provider: str, *, series: str | None = None) -> str:
-    """The key a group is claimed under: per provider and kind, or per series (`series`: grouping off)."""
-    return f"{kind}/series/{series}" if series is not None else f"{kind}/provider/{provider}"
+def scope(kind: str, name: str, *, by: str = "provider", series: str | None = None) -> str:
+    """The key a group is claimed under: per kind and provider (or location: `by`, `name` its value),
+    or per series (`series`: grouping off)."""
+    return f"{kind}/series/{series}" if series is not None else f"{kind}/{by}/{name}"
 
 
 def joins(last_joined_at: datetime | None, now: datetime, window: timedelta) -> bool:
@@ -72,16 +73,21 @@ class Summary:
         return f"{self.label}: {count}{ratio} since {self.since.strftime('%H:%M')}"
 
 
-def summarise(provider: str, members: Sequence[Member], *, provider_locations: Iterable[str] = ()) -> Summary:
+def summarise(
+    provider: str, members: Sequence[Member], *, provider_locations: Iterable[str] = (), by: str = "provider"
+) -> Summary:
     """The group's summary. `provider_locations`: every location the provider is watched from; when
-    there are several and the members are all at one, the label is that location's path."""
+    there are several and the members are all at one, the label is that location's path. Grouped by
+    location (`by`), `provider` is the location: the label says what is slow from there."""
     locations = {m.location for m in members}
     targets = {m.target for m in members}
     watched = set(provider_locations) | locations
     # The narrowest name that covers every member: one model (its prompts), else the provider; seen
     # from one location of several, the path from there.
     label = next(iter(targets)) if len(targets) == 1 else provider
-    if len(locations) == 1 and len(watched) > 1:
+    if by == "location":
+        label = f"{next(iter(targets))} from {provider}" if len(targets) == 1 else f"from {provider}"
+    elif len(locations) == 1 and len(watched) > 1:
         label = f"{next(iter(locations))} -> {label}"
     ratios = [m.ratio for m in members if m.ratio is not None]
     peaks = [m.peak_ratio for m in members if m.peak_ratio is not None]

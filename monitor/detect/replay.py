@@ -226,6 +226,7 @@ class GroupSettings:
     """Grouping as `alerts.grouping` configures it (monitor.detect.grouping)."""
 
     enabled: bool = True
+    by: str = "provider"  # or "location": then `provider_of` names each series' location
     window: timedelta = timedelta(minutes=15)
     hold: timedelta = timedelta(minutes=10)
 
@@ -276,9 +277,12 @@ class _Grouper:
         for name in series:
             self.locations.setdefault(provider_of(name), set()).add(_names(name)[2])
 
+    def _locations(self, group: _Group) -> set[str]:
+        return self.locations.get(group.provider, set()) if self.settings.by == "provider" else set()
+
     def join(self, series: str, incident: dict[str, Any], at: datetime) -> _Group:
         provider = self.provider_of(series)
-        key = scope("regression", provider, series=None if self.settings.enabled else series)
+        key = scope("regression", provider, by=self.settings.by, series=None if self.settings.enabled else series)
         current = self.scopes.get(key)
         if current is not None and not current[0].resolved and joins(current[1], at, self.settings.window):
             group = current[0]
@@ -316,7 +320,7 @@ class _Grouper:
                 return
         else:
             group.notified_members, group.notified_severity = count, severity
-        summary = summarise(group.provider, members, provider_locations=self.locations.get(group.provider, ()))
+        summary = summarise(group.provider, members, provider_locations=self._locations(group), by=self.settings.by)
         group.notifications.append(
             {
                 "at": _stamp(at),
@@ -331,7 +335,7 @@ class _Grouper:
         out = []
         for group in self.groups:
             members = [_member(m) for m in group.members]
-            summary = summarise(group.provider, members, provider_locations=self.locations.get(group.provider, ()))
+            summary = summarise(group.provider, members, provider_locations=self._locations(group), by=self.settings.by)
             out.append(
                 {
                     "group": group.id,
@@ -470,14 +474,18 @@ def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
     if config is not None:
         known = config.targets
 
+        grouping = config.alerts.grouping
+
         def provider_of(series: str) -> str:
+            if grouping.by == "location":
+                return _names(series)[2] or series
             # Series of targets the config does not know stand alone: their name is their provider.
             target = known.get(series.split("/", 1)[0])
             return target.provider if target is not None else series
 
-        grouping = config.alerts.grouping
         settings = GroupSettings(
             enabled=grouping.enabled,
+            by=grouping.by,
             window=timedelta(minutes=grouping.window_minutes),
             hold=timedelta(minutes=grouping.hold_minutes),
         )

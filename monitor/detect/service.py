@@ -278,13 +278,14 @@ class DetectionService:
         if event.action != "open":
             return await self._groups.group_of(connection, incident_id)
         settings = self._config.alerts.grouping
-        key = scope(event.kind, series.provider, series=None if settings.enabled else str(series_id))
+        name = series.location if settings.by == "location" else series.provider
+        key = scope(event.kind, name, by=settings.by, series=None if settings.enabled else str(series_id))
         window = timedelta(minutes=settings.window_minutes)
         return await self._groups.join(
             connection,
             scope=key,
             kind=event.kind,
-            provider=series.provider,
+            provider=name,
             incident_id=incident_id,
             now=event.opened_at,
             cutoff=event.opened_at - window,
@@ -302,7 +303,7 @@ class DetectionService:
             settings = self._config.alerts.grouping
             pending = 0
             if settings.enabled and group.notified_members == 0 and settings.hold_minutes > 0:
-                pending = await self._groups.streaking(connection, group.provider, group.kind)
+                pending = await self._groups.streaking(connection, group.provider, group.kind, by=settings.by)
             decision = decide(
                 members,
                 notified_members=group.notified_members,
@@ -325,8 +326,9 @@ class DetectionService:
                 return
             if self._outbox is None:
                 return
-            locations = await self._groups.provider_locations(connection, group.provider)
-            summary = summarise(group.provider, members, provider_locations=locations)
+            by = "location" if group.scope.split("/")[1] == "location" else "provider"
+            locations = await self._groups.provider_locations(connection, group.provider) if by == "provider" else set()
+            summary = summarise(group.provider, members, provider_locations=locations, by=by)
             lead = next((r for r in records if r.id == group.lead_incident_id), records[0])
             notification = self._group_notification(job, group.kind, group_id, lead, summary, state, resolved_at)
             await self._outbox.notify(notification, connection=connection)

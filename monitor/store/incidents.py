@@ -126,8 +126,9 @@ class GroupRecord:
     """A stored incident group."""
 
     id: uuid.UUID
+    scope: str
     kind: str
-    provider: str
+    provider: str  # or the location, for a group by location
     lead_incident_id: uuid.UUID
     opened_at: datetime
     resolved_at: datetime | None
@@ -207,6 +208,7 @@ class GroupStore:
             return None
         return GroupRecord(
             id=row.id,
+            scope=row.scope,
             kind=row.kind,
             provider=row.provider,
             lead_incident_id=row.lead_incident_id,
@@ -254,9 +256,9 @@ class GroupStore:
         query = select(GROUPS.c.id).where(GROUPS.c.resolved_at.is_(None), GROUPS.c.notified_members == 0)
         return list((await connection.execute(query)).scalars().all())
 
-    async def streaking(self, connection: AsyncConnection, provider: str, kind: str) -> int:
-        """Series of the provider without an open incident of `kind` whose detector has begun a confirming
-        streak: they may join the group within a run or two."""
+    async def streaking(self, connection: AsyncConnection, name: str, kind: str, *, by: str = "provider") -> int:
+        """Series of the provider (or location: `by`) without an open incident of `kind` whose detector has
+        begun a confirming streak: they may join the group within a run or two."""
         open_incident = (
             select(INCIDENTS.c.id)
             .where(INCIDENTS.c.series_id == SERIES.c.id, INCIDENTS.c.kind == kind, INCIDENTS.c.resolved_at.is_(None))
@@ -265,7 +267,7 @@ class GroupStore:
         query = (
             select(DetectorStateRow.state)
             .join(SERIES, SERIES.c.id == DetectorStateRow.series_id)
-            .where(SERIES.c.provider == provider, ~open_incident)
+            .where(SERIES.c[by] == name, ~open_incident)
         )
         states = (await connection.execute(query)).scalars().all()
         return sum(1 for state in states if state.get("page_streak", 0) or state.get("ticket_streak", 0))

@@ -293,7 +293,7 @@ class IncidentGroupRow(Base):
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     scope: Mapped[str] = mapped_column(Text)
     kind: Mapped[str] = mapped_column(String(16))
-    provider: Mapped[str] = mapped_column(Text)
+    provider: Mapped[str] = mapped_column(Text)  # or the location, for `alerts.grouping.by: location`
     lead_incident_id: Mapped[uuid.UUID]
     opened_at: Mapped[datetime]
     resolved_at: Mapped[datetime | None]
