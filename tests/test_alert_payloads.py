@@ -182,6 +182,7 @@ def test_webhook_payload_is_the_documented_schema() -> None:
             "summary": SUMMARY,
             "text": TEXT,
             "link": LINK,
+            "group": None,
         },
     }
 

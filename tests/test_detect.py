@@ -12,9 +12,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from monitor.config.models import Detection
 from monitor.detect.detector import Detector, Event, Rules, RunPoint, SeriesState, Threshold
+from monitor.detect.rules import CUSUM_BOUNDS, RULES_BOUNDS, THRESHOLD_BOUNDS, Bound
 
 T0 = datetime(2025, 1, 6, tzinfo=UTC)  # a Monday, midnight
 EVERY = timedelta(minutes=5)
@@ -176,7 +178,7 @@ def slowed_after(clean: int, slowed: int, factor: float = 2.5, base_ms: float = 
 
 
 def pages(points: Sequence[RunPoint], **detection: Any) -> bool:
-    detector = Detector(Detection.model_validate({"min_history_runs": 6, "trailing_runs": 12, **detection}))
+    detector = Detector(Detection.model_validate({"min_history_runs": 6, "trailing_runs": 12, **detection}).rules())
     return any(e.kind == "regression" and e.severity == "page" and e.action == "open" for e in replay(points, detector))
 
 
@@ -331,13 +333,45 @@ def test_inconsistent_rules_are_refused(change: dict[str, Any], message: str) ->
         dataclasses.replace(Rules(), **change)
 
 
-def test_the_config_refuses_the_trailing_windows_the_detector_refuses() -> None:
-    from annotated_types import Ge
+def _outside(bound: Bound) -> float:
+    """A value the bound refuses."""
+    if bound.ge is not None:
+        return bound.ge - 1
+    if bound.gt is not None:
+        return bound.gt
+    assert bound.le is not None
+    return bound.le + 1
 
-    from monitor.detect.detector import MIN_BASELINE_RUNS
 
-    minimum = next(m.ge for m in Detection.model_fields["trailing_runs"].metadata if isinstance(m, Ge))
-    assert minimum == MIN_BASELINE_RUNS
+_CONFIG_KEYS = {"consecutive_failures": "availability.consecutive_failures", "error_rate": "availability.error_rate"}
+_CONFIG_KEYS["error_window_runs"] = "availability.window_runs"
+
+
+@pytest.mark.parametrize(
+    ("key", "bound"),
+    [(_CONFIG_KEYS.get(name, name), bound) for name, bound in RULES_BOUNDS.items()]
+    + [(f"{severity}.{name}", bound) for severity in ("page", "ticket") for name, bound in THRESHOLD_BOUNDS.items()]
+    + [(f"cusum.{name}", bound) for name, bound in CUSUM_BOUNDS.items()],
+)
+def test_the_config_and_the_detector_refuse_the_same_values(key: str, bound: Bound) -> None:
+    value = _outside(bound)
+    section, _, name = key.rpartition(".")
+    data: dict[str, Any] = {section: {name: value}} if section else {name: value}
+    with pytest.raises(ValidationError):
+        Detection.model_validate(data)
+    defaults = Detection().rules()
+    rule_name = next((rule for rule, config in _CONFIG_KEYS.items() if config == key), name)
+    if section in ("page", "ticket", "cusum"):
+        change = {section: dataclasses.replace(getattr(defaults, section), **{name: value})}
+    else:
+        change = {rule_name: value}
+    expected = f"{section}.{name}" if section in ("page", "ticket", "cusum") else name
+    with pytest.raises(ValueError, match=expected):
+        dataclasses.replace(defaults, **change)
+
+
+def test_the_configs_defaults_are_the_detectors_own() -> None:
+    assert Detection().rules() == Rules()
 
 
 def test_a_run_needs_an_aware_time_and_a_positive_ttft() -> None:
@@ -352,3 +386,23 @@ def test_runs_must_come_in_time_order() -> None:
     replayer.feed(RunPoint(T0, 100.0))
     with pytest.raises(ValueError, match="time order"):
         replayer.feed(RunPoint(T0 - EVERY, 100.0))
+
+
+def test_without_a_seasonal_baseline_a_short_history_never_reads_a_negative_slice() -> None:
+    # seasonal_days 0 ends the trailing reference before the ticket window; with fewer runs than that
+    # window the end was negative, so the slice wrapped round and took in the very runs being tested.
+    from monitor.detect.core import _Core
+
+    rules = Detection.model_validate({"seasonal_days": 0, "min_history_runs": 6, "trailing_runs": 12}).rules()
+    core = _Core(rules, None)
+    state = SeriesState()
+    start = datetime(2025, 1, 6, tzinfo=UTC)
+    for index in range(30):
+        ttft = 100.0 if index < 14 else 300.0
+        core.step(state, RunPoint(start + timedelta(minutes=5 * index), ttft))
+        count = len(core.logs)
+        verdict = core._verdict(None, count, None)
+        if verdict is None:
+            continue
+        tested = max(verdict.page_window, verdict.ticket_window if verdict.ticket is not None else 0)
+        assert 0 <= verdict.baseline.end <= count - tested, (count, verdict.baseline.end)

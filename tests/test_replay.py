@@ -387,3 +387,78 @@ def test_a_bad_cusum_key_exits_2_naming_it(tmp_path: Path) -> None:
     assert (code, out) == (2, ""), err
     assert "detection.cusum.threshold" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
+
+
+# ---------------------------------------------------------------- grouping
+
+
+GROUPING_CONFIG = (
+    "providers:\n"
+    "  gateway-a: {base_url: 'http://127.0.0.1:8000/v1', api: openai-chat}\n"
+    "  gateway-b: {base_url: 'http://127.0.0.1:8001/v1', api: openai-chat}\n"
+    "targets:\n"
+    "  a1: {provider: gateway-a, model: m1}\n"
+    "  a2: {provider: gateway-a, model: m2}\n"
+    "  b1: {provider: gateway-b, model: m3}\n"
+    "detection: {min_history_runs: 6, trailing_runs: 12}\n"
+)
+
+
+def slow_csv(slowed: dict[str, int], runs: int = 60) -> str:
+    """Three series, runs every 5 minutes a few seconds apart; `slowed[series]`: the run it turns 3x slower
+    at, for 12 runs."""
+    rng = random.Random(4)
+    rows = []
+    for i in range(runs):
+        for offset, series in enumerate(("a1/short/lab", "a2/short/lab", "b1/short/lab")):
+            start = slowed.get(series)
+            factor = 3.0 if start is not None and start <= i < start + 12 else 1.0
+            for probe in range(5):
+                ttft = 200.0 * factor * math.exp(rng.gauss(0, 0.1))
+                rows.append(SampleRow(at(5 * i) + timedelta(seconds=3 * offset + probe), series, ttft, None, f"r{i}"))
+    stream = io.StringIO()
+    write_samples_csv(rows, stream)
+    return stream.getvalue()
+
+
+def run_groups(tmp_path: Path, slowed: dict[str, int], *extra: str, more: str = "") -> tuple[list[dict], str]:
+    samples, config = tmp_path / "samples.csv", tmp_path / "config.yaml"
+    samples.write_text(slow_csv(slowed))
+    config.write_text(GROUPING_CONFIG + more)
+    code, out, err = run("--samples", str(samples), "--config", str(config), *extra)
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()], err
+
+
+def test_replay_groups_a_providers_series_that_slow_down_together(tmp_path: Path) -> None:
+    # a1 confirms a run before a2 (it slowed earlier): the page waits for a2 and names both.
+    groups, err = run_groups(tmp_path, {"a1/short/lab": 30, "a2/short/lab": 31}, "--groups")
+    assert [(g["group"], g["members"]) for g in groups] == [("gateway-a#1", ["a1 / short @ lab", "a2 / short @ lab"])]
+    assert [(n["state"], n["members"]) for n in groups[0]["notifications"]] == [("firing", 2), ("resolved", 2)]
+    assert groups[0]["notifications"][0]["summary"].startswith("gateway-a: 2 targets, 2 series, median ")
+    assert err.endswith("2 incidents, in 1 groups (2 notifications)\n")
+    incidents, _ = run_groups(tmp_path, {"a1/short/lab": 30, "a2/short/lab": 31})
+    assert [(i["series"], i["group"]) for i in incidents] == [
+        ("a1/short/lab", "gateway-a#1"),
+        ("a2/short/lab", "gateway-a#1"),
+    ]
+
+
+def test_replay_keeps_other_providers_and_later_outages_apart(tmp_path: Path) -> None:
+    # b1 slows with a1 but is behind another provider; a2 slows an hour after a1 has recovered.
+    groups, _ = run_groups(tmp_path, {"a1/short/lab": 20, "b1/short/lab": 20, "a2/short/lab": 44}, "--groups")
+    assert sorted((g["group"], tuple(g["members"])) for g in groups) == [
+        ("gateway-a#1", ("a1 / short @ lab",)),
+        ("gateway-a#2", ("a2 / short @ lab",)),
+        ("gateway-b#1", ("b1 / short @ lab",)),
+    ]
+    for group in groups:
+        firing = [n for n in group["notifications"] if n["state"] == "firing"]
+        assert len(firing) == 1 and firing[0]["members"] == 1
+
+
+def test_replay_groups_by_location_when_the_config_says_so(tmp_path: Path) -> None:
+    slowed = {"a1/short/lab": 20, "b1/short/lab": 20}
+    groups, _ = run_groups(tmp_path, slowed, "--groups", more="alerts: {grouping: {by: location}}\n")
+    assert [(g["group"], g["members"]) for g in groups] == [("lab#1", ["a1 / short @ lab", "b1 / short @ lab"])]
+    assert groups[0]["notifications"][0]["summary"].startswith("from lab: 2 targets, 2 series")

@@ -22,7 +22,15 @@ from tests.store_fixtures import T0, Backend, free_port, make_batch
 pytest_plugins = ("tests.store_fixtures",)
 
 RESULT_TABLES = {"series", "runs", "samples", "rollups_hourly", "rollup_pending", "calibration"}
-COORDINATION_TABLES = {"job_ticks", "incidents", "detector_state", "alert_outbox", "alert_deliveries"}
+COORDINATION_TABLES = {
+    "job_ticks",
+    "incidents",
+    "detector_state",
+    "alert_outbox",
+    "alert_deliveries",
+    "incident_groups",
+    "incident_group_scopes",
+}
 TRIAGE_TABLES = {"incident_triage", "annotations"}
 
 

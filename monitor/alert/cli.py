@@ -172,6 +172,9 @@ class IncidentView:
     # change markers from an hour before it began until it ended.
     triage: TriageRecord | None = None
     annotations: tuple[Annotation, ...] = ()
+    # One page per outage: the group it was notified in, and how many incidents that group holds.
+    group_id: uuid.UUID | None = None
+    group_size: int = 0
 
     @property
     def state(self) -> str:
@@ -199,6 +202,8 @@ class IncidentView:
             "opened_observed_ms": self.opened_observed_ms,
             "peak_ratio": self.peak_ratio,
             "peak_at": None if self.peak_at is None else iso(self.peak_at),
+            "group_id": None if self.group_id is None else str(self.group_id),
+            "group_size": self.group_size,
             "cause": self.cause,
             "attribution": self.attribution,
         } | _triage_json(self.triage, self.annotations)
@@ -230,6 +235,7 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             i.opened_observed_ms,
             i.peak_ratio,
             i.peak_at,
+            i.group_id,
             s.target,
             s.model,
             s.provider,
@@ -246,6 +252,11 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
         starts = {row.id: _began(row.details, row.opened_at) for row in rows}
         earliest = min(starts.values(), default=now) - ANNOTATION_WINDOW
         marks = await TriageStore.annotations_between(connection, earliest, now)
+        groups = {row.group_id for row in rows if row.group_id is not None}
+        sizes: dict[uuid.UUID, int] = {}
+        if groups:
+            count = sa.select(i.group_id, sa.func.count()).where(i.group_id.in_(groups)).group_by(i.group_id)
+            sizes = {group: size for group, size in (await connection.execute(count)).all()}
     views = [
         IncidentView(
             id=row.id,
@@ -269,6 +280,8 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             opened_observed_ms=row.opened_observed_ms,
             peak_ratio=row.peak_ratio,
             peak_at=row.peak_at,
+            group_id=row.group_id,
+            group_size=sizes.get(row.group_id, 0) if row.group_id is not None else 0,
         )
         for row in rows
     ]
@@ -344,6 +357,8 @@ def format_table(
         lines.append(line)
         if item.attribution:
             lines.append(f"  where: {item.attribution}")
+        if item.group_id is not None and item.group_size > 1:
+            lines.append(f"  group: {str(item.group_id)[:8]}, notified as one with {item.group_size - 1} more")
         lines += _triage_lines(item)
     open_count = sum(1 for item in incidents if item.resolved_at is None)
     lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")

@@ -56,6 +56,12 @@ class Notification:
     # Change markers (`ttft-monitor annotate`) shortly before the incident: "after annotation 'vLLM
     # upgraded' at 03:02 UTC". Filled in by the outbox when it enqueues.
     annotation: str = ""
+    # One page per outage (monitor.detect.grouping): the group this notification speaks for, its
+    # summary (`gateway-a: 3 targets, 6 series, median 2.1x since 03:10`) and members, when it has
+    # more than one; the rest of the fields are its lead incident's.
+    group_id: uuid.UUID | None = None
+    group: str = ""
+    members: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.state not in STATES:
@@ -70,6 +76,11 @@ class Notification:
         """`target / prompt @ location`: how the series is named in every message."""
         return f"{self.target} / {self.prompt} @ {self.location}"
 
+    @property
+    def grouped(self) -> bool:
+        """Whether this speaks for several series (an outage) rather than one."""
+        return len(self.members) > 1
+
     def change_key(self) -> str:
         """Names this state change. Equal keys are the same change: enqueued once, whoever enqueues it.
 
@@ -77,6 +88,8 @@ class Notification:
         """
         if self.state == "firing":
             base = f"{self.incident_id}/firing/{self.severity}"
+            if len(self.members) > 1:  # a group that grew is a new change (same PagerDuty dedup key)
+                base += f"/members/{len(self.members)}"
             return f"{base}/repeat/{self.repeat}" if self.repeat else base
         return f"{self.incident_id}/{self.state}"
 
@@ -88,6 +101,8 @@ class Notification:
         """A JSON-safe dict (stored in the outbox); `from_json` reads it back."""
         data = asdict(self)
         data["incident_id"] = str(self.incident_id)
+        data["group_id"] = None if self.group_id is None else str(self.group_id)
+        data["members"] = list(self.members)
         data["since"] = self.since.astimezone(UTC).isoformat()
         data["resolved_at"] = None if self.resolved_at is None else self.resolved_at.astimezone(UTC).isoformat()
         data["peak_at"] = None if self.peak_at is None else self.peak_at.astimezone(UTC).isoformat()
@@ -98,6 +113,9 @@ class Notification:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in data.items() if k in known}
         values["incident_id"] = uuid.UUID(str(values["incident_id"]))
+        if values.get("group_id") is not None:
+            values["group_id"] = uuid.UUID(str(values["group_id"]))
+        values["members"] = tuple(values.get("members") or ())
         values["since"] = datetime.fromisoformat(values["since"])
         for name in ("resolved_at", "peak_at"):
             if values.get(name) is not None:

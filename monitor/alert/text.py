@@ -77,6 +77,11 @@ def status_tag(notification: Notification) -> str:
 
 def headline(notification: Notification) -> str:
     """`[PAGE] TTFT regression on qwen3-8b / short @ fra-dc1: 1,234 ms vs 410 ms baseline (3.01x)`."""
+    if notification.grouped:
+        text = f"[{status_tag(notification)}] {kind_title(notification.kind)} on {notification.group}"
+        if notification.state == "firing" and notification.repeat:
+            text += " (still open)"
+        return text
     text = f"[{status_tag(notification)}] {kind_title(notification.kind)} on {notification.series}"
     short = short_measurement(notification)
     if short:
@@ -123,7 +128,10 @@ def measurement(notification: Notification) -> str | None:
 def facts(notification: Notification, now: datetime) -> list[tuple[str, str]]:
     """(label, value) pairs every receiver shows, in this order."""
     n = notification
-    out = [("Series", n.series), ("Model", f"{n.model} on {n.provider}"), ("Job", n.job)]
+    if n.grouped:
+        out = [("Members", ", ".join(n.members)), ("Provider", n.provider), ("First", n.series)]
+    else:
+        out = [("Series", n.series), ("Model", f"{n.model} on {n.provider}"), ("Job", n.job)]
     ttft = measurement(n)
     if ttft is not None:
         out.append(("TTFT", ttft))

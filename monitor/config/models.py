@@ -6,6 +6,7 @@ Field descriptions are the documentation: docs/configuration.md is generated fro
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from datetime import datetime
@@ -31,6 +32,19 @@ from monitor.alert.receivers import KINDS as RECEIVER_KINDS
 from monitor.config.cron import build_trigger, resolve_timezone
 from monitor.config.references import reference_problems
 from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
+from monitor.detect.rules import (
+    CUSUM_BOUNDS,
+    DEFAULT_RULES,
+    MIN_BASELINE_RUNS,
+    RULES_BOUNDS,
+    THRESHOLD_BOUNDS,
+    Bound,
+    Cusum,
+    FieldBounds,
+    Rules,
+    Severity,
+    hysteresis_problem,
+)
 from monitor.probe.apis import FLAVORS
 from monitor.redact import SENSITIVE_HEADERS, mask_url, url_credentials
 
@@ -506,92 +520,117 @@ class Job(ConfigModel):
 # ---------------------------------------------------------------- detection
 
 
+# Defaults and bounds are the detector's own (monitor/detect/rules.py), defined there once.
+
+
+def _rule(bounds: dict[str, Bound], name: str) -> FieldBounds:
+    return bounds[name].field_bounds()
+
+
 class SeverityRule(ConfigModel):
-    ratio: float = Field(gt=1, description="Fire when TTFT exceeds baseline x ratio ...")
-    min_delta_ms: float = Field(ge=0, description="... and exceeds baseline by at least this many milliseconds ...")
-    confirmations: int = Field(ge=1, description="... in this many consecutive runs ...")
+    ratio: float = Field(**_rule(THRESHOLD_BOUNDS, "ratio"), description="Fire when TTFT exceeds baseline x ratio ...")
+    min_delta_ms: float = Field(
+        **_rule(THRESHOLD_BOUNDS, "min_delta_ms"),
+        description="... and exceeds baseline by at least this many milliseconds ...",
+    )
+    confirmations: int = Field(
+        **_rule(THRESHOLD_BOUNDS, "confirmations"), description="... in this many consecutive runs ..."
+    )
     window_runs: int = Field(
-        ge=1, description="... comparing the median of this many recent runs (defaults assume 5-minute runs) ..."
+        **_rule(THRESHOLD_BOUNDS, "window_runs"),
+        description="... comparing the median of this many recent runs (defaults assume 5-minute runs) ...",
     )
     z_threshold: float = Field(
-        gt=0, description="... which must also be this many standard errors (from MAD) above the baseline."
+        **_rule(THRESHOLD_BOUNDS, "z_threshold"),
+        description="... which must also be this many standard errors (from MAD) above the baseline.",
     )
     min_probes: int = Field(
         0,
-        ge=0,
+        **_rule(THRESHOLD_BOUNDS, "min_probes"),
         description="The window stretches back (to at most this many runs) until it holds this many measured "
         "requests, so jobs with few `rounds` decide on more runs; 0: never.",
     )
 
 
 class Availability(ConfigModel):
-    consecutive_failures: int = Field(3, ge=1, description="Runs in a row where every request failed before alerting.")
+    consecutive_failures: int = Field(
+        DEFAULT_RULES.consecutive_failures,
+        **_rule(RULES_BOUNDS, "consecutive_failures"),
+        description="Runs in a row where every request failed before alerting.",
+    )
     error_rate: float = Field(
-        0.5,
-        gt=0,
-        le=1,
+        DEFAULT_RULES.error_rate,
+        **_rule(RULES_BOUNDS, "error_rate"),
         description="Alert when the share of failed requests over `window_runs` reaches this.",
     )
-    window_runs: int = Field(12, ge=1, description="Runs over which `error_rate` is measured.")
+    window_runs: int = Field(
+        DEFAULT_RULES.error_window_runs,
+        **_rule(RULES_BOUNDS, "error_window_runs"),
+        description="Runs over which `error_rate` is measured.",
+    )
+
+
+_DEFAULT_CUSUM = DEFAULT_RULES.cusum or Cusum(shift_ratio=1.15, threshold=16.0, clip=2.5)
 
 
 class SequentialRule(ConfigModel):
     """The CUSUM that opens tickets for moderate shifts (docs/detection.md, "Adding up evidence")."""
 
-    enabled: bool = Field(True, description="Add up evidence across runs; false leaves tickets to the window rule.")
+    enabled: bool = Field(
+        DEFAULT_RULES.cusum is not None,
+        description="Add up evidence across runs; false leaves tickets to the window rule.",
+    )
     shift_ratio: float = Field(
-        1.15,
-        gt=1,
+        _DEFAULT_CUSUM.shift_ratio,
+        **_rule(CUSUM_BOUNDS, "shift_ratio"),
         description="The smallest shift worth a ticket: each run adds its residual minus half of log(shift_ratio).",
     )
     threshold: float = Field(
-        16.0,
-        gt=0,
+        _DEFAULT_CUSUM.threshold,
+        **_rule(CUSUM_BOUNDS, "threshold"),
         description="A ticket opens when the sum reaches this (in the residuals' long-run sigmas); lower is sooner "
         "and noisier.",
     )
     clip: float = Field(
-        2.5, gt=0, description="One run adds at most this many sigmas beyond the allowance, so spikes cannot push it."
+        _DEFAULT_CUSUM.clip,
+        **_rule(CUSUM_BOUNDS, "clip"),
+        description="One run adds at most this many sigmas beyond the allowance, so spikes cannot push it.",
     )
     min_delta_ms: float = Field(
-        20.0, ge=0, description="The shift the sum estimates must also be at least this many milliseconds."
+        _DEFAULT_CUSUM.min_delta_ms,
+        **_rule(CUSUM_BOUNDS, "min_delta_ms"),
+        description="The shift the sum estimates must also be at least this many milliseconds.",
     )
-    block_runs: int = Field(24, ge=2, description="Runs per block when measuring how autocorrelated the residuals are.")
+    block_runs: int = Field(
+        _DEFAULT_CUSUM.block_runs,
+        **_rule(CUSUM_BOUNDS, "block_runs"),
+        description="Runs per block when measuring how autocorrelated the residuals are.",
+    )
 
 
 DEFAULT_SEVERITY_RULES: dict[str, dict[str, float]] = {
-    "page": {
-        "ratio": 1.5,
-        "min_delta_ms": 100,
-        "confirmations": 2,
-        "window_runs": 5,
-        "z_threshold": 4.0,
-        "min_probes": 10,
-    },
-    "ticket": {
-        "ratio": 1.12,
-        "min_delta_ms": 30,
-        "confirmations": 6,
-        "window_runs": 24,
-        "z_threshold": 2.5,
-        "min_probes": 0,
-    },
+    "page": dataclasses.asdict(DEFAULT_RULES.page),
+    "ticket": dataclasses.asdict(DEFAULT_RULES.ticket),
 }
 
 
 class Detection(ConfigModel):
-    min_history_runs: int = Field(24, ge=1, description="Runs of history needed before a target can alert.")
+    min_history_runs: int = Field(
+        DEFAULT_RULES.min_history_runs,
+        **_rule(RULES_BOUNDS, "min_history_runs"),
+        description="Runs of history needed before a target can alert.",
+    )
     seasonal_days: int = Field(
-        7,
-        ge=0,
+        DEFAULT_RULES.seasonal_days,
+        **_rule(RULES_BOUNDS, "seasonal_days"),
         description="Days back to compare the same time of day against; tickets need 3 days of it (0 turns the "
         "seasonal baseline off, at about 6 false alerts a week).",
     )
     trailing_runs: int = Field(
-        36,
-        ge=12,  # monitor.detect.detector.MIN_BASELINE_RUNS: fewer runs never make a baseline
-        description="Recent runs forming the trailing baseline, used until a seasonal baseline exists (at least "
-        "12: a baseline needs that many runs).",
+        DEFAULT_RULES.trailing_runs,
+        **_rule(RULES_BOUNDS, "trailing_runs"),
+        description=f"Recent runs forming the trailing baseline, used until a seasonal baseline exists (at least "
+        f"{MIN_BASELINE_RUNS}: a baseline needs that many runs).",
     )
     page: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["page"]),
@@ -602,22 +641,23 @@ class Detection(ConfigModel):
         description="Rule for `ticket` severity: smaller, sustained regressions. Keys left out keep their defaults.",
     )
     seasonal_window_minutes: float = Field(
-        60,
-        gt=0,
-        le=720,
+        DEFAULT_RULES.seasonal_window_minutes,
+        **_rule(RULES_BOUNDS, "seasonal_window_minutes"),
         description="The seasonal baseline uses each past day's runs within this many minutes of the same time of day.",
     )
     level_hours: float = Field(
-        24,
-        gt=0,
+        DEFAULT_RULES.level_hours,
+        **_rule(RULES_BOUNDS, "level_hours"),
         description="Hours of recent runs that set the baseline's current level, so slow drift is not a regression.",
     )
     clear_runs: int = Field(
-        6, ge=1, description="An incident clears on the median of max(clear_runs, the severity's window_runs) runs."
+        DEFAULT_RULES.clear_runs,
+        **_rule(RULES_BOUNDS, "clear_runs"),
+        description="An incident clears on the median of max(clear_runs, the severity's window_runs) runs.",
     )
     clear_ratio: float = Field(
-        1.08,
-        ge=1,
+        DEFAULT_RULES.clear_ratio,
+        **_rule(RULES_BOUNDS, "clear_ratio"),
         description="An incident clears once TTFT is back below baseline x this (below `ticket.ratio`).",
     )
     cusum: SequentialRule = Field(
@@ -625,7 +665,7 @@ class Detection(ConfigModel):
         description="The sequential rule (a one-sided CUSUM of the seasonal residuals) that opens tickets.",
     )
     window_tickets: bool = Field(
-        True,
+        DEFAULT_RULES.window_tickets,
         description="The `ticket` window rule opens tickets beside the CUSUM too (it always does when `cusum` is "
         "disabled).",
     )
@@ -644,12 +684,14 @@ class Detection(ConfigModel):
 
     @model_validator(mode="after")
     def _check_hysteresis(self) -> Detection:
-        if self.clear_ratio >= min(self.ticket.ratio, self.page.ratio):
-            raise ValueError(
-                f"clear_ratio ({self.clear_ratio:g}) must be below ticket.ratio ({self.ticket.ratio:g}) and "
-                f"page.ratio ({self.page.ratio:g}), or incidents would clear while still over their threshold"
-            )
+        problem = hysteresis_problem(self.clear_ratio, page_ratio=self.page.ratio, ticket_ratio=self.ticket.ratio)
+        if problem is not None:
+            raise ValueError(problem)
         return self
+
+    def rules(self) -> Rules:
+        """The detector's rules for this section."""
+        return Rules.from_config(self)
 
 
 # ---------------------------------------------------------------- alerts
@@ -716,9 +758,6 @@ class Receiver(ConfigModel):
                 yield name, value
 
 
-Severity = Literal["page", "ticket", "info"]
-
-
 def _paged_severities() -> list[Severity]:
     return ["page", "ticket"]
 
@@ -779,6 +818,37 @@ class Silence(ConfigModel):
         return self
 
 
+class Grouping(ConfigModel):
+    """One page per outage (docs/alerting.md, "One page per outage")."""
+
+    enabled: bool = Field(
+        True,
+        description="Regressions of several series behind one provider that open within `window_minutes` of each "
+        "other are notified as one group naming its members (one PagerDuty dedup key, one Alertmanager alert); "
+        "false notifies every series on its own.",
+    )
+    window_minutes: float = Field(
+        15,
+        gt=0,
+        le=1440,
+        description="A regression joins its provider's open group when the group's last member opened at most this "
+        "many minutes before; later, it starts a new group.",
+    )
+    by: Literal["provider", "location"] = Field(
+        "provider",
+        description="What one outage is: regressions of series behind one `provider` (any location), or of "
+        "series seen from one `location` (any provider: that location's network or egress).",
+    )
+    hold_minutes: float = Field(
+        10,
+        ge=0,
+        le=1440,
+        description="A group's first notification waits while other series of the provider have begun confirming a "
+        "regression (they are a run or two from joining), at most this many minutes after it opened; a lone "
+        "regression goes out at once. 0: never wait.",
+    )
+
+
 class Alerts(ConfigModel):
     base_url: str | None = Field(
         None,
@@ -795,6 +865,7 @@ class Alerts(ConfigModel):
     receivers: dict[Name, Receiver] = Field(default_factory=dict, description="Notification destinations, by name.")
     routes: list[Route] = Field(default_factory=list, description="Which alerts go to which receivers.")
     silences: list[Silence] = Field(default_factory=list, description="Windows in which alerts are suppressed.")
+    grouping: Grouping = Field(default_factory=Grouping, description="One notification per outage.")
 
     @field_validator("base_url")
     @classmethod

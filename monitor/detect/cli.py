@@ -10,10 +10,8 @@ import asyncio
 import sys
 from typing import Any, TextIO
 
-from monitor.cliargs import config_path
+from monitor.cliargs import DEFAULT_CONFIG_ENV, config_path
 from monitor.detect.replay import EXIT_DATABASE, EXIT_OK, EXIT_USAGE, replay_main
-
-DEFAULT_CONFIG_ENV = "TTFT_CONFIG"
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -39,6 +37,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         const="-",
         metavar="FILE.csv",
         help="write every stored sample as a samples CSV to FILE.csv (default: standard output)",
+    )
+    replay.add_argument(
+        "--groups",
+        action="store_true",
+        help="print the regression groups instead of the incidents (with --config: series grouped by their "
+        "target's provider, as `alerts.grouping` says), each with its members and the notifications it would send",
     )
     return replay
 

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import argparse
 import csv
+import heapq
 import json
 import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from monitor.detect.detector import Detector, Event, RunPoint
+from monitor.detect.grouping import GROUPED_KINDS, Member, decide, joins, scope, summarise
 from monitor.detect.stats import median
 
 COLUMNS = ("timestamp", "series", "ttft_ms", "error", "run_id")
@@ -219,31 +221,217 @@ def _round(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
+@dataclass(frozen=True, slots=True)
+class GroupSettings:
+    """Grouping as `alerts.grouping` configures it (monitor.detect.grouping)."""
+
+    enabled: bool = True
+    by: str = "provider"  # or "location": then `provider_of` names each series' location
+    window: timedelta = timedelta(minutes=15)
+    hold: timedelta = timedelta(minutes=10)
+
+
+@dataclass(slots=True)
+class _Group:
+    """A group as replay keeps it in memory, with the notifications it would have sent."""
+
+    id: str
+    provider: str
+    opened_at: datetime
+    members: list[dict[str, Any]] = field(default_factory=list)
+    notified_members: int = 0
+    notified_severity: str | None = None
+    resolved: bool = False
+    notifications: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _names(series: str) -> tuple[str, str, str]:
+    """(target, prompt, location) of an exported series name `target/prompt/location`."""
+    parts = series.split("/")
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else (series, "", "")
+
+
+def _member(incident: dict[str, Any]) -> Member:
+    target, prompt, location = _names(incident["series"])
+    return Member(
+        target=target,
+        prompt=prompt,
+        location=location,
+        severity=incident["severity"],
+        since=incident["_since"],
+        ratio=incident["ratio"],
+        open=incident["resolved_at"] is None,
+    )
+
+
+class _Grouper:
+    """The service's grouping (monitor.detect.service), in memory: join on opening, decide after each
+    batch of runs, with the same pure rules."""
+
+    def __init__(self, settings: GroupSettings, provider_of: Callable[[str], str], series: Iterable[str]) -> None:
+        self.settings = settings
+        self.provider_of = provider_of
+        self.scopes: dict[str, tuple[_Group, datetime]] = {}
+        self.groups: list[_Group] = []
+        self.locations: dict[str, set[str]] = {}
+        for name in series:
+            self.locations.setdefault(provider_of(name), set()).add(_names(name)[2])
+
+    def _locations(self, group: _Group) -> set[str]:
+        return self.locations.get(group.provider, set()) if self.settings.by == "provider" else set()
+
+    def join(self, series: str, incident: dict[str, Any], at: datetime) -> _Group:
+        provider = self.provider_of(series)
+        key = scope("regression", provider, by=self.settings.by, series=None if self.settings.enabled else series)
+        current = self.scopes.get(key)
+        if current is not None and not current[0].resolved and joins(current[1], at, self.settings.window):
+            group = current[0]
+        else:
+            group = _Group(
+                id=f"{provider}#{sum(1 for g in self.groups if g.provider == provider) + 1}",
+                provider=provider,
+                opened_at=at,
+            )
+            self.groups.append(group)
+        self.scopes[key] = (group, at)
+        group.members.append(incident)
+        incident["group"] = group.id
+        return group
+
+    def sync(self, group: _Group, at: datetime, pending: int) -> None:
+        if group.resolved:
+            return
+        members = [_member(m) for m in group.members]
+        decision = decide(
+            members,
+            notified_members=group.notified_members,
+            notified_severity=group.notified_severity,
+            resolved=False,
+            pending=pending if self.settings.enabled and group.notified_members == 0 else 0,
+            age=at - group.opened_at,
+            hold=self.settings.hold,
+        )
+        if decision is None:
+            return
+        state, count, severity = decision
+        if state == "resolved":
+            group.resolved = True
+            if not group.notified_members:
+                return
+        else:
+            group.notified_members, group.notified_severity = count, severity
+        summary = summarise(group.provider, members, provider_locations=self._locations(group), by=self.settings.by)
+        group.notifications.append(
+            {
+                "at": _stamp(at),
+                "state": state,
+                "severity": severity,
+                "summary": summary.text(resolved=state == "resolved"),
+                "members": count,
+            }
+        )
+
+    def summaries(self) -> list[dict[str, Any]]:
+        out = []
+        for group in self.groups:
+            members = [_member(m) for m in group.members]
+            summary = summarise(group.provider, members, provider_locations=self._locations(group), by=self.settings.by)
+            out.append(
+                {
+                    "group": group.id,
+                    "summary": summary.text(),
+                    "members": list(summary.names),
+                    "notifications": group.notifications,
+                }
+            )
+        return out
+
+
+# Runs of one job run start within seconds of each other: runs this close form one batch, decided
+# together as the service decides each stored batch.
+BATCH = timedelta(seconds=60)
+
+
 def replay(
-    series_points: Mapping[str, Sequence[RunPoint]], detector_factory: Callable[[str], Detector]
+    series_points: Mapping[str, Sequence[RunPoint]],
+    detector_factory: Callable[[str], Detector],
+    *,
+    provider_of: Callable[[str], str] | None = None,
+    grouping: GroupSettings | None = None,
+    groups: list[dict[str, Any]] | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The incidents the detector would have raised, per series (in name order) by opening time.
 
     Each is a dict: series, kind, severity (the highest it reached), opened_at, resolved_at (None
     while open at the end), baseline_ms, observed_ms and ratio (when it opened, or became a page),
-    and error (the error class, for availability).
+    and error (the error class, for availability). With `provider_of` (series name to provider),
+    regressions are grouped as the service groups them: each gets `group`, and `groups` (a list, if
+    given) receives every group with the notifications it would have sent.
     """
-    for series in sorted(series_points):
-        replayer = detector_factory(series).replayer()
-        incidents: list[dict[str, Any]] = []
-        open_now: dict[str, dict[str, Any]] = {}
-        for point in series_points[series]:
-            for event in replayer.feed(point):
-                if event.kind not in INCIDENT_KINDS:
-                    continue
-                if event.action == "open":
-                    open_now[event.kind] = _incident(series, event)
-                    incidents.append(open_now[event.kind])
-                elif event.action == "update":
-                    open_now[event.kind].update({k: v for k, v in _incident(series, event).items() if k != "opened_at"})
-                elif event.action == "resolve":
-                    open_now.pop(event.kind)["resolved_at"] = _stamp(event.at)
-        yield from incidents
+    replayers = {series: detector_factory(series).replayer() for series in series_points}
+    per_series: dict[str, list[dict[str, Any]]] = {series: [] for series in series_points}
+    open_now: dict[tuple[str, str], dict[str, Any]] = {}
+    grouper = _Grouper(grouping or GroupSettings(), provider_of, series_points) if provider_of else None
+    touched: set[str] = set()  # ids of the groups this batch changed
+    batch_start: datetime | None = None
+    last: datetime | None = None
+
+    def flush(at: datetime) -> None:
+        assert grouper is not None
+        due = [g for g in grouper.groups if g.id in touched or (not g.resolved and g.notified_members == 0)]
+        touched.clear()
+        for group in due:
+            pending = sum(
+                1
+                for series, replayer in replayers.items()
+                if grouper.provider_of(series) == group.provider
+                and ("regression" not in replayer.state.incidents)
+                and (replayer.state.page_streak or replayer.state.ticket_streak)
+            )
+            grouper.sync(group, at, pending)
+
+    def runs_of(series: str) -> Iterator[tuple[datetime, str, RunPoint]]:
+        return ((point.at, series, point) for point in series_points[series])
+
+    # Every series' runs in time order (the service sees them as they are stored).
+    ordered = heapq.merge(*(runs_of(series) for series in sorted(series_points)), key=lambda item: (item[0], item[1]))
+    for at, series, point in ordered:
+        if grouper is not None and batch_start is not None and last is not None and at - batch_start > BATCH:
+            flush(last)
+            batch_start = None
+        if batch_start is None:
+            batch_start = at
+        last = at
+        for event in replayers[series].feed(point):
+            if event.kind not in INCIDENT_KINDS:
+                continue
+            key = (series, event.kind)
+            if event.action == "open":
+                incident = open_now[key] = _incident(series, event)
+                per_series[series].append(incident)
+                if grouper is not None:
+                    incident["group"] = None
+                    if event.kind in GROUPED_KINDS:
+                        since = event.detail.get("since")
+                        incident["_since"] = datetime.fromisoformat(since) if isinstance(since, str) else event.at
+                        touched.add(grouper.join(series, incident, event.opened_at).id)
+            elif event.action == "update":
+                open_now[key].update({k: v for k, v in _incident(series, event).items() if k != "opened_at"})
+                if open_now[key].get("group") is not None:
+                    touched.add(open_now[key]["group"])
+            elif event.action == "resolve":
+                incident = open_now.pop(key)
+                incident["resolved_at"] = _stamp(event.at)
+                if incident.get("group") is not None:
+                    touched.add(incident["group"])
+    if grouper is not None and last is not None:
+        flush(last)
+        if groups is not None:
+            groups.extend(grouper.summaries())
+    for series in sorted(per_series):
+        for incident in per_series[series]:
+            incident.pop("_since", None)
+            yield incident
 
 
 # ---------------------------------------------------------------- the command
@@ -279,12 +467,39 @@ def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
             return Detector()
         # Exported series are named target/prompt/location: the target's SLO applies to them.
         target = config.targets.get(series.split("/", 1)[0])
-        return Detector(config.detection, slo_ms=target.slo.ttft_p50_ms if target is not None else None)
+        return Detector(config.detection.rules(), slo_ms=target.slo.ttft_p50_ms if target is not None else None)
 
+    provider_of = None
+    settings = None
+    if config is not None:
+        known = config.targets
+
+        grouping = config.alerts.grouping
+
+        def provider_of(series: str) -> str:
+            if grouping.by == "location":
+                return _names(series)[2] or series
+            # Series of targets the config does not know stand alone: their name is their provider.
+            target = known.get(series.split("/", 1)[0])
+            return target.provider if target is not None else series
+
+        settings = GroupSettings(
+            enabled=grouping.enabled,
+            by=grouping.by,
+            window=timedelta(minutes=grouping.window_minutes),
+            hold=timedelta(minutes=grouping.hold_minutes),
+        )
+    groups: list[dict[str, Any]] = []
     count = 0
-    for incident in replay(points, detector_for):
-        stdout.write(json.dumps(incident) + "\n")
+    for incident in replay(points, detector_for, provider_of=provider_of, grouping=settings, groups=groups):
+        if not getattr(args, "groups", False):
+            stdout.write(json.dumps(incident) + "\n")
         count += 1
+    if getattr(args, "groups", False):
+        for group in groups:
+            stdout.write(json.dumps(group) + "\n")
     runs = sum(len(p) for p in points.values())
-    stderr.write(f"replayed {runs} runs of {len(points)} series: {count} incidents\n")
+    notified = sum(len(group["notifications"]) for group in groups)
+    grouped = f", in {len(groups)} groups ({notified} notifications)" if provider_of is not None else ""
+    stderr.write(f"replayed {runs} runs of {len(points)} series: {count} incidents{grouped}\n")
     return EXIT_OK

@@ -7,10 +7,9 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
-from sqlalchemy import and_, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -18,11 +17,16 @@ from monitor.alert.attribution import ServerSplit, classify, server_split, split
 from monitor.alert.model import Notification, series_link
 from monitor.config.models import Config
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
+from monitor.detect.grouping import GROUPED_KINDS, Member, Summary, decide, scope, summarise
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
-from monitor.store.models import DetectorStateRow, IncidentRow, SeriesRow
+from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore, MemberRecord
 from monitor.store.records import RunRecord, SeriesKey
+
+if TYPE_CHECKING:
+    from monitor.alert.outbox import Outbox
+    from monitor.store.repository import Repository
 
 SEVERITY_LEVEL = {"ticket": 1, "page": 2}
 NOTIFICATION_STATE: dict[str, Literal["firing", "resolved", "info"]] = {
@@ -58,18 +62,75 @@ def job_interval(config: Config, job: str) -> timedelta:
 STATE_WRITE_ATTEMPTS = 8
 
 
+def _member_since(record: MemberRecord) -> datetime:
+    """The first run of the member's confirming streak, else its opening."""
+    since = record.details.get("since")
+    return datetime.fromisoformat(since) if isinstance(since, str) else record.opened_at
+
+
+def _member(record: MemberRecord) -> Member:
+    return Member(
+        target=record.series.target,
+        prompt=record.series.prompt,
+        location=record.series.location,
+        severity=record.severity,
+        since=_member_since(record),
+        ratio=record.ratio,
+        open=record.resolved_at is None,
+        peak_ratio=record.peak_ratio,
+    )
+
+
+def incident_change(event: Event, now: datetime, where: dict[str, str] | None = None) -> IncidentChange:
+    """The incident row values an event writes."""
+    values: dict[str, Any] = {
+        "baseline_ms": event.baseline_ms,
+        "observed_ms": event.observed_ms,
+        "ratio": event.ratio,
+        "error": event.error,
+        "updated_at": now,
+        "details": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in event.detail.items()}
+        | (where or {}),
+        "peak_ratio": event.peak_ratio,
+        "peak_at": event.peak_at,
+    }
+    if event.action == "open":
+        values["opened_baseline_ms"] = event.baseline_ms
+        values["opened_observed_ms"] = event.observed_ms
+    elif event.action == "resolve" and "opened_baseline_ms" in event.detail:
+        values["opened_baseline_ms"] = event.detail["opened_baseline_ms"]
+        values["opened_observed_ms"] = event.detail.get("opened_observed_ms")
+    if event.action == "info":
+        resolved_at: datetime | None = event.opened_at
+    elif event.action == "resolve":
+        resolved_at = event.resolved_at or event.at
+    else:
+        resolved_at = None
+    return IncidentChange(
+        kind=event.kind, severity=event.severity, opened_at=event.opened_at, resolved_at=resolved_at, values=values
+    )
+
+
 class StateConflict(Exception):
     """Another writer (a replica, a concurrent evaluation) changed the series' detector state first."""
 
 
 class DetectionService:
     def __init__(
-        self, engine: AsyncEngine, repository: Any, config: Config, *, outbox: Any | None, metrics: Metrics | None
+        self,
+        engine: AsyncEngine,
+        repository: Repository,
+        config: Config,
+        *,
+        outbox: Outbox | None,
+        metrics: Metrics | None,
     ) -> None:
         self._engine = engine
         self._repository = repository
         self._outbox = outbox
         self._metrics = metrics
+        self._store = IncidentStore()
+        self._groups = GroupStore()
         self._log = structlog.get_logger()
         self.update_config(config)
 
@@ -82,15 +143,16 @@ class DetectionService:
         if detector is None:
             spec = self._config.targets.get(target)
             slo = spec.slo.ttft_p50_ms if spec is not None else None
-            detector = self._detectors[target] = Detector(self._config.detection, slo_ms=slo)
+            detector = self._detectors[target] = Detector(self._config.detection.rules(), slo_ms=slo)
         return detector
 
     async def after_store(self, job: str, batch: Sequence[tuple[RunRecord, Sequence[Sample]]]) -> None:
         """Evaluate every run of the batch. Never raises: detection trouble must not stop probing."""
         interval = job_interval(self._config, job) if job != "adhoc" else timedelta(minutes=5)
+        groups: set[uuid.UUID] = set()
         for run, samples in batch:
             try:
-                await self._evaluate(job, run, samples, interval)
+                await self._evaluate(job, run, samples, interval, groups)
             except Exception as exc:
                 self._log.warning(
                     "detection_failed",
@@ -99,17 +161,36 @@ class DetectionService:
                     prompt=run.series.prompt,
                     error=f"{type(exc).__name__}: {exc}"[:300],
                 )
+        # The groups this batch changed are notified once it is all in: series of one provider probed
+        # in one run open together, and go out as one notification.
+        if not batch:
+            return
+        at = max(run.started_at for run, _samples in batch)
+        try:
+            async with self._engine.connect() as connection:
+                groups.update(await self._groups.unnotified(connection))  # held ones may be due now
+        except Exception as exc:
+            self._log.warning("group_notify_failed", job=job, error=f"{type(exc).__name__}: {exc}"[:300])
+        for group_id in sorted(groups):
+            try:
+                await self._sync_group(job, group_id, at)
+            except Exception as exc:
+                self._log.warning("group_notify_failed", job=job, error=f"{type(exc).__name__}: {exc}"[:300])
 
-    async def _evaluate(self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta) -> None:
+    async def _evaluate(
+        self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta, groups: set[uuid.UUID]
+    ) -> None:
         """Evaluate one run; the state is written only if nobody else wrote it meanwhile (compare-and-set
         on `version`), else everything is read again and evaluated afresh."""
         for _attempt in range(STATE_WRITE_ATTEMPTS):
             try:
-                outcome = await self._evaluate_once(job, run, samples, interval)
+                touched: set[uuid.UUID] = set()
+                outcome = await self._evaluate_once(job, run, samples, interval, touched)
             except StateConflict:
                 continue
             except IntegrityError:  # another writer created the series' first state row meanwhile
                 continue
+            groups.update(touched)
             if outcome is not None:
                 new_state, events, baseline_ms = outcome
                 for event in events:
@@ -139,7 +220,7 @@ class DetectionService:
         raise StateConflict(f"the detector state changed under {STATE_WRITE_ATTEMPTS} attempts in a row")
 
     async def _evaluate_once(
-        self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta
+        self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta, groups: set[uuid.UUID]
     ) -> tuple[SeriesState, list[Event], float | None] | None:
         series = run.series
         detector = self._detector(series.target)
@@ -149,57 +230,28 @@ class DetectionService:
         served = Counter(s.served_model for s in samples if s.served_model and not s.warmup).most_common(1)
         point = point_from_run(run, served_model=served[0][0] if served else None)
         async with write_transaction(self._engine) as connection:
-            series_id = await self._series_id(connection, series)
+            series_id = await self._store.series_id(connection, series)
             if series_id is None:
                 return None
-            row = (
-                await connection.execute(
-                    select(DetectorStateRow.state, DetectorStateRow.version).where(
-                        DetectorStateRow.series_id == series_id
-                    )
-                )
-            ).first()
-            state = SeriesState.from_json(row.state) if row is not None else SeriesState()
+            read = await self._store.read_state(connection, series_id)
+            state = SeriesState.from_json(read.state) if read is not None else SeriesState()
             new_state, events, baseline_ms = detector.evaluate_with_baseline(history, state, point)
             now = datetime.now(UTC)
-            if row is None:
-                await connection.execute(
-                    insert(DetectorStateRow).values(
-                        series_id=series_id, state=new_state.to_json(), version=1, updated_at=now
-                    )
-                )
-            else:
-                written = await connection.execute(
-                    update(DetectorStateRow)
-                    .where(DetectorStateRow.series_id == series_id, DetectorStateRow.version == row.version)
-                    .values(state=new_state.to_json(), version=row.version + 1, updated_at=now)
-                )
-                if written.rowcount != 1:
-                    raise StateConflict("the detector state changed since it was read")  # rolls back
+            if not await self._store.write_state(connection, series_id, new_state.to_json(), read=read, now=now):
+                raise StateConflict("the detector state changed since it was read")  # rolls back
             split = server_split(run, records)
             for event in events:
                 where = _where(event, split)
                 incident_id = await self._record_incident(connection, series_id, event, now, where)
+                group_id = await self._group(connection, series, series_id, event, incident_id)
+                if group_id is not None:
+                    groups.add(group_id)  # notified as a group once the batch is in (`_sync_group`)
+                    continue
                 if self._outbox is not None:
                     await self._outbox.notify(
                         self._notification(job, series, event, incident_id, where), connection=connection
                     )
         return new_state, events, baseline_ms
-
-    async def _series_id(self, connection: AsyncConnection, series: SeriesKey) -> int | None:
-        return (
-            await connection.execute(
-                select(SeriesRow.id).where(
-                    and_(
-                        SeriesRow.target == series.target,
-                        SeriesRow.provider == series.provider,
-                        SeriesRow.model == series.model,
-                        SeriesRow.prompt == series.prompt,
-                        SeriesRow.location == series.location,
-                    )
-                )
-            )
-        ).scalar()
 
     async def _record_incident(
         self,
@@ -209,63 +261,125 @@ class DetectionService:
         now: datetime,
         where: dict[str, str] | None = None,
     ) -> uuid.UUID:
-        open_row = (
-            await connection.execute(
-                select(IncidentRow.id).where(
-                    IncidentRow.series_id == series_id,
-                    IncidentRow.kind == event.kind,
-                    IncidentRow.resolved_at.is_(None),
-                )
+        change = incident_change(event, now, where)
+        open_id = await self._store.open_incident(connection, series_id, event.kind)
+        if event.action == "info" or open_id is None:
+            # A new incident; or an update or resolve for one this database never saw opened.
+            return await self._store.insert_incident(connection, series_id, change)
+        await self._store.update_incident(connection, open_id, change)
+        return open_id
+
+    async def _group(
+        self, connection: AsyncConnection, series: SeriesKey, series_id: int, event: Event, incident_id: uuid.UUID
+    ) -> uuid.UUID | None:
+        """The group the incident belongs to (joined when it opens), or None: notified on its own."""
+        if event.kind not in GROUPED_KINDS or event.action == "info":
+            return None
+        if event.action != "open":
+            return await self._groups.group_of(connection, incident_id)
+        settings = self._config.alerts.grouping
+        name = series.location if settings.by == "location" else series.provider
+        key = scope(event.kind, name, by=settings.by, series=None if settings.enabled else str(series_id))
+        window = timedelta(minutes=settings.window_minutes)
+        return await self._groups.join(
+            connection,
+            scope=key,
+            kind=event.kind,
+            provider=name,
+            incident_id=incident_id,
+            now=event.opened_at,
+            cutoff=event.opened_at - window,
+        )
+
+    async def _sync_group(self, job: str, group_id: uuid.UUID, at: datetime) -> None:
+        """Notify the group if it grew, rose in severity or resolved since its last notification (held
+        while other series of its provider are about to join; `at`: the batch's latest run)."""
+        async with write_transaction(self._engine) as connection:
+            group = await self._groups.read(connection, group_id)
+            if group is None or group.resolved_at is not None:
+                return
+            records = await self._groups.members(connection, group_id)
+            members = [_member(record) for record in records]
+            settings = self._config.alerts.grouping
+            pending = 0
+            if settings.enabled and group.notified_members == 0 and settings.hold_minutes > 0:
+                pending = await self._groups.streaking(connection, group.provider, group.kind, by=settings.by)
+            decision = decide(
+                members,
+                notified_members=group.notified_members,
+                notified_severity=group.notified_severity,
+                resolved=False,
+                pending=pending,
+                age=at - group.opened_at,
+                hold=timedelta(minutes=settings.hold_minutes),
             )
-        ).scalar()
-        values = {
-            "severity": event.severity,
-            "baseline_ms": event.baseline_ms,
-            "observed_ms": event.observed_ms,
-            "ratio": event.ratio,
-            "error": event.error,
-            "updated_at": now,
-            "details": {k: (v.isoformat() if isinstance(v, datetime) else v) for k, v in event.detail.items()}
-            | (where or {}),
-            "peak_ratio": event.peak_ratio,
-            "peak_at": event.peak_at,
-        }
-        if event.action == "open":
-            values["opened_baseline_ms"] = event.baseline_ms
-            values["opened_observed_ms"] = event.observed_ms
-        elif event.action == "resolve" and "opened_baseline_ms" in event.detail:
-            values["opened_baseline_ms"] = event.detail["opened_baseline_ms"]
-            values["opened_observed_ms"] = event.detail.get("opened_observed_ms")
-        if event.action == "info" or (open_row is None and event.action == "open"):
-            incident_id = uuid.uuid4()
-            await connection.execute(
-                insert(IncidentRow).values(
-                    id=incident_id,
-                    series_id=series_id,
-                    kind=event.kind,
-                    opened_at=event.opened_at,
-                    resolved_at=event.opened_at if event.action == "info" else None,
-                    **values,
-                )
-            )
-            return incident_id
-        if open_row is None:  # an update or resolve for an incident this database never saw opened
-            incident_id = uuid.uuid4()
-            await connection.execute(
-                insert(IncidentRow).values(
-                    id=incident_id,
-                    series_id=series_id,
-                    kind=event.kind,
-                    opened_at=event.opened_at,
-                    resolved_at=event.resolved_at,
-                    **values,
-                )
-            )
-            return incident_id
-        if event.action == "resolve":
-            values["resolved_at"] = event.resolved_at or event.at
-        await connection.execute(update(IncidentRow).where(IncidentRow.id == open_row).values(**values))
-        return open_row
+            if decision is None:
+                return
+            state, count, severity = decision
+            resolved_at = None
+            if state == "resolved":
+                resolved_at = max(r.resolved_at for r in records if r.resolved_at is not None)
+                claimed = await self._groups.claim_resolve(connection, group_id, resolved_at)
+                if not claimed or not group.notified_members:
+                    return  # another writer resolved it, or nothing was ever sent for it
+            elif not await self._groups.claim_notice(connection, group, members=count, severity=severity):
+                return
+            if self._outbox is None:
+                return
+            by = "location" if group.scope.split("/")[1] == "location" else "provider"
+            locations = await self._groups.provider_locations(connection, group.provider) if by == "provider" else set()
+            summary = summarise(group.provider, members, provider_locations=locations, by=by)
+            lead = next((r for r in records if r.id == group.lead_incident_id), records[0])
+            notification = self._group_notification(job, group.kind, group_id, lead, summary, state, resolved_at)
+            await self._outbox.notify(notification, connection=connection)
+
+    def _group_notification(
+        self,
+        job: str,
+        kind: str,
+        group_id: uuid.UUID,
+        lead: MemberRecord,
+        summary: Summary,
+        state: Literal["firing", "resolved"],
+        resolved_at: datetime | None,
+    ) -> Notification:
+        """The group's notification: its lead incident's, with the group's summary when it has several
+        members (a group of one reads like any single series' notification)."""
+        series = lead.series
+        several = summary.series > 1
+        return Notification(
+            incident_id=lead.id,
+            state=state,
+            kind=kind,
+            severity=summary.severity if state == "firing" else lead.severity,
+            job=job,
+            target=series.target,
+            model=series.model,
+            provider=series.provider,
+            prompt=series.prompt,
+            location=series.location,
+            since=summary.since if several else _member_since(lead),
+            resolved_at=resolved_at,
+            baseline_ms=lead.baseline_ms,
+            observed_ms=lead.observed_ms,
+            ratio=summary.ratio if several else lead.ratio,
+            error_class=lead.error,
+            peak_ratio=lead.peak_ratio,
+            peak_at=lead.peak_at,
+            cause=lead.details.get("cause"),
+            attribution=lead.details.get("attribution", ""),
+            link=series_link(
+                self._config.alerts.base_url,
+                target=series.target,
+                prompt=series.prompt,
+                location=series.location,
+                job=job,
+                at=lead.opened_at,
+            ),
+            group_id=group_id,
+            group=summary.text(resolved=state == "resolved") if several else "",
+            members=summary.names if several else (),
+        )
 
     def _notification(
         self, job: str, series: SeriesKey, event: Event, incident_id: uuid.UUID, where: dict[str, str] | None = None

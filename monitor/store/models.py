@@ -283,6 +283,37 @@ class IncidentRow(Base):
     peak_ratio: Mapped[float | None] = mapped_column(Double)
     peak_at: Mapped[datetime | None]
     # ---- end of the detect branch's block
+    # Migration 0009: the outage this incident was notified as part of.
+    group_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("incident_groups.id"), index=True)
+
+
+class IncidentGroupRow(Base):
+    """Regression incidents of one provider that opened within minutes of each other: one outage,
+    notified once (as its lead incident) while the members are recorded each on their own."""
+
+    __tablename__ = "incident_groups"
+    __table_args__ = (Index("ix_incident_groups_opened_at", "opened_at"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    scope: Mapped[str] = mapped_column(Text)
+    kind: Mapped[str] = mapped_column(String(16))
+    provider: Mapped[str] = mapped_column(Text)  # or the location, for `alerts.grouping.by: location`
+    lead_incident_id: Mapped[uuid.UUID]
+    opened_at: Mapped[datetime]
+    resolved_at: Mapped[datetime | None]
+    # What the last notification claimed (members and severity): a new one goes out when either grows.
+    notified_members: Mapped[int] = mapped_column(Integer)
+    notified_severity: Mapped[str | None] = mapped_column(String(16))
+
+
+class IncidentGroupScopeRow(Base):
+    """The group a scope's next regression joins, claimed by one atomic upsert (several daemons)."""
+
+    __tablename__ = "incident_group_scopes"
+
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)
+    group_id: Mapped[uuid.UUID]
+    last_joined_at: Mapped[datetime]
 
 
 class DetectorStateRow(Base):

@@ -55,7 +55,7 @@ def alert_labels(notification: Notification) -> dict[str, str]:
         "location": n.location,
         "job": n.job,
         "incident_id": str(n.incident_id),
-    }
+    } | ({"group_id": str(n.group_id)} if n.group_id is not None else {})
 
 
 def alert_annotations(notification: Notification, now: datetime) -> dict[str, str]:

@@ -52,6 +52,8 @@ def payload(notification: Notification, now: datetime) -> dict[str, Any]:
             "summary": n.summary,
             "text": plain_text(n, now),
             "link": n.link,
+            # One page per outage: the group this speaks for and its members (null for one series).
+            "group": {"id": str(n.group_id), "summary": n.group, "members": list(n.members)} if n.grouped else None,
         },
     }
 

@@ -1,0 +1,741 @@
+"""The rolling core of the detector: valid runs' times, log TTFTs and seasonal residuals, and the
+rules applied to each new run. Pure; `Detector` and `Replayer` (detector.py) are its public face."""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, insort
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Rules, Severity, Threshold
+from monitor.detect.state import Event, Incident, RunPoint, SeriesState
+from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_and_sigma, median_se_factor
+
+DAY_S = 86400.0
+# Seasonal baselines are computed per slot of this many seconds and cached; a run is compared with
+# its slot's centre, at most 5 minutes off, which the daily cycle does not notice.
+SLOT_S = 600.0
+SLOTS_PER_DAY = int(DAY_S // SLOT_S)
+# A slot needs runs on at least this many previous days for a seasonal baseline (a median of three
+# days outvotes one day with an incident); until then the trailing window stands in.
+SEASONAL_MIN_DAYS = 3
+# A trailing baseline needs at least this many runs to be trusted.
+# The sequential rule's reference is recomputed every this many seconds (a day's level hardly moves in
+# three hours, and computing it per run would make a year's replay several times slower).
+CUSUM_REFERENCE_S = 3 * 3600.0
+# Floor on the baseline's sigma (log units), so a near-constant series cannot divide by zero.
+SIGMA_FLOOR = 0.01
+UNKNOWN_ERROR = "unknown"
+_UNCACHED = object()
+
+
+@dataclass(frozen=True, slots=True)
+class _Slot:
+    """The seasonal baseline of one time slot: the median log TTFT at that time of day."""
+
+    center: float
+    count: int
+
+
+class _Baseline:
+    """What the windows are compared with: `center` (log ms) and the per-run spread around it, the
+    MAD of `reference` (sorted), computed only when a window is large enough to need a z-score."""
+
+    __slots__ = ("_sigma", "center", "end", "extra", "level", "reference", "seasonal")
+
+    def __init__(
+        self, *, center: float, level: float, reference: list[float], seasonal: bool, extra: float, end: int = 0
+    ) -> None:
+        self.end = end  # the reference's runs end before this index
+        self.center = center
+        self.level = level  # median of `reference`; windows' distances are measured from it
+        self.reference = reference
+        self.seasonal = seasonal
+        self.extra = extra  # the seasonal slot's own variance, in units of sigma^2
+        self._sigma: float | None = None
+
+    @property
+    def sigma(self) -> float:
+        if self._sigma is None:
+            self._sigma = max(mad_sigma(self.reference, center=self.level), SIGMA_FLOOR)
+        return self._sigma
+
+    def z(self, distance: float, window: int) -> float:
+        """`distance` of a median of `window` runs, in standard errors of (window median - baseline)."""
+        variance = median_se_factor(window) ** 2 + math.pi / (2.0 * len(self.reference)) + self.extra
+        return distance / (self.sigma * math.sqrt(variance))
+
+
+@dataclass(frozen=True, slots=True)
+class _CusumReference:
+    """What the sequential rule measures from: the median residual and its MAD-sigma, the allowance and
+    clip bound in those sigmas, the clipped mean (in sigmas from the median) and the long-run factor."""
+
+    level: float
+    sigma: float
+    allowance: float
+    bound: float
+    mean: float
+    factor: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """Log distances from the baseline of the medians over each window."""
+
+    baseline: _Baseline
+    page: float
+    ticket: float | None  # None: too little history, or no seasonal baseline yet
+    recent: list[float]  # the last runs' log TTFTs or residuals; minus baseline.level, distances
+    adapted: bool  # an open incident outlived the history before it: its level is the new normal
+    page_window: int  # runs in each window (stretched to hold their rule's min_probes)
+    ticket_window: int
+
+    def clear(self, window: int) -> float:
+        """Distance of the median over the last `window` runs (only needed while an incident is open)."""
+        return median(self.recent[-window:]) - self.baseline.level
+
+
+class _Core:
+    """Valid runs' times, log TTFTs and seasonal residuals, plus the recent runs' request counts.
+    `step` appends a run and evaluates it. Results depend only on the data, never on what happens to
+    be cached, so a core loaded with history and one fed run by run agree."""
+
+    def __init__(self, rules: Rules, slo_ms: float | None) -> None:
+        self.rules = rules
+        self.slo_ms = slo_ms
+        self.times: list[float] = []
+        self.logs: list[float] = []
+        self.probes: list[int] = []  # measured requests of each valid run
+        # Log distance of each run from its slot's seasonal baseline; nan: none; None: not computed yet.
+        self._residuals: list[float | None] = []
+        self._slots: dict[int, _Slot | None] = {}
+        self._window_medians: dict[int, tuple[float, int] | None] = {}
+        self._reference_range = (0, 0)
+        self._reference_sorted: list[float] = []
+        self._eager_from = 1 << 62  # from this index on, every residual is computed
+        self._recent: deque[tuple[int, int, str | None]] = deque(
+            maxlen=max(rules.error_window_runs, rules.consecutive_failures)
+        )
+        self._window_requests = self._window_failed = 0  # over the last error_window_runs runs
+        self._failed_streak = 0  # runs in a row where every request failed
+        self._clean_streak = 0  # runs in a row without a failed request
+        self._half_window_s = rules.seasonal_window_minutes * 60.0
+        self._keep = rules.history_runs
+        self._log_page_ratio = math.log(rules.page.ratio)
+        self._log_ticket_ratio = math.log(rules.ticket.ratio)
+        self._lookback_s = _lookback_s(rules)
+        self._level_s = rules.level_hours * 3600.0
+        self._appended_since_trim = 0
+        self.baseline_ms: float | None = None  # what the last stepped run was compared with
+        self._cusum_references: dict[int, _CusumReference | None] = {}
+        self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
+
+    # ------------------------------------------------ data
+
+    def append(self, run: RunPoint) -> None:
+        ok, errors = run.counts()
+        window = self.rules.error_window_runs
+        if len(self._recent) >= window:
+            old_ok, old_errors, _ = self._recent[-window]
+            self._window_requests -= old_ok + old_errors
+            self._window_failed -= old_errors
+        self._recent.append((ok, errors, run.error))
+        self._window_requests += ok + errors
+        self._window_failed += errors
+        self._failed_streak = 0 if ok else self._failed_streak + 1
+        self._clean_streak = 0 if errors else self._clean_streak + 1
+        if run.ttft_ms is None:
+            return
+        moment = run.at.timestamp()
+        if self.times and moment < self.times[-1]:
+            raise ValueError(f"runs must come in time order; {run.at.isoformat()} is older than the last one")
+        self.times.append(moment)
+        self.logs.append(math.log(run.ttft_ms))
+        self.probes.append(max(ok, 1))
+        self._residuals.append(None)
+        self._appended_since_trim += 1
+        if self._appended_since_trim >= 4096:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Forget runs older than anything the detector reads, keeping memory flat over long replays."""
+        self._appended_since_trim = 0
+        if len(self.times) <= self._keep:
+            return
+        drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
+        if drop > 0:
+            self._profile_cache = None
+            del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
+            self._eager_from = max(0, self._eager_from - drop)
+            low, high = self._reference_range
+            if low >= drop:
+                self._reference_range = (low - drop, high - drop)
+            else:
+                self._reference_range, self._reference_sorted = (0, 0), []
+        for cache, keep in (
+            (self._slots, SLOTS_PER_DAY),
+            (self._window_medians, (self.rules.seasonal_days + 1) * SLOTS_PER_DAY),
+        ):
+            if len(cache) > 2 * keep:
+                newest = max(cache)
+                for slot in [s for s in cache if s < newest - keep]:
+                    del cache[slot]
+
+    # ------------------------------------------------ baselines
+
+    def _slot(self, slot: int) -> _Slot | None:
+        """The seasonal baseline of `slot`: the median over the previous days of each day's median near
+        the slot's time of day. Per-day medians first, so one day with an incident cannot drag it."""
+        cached = self._slots.get(slot, _UNCACHED)
+        if cached is not _UNCACHED:
+            return cached  # type: ignore[return-value]
+        days: list[float] = []
+        count = 0
+        for day in range(1, self.rules.seasonal_days + 1):
+            found = self._window_median(slot - day * SLOTS_PER_DAY)
+            if found is not None:
+                days.append(found[0])
+                count += found[1]
+        result = _Slot(median(days), count) if len(days) >= SEASONAL_MIN_DAYS else None
+        self._slots[slot] = result
+        return result
+
+    def _window_median(self, slot: int) -> tuple[float, int] | None:
+        """(median, count) of the runs within seasonal_window_minutes of `slot`'s centre; each past slot
+        serves the next seasonal_days days, so it is computed once."""
+        cached = self._window_medians.get(slot, _UNCACHED)
+        if cached is not _UNCACHED:
+            return cached  # type: ignore[return-value]
+        centre = (slot + 0.5) * SLOT_S
+        low = bisect_left(self.times, centre - self._half_window_s)
+        high = bisect_left(self.times, centre + self._half_window_s)
+        result = (median(self.logs[low:high]), high - low) if high > low else None
+        self._window_medians[slot] = result
+        return result
+
+    def _residual(self, index: int) -> float:
+        slot = self._slot(int(self.times[index] // SLOT_S))
+        return self.logs[index] - slot.center if slot is not None else math.nan
+
+    def _residuals_between(self, low: int, high: int) -> list[float]:
+        """Residuals of valid runs low..high-1 (nan where their slot has no seasonal baseline). Runs
+        loaded as history get theirs when first asked for; runs stepped through, when appended."""
+        residuals = self._residuals
+        for index in range(low, min(high, self._eager_from)):
+            if residuals[index] is None:
+                residuals[index] = self._residual(index)
+        return residuals[low:high]  # type: ignore[return-value]
+
+    def _reference(self, low: int, high: int) -> list[float]:
+        """The residuals of valid runs low..high-1 that have one, sorted. The range mostly slides by one
+        run per call, so the sorted list is kept and updated rather than sorted again."""
+        cached_low, cached_high = self._reference_range
+        if not (cached_low <= low <= cached_high and cached_low <= high and high - cached_high <= 64):
+            values = self._residuals_between(low, high)
+            self._reference_sorted = sorted(r for r in values if r == r)
+            self._reference_range = (low, high)
+            return self._reference_sorted
+        data = self._reference_sorted
+        if high > cached_high:
+            for value in self._residuals_between(cached_high, high):
+                if value == value:
+                    insort(data, value)
+        elif high < cached_high:
+            for value in self._residuals_between(high, cached_high):
+                if value == value:
+                    del data[bisect_left(data, value)]
+        for value in self._residuals_between(cached_low, low):
+            if value == value:
+                del data[bisect_left(data, value)]
+        self._reference_range = (low, high)
+        return data
+
+    def _seasonal(self, slot: _Slot, end: int) -> _Baseline | None:
+        """The current level from the seasonally adjusted runs of the `level_hours` before run `end`: the
+        seasonal baseline gives the shape of the day, recent runs its height, so slow drift does not
+        build up. None until half that time is covered by runs with a seasonal baseline."""
+        if end <= 0:
+            return None
+        end_s = self.times[min(end, len(self.times) - 1)]
+        low = bisect_left(self.times, end_s - self._level_s)
+        if low >= end or self.times[low] > end_s - self._level_s / 2:
+            return None
+        reference = self._reference(low, end)
+        # Mostly runs with a seasonal baseline: a few would let the start of a regression set the level.
+        if len(reference) < max(MIN_BASELINE_RUNS, (end - low) // 2):
+            return None
+        level = median(reference, presorted=True)
+        return _Baseline(
+            center=slot.center + level,
+            level=level,
+            reference=reference,
+            seasonal=True,
+            extra=(math.pi / 2.0) ** 2 / slot.count,  # a median of per-day medians
+            end=end,
+        )
+
+    def _trailing(self, end: int) -> _Baseline | None:
+        reference = sorted(self.logs[max(0, end - self.rules.trailing_runs) : end])
+        if len(reference) < MIN_BASELINE_RUNS:
+            return None
+        level = median(reference, presorted=True)
+        return _Baseline(center=level, level=level, reference=reference, seasonal=False, extra=0.0, end=end)
+
+    # ------------------------------------------------ one run
+
+    def step(self, state: SeriesState, run: RunPoint) -> list[Event]:
+        """Append `run`, evaluate it, update `state` in place; the events it caused."""
+        self.append(run)
+        if run.ttft_ms is not None and self.rules.seasonal_days:
+            self._eager_from = min(self._eager_from, len(self.times) - 1)
+            self._residuals[-1] = self._residual(len(self.times) - 1)
+        events: list[Event] = []
+        self._availability(state, run, events)
+        if run.ttft_ms is not None:
+            self._regression(state, run, events)
+            self._slo(state, run, events)
+        if run.served_model is not None:
+            if state.served_model is not None and run.served_model != state.served_model:
+                events.append(
+                    Event(
+                        kind="model_changed",
+                        action="info",
+                        severity="info",
+                        at=run.at,
+                        opened_at=run.at,
+                        detail={"from": state.served_model, "to": run.served_model},
+                    )
+                )
+            state.served_model = run.served_model
+        return events
+
+    # ------------------------------------------------ availability
+
+    def _availability(self, state: SeriesState, run: RunPoint, events: list[Event]) -> None:
+        rules = self.rules
+        consecutive = self._failed_streak
+        full = len(self._recent) >= rules.error_window_runs
+        rate = self._window_failed / self._window_requests if full and self._window_requests else 0.0
+        down = consecutive >= rules.consecutive_failures
+        flaky = rate >= rules.error_rate
+        incident = state.incidents.get("availability")
+        if incident is None and not (down or flaky):
+            return
+        recent = list(self._recent)
+        detail = {"consecutive_failures": consecutive, "error_rate": round(rate, 4)}
+        if incident is None:
+            incident = Incident(
+                kind="availability",
+                severity="page" if down else "ticket",
+                opened_at=run.at,
+                since=run.at,
+                error=_dominant_error(recent[-consecutive:] if down else recent[-rules.error_window_runs :]),
+                triggers=(["consecutive"] if down else []) + (["error_rate"] if flaky else []),
+            )
+            state.incidents["availability"] = incident
+            events.append(_event(incident, "open", run.at, detail))
+            return
+        if flaky and "error_rate" not in incident.triggers:
+            incident.triggers.append("error_rate")
+        if down and incident.severity != "page":
+            incident.severity = "page"
+            incident.triggers.append("consecutive")
+            incident.error = _dominant_error(recent[-consecutive:])
+            events.append(_event(incident, "update", run.at, detail))
+            return
+        # Hysteresis: error-free runs in a row, and the rate back under its limit if it ever fired.
+        recovered = self._clean_streak >= rules.consecutive_failures
+        if recovered and ("error_rate" not in incident.triggers or not flaky):
+            del state.incidents["availability"]
+            events.append(_event(incident, "resolve", run.at, detail, resolved=True))
+
+    # ------------------------------------------------ regression
+
+    def _regression(self, state: SeriesState, run: RunPoint, events: list[Event]) -> None:
+        rules = self.rules
+        incident = state.incidents.get("regression")
+        count = len(self.logs)  # valid runs, this one included
+        verdict = self._verdict(incident, count, state.page_since) if count - 1 >= rules.min_history_runs else None
+        if verdict is None:
+            state.page_streak = state.ticket_streak = 0
+            state.page_since = state.ticket_since = None
+            return
+        baseline = verdict.baseline
+        baseline_ms = self.baseline_ms = math.exp(baseline.center)
+        confirms = self._confirms
+        if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window):
+            state.page_streak += 1
+            state.page_since = state.page_since or run.at
+        else:
+            state.page_streak, state.page_since = 0, None
+        # After a resolve, tickets wait for a window of fresh runs: the ticket window outlasts the
+        # others, and resolving into a new ticket on the same runs would flap.
+        ticket_w = rules.ticket.window_runs
+        fresh = state.resolved_at is None or (
+            count >= ticket_w and self.times[count - ticket_w] > state.resolved_at.timestamp()
+        )
+        # The ticket window opens tickets beside the sequential rule unless window_tickets is off; then it
+        # only times clearing and the SLO rule.
+        if (
+            (rules.cusum is None or rules.window_tickets)
+            and fresh
+            and confirms(
+                verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms, verdict.ticket_window
+            )
+        ):
+            state.ticket_streak += 1
+            state.ticket_since = state.ticket_since or run.at
+        else:
+            state.ticket_streak, state.ticket_since = 0, None
+
+        paging = state.page_streak >= rules.page.confirmations
+        ticketing = state.ticket_streak >= rules.ticket.confirmations
+        sequential = self._cusum(state, run, incident, count, fresh) if not (paging or ticketing) else None
+        detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
+        if verdict.adapted:
+            detail["baseline"] += ", adapted to the incident's level"
+        if incident is None and sequential is not None:
+            cusum_baseline_ms, ratio, since, total = sequential
+            incident = Incident(
+                kind="regression",
+                severity="ticket",
+                opened_at=run.at,
+                since=since,
+                baseline_ms=cusum_baseline_ms,
+                observed_ms=cusum_baseline_ms * ratio,
+                ratio=ratio,
+                triggers=["cusum"],
+            )
+            incident.see(ratio, run.at)
+            state.incidents["regression"] = incident
+            detail.update(rule="cusum", cusum=round(total, 2))
+            events.append(_event(incident, "open", run.at, detail))
+        elif incident is None and (paging or ticketing):
+            severity: Severity = "page" if paging else "ticket"
+            distance = verdict.page if paging or verdict.ticket is None else verdict.ticket
+            ratio = math.exp(distance)
+            incident = Incident(
+                kind="regression",
+                severity=severity,
+                opened_at=run.at,
+                since=(state.page_since if paging else state.ticket_since) or run.at,
+                baseline_ms=baseline_ms,
+                observed_ms=baseline_ms * ratio,
+                ratio=ratio,
+            )
+            incident.see(ratio, run.at)
+            state.incidents["regression"] = incident
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            window = verdict.page_window if severity == "page" else verdict.ticket_window
+            detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs)), 2)
+            events.append(_event(incident, "open", run.at, detail))
+        elif incident is not None and paging and incident.severity == "ticket":
+            ratio = math.exp(verdict.page)
+            incident.see(ratio, run.at)
+            incident.severity = "page"
+            incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
+            detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs)), 2)
+            events.append(_event(incident, "update", run.at, detail))
+        elif incident is not None:
+            incident.see(math.exp(verdict.page), run.at)
+            window = max(rules.clear_runs, getattr(rules, incident.severity).window_runs)
+            ratio = math.exp(verdict.clear(window))
+            if ratio >= rules.clear_ratio or state.page_streak:
+                return
+            del state.incidents["regression"]
+            state.page_streak = state.ticket_streak = 0
+            state.page_since = state.ticket_since = None
+            state.resolved_at = run.at
+            detail["opened_baseline_ms"] = incident.baseline_ms
+            detail["opened_observed_ms"] = incident.observed_ms
+            detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
+            incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
+            events.append(_event(incident, "resolve", run.at, detail, resolved=True))
+
+    def _cusum(
+        self, state: SeriesState, run: RunPoint, incident: Incident | None, count: int, fresh: bool
+    ) -> tuple[float, float, datetime, float] | None:
+        """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
+
+        The level it is measured from is frozen where the current excursion began, so a shift that is
+        building up evidence never becomes its own baseline. It sleeps while a regression is open and,
+        after one resolved, until the ticket window holds only newer runs (`fresh`)."""
+        rule = self.rules.cusum
+        residual = self._residuals[count - 1] if rule is not None else None
+        if rule is None or incident is not None or not fresh or residual is None or residual != residual:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        start = count - 1 if state.cusum_since is None else bisect_left(self.times, state.cusum_since.timestamp())
+        slot = self._slot(int(self.times[count - 1] // SLOT_S))
+        reference = self._cusum_reference(start, rule) if slot is not None else None
+        if slot is None or reference is None:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        allowance, bound, factor = reference.allowance, reference.bound, reference.factor
+        value = max(-bound, min(bound, (residual - reference.level) / reference.sigma))
+        # In units of factor^2 x sigma: for the same false-alert rate, a CUSUM's threshold grows with the
+        # noise's long-run variance, not its sigma (the sum drifts down as fast, but wanders further).
+        scale = factor * factor
+        mean = reference.mean
+        total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
+        if total <= 0.0:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        since = state.cusum_since or run.at
+        runs = state.cusum_runs + 1
+        if total < rule.threshold:
+            state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
+            return None
+        # The shift's estimate: the median residual over the excursion (clipped values understate it).
+        excursion = [r for r in self._residuals_between(start, count) if r == r]
+        ratio = math.exp(median(excursion) - reference.level)
+        baseline_ms = math.exp(slot.center + reference.level)
+        if baseline_ms * (ratio - 1.0) < rule.min_delta_ms:  # significant, but too small to matter
+            state.cusum, state.cusum_since, state.cusum_runs = rule.threshold, since, runs
+            return None
+        state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+        return baseline_ms, ratio, since, total
+
+    def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
+        """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
+        three-hour period in which run `start` falls. Computed once a period (or once per excursion),
+        from the data alone. None until half that time is covered by runs with a seasonal baseline."""
+        period = int(self.times[start] // CUSUM_REFERENCE_S)
+        cached = self._cusum_references.get(period, _UNCACHED)
+        if cached is not _UNCACHED:
+            return cached  # type: ignore[return-value]
+        end_s = period * CUSUM_REFERENCE_S
+        low = bisect_left(self.times, end_s - self._level_s)
+        high = bisect_left(self.times, end_s)
+        result = None
+        if high > low and self.times[low] <= end_s - self._level_s / 2:
+            values = [r for r in self._residuals_between(low, high) if r == r]
+            if len(values) >= max(MIN_BASELINE_RUNS, (high - low) // 2):
+                level, sigma = median_and_sigma(values)
+                sigma = max(sigma, SIGMA_FLOOR)
+                # Per-run units: the allowance is half the smallest shift that matters; a run counts at
+                # most `clip` sigmas beyond it either way, so a spike adds little.
+                allowance = math.log(rule.shift_ratio) / 2.0 / sigma
+                bound = allowance + rule.clip
+                mean, factor = clipped_profile(values, center=level, sigma=sigma, bound=bound, block=rule.block_runs)
+                result = _CusumReference(level, sigma, allowance, bound, mean, factor)
+        self._cusum_references[period] = result
+        if len(self._cusum_references) > 64:
+            for old in sorted(self._cusum_references)[:-48]:
+                del self._cusum_references[old]
+        return result
+
+    def _profile(self, end: int, baseline: _Baseline, bound: float, block: int) -> tuple[float, float]:
+        """The clipped mean and the long-run factor of the reference runs' residuals before run `end`."""
+        key = (end, bound, block)
+        cached = self._profile_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        end_s = self.times[min(end, len(self.times) - 1)]
+        low = bisect_left(self.times, end_s - self._level_s)
+        values = [r for r in self._residuals_between(low, end) if r == r]
+        profile = clipped_profile(values, center=baseline.level, sigma=baseline.sigma, bound=bound, block=block)
+        self._profile_cache = (key, profile)
+        return profile
+
+    def _window(self, rule: Threshold, count: int) -> int:
+        """Runs in `rule`'s window ending at valid run `count` - 1: `window_runs`, stretched back until
+        it holds `min_probes` measured requests (at most `longest_window` runs)."""
+        runs = rule.window_runs
+        if rule.min_probes <= 0 or runs > count:
+            return runs
+        probes = self.probes
+        held = sum(probes[count - runs : count])
+        limit = min(rule.longest_window, count)
+        while held < rule.min_probes and runs < limit:
+            runs += 1
+            held += probes[count - runs]
+        return runs
+
+    def _confirms(
+        self,
+        distance: float | None,
+        rule: Threshold,
+        log_ratio: float,
+        baseline: _Baseline,
+        baseline_ms: float,
+        window: int,
+    ) -> bool:
+        # Cheapest test first: the spread (a MAD) is computed only for windows that are far enough out.
+        if distance is None or distance < log_ratio:
+            return False
+        if baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
+            return False
+        # A window stretched to hold `min_probes` requests makes its median robust to single-probe noise,
+        # but is judged as significant as `window_runs` runs only: load that comes and goes does not
+        # average out over the extra runs (bench, AR(1) noise, 1 probe per run: z on the stretched
+        # window measured 0.53 false pages a week, on `window_runs` 0.20).
+        z = baseline.z(distance, min(window, rule.window_runs))
+        cusum = self.rules.cusum
+        if z < rule.z_threshold or cusum is None:
+            return z >= rule.z_threshold
+        # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
+        # noise would: widen the standard error by the long-run factor of the reference's residuals.
+        # Against a trailing baseline, of its own runs, in blocks of a sixth of them (when that is at
+        # least 6 runs: shorter blocks cannot tell load that comes and goes from noise).
+        if baseline.seasonal:
+            _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
+        elif self.rules.trailing_runs < 36:
+            factor = 1.0
+        else:
+            end = baseline.end
+            _mean, factor = clipped_profile(
+                self.logs[max(0, end - self.rules.trailing_runs) : end],
+                center=baseline.level,
+                sigma=baseline.sigma,
+                bound=cusum.clip,
+                block=self.rules.trailing_runs // 6,
+            )
+        return z / factor >= rule.z_threshold
+
+    def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:
+        """The baseline and each window's distance from it; None: no verdict.
+
+        While a page streak builds (`streak_since`: its first confirming run), the reference stays where
+        it was for that first run: the runs confirming a regression must not enter the baseline they
+        are tested against, or a slowdown early in a series' history (a trailing baseline of a few
+        runs) becomes its own baseline before it is confirmed often enough to page. Ticket streaks are
+        left alone: their seasonal reference is days long, and freezing it for them measured 15% more
+        false alerts (bench/detector.py, sigma 0.3) for no gain in pages.
+        """
+        rules = self.rules
+        page_w, ticket_w, clear_w = self._window(rules.page, count), self._window(rules.ticket, count), rules.clear_runs
+        longest = min(count, max(page_w, ticket_w, clear_w))
+        onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
+        # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
+        at = count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
+        baseline = None
+        adapted = False
+        slot = self._slot(int(self.times[-1] // SLOT_S)) if rules.seasonal_days else None
+        if slot is not None:
+            recent = self._residuals_between(count - longest, count)
+            total = sum(recent)
+            if total == total:  # no nan: every run in the windows has a seasonal baseline
+                # The reference ends before the windows tested, and before an open regression began,
+                # so a regression never becomes its own baseline.
+                end = max(0, at - longest)
+                baseline = self._seasonal(slot, min(end, onset))
+                if baseline is None and onset < end:
+                    baseline, adapted = self._seasonal(slot, end), True
+        if baseline is None:
+            # The reference ends before the windows tested: the ticket window too when it gives a verdict
+            # (seasonal baseline off, enough runs), else the page window; never before the first run.
+            tested = ticket_w if rules.seasonal_days == 0 and count >= ticket_w else page_w
+            end = max(0, at - tested)
+            baseline = self._trailing(min(end, onset))
+            if baseline is None and onset < end:
+                baseline, adapted = self._trailing(end), True
+            if baseline is None:
+                return None
+            recent = self.logs[count - longest :]
+        level = baseline.level
+        # Against a trailing window the daily cycle alone looks like a moderate shift: tickets need the
+        # seasonal baseline, unless it is switched off.
+        ticket = None
+        if count >= ticket_w and (baseline.seasonal or rules.seasonal_days == 0):
+            ticket = median(recent[-ticket_w:]) - level
+        return _Verdict(
+            baseline=baseline,
+            page=median(recent[-page_w:]) - level,
+            page_window=page_w,
+            ticket_window=ticket_w,
+            ticket=ticket,
+            recent=recent,
+            adapted=adapted,
+        )
+
+    # ------------------------------------------------ SLO
+
+    def _slo(self, state: SeriesState, run: RunPoint, events: list[Event]) -> None:
+        if self.slo_ms is None:
+            return
+        rules = self.rules
+        window = rules.ticket.window_runs
+        if len(self.logs) < window:
+            return
+        observed = math.exp(median(self.logs[-window:]))
+        ratio = observed / self.slo_ms
+        detail = {"slo_ms": self.slo_ms, "window_runs": window}
+        incident = state.incidents.get("slo")
+        if incident is None:
+            if observed > self.slo_ms:
+                state.slo_streak += 1
+                state.slo_since = state.slo_since or run.at
+            else:
+                state.slo_streak, state.slo_since = 0, None
+            if state.slo_streak >= rules.ticket.confirmations:
+                incident = Incident(
+                    kind="slo",
+                    severity="ticket",
+                    opened_at=run.at,
+                    since=state.slo_since or run.at,
+                    baseline_ms=self.slo_ms,
+                    observed_ms=observed,
+                    ratio=ratio,
+                )
+                incident.see(ratio, run.at)
+                state.incidents["slo"] = incident
+                events.append(_event(incident, "open", run.at, detail))
+            return
+        incident.see(ratio, run.at)
+        if observed < self.slo_ms / rules.clear_ratio:
+            del state.incidents["slo"]
+            state.slo_streak, state.slo_since = 0, None
+            resolved = Incident(
+                kind="slo",
+                severity=incident.severity,
+                opened_at=incident.opened_at,
+                since=incident.since,
+                baseline_ms=self.slo_ms,
+                observed_ms=observed,
+                ratio=ratio,
+                peak_ratio=incident.peak_ratio,
+                peak_at=incident.peak_at,
+            )
+            detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
+            events.append(_event(resolved, "resolve", run.at, detail, resolved=True))
+
+
+def _lookback_s(rules: Rules) -> float:
+    """How much further back than the `history_runs`-th last run the level and seasonal baselines read."""
+    if not rules.seasonal_days:
+        return 0.0
+    return rules.level_hours * 3600.0 + rules.seasonal_days * DAY_S + rules.seasonal_window_minutes * 60.0 + 2 * SLOT_S
+
+
+def _dominant_error(runs: Iterable[tuple[int, int, str | None]]) -> str:
+    counts: Counter[str] = Counter()
+    for _ok, errors, error in runs:
+        if errors:
+            counts[error or UNKNOWN_ERROR] += errors
+    return counts.most_common(1)[0][0] if counts else UNKNOWN_ERROR
+
+
+def _event(
+    incident: Incident, action: Action, at: datetime, detail: dict[str, Any], *, resolved: bool = False
+) -> Event:
+    return Event(
+        kind=incident.kind,
+        action=action,
+        severity=incident.severity,
+        at=at,
+        opened_at=incident.opened_at,
+        resolved_at=at if resolved else None,
+        baseline_ms=incident.baseline_ms,
+        observed_ms=incident.observed_ms,
+        ratio=incident.ratio,
+        error=incident.error,
+        detail={"since": incident.since.isoformat(), **detail},
+        peak_ratio=incident.peak_ratio,
+        peak_at=incident.peak_at,
+    )

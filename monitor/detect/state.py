@@ -1,0 +1,229 @@
+"""The detector's data: runs in, events out, and the per-series state kept between runs (with its
+JSON form, the `detector_state.state` column)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from monitor.detect.rules import Action, Kind, Severity
+
+if TYPE_CHECKING:
+    from monitor.store.records import RunRecord
+
+STATE_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class RunPoint:
+    """One run of a series: when it started, its median TTFT (None when every request failed), the
+    dominant error class, the model name the server reported, and its request counts (by default
+    one request: ok when `ttft_ms` is set, failed otherwise)."""
+
+    at: datetime
+    ttft_ms: float | None
+    error: str | None = None
+    served_model: str | None = None
+    ok: int | None = None
+    errors: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.at.utcoffset() is None:
+            raise ValueError(f"run time {self.at.isoformat()} has no time zone; give it one (UTC)")
+        if self.ttft_ms is not None and not (self.ttft_ms > 0 and math.isfinite(self.ttft_ms)):
+            raise ValueError(f"ttft_ms must be positive and finite, got {self.ttft_ms!r}")
+
+    @property
+    def failed(self) -> bool:
+        return self.ttft_ms is None
+
+    def counts(self) -> tuple[int, int]:
+        """(successful, failed) measured requests."""
+        ok = self.ok if self.ok is not None else (0 if self.ttft_ms is None else 1)
+        errors = self.errors if self.errors is not None else (1 if self.ttft_ms is None else 0)
+        return ok, errors
+
+
+def point_from_run(record: RunRecord, *, served_model: str | None = None) -> RunPoint:
+    """The detector's view of a stored run."""
+    return RunPoint(
+        at=record.started_at,
+        ttft_ms=record.ttft_p50_ms,
+        error=record.error.value if record.error is not None else None,
+        served_model=served_model,
+        ok=record.ok,
+        errors=record.errors,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A change in a series' incidents. `at` is the run that caused it; `opened_at` the incident's
+    opening (the run that confirmed it); `detail["since"]` the first run of its confirming streak."""
+
+    kind: Kind
+    action: Action
+    severity: Severity
+    at: datetime
+    opened_at: datetime
+    resolved_at: datetime | None = None
+    baseline_ms: float | None = None
+    observed_ms: float | None = None
+    ratio: float | None = None
+    error: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    peak_ratio: float | None = None  # the highest ratio while the incident was open, and when
+    peak_at: datetime | None = None
+
+
+@dataclass(slots=True)
+class Incident:
+    """An open incident, as the state remembers it."""
+
+    kind: Kind
+    severity: Severity
+    opened_at: datetime
+    since: datetime
+    baseline_ms: float | None = None
+    observed_ms: float | None = None
+    ratio: float | None = None
+    error: str | None = None
+    triggers: list[str] = field(default_factory=list)
+    peak_ratio: float | None = None  # the highest ratio seen while open (a short window's median)
+    peak_at: datetime | None = None
+
+    def see(self, ratio: float, at: datetime) -> None:
+        """Remember `ratio` if it is the highest yet."""
+        if self.peak_ratio is None or ratio > self.peak_ratio:
+            self.peak_ratio, self.peak_at = ratio, at
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "severity": self.severity,
+            "opened_at": self.opened_at.isoformat(),
+            "since": self.since.isoformat(),
+            "baseline_ms": self.baseline_ms,
+            "observed_ms": self.observed_ms,
+            "ratio": self.ratio,
+            "error": self.error,
+            "triggers": list(self.triggers),
+            "peak_ratio": self.peak_ratio,
+            "peak_at": self.peak_at.isoformat() if self.peak_at is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Incident:
+        return cls(
+            kind=data["kind"],
+            severity=data["severity"],
+            opened_at=datetime.fromisoformat(data["opened_at"]),
+            since=datetime.fromisoformat(data["since"]),
+            baseline_ms=data.get("baseline_ms"),
+            observed_ms=data.get("observed_ms"),
+            ratio=data.get("ratio"),
+            error=data.get("error"),
+            triggers=list(data.get("triggers", [])),
+            peak_ratio=data.get("peak_ratio"),
+            peak_at=datetime.fromisoformat(data["peak_at"]) if data.get("peak_at") else None,
+        )
+
+    def copy(self) -> Incident:
+        return Incident(
+            self.kind,
+            self.severity,
+            self.opened_at,
+            self.since,
+            self.baseline_ms,
+            self.observed_ms,
+            self.ratio,
+            self.error,
+            list(self.triggers),
+            self.peak_ratio,
+            self.peak_at,
+        )
+
+
+@dataclass(slots=True)
+class SeriesState:
+    """What the detector remembers about one series between runs: open incidents (at most one per
+    kind), confirmation streaks and the last served model. Small; history comes from the runs table."""
+
+    page_streak: int = 0
+    page_since: datetime | None = None
+    ticket_streak: int = 0
+    ticket_since: datetime | None = None
+    slo_streak: int = 0
+    slo_since: datetime | None = None
+    resolved_at: datetime | None = None  # of the last regression incident
+    served_model: str | None = None
+    incidents: dict[str, Incident] = field(default_factory=dict)
+    cusum: float = 0.0  # the sequential rule's sum, in long-run sigmas
+    cusum_since: datetime | None = None  # the first run of its current excursion above 0
+    cusum_runs: int = 0  # runs in that excursion
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the `detector_state.state` column)."""
+
+        def stamp(moment: datetime | None) -> str | None:
+            return moment.isoformat() if moment is not None else None
+
+        return {
+            "version": STATE_VERSION,
+            "page_streak": self.page_streak,
+            "page_since": stamp(self.page_since),
+            "ticket_streak": self.ticket_streak,
+            "ticket_since": stamp(self.ticket_since),
+            "slo_streak": self.slo_streak,
+            "slo_since": stamp(self.slo_since),
+            "resolved_at": stamp(self.resolved_at),
+            "served_model": self.served_model,
+            "incidents": {kind: incident.to_json() for kind, incident in sorted(self.incidents.items())},
+            "cusum": self.cusum,
+            "cusum_since": stamp(self.cusum_since),
+            "cusum_runs": self.cusum_runs,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SeriesState:
+        """The state `to_json` wrote. A newer version than this code knows is refused (ValueError)."""
+        version = data.get("version", STATE_VERSION)
+        if version != STATE_VERSION:
+            raise ValueError(f"detector state version {version} is not supported (expected {STATE_VERSION})")
+
+        def moment(key: str) -> datetime | None:
+            value = data.get(key)
+            return datetime.fromisoformat(value) if value is not None else None
+
+        return cls(
+            page_streak=int(data.get("page_streak", 0)),
+            page_since=moment("page_since"),
+            ticket_streak=int(data.get("ticket_streak", 0)),
+            ticket_since=moment("ticket_since"),
+            slo_streak=int(data.get("slo_streak", 0)),
+            slo_since=moment("slo_since"),
+            resolved_at=moment("resolved_at"),
+            served_model=data.get("served_model"),
+            incidents={kind: Incident.from_json(value) for kind, value in data.get("incidents", {}).items()},
+            cusum=float(data.get("cusum", 0.0)),
+            cusum_since=moment("cusum_since"),
+            cusum_runs=int(data.get("cusum_runs", 0)),
+        )
+
+    def copy(self) -> SeriesState:
+        return SeriesState(
+            self.page_streak,
+            self.page_since,
+            self.ticket_streak,
+            self.ticket_since,
+            self.slo_streak,
+            self.slo_since,
+            self.resolved_at,
+            self.served_model,
+            {k: v.copy() for k, v in self.incidents.items()},
+            self.cusum,
+            self.cusum_since,
+            self.cusum_runs,
+        )

@@ -1,0 +1,307 @@
+"""The detector's tables behind one small repository: its per-series state (written under a version
+check) and the incidents it records. Every statement runs on the caller's connection, so the state,
+the incidents and their notifications commit or roll back together."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import case, delete, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from monitor.store.models import (
+    SERIES,
+    DetectorStateRow,
+    IncidentGroupRow,
+    IncidentGroupScopeRow,
+    IncidentRow,
+    SeriesRow,
+    table_of,
+)
+from monitor.store.records import SeriesKey
+from monitor.store.statements import find_series_id, upsert_insert
+
+SCOPES = table_of(IncidentGroupScopeRow)
+GROUPS = table_of(IncidentGroupRow)
+INCIDENTS = table_of(IncidentRow)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredState:
+    """A series' detector state as read, with the version a write must still find."""
+
+    state: dict[str, Any]
+    version: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IncidentChange:
+    """What an incident event writes: the values every event sets, plus the opening and resolve times."""
+
+    kind: str
+    severity: str
+    opened_at: datetime
+    resolved_at: datetime | None
+    values: dict[str, Any]  # baseline_ms, observed_ms, ratio, error, details, peak_*, opened_* ...
+
+
+class IncidentStore:
+    """Reads and writes `detector_state` and `incidents`; no other module touches them for writing."""
+
+    async def series_id(self, connection: AsyncConnection, series: SeriesKey) -> int | None:
+        return await find_series_id(connection, series)
+
+    async def read_state(self, connection: AsyncConnection, series_id: int) -> StoredState | None:
+        row = (
+            await connection.execute(
+                select(DetectorStateRow.state, DetectorStateRow.version).where(DetectorStateRow.series_id == series_id)
+            )
+        ).first()
+        return StoredState(state=row.state, version=row.version) if row is not None else None
+
+    async def write_state(
+        self,
+        connection: AsyncConnection,
+        series_id: int,
+        state: dict[str, Any],
+        *,
+        read: StoredState | None,
+        now: datetime,
+    ) -> bool:
+        """Write `state` if the row is still as `read` found it (no row: insert, which a concurrent first
+        insert makes fail with IntegrityError). False: another writer changed it meanwhile."""
+        if read is None:
+            await connection.execute(
+                insert(DetectorStateRow).values(series_id=series_id, state=state, version=1, updated_at=now)
+            )
+            return True
+        written = await connection.execute(
+            update(DetectorStateRow)
+            .where(DetectorStateRow.series_id == series_id, DetectorStateRow.version == read.version)
+            .values(state=state, version=read.version + 1, updated_at=now)
+        )
+        return written.rowcount == 1
+
+    async def open_incident(self, connection: AsyncConnection, series_id: int, kind: str) -> uuid.UUID | None:
+        """The id of the series' open incident of `kind`, if any."""
+        return (
+            await connection.execute(
+                select(IncidentRow.id).where(
+                    IncidentRow.series_id == series_id,
+                    IncidentRow.kind == kind,
+                    IncidentRow.resolved_at.is_(None),
+                )
+            )
+        ).scalar()
+
+    async def insert_incident(self, connection: AsyncConnection, series_id: int, change: IncidentChange) -> uuid.UUID:
+        incident_id = uuid.uuid4()
+        await connection.execute(
+            insert(IncidentRow).values(
+                id=incident_id,
+                series_id=series_id,
+                kind=change.kind,
+                severity=change.severity,
+                opened_at=change.opened_at,
+                resolved_at=change.resolved_at,
+                **change.values,
+            )
+        )
+        return incident_id
+
+    async def update_incident(
+        self, connection: AsyncConnection, incident_id: uuid.UUID, change: IncidentChange
+    ) -> None:
+        values = dict(change.values, severity=change.severity)
+        if change.resolved_at is not None:
+            values["resolved_at"] = change.resolved_at
+        await connection.execute(update(IncidentRow).where(IncidentRow.id == incident_id).values(**values))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupRecord:
+    """A stored incident group."""
+
+    id: uuid.UUID
+    scope: str
+    kind: str
+    provider: str  # or the location, for a group by location
+    lead_incident_id: uuid.UUID
+    opened_at: datetime
+    resolved_at: datetime | None
+    notified_members: int
+    notified_severity: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """A member incident of a group, with its series."""
+
+    id: uuid.UUID
+    series: SeriesKey
+    severity: str
+    opened_at: datetime
+    resolved_at: datetime | None
+    baseline_ms: float | None
+    observed_ms: float | None
+    ratio: float | None
+    peak_ratio: float | None
+    peak_at: datetime | None
+    error: str | None
+    details: dict[str, Any]
+
+
+class GroupStore:
+    """Reads and writes `incident_groups` and `incident_group_scopes`; every change is claimed by one
+    statement whose effect says whether this writer won, so several daemons notify a group once."""
+
+    async def join(
+        self,
+        connection: AsyncConnection,
+        *,
+        scope: str,
+        kind: str,
+        provider: str,
+        incident_id: uuid.UUID,
+        now: datetime,
+        cutoff: datetime,
+    ) -> uuid.UUID:
+        """Put the incident in the scope's current group, or in a new one (with it as the lead) when the
+        scope's last member joined before `cutoff`. One upsert decides, whoever races."""
+        candidate = uuid.uuid4()
+        base = upsert_insert(connection, SCOPES).values(scope=scope, group_id=candidate, last_joined_at=now)
+        statement = base.on_conflict_do_update(
+            index_elements=["scope"],
+            set_={
+                "group_id": case((SCOPES.c.last_joined_at < cutoff, base.excluded.group_id), else_=SCOPES.c.group_id),
+                "last_joined_at": base.excluded.last_joined_at,
+            },
+        ).returning(SCOPES.c.group_id)
+        group_id: uuid.UUID = (await connection.execute(statement)).scalar_one()
+        if group_id == candidate:
+            await connection.execute(
+                insert(IncidentGroupRow).values(
+                    id=group_id,
+                    scope=scope,
+                    kind=kind,
+                    provider=provider,
+                    lead_incident_id=incident_id,
+                    opened_at=now,
+                    resolved_at=None,
+                    notified_members=0,
+                    notified_severity=None,
+                )
+            )
+        await connection.execute(update(IncidentRow).where(IncidentRow.id == incident_id).values(group_id=group_id))
+        return group_id
+
+    async def group_of(self, connection: AsyncConnection, incident_id: uuid.UUID) -> uuid.UUID | None:
+        return await connection.scalar(select(IncidentRow.group_id).where(IncidentRow.id == incident_id))
+
+    async def read(self, connection: AsyncConnection, group_id: uuid.UUID) -> GroupRecord | None:
+        g = GROUPS.c
+        row = (await connection.execute(select(GROUPS).where(g.id == group_id))).first()
+        if row is None:
+            return None
+        return GroupRecord(
+            id=row.id,
+            scope=row.scope,
+            kind=row.kind,
+            provider=row.provider,
+            lead_incident_id=row.lead_incident_id,
+            opened_at=row.opened_at,
+            resolved_at=row.resolved_at,
+            notified_members=row.notified_members,
+            notified_severity=row.notified_severity,
+        )
+
+    async def members(self, connection: AsyncConnection, group_id: uuid.UUID) -> list[MemberRecord]:
+        i, s = INCIDENTS.c, SERIES.c
+        rows = (
+            await connection.execute(
+                select(INCIDENTS, s.target, s.provider, s.model, s.prompt, s.location)
+                .join(SERIES, s.id == i.series_id)
+                .where(i.group_id == group_id)
+                .order_by(i.opened_at, i.id)
+            )
+        ).all()
+        return [
+            MemberRecord(
+                id=row.id,
+                series=SeriesKey(row.target, row.provider, row.model, row.prompt, row.location),
+                severity=row.severity,
+                opened_at=row.opened_at,
+                resolved_at=row.resolved_at,
+                baseline_ms=row.baseline_ms,
+                observed_ms=row.observed_ms,
+                ratio=row.ratio,
+                peak_ratio=row.peak_ratio,
+                peak_at=row.peak_at,
+                error=row.error,
+                details=row.details or {},
+            )
+            for row in rows
+        ]
+
+    async def provider_locations(self, connection: AsyncConnection, provider: str) -> set[str]:
+        """Every location the provider's series are watched from."""
+        rows = await connection.execute(select(SeriesRow.location).where(SeriesRow.provider == provider).distinct())
+        return set(rows.scalars().all())
+
+    async def unnotified(self, connection: AsyncConnection) -> list[uuid.UUID]:
+        """Open groups whose first notification is still held."""
+        query = select(GROUPS.c.id).where(GROUPS.c.resolved_at.is_(None), GROUPS.c.notified_members == 0)
+        return list((await connection.execute(query)).scalars().all())
+
+    async def streaking(self, connection: AsyncConnection, name: str, kind: str, *, by: str = "provider") -> int:
+        """Series of the provider (or location: `by`) without an open incident of `kind` whose detector has
+        begun a confirming streak: they may join the group within a run or two."""
+        open_incident = (
+            select(INCIDENTS.c.id)
+            .where(INCIDENTS.c.series_id == SERIES.c.id, INCIDENTS.c.kind == kind, INCIDENTS.c.resolved_at.is_(None))
+            .exists()
+        )
+        query = (
+            select(DetectorStateRow.state)
+            .join(SERIES, SERIES.c.id == DetectorStateRow.series_id)
+            .where(SERIES.c[by] == name, ~open_incident)
+        )
+        states = (await connection.execute(query)).scalars().all()
+        return sum(1 for state in states if state.get("page_streak", 0) or state.get("ticket_streak", 0))
+
+    async def claim_notice(
+        self, connection: AsyncConnection, group: GroupRecord, *, members: int, severity: str
+    ) -> bool:
+        """Record that the group is notified with `members` and `severity`, if nobody did since `group`
+        was read. True: this writer sends it."""
+        severity_was = (
+            IncidentGroupRow.notified_severity.is_(None)
+            if group.notified_severity is None
+            else IncidentGroupRow.notified_severity == group.notified_severity
+        )
+        written = await connection.execute(
+            update(IncidentGroupRow)
+            .where(
+                IncidentGroupRow.id == group.id,
+                IncidentGroupRow.resolved_at.is_(None),
+                IncidentGroupRow.notified_members == group.notified_members,
+                severity_was,
+            )
+            .values(notified_members=members, notified_severity=severity)
+        )
+        return written.rowcount == 1
+
+    async def claim_resolve(self, connection: AsyncConnection, group_id: uuid.UUID, at: datetime) -> bool:
+        """Resolve the group if it is open; its scope's next regression then starts a new group."""
+        written = await connection.execute(
+            update(IncidentGroupRow)
+            .where(IncidentGroupRow.id == group_id, IncidentGroupRow.resolved_at.is_(None))
+            .values(resolved_at=at)
+        )
+        if written.rowcount != 1:
+            return False
+        await connection.execute(delete(SCOPES).where(SCOPES.c.group_id == group_id))
+        return True
