@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from datetime import datetime, timedelta
@@ -9,9 +10,10 @@ from datetime import datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
+from monitor.detect.detector import Detector, Rules, point_from_run
 from monitor.probe.result import ErrorClass
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, RunRow, SeriesRow, table_of
-from monitor.store.records import runs_from_samples
+from monitor.store.records import SeriesKey, runs_from_samples
 from monitor.store.repository import Repository
 from monitor.web import queries, stats
 from tests.store_fixtures import PROVIDERS, T0, Backend, make_batch, make_samples
@@ -159,6 +161,78 @@ async def test_points_are_raw_samples_for_short_ranges_and_buckets_beyond_the_ca
     assert long["resolution"] == "hour" and sum(p["n"] for p in long["points"]) == 120 and len(long["points"]) == 2
     with pytest.raises(queries.NotFound):
         await queries.series_points(repository.engine, 9999, start=T0, end=end)
+    await repository.engine.dispose()
+
+
+async def _store_with_server_metrics(backend: Backend, hours: int) -> tuple[Repository, int]:
+    """qwen3-8b/short every 5 minutes, each run with the server's own numbers (as a vLLM scrape gives)."""
+    repository = Repository(backend.engine())
+    for step in range(hours * 12):
+        batch = make_batch(T0 + timedelta(minutes=5 * step), targets=("qwen3-8b",), prompts=("short",))
+        batch = [
+            (
+                dataclasses.replace(
+                    run, server_ttft_ms=150.0 + step, server_queue_ms=10.0, server_prefill_ms=120.0,
+                    server_waiting=float(step % 3), server_running=1.0, server_kv_cache_usage=0.25,
+                    server_prefix_hit_rate=0.5,
+                ),
+                members,
+            )
+            for run, members in batch
+        ]  # fmt: skip
+        await repository.save_runs(batch)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT id FROM series WHERE target='qwen3-8b' AND prompt='short'"))
+    return repository, series_id
+
+
+async def test_long_ranges_show_the_band_phases_tokens_and_server_metrics_as_short_ones(backend: Backend) -> None:
+    repository, series_id = await _store_with_server_metrics(backend, hours=3)
+    end = T0 + timedelta(hours=3)
+    await repository.rollup(end + timedelta(hours=1))
+    short = await queries.series_points(repository.engine, series_id, start=T0, end=end, max_points=10)
+    long = await queries.series_points(repository.engine, series_id, start=end - timedelta(days=30), end=end)
+    assert short["resolution"] == "bucket" and long["resolution"] == "hour" and len(long["points"]) == 3
+    # DNS, connect and TLS are null here: the measured samples reuse the warm-up's connection.
+    phases = [name for name in queries.PHASES if name not in ("dns_ms", "connect_ms", "tls_ms")]
+    shown = ("ttft_p10_ms", "ttft_p90_ms", *phases, "prompt_tokens", "decode_tps", *queries.SERVER_FIELDS)
+    for point in [*long["points"], *short["points"]]:
+        assert all(point[name] is not None for name in shown), point
+        assert point["ttft_p10_ms"] < point["ttft_p50_ms"] < point["ttft_p90_ms"]
+    # The server's numbers are medians of the runs (each run once), per hour from the rollups.
+    assert [p["server_ttft_ms"] for p in long["points"]] == [155.5, 167.5, 179.5]
+    assert [p["server_waiting"] for p in long["points"]] == [1.0, 1.0, 1.0]
+    assert short["points"][0]["server_ttft_ms"] == 152.5  # 30-minute buckets: runs 0-5
+    assert sum(p["n"] for p in long["points"]) == sum(p["n"] for p in short["points"])
+    await repository.engine.dispose()
+
+
+async def test_each_point_carries_the_baseline_the_detector_compared_its_run_with(backend: Backend) -> None:
+    repository, series_id = await _store_with_server_metrics(backend, hours=4)
+    end = T0 + timedelta(hours=4)
+    start = end - timedelta(hours=2)
+    view = await queries.series_points(repository.engine, series_id, start=start, end=end)
+    assert view["resolution"] == "sample"
+    # The detector's own replay of every run, independently of the view's code.
+    runs = sorted(
+        [run for run in await repository.runs_between(SeriesKey("qwen3-8b", "vllm", "Qwen/Qwen3-8B", "short",
+                                                                 "test-lab"), T0, end)],
+        key=lambda run: run.started_at,
+    )  # fmt: skip
+    replayer = Detector().replayer()
+    expected: dict[str, float | None] = {}
+    for run in runs:
+        replayer.feed(point_from_run(run))
+        expected[str(run.run_id)] = replayer.baseline_ms
+    assert len(expected) == 48 and list(expected.values())[-1] is not None
+    for point in view["points"]:
+        wanted = expected[point["run_id"]]
+        assert point["baseline_ms"] == (pytest.approx(wanted, abs=0.01) if wanted is not None else None)
+    assert view["baseline_ms"] == pytest.approx(list(expected.values())[-1], abs=0.01)
+    # A stricter detector (a longer history before its first verdict) has no baseline yet.
+    strict = Detector(Rules(min_history_runs=60))
+    none = await queries.series_points(repository.engine, series_id, start=start, end=end, detector=strict)
+    assert all(point["baseline_ms"] is None for point in none["points"])
     await repository.engine.dispose()
 
 

@@ -7,17 +7,19 @@ names (docs/api.md); the aggregation itself lives in pure functions below them a
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import String, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from monitor.detect.detector import Detector, RunPoint
 from monitor.store.models import (
     AlertDeliveryRow,
     AlertOutboxRow,
@@ -28,7 +30,7 @@ from monitor.store.models import (
     SampleRow,
     SeriesRow,
 )
-from monitor.store.records import SeriesKey, floor_hour
+from monitor.store.records import SERVER_RUN_FIELDS, HourlyStats, SeriesKey, floor_hour
 from monitor.store.repository import Repository
 from monitor.store.types import UtcDateTime
 from monitor.web import stats
@@ -39,6 +41,8 @@ RAW_RANGE = timedelta(days=7)
 STATUS_ORDER = ("page", "down", "ticket", "no data", "ok")
 _BUCKET_STEPS_S = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 PHASES = ("dns_ms", "connect_ms", "tls_ms", "ttfb_ms", "first_event_ms", "ttft_ms", "ttfa_ms")
+# What the server said about itself over each run (migration 0006), as the points name it.
+SERVER_FIELDS = SERVER_RUN_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -421,15 +425,19 @@ def bucket_seconds(range_s: float, max_points: int = MAX_POINTS) -> int:
     return math.ceil(range_s / max_points / 86400) * 86400
 
 
+_PHASE_AT = 10  # where the phases begin in a sample row (_SAMPLE_FIELDS), then the server's numbers
+_SERVER_AT = _PHASE_AT + len(PHASES)
 _SAMPLE_FIELDS = (
     SampleRow.sent_at, RunRow.started_at, RunRow.id, SampleRow.request_id, SampleRow.error,
     SampleRow.error_message, SampleRow.http_status, SampleRow.decode_tps, SampleRow.prompt_tokens,
     SampleRow.cached_tokens, *(getattr(SampleRow, name) for name in PHASES),
+    *(getattr(RunRow, name) for name in SERVER_FIELDS),
 )  # fmt: skip
 
 
 def sample_point(row: Sequence[Any]) -> dict[str, Any]:
-    sent_at, started_at, run_id, request_id, error, message, status, rate, prompt, cached, *phases = row
+    sent_at, started_at, run_id, request_id, error, message, status, rate, prompt, cached = row[:_PHASE_AT]
+    phases, server = row[_PHASE_AT:_SERVER_AT], row[_SERVER_AT:]
     ttft = phases[PHASES.index("ttft_ms")]
     return {
         "t": iso(sent_at or started_at),
@@ -442,6 +450,7 @@ def sample_point(row: Sequence[Any]) -> dict[str, Any]:
         "decode_tps": _round(rate),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
+        **{name: _round(value, 4) for name, value in zip(SERVER_FIELDS, server, strict=True)},
         "error_counts": {error: 1} if error else {},
         "run_id": str(run_id),
         "request_id": request_id,
@@ -451,17 +460,20 @@ def sample_point(row: Sequence[Any]) -> dict[str, Any]:
 
 
 def bucket_points(rows: Sequence[Sequence[Any]], *, start: datetime, width_s: int) -> list[dict[str, Any]]:
-    """Raw samples folded into buckets of `width_s`: TTFT p10/p50/p90, the phases' and rates' medians."""
+    """Raw samples folded into buckets of `width_s`: TTFT p10/p50/p90, the phases' and rates' medians,
+    and the medians of the server's numbers over the bucket's runs (each run once)."""
     buckets: dict[int, list[Sequence[Any]]] = defaultdict(list)
     origin = start.timestamp()
     for row in rows:
         moment = row[0] or row[1]
         buckets[int((moment.timestamp() - origin) // width_s)].append(row)
+    ttft_at = _PHASE_AT + PHASES.index("ttft_ms")
     out = []
     for index in sorted(buckets):
         members = buckets[index]
         errors = Counter(row[4] for row in members if row[4])
-        ttfts = sorted(row[10 + PHASES.index("ttft_ms")] for row in members if row[10 + PHASES.index("ttft_ms")])
+        ttfts = sorted(row[ttft_at] for row in members if row[ttft_at])
+        runs = list({row[2]: row for row in members}.values())
 
         def median_of(position: int, members: list[Sequence[Any]] = members) -> float | None:
             return _median([row[position] for row in members if row[position] is not None])
@@ -474,55 +486,154 @@ def bucket_points(rows: Sequence[Sequence[Any]], *, start: datetime, width_s: in
                 "ttft_p10_ms": _round(stats.quantile(ttfts, 0.1)),
                 "ttft_p50_ms": _round(stats.quantile(ttfts, 0.5)),
                 "ttft_p90_ms": _round(stats.quantile(ttfts, 0.9)),
-                **{name: _round(median_of(10 + i)) for i, name in enumerate(PHASES)},
+                **{name: _round(median_of(_PHASE_AT + i)) for i, name in enumerate(PHASES)},
                 "decode_tps": _round(median_of(7)),
                 "prompt_tokens": _round(median_of(8), 0),
                 "cached_tokens": _round(median_of(9), 0),
+                **{name: _round(median_of(_SERVER_AT + i, runs), 4) for i, name in enumerate(SERVER_FIELDS)},
                 "error_counts": dict(sorted(errors.items())),
             }
         )
     return out
 
 
-def hourly_points(hours: Sequence[Any], *, start: datetime, width_s: int) -> list[dict[str, Any]]:
-    """Hourly statistics (rollups) folded into buckets of `width_s` (a whole number of hours)."""
-    buckets: dict[int, list[Any]] = defaultdict(list)
+def hourly_points(hours: Sequence[HourlyStats], *, start: datetime, width_s: int) -> list[dict[str, Any]]:
+    """Hourly statistics (rollups) folded into buckets of `width_s` (a whole number of hours): each
+    value the median of the hours' values (with one hour per bucket, the hour's own)."""
+    buckets: dict[int, list[HourlyStats]] = defaultdict(list)
     origin = start.timestamp()
     for item in hours:
         buckets[int((item.hour.timestamp() - origin) // width_s)].append(item)
     out = []
     for index in sorted(buckets):
         members = buckets[index]
-        p50s = [m.ttft_p50_ms for m in members if m.ttft_p50_ms is not None]
-        p90s = [m.ttft_p90_ms for m in members if m.ttft_p90_ms is not None]
-        lows = [m.ttft_min_ms for m in members if m.ttft_min_ms is not None]
-        rates = [m.decode_tps_p50 for m in members if m.decode_tps_p50 is not None]
+
+        def median_of(name: str, members: list[HourlyStats] = members) -> float | None:
+            return _median([value for m in members if (value := getattr(m, name)) is not None])
+
+        errors = sum(m.errors for m in members)
         out.append(
             {
                 "t": iso(max(datetime.fromtimestamp(origin + index * width_s, UTC), members[0].hour)),
                 "n": sum(m.samples for m in members),
-                "errors": sum(m.errors for m in members),
-                # Rollups keep min, p50, p90, p99 and max: the band's lower edge is the minimum here.
-                "ttft_p10_ms": _round(min(lows)) if lows else None,
-                "ttft_p50_ms": _round(_median(p50s)),
-                "ttft_p90_ms": _round(max(p90s)) if p90s else None,
-                **{name: None for name in PHASES},
-                "ttft_ms": _round(_median(p50s)),
-                "decode_tps": _round(_median(rates)),
-                "prompt_tokens": None,
-                "cached_tokens": None,
-                "error_counts": {"error": sum(m.errors for m in members)} if any(m.errors for m in members) else {},
+                "errors": errors,
+                "ttft_p10_ms": _round(median_of("ttft_p10_ms")),
+                "ttft_p50_ms": _round(median_of("ttft_p50_ms")),
+                "ttft_p90_ms": _round(median_of("ttft_p90_ms")),
+                **{name: _round(median_of(_ROLLUP_OF.get(name, f"{name}_p50"))) for name in PHASES},
+                "decode_tps": _round(median_of("decode_tps_p50")),
+                "prompt_tokens": _round(median_of("prompt_tokens_p50"), 0),
+                "cached_tokens": _round(median_of("cached_tokens_p50"), 0),
+                **{name: _round(median_of(f"{name}_p50"), 4) for name in SERVER_FIELDS},
+                # Rollups count errors, not their classes.
+                "error_counts": {"error": errors} if errors else {},
             }
         )
     return out
 
 
+_ROLLUP_OF = {"ttft_ms": "ttft_p50_ms"}
+_ROLLUP_FIELDS = tuple(getattr(RollupRow, f.name) for f in fields(HourlyStats))
+
+
+def detector_baselines(
+    detector: Detector, runs: Sequence[RunPoint], *, step_from: datetime
+) -> tuple[list[float], list[float | None]]:
+    """The baseline the detector compares each run at or after `step_from` with: (times as epoch
+    seconds, baselines in ms; None before the series has one). The detector's own code: runs before
+    `step_from` are its history, the rest are evaluated one by one from a fresh state (an incident
+    open before `step_from` is not known, so its baseline may follow the regression)."""
+    split = bisect.bisect_left([run.at for run in runs], step_from)
+    replayer = detector.replayer(history=runs[:split])
+    times: list[float] = []
+    baselines: list[float | None] = []
+    for run in runs[split:]:
+        replayer.feed(run)
+        if run.ttft_ms is not None:
+            times.append(run.at.timestamp())
+            baselines.append(replayer.baseline_ms)
+    return times, baselines
+
+
+def _baseline_at(times: Sequence[float], baselines: Sequence[float | None], moment: float) -> float | None:
+    """The baseline of the last run that started before `moment`."""
+    index = bisect.bisect_left(times, moment) - 1
+    return baselines[index] if index >= 0 else None
+
+
+async def _run_points(connection: AsyncConnection, series_id: int, *, start: datetime, end: datetime) -> list[RunPoint]:
+    rows = await connection.execute(
+        select(RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors)
+        .where(
+            RunRow.series_id == series_id,
+            RunRow.started_at >= type_coerce(start, UtcDateTime()),
+            RunRow.started_at < type_coerce(end, UtcDateTime()),
+        )
+        .order_by(RunRow.started_at)
+    )
+    return [
+        RunPoint(at=at, ttft_ms=p50 if p50 is not None and p50 > 0 else None, error=error, ok=ok, errors=errors)
+        for at, p50, error, ok, errors in rows
+    ]
+
+
+def _hour_run_points(hours: Sequence[HourlyStats]) -> list[RunPoint]:
+    """Hourly rollups as the detector's runs: the hour's p50 and its request counts."""
+    return [
+        RunPoint(
+            at=h.hour,
+            ttft_ms=h.ttft_p50_ms if h.ttft_p50_ms is not None and h.ttft_p50_ms > 0 else None,
+            ok=h.samples - h.errors,
+            errors=h.errors,
+        )
+        for h in hours
+    ]
+
+
+async def _hours(
+    connection: AsyncConnection, repository: Repository, series: SeriesInfo, *, start: datetime, end: datetime
+) -> list[HourlyStats]:
+    """The series' hourly statistics in [start, end): stored rollups, and hours not rolled up yet (the
+    current one, or a backlog) computed from raw samples."""
+    stored = [
+        HourlyStats(*row)
+        for row in await connection.execute(
+            select(*_ROLLUP_FIELDS)
+            .where(
+                RollupRow.series_id == series.id,
+                RollupRow.hour >= type_coerce(start, UtcDateTime()),
+                RollupRow.hour < type_coerce(end, UtcDateTime()),
+            )
+            .order_by(RollupRow.hour)
+        )
+    ]
+    tail_start = stored[-1].hour + timedelta(hours=1) if stored else start
+    if tail_start >= end:
+        return stored
+    key = SeriesKey(series.target, series.provider, series.model, series.prompt, series.location)
+    rolled = {item.hour for item in stored}
+    fresh = [h for h in await repository.hourly_percentiles(key, tail_start, end) if h.hour not in rolled]
+    return stored + fresh
+
+
 async def series_points(
-    engine: AsyncEngine, series_id: int, *, start: datetime, end: datetime, max_points: int = MAX_POINTS
+    engine: AsyncEngine,
+    series_id: int,
+    *,
+    start: datetime,
+    end: datetime,
+    max_points: int = MAX_POINTS,
+    detector: Detector | None = None,
 ) -> dict[str, Any]:
     """One series over [start, end): raw samples when they fit, else buckets of them; hourly rollups
-    beyond the raw retention range. With the series' incidents in the range and its baseline."""
+    beyond the raw retention range. Each point carries the baseline the detector (`detector`, default
+    rules when None) compared its runs with; with the series' incidents in the range."""
+    detector = detector or Detector()
     range_s = (end - start).total_seconds()
+    # The detector reads this far back; its evaluations start a level window before the range, so an
+    # incident that began shortly before it keeps its baseline.
+    history_start = detector.history_since(start)
+    step_from = start - timedelta(hours=detector.rules.level_hours)
     async with engine.connect() as connection:
         found = await _series(connection, [series_id])
         if series_id not in found:
@@ -547,24 +658,23 @@ async def series_points(
             else:
                 width = bucket_seconds(range_s, max_points)
                 resolution, points = "bucket", bucket_points(rows, start=start, width_s=width)
+            runs = await _run_points(connection, series_id, start=history_start, end=end)
         else:
             resolution = "hour"
             width = max(3600, math.ceil(bucket_seconds(range_s, max_points) / 3600) * 3600)
-            points = []
+            hours = await _hours(connection, Repository(engine), info, start=floor_hour(history_start), end=end)
+            in_range = [h for h in hours if h.hour >= start]
+            points = hourly_points(in_range, start=start, width_s=width)
+            runs = _hour_run_points(hours)
         incidents = await _incidents_of(connection, [series_id], start=start, end=end)
-        baselines = await _baselines(
-            connection, week=end - timedelta(days=7), hour=end - timedelta(hours=1), series_ids=[series_id]
-        )
-        baseline = baselines.get(series_id)
-    if resolution == "hour":
-        repository = Repository(engine)
-        key = SeriesKey(info.target, info.provider, info.model, info.prompt, info.location)
-        stored = await repository.rollups_between(key, start, end)
-        rolled = {item.hour for item in stored}
-        # Hours not rolled up yet (the current one, or a backlog) come from raw samples.
-        tail_start = max(rolled) + timedelta(hours=1) if rolled else start
-        fresh = [h for h in await repository.hourly_percentiles(key, tail_start, end) if h.hour not in rolled]
-        points = hourly_points(sorted([*stored, *fresh], key=lambda h: h.hour), start=start, width_s=width)
+    times, baselines = detector_baselines(detector, runs, step_from=step_from)
+    end_s = end.timestamp()
+    for point in points:
+        moment = _epoch(point["t"])
+        # A bucket's baseline is the one its last run was compared with; a sample's, its run's.
+        until = min(moment + width, end_s) if width else moment + 1e-6
+        point["baseline_ms"] = _round(_baseline_at(times, baselines, until))
+    baseline = _baseline_at(times, baselines, end_s)
     if baseline is None:
         baseline = _median(
             [p["ttft_p50_ms"] for p in points if p["ttft_p50_ms"] is not None and not _inside(p, incidents)]
@@ -579,6 +689,10 @@ async def series_points(
         "points": points,
         "incidents": incidents,
     }
+
+
+def _epoch(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _inside(point: dict[str, Any], incidents: Sequence[dict[str, Any]]) -> bool:
