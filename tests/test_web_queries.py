@@ -144,6 +144,34 @@ async def test_overview_lists_every_series_with_status_and_availability(backend:
         assert len(row["sparkline_ms"]) == 24 and sum(v is not None for v in row["sparkline_ms"]) == 3
 
 
+async def test_the_overview_cache_answers_as_the_database_until_a_late_run_or_a_rollup_changes_it(
+    backend: Backend,
+) -> None:
+    repository = await _store(backend, hours=3)
+    now = T0 + timedelta(hours=3, minutes=10)
+    await repository.rollup(now)
+    cache = queries.OverviewCache()
+    first = await queries.overview(repository.engine, now=now, cache=cache)
+    assert await queries.overview(repository.engine, now=now, cache=cache) == first and cache.hits == 1
+    # A late run (a spool replayed) for a past, rolled-up hour: every measured request failed.
+    failed = {index: ErrorClass.SERVER_ERROR for index in range(2, 7)}
+    await repository.save_runs(make_batch(T0 + timedelta(minutes=31), job="late", errors=failed))
+    late = await queries.overview(repository.engine, now=now, cache=cache)
+    assert late == await queries.overview(repository.engine, now=now)
+    assert all(row["availability_24h"] < 1 for row in late) and cache.hits == 1
+    await repository.rollup(now)  # the pending hour rolled up again: the cache must not keep the old reading
+    rolled = await queries.overview(repository.engine, now=now, cache=cache)
+    assert rolled == await queries.overview(repository.engine, now=now)
+    assert [row["availability_24h"] for row in rolled] == [row["availability_24h"] for row in late]
+    clock = [0.0]
+    aged = queries.OverviewCache(max_age_s=60, clock=lambda: clock[0])
+    await queries.overview(repository.engine, now=now, cache=aged)
+    clock[0] = 61.0
+    await queries.overview(repository.engine, now=now, cache=aged)
+    assert aged.hits == 0
+    await repository.engine.dispose()
+
+
 async def test_points_are_raw_samples_for_short_ranges_and_buckets_beyond_the_cap(backend: Backend) -> None:
     repository = await _store(backend, hours=2)
     async with repository.engine.connect() as connection:

@@ -9,14 +9,15 @@ from __future__ import annotations
 import asyncio
 import bisect
 import math
+import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import String, and_, case, func, or_, select, type_coerce
+from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.detect.detector import Detector, RunPoint
@@ -80,18 +81,6 @@ async def _series(connection: AsyncConnection, ids: Iterable[int] | None = None)
     return {row[0]: SeriesInfo(*row) for row in await connection.execute(query)}
 
 
-def _hour_key(connection: AsyncConnection) -> Any:
-    """An expression naming a run's UTC hour, comparable as text on both backends."""
-    if connection.dialect.name == "postgresql":
-        return func.to_char(func.timezone("UTC", RunRow.started_at), "YYYY-MM-DD HH24")
-    # SQLite stores 'YYYY-MM-DD HH:MM:SS' in UTC (monitor.store.types): 13 characters name the hour.
-    return type_coerce(func.substr(RunRow.started_at, 1, 13), String)
-
-
-def _hour_of_key(key: str) -> datetime:
-    return datetime.strptime(key, "%Y-%m-%d %H").replace(tzinfo=UTC)
-
-
 # ---------------------------------------------------------------- overview
 
 
@@ -113,54 +102,127 @@ def _status_rank(item: dict[str, Any]) -> tuple[int, float, str, str, str]:
     return (STATUS_ORDER.index(item["status"]), -ratio, item["provider"], item["target"], item["prompt"])
 
 
-async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _Rolled:
+    """What the overview reads from the hourly rollups of whole past hours, per series: ok samples and
+    errors in each window (hours up to date only), the baseline (median of the hourly p50s of the
+    week before the last hour; None: compute it otherwise) and the sparkline's hourly p50s by slot."""
+
+    counts: dict[int, list[int]]
+    medians: dict[int, float] | None
+    sparks: dict[int, dict[int, float]]
+
+
+class OverviewCache:
+    """The overview's reading of the rollups, kept between calls while it cannot have changed.
+
+    Rollups of past hours change only when the rollup job recomputes an hour, which removes that
+    hour's pending mark in the same transaction, or when a late run marks one pending: so the reading
+    stays valid while the hour, the windows' starting hours and the set of pending hours are those it
+    was made with. `max_age_s` bounds what nothing marks (retention deleting old rollups, manual edits).
+    One entry: the overview always asks for "now".
+    """
+
+    def __init__(self, *, max_age_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._entry: tuple[Any, float, _Rolled] | None = None
+        self.hits = 0
+
+    def get(self, key: Any) -> _Rolled | None:
+        if self._entry is None:
+            return None
+        stored_key, at, value = self._entry
+        if stored_key != key or self._clock() - at > self._max_age_s:
+            return None
+        self.hits += 1
+        return value
+
+    def put(self, key: Any, value: _Rolled) -> None:
+        self._entry = (key, self._clock(), value)
+
+
+async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache | None = None) -> list[dict[str, Any]]:
     """Every series with status, last-hour p50, baseline, ratio, a 24 h sparkline and availability;
-    what is on fire first (page, down, ticket, no data, ok; then by ratio)."""
-    day, week, month = now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30)
-    hour = now - timedelta(hours=1)
+    what is on fire first (page, down, ticket, no data, ok; then by ratio).
+
+    Whole past hours come from the hourly rollups (one scan for availability, baselines and
+    sparklines; kept in `cache` between calls while valid), the rest from one read of the runs that no
+    rollup holds yet: the current hour, the last hour, the part hour at each window's start, and hours
+    whose rollup is pending (runs arrived since it was computed). Every hour with runs has a rollup or
+    a pending mark (Repository.save_runs writes the mark in the runs' transaction), so each run counts
+    once; hours whose raw runs retention has deleted still count through their rollups.
+    """
+    windows = (now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30))
+    current = floor_hour(now)
+    spark_from = current - timedelta(hours=23)
     postgres = engine.dialect.name == "postgresql"
-    # PostgreSQL: one scan of the rollups gives availability and the baselines' medians.
-    median_between = (week, hour - timedelta(hours=1)) if postgres else None
 
-    async def read_availability(c: AsyncConnection) -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
-        return await _availability(c, now=now, day=day, week=week, month=month, median_between=median_between)
+    async def read_rolled(c: AsyncConnection, pending: frozenset[tuple[int, datetime]]) -> _Rolled:
+        key = (current, tuple(ceil_hour(w) for w in windows), pending)
+        found = cache.get(key) if cache is not None else None
+        if found is None:
+            found = await _read_rollups(c, windows=windows, current=current, spark_from=spark_from, pending=pending)
+            if cache is not None:
+                cache.put(key, found)
+        return found
 
-    async def read_rows(c: AsyncConnection) -> tuple[Any, ...]:
-        return await _overview_rows(c, now=now, day=day, hour=hour)
-
-    async def on_own_connection(read: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
+    async def on_own_connection(pending: frozenset[tuple[int, datetime]]) -> _Rolled:
         async with engine.connect() as other:
-            return await read(other)
+            return await read_rolled(other, pending)
 
     async with engine.connect() as connection:
-        series = await _series(connection)
-        # PostgreSQL: the two heaviest reads run on their own connections, beside the others.
-        apart = (
-            [asyncio.ensure_future(on_own_connection(read)) for read in (read_availability, read_rows)]
-            if postgres
-            else []
-        )
+        pending = await _pending_hours(connection, since=floor_hour(windows[-1]), until=current)
+        # PostgreSQL: the rollups' scan runs on its own connection, beside the small reads.
+        apart = asyncio.ensure_future(on_own_connection(pending)) if postgres else None
         try:
-            last_runs = await _last_runs(connection, now=now, month=month)
-            availability, rolled = await (apart[0] if apart else read_availability(connection))
-            baselines = await _baselines(connection, week=week, hour=hour, series_ids=list(series), rolled=rolled)
-            rows = await (apart[1] if apart else read_rows(connection))
+            series = await _series(connection)
+            fresh = await _fresh_runs(connection, now=now, windows=windows, pending=pending)
+            last_runs = await _last_runs(connection, now=now, month=windows[-1])
+            open_by_series = await _open_incidents(connection)
+            rolled = await (apart if apart is not None else read_rolled(connection, pending))
+            baselines = await _baselines(
+                connection,
+                week=windows[1],
+                hour=now - timedelta(hours=1),
+                series_ids=list(series),
+                rolled=rolled.medians,
+            )
         finally:
-            for task in apart:
-                if not task.done():
-                    task.cancel()
-    sparks, last_hour, open_by_series = rows
-    hours = [(now - timedelta(hours=23 - i)).strftime("%Y-%m-%d %H") for i in range(24)]
+            if apart is not None and not apart.done():
+                apart.cancel()
+    counts = {series_id: list(values) for series_id, values in rolled.counts.items()}
+    last_hour: dict[int, list[float]] = defaultdict(list)
+    fresh_sparks: dict[tuple[int, int], list[float]] = defaultdict(list)
+    hour_ago = now - timedelta(hours=1)
+    for series_id, at, p50, ok, errors in fresh:
+        hour = floor_hour(at)
+        unrolled = hour >= current or (series_id, hour) in pending
+        totals = counts.setdefault(series_id, [0] * 6)
+        for index, since in enumerate(windows):
+            # A run is counted here when its window does not hold its whole hour from a rollup.
+            if at >= since and (hour < since or unrolled):
+                totals[2 * index] += ok
+                totals[2 * index + 1] += errors
+        if p50 is not None:
+            if at >= hour_ago:
+                last_hour[series_id].append(p50)
+            if unrolled and hour >= spark_from:
+                fresh_sparks[(series_id, int((hour - spark_from).total_seconds()) // 3600)].append(p50)
     out = []
     for series_id, info in series.items():
-        ok_d, err_d, ok_w, err_w, ok_m, err_m = availability.get(series_id, (0,) * 6)
+        ok_d, err_d, ok_w, err_w, ok_m, err_m = counts.get(series_id, (0,) * 6)
         last_at, last_ok = last_runs.get(series_id, (None, None))
-        ran_24h = last_at is not None and last_at >= day
+        ran_24h = last_at is not None and last_at >= windows[0]
         opened = open_by_series.get(series_id, [])
         regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
         baseline = regression_baseline if regression_baseline is not None else baselines.get(series_id)
         p50 = _median(last_hour.get(series_id, []))
-        spark = sparks.get(series_id, {})
+        spark = rolled.sparks.get(series_id, {})
+        sparkline = []
+        for slot in range(24):
+            runs_of_hour = fresh_sparks.get((series_id, slot))
+            sparkline.append(_round(_median(runs_of_hour) if runs_of_hour else spark.get(slot)))
         status = series_status(
             open_severities=[(kind, severity) for kind, severity, _ in opened],
             # Only whether the series ran in the last 24 h matters here.
@@ -180,7 +242,7 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
                 "p50_last_hour_ms": _round(p50),
                 "baseline_ms": _round(baseline),
                 "ratio": _round(p50 / baseline, 3) if p50 is not None and baseline else None,
-                "sparkline_ms": [_round(spark.get(key)) for key in hours],
+                "sparkline_ms": sparkline,
                 "availability_24h": _fraction(ok_d, err_d),
                 "availability_7d": _fraction(ok_w, err_w),
                 "availability_30d": _fraction(ok_m, err_m),
@@ -191,43 +253,31 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
     return out
 
 
-async def _availability(
+async def _pending_hours(
+    connection: AsyncConnection, *, since: datetime, until: datetime
+) -> frozenset[tuple[int, datetime]]:
+    rows = await connection.execute(
+        select(RollupPendingRow.series_id, RollupPendingRow.hour).where(
+            RollupPendingRow.hour >= type_coerce(since, UtcDateTime()),
+            RollupPendingRow.hour < type_coerce(until, UtcDateTime()),
+        )
+    )
+    return frozenset((series_id, hour) for series_id, hour in rows)
+
+
+async def _fresh_runs(
     connection: AsyncConnection,
     *,
     now: datetime,
-    day: datetime,
-    week: datetime,
-    month: datetime,
-    median_between: tuple[datetime, datetime] | None = None,
-) -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
-    """Per series: ok and errors over 24 h, 7 d and 30 d. With `median_between` (PostgreSQL), also
-    each series' median of its hourly p50s in that range, from the same scan of the rollups.
-
-    Whole hours come from the hourly rollups (measured samples and errors per hour of run start, the
-    runs' own ok and errors summed); runs are read only for what no rollup holds yet: the part hour
-    at each window's start, the current hour, and hours whose rollup is pending (runs arrived since
-    it was computed). Every hour with runs has a rollup or a pending mark (Repository.save_runs
-    writes the mark in the runs' transaction), so each run counts once; hours whose raw runs
-    retention has deleted still count through their rollups.
-    """
-    windows = (day, week, month)
+    windows: Sequence[datetime],
+    pending: frozenset[tuple[int, datetime]],
+) -> list[tuple[int, datetime, float | None, int, int]]:
+    """(series id, start, p50, ok, errors) of the runs in [oldest window, now) that no up-to-date
+    rollup holds (the current hour, part hours at the windows' starts, pending hours) or that started
+    in the last hour."""
     current = floor_hour(now)
-    pending_rows = await connection.execute(
-        select(RollupPendingRow.series_id, RollupPendingRow.hour).where(
-            RollupPendingRow.hour >= type_coerce(floor_hour(month), UtcDateTime()),
-            RollupPendingRow.hour < type_coerce(current, UtcDateTime()),
-        )
-    )
-    pending: set[tuple[int, datetime]] = {(series_id, hour) for series_id, hour in pending_rows}
-    rolled = await connection.execute(_rolled_up_counts(windows, current=current, median_between=median_between))
-    counts: dict[int, list[int]] = {}
-    medians: dict[int, float] = {}
-    for series_id, *values in rolled:
-        counts[series_id] = [int(v or 0) for v in values[:6]]
-        if median_between is not None and values[6] is not None:
-            medians[series_id] = values[6]
     started = RunRow.started_at
-    segments: list[Any] = [started >= type_coerce(current, UtcDateTime())]
+    segments: list[Any] = [started >= type_coerce(min(current, now - timedelta(hours=1)), UtcDateTime())]
     segments += [
         and_(started >= type_coerce(w, UtcDateTime()), started < type_coerce(ceil_hour(w), UtcDateTime()))
         for w in windows
@@ -244,25 +294,26 @@ async def _availability(
         )
         for hour, series_ids in by_hour.items()
     ]
-    fresh = await connection.execute(
-        select(RunRow.series_id, started, RunRow.ok, RunRow.errors).where(
-            started >= type_coerce(month, UtcDateTime()),
+    rows = await connection.execute(
+        select(RunRow.series_id, started, RunRow.ttft_p50_ms, RunRow.ok, RunRow.errors).where(
+            started >= type_coerce(min(windows), UtcDateTime()),
             started < type_coerce(now, UtcDateTime()),
             or_(*segments),
         )
     )
-    for series_id, at, ok, errors in fresh:
-        hour = floor_hour(at)
-        unrolled = hour >= current or (series_id, hour) in pending
-        totals = counts.setdefault(series_id, [0] * 6)
-        for index, since in enumerate(windows):
-            # A run is counted here when its window does not hold its whole hour from a rollup.
-            if at >= since and (hour < since or unrolled):
-                totals[2 * index] += ok
-                totals[2 * index + 1] += errors
-    return {series_id: tuple(totals) for series_id, totals in counts.items()}, (
-        medians if median_between is not None else None
+    return [tuple(row) for row in rows]  # type: ignore[misc]
+
+
+async def _open_incidents(connection: AsyncConnection) -> dict[int, list[tuple[str, str, float | None]]]:
+    incidents = await connection.execute(
+        select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
+            IncidentRow.resolved_at.is_(None)
+        )
     )
+    open_by_series: dict[int, list[tuple[str, str, float | None]]] = defaultdict(list)
+    for series_id, kind, severity, baseline in incidents:
+        open_by_series[series_id].append((kind, severity, baseline))
+    return open_by_series
 
 
 async def _last_runs(
@@ -289,81 +340,79 @@ async def _last_runs(
     return {series_id: (at, ok) for series_id, at, ok in rows}
 
 
-def _rolled_up_counts(
-    windows: Sequence[datetime], *, current: datetime, median_between: tuple[datetime, datetime] | None
-) -> Any:
-    """Per series, ok samples and errors of the whole hours in each window (before the current hour)
-    whose rollups are up to date; with `median_between` (PostgreSQL), also the median of the hourly
-    p50s in that range, every rollup counted (the baseline; one scan of the rollups for both)."""
+async def _read_rollups(
+    connection: AsyncConnection,
+    *,
+    windows: Sequence[datetime],
+    current: datetime,
+    spark_from: datetime,
+    pending: frozenset[tuple[int, datetime]],
+) -> _Rolled:
+    """One scan of the rollups of whole hours in [oldest window, current) (an index-only scan of
+    ix_rollups_hourly_overview on PostgreSQL): per series, ok samples and errors of the up-to-date
+    hours in each window; on PostgreSQL also the baseline's median and the sparkline's hourly p50s."""
     hour = RollupRow.hour
     ok = RollupRow.samples - RollupRow.errors
     up_to_date = RollupPendingRow.hour.is_(None)
+    postgres = connection.dialect.name == "postgresql"
 
     def total(since: datetime, column: Any) -> Any:
         return func.sum(case((and_(hour >= type_coerce(since, UtcDateTime()), up_to_date), column), else_=0))
 
     columns = [total(since, column) for since in windows for column in (ok, RollupRow.errors)]
-    if median_between is not None:
-        since, until = median_between
-        in_range = and_(
-            hour >= type_coerce(since, UtcDateTime()),
-            hour < type_coerce(until, UtcDateTime()),
+    if postgres:
+        week, last_hour = windows[1], current - timedelta(hours=1)
+        in_week = and_(
+            hour >= type_coerce(week, UtcDateTime()),
+            hour < type_coerce(last_hour, UtcDateTime()),
             RollupRow.ttft_p50_ms.is_not(None),
         )
-        columns.append(func.percentile_cont(0.5).within_group(RollupRow.ttft_p50_ms).filter(in_range))
-    pending = and_(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
-    return (
+        in_spark = and_(hour >= type_coerce(spark_from, UtcDateTime()), up_to_date, RollupRow.ttft_p50_ms.is_not(None))
+        # The sparkline's slots as whole numbers: 24 small ints per series decode faster than timestamps.
+        slot = cast_to_int((func.extract("epoch", hour) - spark_from.timestamp()) / 3600)
+        columns += [
+            func.percentile_cont(0.5).within_group(RollupRow.ttft_p50_ms).filter(in_week),
+            func.array_agg(slot).filter(in_spark),
+            func.array_agg(RollupRow.ttft_p50_ms).filter(in_spark),
+        ]
+    marked = and_(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
+    rows = await connection.execute(
         select(RollupRow.series_id, *columns)
-        .select_from(RollupRow.__table__.outerjoin(RollupPendingRow.__table__, pending))
+        .select_from(RollupRow.__table__.outerjoin(RollupPendingRow.__table__, marked))
         .where(hour >= type_coerce(min(windows), UtcDateTime()), hour < type_coerce(current, UtcDateTime()))
         .group_by(RollupRow.series_id)
     )
+    counts: dict[int, list[int]] = {}
+    medians: dict[int, float] = {}
+    sparks: dict[int, dict[int, float]] = {}
+    for series_id, *values in rows:
+        counts[series_id] = [int(v or 0) for v in values[:6]]
+        if postgres:
+            median, slots, p50s = values[6:]
+            if median is not None:
+                medians[series_id] = median
+            if slots:
+                sparks[series_id] = dict(zip(slots, p50s, strict=True))
+    if not postgres:
+        for series_id, at, p50 in await connection.execute(
+            select(RollupRow.series_id, hour, RollupRow.ttft_p50_ms).where(
+                hour >= type_coerce(spark_from, UtcDateTime()),
+                hour < type_coerce(current, UtcDateTime()),
+                RollupRow.ttft_p50_ms.is_not(None),
+            )
+        ):
+            if (series_id, at) not in pending:
+                sparks.setdefault(series_id, {})[int((at - spark_from).total_seconds()) // 3600] = cast(float, p50)
+    return _Rolled(counts, medians if postgres else None, sparks)
+
+
+def cast_to_int(value: Any) -> Any:
+    return type_coerce(func.floor(value), Integer).cast(Integer)
 
 
 def ceil_hour(moment: datetime) -> datetime:
     floor = floor_hour(moment)
     return floor if floor == moment else floor + timedelta(hours=1)
-
-
-async def _overview_rows(
-    connection: AsyncConnection, *, now: datetime, day: datetime, hour: datetime
-) -> tuple[Any, ...]:
-    """Per series: hourly sparkline values, last-hour run medians and open incidents."""
-    started = RunRow.started_at
-    hour_key = _hour_key(connection)
-    hourly = (
-        select(RunRow.series_id, hour_key.label("hour"), func.avg(RunRow.ttft_p50_ms).label("p50"))
-        .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
-        .group_by(RunRow.series_id, hour_key)
-    )
-    sparks: dict[int, dict[str, float | None]] = defaultdict(dict)
-    if connection.dialect.name == "postgresql":
-        # One row per series with its hours as arrays: 24 times fewer rows to build (bench/web.py).
-        by_hour = hourly.subquery()
-        per_series = select(by_hour.c.series_id, func.array_agg(by_hour.c.hour), func.array_agg(by_hour.c.p50))
-        for series_id, keys, values in await connection.execute(per_series.group_by(by_hour.c.series_id)):
-            sparks[series_id] = dict(zip(keys, values, strict=True))
-    else:
-        for series_id, key, value in await connection.execute(hourly):
-            sparks[series_id][key] = value
-    recent = await connection.execute(
-        select(RunRow.series_id, RunRow.started_at, RunRow.ttft_p50_ms, RunRow.ok)
-        .where(started >= type_coerce(hour, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
-        .order_by(RunRow.series_id, started)
-    )
-    last_hour: dict[int, list[float]] = defaultdict(list)
-    for series_id, _at, p50, _ok in recent:
-        if p50 is not None:
-            last_hour[series_id].append(p50)
-    incidents = await connection.execute(
-        select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
-            IncidentRow.resolved_at.is_(None)
-        )
-    )
-    open_by_series: dict[int, list[tuple[str, str, float | None]]] = defaultdict(list)
-    for series_id, kind, severity, baseline in incidents:
-        open_by_series[series_id].append((kind, severity, baseline))
-    return sparks, last_hour, open_by_series
 
 
 def _fraction(ok: Any, errors: Any) -> float | None:
@@ -509,6 +558,8 @@ def hourly_points(hours: Sequence[HourlyStats], *, start: datetime, width_s: int
         members = buckets[index]
 
         def median_of(name: str, members: list[HourlyStats] = members) -> float | None:
+            if len(members) == 1:  # the usual case up to 30 days: one hour per point
+                return cast(float | None, getattr(members[0], name))
             return _median([value for m in members if (value := getattr(m, name)) is not None])
 
         errors = sum(m.errors for m in members)
