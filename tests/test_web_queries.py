@@ -264,6 +264,55 @@ async def test_each_point_carries_the_baseline_the_detector_compared_its_run_wit
     await repository.engine.dispose()
 
 
+@pytest.mark.parametrize(
+    ("server_slower", "said"),
+    [
+        (True, "client TTFT 600 ms (baseline 2"),
+        (False, "server TTFT unchanged: network or gateway"),
+    ],
+)
+async def test_the_series_view_says_where_the_time_went(backend: Backend, server_slower: bool, said: str) -> None:
+    repository = Repository(backend.engine())
+    for step in range(4 * 12):
+        late = step >= 3 * 12  # the last hour: the client sees 600 ms
+        batch = make_batch(T0 + timedelta(minutes=5 * step), targets=("qwen3-8b",), prompts=("short",))
+        batch = [
+            (
+                dataclasses.replace(
+                    run, ttft_p50_ms=600.0 if late else 240.0 + step % 5,
+                    server_ttft_ms=550.0 if late and server_slower else 200.0, server_waiting=12.0 if late and server_slower else 0.0,
+                    server_queue_ms=340.0 if late and server_slower else 5.0, server_prefill_ms=190.0,
+                ),
+                members,
+            )
+            for run, members in batch
+        ]  # fmt: skip
+        await repository.save_runs(batch)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT id FROM series"))
+    end = T0 + timedelta(hours=4)
+    view = await queries.series_points(repository.engine, series_id, start=end - timedelta(hours=6), end=end)
+    split = view["split"]
+    assert split["client_ttft_ms"] == 600.0 and split["since"] == queries.iso(end - timedelta(hours=1))
+    assert said in split["text"]
+    if server_slower:
+        assert split["cause"] == "server_queue" and split["text"].endswith(
+            "server TTFT 550 ms (baseline 200); 12 requests waiting (baseline 0): queueing on the server"
+        )
+    else:
+        assert split["cause"] == "outside_server"
+    await repository.engine.dispose()
+
+
+async def test_a_series_without_server_metrics_has_no_split(backend: Backend) -> None:
+    repository = await _store(backend, hours=1)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT min(id) FROM series"))
+    view = await queries.series_points(repository.engine, series_id, start=T0, end=T0 + timedelta(hours=1))
+    assert view["split"] is None
+    await repository.engine.dispose()
+
+
 async def test_incidents_carry_their_notifications_and_deliveries(backend: Backend) -> None:
     repository = await _store(backend, hours=1)
     incident_id, outbox_id = uuid.uuid4(), uuid.uuid4()

@@ -20,6 +20,7 @@ from typing import Any, cast
 from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from monitor.alert.attribution import ServerSplit, classify, split_text
 from monitor.detect.detector import Detector, RunPoint
 from monitor.store.models import (
     AlertDeliveryRow,
@@ -667,6 +668,72 @@ async def _hours(
     return stored + fresh
 
 
+async def _where_the_time_went(
+    connection: AsyncConnection,
+    series_id: int,
+    *,
+    end: datetime,
+    incidents: Sequence[dict[str, Any]],
+    baseline_at: Callable[[float], float | None],
+) -> dict[str, Any] | None:
+    """What the server's own metrics say about the latest regression in the range (or, without one,
+    the last hour): the client's TTFT and the server's TTFT, queue, prefill and waiting requests
+    against their medians over the day before, with the alerts' wording (monitor.alert.attribution).
+    None when the runs carry no server metrics."""
+    regression = next((i for i in incidents if i["kind"] == "regression"), None)
+    since = _parse_iso(regression["since"]) if regression else end - timedelta(hours=1)
+    until = _parse_iso(regression["resolved_at"]) if regression and regression["resolved_at"] else end
+    until = min(until, end)
+    if since >= until:
+        since = until - timedelta(hours=1)
+    rows = (
+        await connection.execute(
+            select(RunRow.started_at, RunRow.ttft_p50_ms, *(getattr(RunRow, name) for name in SERVER_FIELDS)).where(
+                RunRow.series_id == series_id,
+                RunRow.started_at >= type_coerce(since - timedelta(hours=24), UtcDateTime()),
+                RunRow.started_at < type_coerce(until, UtcDateTime()),
+            )
+        )
+    ).all()
+    recent = [row for row in rows if row[0] >= since]
+    before = [row for row in rows if row[0] < since]
+    position = {"ttft_p50_ms": 1, **{name: 2 + i for i, name in enumerate(SERVER_FIELDS)}}
+
+    def middle(found: Sequence[Any], name: str) -> float | None:
+        at = position[name]
+        return _median([row[at] for row in found if row[at] is not None])
+
+    if all(middle(recent, name) is None for name in ("server_ttft_ms", "server_waiting")):
+        return None
+    split = ServerSplit(
+        ttft_ms=middle(recent, "server_ttft_ms"),
+        ttft_baseline_ms=middle(before, "server_ttft_ms"),
+        waiting=middle(recent, "server_waiting"),
+        waiting_baseline=middle(before, "server_waiting"),
+        queue_ms=middle(recent, "server_queue_ms"),
+        queue_baseline_ms=middle(before, "server_queue_ms"),
+        prefill_ms=middle(recent, "server_prefill_ms"),
+        prefill_baseline_ms=middle(before, "server_prefill_ms"),
+    )
+    client = middle(recent, "ttft_p50_ms")
+    client_baseline = baseline_at(since.timestamp())
+    cause = classify(client, client_baseline, split)
+    return {
+        "since": iso(since),
+        "until": iso(until),
+        "incident_id": regression["id"] if regression else None,
+        "client_ttft_ms": _round(client),
+        "client_baseline_ms": _round(client_baseline),
+        **{key: _round(value) for key, value in asdict(split).items()},
+        "cause": cause,
+        "text": split_text(client, client_baseline, split),
+    }
+
+
+def _parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 async def series_points(
     engine: AsyncEngine,
     series_id: int,
@@ -718,7 +785,14 @@ async def series_points(
             points = hourly_points(in_range, start=start, width_s=width)
             runs = _hour_run_points(hours)
         incidents = await _incidents_of(connection, [series_id], start=start, end=end)
-    times, baselines = detector_baselines(detector, runs, step_from=step_from)
+        times, baselines = detector_baselines(detector, runs, step_from=step_from)
+        split = await _where_the_time_went(
+            connection,
+            series_id,
+            end=end,
+            incidents=incidents,
+            baseline_at=lambda moment: _baseline_at(times, baselines, moment),
+        )
     end_s = end.timestamp()
     for point in points:
         moment = _epoch(point["t"])
@@ -739,11 +813,12 @@ async def series_points(
         "baseline_ms": _round(baseline),
         "points": points,
         "incidents": incidents,
+        "split": split,
     }
 
 
 def _epoch(text: str) -> float:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return _parse_iso(text).timestamp()
 
 
 def _inside(point: dict[str, Any], incidents: Sequence[dict[str, Any]]) -> bool:
