@@ -280,7 +280,8 @@ async def test_the_series_view_says_where_the_time_went(backend: Backend, server
             (
                 dataclasses.replace(
                     run, ttft_p50_ms=600.0 if late else 240.0 + step % 5,
-                    server_ttft_ms=550.0 if late and server_slower else 200.0, server_waiting=12.0 if late and server_slower else 0.0,
+                    server_ttft_ms=550.0 if late and server_slower else 200.0,
+                    server_waiting=12.0 if late and server_slower else 0.0,
                     server_queue_ms=340.0 if late and server_slower else 5.0, server_prefill_ms=190.0,
                 ),
                 members,
