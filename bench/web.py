@@ -193,9 +193,7 @@ async def time_pages(engine: Any, now: datetime, series_id: int, targets: list[s
             browser = await playwright.chromium.launch(
                 executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
             )
-            print(
-                f"   pages in headless Chromium until fully drawn, {visits} visits each (load average {load_average()}):"
-            )
+            print(f"   pages in headless Chromium until fully drawn, {visits} visits each; load {load_average()}")
             for name, path in pages.items():
                 durations = []
                 for _ in range(visits):
@@ -230,7 +228,7 @@ async def check_same_numbers(engine: Any, versions: list[ModuleType], now: datet
         if answers[0] == answers[1]:
             print(f"   {label}: same numbers in both versions")
             continue
-        rows = [a if isinstance(a, list) else a.get("points", []) + [a] for a in answers]
+        rows = [a if isinstance(a, list) else [*a.get("points", []), a] for a in answers]
         differ = sorted(
             {
                 key
