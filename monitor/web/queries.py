@@ -179,7 +179,12 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
         try:
             series = await _series(connection)
             fresh = await _fresh_runs(connection, now=now, windows=windows, pending=pending)
-            last_runs = await _last_runs(connection, now=now, month=windows[-1])
+            # The fresh runs hold every run of the last hour: a series that ran then has its last run
+            # there; only the others need the runs index.
+            last_runs = _latest_of(fresh, since=now - timedelta(hours=1))
+            quiet = [series_id for series_id in series if series_id not in last_runs]
+            if quiet:
+                last_runs.update(await _last_runs(connection, now=now, month=windows[-1], series_ids=quiet))
             open_by_series = await _open_incidents(connection)
             rolled = await (apart if apart is not None else read_rolled(connection, pending))
             baselines = await _baselines(
@@ -317,10 +322,23 @@ async def _open_incidents(connection: AsyncConnection) -> dict[int, list[tuple[s
     return open_by_series
 
 
-async def _last_runs(
-    connection: AsyncConnection, *, now: datetime, month: datetime
+def _latest_of(
+    runs: Iterable[tuple[int, datetime, float | None, int, int]], *, since: datetime
 ) -> dict[int, tuple[datetime | None, int | None]]:
-    """Per series: its last run's start in [month, now) and that run's ok samples."""
+    """Per series with a run since `since`: its latest run's start and ok samples."""
+    latest: dict[int, tuple[datetime | None, int | None]] = {}
+    for series_id, at, _p50, ok, _errors in runs:
+        if at >= since:
+            seen = latest.get(series_id)
+            if seen is None or (seen[0] is not None and at > seen[0]):
+                latest[series_id] = (at, ok)
+    return latest
+
+
+async def _last_runs(
+    connection: AsyncConnection, *, now: datetime, month: datetime, series_ids: Sequence[int]
+) -> dict[int, tuple[datetime | None, int | None]]:
+    """Per series of `series_ids`: its last run's start in [month, now) and that run's ok samples."""
     started = RunRow.started_at
     # One backward step of the runs index (series_id, started_at) per series.
     last = (
@@ -332,7 +350,9 @@ async def _last_runs(
         )
         .scalar_subquery()
     )
-    latest = select(SeriesRow.id.label("series_id"), last.label("at")).subquery()
+    latest = (
+        select(SeriesRow.id.label("series_id"), last.label("at")).where(SeriesRow.id.in_(list(series_ids))).subquery()
+    )
     rows = await connection.execute(
         select(latest.c.series_id, latest.c.at, RunRow.ok).select_from(
             latest.outerjoin(RunRow, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at))
