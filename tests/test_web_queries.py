@@ -172,6 +172,24 @@ async def test_the_overview_cache_answers_as_the_database_until_a_late_run_or_a_
     await repository.engine.dispose()
 
 
+async def test_the_last_run_is_found_for_series_quiet_in_the_last_hour_and_those_that_ran(backend: Backend) -> None:
+    repository = await _store(backend, hours=2)
+    recent = T0 + timedelta(hours=4, minutes=40)
+    await repository.save_runs(make_batch(recent, targets=("qwen3-8b",), prompts=("short",)))
+    rows = await queries.overview(repository.engine, now=T0 + timedelta(hours=5))
+    last = {(row["target"], row["prompt"]): row["last_run_at"] for row in rows}
+    async with repository.engine.connect() as connection:
+        starts = await connection.execute(
+            sa.select(SeriesRow.target, SeriesRow.prompt, sa.func.max(RunRow.started_at))
+            .join(RunRow, RunRow.series_id == SeriesRow.id)
+            .group_by(SeriesRow.target, SeriesRow.prompt)
+        )
+        expected = {(target, prompt): queries.iso(at) for target, prompt, at in starts}
+    assert last == expected and len(last) == 4
+    assert last[("qwen3-8b", "short")].startswith(recent.strftime("%Y-%m-%dT%H:%M"))
+    await repository.engine.dispose()
+
+
 async def test_points_are_raw_samples_for_short_ranges_and_buckets_beyond_the_cap(backend: Backend) -> None:
     repository = await _store(backend, hours=2)
     async with repository.engine.connect() as connection:
