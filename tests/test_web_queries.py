@@ -10,10 +10,10 @@ from datetime import datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
-from monitor.detect.detector import Detector, Rules, point_from_run
+from monitor.detect.detector import Detector, Rules, RunPoint, point_from_run
 from monitor.probe.result import ErrorClass
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, RunRow, SeriesRow, table_of
-from monitor.store.records import SeriesKey, runs_from_samples
+from monitor.store.records import SeriesKey, floor_hour, runs_from_samples
 from monitor.store.repository import Repository
 from monitor.web import queries, stats
 from tests.store_fixtures import PROVIDERS, T0, Backend, make_batch, make_samples
@@ -279,6 +279,32 @@ async def test_each_point_carries_the_baseline_the_detector_compared_its_run_wit
     strict = Detector(Rules(min_history_runs=60))
     none = await queries.series_points(repository.engine, series_id, start=start, end=end, detector=strict)
     assert all(point["baseline_ms"] is None for point in none["points"])
+    await repository.engine.dispose()
+
+
+async def test_frequent_runs_over_days_replay_the_detector_over_the_hours(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repository, series_id = await _store_with_server_metrics(backend, hours=16)
+    end = T0 + timedelta(hours=16)
+    await repository.rollup(end)
+    detector = Detector(Rules(min_history_runs=12, trailing_runs=12))
+    monkeypatch.setattr(queries, "MAX_REPLAYED_RUNS", 10)
+    view = await queries.series_points(repository.engine, series_id, start=end - timedelta(hours=2), end=end,
+                                       detector=detector)  # fmt: skip
+    hours = await repository.rollups_between(
+        SeriesKey("qwen3-8b", "vllm", "Qwen/Qwen3-8B", "short", "test-lab"), T0, end
+    )
+    replayer = detector.replayer()
+    by_hour = {}
+    for hour in hours:
+        replayer.feed(
+            RunPoint(at=hour.hour, ttft_ms=hour.ttft_p50_ms, ok=hour.samples - hour.errors, errors=hour.errors)
+        )
+        by_hour[hour.hour] = replayer.baseline_ms
+    for point in view["points"]:
+        at = datetime.fromisoformat(point["t"].replace("Z", "+00:00"))
+        assert point["baseline_ms"] == pytest.approx(by_hour[floor_hour(at)], abs=0.01)
     await repository.engine.dispose()
 
 

@@ -38,6 +38,9 @@ from monitor.store.types import UtcDateTime
 from monitor.web import stats
 
 MAX_POINTS = 1500
+# The detector evaluates about 15,000 runs a second here (bench/web.py); beyond this many in a view
+# it is replayed over the hourly rollups instead.
+MAX_REPLAYED_RUNS = 3000
 # Raw samples are kept this long by default (database.retention.raw_days); longer views use rollups.
 RAW_RANGE = timedelta(days=7)
 STATUS_ORDER = ("page", "down", "ticket", "no data", "ok")
@@ -644,7 +647,9 @@ async def _run_points(connection: AsyncConnection, series_id: int, *, start: dat
         .order_by(RunRow.started_at)
     )
     return [
-        RunPoint(at=at, ttft_ms=p50 if p50 is not None and p50 > 0 else None, error=error, ok=ok, errors=errors)
+        RunPoint(
+            at=at, ttft_ms=p50 if p50 is not None and 0 < p50 < math.inf else None, error=error, ok=ok, errors=errors
+        )
         for at, p50, error, ok, errors in rows
     ]
 
@@ -654,7 +659,7 @@ def _hour_run_points(hours: Sequence[HourlyStats]) -> list[RunPoint]:
     return [
         RunPoint(
             at=h.hour,
-            ttft_ms=h.ttft_p50_ms if h.ttft_p50_ms is not None and h.ttft_p50_ms > 0 else None,
+            ttft_ms=h.ttft_p50_ms if h.ttft_p50_ms is not None and 0 < h.ttft_p50_ms < math.inf else None,
             ok=h.samples - h.errors,
             errors=h.errors,
         )
@@ -797,6 +802,11 @@ async def series_points(
                 width = bucket_seconds(range_s, max_points)
                 resolution, points = "bucket", bucket_points(rows, start=start, width_s=width)
             runs = await _run_points(connection, series_id, start=history_start, end=end)
+            if sum(run.at >= step_from for run in runs) > MAX_REPLAYED_RUNS:
+                # Frequent runs over days: the detector replayed over the hours instead (as for long
+                # ranges), so the view stays fast; the seasonal baseline barely differs.
+                hours = await _hours(connection, Repository(engine), info, start=floor_hour(history_start), end=end)
+                runs = _hour_run_points(hours)
         else:
             resolution = "hour"
             width = max(3600, math.ceil(bucket_seconds(range_s, max_points) / 3600) * 3600)
