@@ -346,6 +346,21 @@ async def test_the_series_view_says_where_the_time_went(backend: Backend, server
         )
     else:
         assert split["cause"] == "outside_server"
+    # With a regression incident in the range: its span, against the baseline the daemon opened it with.
+    opened = T0 + timedelta(hours=3, minutes=10)
+    async with repository.engine.begin() as connection:
+        await connection.execute(
+            sa.insert(table_of(IncidentRow)).values(
+                id=uuid.uuid4(), series_id=series_id, kind="regression", severity="page", opened_at=opened,
+                baseline_ms=231.0, observed_ms=600.0, ratio=2.6, updated_at=opened,
+                details={"since": queries.iso(T0 + timedelta(hours=3))},
+            )
+        )  # fmt: skip
+    during = (await queries.series_points(repository.engine, series_id, start=end - timedelta(hours=6), end=end))[
+        "split"
+    ]
+    assert during["incident_id"] is not None and during["since"] == queries.iso(T0 + timedelta(hours=3))
+    assert during["client_baseline_ms"] == 231.0 and "(baseline 231)" in during["text"]
     await repository.engine.dispose()
 
 

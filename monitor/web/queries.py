@@ -741,7 +741,9 @@ async def _where_the_time_went(
         prefill_baseline_ms=middle(before, "server_prefill_ms"),
     )
     client = middle(recent, "ttft_p50_ms")
-    client_baseline = baseline_at(since.timestamp())
+    # The incident's own baseline (what the daemon's detector compared it with); else the replayed
+    # baseline of the window's first run.
+    client_baseline = (regression or {}).get("baseline_ms") or baseline_at(since.timestamp() + 1e-6)
     cause = classify(client, client_baseline, split)
     return {
         "since": iso(since),

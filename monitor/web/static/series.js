@@ -79,7 +79,8 @@
     const when = `${TTFT.when(split.since)} – ${TTFT.when(split.until)}`;
     const numbers = [`client TTFT ${ms(split.client_ttft_ms)} ms (baseline ${ms(split.client_baseline_ms)})`];
     if (split.ttft_ms !== null) numbers.push(`server TTFT ${ms(split.ttft_ms)} ms (baseline ${ms(split.ttft_baseline_ms)})`);
-    if (split.waiting !== null) numbers.push(`${ms(split.waiting)} requests waiting (baseline ${ms(split.waiting_baseline)})`);
+    const count = (v) => (v === null || v === undefined ? "–" : Math.round(v).toLocaleString("en"));
+    if (split.waiting !== null) numbers.push(`${count(split.waiting)} requests waiting (baseline ${count(split.waiting_baseline)})`);
     return el("p", { class: "split", "data-cause": split.cause || "none" },
       el("strong", {}, split.incident_id ? "Where the time went during the regression: " : "Where the time went, last hour: "),
       split.text || numbers.join("; "), el("span", { class: "muted" }, ` · ${when}`));
