@@ -5,15 +5,20 @@ minutes, 1 warm-up + 5 measured samples per run, about a week of history), rolls
 the daemon's housekeeping does, then times the API's query functions (the server's work for a page,
 without HTTP):
 
-- overview: every series with status, last-hour p50, baseline, sparkline, availability;
-- a 30-day series view (hourly rollups; raw samples for the hours not rolled up);
-- a 24-hour series view (raw samples, bucketed to at most 1,500 points);
+- overview: every series with status, last-hour p50, baseline, sparkline, availability; cold (every
+  call reads the rollups) and with the UI's cache of past hours (what a page reload costs);
+- a 30-day series view (hourly rollups; raw samples for the hours not rolled up), with the
+  detector's baseline replayed over it;
+- 24-hour and 7-day series views (raw samples, bucketed to at most 1,500 points);
 - compare over 7 days for three targets x two prompts x two locations (the seeds' table).
 
     .venv/bin/python bench/web.py [--samples 1000000] [--series 500] [--queries 30] [--against REF]
+                                  [--keep | --reuse URL] [--browser]
 
 `--against REF` times monitor/web/queries.py as committed at git REF (e.g. main) beside the working
 tree's, call for call alternately on the same data, so both see the same load from other processes.
+`--browser` also serves the UI on the data (its clock set to the data's end) and times each page in
+headless Chromium (/usr/bin/chromium through Playwright) until every chart and table is drawn.
 
 PostgreSQL only (a scratch database on --postgres-url, default $TTFT_TEST_POSTGRES_URL, dropped after).
 """
@@ -120,8 +125,9 @@ async def load(url: str, repository: Repository, series: list, ticks: int, start
 
 async def time_views(engine: Any, series: list, now: datetime, rng: random.Random, args: argparse.Namespace) -> None:
     async with engine.connect() as connection:
-        await connection.exec_driver_sql("ANALYZE")
-        await connection.commit()
+        # As autovacuum leaves a table that has stopped changing (visibility map set, statistics fresh).
+        await connection.execution_options(isolation_level="AUTOCOMMIT")
+        await connection.exec_driver_sql("VACUUM ANALYZE")
         ids = list(await connection.scalars(sa.text("SELECT id FROM series ORDER BY id")))
     targets = sorted({one.key.target for one in series})[:3]
     picks = [rng.choice(ids) for _ in range(args.queries)]
@@ -130,18 +136,78 @@ async def time_views(engine: Any, series: list, now: datetime, rng: random.Rando
     if args.against:
         await check_same_numbers(engine, versions, now, targets, ids[0])
     month_ago, week_ago, day_ago = now - timedelta(days=30), now - timedelta(days=7), now - timedelta(days=1)
+    # Versions with the UI's cache of past hours get one each (as the UI keeps one); older ones have none.
+    caches = {id(v): v.OverviewCache() for v in versions if hasattr(v, "OverviewCache")}
+
+    def cached_overview(v: ModuleType, _i: int) -> Any:
+        return v.overview(engine, now=now, cache=caches[id(v)]) if id(v) in caches else v.overview(engine, now=now)
+
     views = {
-        f"overview ({len(ids)} series)": lambda v, _i: v.overview(engine, now=now),
+        f"overview ({len(ids)} series), cold": lambda v, _i: v.overview(engine, now=now),
+        f"overview ({len(ids)} series), cached": cached_overview,
         "series, 30 days (hourly)": lambda v, i: v.series_points(engine, picks[i], start=month_ago, end=now),
-        "series, 24 hours (raw, bucketed)": lambda v, i: v.series_points(engine, picks[i], start=day_ago, end=now),
+        "series, 7 days (raw, bucketed)": lambda v, i: v.series_points(engine, picks[i], start=week_ago, end=now),
+        "series, 24 hours (raw)": lambda v, i: v.series_points(engine, picks[i], start=day_ago, end=now),
         "compare, 7 days, 3 targets": lambda v, _i: v.compare(engine, start=week_ago, end=now, targets=targets),
     }
     sample = await queries.compare(engine, start=week_ago, end=now, targets=targets)
     print(f"   compare covers {sum(c['n'] for c in sample['cells']):,} samples; load average {load_average()}")
     for label, call in views.items():
         for name, durations in zip(names, await timed(args.queries, call, versions), strict=True):
-            print(f"   {label:<36} {name:<14} {timings(durations)}")
+            print(f"   {label:<38} {name:<14} {timings(durations)}")
     print(f"   load average after: {load_average()}")
+    if args.browser:
+        await time_pages(engine, now, ids[0], targets, args.queries)
+
+
+async def time_pages(engine: Any, now: datetime, series_id: int, targets: list[str], visits: int) -> None:
+    """Each page in headless Chromium, from navigation until main[data-loaded] (every chart drawn)."""
+    from aiohttp import web
+    from playwright.async_api import async_playwright
+
+    from monitor.web.api import web_routes
+
+    app = web.Application()
+    app.add_routes(web_routes(engine, now=lambda: now))
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    base = f"http://127.0.0.1:{port}"
+    compare = "&".join(f"target={t}" for t in targets)
+    pages = {
+        "overview": "/",
+        "series, 24 h": f"/series?id={series_id}",
+        "series, 30 d": f"/series?id={series_id}&range=30d",
+        "compare, 7 d, 3 targets": f"/compare?since=7d&{compare}",
+        "incidents": "/incidents",
+    }
+    loaded = (
+        "window.__loadedMs = undefined; new MutationObserver((_, o) => { if (document.querySelector("
+        "\"main[data-loaded='1']\")) { window.__loadedMs = performance.now(); o.disconnect(); } })"
+        ".observe(document, {childList: true, subtree: true, attributes: true});"
+    )
+    try:
+        async with async_playwright() as playwright:
+            browser = await playwright.chromium.launch(
+                executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
+            )
+            print(f"   pages in headless Chromium until fully drawn, {visits} visits each; load {load_average()}")
+            for name, path in pages.items():
+                durations = []
+                for _ in range(visits):
+                    context = await browser.new_context(viewport={"width": 1360, "height": 900})
+                    await context.add_init_script(loaded)
+                    page = await context.new_page()
+                    await page.goto(base + path)
+                    await page.wait_for_selector("main[data-loaded='1']", timeout=30000)
+                    durations.append(await page.evaluate("() => window.__loadedMs") / 1000)
+                    await context.close()
+                print(f"   {name:<38} {'working tree':<14} {timings(durations)}")
+            await browser.close()
+    finally:
+        await runner.cleanup()
 
 
 def load_average() -> str:
@@ -150,7 +216,8 @@ def load_average() -> str:
 
 async def check_same_numbers(engine: Any, versions: list[ModuleType], now: datetime, targets: list[str],
                              series_id: int) -> None:  # fmt: skip
-    """Both versions must answer alike before their times mean anything."""
+    """Both versions should answer alike before their times mean anything; where they differ by design
+    (a field added, a baseline now the detector's), the fields that differ are named."""
     week_ago = now - timedelta(days=7)
     for label, call in {
         "overview": lambda v: v.overview(engine, now=now),
@@ -158,7 +225,19 @@ async def check_same_numbers(engine: Any, versions: list[ModuleType], now: datet
         "series": lambda v: v.series_points(engine, series_id, start=now - timedelta(days=30), end=now),
     }.items():
         answers = [await call(version) for version in versions]
-        print(f"   {label}: {'same numbers' if answers[0] == answers[1] else 'DIFFERENT numbers'} in both versions")
+        if answers[0] == answers[1]:
+            print(f"   {label}: same numbers in both versions")
+            continue
+        rows = [a if isinstance(a, list) else [*a.get("points", []), a] for a in answers]
+        differ = sorted(
+            {
+                key
+                for new, old in zip(*rows, strict=False)
+                for key in new.keys() | old.keys()
+                if new.get(key) != old.get(key)
+            }
+        )
+        print(f"   {label}: fields that differ between the versions: {', '.join(differ)}")
 
 
 async def main() -> int:
@@ -174,6 +253,7 @@ async def main() -> int:
     parser.add_argument("--against", metavar="REF", help="also time monitor/web/queries.py at this git ref")
     parser.add_argument("--keep", action="store_true", help="keep the loaded database (its URL is printed)")
     parser.add_argument("--reuse", metavar="URL", help="time the views on a database kept by --keep (same options)")
+    parser.add_argument("--browser", action="store_true", help="also time each page in headless Chromium")
     args = parser.parse_args()
     print(f"ttft-monitor web benchmark  python {platform.python_version()}  {os.cpu_count()} CPUs")
     if args.reuse:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import io
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -113,6 +114,49 @@ async def test_runs_stored_twice_before_the_unique_tick_are_removed_on_upgrade(e
         assert adhoc_runs == 8
         assert samples == (4 + 8) * 6
         assert pending == 4  # the duplicates' hours are rolled up again
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()
+
+
+async def test_rollups_with_raw_runs_left_are_recomputed_with_the_new_columns_after_upgrade(
+    empty_backend: Backend,
+) -> None:
+    engine = empty_backend.engine()
+    repository = Repository(engine)
+    try:
+        await migrate.upgrade(engine)
+        await repository.save_runs(make_batch(T0) + make_batch(T0 + timedelta(hours=1)))
+        assert await repository.rollup(T0 + timedelta(hours=3)) == 8  # four series, two hours
+        await migrate.downgrade(engine, "0006")
+        async with engine.begin() as connection:
+            # An hour whose raw runs retention has deleted: nothing to recompute it from.
+            await connection.execute(
+                sa.text(
+                    "INSERT INTO rollups_hourly (series_id, hour, samples, errors, ttft_p50_ms) "
+                    "SELECT id, :hour, 5, 0, 300.0 FROM series"
+                ),
+                {
+                    "hour": T0 - timedelta(days=40)
+                    if engine.dialect.name == "postgresql"
+                    else "2025-12-01 00:00:00.000000"
+                },
+            )
+        await migrate.upgrade(engine)
+        async with engine.connect() as connection:
+            pending = await connection.scalar(sa.text("SELECT count(*) FROM rollup_pending"))
+        assert pending == 8
+        assert await repository.rollup(T0 + timedelta(hours=3)) == 8
+        async with engine.connect() as connection:
+            filled = (
+                await connection.execute(
+                    sa.text(
+                        "SELECT count(ttft_p10_ms), count(ttfb_ms_p50), count(prompt_tokens_p50), count(*) "
+                        "FROM rollups_hourly"
+                    )
+                )
+            ).one()
+        assert tuple(filled) == (8, 8, 8, 12)
         assert await migrate.check(engine) == []
     finally:
         await engine.dispose()

@@ -18,7 +18,16 @@ from monitor.probe.prompts import Calibration
 from monitor.probe.result import SAMPLE_FIELDS, ErrorClass, Sample
 from monitor.schedule.claims import TickClaims
 from monitor.store.models import AlertOutboxRow, IncidentRow, table_of
-from monitor.store.records import HourlyStats, RunRecord, SeriesKey, floor_hour, hourly_stats
+from monitor.store.records import (
+    ROLLUP_RUN_MEDIANS,
+    ROLLUP_SAMPLE_MEDIANS,
+    SERVER_RUN_FIELDS,
+    HourlyStats,
+    RunRecord,
+    SeriesKey,
+    floor_hour,
+    hourly_stats,
+)
 from monitor.store.repository import PruneResult, Repository
 from tests.store_fixtures import T0, Backend, make_batch
 
@@ -188,24 +197,58 @@ async def test_a_window_includes_its_start_and_excludes_its_end(engine: AsyncEng
 async def test_hourly_percentiles_match_the_definition(engine: AsyncEngine) -> None:
     repository = Repository(engine)
     batch = one_series_runs(36, every=timedelta(minutes=10))  # six hours, six runs an hour
+    # Some runs carry the server's own metrics (the rollups keep their hourly medians); one hour has none.
+    batch = [
+        (
+            dataclasses.replace(
+                run,
+                **{name: 1.5 * i + position for position, name in enumerate(SERVER_RUN_FIELDS)},
+            )
+            if i % 3 and not 18 <= i < 24
+            else run,
+            members,
+        )
+        for i, (run, members) in enumerate(batch)
+    ]
     await repository.save_runs(batch)
     got = await repository.hourly_percentiles(QWEN_SHORT, T0 + timedelta(hours=1), T0 + timedelta(hours=5))
 
     expected = []
     for hour in (T0 + timedelta(hours=h) for h in range(1, 5)):
+        in_hour = [(run, members) for run, members in batch if floor_hour(run.started_at) == hour]
         rows = [
-            (s.ttft_ms, s.error, s.decode_tps)
-            for run, members in batch
-            if floor_hour(run.started_at) == hour
+            (s.ttft_ms, s.error, s.decode_tps, *(getattr(s, name) for name in ROLLUP_SAMPLE_MEDIANS))
+            for _, members in in_hour
             for s in members
             if not s.warmup
         ]
-        expected.append(hourly_stats(hour, rows))
+        runs = [tuple(getattr(run, name) for name in ROLLUP_RUN_MEDIANS) for run, _ in in_hour]
+        expected.append(hourly_stats(hour, rows, runs))
     assert [stats.hour for stats in got] == [stats.hour for stats in expected]
     for actual, wanted in zip(got, expected, strict=True):
         assert_same(actual, wanted)
         assert actual.samples == 6 * 5
+        assert actual.ttft_p10_ms is not None and actual.ttfb_ms_p50 is not None
+        assert actual.prompt_tokens_p50 is not None
     assert sum(stats.errors for stats in got) > 0
+    assert [stats.server_ttft_ms_p50 is None for stats in got] == [False, False, True, False]
+
+
+async def test_rollups_keep_the_band_the_phases_and_the_server_metrics(engine: AsyncEngine) -> None:
+    repository = Repository(engine)
+    batch = [
+        (dataclasses.replace(run, server_ttft_ms=100.0 + i, server_waiting=float(i)), members)
+        for i, (run, members) in enumerate(one_series_runs(12, every=timedelta(minutes=10)))
+    ]
+    await repository.save_runs(batch)
+    assert await repository.rollup(T0 + timedelta(hours=3)) == 2
+    stored = await repository.rollups_between(QWEN_SHORT, T0, T0 + timedelta(hours=2))
+    computed = await repository.hourly_percentiles(QWEN_SHORT, T0, T0 + timedelta(hours=2))
+    assert len(stored) == 2
+    for actual, wanted in zip(stored, computed, strict=True):
+        assert_same(actual, wanted)
+    assert [s.server_ttft_ms_p50 for s in stored] == [102.5, 108.5]
+    assert all(s.ttft_p10_ms is not None and s.ttft_p10_ms <= s.ttft_p50_ms for s in stored)  # type: ignore[operator]
 
 
 async def test_prompt_calibration_survives_a_restart(backend: Backend) -> None:

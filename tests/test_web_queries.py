@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import uuid
 from datetime import datetime, timedelta
@@ -9,9 +10,10 @@ from datetime import datetime, timedelta
 import pytest
 import sqlalchemy as sa
 
+from monitor.detect.detector import Detector, Rules, RunPoint, point_from_run
 from monitor.probe.result import ErrorClass
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, RunRow, SeriesRow, table_of
-from monitor.store.records import runs_from_samples
+from monitor.store.records import SeriesKey, floor_hour, runs_from_samples
 from monitor.store.repository import Repository
 from monitor.web import queries, stats
 from tests.store_fixtures import PROVIDERS, T0, Backend, make_batch, make_samples
@@ -142,6 +144,52 @@ async def test_overview_lists_every_series_with_status_and_availability(backend:
         assert len(row["sparkline_ms"]) == 24 and sum(v is not None for v in row["sparkline_ms"]) == 3
 
 
+async def test_the_overview_cache_answers_as_the_database_until_a_late_run_or_a_rollup_changes_it(
+    backend: Backend,
+) -> None:
+    repository = await _store(backend, hours=3)
+    now = T0 + timedelta(hours=3, minutes=10)
+    await repository.rollup(now)
+    cache = queries.OverviewCache()
+    first = await queries.overview(repository.engine, now=now, cache=cache)
+    assert await queries.overview(repository.engine, now=now, cache=cache) == first and cache.hits == 1
+    # A late run (a spool replayed) for a past, rolled-up hour: every measured request failed.
+    failed = {index: ErrorClass.SERVER_ERROR for index in range(2, 7)}
+    await repository.save_runs(make_batch(T0 + timedelta(minutes=31), job="late", errors=failed))
+    late = await queries.overview(repository.engine, now=now, cache=cache)
+    assert late == await queries.overview(repository.engine, now=now)
+    assert all(row["availability_24h"] < 1 for row in late) and cache.hits == 1
+    await repository.rollup(now)  # the pending hour rolled up again: the cache must not keep the old reading
+    rolled = await queries.overview(repository.engine, now=now, cache=cache)
+    assert rolled == await queries.overview(repository.engine, now=now)
+    assert [row["availability_24h"] for row in rolled] == [row["availability_24h"] for row in late]
+    clock = [0.0]
+    aged = queries.OverviewCache(max_age_s=60, clock=lambda: clock[0])
+    await queries.overview(repository.engine, now=now, cache=aged)
+    clock[0] = 61.0
+    await queries.overview(repository.engine, now=now, cache=aged)
+    assert aged.hits == 0
+    await repository.engine.dispose()
+
+
+async def test_the_last_run_is_found_for_series_quiet_in_the_last_hour_and_those_that_ran(backend: Backend) -> None:
+    repository = await _store(backend, hours=2)
+    recent = T0 + timedelta(hours=4, minutes=40)
+    await repository.save_runs(make_batch(recent, targets=("qwen3-8b",), prompts=("short",)))
+    rows = await queries.overview(repository.engine, now=T0 + timedelta(hours=5))
+    last = {(row["target"], row["prompt"]): row["last_run_at"] for row in rows}
+    async with repository.engine.connect() as connection:
+        starts = await connection.execute(
+            sa.select(SeriesRow.target, SeriesRow.prompt, sa.func.max(RunRow.started_at))
+            .join(RunRow, RunRow.series_id == SeriesRow.id)
+            .group_by(SeriesRow.target, SeriesRow.prompt)
+        )
+        expected = {(target, prompt): queries.iso(at) for target, prompt, at in starts}
+    assert last == expected and len(last) == 4
+    assert last[("qwen3-8b", "short")].startswith(recent.strftime("%Y-%m-%dT%H:%M"))
+    await repository.engine.dispose()
+
+
 async def test_points_are_raw_samples_for_short_ranges_and_buckets_beyond_the_cap(backend: Backend) -> None:
     repository = await _store(backend, hours=2)
     async with repository.engine.connect() as connection:
@@ -159,6 +207,169 @@ async def test_points_are_raw_samples_for_short_ranges_and_buckets_beyond_the_ca
     assert long["resolution"] == "hour" and sum(p["n"] for p in long["points"]) == 120 and len(long["points"]) == 2
     with pytest.raises(queries.NotFound):
         await queries.series_points(repository.engine, 9999, start=T0, end=end)
+    await repository.engine.dispose()
+
+
+async def _store_with_server_metrics(backend: Backend, hours: int) -> tuple[Repository, int]:
+    """qwen3-8b/short every 5 minutes, each run with the server's own numbers (as a vLLM scrape gives)."""
+    repository = Repository(backend.engine())
+    for step in range(hours * 12):
+        batch = make_batch(T0 + timedelta(minutes=5 * step), targets=("qwen3-8b",), prompts=("short",))
+        batch = [
+            (
+                dataclasses.replace(
+                    run, server_ttft_ms=150.0 + step, server_queue_ms=10.0, server_prefill_ms=120.0,
+                    server_waiting=float(step % 3), server_running=1.0, server_kv_cache_usage=0.25,
+                    server_prefix_hit_rate=0.5,
+                ),
+                members,
+            )
+            for run, members in batch
+        ]  # fmt: skip
+        await repository.save_runs(batch)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT id FROM series WHERE target='qwen3-8b' AND prompt='short'"))
+    return repository, series_id
+
+
+async def test_long_ranges_show_the_band_phases_tokens_and_server_metrics_as_short_ones(backend: Backend) -> None:
+    repository, series_id = await _store_with_server_metrics(backend, hours=3)
+    end = T0 + timedelta(hours=3)
+    await repository.rollup(end + timedelta(hours=1))
+    short = await queries.series_points(repository.engine, series_id, start=T0, end=end, max_points=10)
+    long = await queries.series_points(repository.engine, series_id, start=end - timedelta(days=30), end=end)
+    assert short["resolution"] == "bucket" and long["resolution"] == "hour" and len(long["points"]) == 3
+    # DNS, connect and TLS are null here: the measured samples reuse the warm-up's connection.
+    phases = [name for name in queries.PHASES if name not in ("dns_ms", "connect_ms", "tls_ms")]
+    shown = ("ttft_p10_ms", "ttft_p90_ms", *phases, "prompt_tokens", "decode_tps", *queries.SERVER_FIELDS)
+    for point in [*long["points"], *short["points"]]:
+        assert all(point[name] is not None for name in shown), point
+        assert point["ttft_p10_ms"] < point["ttft_p50_ms"] < point["ttft_p90_ms"]
+    # The server's numbers are medians of the runs (each run once), per hour from the rollups.
+    assert [p["server_ttft_ms"] for p in long["points"]] == [155.5, 167.5, 179.5]
+    assert [p["server_waiting"] for p in long["points"]] == [1.0, 1.0, 1.0]
+    assert short["points"][0]["server_ttft_ms"] == 152.5  # 30-minute buckets: runs 0-5
+    assert sum(p["n"] for p in long["points"]) == sum(p["n"] for p in short["points"])
+    await repository.engine.dispose()
+
+
+async def test_each_point_carries_the_baseline_the_detector_compared_its_run_with(backend: Backend) -> None:
+    repository, series_id = await _store_with_server_metrics(backend, hours=4)
+    end = T0 + timedelta(hours=4)
+    start = end - timedelta(hours=2)
+    view = await queries.series_points(repository.engine, series_id, start=start, end=end)
+    assert view["resolution"] == "sample"
+    # The detector's own replay of every run, independently of the view's code.
+    runs = sorted(
+        [run for run in await repository.runs_between(SeriesKey("qwen3-8b", "vllm", "Qwen/Qwen3-8B", "short",
+                                                                 "test-lab"), T0, end)],
+        key=lambda run: run.started_at,
+    )  # fmt: skip
+    replayer = Detector().replayer()
+    expected: dict[str, float | None] = {}
+    for run in runs:
+        replayer.feed(point_from_run(run))
+        expected[str(run.run_id)] = replayer.baseline_ms
+    assert len(expected) == 48 and list(expected.values())[-1] is not None
+    for point in view["points"]:
+        wanted = expected[point["run_id"]]
+        assert point["baseline_ms"] == (pytest.approx(wanted, abs=0.01) if wanted is not None else None)
+    assert view["baseline_ms"] == pytest.approx(list(expected.values())[-1], abs=0.01)
+    # A stricter detector (a longer history before its first verdict) has no baseline yet.
+    strict = Detector(Rules(min_history_runs=60))
+    none = await queries.series_points(repository.engine, series_id, start=start, end=end, detector=strict)
+    assert all(point["baseline_ms"] is None for point in none["points"])
+    await repository.engine.dispose()
+
+
+async def test_frequent_runs_over_days_replay_the_detector_over_the_hours(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    repository, series_id = await _store_with_server_metrics(backend, hours=16)
+    end = T0 + timedelta(hours=16)
+    await repository.rollup(end)
+    detector = Detector(Rules(min_history_runs=12, trailing_runs=12))
+    monkeypatch.setattr(queries, "MAX_REPLAYED_RUNS", 10)
+    view = await queries.series_points(repository.engine, series_id, start=end - timedelta(hours=2), end=end,
+                                       detector=detector)  # fmt: skip
+    hours = await repository.rollups_between(
+        SeriesKey("qwen3-8b", "vllm", "Qwen/Qwen3-8B", "short", "test-lab"), T0, end
+    )
+    replayer = detector.replayer()
+    by_hour = {}
+    for hour in hours:
+        replayer.feed(
+            RunPoint(at=hour.hour, ttft_ms=hour.ttft_p50_ms, ok=hour.samples - hour.errors, errors=hour.errors)
+        )
+        by_hour[hour.hour] = replayer.baseline_ms
+    for point in view["points"]:
+        at = datetime.fromisoformat(point["t"].replace("Z", "+00:00"))
+        assert point["baseline_ms"] == pytest.approx(by_hour[floor_hour(at)], abs=0.01)
+    await repository.engine.dispose()
+
+
+@pytest.mark.parametrize(
+    ("server_slower", "said"),
+    [
+        (True, "client TTFT 600 ms (baseline 2"),
+        (False, "server TTFT unchanged: network or gateway"),
+    ],
+)
+async def test_the_series_view_says_where_the_time_went(backend: Backend, server_slower: bool, said: str) -> None:
+    repository = Repository(backend.engine())
+    for step in range(4 * 12):
+        late = step >= 3 * 12  # the last hour: the client sees 600 ms
+        batch = make_batch(T0 + timedelta(minutes=5 * step), targets=("qwen3-8b",), prompts=("short",))
+        batch = [
+            (
+                dataclasses.replace(
+                    run, ttft_p50_ms=600.0 if late else 240.0 + step % 5,
+                    server_ttft_ms=550.0 if late and server_slower else 200.0,
+                    server_waiting=12.0 if late and server_slower else 0.0,
+                    server_queue_ms=340.0 if late and server_slower else 5.0, server_prefill_ms=190.0,
+                ),
+                members,
+            )
+            for run, members in batch
+        ]  # fmt: skip
+        await repository.save_runs(batch)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT id FROM series"))
+    end = T0 + timedelta(hours=4)
+    view = await queries.series_points(repository.engine, series_id, start=end - timedelta(hours=6), end=end)
+    split = view["split"]
+    assert split["client_ttft_ms"] == 600.0 and split["since"] == queries.iso(end - timedelta(hours=1))
+    assert said in split["text"]
+    if server_slower:
+        assert split["cause"] == "server_queue" and split["text"].endswith(
+            "server TTFT 550 ms (baseline 200); 12 requests waiting (baseline 0): queueing on the server"
+        )
+    else:
+        assert split["cause"] == "outside_server"
+    # With a regression incident in the range: its span, against the baseline the daemon opened it with.
+    opened = T0 + timedelta(hours=3, minutes=10)
+    async with repository.engine.begin() as connection:
+        await connection.execute(
+            sa.insert(table_of(IncidentRow)).values(
+                id=uuid.uuid4(), series_id=series_id, kind="regression", severity="page", opened_at=opened,
+                baseline_ms=231.0, observed_ms=600.0, ratio=2.6, updated_at=opened,
+                details={"since": queries.iso(T0 + timedelta(hours=3))},
+            )
+        )  # fmt: skip
+    during = (await queries.series_points(repository.engine, series_id, start=end - timedelta(hours=6), end=end))[
+        "split"
+    ]
+    assert during["incident_id"] is not None and during["since"] == queries.iso(T0 + timedelta(hours=3))
+    assert during["client_baseline_ms"] == 231.0 and "(baseline 231)" in during["text"]
+    await repository.engine.dispose()
+
+
+async def test_a_series_without_server_metrics_has_no_split(backend: Backend) -> None:
+    repository = await _store(backend, hours=1)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT min(id) FROM series"))
+    view = await queries.series_points(repository.engine, series_id, start=T0, end=T0 + timedelta(hours=1))
+    assert view["split"] is None
     await repository.engine.dispose()
 
 

@@ -115,3 +115,9 @@ class Replayer:
     def feed(self, run: RunPoint) -> list[Event]:
         """Evaluate the next run (later than every run before it); the events it causes."""
         return self._core.step(self.state, run)
+
+    @property
+    def baseline_ms(self) -> float | None:
+        """The baseline (ms) the last fed run was compared with (as `evaluate_with_baseline` returns
+        it); None until the series has one. The series view draws it (monitor/web/queries.py)."""
+        return self._core.baseline_ms

@@ -184,7 +184,12 @@ class RollupRow(Base):
     """An hour of a series, kept after its raw samples expire. Measured (non-warm-up) samples only."""
 
     __tablename__ = "rollups_hourly"
-    __table_args__ = (Index("ix_rollups_hourly_hour", "hour"),)
+    __table_args__ = (
+        Index("ix_rollups_hourly_hour", "hour"),
+        # Covering the overview's scan of every series' last 30 days (availability, baseline,
+        # sparkline): read from the index alone, not row by row from the table.
+        Index("ix_rollups_hourly_overview", "series_id", "hour", "samples", "errors", "ttft_p50_ms"),
+    )
 
     series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
     hour: Mapped[datetime] = mapped_column(primary_key=True)
@@ -196,6 +201,24 @@ class RollupRow(Base):
     ttft_min_ms: Mapped[float | None] = mapped_column(Double)
     ttft_max_ms: Mapped[float | None] = mapped_column(Double)
     decode_tps_p50: Mapped[float | None] = mapped_column(Double)
+    # Added by migration 0007: the p10 of the series view's band, the phases' and token counts'
+    # medians, and the medians of the runs' server metrics (records.HourlyStats).
+    ttft_p10_ms: Mapped[float | None] = mapped_column(Double)
+    dns_ms_p50: Mapped[float | None] = mapped_column(Double)
+    connect_ms_p50: Mapped[float | None] = mapped_column(Double)
+    tls_ms_p50: Mapped[float | None] = mapped_column(Double)
+    ttfb_ms_p50: Mapped[float | None] = mapped_column(Double)
+    first_event_ms_p50: Mapped[float | None] = mapped_column(Double)
+    ttfa_ms_p50: Mapped[float | None] = mapped_column(Double)
+    prompt_tokens_p50: Mapped[float | None] = mapped_column(Double)
+    cached_tokens_p50: Mapped[float | None] = mapped_column(Double)
+    server_waiting_p50: Mapped[float | None] = mapped_column(Double)
+    server_running_p50: Mapped[float | None] = mapped_column(Double)
+    server_kv_cache_usage_p50: Mapped[float | None] = mapped_column(Double)
+    server_prefix_hit_rate_p50: Mapped[float | None] = mapped_column(Double)
+    server_ttft_ms_p50: Mapped[float | None] = mapped_column(Double)
+    server_queue_ms_p50: Mapped[float | None] = mapped_column(Double)
+    server_prefill_ms_p50: Mapped[float | None] = mapped_column(Double)
 
 
 class RollupPendingRow(Base):

@@ -142,7 +142,11 @@ Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
 
 @dataclass(frozen=True, slots=True)
 class HourlyStats:
-    """Measured samples of one series in one UTC hour (by their run's start)."""
+    """Measured samples of one series in one UTC hour (by their run's start).
+
+    TTFT quantiles are of the successful samples; the phases' and token counts' medians of every
+    measured sample that has the value (as the series view's buckets of raw samples); the server's
+    numbers are medians of the hour's runs (one value per run, `RunRecord.server_*`)."""
 
     hour: datetime
     samples: int
@@ -153,6 +157,30 @@ class HourlyStats:
     ttft_min_ms: float | None
     ttft_max_ms: float | None
     decode_tps_p50: float | None
+    ttft_p10_ms: float | None = None
+    dns_ms_p50: float | None = None
+    connect_ms_p50: float | None = None
+    tls_ms_p50: float | None = None
+    ttfb_ms_p50: float | None = None
+    first_event_ms_p50: float | None = None
+    ttfa_ms_p50: float | None = None
+    prompt_tokens_p50: float | None = None
+    cached_tokens_p50: float | None = None
+    server_waiting_p50: float | None = None
+    server_running_p50: float | None = None
+    server_kv_cache_usage_p50: float | None = None
+    server_prefix_hit_rate_p50: float | None = None
+    server_ttft_ms_p50: float | None = None
+    server_queue_ms_p50: float | None = None
+    server_prefill_ms_p50: float | None = None
+
+
+# The sample columns whose hourly median a rollup keeps (the series view's phases and token counts),
+# and the run columns (the server's own numbers); each rollup column is the name plus "_p50".
+ROLLUP_SAMPLE_MEDIANS = (
+    "dns_ms", "connect_ms", "tls_ms", "ttfb_ms", "first_event_ms", "ttfa_ms", "prompt_tokens", "cached_tokens",
+)  # fmt: skip
+ROLLUP_RUN_MEDIANS = SERVER_RUN_FIELDS
 
 
 def storable_text(value: str, limit: int | None = None) -> str:
@@ -330,14 +358,23 @@ def runs_from_samples(
     return out
 
 
-def hourly_stats(hour: datetime, rows: Iterable[tuple[float | None, str | None, float | None]]) -> HourlyStats:
-    """Statistics of one hour from (ttft_ms, error, decode_tps) of its measured samples."""
+def hourly_stats(
+    hour: datetime,
+    rows: Iterable[Sequence[Any]],
+    runs: Iterable[Sequence[float | None]] = (),
+) -> HourlyStats:
+    """Statistics of one hour. `rows`: per measured sample (ttft_ms, error, decode_tps, then the
+    `ROLLUP_SAMPLE_MEDIANS` columns in order); `runs`: per run of the hour, its `ROLLUP_RUN_MEDIANS`."""
     count = 0
     errors = 0
     ttfts: list[float] = []
     rates: list[float] = []
-    for ttft, error, rate in rows:
+    others: list[list[float]] = [[] for _ in ROLLUP_SAMPLE_MEDIANS]
+    for ttft, error, rate, *values in rows:
         count += 1
+        for found, value in zip(others, values, strict=False):
+            if value is not None:
+                found.append(value)
         if error is not None:
             errors += 1
             continue
@@ -345,6 +382,11 @@ def hourly_stats(hour: datetime, rows: Iterable[tuple[float | None, str | None, 
             ttfts.append(ttft)
         if rate is not None:
             rates.append(rate)
+    servers: list[list[float]] = [[] for _ in ROLLUP_RUN_MEDIANS]
+    for run in runs:
+        for found, value in zip(servers, run, strict=True):
+            if value is not None:
+                found.append(value)
     ttfts.sort()
     return HourlyStats(
         hour=hour,
@@ -356,6 +398,9 @@ def hourly_stats(hour: datetime, rows: Iterable[tuple[float | None, str | None, 
         ttft_min_ms=ttfts[0] if ttfts else None,
         ttft_max_ms=ttfts[-1] if ttfts else None,
         decode_tps_p50=median(rates),
+        ttft_p10_ms=percentile(ttfts, 10, presorted=True),
+        **{f"{name}_p50": median(found) for name, found in zip(ROLLUP_SAMPLE_MEDIANS, others, strict=True)},
+        **{f"{name}_p50": median(found) for name, found in zip(ROLLUP_RUN_MEDIANS, servers, strict=True)},
     )
 
 

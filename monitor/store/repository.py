@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
-from sqlalchemy import Double, String, Table, bindparam, delete, func, select, text, tuple_, type_coerce
+from sqlalchemy import Double, String, Table, bindparam, delete, func, or_, select, text, tuple_, type_coerce
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -39,6 +39,8 @@ from monitor.store.models import (
     table_of,
 )
 from monitor.store.records import (
+    ROLLUP_RUN_MEDIANS,
+    ROLLUP_SAMPLE_MEDIANS,
     SAMPLE_COLUMN_FIELDS,
     SERVER_RUN_FIELDS,
     Batch,
@@ -132,29 +134,47 @@ _HOURLY_VALUES = (
         SAMPLES.c.ttft_ms,
         SAMPLES.c.error,
         SAMPLES.c.decode_tps,
+        *(SAMPLES.c[name] for name in ROLLUP_SAMPLE_MEDIANS),
     )
     .select_from(_RUNS_JOIN_SAMPLES)
     .where(*_MEASURED_IN_WINDOW)
     .order_by(RUNS.c.series_id, RUNS.c.started_at)
 )
+_RUNS_IN_WINDOW = (
+    RUNS.c.series_id.in_(bindparam("series_ids", expanding=True)),
+    RUNS.c.started_at >= bindparam("start", type_=UtcDateTime()),
+    RUNS.c.started_at < bindparam("end", type_=UtcDateTime()),
+)
+# The runs' own numbers (the server's metrics), one row per run of a series that has any.
+_HOURLY_RUN_VALUES = select(
+    RUNS.c.series_id,
+    type_coerce(func.substr(RUNS.c.started_at, 1, 13), String),
+    *(RUNS.c[name] for name in ROLLUP_RUN_MEDIANS),
+).where(*_RUNS_IN_WINDOW, or_(*(RUNS.c[name].is_not(None) for name in ROLLUP_RUN_MEDIANS)))
+
+
+def _utc_hour(column: Any) -> Any:
+    return func.timezone("UTC", func.date_trunc("hour", func.timezone("UTC", column)))
 
 
 def _hourly_percentiles_statement() -> Any:
-    """PostgreSQL: per UTC hour, percentile_cont (one sort for three quantiles) over successful samples."""
+    """PostgreSQL: per UTC hour, percentile_cont (one sort for the TTFT quantiles) over successful
+    samples, and the medians of the phases and token counts over every measured sample."""
     samples = SAMPLES
     ok = samples.c.error.is_(None)
-    utc_hour = func.timezone("UTC", func.date_trunc("hour", func.timezone("UTC", RUNS.c.started_at)))
-    quantiles = func.percentile_cont(postgresql.array([0.5, 0.9, 0.99])).within_group(samples.c.ttft_ms).filter(ok)
+    utc_hour = _utc_hour(RUNS.c.started_at)
+    quantiles = func.percentile_cont(postgresql.array([0.1, 0.5, 0.9, 0.99])).within_group(samples.c.ttft_ms)
     return (
         select(
             RUNS.c.series_id,
             type_coerce(utc_hour, UtcDateTime()),
             func.count(),
             func.count().filter(samples.c.error.is_not(None)),
-            type_coerce(quantiles, postgresql.ARRAY(Double)),
+            type_coerce(quantiles.filter(ok), postgresql.ARRAY(Double)),
             func.min(samples.c.ttft_ms).filter(ok),
             func.max(samples.c.ttft_ms).filter(ok),
             func.percentile_cont(0.5).within_group(samples.c.decode_tps).filter(ok),
+            *(func.percentile_cont(0.5).within_group(samples.c[name]) for name in ROLLUP_SAMPLE_MEDIANS),
         )
         .select_from(_RUNS_JOIN_SAMPLES)
         .where(*_MEASURED_IN_WINDOW)
@@ -163,7 +183,22 @@ def _hourly_percentiles_statement() -> Any:
     )
 
 
+def _hourly_run_medians_statement() -> Any:
+    """PostgreSQL: per series and UTC hour with any, the medians of the runs' server metrics."""
+    utc_hour = _utc_hour(RUNS.c.started_at)
+    return (
+        select(
+            RUNS.c.series_id,
+            type_coerce(utc_hour, UtcDateTime()),
+            *(func.percentile_cont(0.5).within_group(RUNS.c[name]) for name in ROLLUP_RUN_MEDIANS),
+        )
+        .where(*_RUNS_IN_WINDOW, or_(*(RUNS.c[name].is_not(None) for name in ROLLUP_RUN_MEDIANS)))
+        .group_by(RUNS.c.series_id, utc_hour)
+    )
+
+
 _HOURLY_PERCENTILES = _hourly_percentiles_statement()
+_HOURLY_RUN_MEDIANS = _hourly_run_medians_statement()
 _RUNS_BETWEEN = (
     select(*_RUN_COLUMNS)
     .where(
@@ -488,20 +523,34 @@ class Repository:
         out: dict[int, list[HourlyStats]] = {}
         if not self._postgres:
             # SQLite has no percentile aggregate: stream the window's values and compute them here.
-            buckets: dict[tuple[int, str], list[tuple[float | None, str | None, float | None]]] = {}
-            for series_id, hour_key, ttft, error, rate in await connection.execute(_HOURLY_VALUES, window):
+            buckets: dict[tuple[int, str], list[Sequence[Any]]] = {}
+            for series_id, hour_key, *values in await connection.execute(_HOURLY_VALUES, window):
                 bucket = buckets.get((series_id, hour_key))
                 if bucket is None:
                     bucket = buckets[(series_id, hour_key)] = []
-                bucket.append((ttft, error, rate))
-            for (series_id, key), values in buckets.items():
+                bucket.append(values)
+            runs: dict[tuple[int, str], list[Sequence[float | None]]] = {}
+            for series_id, hour_key, *values in await connection.execute(_HOURLY_RUN_VALUES, window):
+                runs.setdefault((series_id, hour_key), []).append(values)
+            for (series_id, key), rows in buckets.items():
                 hour = datetime.strptime(key, "%Y-%m-%d %H").replace(tzinfo=UTC)
-                out.setdefault(series_id, []).append(hourly_stats(hour, values))
+                out.setdefault(series_id, []).append(hourly_stats(hour, rows, runs.get((series_id, key), ())))
             return out
-        rows = await connection.execute(_HOURLY_PERCENTILES, window)
-        for series_id, hour, count, errors, quantiles, low, high, rate in rows:
-            p50, p90, p99 = quantiles if quantiles is not None else (None, None, None)
-            out.setdefault(series_id, []).append(HourlyStats(hour, count, errors, p50, p90, p99, low, high, rate))
+        servers = {
+            (series_id, hour): values
+            for series_id, hour, *values in await connection.execute(_HOURLY_RUN_MEDIANS, window)
+        }
+        no_server = (None,) * len(ROLLUP_RUN_MEDIANS)
+        found = await connection.execute(_HOURLY_PERCENTILES, window)
+        for series_id, hour, count, errors, quantiles, low, high, rate, *medians in found:
+            p10, p50, p90, p99 = quantiles if quantiles is not None else (None, None, None, None)
+            server = servers.get((series_id, hour), no_server)
+            out.setdefault(series_id, []).append(
+                HourlyStats(
+                    hour, count, errors, p50, p90, p99, low, high, rate, p10,
+                    *medians, *server,
+                )
+            )  # fmt: skip
         return out
 
     # ---------------------------------------------------------------- prompt calibration

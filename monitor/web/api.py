@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from monitor.detect.detector import Detector
 from monitor.web import queries
 from monitor.web.auth import COOKIE, Guard
 
@@ -125,10 +126,13 @@ def web_routes(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     describe_error: Callable[[BaseException], str] = lambda exc: type(exc).__name__,
     thresholds: Mapping[str, float] | None = None,
+    detector: Detector | None = None,
 ) -> list[web.RouteDef]:
-    """The pages, /static/*, /login and /api/v1/*, for an aiohttp application."""
+    """The pages, /static/*, /login and /api/v1/*, for an aiohttp application. `detector` (the
+    config's detection rules) draws the series view's baseline."""
     guard = guard or Guard()
     files = static_files()
+    overview_cache = queries.OverviewCache()
 
     def guarded(handler: Handler, *, api: bool) -> Handler:
         async def wrapper(request: web.Request) -> web.StreamResponse:
@@ -185,7 +189,7 @@ def web_routes(
 
     async def series(request: web.Request) -> web.Response:
         at = now()
-        rows = await queries.overview(engine, now=at)
+        rows = await queries.overview(engine, now=at, cache=overview_cache)
         return _respond(request, {"now": queries.iso(at), "series": rows}, rows, "series")
 
     async def points(request: web.Request) -> web.Response:
@@ -195,7 +199,9 @@ def web_routes(
             raise BadRequest("the series id must be a whole number (see /api/v1/series)") from None
         start, end = time_window(request.query, now(), "24h")
         max_points = _whole(request.query.get("max_points"), queries.MAX_POINTS, "max_points", 10, queries.MAX_POINTS)
-        result = await queries.series_points(engine, series_id, start=start, end=end, max_points=max_points)
+        result = await queries.series_points(
+            engine, series_id, start=start, end=end, max_points=max_points, detector=detector
+        )
         # The detector's ratios (from the config), so the page draws where tickets and pages begin.
         result["thresholds"] = dict(thresholds) if thresholds else None
         return _respond(request, result, result["points"], f"series-{series_id}")

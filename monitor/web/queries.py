@@ -7,17 +7,21 @@ names (docs/api.md); the aggregation itself lives in pure functions below them a
 from __future__ import annotations
 
 import asyncio
+import bisect
 import math
+import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import String, and_, case, func, or_, select, type_coerce
+from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from monitor.alert.attribution import ServerSplit, classify, split_text
+from monitor.detect.detector import Detector, RunPoint
 from monitor.store.models import (
     AlertDeliveryRow,
     AlertOutboxRow,
@@ -28,18 +32,23 @@ from monitor.store.models import (
     SampleRow,
     SeriesRow,
 )
-from monitor.store.records import SeriesKey, floor_hour
+from monitor.store.records import SERVER_RUN_FIELDS, HourlyStats, SeriesKey, floor_hour
 from monitor.store.repository import Repository
 from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotations, triage_json
 from monitor.store.types import UtcDateTime
 from monitor.web import stats
 
 MAX_POINTS = 1500
+# The detector evaluates about 15,000 runs a second on this machine (4,320 runs in 0.3 s); beyond this many in a view
+# it is replayed over the hourly rollups instead (a 7-day view of 5-minute runs steps 2,300 runs).
+MAX_REPLAYED_RUNS = 1500
 # Raw samples are kept this long by default (database.retention.raw_days); longer views use rollups.
 RAW_RANGE = timedelta(days=7)
 STATUS_ORDER = ("page", "down", "ticket", "no data", "ok")
 _BUCKET_STEPS_S = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400)
 PHASES = ("dns_ms", "connect_ms", "tls_ms", "ttfb_ms", "first_event_ms", "ttft_ms", "ttfa_ms")
+# What the server said about itself over each run (migration 0006), as the points name it.
+SERVER_FIELDS = SERVER_RUN_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,18 +86,6 @@ async def _series(connection: AsyncConnection, ids: Iterable[int] | None = None)
     return {row[0]: SeriesInfo(*row) for row in await connection.execute(query)}
 
 
-def _hour_key(connection: AsyncConnection) -> Any:
-    """An expression naming a run's UTC hour, comparable as text on both backends."""
-    if connection.dialect.name == "postgresql":
-        return func.to_char(func.timezone("UTC", RunRow.started_at), "YYYY-MM-DD HH24")
-    # SQLite stores 'YYYY-MM-DD HH:MM:SS' in UTC (monitor.store.types): 13 characters name the hour.
-    return type_coerce(func.substr(RunRow.started_at, 1, 13), String)
-
-
-def _hour_of_key(key: str) -> datetime:
-    return datetime.strptime(key, "%Y-%m-%d %H").replace(tzinfo=UTC)
-
-
 # ---------------------------------------------------------------- overview
 
 
@@ -110,54 +107,132 @@ def _status_rank(item: dict[str, Any]) -> tuple[int, float, str, str, str]:
     return (STATUS_ORDER.index(item["status"]), -ratio, item["provider"], item["target"], item["prompt"])
 
 
-async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class _Rolled:
+    """What the overview reads from the hourly rollups of whole past hours, per series: ok samples and
+    errors in each window (hours up to date only), the baseline (median of the hourly p50s of the
+    week before the last hour; None: compute it otherwise) and the sparkline's hourly p50s by slot."""
+
+    counts: dict[int, list[int]]
+    medians: dict[int, float] | None
+    sparks: dict[int, dict[int, float]]
+
+
+class OverviewCache:
+    """The overview's reading of the rollups, kept between calls while it cannot have changed.
+
+    Rollups of past hours change only when the rollup job recomputes an hour, which removes that
+    hour's pending mark in the same transaction, or when a late run marks one pending: so the reading
+    stays valid while the hour, the windows' starting hours and the set of pending hours are those it
+    was made with. `max_age_s` bounds what nothing marks (retention deleting old rollups, manual edits).
+    One entry: the overview always asks for "now".
+    """
+
+    def __init__(self, *, max_age_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._entry: tuple[Any, float, _Rolled] | None = None
+        self.hits = 0
+
+    def get(self, key: Any) -> _Rolled | None:
+        if self._entry is None:
+            return None
+        stored_key, at, value = self._entry
+        if stored_key != key or self._clock() - at > self._max_age_s:
+            return None
+        self.hits += 1
+        return value
+
+    def put(self, key: Any, value: _Rolled) -> None:
+        self._entry = (key, self._clock(), value)
+
+
+async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache | None = None) -> list[dict[str, Any]]:
     """Every series with status, last-hour p50, baseline, ratio, a 24 h sparkline and availability;
-    what is on fire first (page, down, ticket, no data, ok; then by ratio)."""
-    day, week, month = now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30)
-    hour = now - timedelta(hours=1)
+    what is on fire first (page, down, ticket, no data, ok; then by ratio).
+
+    Whole past hours come from the hourly rollups (one scan for availability, baselines and
+    sparklines; kept in `cache` between calls while valid), the rest from one read of the runs that no
+    rollup holds yet: the current hour, the last hour, the part hour at each window's start, and hours
+    whose rollup is pending (runs arrived since it was computed). Every hour with runs has a rollup or
+    a pending mark (Repository.save_runs writes the mark in the runs' transaction), so each run counts
+    once; hours whose raw runs retention has deleted still count through their rollups.
+    """
+    windows = (now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30))
+    current = floor_hour(now)
+    spark_from = current - timedelta(hours=23)
     postgres = engine.dialect.name == "postgresql"
-    # PostgreSQL: one scan of the rollups gives availability and the baselines' medians.
-    median_between = (week, hour - timedelta(hours=1)) if postgres else None
 
-    async def read_availability(c: AsyncConnection) -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
-        return await _availability(c, now=now, day=day, week=week, month=month, median_between=median_between)
+    async def read_rolled(c: AsyncConnection, pending: frozenset[tuple[int, datetime]]) -> _Rolled:
+        key = (current, tuple(ceil_hour(w) for w in windows), pending)
+        found = cache.get(key) if cache is not None else None
+        if found is None:
+            found = await _read_rollups(c, windows=windows, current=current, spark_from=spark_from, pending=pending)
+            if cache is not None:
+                cache.put(key, found)
+        return found
 
-    async def read_rows(c: AsyncConnection) -> tuple[Any, ...]:
-        return await _overview_rows(c, now=now, day=day, hour=hour)
-
-    async def on_own_connection(read: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
+    async def on_own_connection(pending: frozenset[tuple[int, datetime]]) -> _Rolled:
         async with engine.connect() as other:
-            return await read(other)
+            return await read_rolled(other, pending)
 
     async with engine.connect() as connection:
-        series = await _series(connection)
-        # PostgreSQL: the two heaviest reads run on their own connections, beside the others.
-        apart = (
-            [asyncio.ensure_future(on_own_connection(read)) for read in (read_availability, read_rows)]
-            if postgres
-            else []
-        )
+        pending = await _pending_hours(connection, since=floor_hour(windows[-1]), until=current)
+        # PostgreSQL: the rollups' scan runs on its own connection, beside the small reads.
+        apart = asyncio.ensure_future(on_own_connection(pending)) if postgres else None
         try:
-            last_runs = await _last_runs(connection, now=now, month=month)
-            availability, rolled = await (apart[0] if apart else read_availability(connection))
-            baselines = await _baselines(connection, week=week, hour=hour, series_ids=list(series), rolled=rolled)
-            rows = await (apart[1] if apart else read_rows(connection))
+            series = await _series(connection)
+            fresh = await _fresh_runs(connection, now=now, windows=windows, pending=pending)
+            # The fresh runs hold every run of the last hour: a series that ran then has its last run
+            # there; only the others need the runs index.
+            last_runs = _latest_of(fresh, since=now - timedelta(hours=1))
+            quiet = [series_id for series_id in series if series_id not in last_runs]
+            if quiet:
+                last_runs.update(await _last_runs(connection, now=now, month=windows[-1], series_ids=quiet))
+            open_by_series = await _open_incidents(connection)
+            rolled = await (apart if apart is not None else read_rolled(connection, pending))
+            baselines = await _baselines(
+                connection,
+                week=windows[1],
+                hour=now - timedelta(hours=1),
+                series_ids=list(series),
+                rolled=rolled.medians,
+            )
         finally:
-            for task in apart:
-                if not task.done():
-                    task.cancel()
-    sparks, last_hour, open_by_series = rows
-    hours = [(now - timedelta(hours=23 - i)).strftime("%Y-%m-%d %H") for i in range(24)]
+            if apart is not None and not apart.done():
+                apart.cancel()
+    counts = {series_id: list(values) for series_id, values in rolled.counts.items()}
+    last_hour: dict[int, list[float]] = defaultdict(list)
+    fresh_sparks: dict[tuple[int, int], list[float]] = defaultdict(list)
+    hour_ago = now - timedelta(hours=1)
+    for series_id, at, p50, ok, errors in fresh:
+        hour = floor_hour(at)
+        unrolled = hour >= current or (series_id, hour) in pending
+        totals = counts.setdefault(series_id, [0] * 6)
+        for index, since in enumerate(windows):
+            # A run is counted here when its window does not hold its whole hour from a rollup.
+            if at >= since and (hour < since or unrolled):
+                totals[2 * index] += ok
+                totals[2 * index + 1] += errors
+        if p50 is not None:
+            if at >= hour_ago:
+                last_hour[series_id].append(p50)
+            if unrolled and hour >= spark_from:
+                fresh_sparks[(series_id, int((hour - spark_from).total_seconds()) // 3600)].append(p50)
     out = []
     for series_id, info in series.items():
-        ok_d, err_d, ok_w, err_w, ok_m, err_m = availability.get(series_id, (0,) * 6)
+        ok_d, err_d, ok_w, err_w, ok_m, err_m = counts.get(series_id, (0,) * 6)
         last_at, last_ok = last_runs.get(series_id, (None, None))
-        ran_24h = last_at is not None and last_at >= day
+        ran_24h = last_at is not None and last_at >= windows[0]
         opened = open_by_series.get(series_id, [])
         regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
         baseline = regression_baseline if regression_baseline is not None else baselines.get(series_id)
         p50 = _median(last_hour.get(series_id, []))
-        spark = sparks.get(series_id, {})
+        spark = rolled.sparks.get(series_id, {})
+        sparkline = []
+        for slot in range(24):
+            runs_of_hour = fresh_sparks.get((series_id, slot))
+            sparkline.append(_round(_median(runs_of_hour) if runs_of_hour else spark.get(slot)))
         status = series_status(
             open_severities=[(kind, severity) for kind, severity, _ in opened],
             # Only whether the series ran in the last 24 h matters here.
@@ -177,7 +252,7 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
                 "p50_last_hour_ms": _round(p50),
                 "baseline_ms": _round(baseline),
                 "ratio": _round(p50 / baseline, 3) if p50 is not None and baseline else None,
-                "sparkline_ms": [_round(spark.get(key)) for key in hours],
+                "sparkline_ms": sparkline,
                 "availability_24h": _fraction(ok_d, err_d),
                 "availability_7d": _fraction(ok_w, err_w),
                 "availability_30d": _fraction(ok_m, err_m),
@@ -188,43 +263,31 @@ async def overview(engine: AsyncEngine, *, now: datetime) -> list[dict[str, Any]
     return out
 
 
-async def _availability(
+async def _pending_hours(
+    connection: AsyncConnection, *, since: datetime, until: datetime
+) -> frozenset[tuple[int, datetime]]:
+    rows = await connection.execute(
+        select(RollupPendingRow.series_id, RollupPendingRow.hour).where(
+            RollupPendingRow.hour >= type_coerce(since, UtcDateTime()),
+            RollupPendingRow.hour < type_coerce(until, UtcDateTime()),
+        )
+    )
+    return frozenset((series_id, hour) for series_id, hour in rows)
+
+
+async def _fresh_runs(
     connection: AsyncConnection,
     *,
     now: datetime,
-    day: datetime,
-    week: datetime,
-    month: datetime,
-    median_between: tuple[datetime, datetime] | None = None,
-) -> tuple[dict[int, tuple[int, ...]], dict[int, float] | None]:
-    """Per series: ok and errors over 24 h, 7 d and 30 d. With `median_between` (PostgreSQL), also
-    each series' median of its hourly p50s in that range, from the same scan of the rollups.
-
-    Whole hours come from the hourly rollups (measured samples and errors per hour of run start, the
-    runs' own ok and errors summed); runs are read only for what no rollup holds yet: the part hour
-    at each window's start, the current hour, and hours whose rollup is pending (runs arrived since
-    it was computed). Every hour with runs has a rollup or a pending mark (Repository.save_runs
-    writes the mark in the runs' transaction), so each run counts once; hours whose raw runs
-    retention has deleted still count through their rollups.
-    """
-    windows = (day, week, month)
+    windows: Sequence[datetime],
+    pending: frozenset[tuple[int, datetime]],
+) -> list[tuple[int, datetime, float | None, int, int]]:
+    """(series id, start, p50, ok, errors) of the runs in [oldest window, now) that no up-to-date
+    rollup holds (the current hour, part hours at the windows' starts, pending hours) or that started
+    in the last hour."""
     current = floor_hour(now)
-    pending_rows = await connection.execute(
-        select(RollupPendingRow.series_id, RollupPendingRow.hour).where(
-            RollupPendingRow.hour >= type_coerce(floor_hour(month), UtcDateTime()),
-            RollupPendingRow.hour < type_coerce(current, UtcDateTime()),
-        )
-    )
-    pending: set[tuple[int, datetime]] = {(series_id, hour) for series_id, hour in pending_rows}
-    rolled = await connection.execute(_rolled_up_counts(windows, current=current, median_between=median_between))
-    counts: dict[int, list[int]] = {}
-    medians: dict[int, float] = {}
-    for series_id, *values in rolled:
-        counts[series_id] = [int(v or 0) for v in values[:6]]
-        if median_between is not None and values[6] is not None:
-            medians[series_id] = values[6]
     started = RunRow.started_at
-    segments: list[Any] = [started >= type_coerce(current, UtcDateTime())]
+    segments: list[Any] = [started >= type_coerce(min(current, now - timedelta(hours=1)), UtcDateTime())]
     segments += [
         and_(started >= type_coerce(w, UtcDateTime()), started < type_coerce(ceil_hour(w), UtcDateTime()))
         for w in windows
@@ -241,31 +304,45 @@ async def _availability(
         )
         for hour, series_ids in by_hour.items()
     ]
-    fresh = await connection.execute(
-        select(RunRow.series_id, started, RunRow.ok, RunRow.errors).where(
-            started >= type_coerce(month, UtcDateTime()),
+    rows = await connection.execute(
+        select(RunRow.series_id, started, RunRow.ttft_p50_ms, RunRow.ok, RunRow.errors).where(
+            started >= type_coerce(min(windows), UtcDateTime()),
             started < type_coerce(now, UtcDateTime()),
             or_(*segments),
         )
     )
-    for series_id, at, ok, errors in fresh:
-        hour = floor_hour(at)
-        unrolled = hour >= current or (series_id, hour) in pending
-        totals = counts.setdefault(series_id, [0] * 6)
-        for index, since in enumerate(windows):
-            # A run is counted here when its window does not hold its whole hour from a rollup.
-            if at >= since and (hour < since or unrolled):
-                totals[2 * index] += ok
-                totals[2 * index + 1] += errors
-    return {series_id: tuple(totals) for series_id, totals in counts.items()}, (
-        medians if median_between is not None else None
+    return [tuple(row) for row in rows]  # type: ignore[misc]
+
+
+async def _open_incidents(connection: AsyncConnection) -> dict[int, list[tuple[str, str, float | None]]]:
+    incidents = await connection.execute(
+        select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
+            IncidentRow.resolved_at.is_(None)
+        )
     )
+    open_by_series: dict[int, list[tuple[str, str, float | None]]] = defaultdict(list)
+    for series_id, kind, severity, baseline in incidents:
+        open_by_series[series_id].append((kind, severity, baseline))
+    return open_by_series
+
+
+def _latest_of(
+    runs: Iterable[tuple[int, datetime, float | None, int, int]], *, since: datetime
+) -> dict[int, tuple[datetime | None, int | None]]:
+    """Per series with a run since `since`: its latest run's start and ok samples."""
+    latest: dict[int, tuple[datetime | None, int | None]] = {}
+    for series_id, at, _p50, ok, _errors in runs:
+        if at >= since:
+            seen = latest.get(series_id)
+            if seen is None or (seen[0] is not None and at > seen[0]):
+                latest[series_id] = (at, ok)
+    return latest
 
 
 async def _last_runs(
-    connection: AsyncConnection, *, now: datetime, month: datetime
+    connection: AsyncConnection, *, now: datetime, month: datetime, series_ids: Sequence[int]
 ) -> dict[int, tuple[datetime | None, int | None]]:
-    """Per series: its last run's start in [month, now) and that run's ok samples."""
+    """Per series of `series_ids`: its last run's start in [month, now) and that run's ok samples."""
     started = RunRow.started_at
     # One backward step of the runs index (series_id, started_at) per series.
     last = (
@@ -277,7 +354,9 @@ async def _last_runs(
         )
         .scalar_subquery()
     )
-    latest = select(SeriesRow.id.label("series_id"), last.label("at")).subquery()
+    latest = (
+        select(SeriesRow.id.label("series_id"), last.label("at")).where(SeriesRow.id.in_(list(series_ids))).subquery()
+    )
     rows = await connection.execute(
         select(latest.c.series_id, latest.c.at, RunRow.ok).select_from(
             latest.outerjoin(RunRow, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at))
@@ -286,81 +365,79 @@ async def _last_runs(
     return {series_id: (at, ok) for series_id, at, ok in rows}
 
 
-def _rolled_up_counts(
-    windows: Sequence[datetime], *, current: datetime, median_between: tuple[datetime, datetime] | None
-) -> Any:
-    """Per series, ok samples and errors of the whole hours in each window (before the current hour)
-    whose rollups are up to date; with `median_between` (PostgreSQL), also the median of the hourly
-    p50s in that range, every rollup counted (the baseline; one scan of the rollups for both)."""
+async def _read_rollups(
+    connection: AsyncConnection,
+    *,
+    windows: Sequence[datetime],
+    current: datetime,
+    spark_from: datetime,
+    pending: frozenset[tuple[int, datetime]],
+) -> _Rolled:
+    """One scan of the rollups of whole hours in [oldest window, current) (an index-only scan of
+    ix_rollups_hourly_overview on PostgreSQL): per series, ok samples and errors of the up-to-date
+    hours in each window; on PostgreSQL also the baseline's median and the sparkline's hourly p50s."""
     hour = RollupRow.hour
     ok = RollupRow.samples - RollupRow.errors
     up_to_date = RollupPendingRow.hour.is_(None)
+    postgres = connection.dialect.name == "postgresql"
 
     def total(since: datetime, column: Any) -> Any:
         return func.sum(case((and_(hour >= type_coerce(since, UtcDateTime()), up_to_date), column), else_=0))
 
     columns = [total(since, column) for since in windows for column in (ok, RollupRow.errors)]
-    if median_between is not None:
-        since, until = median_between
-        in_range = and_(
-            hour >= type_coerce(since, UtcDateTime()),
-            hour < type_coerce(until, UtcDateTime()),
+    if postgres:
+        week, last_hour = windows[1], current - timedelta(hours=1)
+        in_week = and_(
+            hour >= type_coerce(week, UtcDateTime()),
+            hour < type_coerce(last_hour, UtcDateTime()),
             RollupRow.ttft_p50_ms.is_not(None),
         )
-        columns.append(func.percentile_cont(0.5).within_group(RollupRow.ttft_p50_ms).filter(in_range))
-    pending = and_(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
-    return (
+        in_spark = and_(hour >= type_coerce(spark_from, UtcDateTime()), up_to_date, RollupRow.ttft_p50_ms.is_not(None))
+        # The sparkline's slots as whole numbers: 24 small ints per series decode faster than timestamps.
+        slot = cast_to_int((func.extract("epoch", hour) - spark_from.timestamp()) / 3600)
+        columns += [
+            func.percentile_cont(0.5).within_group(RollupRow.ttft_p50_ms).filter(in_week),
+            func.array_agg(slot).filter(in_spark),
+            func.array_agg(RollupRow.ttft_p50_ms).filter(in_spark),
+        ]
+    marked = and_(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
+    rows = await connection.execute(
         select(RollupRow.series_id, *columns)
-        .select_from(RollupRow.__table__.outerjoin(RollupPendingRow.__table__, pending))
+        .select_from(RollupRow.__table__.outerjoin(RollupPendingRow.__table__, marked))
         .where(hour >= type_coerce(min(windows), UtcDateTime()), hour < type_coerce(current, UtcDateTime()))
         .group_by(RollupRow.series_id)
     )
+    counts: dict[int, list[int]] = {}
+    medians: dict[int, float] = {}
+    sparks: dict[int, dict[int, float]] = {}
+    for series_id, *values in rows:
+        counts[series_id] = [int(v or 0) for v in values[:6]]
+        if postgres:
+            median, slots, p50s = values[6:]
+            if median is not None:
+                medians[series_id] = median
+            if slots:
+                sparks[series_id] = dict(zip(slots, p50s, strict=True))
+    if not postgres:
+        for series_id, at, p50 in await connection.execute(
+            select(RollupRow.series_id, hour, RollupRow.ttft_p50_ms).where(
+                hour >= type_coerce(spark_from, UtcDateTime()),
+                hour < type_coerce(current, UtcDateTime()),
+                RollupRow.ttft_p50_ms.is_not(None),
+            )
+        ):
+            if (series_id, at) not in pending:
+                sparks.setdefault(series_id, {})[int((at - spark_from).total_seconds()) // 3600] = cast(float, p50)
+    return _Rolled(counts, medians if postgres else None, sparks)
+
+
+def cast_to_int(value: Any) -> Any:
+    return type_coerce(func.floor(value), Integer).cast(Integer)
 
 
 def ceil_hour(moment: datetime) -> datetime:
     floor = floor_hour(moment)
     return floor if floor == moment else floor + timedelta(hours=1)
-
-
-async def _overview_rows(
-    connection: AsyncConnection, *, now: datetime, day: datetime, hour: datetime
-) -> tuple[Any, ...]:
-    """Per series: hourly sparkline values, last-hour run medians and open incidents."""
-    started = RunRow.started_at
-    hour_key = _hour_key(connection)
-    hourly = (
-        select(RunRow.series_id, hour_key.label("hour"), func.avg(RunRow.ttft_p50_ms).label("p50"))
-        .where(started >= type_coerce(day, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
-        .group_by(RunRow.series_id, hour_key)
-    )
-    sparks: dict[int, dict[str, float | None]] = defaultdict(dict)
-    if connection.dialect.name == "postgresql":
-        # One row per series with its hours as arrays: 24 times fewer rows to build (bench/web.py).
-        by_hour = hourly.subquery()
-        per_series = select(by_hour.c.series_id, func.array_agg(by_hour.c.hour), func.array_agg(by_hour.c.p50))
-        for series_id, keys, values in await connection.execute(per_series.group_by(by_hour.c.series_id)):
-            sparks[series_id] = dict(zip(keys, values, strict=True))
-    else:
-        for series_id, key, value in await connection.execute(hourly):
-            sparks[series_id][key] = value
-    recent = await connection.execute(
-        select(RunRow.series_id, RunRow.started_at, RunRow.ttft_p50_ms, RunRow.ok)
-        .where(started >= type_coerce(hour, UtcDateTime()), started < type_coerce(now, UtcDateTime()))
-        .order_by(RunRow.series_id, started)
-    )
-    last_hour: dict[int, list[float]] = defaultdict(list)
-    for series_id, _at, p50, _ok in recent:
-        if p50 is not None:
-            last_hour[series_id].append(p50)
-    incidents = await connection.execute(
-        select(IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.baseline_ms).where(
-            IncidentRow.resolved_at.is_(None)
-        )
-    )
-    open_by_series: dict[int, list[tuple[str, str, float | None]]] = defaultdict(list)
-    for series_id, kind, severity, baseline in incidents:
-        open_by_series[series_id].append((kind, severity, baseline))
-    return sparks, last_hour, open_by_series
 
 
 def _fraction(ok: Any, errors: Any) -> float | None:
@@ -422,15 +499,19 @@ def bucket_seconds(range_s: float, max_points: int = MAX_POINTS) -> int:
     return math.ceil(range_s / max_points / 86400) * 86400
 
 
+_PHASE_AT = 10  # where the phases begin in a sample row (_SAMPLE_FIELDS), then the server's numbers
+_SERVER_AT = _PHASE_AT + len(PHASES)
 _SAMPLE_FIELDS = (
     SampleRow.sent_at, RunRow.started_at, RunRow.id, SampleRow.request_id, SampleRow.error,
     SampleRow.error_message, SampleRow.http_status, SampleRow.decode_tps, SampleRow.prompt_tokens,
     SampleRow.cached_tokens, *(getattr(SampleRow, name) for name in PHASES),
+    *(getattr(RunRow, name) for name in SERVER_FIELDS),
 )  # fmt: skip
 
 
 def sample_point(row: Sequence[Any]) -> dict[str, Any]:
-    sent_at, started_at, run_id, request_id, error, message, status, rate, prompt, cached, *phases = row
+    sent_at, started_at, run_id, request_id, error, message, status, rate, prompt, cached = row[:_PHASE_AT]
+    phases, server = row[_PHASE_AT:_SERVER_AT], row[_SERVER_AT:]
     ttft = phases[PHASES.index("ttft_ms")]
     return {
         "t": iso(sent_at or started_at),
@@ -443,6 +524,7 @@ def sample_point(row: Sequence[Any]) -> dict[str, Any]:
         "decode_tps": _round(rate),
         "prompt_tokens": prompt,
         "cached_tokens": cached,
+        **{name: _round(value, 4) for name, value in zip(SERVER_FIELDS, server, strict=True)},
         "error_counts": {error: 1} if error else {},
         "run_id": str(run_id),
         "request_id": request_id,
@@ -452,17 +534,20 @@ def sample_point(row: Sequence[Any]) -> dict[str, Any]:
 
 
 def bucket_points(rows: Sequence[Sequence[Any]], *, start: datetime, width_s: int) -> list[dict[str, Any]]:
-    """Raw samples folded into buckets of `width_s`: TTFT p10/p50/p90, the phases' and rates' medians."""
+    """Raw samples folded into buckets of `width_s`: TTFT p10/p50/p90, the phases' and rates' medians,
+    and the medians of the server's numbers over the bucket's runs (each run once)."""
     buckets: dict[int, list[Sequence[Any]]] = defaultdict(list)
     origin = start.timestamp()
     for row in rows:
         moment = row[0] or row[1]
         buckets[int((moment.timestamp() - origin) // width_s)].append(row)
+    ttft_at = _PHASE_AT + PHASES.index("ttft_ms")
     out = []
     for index in sorted(buckets):
         members = buckets[index]
         errors = Counter(row[4] for row in members if row[4])
-        ttfts = sorted(row[10 + PHASES.index("ttft_ms")] for row in members if row[10 + PHASES.index("ttft_ms")])
+        ttfts = sorted(row[ttft_at] for row in members if row[ttft_at])
+        runs = list({row[2]: row for row in members}.values())
 
         def median_of(position: int, members: list[Sequence[Any]] = members) -> float | None:
             return _median([row[position] for row in members if row[position] is not None])
@@ -475,55 +560,226 @@ def bucket_points(rows: Sequence[Sequence[Any]], *, start: datetime, width_s: in
                 "ttft_p10_ms": _round(stats.quantile(ttfts, 0.1)),
                 "ttft_p50_ms": _round(stats.quantile(ttfts, 0.5)),
                 "ttft_p90_ms": _round(stats.quantile(ttfts, 0.9)),
-                **{name: _round(median_of(10 + i)) for i, name in enumerate(PHASES)},
+                **{name: _round(median_of(_PHASE_AT + i)) for i, name in enumerate(PHASES)},
                 "decode_tps": _round(median_of(7)),
                 "prompt_tokens": _round(median_of(8), 0),
                 "cached_tokens": _round(median_of(9), 0),
+                **{name: _round(median_of(_SERVER_AT + i, runs), 4) for i, name in enumerate(SERVER_FIELDS)},
                 "error_counts": dict(sorted(errors.items())),
             }
         )
     return out
 
 
-def hourly_points(hours: Sequence[Any], *, start: datetime, width_s: int) -> list[dict[str, Any]]:
-    """Hourly statistics (rollups) folded into buckets of `width_s` (a whole number of hours)."""
-    buckets: dict[int, list[Any]] = defaultdict(list)
+def hourly_points(hours: Sequence[HourlyStats], *, start: datetime, width_s: int) -> list[dict[str, Any]]:
+    """Hourly statistics (rollups) folded into buckets of `width_s` (a whole number of hours): each
+    value the median of the hours' values (with one hour per bucket, the hour's own)."""
+    buckets: dict[int, list[HourlyStats]] = defaultdict(list)
     origin = start.timestamp()
     for item in hours:
         buckets[int((item.hour.timestamp() - origin) // width_s)].append(item)
     out = []
     for index in sorted(buckets):
         members = buckets[index]
-        p50s = [m.ttft_p50_ms for m in members if m.ttft_p50_ms is not None]
-        p90s = [m.ttft_p90_ms for m in members if m.ttft_p90_ms is not None]
-        lows = [m.ttft_min_ms for m in members if m.ttft_min_ms is not None]
-        rates = [m.decode_tps_p50 for m in members if m.decode_tps_p50 is not None]
+
+        def median_of(name: str, members: list[HourlyStats] = members) -> float | None:
+            if len(members) == 1:  # the usual case up to 30 days: one hour per point
+                return cast(float | None, getattr(members[0], name))
+            return _median([value for m in members if (value := getattr(m, name)) is not None])
+
+        errors = sum(m.errors for m in members)
         out.append(
             {
                 "t": iso(max(datetime.fromtimestamp(origin + index * width_s, UTC), members[0].hour)),
                 "n": sum(m.samples for m in members),
-                "errors": sum(m.errors for m in members),
-                # Rollups keep min, p50, p90, p99 and max: the band's lower edge is the minimum here.
-                "ttft_p10_ms": _round(min(lows)) if lows else None,
-                "ttft_p50_ms": _round(_median(p50s)),
-                "ttft_p90_ms": _round(max(p90s)) if p90s else None,
-                **{name: None for name in PHASES},
-                "ttft_ms": _round(_median(p50s)),
-                "decode_tps": _round(_median(rates)),
-                "prompt_tokens": None,
-                "cached_tokens": None,
-                "error_counts": {"error": sum(m.errors for m in members)} if any(m.errors for m in members) else {},
+                "errors": errors,
+                "ttft_p10_ms": _round(median_of("ttft_p10_ms")),
+                "ttft_p50_ms": _round(median_of("ttft_p50_ms")),
+                "ttft_p90_ms": _round(median_of("ttft_p90_ms")),
+                **{name: _round(median_of(_ROLLUP_OF.get(name, f"{name}_p50"))) for name in PHASES},
+                "decode_tps": _round(median_of("decode_tps_p50")),
+                "prompt_tokens": _round(median_of("prompt_tokens_p50"), 0),
+                "cached_tokens": _round(median_of("cached_tokens_p50"), 0),
+                **{name: _round(median_of(f"{name}_p50"), 4) for name in SERVER_FIELDS},
+                # Rollups count errors, not their classes.
+                "error_counts": {"error": errors} if errors else {},
             }
         )
     return out
 
 
+_ROLLUP_OF = {"ttft_ms": "ttft_p50_ms"}
+_ROLLUP_FIELDS = tuple(getattr(RollupRow, f.name) for f in fields(HourlyStats))
+
+
+def detector_baselines(
+    detector: Detector, runs: Sequence[RunPoint], *, step_from: datetime
+) -> tuple[list[float], list[float | None]]:
+    """The baseline the detector compares each run at or after `step_from` with: (times as epoch
+    seconds, baselines in ms; None before the series has one). The detector's own code: runs before
+    `step_from` are its history, the rest are evaluated one by one from a fresh state (an incident
+    open before `step_from` is not known, so its baseline may follow the regression)."""
+    split = bisect.bisect_left([run.at for run in runs], step_from)
+    replayer = detector.replayer(history=runs[:split])
+    times: list[float] = []
+    baselines: list[float | None] = []
+    for run in runs[split:]:
+        replayer.feed(run)
+        if run.ttft_ms is not None:
+            times.append(run.at.timestamp())
+            baselines.append(replayer.baseline_ms)
+    return times, baselines
+
+
+def _baseline_at(times: Sequence[float], baselines: Sequence[float | None], moment: float) -> float | None:
+    """The baseline of the last run that started before `moment`."""
+    index = bisect.bisect_left(times, moment) - 1
+    return baselines[index] if index >= 0 else None
+
+
+async def _run_points(connection: AsyncConnection, series_id: int, *, start: datetime, end: datetime) -> list[RunPoint]:
+    rows = await connection.execute(
+        select(RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors)
+        .where(
+            RunRow.series_id == series_id,
+            RunRow.started_at >= type_coerce(start, UtcDateTime()),
+            RunRow.started_at < type_coerce(end, UtcDateTime()),
+        )
+        .order_by(RunRow.started_at)
+    )
+    return [
+        RunPoint(
+            at=at, ttft_ms=p50 if p50 is not None and 0 < p50 < math.inf else None, error=error, ok=ok, errors=errors
+        )
+        for at, p50, error, ok, errors in rows
+    ]
+
+
+def _hour_run_points(hours: Sequence[HourlyStats]) -> list[RunPoint]:
+    """Hourly rollups as the detector's runs: the hour's p50 and its request counts."""
+    return [
+        RunPoint(
+            at=h.hour,
+            ttft_ms=h.ttft_p50_ms if h.ttft_p50_ms is not None and 0 < h.ttft_p50_ms < math.inf else None,
+            ok=h.samples - h.errors,
+            errors=h.errors,
+        )
+        for h in hours
+    ]
+
+
+async def _hours(
+    connection: AsyncConnection, repository: Repository, series: SeriesInfo, *, start: datetime, end: datetime
+) -> list[HourlyStats]:
+    """The series' hourly statistics in [start, end): stored rollups, and hours not rolled up yet (the
+    current one, or a backlog) computed from raw samples."""
+    stored = [
+        HourlyStats(*row)
+        for row in await connection.execute(
+            select(*_ROLLUP_FIELDS)
+            .where(
+                RollupRow.series_id == series.id,
+                RollupRow.hour >= type_coerce(start, UtcDateTime()),
+                RollupRow.hour < type_coerce(end, UtcDateTime()),
+            )
+            .order_by(RollupRow.hour)
+        )
+    ]
+    tail_start = stored[-1].hour + timedelta(hours=1) if stored else start
+    if tail_start >= end:
+        return stored
+    key = SeriesKey(series.target, series.provider, series.model, series.prompt, series.location)
+    rolled = {item.hour for item in stored}
+    fresh = [h for h in await repository.hourly_percentiles(key, tail_start, end) if h.hour not in rolled]
+    return stored + fresh
+
+
+async def _where_the_time_went(
+    connection: AsyncConnection,
+    series_id: int,
+    *,
+    end: datetime,
+    incidents: Sequence[dict[str, Any]],
+    baseline_at: Callable[[float], float | None],
+) -> dict[str, Any] | None:
+    """What the server's own metrics say about the latest regression in the range (or, without one,
+    the last hour): the client's TTFT and the server's TTFT, queue, prefill and waiting requests
+    against their medians over the day before, with the alerts' wording (monitor.alert.attribution).
+    None when the runs carry no server metrics."""
+    regression = next((i for i in incidents if i["kind"] == "regression"), None)
+    since = _parse_iso(regression["since"]) if regression else end - timedelta(hours=1)
+    until = _parse_iso(regression["resolved_at"]) if regression and regression["resolved_at"] else end
+    until = min(until, end)
+    if since >= until:
+        since = until - timedelta(hours=1)
+    rows = (
+        await connection.execute(
+            select(RunRow.started_at, RunRow.ttft_p50_ms, *(getattr(RunRow, name) for name in SERVER_FIELDS)).where(
+                RunRow.series_id == series_id,
+                RunRow.started_at >= type_coerce(since - timedelta(hours=24), UtcDateTime()),
+                RunRow.started_at < type_coerce(until, UtcDateTime()),
+            )
+        )
+    ).all()
+    recent = [row for row in rows if row[0] >= since]
+    before = [row for row in rows if row[0] < since]
+    position = {"ttft_p50_ms": 1, **{name: 2 + i for i, name in enumerate(SERVER_FIELDS)}}
+
+    def middle(found: Sequence[Any], name: str) -> float | None:
+        at = position[name]
+        return _median([row[at] for row in found if row[at] is not None])
+
+    if all(middle(recent, name) is None for name in ("server_ttft_ms", "server_waiting")):
+        return None
+    split = ServerSplit(
+        ttft_ms=middle(recent, "server_ttft_ms"),
+        ttft_baseline_ms=middle(before, "server_ttft_ms"),
+        waiting=middle(recent, "server_waiting"),
+        waiting_baseline=middle(before, "server_waiting"),
+        queue_ms=middle(recent, "server_queue_ms"),
+        queue_baseline_ms=middle(before, "server_queue_ms"),
+        prefill_ms=middle(recent, "server_prefill_ms"),
+        prefill_baseline_ms=middle(before, "server_prefill_ms"),
+    )
+    client = middle(recent, "ttft_p50_ms")
+    # The incident's own baseline (what the daemon's detector compared it with); else the replayed
+    # baseline of the window's first run.
+    client_baseline = (regression or {}).get("baseline_ms") or baseline_at(since.timestamp() + 1e-6)
+    cause = classify(client, client_baseline, split)
+    return {
+        "since": iso(since),
+        "until": iso(until),
+        "incident_id": regression["id"] if regression else None,
+        "client_ttft_ms": _round(client),
+        "client_baseline_ms": _round(client_baseline),
+        **{key: _round(value) for key, value in asdict(split).items()},
+        "cause": cause,
+        "text": split_text(client, client_baseline, split),
+    }
+
+
+def _parse_iso(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
 async def series_points(
-    engine: AsyncEngine, series_id: int, *, start: datetime, end: datetime, max_points: int = MAX_POINTS
+    engine: AsyncEngine,
+    series_id: int,
+    *,
+    start: datetime,
+    end: datetime,
+    max_points: int = MAX_POINTS,
+    detector: Detector | None = None,
 ) -> dict[str, Any]:
     """One series over [start, end): raw samples when they fit, else buckets of them; hourly rollups
-    beyond the raw retention range. With the series' incidents in the range and its baseline."""
+    beyond the raw retention range. Each point carries the baseline the detector (`detector`, default
+    rules when None) compared its runs with; with the series' incidents in the range."""
+    detector = detector or Detector()
     range_s = (end - start).total_seconds()
+    # The detector reads this far back; its evaluations start a level window before the range, so an
+    # incident that began shortly before it keeps its baseline.
+    history_start = detector.history_since(start)
+    step_from = start - timedelta(hours=detector.rules.level_hours)
     async with engine.connect() as connection:
         found = await _series(connection, [series_id])
         if series_id not in found:
@@ -548,24 +804,35 @@ async def series_points(
             else:
                 width = bucket_seconds(range_s, max_points)
                 resolution, points = "bucket", bucket_points(rows, start=start, width_s=width)
+            runs = await _run_points(connection, series_id, start=history_start, end=end)
+            if sum(run.at >= step_from for run in runs) > MAX_REPLAYED_RUNS:
+                # Frequent runs over days: the detector replayed over the hours instead (as for long
+                # ranges), so the view stays fast; the seasonal baseline barely differs.
+                hours = await _hours(connection, Repository(engine), info, start=floor_hour(history_start), end=end)
+                runs = _hour_run_points(hours)
         else:
             resolution = "hour"
             width = max(3600, math.ceil(bucket_seconds(range_s, max_points) / 3600) * 3600)
-            points = []
+            hours = await _hours(connection, Repository(engine), info, start=floor_hour(history_start), end=end)
+            in_range = [h for h in hours if h.hour >= start]
+            points = hourly_points(in_range, start=start, width_s=width)
+            runs = _hour_run_points(hours)
         incidents = await _incidents_of(connection, [series_id], start=start, end=end)
-        baselines = await _baselines(
-            connection, week=end - timedelta(days=7), hour=end - timedelta(hours=1), series_ids=[series_id]
+        times, baselines = detector_baselines(detector, runs, step_from=step_from)
+        split = await _where_the_time_went(
+            connection,
+            series_id,
+            end=end,
+            incidents=incidents,
+            baseline_at=lambda moment: _baseline_at(times, baselines, moment),
         )
-        baseline = baselines.get(series_id)
-    if resolution == "hour":
-        repository = Repository(engine)
-        key = SeriesKey(info.target, info.provider, info.model, info.prompt, info.location)
-        stored = await repository.rollups_between(key, start, end)
-        rolled = {item.hour for item in stored}
-        # Hours not rolled up yet (the current one, or a backlog) come from raw samples.
-        tail_start = max(rolled) + timedelta(hours=1) if rolled else start
-        fresh = [h for h in await repository.hourly_percentiles(key, tail_start, end) if h.hour not in rolled]
-        points = hourly_points(sorted([*stored, *fresh], key=lambda h: h.hour), start=start, width_s=width)
+    end_s = end.timestamp()
+    for point in points:
+        moment = _epoch(point["t"])
+        # A bucket's baseline is the one its last run was compared with; a sample's, its run's.
+        until = min(moment + width, end_s) if width else moment + 1e-6
+        point["baseline_ms"] = _round(_baseline_at(times, baselines, until))
+    baseline = _baseline_at(times, baselines, end_s)
     if baseline is None:
         baseline = _median(
             [p["ttft_p50_ms"] for p in points if p["ttft_p50_ms"] is not None and not _inside(p, incidents)]
@@ -579,7 +846,12 @@ async def series_points(
         "baseline_ms": _round(baseline),
         "points": points,
         "incidents": incidents,
+        "split": split,
     }
+
+
+def _epoch(text: str) -> float:
+    return _parse_iso(text).timestamp()
 
 
 def _inside(point: dict[str, Any], incidents: Sequence[dict[str, Any]]) -> bool:
@@ -696,6 +968,17 @@ def compare_values(
         if prompt_tokens is not None:
             tokens[(target, prompt)].append(prompt_tokens)
             slope_points[target].append((prompt_tokens, ttft))
+    return _compare_cells(cells, tokens, models, slope_points)
+
+
+def _compare_cells(
+    cells: dict[tuple[str, str], list[float]],
+    tokens: dict[tuple[str, str], list[float]],
+    models: dict[str, str],
+    slope_points: dict[str, list[tuple[float, float]]],
+) -> dict[str, Any]:
+    """`compare_values` from the samples already grouped: TTFTs and prompt tokens per (target, prompt),
+    each target's model and its (prompt tokens, TTFT) pairs."""
     sorted_cells = {key: sorted(values) for key, values in cells.items()}
     cdfs = {key: stats.median_bootstrap_cdf(len(values)) for key, values in sorted_cells.items()}
     variances = {key: stats.median_variance(values, cdfs[key]) for key, values in sorted_cells.items()}
@@ -774,14 +1057,21 @@ async def compare(
             and (not locations or info.location in locations)
         }
         found = await _compare_samples(connection, list(chosen), start=start, end=end) if chosen else []
-    rows = [
-        (info.target, info.model, info.prompt, ttft, tokens)
-        for sid, ttfts, tokens_of in found
-        for info in (chosen[sid],)
-        for ttft, tokens in zip(ttfts, tokens_of, strict=True)
-    ]
+    # Grouped straight from the per-series arrays: building a tuple per sample took a third of the view.
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    tokens: dict[tuple[str, str], list[float]] = defaultdict(list)
+    models: dict[str, str] = {}
+    slope_points: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for sid, ttfts, tokens_of in found:
+        info = chosen[sid]
+        cell = (info.target, info.prompt)
+        models[info.target] = info.model
+        cells[cell].extend(ttfts)
+        counted = [(n, ttft) for n, ttft in zip(tokens_of, ttfts, strict=True) if n is not None]
+        tokens[cell].extend(n for n, _ in counted)
+        slope_points[info.target].extend(cast(list[tuple[float, float]], counted))
     available = [(info.target, info.prompt, info.location) for info in series.values()]
-    result = compare_values(cast(list[tuple[str, str, str, float, float | None]], rows))  # NULL ttft filtered out
+    result = _compare_cells(cells, tokens, models, slope_points)
     return {
         "start": iso(start),
         "end": iso(end),

@@ -14,6 +14,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.config.models import Config
+from monitor.detect.detector import Detector, Rules
 from monitor.web.api import web_routes
 from monitor.web.auth import Guard
 
@@ -68,6 +69,7 @@ def ui_routes(config: Config, engine: AsyncEngine, environ: Mapping[str, str] | 
         guard=guard,
         describe_error=lambda exc: describe_db_error(exc, url),
         thresholds={"ticket_ratio": detection.ticket.ratio, "page_ratio": detection.page.ratio},
+        detector=Detector(Rules.from_config(detection)),
     )
 
 

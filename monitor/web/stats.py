@@ -85,8 +85,14 @@ class Difference:
 def median_variance(sorted_values: Sequence[float], cdf: Sequence[float] | None = None) -> float:
     """The exact bootstrap variance of the median: the variance of its bootstrap distribution."""
     cdf = cdf if cdf is not None else median_bootstrap_cdf(len(sorted_values))
-    mean = square = previous = 0.0
-    for value, cumulative in zip(sorted_values, cdf, strict=True):
+    if len(cdf) != len(sorted_values):
+        raise ValueError(f"{len(sorted_values)} values but a cdf of {len(cdf)}")
+    # Only order statistics with a weight count (the cdf is 0 below them and 1 above): the same sums.
+    low = max(0, bisect.bisect_right(cdf, 0.0) - 1)
+    high = min(len(cdf), bisect.bisect_left(cdf, 1.0) + 1)
+    mean = square = 0.0
+    previous = cdf[low - 1] if low else 0.0
+    for value, cumulative in zip(sorted_values[low:high], cdf[low:high], strict=True):
         weight = cumulative - previous
         previous = cumulative
         mean += weight * value

@@ -60,6 +60,8 @@
           if (i === null || i === undefined || !points[i]) { tip.hidden = true; return; }
           const p = points[i];
           const lines = [TTFT.when(p.t), `TTFT p50 ${ms(p.ttft_p50_ms)} ms`, `n ${p.n}, errors ${p.errors}`];
+          if (p.baseline_ms !== null && p.baseline_ms !== undefined) lines.push(`baseline ${ms(p.baseline_ms)} ms`);
+          if (p.server_ttft_ms !== null && p.server_ttft_ms !== undefined) lines.push(`server TTFT ${ms(p.server_ttft_ms)} ms`);
           if (p.run_id) lines.push(`run ${p.run_id}`);
           if (p.request_id) lines.push(`request id ${p.request_id}`);
           if (p.error_message) lines.push(`error: ${p.error_message}`);
@@ -70,6 +72,46 @@
         },
       },
     };
+  }
+
+  function splitNote(split) {
+    // Where the time went, in the alerts' words; the numbers alone when TTFT did not grow.
+    const when = `${TTFT.when(split.since)} – ${TTFT.when(split.until)}`;
+    const numbers = [`client TTFT ${ms(split.client_ttft_ms)} ms (baseline ${ms(split.client_baseline_ms)})`];
+    if (split.ttft_ms !== null) numbers.push(`server TTFT ${ms(split.ttft_ms)} ms (baseline ${ms(split.ttft_baseline_ms)})`);
+    const count = (v) => (v === null || v === undefined ? "–" : Math.round(v).toLocaleString("en"));
+    if (split.waiting !== null) numbers.push(`${count(split.waiting)} requests waiting (baseline ${count(split.waiting_baseline)})`);
+    return el("p", { class: "split", "data-cause": split.cause || "none" },
+      el("strong", {}, split.incident_id ? "Where the time went during the regression: " : "Where the time went, last hour: "),
+      split.text || numbers.join("; "), el("span", { class: "muted" }, ` · ${when}`));
+  }
+
+  function serverCharts(xs, pts, col) {
+    // The server's own metrics per run (providers with server_metrics_url), beside the client's TTFT.
+    const has = (key) => pts.some((p) => p[key] !== null && p[key] !== undefined);
+    if (!["server_ttft_ms", "server_queue_ms", "server_prefill_ms", "server_waiting"].some(has)) {
+      main.append(el("h2", {}, "Where the time went"), el("p", { class: "muted no-server-metrics" },
+        "No server metrics for this series: name the provider's Prometheus endpoint (server_metrics_url) to split TTFT into the server's queue, its prefill and the rest."));
+      return;
+    }
+    TTFT_CHARTS.timeChart(main, "Where the time went (ms): client TTFT beside the server's own TTFT, queue and prefill",
+      [xs, col("ttft_p50_ms"), col("server_ttft_ms"), col("server_queue_ms"), col("server_prefill_ms")], [
+        { label: "client TTFT p50", stroke: "#2e6fdb", width: 1.5, points: { show: false } },
+        { label: "server TTFT", stroke: "#7a5af8", points: { show: false } },
+        { label: "server queue", stroke: "#d92d20", points: { show: false } },
+        { label: "server prefill", stroke: "#0e9384", points: { show: false } },
+      ], { yLabel: "ms", height: 220 });
+    TTFT_CHARTS.timeChart(main, "Server load: requests waiting and running",
+      [xs, col("server_waiting"), col("server_running")], [
+        { label: "waiting", stroke: "#d92d20", points: { show: false } },
+        { label: "running", stroke: "#667085", points: { show: false } },
+      ], { yLabel: "requests", height: 160 });
+    const percent = (key) => pts.map((p) => (p[key] === null || p[key] === undefined ? null : p[key] * 100));
+    TTFT_CHARTS.timeChart(main, "Server caches (%): KV-cache usage and prefix-cache hit rate",
+      [xs, percent("server_kv_cache_usage"), percent("server_prefix_hit_rate")], [
+        { label: "KV-cache usage", stroke: "#f79009", points: { show: false } },
+        { label: "prefix-cache hit rate", stroke: "#12b76a", points: { show: false } },
+      ], { yLabel: "%", height: 160 });
   }
 
   async function load(range) {
@@ -93,7 +135,8 @@
     const pts = data.points;
     const xs = pts.map((p) => TTFT.epoch(p.t));
     const col = (key) => pts.map((p) => p[key] ?? null);
-    const baseline = pts.map(() => data.baseline_ms);
+    // The detector's baseline for each point's runs (seasonal once the series has days of history).
+    const baseline = pts.map((p) => p.baseline_ms ?? data.baseline_ms);
     const incidentBaselines = data.incidents.filter((i) => i.baseline_ms !== null);
     // The baseline's band: up to where the detector opens a ticket; the page line above it.
     const limits = data.thresholds || {};
@@ -108,7 +151,8 @@
     ];
     const shade = { hooks: { draw: [(u) => shadeIncidents(u, data.incidents)] } };
     const tip = tooltipPlugin(pts);
-    TTFT_CHARTS.timeChart(main, "TTFT (ms): p50 with the p10–p90 band, baseline, incidents shaded",
+    if (data.split) main.append(splitNote(data.split));
+    TTFT_CHARTS.timeChart(main, "TTFT (ms): p50 with the p10–p90 band, the detector's baseline, incidents shaded",
       [xs, col("ttft_p10_ms"), col("ttft_p50_ms"), col("ttft_p90_ms"), baseline, times(limits.ticket_ratio), times(limits.page_ratio)], ttftSeries, {
         yLabel: "ms", height: 280,
         bands: [{ series: [3, 1], fill: "rgba(46,111,219,0.12)" }, { series: [5, 4], fill: "rgba(18,183,106,0.08)" }],
@@ -118,21 +162,18 @@
       main.append(el("p", { class: "muted incidents-note" }, data.incidents.map((i) =>
         `${i.kind} ${i.severity} from ${TTFT.when(i.opened_at)}${i.resolved_at ? ` to ${TTFT.when(i.resolved_at)}` : " (open)"}: baseline ${ms(i.baseline_ms)} ms, observed ${ms(i.observed_ms)} ms, peak ×${i.peak_ratio ?? "–"}`).join(" · ")));
     }
-    if (data.resolution !== "hour") {
-      const setup = pts.map((p) => (p.dns_ms ?? 0) + (p.connect_ms ?? 0) + (p.tls_ms ?? 0) || null);
-      const colors = ["#7a5af8", "#2e6fdb", "#0e9384", "#f79009", "#667085"];
-      TTFT_CHARTS.timeChart(main, "Phases from send (ms): each layer ends when that phase is reached",
-        [xs, ...PHASES.map(([key]) => (key === "setup" ? setup : col(key)))],
-        PHASES.map(([, label], i) => ({ label, stroke: colors[i], fill: colors[i] + "55", points: { show: false } })), { yLabel: "ms" });
-    }
+    const setup = pts.map((p) => (p.dns_ms ?? 0) + (p.connect_ms ?? 0) + (p.tls_ms ?? 0) || null);
+    const colors = ["#7a5af8", "#2e6fdb", "#0e9384", "#f79009", "#667085"];
+    TTFT_CHARTS.timeChart(main, "Phases from send (ms): each layer ends when that phase is reached",
+      [xs, ...PHASES.map(([key]) => (key === "setup" ? setup : col(key)))],
+      PHASES.map(([, label], i) => ({ label, stroke: colors[i], fill: colors[i] + "55", points: { show: false } })), { yLabel: "ms" });
+    serverCharts(xs, pts, col);
     const classes = [...new Set(pts.flatMap((p) => Object.keys(p.error_counts || {})))].sort();
     TTFT_CHARTS.timeChart(main, "Errors by class", [xs, ...(classes.length ? classes : ["none"]).map((c) => pts.map((p) => (p.error_counts || {})[c] ?? 0))],
       (classes.length ? classes : ["none"]).map((c, i) => ({ label: c, stroke: TTFT_CHARTS.PALETTE[(i + 1) % 8], points: { show: true, size: 3 } })), { yLabel: "errors", height: 160 });
     TTFT_CHARTS.timeChart(main, "Decode rate (tokens/s)", [xs, col("decode_tps")], [{ label: "decode tokens/s", stroke: "#0e9384", points: { show: false } }], { height: 160 });
-    if (data.resolution !== "hour") {
-      TTFT_CHARTS.timeChart(main, "Prompt and cached tokens", [xs, col("prompt_tokens"), col("cached_tokens")],
-        [{ label: "prompt tokens", stroke: "#2e6fdb", points: { show: false } }, { label: "cached tokens", stroke: "#f79009", points: { show: false } }], { height: 160 });
-    }
+    TTFT_CHARTS.timeChart(main, "Prompt and cached tokens", [xs, col("prompt_tokens"), col("cached_tokens")],
+      [{ label: "prompt tokens", stroke: "#2e6fdb", points: { show: false } }, { label: "cached tokens", stroke: "#f79009", points: { show: false } }], { height: 160 });
     const failures = pts.filter((p) => p.errors > 0 && p.error_message).slice(-10).reverse();
     if (failures.length) {
       main.append(el("h2", {}, "Recent errors"), el("ul", { class: "recent-errors" }, failures.map((p) =>
