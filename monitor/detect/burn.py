@@ -310,7 +310,8 @@ def describe(target: str, result: RuleResult, policy: BurnPolicy) -> str:
     1 h and 5 min; 100% in the last 5 min)`."""
     long, short, rule = result.long, result.short, result.rule
     if long.bad_share is None:
-        return f"{target}: no probes in {_last(rule.long_s)} (SLO {_objective(policy.objective)} under {policy.threshold_ms:g} ms)"
+        slo = f"SLO {_objective(policy.objective)} under {policy.threshold_ms:g} ms"
+        return f"{target}: no probes in {_last(rule.long_s)} ({slo})"
     burn = result.long_burn or 0.0
     text = (
         f"{target}: {_percent(long.bad_share)} of probes over {policy.threshold_ms:g} ms or failed in "
