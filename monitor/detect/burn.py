@@ -323,6 +323,19 @@ def describe(target: str, result: RuleResult, policy: BurnPolicy) -> str:
     return text + ")"
 
 
+def describe_resolved(target: str, result: RuleResult, policy: BurnPolicy, incident: BurnIncident) -> str:
+    """`qwen3-8b: back under every burn rate (0% of probes over 800 ms or failed in the last 5 min);
+    peaked at 18x`."""
+    short = result.short
+    recent = (
+        f"{_percent(short.bad_share)} of probes over {policy.threshold_ms:g} ms or failed in {_last(short.seconds)}"
+        if short.bad_share is not None
+        else f"no probes in {_last(short.seconds)}"
+    )
+    peak = f"; peaked at {incident.peak_burn:.3g}x" if incident.peak_burn is not None else ""
+    return f"{target}: back under every burn rate ({recent}){peak}"
+
+
 def details(result: RuleResult, policy: BurnPolicy) -> dict[str, Any]:
     """What the incident row and the notification keep about the windows (JSON-safe)."""
     return {

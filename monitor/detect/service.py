@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from monitor.alert.attribution import ServerSplit, classify, server_split, split_text
 from monitor.alert.model import Notification, series_link
 from monitor.config.models import Config
+from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
@@ -71,11 +72,13 @@ class DetectionService:
         self._outbox = outbox
         self._metrics = metrics
         self._log = structlog.get_logger()
+        self._burn = BurnService(engine, config, outbox=outbox)
         self.update_config(config)
 
     def update_config(self, config: Config) -> None:
         self._config = config
         self._detectors: dict[str, Detector] = {}
+        self._burn.update_config(config)
 
     def _detector(self, target: str) -> Detector:
         detector = self._detectors.get(target)
@@ -99,6 +102,8 @@ class DetectionService:
                     prompt=run.series.prompt,
                     error=f"{type(exc).__name__}: {exc}"[:300],
                 )
+        # Per target rather than per series: after every run of the batch is stored and evaluated.
+        await self._burn.after_store(job, batch)
 
     async def _evaluate(self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta) -> None:
         """Evaluate one run; the state is written only if nobody else wrote it meanwhile (compare-and-set
