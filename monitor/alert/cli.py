@@ -161,6 +161,8 @@ class IncidentView:
     # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
     cause: str | None = None
     attribution: str | None = None
+    # What an slo_burn incident measured: bad share, windows, burn rate (monitor.detect.burn.describe).
+    summary: str | None = None
 
     @property
     def state(self) -> str:
@@ -190,6 +192,7 @@ class IncidentView:
             "peak_at": None if self.peak_at is None else iso(self.peak_at),
             "cause": self.cause,
             "attribution": self.attribution,
+            "summary": self.summary,
         }
 
 
@@ -243,6 +246,7 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             job=_detail(row.details, "job"),
             cause=_detail(row.details, "cause"),
             attribution=_detail(row.details, "attribution"),
+            summary=_detail(row.details, "summary"),
             opened_at=row.opened_at,
             resolved_at=row.resolved_at,
             baseline_ms=row.baseline_ms,
@@ -292,6 +296,8 @@ def format_table(incidents: list[IncidentView], now: datetime, recent_days: floa
         lines.append(line)
         if item.attribution:
             lines.append(f"  where: {item.attribution}")
+        if item.summary:
+            lines.append(f"  slo: {item.summary}")
     open_count = sum(1 for item in incidents if item.resolved_at is None)
     lines.append(f"{open_count} open, {len(incidents) - open_count} resolved in the last {recent_days:g} days")
     return "\n".join(lines) + "\n"
