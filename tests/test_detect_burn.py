@@ -64,7 +64,11 @@ def series(*spans: tuple[float, float, int, int]) -> list[Probe]:
             + [Probe(NOW - timedelta(seconds=i), good=i >= 4) for i in range(25)],
             "ticket",
         ),
-        ("a burning hour whose last 5 minutes are clean does not page", series((4320, 65, 5, 0), (60, 5, 5, 1), (0, 0, 5, 0)), None),
+        (
+            "a burning hour whose last 5 minutes are clean does not page",
+            series((4320, 65, 5, 0), (60, 5, 5, 1), (0, 0, 5, 0)),
+            None,
+        ),
         ("a bad last 5 minutes after a clean hour does not page", series((4320, 5, 5, 0), (0, 0, 5, 5)), None),
         ("too few probes in the hour: 9 of 9 bad", series((40, 0, 1, 1)), None),
         ("10 probes in the hour, all bad: pages", series((45, 0, 1, 1)), "page"),
@@ -215,13 +219,35 @@ def test_the_policy_comes_from_the_target_and_detection_slo_burn() -> None:
         ({"targets": {"t": {"slo": {"objective": 0.99}}}}, "objective (0.99) needs ttft_ms"),
         ({"targets": {"t": {"slo": {"ttft_ms": 800, "objective": 1.5}}}}, "less than 1"),
         (
-            {"detection": {"slo_burn": {"windows": [{"severity": "page", "burn_rate": 14.4, "long_window_minutes": 5,
-                                                     "short_window_minutes": 60}]}}},
+            {
+                "detection": {
+                    "slo_burn": {
+                        "windows": [
+                            {
+                                "severity": "page",
+                                "burn_rate": 14.4,
+                                "long_window_minutes": 5,
+                                "short_window_minutes": 60,
+                            }
+                        ]
+                    }
+                }
+            },
             "short_window_minutes (60) must be shorter than long_window_minutes (5)",
         ),
         ({"detection": {"slo_burn": {"windows": []}}}, "at least 1 item"),
-        ({"detection": {"slo_burn": {"windows": [{"severity": "info", "burn_rate": 1, "long_window_minutes": 60,
-                                                  "short_window_minutes": 5}]}}}, "'page' or 'ticket'"),
+        (
+            {
+                "detection": {
+                    "slo_burn": {
+                        "windows": [
+                            {"severity": "info", "burn_rate": 1, "long_window_minutes": 60, "short_window_minutes": 5}
+                        ]
+                    }
+                }
+            },
+            "'page' or 'ticket'",
+        ),
         (
             {"database": {"retention": {"raw_days": 2}}, "targets": {"t": {"slo": {"ttft_ms": 800}}}},
             "raw_days (2) keeps fewer days of probes than detection.slo_burn's longest window (3 days)",

@@ -285,6 +285,23 @@ def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
     for incident in replay(points, detector_for):
         stdout.write(json.dumps(incident) + "\n")
         count += 1
+    for incident in _burn_incidents(args.samples, config):
+        stdout.write(json.dumps(incident) + "\n")
+        count += 1
     runs = sum(len(p) for p in points.values())
     stderr.write(f"replayed {runs} runs of {len(points)} series: {count} incidents\n")
     return EXIT_OK
+
+
+def _burn_incidents(path: str, config: Any) -> Iterator[dict[str, Any]]:
+    """The targets' `slo_burn` incidents (monitor/detect/burn_replay.py); none without a config."""
+    from monitor.detect.burn import policy_for
+    from monitor.detect.burn_replay import read_probes, replay_burn
+
+    if config is None:
+        return
+    policies = {name: p for name, t in config.targets.items() if (p := policy_for(t, config.detection.slo_burn))}
+    if policies:
+        with open(path, encoding="utf-8-sig", newline="") as stream:
+            probes = read_probes(stream, policies)
+        yield from replay_burn(probes, policies)
