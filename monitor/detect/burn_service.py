@@ -164,6 +164,9 @@ class BurnService:
             text = describe_resolved(key.target, result, policy, incident) if action == "resolve" else None
             text = text or describe(key.target, found.worst or result, policy)
             values = self._values(job, incident, result if action == "resolve" else found.worst or result, policy, text)
+            if action == "resolve" and row is not None and isinstance(row.details, dict) and row.details.get("summary"):
+                # The incident keeps what it measured while it fired; the resolve notice says it is over.
+                values["details"]["summary"] = row.details["summary"]
             values["updated_at"] = now
             if row is None:
                 incident_id = uuid.uuid4()
