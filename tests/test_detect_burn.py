@@ -4,9 +4,11 @@ the incident's life over time, the incremental replayer against the one-shot ver
 from __future__ import annotations
 
 import random
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import yaml
 
 from monitor.config.models import Config, SloBurn, Target
 from monitor.detect.burn import (
@@ -24,6 +26,7 @@ from monitor.detect.burn import (
     verdict,
     window_counts,
 )
+from tests.conftest import ROOT
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 POLICY = BurnPolicy(threshold_ms=800.0, objective=0.99, min_probes=10, keep_firing_s=600.0)
@@ -276,3 +279,32 @@ def test_the_old_slo_keys_still_load() -> None:
         }
     )
     assert config.targets["t"].slo.ttft_p50_ms == 500 and config.targets["t"].slo.ttft_ms is None
+
+
+def _prometheus_duration(minutes: float) -> str:
+    for unit, size in (("d", 1440), ("h", 60), ("m", 1)):
+        if minutes % size == 0:
+            return f"{minutes // size:g}{unit}"
+    raise AssertionError(f"{minutes} minutes has no Prometheus duration")
+
+
+def test_the_default_windows_are_the_prometheus_burn_rate_alerts() -> None:
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "rules.yaml").read_text())
+    alerts = [r for g in rules["groups"] for r in g["rules"] if r.get("alert", "").startswith("TTFTSLOBurnRate")]
+    found = set()
+    for alert in alerts:
+        long, short = re.findall(
+            r"error_ratio:rate(\w+) >= on \(target\) group_left \(\) \(?(?:([\d.]+) \*)?", alert["expr"]
+        )
+        assert long[1] == short[1], alert["alert"]
+        found.add((alert["labels"]["severity"], float(long[1] or 1), long[0], short[0]))
+    defaults = {
+        (
+            w.severity,
+            w.burn_rate,
+            _prometheus_duration(w.long_window_minutes),
+            _prometheus_duration(w.short_window_minutes),
+        )
+        for w in SloBurn().windows
+    }
+    assert found == defaults
