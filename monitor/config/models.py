@@ -400,9 +400,10 @@ class Slo(ConfigModel):
     ttft_ms: float | None = Field(
         None,
         gt=0,
-        description="Per-probe TTFT objective in milliseconds: a probe is good when it succeeds within it. "
-        "Counted in `ttft_monitor_slo_probes_total` and `ttft_monitor_slo_good_probes_total` for burn-rate "
-        "alerts; unset, the target has no such SLO.",
+        description="Per-probe TTFT objective in milliseconds: a probe is good when it succeeds within it. The "
+        "daemon opens `slo_burn` incidents when the target spends its error budget too fast "
+        "(`detection.slo_burn`), and counts `ttft_monitor_slo_probes_total` and "
+        "`ttft_monitor_slo_good_probes_total` for Prometheus' burn-rate alerts; unset, the target has no such SLO.",
     )
     objective: float = Field(
         0.99,
