@@ -308,3 +308,35 @@ def test_the_default_windows_are_the_prometheus_burn_rate_alerts() -> None:
         for w in SloBurn().windows
     }
     assert found == defaults
+
+
+def test_a_burn_notification_reads_as_a_burn_rate_not_as_ttft_against_a_baseline() -> None:
+    import uuid
+
+    from monitor.alert.model import Notification
+    from monitor.alert.text import plain_text
+
+    firing = Notification(
+        incident_id=uuid.UUID(int=1),
+        state="firing",
+        kind="slo_burn",
+        severity="page",
+        job="every-5m",
+        target="qwen3-8b",
+        model="Qwen/Qwen3-8B",
+        provider="vllm",
+        prompt="*",
+        location="fra",
+        since=NOW,
+        baseline_ms=800.0,
+        ratio=18.0,
+        peak_ratio=21.5,
+        peak_at=NOW,
+        summary="qwen3-8b: 18% of probes over 800 ms or failed in the last hour (SLO 99%): burning 18x",
+    )
+    text = plain_text(firing, NOW).splitlines()
+    assert text[0] == "[PAGE] TTFT SLO burn rate on qwen3-8b / * @ fra: burning the error budget 18.00x"
+    assert text[1] == firing.summary
+    assert not any(line.startswith("TTFT:") for line in text)
+    resolved = plain_text(firing.with_changes(state="resolved", resolved_at=NOW), NOW).splitlines()
+    assert resolved[0] == "[RESOLVED] TTFT SLO burn rate on qwen3-8b / * @ fra: back under, peaked at 21.50x"
