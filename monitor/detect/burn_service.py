@@ -158,6 +158,8 @@ class BurnService:
             incident, action = advance(remembered, found, now, policy)
             if incident is None or (row is None and action != "open"):
                 return found
+            if action is None and found.worst is None:
+                return found  # quiet, but within keep_firing: nothing it remembers has changed
             if series_id is None:
                 series_id = await _create_series(connection, key)
             result = found.headline_result()
