@@ -188,3 +188,46 @@ async def test_two_evaluations_at_once_open_one_incident_and_notify_once(backend
             await engine.dispose()
     assert len(opened) == 1
     assert sum(len(o.sent) for o in outboxes) == 1, [o.sent for o in outboxes]
+
+
+async def test_an_incident_stays_open_for_keep_firing_and_keeps_what_it_measured(backend: Backend) -> None:
+    config = Config.model_validate(
+        {
+            "providers": {"vllm": {"base_url": "http://127.0.0.1:1/v1", "api": "openai-chat"}},
+            "targets": {"qwen3-8b": {"provider": "vllm", "model": "Qwen/Qwen3-8B", "slo": {"ttft_ms": 300}}},
+            "detection": {
+                "slo_burn": {
+                    "keep_firing_minutes": 15,
+                    "windows": [
+                        {"severity": "page", "burn_rate": 14.4, "long_window_minutes": 60, "short_window_minutes": 5}
+                    ],
+                }
+            },
+        }
+    )
+    rng = random.Random(8)
+    engine = backend.engine()
+    outbox = RecordingOutbox()
+    summaries = []
+    try:
+        repository = Repository(engine)
+        service = BurnService(engine, config, outbox=outbox)
+        for i in range(40):
+            slow = 1.0 if 24 <= i < 30 else 0.0  # the last slow run starts at minute 145
+            batch = run_at(5 * i, slow=slow, rng=rng, fail=0)
+            await repository.save_runs(batch)
+            await service.after_store("every-5m", batch)
+            async with engine.connect() as connection:
+                summaries.append(
+                    (await connection.execute(select(IncidentRow.details, IncidentRow.resolved_at))).first()
+                )
+    finally:
+        await engine.dispose()
+    states = [(n.state, n.since.minute, (n.resolved_at or n.since) - T0) for n in outbox.sent]
+    assert [s[0] for s in states] == ["firing", "resolved"], states
+    # The last slow run starts at minute 145; the 5-minute window is clean from minute 150 (or 155, when
+    # the next run started a fraction of a second earlier in its minute): resolved 15 minutes after.
+    assert timedelta(minutes=160) <= outbox.sent[1].resolved_at - T0 < timedelta(minutes=171)
+    kept = summaries[31]  # minute 155: quiet, still open, and still saying what it measured when it last fired
+    assert kept is not None and kept.resolved_at is None
+    assert kept.details["summary"].endswith("burning 50x (page at 14.4x over 1 h and 5 min; 100% in the last 5 min)")
