@@ -139,9 +139,12 @@ class BurnService:
 
     async def _evaluate_once(self, job: str, series: SeriesKey, now: datetime, policy: BurnPolicy) -> Verdict:
         key = target_series(series)
+        # Counted before the write transaction, so SQLite's write lock is not held over a 3-day scan.
+        async with self._engine.connect() as reading:
+            counts = await count_windows(reading, target=key.target, location=key.location, now=now, policy=policy)
+        found = evaluate(counts, policy)
+        logged: dict[str, Any] | None = None
         async with write_transaction(self._engine) as connection:
-            counts = await count_windows(connection, target=key.target, location=key.location, now=now, policy=policy)
-            found = evaluate(counts, policy)
             series_id = await find_series_id(connection, key)
             row = None
             if series_id is not None:
@@ -169,7 +172,7 @@ class BurnService:
             if action == "resolve" and row is not None and isinstance(row.details, dict) and row.details.get("summary"):
                 # The incident keeps what it measured while it fired; the resolve notice says it is over.
                 values["details"]["summary"] = row.details["summary"]
-            values["updated_at"] = now
+            values["updated_at"] = datetime.now(UTC)
             if row is None:
                 incident_id = uuid.uuid4()
                 await connection.execute(
@@ -190,21 +193,22 @@ class BurnService:
                     values["resolved_at"] = now
                 await connection.execute(update(IncidentRow).where(IncidentRow.id == incident_id).values(**values))
             if action is not None:
-                self._log.warning(
-                    "incident_" + action,
-                    job=job,
-                    target=key.target,
-                    location=key.location,
-                    kind=KIND,
-                    severity=incident.severity,
-                    burn_rate=None if values["ratio"] is None else round(values["ratio"], 2),
-                    summary=text,
-                )
+                logged = {
+                    "job": job,
+                    "target": key.target,
+                    "location": key.location,
+                    "kind": KIND,
+                    "severity": incident.severity,
+                    "burn_rate": None if values["ratio"] is None else round(values["ratio"], 2),
+                    "summary": text,
+                }
                 if self._outbox is not None:
                     notification = self._notification(
                         job, key, incident, incident_id, action, now, policy, values, text
                     )
                     await self._outbox.notify(notification, connection=connection)
+        if logged is not None:  # once committed
+            self._log.warning("incident_" + str(action), **logged)
         return found
 
     def _values(
