@@ -3,9 +3,11 @@ the incident's life over time, the incremental replayer against the one-shot ver
 
 from __future__ import annotations
 
+import argparse
 import random
 import re
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 import yaml
@@ -165,13 +167,14 @@ def test_the_replayer_matches_the_one_shot_verdict_at_every_run() -> None:
         probes += [Probe(at, g) for g in goods]
     replayer = BurnReplayer(POLICY)
     incident = None
+    resolved_at = None
     opened = 0
     for at, goods in runs:
         events = replayer.feed(at, goods)
         expected = verdict([p for p in probes if p.at <= at], POLICY, at)
-        incident, action = advance(incident, expected, at, POLICY)
+        incident, action = advance(incident, expected, at, POLICY, last_resolved_at=resolved_at)
         if action == "resolve":
-            incident = None
+            incident, resolved_at = None, at
         assert [e.action for e in events] == ([action] if action else []), at
         opened += action == "open"
     assert opened >= 1
@@ -340,3 +343,68 @@ def test_a_burn_notification_reads_as_a_burn_rate_not_as_ttft_against_a_baseline
     assert not any(line.startswith("TTFT:") for line in text)
     resolved = plain_text(firing.with_changes(state="resolved", resolved_at=NOW), NOW).splitlines()
     assert resolved[0] == "[RESOLVED] TTFT SLO burn rate on qwen3-8b / * @ fra: back under, peaked at 21.50x"
+
+
+# ---------------------------------------------------------------- replay
+
+
+def test_replay_pools_a_targets_prompts_per_location_and_reports_one_burn_incident(tmp_path: Path) -> None:
+    import io
+    import json
+
+    from monitor.detect import cli
+
+    start = NOW - timedelta(hours=4)
+    rows = ["timestamp,series,ttft_ms,error,run_id"]
+    for i in range(48):  # every 5 minutes for 4 hours; hour 2 to 3 slow on both prompts at lab
+        at = (start + timedelta(minutes=5 * i)).isoformat()
+        slow = 12 <= i < 24
+        for series in ("api/short/lab", "api/long/lab", "api/short/far", "other/short/lab"):
+            for r in range(2):
+                ttft = "900" if slow and series.endswith("/lab") else "200"
+                error = "timeout_first_token" if slow and r == 1 and series == "api/long/lab" else ""
+                rows.append(f"{at},{series},{'' if error else ttft},{error},run{i}")
+    samples = tmp_path / "samples.csv"
+    samples.write_text("\n".join(rows) + "\n")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        "providers:\n  local: {base_url: 'http://127.0.0.1:8000/v1', api: openai-chat}\n"
+        "targets:\n  api: {provider: local, model: m, slo: {ttft_ms: 800}}\n"
+        "  other: {provider: local, model: m}\n"
+        "detection:\n  slo_burn: {keep_firing_minutes: 0}\n"
+    )
+    parser = argparse.ArgumentParser(prog="ttft-monitor")
+    cli.register(parser.add_subparsers(dest="command"))
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.run(
+        parser.parse_args(["replay", "--samples", str(samples), "--config", str(config)]), stdout=out, stderr=err
+    )
+    assert code == 0, err.getvalue()
+    burns = [line for line in map(json.loads, out.getvalue().splitlines()) if line["kind"] == "slo_burn"]
+    assert [(b["series"], b["severity"]) for b in burns] == [("api/*/lab", "page")], burns
+    assert burns[0]["opened_at"] == (start + timedelta(minutes=60)).isoformat().replace("+00:00", "Z")
+    # Fast again from minute 120: the 6 h / 30 min page pair holds it until its 30 minutes are clean
+    # (minute 145); the 3 d / 6 h ticket pair, which would hold it for 6 hours, does not hold a page.
+    assert burns[0]["resolved_at"] == (start + timedelta(minutes=145)).isoformat().replace("+00:00", "Z")
+    assert burns[0]["baseline_ms"] == 800 and burns[0]["peak_ratio"] >= 14.4
+
+
+def test_a_page_resolves_when_only_the_ticket_pair_still_fires_and_the_ticket_waits_for_fresh_probes() -> None:
+    # An hour at 100% bad ended 40 minutes ago: the 3 d / 6 h ticket pair still fires, no page pair does.
+    probes = series((4320, 105, 5, 0), (100, 45, 5, 5), (40, 0, 5, 0))
+    found = verdict(probes, POLICY, NOW)
+    assert found.severity == "ticket"
+    page = BurnIncident("page", NOW - timedelta(minutes=95), NOW - timedelta(minutes=45), 80.0, 100.0, NOW)
+    kept, action = advance(page, found, NOW, POLICY)
+    assert action == "resolve" and kept is not None and kept.severity == "page"
+    # Resolved 30 minutes ago: the 6-hour window still holds the outage's probes, so no new ticket ...
+    reopened, action = advance(None, found, NOW, POLICY, last_resolved_at=NOW - timedelta(minutes=30))
+    assert (reopened, action) == (None, None)
+    # ... until it holds only probes from after the resolve (and they still burn the budget).
+    later = NOW + timedelta(hours=6)
+    burning = verdict(series((4320, 105, 5, 0), (100, -360, 50, 1)), POLICY, later)  # 2%: 2x
+    assert burning.severity == "ticket"
+    _, action = advance(None, burning, later, POLICY, last_resolved_at=later - timedelta(hours=6, minutes=1))
+    assert action == "open"
+    _, action = advance(None, burning, later, POLICY, last_resolved_at=later - timedelta(hours=5))
+    assert action is None

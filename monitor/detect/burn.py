@@ -176,10 +176,7 @@ class Verdict:
     @property
     def worst(self) -> RuleResult | None:
         """The firing rule to report: the highest severity, then the highest long-window burn rate."""
-        firing = [r for r in self.results if r.firing]
-        if not firing:
-            return None
-        return max(firing, key=lambda r: (SEVERITY_RANK[r.rule.severity], r.long_burn or 0.0, -r.rule.long_s))
+        return _worst(r for r in self.results if r.firing)
 
     def headline_result(self) -> RuleResult:
         """The rule to describe: the worst firing one, else the one with the shortest long window."""
@@ -249,35 +246,64 @@ class BurnIncident:
         )
 
 
+def _worst(results: Iterable[RuleResult]) -> RuleResult | None:
+    return max(
+        results, key=lambda r: (SEVERITY_RANK[r.rule.severity], r.long_burn or 0.0, -r.rule.long_s), default=None
+    )
+
+
 def advance(
-    incident: BurnIncident | None, found: Verdict, now: datetime, policy: BurnPolicy
+    incident: BurnIncident | None,
+    found: Verdict,
+    now: datetime,
+    policy: BurnPolicy,
+    *,
+    last_resolved_at: datetime | None = None,
 ) -> tuple[BurnIncident | None, Action | None]:
     """The incident after the verdict at `now`, and what changed: `open`, `update` (it became a page),
-    `resolve`, or None (nothing worth a notification; the peak may still have moved)."""
-    worst = found.worst
+    `resolve`, or None (nothing worth a notification; the peak may still have moved).
+
+    An open incident is held by the pairs of its own severity or higher: a page resolves once no page
+    pair has fired for `keep_firing_s`, even while the 6-hour ticket pair still sees the outage (its
+    short window would keep the page open for hours after the endpoint recovered). After a resolve
+    (`last_resolved_at`), a pair opens a new incident only once its short window holds only probes
+    from after it, so the probes that made one incident cannot make the next (as tickets of the
+    regression detector wait for a window of fresh runs).
+    """
+    firing = [r for r in found.results if r.firing]
     if incident is None:
+        if last_resolved_at is not None:
+            firing = [r for r in firing if (now - last_resolved_at).total_seconds() >= r.rule.short_s]
+        worst = _worst(firing)
         if worst is None:
             return None, None
         burn = worst.long_burn
         return BurnIncident(worst.rule.severity, now, now, burn, burn, now), "open"
-    if worst is None:
+    holding = _worst(r for r in firing if SEVERITY_RANK[r.rule.severity] >= SEVERITY_RANK[incident.severity])
+    if holding is None:
         if (now - incident.last_firing_at).total_seconds() >= policy.keep_firing_s:
             return incident, "resolve"
         return incident, None
-    burn = worst.long_burn
+    burn = holding.long_burn
     peak, peak_at = incident.peak_burn, incident.peak_at
     if burn is not None and (peak is None or burn > peak):
         peak, peak_at = burn, now
-    raised = SEVERITY_RANK[worst.rule.severity] > SEVERITY_RANK[incident.severity]
+    raised = SEVERITY_RANK[holding.rule.severity] > SEVERITY_RANK[incident.severity]
     moved = replace(
         incident,
-        severity=worst.rule.severity if raised else incident.severity,
+        severity=holding.rule.severity if raised else incident.severity,
         last_firing_at=now,
         burn=burn,
         peak_burn=peak,
         peak_at=peak_at,
     )
     return moved, ("update" if raised else None)
+
+
+def reported(found: Verdict, incident: BurnIncident) -> RuleResult:
+    """The pair to describe for `incident`: the worst firing one of its severity, else the headline."""
+    same = _worst(r for r in found.results if r.firing and r.rule.severity == incident.severity)
+    return same or found.headline_result()
 
 
 # ---------------------------------------------------------------- wording
@@ -371,6 +397,7 @@ class BurnReplayer:
     def __init__(self, policy: BurnPolicy) -> None:
         self.policy = policy
         self.incident: BurnIncident | None = None
+        self.last_resolved_at: datetime | None = None
         self._times: list[float] = []
         self._bad_prefix: list[int] = [0]
 
@@ -390,11 +417,13 @@ class BurnReplayer:
             counts[w] = WindowCount(w, end - start, self._bad_prefix[end] - self._bad_prefix[start])
         found = evaluate(counts, self.policy)
         previous = self.incident
-        incident, action = advance(previous, found, at, self.policy)
+        incident, action = advance(previous, found, at, self.policy, last_resolved_at=self.last_resolved_at)
         self.incident = None if action == "resolve" else incident
+        if action == "resolve":
+            self.last_resolved_at = at
         if action is None or incident is None:
             return []
-        return [BurnEvent(action, at, incident, found.headline_result())]
+        return [BurnEvent(action, at, incident, reported(found, incident))]
 
 
 def replay_probes(probes: Iterable[Probe], policy: BurnPolicy) -> list[BurnEvent]:

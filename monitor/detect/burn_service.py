@@ -36,6 +36,7 @@ from monitor.detect.burn import (
     details,
     evaluate,
     policy_for,
+    reported,
 )
 from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
@@ -158,17 +159,27 @@ class BurnService:
                     )
                 ).first()
             remembered = _remembered(row) if row is not None else None
-            incident, action = advance(remembered, found, now, policy)
+            last_resolved_at = None
+            if row is None and series_id is not None:
+                last_resolved_at = await connection.scalar(
+                    select(func.max(IncidentRow.resolved_at)).where(
+                        IncidentRow.series_id == series_id, IncidentRow.kind == KIND
+                    )
+                )
+            incident, action = advance(remembered, found, now, policy, last_resolved_at=last_resolved_at)
             if incident is None or (row is None and action != "open"):
                 return found
-            if action is None and found.worst is None:
-                return found  # quiet, but within keep_firing: nothing it remembers has changed
+            if action is None and incident == remembered:
+                return found  # not held, but within keep_firing: nothing it remembers has changed
             if series_id is None:
                 series_id = await _create_series(connection, key)
-            result = found.headline_result()
-            text = describe_resolved(key.target, result, policy, incident) if action == "resolve" else None
-            text = text or describe(key.target, found.worst or result, policy)
-            values = self._values(job, incident, result if action == "resolve" else found.worst or result, policy, text)
+            if action == "resolve":
+                result = found.headline_result()
+                text = describe_resolved(key.target, result, policy, incident)
+            else:
+                result = reported(found, incident)
+                text = describe(key.target, result, policy)
+            values = self._values(job, incident, result, policy, text)
             if action == "resolve" and row is not None and isinstance(row.details, dict) and row.details.get("summary"):
                 # The incident keeps what it measured while it fired; the resolve notice says it is over.
                 values["details"]["summary"] = row.details["summary"]
