@@ -642,8 +642,8 @@ class SloBurn(ConfigModel):
     keep_firing_minutes: float = Field(
         10,
         ge=0,
-        description="An incident resolves once no pair has fired for this long (Prometheus' `keep_firing_for`), "
-        "so a burn that pauses for one run does not resolve and page again.",
+        description="An incident resolves once no pair of its severity has fired for this long (Prometheus' "
+        "`keep_firing_for`), so a burn that pauses for one run does not resolve and page again.",
     )
 
     def longest_window_minutes(self) -> float:
