@@ -175,6 +175,8 @@ class IncidentView:
     # One page per outage: the group it was notified in, and how many incidents that group holds.
     group_id: uuid.UUID | None = None
     group_size: int = 0
+    # What an slo_burn incident measured: bad share, windows, burn rate (monitor.detect.burn.describe).
+    summary: str | None = None
 
     @property
     def state(self) -> str:
@@ -206,6 +208,7 @@ class IncidentView:
             "group_size": self.group_size,
             "cause": self.cause,
             "attribution": self.attribution,
+            "summary": self.summary,
         } | _triage_json(self.triage, self.annotations)
 
 
@@ -270,6 +273,7 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             job=_detail(row.details, "job"),
             cause=_detail(row.details, "cause"),
             attribution=_detail(row.details, "attribution"),
+            summary=_detail(row.details, "summary"),
             opened_at=row.opened_at,
             resolved_at=row.resolved_at,
             baseline_ms=row.baseline_ms,
@@ -357,6 +361,8 @@ def format_table(
         lines.append(line)
         if item.attribution:
             lines.append(f"  where: {item.attribution}")
+        if item.summary:
+            lines.append(f"  slo: {item.summary}")
         if item.group_id is not None and item.group_size > 1:
             lines.append(f"  group: {str(item.group_id)[:8]}, notified as one with {item.group_size - 1} more")
         lines += _triage_lines(item)

@@ -14,6 +14,7 @@ KIND_TITLES = {
     "regression": "TTFT regression",
     "availability": "Availability incident",
     "slo": "TTFT SLO breach",
+    "slo_burn": "TTFT SLO burn rate",
     "model_changed": "Served model changed",
     "test": "Test notification",
 }
@@ -99,6 +100,10 @@ def short_measurement(notification: Notification) -> str:
     n = notification
     if n.kind == "availability" and n.state != "resolved":
         return f"failing ({n.error_class})" if n.error_class else "failing"
+    if n.kind == "slo_burn":  # ratio: the error budget's burn rate; the summary has the windows
+        if n.state == "resolved":
+            return f"back under, peaked at {fmt_ratio(n.peak_ratio)}" if n.peak_ratio is not None else "back under"
+        return f"burning the error budget {fmt_ratio(n.ratio)}" if n.ratio is not None else ""
     if n.observed_ms is None:
         return ""
     if n.baseline_ms is None:

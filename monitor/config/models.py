@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import re
 from datetime import datetime
 from pathlib import Path
@@ -413,16 +414,28 @@ class Slo(ConfigModel):
     ttft_ms: float | None = Field(
         None,
         gt=0,
-        description="Per-probe TTFT objective in milliseconds: a probe is good when it succeeds within it. "
-        "Counted in `ttft_monitor_slo_probes_total` and `ttft_monitor_slo_good_probes_total` for burn-rate "
-        "alerts; unset, the target has no such SLO.",
+        description="Per-probe TTFT objective in milliseconds: a probe is good when it succeeds within it. The "
+        "daemon opens `slo_burn` incidents when the target spends its error budget too fast "
+        "(`detection.slo_burn`), and counts `ttft_monitor_slo_probes_total` and "
+        "`ttft_monitor_slo_good_probes_total` for Prometheus' burn-rate alerts; unset, the target has no such SLO.",
     )
     objective: float = Field(
         0.99,
         gt=0,
         lt=1,
-        description="Share of probes that should be good under `ttft_ms` (0.99: an error budget of 1%).",
+        description="Share of probes that should be good under `ttft_ms` (0.99: an error budget of 1%). A failed "
+        "or timed-out probe is bad. Burning the budget too fast opens an `slo_burn` incident "
+        "(`detection.slo_burn`).",
     )
+
+    @model_validator(mode="after")
+    def _check_objective_has_threshold(self) -> Slo:
+        if "objective" in self.model_fields_set and self.ttft_ms is None:
+            raise ValueError(
+                f"objective ({self.objective:g}) needs ttft_ms, the per-probe TTFT threshold it applies to: add "
+                "e.g. `ttft_ms: 800` (ttft_p50_ms is a different objective, on the median of each run)"
+            )
+        return self
 
 
 class Target(ConfigModel):
@@ -614,6 +627,64 @@ DEFAULT_SEVERITY_RULES: dict[str, dict[str, float]] = {
 }
 
 
+DEFAULT_BURN_WINDOWS: tuple[dict[str, Any], ...] = (
+    # Google's SRE workbook, "Alerting on SLOs": 2% of a 30-day budget in an hour, 5% in 6 hours,
+    # 10% in 3 days. deploy/prometheus/rules.yaml alerts on the same windows (a test keeps them equal).
+    {"severity": "page", "burn_rate": 14.4, "long_window_minutes": 60, "short_window_minutes": 5},
+    {"severity": "page", "burn_rate": 6.0, "long_window_minutes": 360, "short_window_minutes": 30},
+    {"severity": "ticket", "burn_rate": 1.0, "long_window_minutes": 4320, "short_window_minutes": 360},
+)
+
+
+class BurnWindow(ConfigModel):
+    severity: Literal["page", "ticket"] = Field(description="What the incident is when this pair fires.")
+    burn_rate: float = Field(
+        gt=0,
+        description="Fires when the share of bad probes is at least this many times the error budget "
+        "(1 - `slo.objective`) over both windows.",
+    )
+    long_window_minutes: float = Field(gt=0, description="The long window: how much budget has been spent.")
+    short_window_minutes: float = Field(
+        gt=0, description="The short window: whether it is still being spent (so the incident resolves soon after)."
+    )
+
+    @model_validator(mode="after")
+    def _check_windows(self) -> BurnWindow:
+        if self.short_window_minutes >= self.long_window_minutes:
+            raise ValueError(
+                f"short_window_minutes ({self.short_window_minutes:g}) must be shorter than long_window_minutes "
+                f"({self.long_window_minutes:g}); the workbook's pairs use a twelfth, e.g. 60 and 5"
+            )
+        return self
+
+
+class SloBurn(ConfigModel):
+    """Multi-window, multi-burn-rate incidents on `targets.*.slo.ttft_ms` (docs/detection.md, "SLO burn rate")."""
+
+    enabled: bool = Field(True, description="Open `slo_burn` incidents for targets with `slo.ttft_ms`.")
+    windows: list[BurnWindow] = Field(
+        default_factory=lambda: [BurnWindow.model_validate(w) for w in DEFAULT_BURN_WINDOWS],
+        min_length=1,
+        description="Window pairs: page at 14.4x over 1 h and 5 min or 6x over 6 h and 30 min, ticket at 1x over "
+        "3 d and 6 h. A list given here replaces them all.",
+    )
+    min_probes: int = Field(
+        10,
+        ge=1,
+        description="Probes a long window must hold before its pair can fire, so the first bad probe of a new "
+        "target does not page.",
+    )
+    keep_firing_minutes: float = Field(
+        10,
+        ge=0,
+        description="An incident resolves once no pair of its severity has fired for this long (Prometheus' "
+        "`keep_firing_for`), so a burn that pauses for one run does not resolve and page again.",
+    )
+
+    def longest_window_minutes(self) -> float:
+        return max(w.long_window_minutes for w in self.windows)
+
+
 class Detection(ConfigModel):
     min_history_runs: int = Field(
         DEFAULT_RULES.min_history_runs,
@@ -670,6 +741,9 @@ class Detection(ConfigModel):
         "disabled).",
     )
     availability: Availability = Field(default_factory=Availability, description="Alerting on failed requests.")
+    slo_burn: SloBurn = Field(
+        default_factory=SloBurn, description="Error-budget burn-rate incidents on targets' `slo.ttft_ms`."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -926,6 +1000,20 @@ class Config(ConfigModel):
         "Keep it below systemd `TimeoutStopSec` and Kubernetes `terminationGracePeriodSeconds` (both 30 in "
         "the shipped unit and manifests), so the process flushes and exits 0 before it is killed.",
     )
+
+    @model_validator(mode="after")
+    def _check_burn_windows_are_kept(self) -> Config:
+        burn = self.detection.slo_burn
+        if not burn.enabled or not any(t.slo.ttft_ms is not None for t in self.targets.values()):
+            return self
+        longest = burn.longest_window_minutes()
+        if self.database.retention.raw_days * 1440 < longest:
+            raise ValueError(
+                f"database.retention.raw_days ({self.database.retention.raw_days}) keeps fewer days of probes than "
+                f"detection.slo_burn's longest window ({longest / 1440:g} days): raise raw_days to at least "
+                f"{math.ceil(longest / 1440)} or shorten the window"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_references(self) -> Config:

@@ -495,6 +495,10 @@ def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
         if not getattr(args, "groups", False):
             stdout.write(json.dumps(incident) + "\n")
         count += 1
+    for incident in _burn_incidents(args.samples, config):
+        if not getattr(args, "groups", False):
+            stdout.write(json.dumps(incident) + "\n")
+        count += 1
     if getattr(args, "groups", False):
         for group in groups:
             stdout.write(json.dumps(group) + "\n")
@@ -503,3 +507,17 @@ def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
     grouped = f", in {len(groups)} groups ({notified} notifications)" if provider_of is not None else ""
     stderr.write(f"replayed {runs} runs of {len(points)} series: {count} incidents{grouped}\n")
     return EXIT_OK
+
+
+def _burn_incidents(path: str, config: Any) -> Iterator[dict[str, Any]]:
+    """The targets' `slo_burn` incidents (monitor/detect/burn_replay.py); none without a config."""
+    from monitor.detect.burn import policy_for
+    from monitor.detect.burn_replay import read_probes, replay_burn
+
+    if config is None:
+        return
+    policies = {name: p for name, t in config.targets.items() if (p := policy_for(t, config.detection.slo_burn))}
+    if policies:
+        with open(path, encoding="utf-8-sig", newline="") as stream:
+            probes = read_probes(stream, policies)
+        yield from replay_burn(probes, policies)

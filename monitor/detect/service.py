@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from monitor.alert.attribution import ServerSplit, classify, server_split, split_text
 from monitor.alert.model import Notification, series_link
 from monitor.config.models import Config
+from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
 from monitor.detect.grouping import GROUPED_KINDS, Member, Summary, decide, scope, summarise
 from monitor.metrics.definitions import Metrics
@@ -132,11 +133,13 @@ class DetectionService:
         self._store = IncidentStore()
         self._groups = GroupStore()
         self._log = structlog.get_logger()
+        self._burn = BurnService(engine, config, outbox=outbox)
         self.update_config(config)
 
     def update_config(self, config: Config) -> None:
         self._config = config
         self._detectors: dict[str, Detector] = {}
+        self._burn.update_config(config)
 
     def _detector(self, target: str) -> Detector:
         detector = self._detectors.get(target)
@@ -161,6 +164,8 @@ class DetectionService:
                     prompt=run.series.prompt,
                     error=f"{type(exc).__name__}: {exc}"[:300],
                 )
+        # Per target rather than per series: after every run of the batch is stored and evaluated.
+        await self._burn.after_store(job, batch)
         # The groups this batch changed are notified once it is all in: series of one provider probed
         # in one run open together, and go out as one notification.
         if not batch:

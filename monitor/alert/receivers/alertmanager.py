@@ -27,6 +27,7 @@ ALERT_NAMES = {
     "regression": "TTFTRegression",
     "availability": "TTFTAvailability",
     "slo": "TTFTSLOBreach",
+    "slo_burn": "TTFTSLOBurnRate",
     "model_changed": "TTFTModelChanged",
     "test": "TTFTMonitorTest",
 }
