@@ -46,8 +46,9 @@ from monitor.probe.stats import percentile
 from monitor.redact import redact, redact_fields
 
 Clock = Callable[[], int]
-# Sample fields holding text that came from the server (or names its URL).
-SERVER_TEXT_FIELDS = ("error_message", "served_model", "request_id")
+# Sample fields holding text that came from the server (or names its URL): a hostile server can echo
+# the key into any of them, headers included, so all are redacted before a sample is stored or logged.
+SERVER_TEXT_FIELDS = ("error_message", "served_model", "request_id", "retry_after", "server_timing")
 MAX_ERROR_BODY = 2000
 # A body is parsed once it has arrived, once this much is waiting (well below aiohttp's read-buffer
 # high-water mark, 2 x read_bufsize, where it pauses the socket), and at least this often, so an
