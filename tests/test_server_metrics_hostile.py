@@ -304,11 +304,12 @@ async def test_a_large_page_under_the_limit_never_holds_the_event_loop_long(metr
         (Page(b"<html><body>Login</body></html>\n"), "malformed"),
         (Page(b'{"detail": "Not Found"}'), "malformed"),
         (Page(b"\xff\xfe\x00garbage\x00" * 100), "malformed"),
+        (Page(b"vllm:num_requests_waiting" * 200_000, chunk=64 * 1024), "malformed"),
         (Page(b"", status=503), "http_503"),
         (Page(b"", status=302, headers={"Location": "http://127.0.0.1:9/metrics"}), "http_302"),
         (Page(vllm_page().encode() * 1000, chunk=16, pause_s=0.05), "timeout"),
     ],
-    ids=["html", "json", "binary", "unavailable", "redirect", "trickle"],
+    ids=["html", "json", "binary", "endless-line", "unavailable", "redirect", "trickle"],
 )
 async def test_a_bad_endpoint_gives_a_reason_in_bounded_time(
     metrics_server: MetricsServer, page: Page, expected: str

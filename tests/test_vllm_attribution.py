@@ -101,6 +101,18 @@ async def runs(backend: Backend) -> list[dict[str, Any]]:
         await engine.dispose()
 
 
+async def sample_ttfts(backend: Backend, run_id: Any) -> list[float]:
+    engine = backend.engine()
+    try:
+        async with engine.connect() as connection:
+            rows = await connection.execute(
+                sa.text("SELECT ttft_ms FROM samples WHERE run_id = :run ORDER BY sent_at"), {"run": run_id}
+            )
+            return [float(row[0]) for row in rows if row[0] is not None]
+    finally:
+        await engine.dispose()
+
+
 async def copy_back_in_time(backend: Backend, count: int) -> None:
     """The one stored run, `count` times more, 5 minutes apart before it, TTFT within +-5%."""
     engine = backend.engine()
@@ -136,7 +148,7 @@ def _gauge(server: VllmServer, name: str) -> float:
 
 
 @contextmanager
-def burst(server: VllmServer, requests: int) -> Iterator[None]:
+def burst(server: VllmServer, requests: int) -> Iterator[list[BaseException]]:
     """`requests` streams kept in flight (each replaced when it ends) until the block ends; then the
     server is left idle, so later tests measure it as before."""
     stop = threading.Event()
@@ -160,7 +172,7 @@ def burst(server: VllmServer, requests: int) -> Iterator[None]:
                     for _line in response:
                         if stop.is_set():
                             break  # closing the connection aborts the request in vLLM
-            except OSError as exc:
+            except Exception as exc:  # any failure ends this stream of load: reported, never silent
                 failures.append(exc)
                 return
 
@@ -168,12 +180,13 @@ def burst(server: VllmServer, requests: int) -> Iterator[None]:
     for worker in workers:
         worker.start()
     try:
+        # Every stream sent and all but MAX_NUM_SEQS of them waiting: the queue is full from here on.
         deadline = time.monotonic() + 60
-        while _gauge(server, "vllm:num_requests_waiting") == 0:
+        while _gauge(server, "vllm:num_requests_waiting") < requests - MAX_NUM_SEQS:
             assert not failures, failures
             assert time.monotonic() < deadline, "vLLM never queued the burst"
             time.sleep(0.2)
-        yield
+        yield failures
     finally:
         stop.set()
         for worker in workers:
@@ -225,15 +238,18 @@ async def test_a_burst_queues_on_vllm_and_the_regression_says_so_a_quiet_run_doe
     assert QUEUEING not in table and [i for i in listed if i["kind"] == "regression"] == [], table
 
     # The burst: the probe's requests wait behind it in vLLM's queue.
-    with burst(vllm_server, BURST_REQUESTS):
+    with burst(vllm_server, BURST_REQUESTS) as failures:
         burst_cli = await asyncio.to_thread(once, config)
+        assert not failures, f"the burst stopped early, so the queue drained: {failures}"
     loaded = (await runs(backend))[-1]
+    ttfts = await sample_ttfts(backend, loaded["id"])
     vllm_figures.append(
         f"burst of {BURST_REQUESTS} streams on max-num-seqs {MAX_NUM_SEQS}: client TTFT p50 "
         f"{loaded['ttft_p50_ms']:.0f} ms (quiet {control['ttft_p50_ms']:.0f}); "
         f"server TTFT {loaded['server_ttft_ms']:.0f} ms, "
         f"queue {loaded['server_queue_ms']:.0f} ms (quiet {control['server_queue_ms']:.1f}), "
-        f"{loaded['server_waiting']:.0f} requests waiting (quiet {control['server_waiting']:.0f})"
+        f"{loaded['server_waiting']:.0f} requests waiting (quiet {control['server_waiting']:.0f}); "
+        f"the probe's requests: {', '.join(f'{t:.0f}' for t in ttfts)} ms"
     )
     print(vllm_figures[-1])
     assert loaded["ok"] == 3, loaded

@@ -22,6 +22,8 @@ SCRAPE_TIMEOUT_S = 2.0
 # A metrics page is tens of kilobytes (vLLM 0.32 with one model: 49 kB); a server sending more is
 # not a metrics endpoint.
 MAX_SCRAPE_BYTES = 8 * 1024 * 1024
+# The longest sample line read; vLLM's longest is under 300 bytes.
+MAX_LINE_BYTES = 64 * 1024
 MODEL_LABEL = "model_name"  # vLLM and SGLang both label per-model series so
 
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
@@ -80,6 +82,8 @@ class _PageFilter:
     def feed(self, chunk: bytes) -> None:
         lines = (self._partial + chunk).split(b"\n")
         self._partial = lines.pop()
+        if len(self._partial) > MAX_LINE_BYTES:  # else an endless line is copied again with every chunk
+            raise ValueError("not a Prometheus text page (a line without end)")
         self._keep(lines)
 
     def finish(self) -> str:
