@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import random
 import threading
 import time
@@ -249,7 +250,7 @@ async def test_a_burst_queues_on_vllm_and_the_regression_says_so_a_quiet_run_doe
         f"server TTFT {loaded['server_ttft_ms']:.0f} ms, "
         f"queue {loaded['server_queue_ms']:.0f} ms (quiet {control['server_queue_ms']:.1f}), "
         f"{loaded['server_waiting']:.0f} requests waiting (quiet {control['server_waiting']:.0f}); "
-        f"the probe's requests: {', '.join(f'{t:.0f}' for t in ttfts)} ms"
+        f"the probe's requests: {', '.join(f'{t:.0f}' for t in ttfts)} ms; load average {os.getloadavg()[0]:.1f}"
     )
     print(vllm_figures[-1])
     assert loaded["ok"] == 3, loaded
@@ -259,6 +260,7 @@ async def test_a_burst_queues_on_vllm_and_the_regression_says_so_a_quiet_run_doe
     (notice,) = [n for n in notices(burst_cli) if n.get("kind") == "regression"] or [{}]
     assert notice.get("cause") == "server_queue", burst_cli
     assert str(notice.get("attribution", "")).endswith(f": {QUEUEING}"), notice
+    vllm_figures.append(f"the regression notice: {notice['attribution']}")
 
     table, listed = await asyncio.to_thread(incidents, config)
     (regression,) = [i for i in listed if i["kind"] == "regression"]
