@@ -174,6 +174,7 @@ class Page:
     body: bytes
     chunk: int = 0  # >0: sent in pieces of this many bytes, each flushed on its own
     pause_s: float = 0.0  # between pieces
+    delay_s: float = 0.0  # before the head
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -227,6 +228,7 @@ class MetricsServer:
         n = self.served.get(request.path, 0)
         self.served[request.path] = n + 1
         page = queue[min(n, len(queue) - 1)]
+        await asyncio.sleep(page.delay_s)
         response = web.StreamResponse(status=page.status, headers={"Content-Type": "text/plain", **page.headers})
         await response.prepare(request)
         step = page.chunk or len(page.body) or 1
@@ -332,15 +334,7 @@ def sim() -> Iterator[str]:
         stop_sim(process)
 
 
-async def test_a_server_restarted_during_a_run_stores_its_gauges_and_no_deltas(
-    backend: Backend, sim: str, metrics_server: MetricsServer, tmp_path: Path
-) -> None:
-    # Before the run: a long-running server. After: a new process that has already served more
-    # requests than the old one had, with a lower TTFT sum (a difference of 5 requests, 0.1 s).
-    metrics_server.pages["/metrics"] = [
-        Page(vllm_page(start=1.7e9, count=100, ttft_s=50.0, waiting=1, model=MODEL).encode()),
-        Page(vllm_page(start=1.7e9 + 3600, count=105, ttft_s=50.1, waiting=4, model=MODEL).encode()),
-    ]
+async def probe_and_read_run(backend: Backend, sim: str, metrics_server: MetricsServer, tmp_path: Path) -> dict:
     config = tmp_path / "config.yaml"
     config.write_text(
         f"""
@@ -364,9 +358,35 @@ prompts:
             (run,) = (await connection.execute(sa.text("SELECT * FROM runs"))).mappings().all()
     finally:
         await engine.dispose()
+    return dict(run)
+
+
+async def test_a_server_restarted_during_a_run_stores_its_gauges_and_no_deltas(
+    backend: Backend, sim: str, metrics_server: MetricsServer, tmp_path: Path
+) -> None:
+    # Before the run: a long-running server. After: a new process that has already served more
+    # requests than the old one had, with a lower TTFT sum (a difference of 5 requests, 0.1 s).
+    metrics_server.pages["/metrics"] = [
+        Page(vllm_page(start=1.7e9, count=100, ttft_s=50.0, waiting=1, model=MODEL).encode()),
+        Page(vllm_page(start=1.7e9 + 3600, count=105, ttft_s=50.1, waiting=4, model=MODEL).encode()),
+    ]
+    run = await probe_and_read_run(backend, sim, metrics_server, tmp_path)
     stored = {name: run[name] for name in SERVER_RUN_FIELDS}
     assert stored == {
         **dict.fromkeys(SERVER_RUN_FIELDS),
         "server_waiting": 4.0,
         "server_kv_cache_usage": 0.25,
     }, stored
+
+
+async def test_a_server_slow_to_answer_after_the_run_still_gives_the_runs_figures(
+    backend: Backend, sim: str, metrics_server: MetricsServer, tmp_path: Path
+) -> None:
+    # Busy servers answer /metrics slowly; no probe waits on the reading after the run.
+    metrics_server.pages["/metrics"] = [
+        Page(vllm_page(count=100, ttft_s=50.0, model=MODEL).encode()),
+        Page(vllm_page(count=102, ttft_s=51.0, waiting=5, model=MODEL).encode(), delay_s=SCRAPE_TIMEOUT_S + 1.5),
+    ]
+    run = await probe_and_read_run(backend, sim, metrics_server, tmp_path)
+    assert run["server_waiting"] == 5.0, run
+    assert run["server_ttft_ms"] == pytest.approx(500.0), run
