@@ -385,7 +385,7 @@ async def test_a_server_slow_to_answer_after_the_run_still_gives_the_runs_figure
     # Busy servers answer /metrics slowly; no probe waits on the reading after the run.
     metrics_server.pages["/metrics"] = [
         Page(vllm_page(count=100, ttft_s=50.0, model=MODEL).encode()),
-        Page(vllm_page(count=102, ttft_s=51.0, waiting=5, model=MODEL).encode(), delay_s=SCRAPE_TIMEOUT_S + 1.5),
+        Page(vllm_page(count=102, ttft_s=51.0, waiting=5, model=MODEL).encode(), delay_s=SCRAPE_TIMEOUT_S + 1.0),
     ]
     run = await probe_and_read_run(backend, sim, metrics_server, tmp_path)
     assert run["server_waiting"] == 5.0, run

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 SCRAPE_TIMEOUT_S = 2.0
 # Longer: no probe waits on the "after" scrape, and a server busy enough to matter answers slowly
 # (a real vLLM with a queue, on two loaded cores: 20 readings within 24 ms, then 0.4 and 2.0 s).
-AFTER_SCRAPE_TIMEOUT_S = 10.0
+AFTER_SCRAPE_TIMEOUT_S = 5.0
 # A metrics page is tens of kilobytes (vLLM 0.32 with one model: 49 kB); a server sending more is
 # not a metrics endpoint.
 MAX_SCRAPE_BYTES = 8 * 1024 * 1024
