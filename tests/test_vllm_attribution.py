@@ -262,7 +262,9 @@ async def test_a_burst_queues_on_vllm_and_the_regression_says_so_a_quiet_run_doe
     assert loaded["server_queue_ms"] > 10 * max(1.0, control["server_queue_ms"]), loaded
 
     (notice,) = [n for n in notices(burst_cli) if n.get("kind") == "regression"] or [{}]
-    assert notice.get("cause") == "server_queue", burst_cli
+    words = ("incident", "detection", "alert")
+    said = [line for line in burst_cli.stdout.splitlines() if any(w in line for w in words)]
+    assert notice.get("cause") == "server_queue", f"run {dict(loaded)}; detection and alerts said: {said}"
     assert str(notice.get("attribution", "")).endswith(f": {QUEUEING}"), notice
     vllm_figures.append(f"the regression notice: {notice['attribution']}")
 
