@@ -261,6 +261,15 @@ async def test_the_log_receiver_writes_one_structured_line() -> None:
     assert line["event"] == "alert_notification" and line["receiver"] == "console"
     assert line["log_level"] == "warning"
     assert line["baseline_ms"] == 410.0 and line["observed_ms"] == 1234.0 and line["ratio"] == 3.01
+    assert line["cause"] is None and line["attribution"] is None
+
+
+async def test_the_log_receivers_line_says_where_the_time_went() -> None:
+    where = "client TTFT 1,234 ms (baseline 410); server TTFT 1,200 ms (baseline 380): queueing on the server"
+    with capture_logs() as logs:
+        assert (await send(receiver("log"), name="console", cause="server_queue", attribution=where)).ok
+    (line,) = logs
+    assert line["cause"] == "server_queue" and line["attribution"] == where
 
 
 async def test_a_receiver_with_a_broken_config_fails_permanently_without_sending(loopback: Loopback) -> None:

@@ -43,6 +43,20 @@ SERVER_SLOWER_NOBODY_WAITING = ServerSplit(ttft_ms=900, ttft_baseline_ms=360, wa
         pytest.param(
             950, 400, ServerSplit(ttft_ms=600, ttft_baseline_ms=360), "outside_server", id="server-under-half"
         ),
+        pytest.param(
+            3030,
+            13,
+            ServerSplit(ttft_ms=1400, ttft_baseline_ms=12, queue_ms=2100, queue_baseline_ms=1, waiting=7),
+            "server_queue",
+            id="queue-explains-it-though-server-ttft-mean-lags",
+        ),
+        pytest.param(
+            950,
+            400,
+            ServerSplit(ttft_ms=380, ttft_baseline_ms=360, queue_ms=150, queue_baseline_ms=10),
+            "outside_server",
+            id="small-queue-growth-is-not-enough",
+        ),
         pytest.param(950, 400, ServerSplit(ttft_ms=900), None, id="no-server-baseline"),
         pytest.param(950, 400, None, None, id="no-server-metrics"),
         pytest.param(380, 400, QUEUED, None, id="client-did-not-grow"),

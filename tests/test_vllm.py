@@ -7,6 +7,7 @@ generated tokens each) and every comparison is made within one run of this modul
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 from typing import Any
@@ -163,7 +164,8 @@ def test_monitor_ttft_matches_vllms_own_ttft_plus_the_http_stack(
         f"TTFT over {requests} chat requests of {prompt_tokens} prompt tokens (cache bust): monitor "
         f"{monitor_mean_ms:.1f} ms, vLLM's own vllm:time_to_first_token_seconds {server_mean_ms:.1f} ms, "
         f"difference {difference:.1f} ms ({100 * difference / server_mean_ms:.0f}%): HTTP stack, "
-        "tokenization and loopback"
+        f"tokenization and loopback (monitor median {statistics.median(s['ttft_ms'] for s in samples):.1f} ms; "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
     )
     print(vllm_figures[-1])
     # vLLM starts its clock after the request has arrived and been tokenized; the monitor's starts

@@ -52,6 +52,11 @@ READY_STAMP = "ttft-monitor-ready"
 MODEL_BUILDER = Path(__file__).with_name("vllm_tiny_model.py")
 SERVED_MODEL = "tiny"
 MAX_MODEL_LEN = 8192
+# At most this many requests run at once; more wait in vLLM's queue (`vllm:num_requests_waiting`).
+# Small, so a burst of a few cheap requests makes a real queue (tests/test_vllm_attribution.py)
+# without prefilling thousands of tokens on two shared cores. Every other test sends one request at
+# a time, which no limit of two or more changes (vLLM's CPU default is 128).
+MAX_NUM_SEQS = 2
 START_TIMEOUT_S = 420.0
 STOP_TIMEOUT_S = 30.0
 
@@ -226,7 +231,9 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def start_server(peer: PreparedPeer, *, log_path: Path, timeout_s: float = START_TIMEOUT_S) -> VllmServer:
+def start_server(
+    peer: PreparedPeer, *, log_path: Path, timeout_s: float = START_TIMEOUT_S, max_num_seqs: int = MAX_NUM_SEQS
+) -> VllmServer:
     """vLLM's OpenAI-compatible server on a free loopback port, once `/health` answers 200."""
     port = free_port()
     command = [
@@ -251,6 +258,8 @@ def start_server(peer: PreparedPeer, *, log_path: Path, timeout_s: float = START
         "float32",
         # Puts usage.prompt_tokens_details.cached_tokens in the stream's usage.
         "--enable-prompt-tokens-details",
+        "--max-num-seqs",
+        str(max_num_seqs),
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("wb")

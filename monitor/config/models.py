@@ -309,8 +309,9 @@ class Provider(ConfigModel):
     server_metrics_url: str | None = Field(
         None,
         description="The server's own Prometheus endpoint (self-hosted vLLM or SGLang), e.g. "
-        "`http://127.0.0.1:8000/metrics`. Scraped right before and right after each run (2 s limit; a slow "
-        "or dead endpoint only leaves the run's `server_*` columns empty) to store requests waiting and "
+        "`http://127.0.0.1:8000/metrics`. Scraped right before and right after each run (limits: 2 s before, "
+        "5 s after, when no probe waits; a slow or dead endpoint only leaves the run's `server_*` columns "
+        "empty) to store requests waiting and "
         "running, KV-cache usage, prefix-cache hit rate and the server's own TTFT, queue and prefill time.",
     )
 

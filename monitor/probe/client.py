@@ -58,8 +58,9 @@ from monitor.redact import redact, redact_fields
 # Endpoint and Timeouts are part of the client's interface; they live in `endpoint`, which needs no aiohttp.
 __all__ = ["Endpoint", "ProbeClient", "Timeouts"]
 
-# Sample fields holding text that came from the server (or names its URL).
-SERVER_TEXT_FIELDS = ("error_message", "served_model", "request_id")
+# Sample fields holding text that came from the server (or names its URL): a hostile server can echo
+# the key into any of them, headers included, so all are redacted before a sample is stored or logged.
+SERVER_TEXT_FIELDS = ("error_message", "served_model", "request_id", "retry_after", "server_timing")
 MAX_ERROR_BODY = 2000
 HEADER_TEXT_CAP = 300
 

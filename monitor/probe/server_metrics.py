@@ -8,7 +8,10 @@ right after each run; `server_metrics` turns the two readings into what is store
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+import dataclasses
+import math
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import aiohttp
@@ -16,8 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # Short: the "before" scrape sits in front of the run's first probe.
 SCRAPE_TIMEOUT_S = 2.0
-# A metrics page is tens of kilobytes; a server sending more is not a metrics endpoint.
+# Longer: no probe waits on the "after" scrape, and a server busy enough to matter answers slowly
+# (a real vLLM with a queue, on two loaded cores: 20 readings within 24 ms, then 0.4 and 2.0 s).
+AFTER_SCRAPE_TIMEOUT_S = 5.0
+# A metrics page is tens of kilobytes (vLLM 0.32 with one model: 49 kB); a server sending more is
+# not a metrics endpoint.
 MAX_SCRAPE_BYTES = 8 * 1024 * 1024
+# The longest sample line read; vLLM's longest is under 300 bytes.
+MAX_LINE_BYTES = 64 * 1024
 MODEL_LABEL = "model_name"  # vLLM and SGLang both label per-model series so
 
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
@@ -28,6 +37,20 @@ PREFIX_HIT_RATE_GAUGE = "sglang:cache_hit_rate"
 TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
 QUEUE_TIME = ("vllm:request_queue_time_seconds",)
 PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
+# Changes when the server restarts (prometheus_client's process collector; vLLM serves it).
+PROCESS_START = "process_start_time_seconds"
+HISTOGRAMS = (*TTFT, *QUEUE_TIME, *PREFILL_TIME)
+COUNTERS = (PREFIX_HITS, PREFIX_QUERIES, *(f"{h}_{part}" for h in HISTOGRAMS for part in ("count", "sum")))
+# The only samples read: a page holds hundreds more (every histogram's buckets), and parsing them all
+# would hold the event loop, and with it the stamps of probes in flight, for no use.
+WANTED = frozenset((*WAITING, *RUNNING, *KV_CACHE_USAGE, PREFIX_HIT_RATE_GAUGE, PROCESS_START, *COUNTERS))
+# A sample line of Prometheus' text format: name, optional labels, value, optional timestamp.
+_SAMPLE_LINE = re.compile(
+    rb"[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?[ \t]+"
+    rb"[+-]?(?:[0-9]+\.?[0-9]*(?:[eE][+-]?[0-9]+)?|\.[0-9]+(?:[eE][+-]?[0-9]+)?|Inf|inf|NaN|nan)"
+    rb"(?:[ \t]+-?[0-9]+)?"
+)
+_NAME_END = re.compile(rb"[{ \t]")
 
 # Sample name -> [(labels, value)], as read from one scrape.
 Snapshot = Mapping[str, list[tuple[dict[str, str], float]]]
@@ -51,13 +74,55 @@ class ServerMetrics:
         return {f"server_{name}": getattr(self, name) for name in self.__slots__}
 
 
-def parse_snapshot(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    """The samples of a Prometheus text page by sample name. Raises ValueError on a malformed page."""
+class _PageFilter:
+    """Keeps the WANTED sample lines of a Prometheus text page fed in chunks, checking every line's
+    shape on the way, so a page costs one pass over its bytes however large it is."""
+
+    def __init__(self) -> None:
+        self.kept: list[bytes] = []
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> None:
+        lines = (self._partial + chunk).split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) > MAX_LINE_BYTES:  # else an endless line is copied again with every chunk
+            raise ValueError("not a Prometheus text page (a line without end)")
+        self._keep(lines)
+
+    def finish(self) -> str:
+        self._keep([self._partial])
+        self._partial = b""
+        return b"\n".join(self.kept).decode("utf-8", errors="replace") + "\n"
+
+    def _keep(self, lines: Iterable[bytes]) -> None:
+        for raw in lines:
+            line = raw.strip()
+            if not line or line.startswith(b"#"):
+                continue
+            if _SAMPLE_LINE.fullmatch(line) is None:
+                raise ValueError("not a Prometheus text page (a line is not a sample)")
+            end = _NAME_END.search(line)
+            if (line[: end.start()] if end else line).decode("ascii") in WANTED:
+                self.kept.append(line)
+
+
+def parse_snapshot(text: str | bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """The WANTED samples of a Prometheus text page by sample name. Raises ValueError on a malformed page."""
+    page = _PageFilter()
+    page.feed(text.encode() if isinstance(text, str) else text)
+    return _parse_kept(page.finish())
+
+
+def _parse_kept(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     out: dict[str, list[tuple[dict[str, str], float]]] = {}
     try:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+                value = float(sample.value)
+                # Every wanted sample is a count, a time, a fraction or a moment: none is negative or
+                # infinite. One that is says nothing; the rest of the page still does.
+                if math.isfinite(value) and value >= 0:
+                    out.setdefault(sample.name, []).append((dict(sample.labels), value))
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise ValueError(f"not a Prometheus text page ({type(exc).__name__})") from None
     return out
@@ -79,9 +144,31 @@ def _first_total(snapshot: Snapshot | None, names: tuple[str, ...], model: str) 
     return None
 
 
-def _gauge(before: Snapshot | None, after: Snapshot | None, names: tuple[str, ...], model: str) -> float | None:
+def _gauge(
+    before: Snapshot | None, after: Snapshot | None, names: tuple[str, ...], model: str, *, at_most: float = math.inf
+) -> float | None:
     readings = [v for v in (_first_total(s, names, model) for s in (before, after)) if v is not None]
-    return max(readings) if readings else None
+    # A "fraction" above 1 is some other unit (a percentage?): unknown, rather than stored as nonsense.
+    return max(readings) if readings and max(readings) <= at_most else None
+
+
+def restarted(before: Snapshot | None, after: Snapshot | None) -> bool:
+    """The server restarted between the readings: its start time changed, or a counter went back.
+
+    Then no difference between them means anything: a counter that restarted may already have
+    climbed past its old value, so each delta alone cannot tell.
+    """
+    if before is None or after is None:
+        return False
+    start_before, start_after = _total(before, PROCESS_START, ""), _total(after, PROCESS_START, "")
+    if start_before is not None and start_after is not None and start_before != start_after:
+        return True
+    for name in COUNTERS:
+        for labels, value in after.get(name, []):
+            old = [v for lb, v in before.get(name, []) if lb == labels]
+            if old and value < old[0]:
+                return True
+    return False
 
 
 def _delta(before: Snapshot | None, after: Snapshot | None, name: str, model: str) -> float | None:
@@ -89,7 +176,7 @@ def _delta(before: Snapshot | None, after: Snapshot | None, name: str, model: st
         return None
     # A series first seen after the run started from zero during it (labels appear on first use).
     old, new = _total(before, name, model) or 0.0, _total(after, name, model)
-    if old is None or new is None or new < old:  # missing, or the server restarted in between
+    if new is None or new < old:  # missing, or the server restarted in between
         return None
     return new - old
 
@@ -106,18 +193,24 @@ def _histogram_mean_ms(
 
 
 def server_metrics(before: Snapshot | None, after: Snapshot | None, model: str) -> ServerMetrics | None:
-    """What the two readings say about `model` over the run; None when neither reading exists."""
+    """What the two readings say about `model` over the run; None when neither reading exists.
+    Across a restart only the gauges are kept: the readings are of two different processes."""
     if before is None and after is None:
         return None
-    hits, queries = _delta(before, after, PREFIX_HITS, model), _delta(before, after, PREFIX_QUERIES, model)
-    if hits is not None and queries:
-        hit_rate: float | None = hits / queries
-    else:
-        hit_rate = _total(after, PREFIX_HIT_RATE_GAUGE, model) if queries is None else None
-    return ServerMetrics(
+    gauges = ServerMetrics(
         waiting=_gauge(before, after, WAITING, model),
         running=_gauge(before, after, RUNNING, model),
-        kv_cache_usage=_gauge(before, after, KV_CACHE_USAGE, model),
+        kv_cache_usage=_gauge(before, after, KV_CACHE_USAGE, model, at_most=1.0),
+    )
+    if restarted(before, after):
+        return gauges
+    hits, queries = _delta(before, after, PREFIX_HITS, model), _delta(before, after, PREFIX_QUERIES, model)
+    if hits is not None and queries:
+        hit_rate: float | None = hits / queries if hits <= queries else None
+    else:
+        hit_rate = _gauge(None, after, (PREFIX_HIT_RATE_GAUGE,), model, at_most=1.0) if queries is None else None
+    return dataclasses.replace(
+        gauges,
         prefix_hit_rate=hit_rate,
         ttft_ms=_histogram_mean_ms(before, after, TTFT, model),
         queue_ms=_histogram_mean_ms(before, after, QUEUE_TIME, model),
@@ -135,10 +228,16 @@ async def scrape(
             async with session.get(url, allow_redirects=False) as response:
                 if response.status != 200:
                     return f"http_{response.status}"
-                body = await response.content.read(MAX_SCRAPE_BYTES + 1)
-                if len(body) > MAX_SCRAPE_BYTES:
-                    return "too_large"
-        return parse_snapshot(body.decode("utf-8", errors="replace"))
+                # Chunk by chunk to the end: one read() returns only what has arrived so far, and a
+                # page larger than a socket read would be cut short.
+                page, received = _PageFilter(), 0
+                async for chunk in response.content.iter_any():
+                    received += len(chunk)
+                    if received > MAX_SCRAPE_BYTES:
+                        return "too_large"
+                    page.feed(chunk)
+                text = page.finish()
+        return _parse_kept(text)
     except TimeoutError:
         return "timeout"
     except ValueError:

@@ -19,7 +19,14 @@ from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
-from monitor.probe.server_metrics import ServerMetrics, Snapshot, scrape, server_metrics
+from monitor.probe.server_metrics import (
+    AFTER_SCRAPE_TIMEOUT_S,
+    SCRAPE_TIMEOUT_S,
+    ServerMetrics,
+    Snapshot,
+    scrape,
+    server_metrics,
+)
 from monitor.schedule.background import AFTERCARE_TIMEOUT_S, AfterStore
 
 if TYPE_CHECKING:
@@ -217,7 +224,8 @@ def _as_kwargs(fields: dict[str, float | None]) -> dict[str, Any]:
 class _ServerReadings:
     """Scrapes the servers' own metrics endpoints of a plan's targets right before and after its run.
 
-    Each scrape is bounded (SCRAPE_TIMEOUT_S) and never raises: a dead or hung endpoint delays the
+    Each scrape is bounded (SCRAPE_TIMEOUT_S before, AFTER_SCRAPE_TIMEOUT_S after, when no probe
+    waits on it) and never raises: a dead or hung endpoint delays the
     first probe by at most that, and only leaves the run's `server_*` fields empty.
     """
 
@@ -249,7 +257,7 @@ class _ServerReadings:
     async def over_the_run(self) -> dict[str, ServerMetrics]:
         if not self._url_of:
             return {}
-        after = await self._read_all()
+        after = await self._read_all(timeout_s=AFTER_SCRAPE_TIMEOUT_S)
         out: dict[str, ServerMetrics] = {}
         for target, url in self._url_of.items():
             metrics = server_metrics(self._before.get(url), after.get(url), self._model_of[target])
@@ -257,10 +265,10 @@ class _ServerReadings:
                 out[target] = metrics
         return out
 
-    async def _read_all(self) -> dict[str, Snapshot]:
+    async def _read_all(self, *, timeout_s: float = SCRAPE_TIMEOUT_S) -> dict[str, Snapshot]:
         assert self._session is not None
         urls = sorted(set(self._url_of.values()))
-        readings = await asyncio.gather(*(scrape(self._session, url) for url in urls))
+        readings = await asyncio.gather(*(scrape(self._session, url, timeout_s=timeout_s) for url in urls))
         out: dict[str, Snapshot] = {}
         for url, reading in zip(urls, readings, strict=True):
             if isinstance(reading, str):

@@ -37,6 +37,9 @@ def fields(notification: Notification, now: datetime) -> dict[str, Any]:
         "since": iso(n.since),
         "resolved_at": None if n.resolved_at is None else iso(n.resolved_at),
         "summary": n.summary,
+        # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
+        "cause": n.cause,
+        "attribution": n.attribution or None,
         "link": n.link,
         "incident_id": str(n.incident_id),
         "repeat": n.repeat,
