@@ -129,7 +129,12 @@ def test_each_api_flavour_measures_the_same_server(vllm_server: VllmServer, api:
         assert abs(sample["prompt_tokens"] - 512) <= 0.05 * 512, sample
         assert sample["completion_tokens"] == 6, sample
         assert sample["cached_tokens"] == 0, sample
-        assert sample["decode_tps"] > 0, sample
+        # A decode rate needs the tokens to arrive at different times. On a loaded machine the client can
+        # read all six in one go (one arrival stamp): then the rate is unknown, never zero or made up.
+        if sample["gap_max_ms"] == 0:
+            assert sample["decode_tps"] is None, sample
+        else:
+            assert sample["decode_tps"] > 0, sample
 
 
 _SERIES = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.MULTILINE)
