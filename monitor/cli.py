@@ -28,10 +28,10 @@ from monitor.cliargs import (
 )
 
 if TYPE_CHECKING:
-    from monitor.config.models import Config
     from monitor.logging import Redactor
     from monitor.probe_command import ProbeOptions
 
+from monitor.commandline import load_config_or_explain
 from monitor.exitcodes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from monitor.probe.apis import FLAVORS
 
@@ -398,18 +398,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
-def _load_config_or_explain(path: str) -> Config | None:
-    """The config at `path`, or None once its errors are on stderr (the command then exits EXIT_USAGE)."""
-    from monitor.config.errors import ConfigError
-    from monitor.config.loader import load_config
-
-    try:
-        return load_config(config_path(path))
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        return None
-
-
 def _cmd_serve(args: argparse.Namespace) -> int:
     if args.hash_password:
         import getpass
@@ -430,7 +418,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"ttft-monitor serve: --listen: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    config = _load_config_or_explain(args.config)
+    config = load_config_or_explain(args.config, sys.stderr)
     if config is None:
         return EXIT_USAGE
     return asyncio.run(serve(config, args.listen))
@@ -448,7 +436,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except BadRequest as exc:
         print(f"ttft-monitor report: --{exc}", file=sys.stderr)
         return EXIT_USAGE
-    config = _load_config_or_explain(args.config)
+    config = load_config_or_explain(args.config, sys.stderr)
     if config is None:
         return EXIT_USAGE
 

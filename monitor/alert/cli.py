@@ -22,9 +22,7 @@ from monitor.alert.model import Notification, series_link
 from monitor.alert.receivers import KINDS
 from monitor.alert.text import annotation_text, fmt_duration, fmt_ms, fmt_ratio, iso
 from monitor.alert.transport import Transport
-from monitor.cliargs import config_path
-from monitor.config.errors import ConfigError
-from monitor.config.loader import load_config
+from monitor.commandline import load_config_or_explain, run_against_database
 from monitor.config.models import Config
 from monitor.config.secrets import new_webhook_secret
 
@@ -34,7 +32,7 @@ if TYPE_CHECKING:
     from monitor.store.triage import Annotation, TriageRecord
 
 from monitor.alert.commands import register
-from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from monitor.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from monitor.table import table_lines
 
 
@@ -49,11 +47,8 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         out.write(new_webhook_secret() + "\n")
         return EXIT_OK
     name = "alert test" if args.command == "alert" else "incidents"
-    path = config_path(args.config)
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        err.write(f"{exc}\n")
+    config = load_config_or_explain(args.config, err)
+    if config is None:
         return EXIT_USAGE
     if args.command == "alert":
         problems = receiver_problems(config, args.receiver)
@@ -65,17 +60,13 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         # The answer goes to stdout; log lines (a `log` receiver's notification among them) to stderr.
         configure_logging(stream=err, level=logging.INFO)
         return asyncio.run(alert_test(config, args.receiver, out=out, err=err))
-    # SQLAlchemy is imported only here: `alert test` starts faster without it.
-    from monitor.store.engine import StoreError, describe_db_error
-
-    try:
-        return asyncio.run(_incidents(config, args.format, args.days, out))
-    except StoreError as exc:
-        err.write(f"ttft-monitor {name}: {exc}\n")
-        return EXIT_INFRA
-    except Exception as exc:  # a database error we did not classify: one line, never a traceback
-        err.write(f"ttft-monitor {name}: {describe_db_error(exc, config.database.url)}\n")
-        return EXIT_INFRA
+    # SQLAlchemy is imported only here (inside run_against_database): `alert test` starts faster without it.
+    return run_against_database(
+        _incidents(config, args.format, args.days, out),
+        command=f"ttft-monitor {name}",
+        url=config.database.url,
+        err=err,
+    )
 
 
 # ---------------------------------------------------------------- alert test

@@ -158,6 +158,32 @@ def facts(notification: Notification, now: datetime) -> list[tuple[str, str]]:
     return out
 
 
+def markdown_sections(notification: Notification, now: datetime, *, heading: str, fact: str) -> list[str]:
+    """The chat robots' markdown: `heading`, the summary (when there is one), the facts (each `fact` formatted
+    with `label` and `value`, one line each) and the series link (when there is one); the caller joins and caps."""
+    n = notification
+    parts = [heading]
+    if n.summary:
+        parts.append(n.summary)
+    parts.append("\n".join(fact.format(label=label, value=value) for label, value in facts(n, now)))
+    if n.link:
+        parts.append(f"[Open the series]({n.link})")
+    return parts
+
+
+def series_labels(notification: Notification) -> dict[str, str]:
+    """The labels naming the series, in the order every structured receiver sends them."""
+    n = notification
+    return {
+        "target": n.target,
+        "model": n.model,
+        "provider": n.provider,
+        "prompt": n.prompt,
+        "location": n.location,
+        "job": n.job,
+    }
+
+
 def lines(notification: Notification, now: datetime) -> list[str]:
     """The notification as plain text lines: headline, the detector's summary, facts, link."""
     out = [headline(notification)]

@@ -103,6 +103,21 @@ UserPath = Annotated[Path, AfterValidator(_expand_user)]
 Headers = Annotated[dict[str, str], AfterValidator(_check_headers)]
 
 
+def _check_cron(expr: str) -> str:
+    build_trigger(expr, "UTC")
+    return expr
+
+
+def _check_timezone(name: str) -> str:
+    resolve_timezone(name)
+    return name
+
+
+# A job's schedule and a silence's window share these checks.
+CronExpression = Annotated[str, AfterValidator(_check_cron)]
+TimezoneName = Annotated[str, AfterValidator(_check_timezone)]
+
+
 def _numeric_kind(annotation: Any) -> str | None:
     """'an integer' or 'a number' when a field holds one (optionally None), else None."""
     members = [annotation]
@@ -472,12 +487,12 @@ class PromptProfile(ConfigModel):
 
 class Job(ConfigModel):
     name: str = Field(description="Unique job name (letters, digits, `_`, `.`, `-`); used in metrics and alerts.")
-    schedule: str = Field(
+    schedule: CronExpression = Field(
         description="Cron expression: 5 fields `minute hour day month weekday` (Sunday = 0 or 7), "
         "6 fields with "
         'seconds first, or `@hourly`/`@daily`/... Quote it in YAML: `"*/5 * * * *"`.'
     )
-    timezone: str = Field("UTC", description="IANA timezone the schedule is read in, e.g. `Europe/Berlin`.")
+    timezone: TimezoneName = Field("UTC", description="IANA timezone the schedule is read in, e.g. `Europe/Berlin`.")
     jitter_s: float = Field(
         0,
         ge=0,
@@ -505,18 +520,6 @@ class Job(ConfigModel):
     @classmethod
     def _check_job_name(cls, name: str) -> str:
         return _check_name(name)
-
-    @field_validator("schedule")
-    @classmethod
-    def _check_schedule(cls, expr: str) -> str:
-        build_trigger(expr, "UTC")
-        return expr
-
-    @field_validator("timezone")
-    @classmethod
-    def _check_timezone(cls, name: str) -> str:
-        resolve_timezone(name)
-        return name
 
     @field_validator("targets", "prompts")
     @classmethod
@@ -849,13 +852,13 @@ class Silence(ConfigModel):
     targets: list[str] = Field(default_factory=list, description="Targets silenced; empty silences everything.")
     start: datetime | None = Field(None, description="Start of a one-off window, with UTC offset.")
     end: datetime | None = Field(None, description="End of a one-off window, with UTC offset.")
-    cron: str | None = Field(
+    cron: CronExpression | None = Field(
         None, description="Start of a recurring window, as a cron expression (needs `duration_s`)."
     )
     duration_s: float | None = Field(
         None, gt=0, le=366 * 86400, description="Length of each recurring window in seconds."
     )
-    timezone: str = Field("UTC", description="IANA timezone `cron` is read in.")
+    timezone: TimezoneName = Field("UTC", description="IANA timezone `cron` is read in.")
     comment: str = Field("", description="Why; shown with suppressed alerts.")
 
     @field_validator("start", "end")
@@ -864,19 +867,6 @@ class Silence(ConfigModel):
         if moment is not None and moment.tzinfo is None:
             raise ValueError(f"{moment.isoformat()} has no UTC offset; write e.g. {moment.isoformat()}+00:00")
         return moment
-
-    @field_validator("cron")
-    @classmethod
-    def _check_cron(cls, expr: str | None) -> str | None:
-        if expr is not None:
-            build_trigger(expr, "UTC")
-        return expr
-
-    @field_validator("timezone")
-    @classmethod
-    def _check_timezone(cls, name: str) -> str:
-        resolve_timezone(name)
-        return name
 
     @model_validator(mode="after")
     def _check_window(self) -> Silence:

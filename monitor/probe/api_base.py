@@ -88,6 +88,18 @@ def error_text(err: Any) -> str:
     return str(err)
 
 
+def read_usage(info: EventInfo, usage: Any, *, prompt: str, completion: str, details: str) -> None:
+    """Token counts from an OpenAI-style usage object into `info`; the two OpenAI APIs name the same counts
+    differently (`prompt_tokens` in Chat Completions, `input_tokens` in Responses), hence the keys."""
+    if not isinstance(usage, dict):
+        return
+    info.prompt_tokens = usage.get(prompt)
+    info.completion_tokens = usage.get(completion)
+    cached = usage.get(details)
+    if isinstance(cached, dict):
+        info.cached_tokens = cached.get("cached_tokens")
+
+
 def merge_extra(body: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     # extra_body is passed through verbatim, as the openai SDK does, and may override defaults.
     return {**body, **extra}

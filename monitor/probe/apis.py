@@ -21,22 +21,13 @@ from monitor.probe.api_base import (
     error_text,
     load_event,
     merge_extra,
+    read_usage,
 )
 from monitor.probe.gemini import Gemini
 from monitor.probe.openai_responses import OpenAIResponses
 from monitor.probe.sse import SSEEvent
 
 __all__ = ["FLAVORS", "ApiFlavor", "EventInfo", "EventKind", "MalformedEvent", "RequestParams"]
-
-
-def _openai_usage(info: EventInfo, usage: Any) -> None:
-    if not isinstance(usage, dict):
-        return
-    info.prompt_tokens = usage.get("prompt_tokens")
-    info.completion_tokens = usage.get("completion_tokens")
-    details = usage.get("prompt_tokens_details")
-    if isinstance(details, dict):
-        info.cached_tokens = details.get("cached_tokens")
 
 
 class _OpenAIBase(FixedPath):
@@ -63,7 +54,13 @@ class _OpenAIBase(FixedPath):
             info.kind = EventKind.ERROR
             info.error_message = error_text(obj["error"])
             return info
-        _openai_usage(info, obj.get("usage"))
+        read_usage(
+            info,
+            obj.get("usage"),
+            prompt="prompt_tokens",
+            completion="completion_tokens",
+            details="prompt_tokens_details",
+        )
         choices = obj.get("choices")
         if choices:
             choice = choices[0]

@@ -21,6 +21,7 @@ from monitor.probe.api_base import (
     error_text,
     load_event,
     merge_extra,
+    read_usage,
 )
 from monitor.probe.sse import SSEEvent
 
@@ -28,17 +29,6 @@ _ANSWER = frozenset({"response.output_text.delta", "response.refusal.delta"})
 _REASONING = frozenset({"response.reasoning_summary_text.delta", "response.reasoning_text.delta"})
 _TOOL_CALL = frozenset({"response.function_call_arguments.delta", "response.custom_tool_call_input.delta"})
 _ENDS = frozenset({"response.completed", "response.incomplete", "response.failed"})
-
-
-def _usage(info: EventInfo, response: dict[str, Any]) -> None:
-    usage = response.get("usage")
-    if not isinstance(usage, dict):
-        return
-    info.prompt_tokens = usage.get("input_tokens")
-    info.completion_tokens = usage.get("output_tokens")
-    details = usage.get("input_tokens_details")
-    if isinstance(details, dict):
-        info.cached_tokens = details.get("cached_tokens")
 
 
 class OpenAIResponses(FixedPath):
@@ -81,7 +71,13 @@ class OpenAIResponses(FixedPath):
         elif kind in _ENDS or kind in ("response.created", "response.in_progress"):
             response = obj.get("response") or {}
             info.served_model = response.get("model")
-            _usage(info, response)
+            read_usage(
+                info,
+                response.get("usage"),
+                prompt="input_tokens",
+                completion="output_tokens",
+                details="input_tokens_details",
+            )
             if kind == "response.completed":
                 info.kind = EventKind.DONE
             elif kind == "response.incomplete":

@@ -134,19 +134,20 @@ def _alembic(action: Callable[..., Any], revision: str) -> Callable[[Connection]
 
 async def upgrade(engine_or_url: AsyncEngine | str | URL, revision: str = "head") -> tuple[str | None, str | None]:
     """Migrate up to `revision` in one transaction; returns (revision before, revision after)."""
-    async with _connect(engine_or_url, write=True) as connection:
-        before = await connection.run_sync(_current)
-        await connection.run_sync(_alembic(command.upgrade, revision))
-        after = await connection.run_sync(_current)
-        await connection.commit()
-    return before, after
+    return await _move(engine_or_url, command.upgrade, revision)
 
 
 async def downgrade(engine_or_url: AsyncEngine | str | URL, revision: str) -> tuple[str | None, str | None]:
     """Migrate down to `revision` (`base` drops every table); returns (before, after)."""
+    return await _move(engine_or_url, command.downgrade, revision)
+
+
+async def _move(
+    engine_or_url: AsyncEngine | str | URL, step: Callable[..., Any], revision: str
+) -> tuple[str | None, str | None]:
     async with _connect(engine_or_url, write=True) as connection:
         before = await connection.run_sync(_current)
-        await connection.run_sync(_alembic(command.downgrade, revision))
+        await connection.run_sync(_alembic(step, revision))
         after = await connection.run_sync(_current)
         await connection.commit()
     return before, after

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Double, String, Table, bindparam, delete, func, or_, select, text, tuple_, type_coerce
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql import Executable
 
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store.engine import write_transaction
@@ -458,23 +459,23 @@ class Repository:
             self._series_ids[series] = found
         return found
 
-    async def last_runs(self, series: SeriesKey, n: int) -> list[RunRecord]:
-        """The `n` most recent runs of `series` (by start), oldest first."""
+    async def _series_rows(self, series: SeriesKey, statement: Executable, **params: Any) -> Sequence[Any]:
+        """The rows of `statement` (which binds `:series_id`) for `series`; none for a series never stored."""
         async with self._read() as connection:
             series_id = await self._series_id(connection, series)
             if series_id is None:
                 return []
-            rows = await connection.execute(_LAST_RUNS, {"series_id": series_id, "n": n})
-            return [_run_record(row, series) for row in reversed(rows.all())]
+            return (await connection.execute(statement, {"series_id": series_id, **params})).all()
+
+    async def last_runs(self, series: SeriesKey, n: int) -> list[RunRecord]:
+        """The `n` most recent runs of `series` (by start), oldest first."""
+        rows = await self._series_rows(series, _LAST_RUNS, n=n)
+        return [_run_record(row, series) for row in reversed(rows)]
 
     async def runs_between(self, series: SeriesKey, start: datetime, end: datetime) -> list[RunRecord]:
         """Runs of `series` started in [start, end), oldest first."""
-        async with self._read() as connection:
-            series_id = await self._series_id(connection, series)
-            if series_id is None:
-                return []
-            rows = await connection.execute(_RUNS_BETWEEN, {"series_id": series_id, "start": start, "end": end})
-            return [_run_record(row, series) for row in rows]
+        rows = await self._series_rows(series, _RUNS_BETWEEN, start=start, end=end)
+        return [_run_record(row, series) for row in rows]
 
     async def load_runs(
         self, series: SeriesKey, start: datetime, end: datetime
@@ -508,12 +509,8 @@ class Repository:
 
     async def rollups_between(self, series: SeriesKey, start: datetime, end: datetime) -> list[HourlyStats]:
         """Stored hourly rollups of `series` for hours starting in [start, end) (kept after raw samples)."""
-        async with self._read() as connection:
-            series_id = await self._series_id(connection, series)
-            if series_id is None:
-                return []
-            rows = await connection.execute(_ROLLUPS_BETWEEN, {"series_id": series_id, "start": start, "end": end})
-            return [HourlyStats(*row) for row in rows]
+        rows = await self._series_rows(series, _ROLLUPS_BETWEEN, start=start, end=end)
+        return [HourlyStats(*row) for row in rows]
 
     async def _hourly(
         self, connection: AsyncConnection, series_ids: Sequence[int], start: datetime, end: datetime

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import ReceiverKind, json_request, require_url, url_problems
-from monitor.alert.text import headline, iso, plain_text
+from monitor.alert.text import headline, iso, plain_text, series_labels
 
 if TYPE_CHECKING:
     from monitor.config.models import Receiver
@@ -49,12 +49,7 @@ def alert_labels(notification: Notification) -> dict[str, str]:
         "alertname": ALERT_NAMES.get(n.kind, "TTFT" + n.kind.title().replace("_", "")),
         "severity": n.severity,
         "kind": n.kind,
-        "target": n.target,
-        "model": n.model,
-        "provider": n.provider,
-        "prompt": n.prompt,
-        "location": n.location,
-        "job": n.job,
+        **series_labels(n),
         "incident_id": str(n.incident_id),
     } | ({"group_id": str(n.group_id)} if n.group_id is not None else {})
 

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
-from monitor.alert.text import facts, headline, truncate, truncate_bytes
+from monitor.alert.text import headline, markdown_sections, truncate, truncate_bytes
 
 if TYPE_CHECKING:
     from monitor.config.models import Receiver
@@ -39,13 +39,7 @@ def signed_url(url: str, secret: str, timestamp_ms: int) -> str:
 
 
 def markdown(notification: Notification, now: datetime) -> str:
-    n = notification
-    parts = [f"### {headline(n)}"]
-    if n.summary:
-        parts.append(n.summary)
-    parts.append("\n".join(f"- **{label}:** {value}" for label, value in facts(n, now)))
-    if n.link:
-        parts.append(f"[Open the series]({n.link})")
+    parts = markdown_sections(notification, now, heading=f"### {headline(notification)}", fact="- **{label}:** {value}")
     return truncate_bytes("\n\n".join(parts), TEXT_LIMIT_BYTES)
 
 

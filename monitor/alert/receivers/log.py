@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import ReceiverKind
-from monitor.alert.text import headline, iso
+from monitor.alert.text import headline, iso, series_labels
 
 if TYPE_CHECKING:
     from monitor.config.models import Receiver
@@ -24,12 +24,7 @@ def fields(notification: Notification, now: datetime) -> dict[str, Any]:
         "kind": n.kind,
         "severity": n.severity,
         "series": n.series,
-        "target": n.target,
-        "model": n.model,
-        "provider": n.provider,
-        "prompt": n.prompt,
-        "location": n.location,
-        "job": n.job,
+        **series_labels(n),
         "baseline_ms": n.baseline_ms,
         "observed_ms": n.observed_ms,
         "ratio": n.ratio,

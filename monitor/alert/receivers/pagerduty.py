@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import BuildError, ReceiverKind, json_request
-from monitor.alert.text import headline, iso, truncate
+from monitor.alert.text import headline, iso, series_labels, truncate
 
 if TYPE_CHECKING:
     from monitor.config.models import Receiver
@@ -34,12 +34,7 @@ def details(notification: Notification) -> dict[str, Any]:
     n = notification
     return {
         "series": n.series,
-        "target": n.target,
-        "model": n.model,
-        "provider": n.provider,
-        "prompt": n.prompt,
-        "location": n.location,
-        "job": n.job,
+        **series_labels(n),
         "kind": n.kind,
         "baseline_ms": n.baseline_ms,
         "observed_ms": n.observed_ms,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import BuildError, ReceiverKind, dumps, post, require_url, url_problems
-from monitor.alert.text import headline, iso, plain_text
+from monitor.alert.text import headline, iso, plain_text, series_labels
 
 if TYPE_CHECKING:
     from monitor.config.models import Receiver
@@ -36,14 +36,7 @@ def payload(notification: Notification, now: datetime) -> dict[str, Any]:
             "repeat": n.repeat,
             "since": iso(n.since),
             "resolved_at": None if n.resolved_at is None else iso(n.resolved_at),
-            "series": {
-                "target": n.target,
-                "model": n.model,
-                "provider": n.provider,
-                "prompt": n.prompt,
-                "location": n.location,
-                "job": n.job,
-            },
+            "series": series_labels(n),
             "baseline_ms": n.baseline_ms,
             "observed_ms": n.observed_ms,
             "ratio": n.ratio,

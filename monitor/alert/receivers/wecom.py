@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
-from monitor.alert.text import facts, headline, truncate_bytes
+from monitor.alert.text import headline, markdown_sections, truncate_bytes
 
 if TYPE_CHECKING:
     from monitor.config.models import Receiver
@@ -24,12 +24,8 @@ COLOURS = {"firing": "warning", "resolved": "info", "info": "comment"}
 
 def markdown(notification: Notification, now: datetime) -> str:
     n = notification
-    parts = [f'## <font color="{COLOURS[n.state]}">{headline(n)}</font>']
-    if n.summary:
-        parts.append(n.summary)
-    parts.append("\n".join(f"> **{label}:** {value}" for label, value in facts(n, now)))
-    if n.link:
-        parts.append(f"[Open the series]({n.link})")
+    heading = f'## <font color="{COLOURS[n.state]}">{headline(n)}</font>'
+    parts = markdown_sections(n, now, heading=heading, fact="> **{label}:** {value}")
     return truncate_bytes("\n".join(parts), CONTENT_LIMIT_BYTES)
 
 
