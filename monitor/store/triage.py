@@ -62,6 +62,7 @@ class IncidentFacts:
     acked_at: datetime | None
     acked_by: str | None
     label: str | None
+    group_id: uuid.UUID | None = None  # the outage it was notified in (one page for the group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +193,7 @@ class TriageStore:
             acked_at=row.acked_at,
             acked_by=row.acked_by,
             label=row.label,
+            group_id=row.group_id,
         )
 
     @staticmethod
@@ -258,12 +260,24 @@ class TriageStore:
 
     @staticmethod
     async def acknowledged(connection: AsyncConnection, incident_id: uuid.UUID) -> tuple[str | None, datetime] | None:
-        """(by, at) when the incident was acknowledged, else None."""
+        """(by, at) of the first acknowledgement of the incident, or of any member of its group (the
+        group's page goes out under its lead's id, and whoever acknowledged a member is on that page),
+        else None."""
+        group = (
+            sa.select(INCIDENTS.c.group_id)
+            .where(INCIDENTS.c.id == incident_id, INCIDENTS.c.group_id.is_not(None))
+            .scalar_subquery()
+        )
+        members = sa.select(INCIDENTS.c.id).where(INCIDENTS.c.group_id == group)
         row = (
             await connection.execute(
-                sa.select(TRIAGE.c.acked_by, TRIAGE.c.acked_at).where(
-                    TRIAGE.c.incident_id == incident_id, TRIAGE.c.acked_at.is_not(None)
+                sa.select(TRIAGE.c.acked_by, TRIAGE.c.acked_at)
+                .where(
+                    sa.or_(TRIAGE.c.incident_id == incident_id, TRIAGE.c.incident_id.in_(members)),
+                    TRIAGE.c.acked_at.is_not(None),
                 )
+                .order_by(TRIAGE.c.acked_at)
+                .limit(1)
             )
         ).first()
         return (row.acked_by, row.acked_at) if row is not None else None

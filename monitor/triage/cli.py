@@ -145,7 +145,13 @@ async def _resolve(triage: Triage, given: str, note: str | None, by: str, out: T
     done = await triage.resolve(given, by=by, note=note)
     queued = sorted(item.receiver for item in done.enqueued if item.status == "pending")
     held = sorted(f"{item.receiver} ({item.reason})" for item in done.enqueued if item.status != "pending")
-    if queued:
+    if done.facts.group_id is not None and done.group_open:
+        group = str(done.facts.group_id)[:8]
+        told = (
+            f"its group {group} (one page) stays open while {done.group_open} other member(s) are: "
+            "resolve them too to close the page"
+        )
+    elif queued:
         told = f"resolve notification queued for {', '.join(queued)} (the running daemon sends it)"
     else:
         told = "no receiver takes its resolve notification"
