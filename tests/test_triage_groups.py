@@ -19,6 +19,7 @@ from monitor.alert.transport import Transport
 from monitor.config.models import Config
 from monitor.store.models import AlertOutboxRow, AnnotationRow, IncidentGroupRow, IncidentRow, IncidentTriageRow
 from monitor.store.repository import Repository
+from monitor.store.triage import TriageStore
 from monitor.triage.service import Triage
 from tests.store_fixtures import T0, Backend
 from tests.test_detect_service import HEALTHY, config, notifications, rows, run_ticks, service_on
@@ -135,3 +136,17 @@ async def test_retention_takes_resolved_groups_triage_and_old_change_markers(bac
         await engine.dispose()
     assert (pruned.incidents, pruned.incident_groups, pruned.annotations) == (6, 1, 1)
     assert left == [0, 0, 0] and marks == []
+
+
+async def test_a_groups_page_names_the_change_markers_of_any_member(backend: Backend) -> None:
+    engine = backend.engine()
+    try:
+        store = TriageStore(engine)
+        outage_began = T0 + timedelta(minutes=5 * HEALTHY)
+        await store.annotate("a3 rolled out", target="a3", by="ops", now=outage_began - timedelta(minutes=20))
+        await store.annotate("b1 rolled out", target="b1", by="ops", now=outage_began - timedelta(minutes=10))
+        _incidents, page = await mid_outage(engine, settings())
+    finally:
+        await engine.dispose()
+    assert page.target != "a3" and len(page.members) == 6
+    assert "a3 rolled out" in page.annotation and "b1 rolled out" not in page.annotation

@@ -247,6 +247,17 @@ class TriageStore:
         )
 
     @staticmethod
+    async def group_targets(connection: AsyncConnection, group_id: uuid.UUID) -> list[str]:
+        """The targets of the group's member incidents."""
+        query = (
+            sa.select(SERIES.c.target)
+            .join(INCIDENTS, INCIDENTS.c.series_id == SERIES.c.id)
+            .where(INCIDENTS.c.group_id == group_id)
+            .distinct()
+        )
+        return sorted((await connection.execute(query)).scalars().all())
+
+    @staticmethod
     async def first_firing_payload(connection: AsyncConnection, incident_id: uuid.UUID) -> dict[str, Any] | None:
         """The notification the incident opened with, as the outbox stored it, if it was sent anywhere."""
         from monitor.store.outbox import OUTBOX
@@ -328,11 +339,19 @@ class TriageStore:
 
     @staticmethod
     async def annotations_between(
-        connection: AsyncConnection, start: datetime, end: datetime, *, target: str | None = None, limit: int = 1000
+        connection: AsyncConnection,
+        start: datetime,
+        end: datetime,
+        *,
+        target: str | None = None,
+        targets: Sequence[str] = (),
+        limit: int = 1000,
     ) -> list[Annotation]:
-        """Annotations in [start, end], oldest first; with `target`, those for it and those for every target."""
+        """Annotations in [start, end], oldest first; with `target` (or several: `targets`), those for
+        them and those for every target."""
         query = sa.select(ANNOTATIONS).where(ANNOTATIONS.c.at >= start, ANNOTATIONS.c.at <= end)
-        if target is not None:
-            query = query.where(sa.or_(ANNOTATIONS.c.target.is_(None), ANNOTATIONS.c.target == target))
+        wanted = sorted({*targets, *([target] if target is not None else [])})
+        if wanted:
+            query = query.where(sa.or_(ANNOTATIONS.c.target.is_(None), ANNOTATIONS.c.target.in_(wanted)))
         rows = await connection.execute(query.order_by(ANNOTATIONS.c.at.desc()).limit(limit))
         return sorted((_annotation(row) for row in rows), key=lambda item: item.at)
