@@ -21,6 +21,7 @@ from monitor.store.models import AlertOutboxRow, AnnotationRow, IncidentGroupRow
 from monitor.store.repository import Repository
 from monitor.store.triage import TriageStore
 from monitor.triage.service import Triage
+from monitor.triage.stats import Judged, per_notification
 from tests.store_fixtures import T0, Backend
 from tests.test_detect_service import HEALTHY, config, notifications, rows, run_ticks, service_on
 
@@ -150,3 +151,43 @@ async def test_a_groups_page_names_the_change_markers_of_any_member(backend: Bac
         await engine.dispose()
     assert page.target != "a3" and len(page.members) == 6
     assert "a3 rolled out" in page.annotation and "b1 rolled out" not in page.annotation
+
+
+def test_a_group_counts_once_in_the_precision_table_with_its_leads_label_else_its_members() -> None:
+    lead, other, third = "L", "M", "N"
+    judged = [
+        Judged(lead, "regression", "ticket", "true-positive", "g1", lead),
+        Judged(other, "regression", "page", None, "g1", lead),
+        Judged(third, "regression", "page", "false-positive", "g1", lead),
+        # A group whose lead nobody labelled: its members' most common label.
+        Judged("a", "regression", "page", None, "g2", "a"),
+        Judged("b", "regression", "page", "false-positive", "g2", "a"),
+        Judged("c", "regression", "page", "false-positive", "g2", "a"),
+        Judged("d", "regression", "page", "true-positive", "g2", "a"),
+        # Not grouped: each its own page.
+        Judged("s", "slo_burn", "page", None),
+        Judged("t", "slo_burn", "page", "true-positive"),
+    ]
+    assert sorted(per_notification(judged), key=str) == sorted(
+        [
+            ("regression", "page", "true-positive", 1),
+            ("regression", "page", "false-positive", 1),
+            ("slo_burn", "page", None, 1),
+            ("slo_burn", "page", "true-positive", 1),
+        ],
+        key=str,
+    )
+
+
+async def test_labelling_a_groups_page_makes_one_true_positive_not_five_unlabelled(backend: Backend) -> None:
+    engine = backend.engine()
+    try:
+        setup = settings()
+        _incidents, page = await mid_outage(engine, setup)
+        triage = Triage(engine, setup, clock=lambda: NOW)
+        await triage.label(str(page.incident_id), "true-positive", by="alice")
+        table = {(row.kind, row.severity): row for row in await triage.stats(days=None)}
+    finally:
+        await engine.dispose()
+    page_row = table[("regression", "page")]
+    assert (page_row.true_positive, page_row.unlabelled, page_row.precision) == (1, 0, 1.0)

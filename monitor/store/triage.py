@@ -17,6 +17,7 @@ from monitor.store.models import (
     SERIES,
     AnnotationRow,
     DetectorStateRow,
+    IncidentGroupRow,
     IncidentRow,
     IncidentTriageRow,
     table_of,
@@ -314,18 +315,27 @@ class TriageStore:
                 )
         return out
 
-    async def label_counts(self, *, since: datetime | None) -> list[tuple[str, str, str | None, int]]:
-        """(kind, severity, label or None, incidents) over incidents opened since `since` (all when None)."""
-        query = (
-            sa.select(INCIDENTS.c.kind, INCIDENTS.c.severity, TRIAGE.c.label, sa.func.count())
-            .select_from(INCIDENTS.outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id))
-            .group_by(INCIDENTS.c.kind, INCIDENTS.c.severity, TRIAGE.c.label)
+    async def labels(self, *, since: datetime | None) -> list[tuple[Any, ...]]:
+        """(id, kind, severity, label or None, group id, the group's lead id) of every incident opened
+        since `since` (all when None)."""
+        groups = table_of(IncidentGroupRow)
+        query = sa.select(
+            INCIDENTS.c.id,
+            INCIDENTS.c.kind,
+            INCIDENTS.c.severity,
+            TRIAGE.c.label,
+            INCIDENTS.c.group_id,
+            groups.c.lead_incident_id,
+        ).select_from(
+            INCIDENTS.outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id).outerjoin(
+                groups, groups.c.id == INCIDENTS.c.group_id
+            )
         )
         if since is not None:
             query = query.where(INCIDENTS.c.opened_at >= since)
         async with self._engine.connect() as connection:
             rows = (await connection.execute(query)).all()
-        return [(row[0], row[1], row[2], int(row[3])) for row in rows]
+        return [tuple(row) for row in rows]
 
     # ------------------------------------------------------------ annotations
 

@@ -16,7 +16,7 @@ from monitor.config.models import Config
 from monitor.detect.group_notify import GroupNotifier
 from monitor.store.incidents import GroupStore
 from monitor.store.triage import Annotation, IncidentFacts, IncidentLookupError, TriageStore
-from monitor.triage.stats import PrecisionRow, precision_table
+from monitor.triage.stats import Judged, PrecisionRow, per_notification, precision_table
 
 MAX_TEXT = 500
 
@@ -115,7 +115,8 @@ class Triage:
 
     async def stats(self, *, days: float | None) -> list[PrecisionRow]:
         since = None if days is None else self._clock() - timedelta(days=days)
-        return precision_table(await self._store.label_counts(since=since))
+        judged = [Judged(*row) for row in await self._store.labels(since=since)]
+        return precision_table(per_notification(judged))
 
     async def _find(self, connection: Any, given: str) -> IncidentFacts:
         try:
