@@ -23,7 +23,7 @@ from monitor.store.triage import TriageStore
 from monitor.triage.service import Triage
 from monitor.triage.stats import Judged, per_notification
 from tests.store_fixtures import T0, Backend
-from tests.test_detect_service import HEALTHY, config, notifications, rows, run_ticks, service_on
+from tests.test_detect_service import HEALTHY, config, notifications, rows, run_ticks, service_on, tick
 
 pytest_plugins = ("tests.store_fixtures",)
 
@@ -191,3 +191,28 @@ async def test_labelling_a_groups_page_makes_one_true_positive_not_five_unlabell
         await engine.dispose()
     page_row = table[("regression", "page")]
     assert (page_row.true_positive, page_row.unlabelled, page_row.precision) == (1, 0, 1.0)
+
+
+async def test_a_group_whose_members_were_all_closed_elsewhere_is_resolved_at_the_next_batch(
+    backend: Backend,
+) -> None:
+    """Members closed without the group being told (by hand in SQL, or by `incidents resolve` before
+    it resolved groups): the daemon's next batch resolves the group and sends its one resolve."""
+    engine = backend.engine()
+    try:
+        setup = settings()
+        _incidents, page = await mid_outage(engine, setup)
+        incidents = IncidentRow.__table__
+        async with engine.begin() as connection:
+            await connection.execute(sa.update(incidents).values(resolved_at=NOW))
+        service = service_on(engine, setup)
+        repository = Repository(engine)
+        batch = tick(TICKS, {}, targets=("b1",))  # any batch at all, of another provider
+        await repository.save_runs(batch)
+        await service.after_store("every-5m", batch)
+        sent = await notifications(engine)
+        groups = await rows(engine, IncidentGroupRow)
+    finally:
+        await engine.dispose()
+    assert [n.state for n in sent] == ["firing", "resolved"], [headline(n) for n in sent]
+    assert sent[1].incident_id == page.incident_id and groups[0].resolved_at is not None
