@@ -216,3 +216,24 @@ async def test_a_group_whose_members_were_all_closed_elsewhere_is_resolved_at_th
         await engine.dispose()
     assert [n.state for n in sent] == ["firing", "resolved"], [headline(n) for n in sent]
     assert sent[1].incident_id == page.incident_id and groups[0].resolved_at is not None
+
+
+async def test_the_page_can_be_acknowledged_by_its_id_after_the_lead_recovered(backend: Backend) -> None:
+    """The page carries the lead's id; once the lead recovered (the group has not), acknowledging that
+    id still works and quiets the reminders."""
+    engine = backend.engine()
+    try:
+        setup = settings(renotify_interval_s=3600)
+        _incidents, page = await mid_outage(engine, setup)
+        async with engine.begin() as connection:
+            await connection.execute(
+                sa.update(IncidentRow.__table__).where(IncidentRow.id == page.incident_id).values(resolved_at=NOW)
+            )
+        acked = await Triage(engine, setup, clock=lambda: NOW).ack(str(page.incident_id), by="alice")
+        async with Transport() as transport:
+            dispatcher = Dispatcher(engine, setup.alerts, transport, rng=random.Random(7), poll_interval_s=0.05)
+            await dispatcher.dispatch_due()
+            added = await dispatcher.renotify_due(datetime.now(UTC) + timedelta(hours=2, minutes=1))
+    finally:
+        await engine.dispose()
+    assert not acked.already and added == 0

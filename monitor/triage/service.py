@@ -59,7 +59,7 @@ class Triage:
     async def ack(self, given: str, *, by: str) -> Acked:
         async with self._store.transaction() as connection:
             facts = await self._find(connection, given)
-            if facts.resolved_at is not None:
+            if facts.resolved_at is not None and not await self._page_open(connection, facts):
                 raise TriageRefused(
                     f"incident {describe(facts)} was resolved at {fmt_time(facts.resolved_at)}; only an open "
                     "incident can be acknowledged (label it instead: `ttft-monitor incidents label ID ...`)"
@@ -102,6 +102,15 @@ class Triage:
             notification = self._resolve_notification(facts, payload, summary=summary, now=now)
             enqueued = await self._outbox.notify(notification, now=now, connection=connection)
         return Resolved(facts, enqueued)
+
+    @staticmethod
+    async def _page_open(connection: Any, facts: IncidentFacts) -> bool:
+        """Whether the incident's group is still open: its page (the lead's id) still fires, and
+        reminds, after the lead itself recovered; acknowledging that id must quiet it."""
+        if facts.group_id is None:
+            return False
+        group = await GroupStore().read(connection, facts.group_id)
+        return group is not None and group.resolved_at is None
 
     async def _group_job(self, connection: Any, facts: IncidentFacts) -> str:
         """The job the group's page named (its lead's first notice), else the incident's own."""
