@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -20,12 +21,14 @@ from monitor.config.models import Config
 from monitor.store.models import AlertOutboxRow, AnnotationRow, IncidentGroupRow, IncidentRow, IncidentTriageRow
 from monitor.store.repository import Repository
 from monitor.store.triage import TriageStore
-from monitor.triage.service import Triage
+from monitor.triage.service import Triage, TriageRefused
 from monitor.triage.stats import Judged, per_notification
 from tests.store_fixtures import T0, Backend
 from tests.test_detect_service import HEALTHY, config, notifications, rows, run_ticks, service_on, tick
 
 pytest_plugins = ("tests.store_fixtures",)
+# Each builds an outage of 27 runs over 8 series: seconds alone, a minute on a loaded machine.
+pytestmark = pytest.mark.timeout(240)
 
 SLOW = {"a1": 2.5, "a2": 2.5, "a3": 2.5}
 TICKS = HEALTHY + 5  # mid-outage: the group's page is out, every member still open
@@ -237,3 +240,19 @@ async def test_the_page_can_be_acknowledged_by_its_id_after_the_lead_recovered(b
     finally:
         await engine.dispose()
     assert not acked.already and added == 0
+
+
+async def test_resolving_a_recovered_lead_names_the_members_that_keep_the_page_open(backend: Backend) -> None:
+    engine = backend.engine()
+    try:
+        setup = settings()
+        incidents, page = await mid_outage(engine, setup)
+        triage = Triage(engine, setup, clock=lambda: NOW)
+        await triage.resolve(str(page.incident_id), by="alice", note=None)
+        with pytest.raises(TriageRefused) as refused:
+            await triage.resolve(str(page.incident_id), by="alice", note=None)
+    finally:
+        await engine.dispose()
+    assert "its group's page stays open while 5 member(s) are: resolve " in str(refused.value)
+    others = sorted(str(i.id)[:8] for i in incidents if i.id != page.incident_id)
+    assert sorted(str(refused.value).split("resolve ")[-1].split(", ")) == others

@@ -86,7 +86,15 @@ class Triage:
                 connection, facts.id, by=by, note=note, now=now
             ):
                 when = f" at {fmt_time(facts.resolved_at)}" if facts.resolved_at is not None else ""
-                raise TriageRefused(f"incident {describe(facts)} is already resolved{when}")
+                hint = ""
+                if facts.group_id is not None and await self._page_open(connection, facts):
+                    members = await GroupStore().members(connection, facts.group_id)
+                    still = [str(m.id)[:8] for m in members if m.resolved_at is None]
+                    hint = (
+                        f"; its group's page stays open while {len(still)} member(s) are: "
+                        f"resolve {', '.join(still[:5])}{' ...' if len(still) > 5 else ''}"
+                    )
+                raise TriageRefused(f"incident {describe(facts)} is already resolved{when}{hint}")
             await self._store.forget_in_detector_state(connection, facts.series_id, facts.kind)
             summary = f"Resolved by hand by {by}" + (f": {note}" if note else ".")
             if facts.group_id is not None:
