@@ -155,6 +155,7 @@ async def test_bad_input_and_refusals_exit_with_one_line(tmp_path: Path, backend
         # A terminal escape, NUL (PostgreSQL cannot store it) or a bidi override would rewrite what
         # `incidents` and chat receivers show.
         (("annotate", "ok\x1b[2J\x1b[31mFAKE"), EXIT_USAGE, "contains the control character U+001B"),
+        (("incidents", "stats", "--days", "1e6"), EXIT_USAGE, "must be at most 36500"),
         (("annotate", "a\x07b"), EXIT_USAGE, "contains the control character U+0007"),
         (("annotate", "rollback \u202egnp.exe"), EXIT_USAGE, "contains the control character U+202E"),
         (("incidents", "resolve", str(incident), "--note", "x\x1by"), EXIT_USAGE, "--note contains"),
