@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from monitor.alert.model import Notification
 from monitor.config.models import Config
@@ -231,3 +231,53 @@ async def test_an_incident_stays_open_for_keep_firing_and_keeps_what_it_measured
     kept = summaries[31]  # minute 155: quiet, still open, and still saying what it measured when it last fired
     assert kept is not None and kept.resolved_at is None
     assert kept.details["summary"].endswith("burning 50x (page at 14.4x over 1 h and 5 min; 100% in the last 5 min)")
+
+
+async def test_a_burn_incident_resolved_by_hand_reopens_only_once_fresh_probes_still_burn(backend: Backend) -> None:
+    """`incidents resolve` of an slo_burn incident: the probes that made it cannot reopen it at the next
+    evaluation; if the target still burns once the short window holds only newer probes, a new one opens."""
+    from monitor.triage.service import Triage
+
+    config = Config.model_validate(
+        {
+            "providers": {"vllm": {"base_url": "http://127.0.0.1:1/v1", "api": "openai-chat"}},
+            "targets": {"qwen3-8b": {"provider": "vllm", "model": "Qwen/Qwen3-8B", "slo": {"ttft_ms": 300}}},
+            "detection": {
+                "slo_burn": {
+                    "windows": [
+                        {"severity": "page", "burn_rate": 14.4, "long_window_minutes": 60, "short_window_minutes": 5}
+                    ],
+                }
+            },
+        }
+    )
+    rng = random.Random(9)
+    engine = backend.engine()
+    outbox = RecordingOutbox()
+    opened_after: list[int] = []
+    try:
+        repository = Repository(engine)
+        service = BurnService(engine, config, outbox=outbox)
+        for i in range(40):
+            batch = run_at(5 * i, slow=1.0 if i >= 24 else 0.0, rng=rng, fail=0)
+            await repository.save_runs(batch)
+            await service.after_store("every-5m", batch)
+            if i == 26:  # paged at run 24; a person closes it while it still burns
+                async with engine.connect() as connection:
+                    row = (
+                        await connection.execute(select(IncidentRow.id).where(IncidentRow.resolved_at.is_(None)))
+                    ).one()
+                moment = T0 + timedelta(minutes=5 * i, seconds=30)
+                await Triage(engine, config, clock=lambda moment=moment: moment).resolve(
+                    str(row.id), by="alice", note=None
+                )
+            async with engine.connect() as connection:
+                count = await connection.scalar(
+                    select(func.count()).select_from(IncidentRow).where(IncidentRow.kind == "slo_burn")
+                )
+            opened_after.append(int(count or 0))
+    finally:
+        await engine.dispose()
+    firing = [n for n in outbox.sent if n.state == "firing"]
+    assert len(firing) == 2, [(n.state, n.since) for n in outbox.sent]
+    assert opened_after[26:29] == [1, 1, 2], opened_after  # not at run 27 (its 5 min hold older probes)

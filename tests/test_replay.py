@@ -462,3 +462,23 @@ def test_replay_groups_by_location_when_the_config_says_so(tmp_path: Path) -> No
     groups, _ = run_groups(tmp_path, slowed, "--groups", more="alerts: {grouping: {by: location}}\n")
     assert [(g["group"], g["members"]) for g in groups] == [("lab#1", ["a1 / short @ lab", "b1 / short @ lab"])]
     assert groups[0]["notifications"][0]["summary"].startswith("from lab: 2 targets, 2 series")
+
+
+def test_replay_groups_lists_the_slo_burn_pages_that_go_out_on_their_own(tmp_path: Path) -> None:
+    """With an objective, a1's slow hour is also an SLO burn page; it is not grouped, so `--groups`
+    lists it after the groups (every page the daemon would send) and the counts say so."""
+    more = "  a1: {provider: gateway-a, model: m1, slo: {ttft_ms: 400}}\n"
+    slowed = {"a1/short/lab": 30, "a2/short/lab": 31}
+    samples, config = tmp_path / "samples.csv", tmp_path / "config.yaml"
+    samples.write_text(slow_csv(slowed))
+    config.write_text(GROUPING_CONFIG.replace("  a1: {provider: gateway-a, model: m1}\n", more))
+    code, out, err = run("--samples", str(samples), "--config", str(config), "--groups")
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [line.get("summary", line.get("kind"))[:10] for line in lines] == ["gateway-a:", "slo_burn"], lines
+    assert lines[1]["series"] == "a1/*/lab" and lines[1]["group"] is None and lines[1]["severity"] == "page"
+    assert err.endswith("3 incidents, in 1 groups (2 notifications), 1 notified on their own\n"), err
+    # Without --groups every incident has the same fields, the burn one too.
+    code, out, _err = run("--samples", str(samples), "--config", str(config))
+    incidents = [json.loads(line) for line in out.splitlines()]
+    assert len(incidents) == 3 and all("group" in item for item in incidents), incidents

@@ -152,6 +152,14 @@ async def test_bad_input_and_refusals_exit_with_one_line(tmp_path: Path, backend
         (("annotate", "   "), EXIT_USAGE, "the annotation text is empty"),
         (("annotate", "x", "--target", "nope"), EXIT_USAGE, "no target named 'nope' in the config (known: qwen3-8b)"),
         (("annotate", "x" * 501), EXIT_USAGE, "keep it to 500"),
+        # A terminal escape, NUL (PostgreSQL cannot store it) or a bidi override would rewrite what
+        # `incidents` and chat receivers show.
+        (("annotate", "ok\x1b[2J\x1b[31mFAKE"), EXIT_USAGE, "contains the control character U+001B"),
+        (("incidents", "stats", "--days", "1e6"), EXIT_USAGE, "must be at most 36500"),
+        (("annotate", "a\x07b"), EXIT_USAGE, "contains the control character U+0007"),
+        (("annotate", "rollback \u202egnp.exe"), EXIT_USAGE, "contains the control character U+202E"),
+        (("incidents", "resolve", str(incident), "--note", "x\x1by"), EXIT_USAGE, "--note contains"),
+        (("annotate", "vLLM 0.9 → 0.10 升级 ✅"), EXIT_OK, "annotation 'vLLM 0.9 → 0.10 升级 ✅' recorded"),
         (("incidents", "resolve", str(incident)), EXIT_OK, "resolved incident"),
         (("incidents", "resolve", str(incident)), EXIT_FAILED, "is already resolved at"),
         (("incidents", "ack", str(incident)), EXIT_FAILED, "only an open incident can be acknowledged"),
@@ -186,6 +194,7 @@ def test_a_database_without_the_schema_exits_3_and_says_what_to_run(tmp_path: Pa
         (None, {"USER": "alice"}, "alice"),
         ("  eve\n[PAGE] fake  ", {}, "eve [PAGE] fake"),
         ("x" * 300, {}, "x" * 200),
+        ("ev\x1b[31me\u202e", {}, "ev[31me"),
     ],
 )
 def test_who_is_one_short_line(given: str | None, environ: dict[str, str], expected: str) -> None:

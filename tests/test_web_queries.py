@@ -491,3 +491,36 @@ async def test_availability_keeps_hours_whose_raw_runs_retention_deleted(backend
     for row in rows:
         assert row["availability_30d"] == before[(row["target"], row["prompt"])][2] == pytest.approx(29 / 30, abs=1e-5)
         assert row["availability_7d"] is None and row["status"] == "no data"
+
+
+async def test_a_targets_slo_row_reads_as_the_target_across_prompts_not_as_a_series_without_data(
+    backend: Backend,
+) -> None:
+    """SLO burn incidents are recorded on a row with the prompt `*` that has no runs of its own: the
+    overview marks it as the target's (scope), ok while its prompts run, paging while its burn does."""
+    repository = await _store(backend)
+    now = T0 + timedelta(hours=3)
+    series = table_of(SeriesRow)
+    async with repository.engine.begin() as connection:
+        for target, provider, model in (("qwen3-8b", "vllm", "Qwen/Qwen3-8B"), ("gpt-4o-mini", "openai", "gpt")):
+            await connection.execute(
+                sa.insert(series).values(target=target, provider=provider, model=model, prompt="*", location="test-lab")
+            )
+        burning = await connection.scalar(
+            sa.select(series.c.id).where(series.c.target == "qwen3-8b", series.c.prompt == "*")
+        )
+        await connection.execute(
+            sa.insert(table_of(IncidentRow)).values(
+                id=uuid.uuid4(), series_id=burning, kind="slo_burn", severity="page", opened_at=now,
+                baseline_ms=300.0, ratio=20.0, updated_at=now, details={},
+            )
+        )  # fmt: skip
+    rows = await queries.overview(repository.engine, now=now)
+    await repository.engine.dispose()
+    whole = {r["target"]: r for r in rows if r["prompt"] == "*"}
+    assert {r["scope"] for r in rows if r["prompt"] != "*"} == {"series"}
+    assert whole["qwen3-8b"]["scope"] == "target" and whole["qwen3-8b"]["status"] == "page"
+    assert whole["qwen3-8b"]["open_incidents"] == [{"kind": "slo_burn", "severity": "page"}]
+    # Quiet: ok (its prompts ran in the last 24 h), not "no data"; no latency figures of its own.
+    assert whole["gpt-4o-mini"]["status"] == "ok" and whole["gpt-4o-mini"]["last_run_at"] is not None
+    assert whole["gpt-4o-mini"]["p50_last_hour_ms"] is None and whole["gpt-4o-mini"]["ratio"] is None

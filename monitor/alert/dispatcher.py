@@ -287,13 +287,18 @@ class Dispatcher:
             if repeat < 1:
                 continue
             first = Notification.from_json(row.payload)
-            reminder = first.with_changes(
-                repeat=repeat,
-                baseline_ms=row.baseline_ms if row.baseline_ms is not None else first.baseline_ms,
-                observed_ms=row.observed_ms if row.observed_ms is not None else first.observed_ms,
-                ratio=row.ratio if row.ratio is not None else first.ratio,
-                error_class=row.error if row.error is not None else first.error_class,
-            )
+            if not row.incident_open:
+                # A group's lead recovered while other members did not: its values now say "back to
+                # normal", which the group's page is not; remind with what the page said.
+                reminder = first.with_changes(repeat=repeat)
+            else:
+                reminder = first.with_changes(
+                    repeat=repeat,
+                    baseline_ms=row.baseline_ms if row.baseline_ms is not None else first.baseline_ms,
+                    observed_ms=row.observed_ms if row.observed_ms is not None else first.observed_ms,
+                    ratio=row.ratio if row.ratio is not None else first.ratio,
+                    error_class=row.error if row.error is not None else first.error_class,
+                )
             silence = active_silence(reminder, self._alerts.silences, now)
             reason = describe_silence(*silence) if silence is not None else None
             done = await self.outbox.enqueue(reminder, [name], now=now, suppressed=reason)

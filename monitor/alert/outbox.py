@@ -115,12 +115,15 @@ class Outbox:
 
     @staticmethod
     async def _annotated(connection: AsyncConnection, notification: Notification, now: datetime) -> Notification:
-        """The notification naming the change markers (`ttft-monitor annotate`) of its target, or of
-        every target, from an hour before the incident began until now."""
+        """The notification naming the change markers (`ttft-monitor annotate`) of its target (a
+        group's: of any member's), or of every target, from an hour before the incident began until now."""
         if notification.annotation:
             return notification
+        targets = [notification.target]
+        if notification.group_id is not None:
+            targets += await TriageStore.group_targets(connection, notification.group_id)
         marks = await TriageStore.annotations_between(
-            connection, notification.since - ANNOTATION_WINDOW, now, target=notification.target, limit=3
+            connection, notification.since - ANNOTATION_WINDOW, now, targets=targets, limit=3
         )
         if not marks:
             return notification

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import csv
 import heapq
+import itertools
 import json
 import math
 import re
@@ -490,21 +491,28 @@ def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
             hold=timedelta(minutes=grouping.hold_minutes),
         )
     groups: list[dict[str, Any]] = []
+    show_groups = bool(getattr(args, "groups", False))
+    # Incidents of kinds that are not grouped (SLO burn, availability, ...) page on their own, as in
+    # the daemon: `--groups` lists them after the groups, so it shows every page that would go out.
+    alone: list[dict[str, Any]] = []
     count = 0
-    for incident in replay(points, detector_for, provider_of=provider_of, grouping=settings, groups=groups):
-        if not getattr(args, "groups", False):
+    found = replay(points, detector_for, provider_of=provider_of, grouping=settings, groups=groups)
+    for incident in itertools.chain(found, _burn_incidents(args.samples, config)):
+        if provider_of is not None:
+            incident.setdefault("group", None)
+            if incident["group"] is None:
+                alone.append(incident)
+        if not show_groups:
             stdout.write(json.dumps(incident) + "\n")
         count += 1
-    for incident in _burn_incidents(args.samples, config):
-        if not getattr(args, "groups", False):
-            stdout.write(json.dumps(incident) + "\n")
-        count += 1
-    if getattr(args, "groups", False):
-        for group in groups:
-            stdout.write(json.dumps(group) + "\n")
+    if show_groups:
+        for item in [*groups, *alone]:
+            stdout.write(json.dumps(item) + "\n")
     runs = sum(len(p) for p in points.values())
     notified = sum(len(group["notifications"]) for group in groups)
     grouped = f", in {len(groups)} groups ({notified} notifications)" if provider_of is not None else ""
+    if alone:
+        grouped += f", {len(alone)} notified on their own"
     stderr.write(f"replayed {runs} runs of {len(points)} series: {count} incidents{grouped}\n")
     return EXIT_OK
 

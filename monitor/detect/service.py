@@ -18,11 +18,12 @@ from monitor.alert.model import Notification, series_link
 from monitor.config.models import Config
 from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
-from monitor.detect.grouping import GROUPED_KINDS, Member, Summary, decide, scope, summarise
+from monitor.detect.group_notify import GroupNotifier
+from monitor.detect.grouping import GROUPED_KINDS, scope
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
-from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore, MemberRecord
+from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore
 from monitor.store.records import RunRecord, SeriesKey
 
 if TYPE_CHECKING:
@@ -61,25 +62,6 @@ def job_interval(config: Config, job: str) -> timedelta:
 
 
 STATE_WRITE_ATTEMPTS = 8
-
-
-def _member_since(record: MemberRecord) -> datetime:
-    """The first run of the member's confirming streak, else its opening."""
-    since = record.details.get("since")
-    return datetime.fromisoformat(since) if isinstance(since, str) else record.opened_at
-
-
-def _member(record: MemberRecord) -> Member:
-    return Member(
-        target=record.series.target,
-        prompt=record.series.prompt,
-        location=record.series.location,
-        severity=record.severity,
-        since=_member_since(record),
-        ratio=record.ratio,
-        open=record.resolved_at is None,
-        peak_ratio=record.peak_ratio,
-    )
 
 
 def incident_change(event: Event, now: datetime, where: dict[str, str] | None = None) -> IncidentChange:
@@ -134,12 +116,14 @@ class DetectionService:
         self._groups = GroupStore()
         self._log = structlog.get_logger()
         self._burn = BurnService(engine, config, outbox=outbox)
+        self._notifier = GroupNotifier(config, outbox=outbox)
         self.update_config(config)
 
     def update_config(self, config: Config) -> None:
         self._config = config
         self._detectors: dict[str, Detector] = {}
         self._burn.update_config(config)
+        self._notifier.update_config(config)
 
     def _detector(self, target: str) -> Detector:
         detector = self._detectors.get(target)
@@ -297,94 +281,8 @@ class DetectionService:
         )
 
     async def _sync_group(self, job: str, group_id: uuid.UUID, at: datetime) -> None:
-        """Notify the group if it grew, rose in severity or resolved since its last notification (held
-        while other series of its provider are about to join; `at`: the batch's latest run)."""
         async with write_transaction(self._engine) as connection:
-            group = await self._groups.read(connection, group_id)
-            if group is None or group.resolved_at is not None:
-                return
-            records = await self._groups.members(connection, group_id)
-            members = [_member(record) for record in records]
-            settings = self._config.alerts.grouping
-            pending = 0
-            if settings.enabled and group.notified_members == 0 and settings.hold_minutes > 0:
-                pending = await self._groups.streaking(connection, group.provider, group.kind, by=settings.by)
-            decision = decide(
-                members,
-                notified_members=group.notified_members,
-                notified_severity=group.notified_severity,
-                resolved=False,
-                pending=pending,
-                age=at - group.opened_at,
-                hold=timedelta(minutes=settings.hold_minutes),
-            )
-            if decision is None:
-                return
-            state, count, severity = decision
-            resolved_at = None
-            if state == "resolved":
-                resolved_at = max(r.resolved_at for r in records if r.resolved_at is not None)
-                claimed = await self._groups.claim_resolve(connection, group_id, resolved_at)
-                if not claimed or not group.notified_members:
-                    return  # another writer resolved it, or nothing was ever sent for it
-            elif not await self._groups.claim_notice(connection, group, members=count, severity=severity):
-                return
-            if self._outbox is None:
-                return
-            by = "location" if group.scope.split("/")[1] == "location" else "provider"
-            locations = await self._groups.provider_locations(connection, group.provider) if by == "provider" else set()
-            summary = summarise(group.provider, members, provider_locations=locations, by=by)
-            lead = next((r for r in records if r.id == group.lead_incident_id), records[0])
-            notification = self._group_notification(job, group.kind, group_id, lead, summary, state, resolved_at)
-            await self._outbox.notify(notification, connection=connection)
-
-    def _group_notification(
-        self,
-        job: str,
-        kind: str,
-        group_id: uuid.UUID,
-        lead: MemberRecord,
-        summary: Summary,
-        state: Literal["firing", "resolved"],
-        resolved_at: datetime | None,
-    ) -> Notification:
-        """The group's notification: its lead incident's, with the group's summary when it has several
-        members (a group of one reads like any single series' notification)."""
-        series = lead.series
-        several = summary.series > 1
-        return Notification(
-            incident_id=lead.id,
-            state=state,
-            kind=kind,
-            severity=summary.severity if state == "firing" else lead.severity,
-            job=job,
-            target=series.target,
-            model=series.model,
-            provider=series.provider,
-            prompt=series.prompt,
-            location=series.location,
-            since=summary.since if several else _member_since(lead),
-            resolved_at=resolved_at,
-            baseline_ms=lead.baseline_ms,
-            observed_ms=lead.observed_ms,
-            ratio=summary.ratio if several else lead.ratio,
-            error_class=lead.error,
-            peak_ratio=lead.peak_ratio,
-            peak_at=lead.peak_at,
-            cause=lead.details.get("cause"),
-            attribution=lead.details.get("attribution", ""),
-            link=series_link(
-                self._config.alerts.base_url,
-                target=series.target,
-                prompt=series.prompt,
-                location=series.location,
-                job=job,
-                at=lead.opened_at,
-            ),
-            group_id=group_id,
-            group=summary.text(resolved=state == "resolved") if several else "",
-            members=summary.names if several else (),
-        )
+            await self._notifier.sync(connection, job, group_id, at)
 
     def _notification(
         self, job: str, series: SeriesKey, event: Event, incident_id: uuid.UUID, where: dict[str, str] | None = None

@@ -17,7 +17,8 @@ FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturb
 
 async def maintain_once(repository: Any, database: Database, *, now: datetime | None = None) -> dict[str, int]:
     """Roll up finished hours, then prune what is past retention: raw runs and job tick claims past
-    `retention.raw_days`, rollups and long-resolved incidents past `retention.rollup_days`. Each
+    `retention.raw_days`, rollups, long-resolved incidents (with their triage and groups) and change markers past
+    `retention.rollup_days`. Each
     step works in short transactions (see `Repository.prune`)."""
     now = now or datetime.now(UTC)
     hours = await repository.rollup(now)
@@ -29,6 +30,8 @@ async def maintain_once(repository: Any, database: Database, *, now: datetime | 
         "rollups_pruned": pruned.rollups,
         "job_ticks_pruned": pruned.job_ticks,
         "incidents_pruned": pruned.incidents,
+        "incident_groups_pruned": pruned.incident_groups,
+        "annotations_pruned": pruned.annotations,
     }
 
 

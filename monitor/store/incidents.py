@@ -252,8 +252,17 @@ class GroupStore:
         return set(rows.scalars().all())
 
     async def unnotified(self, connection: AsyncConnection) -> list[uuid.UUID]:
-        """Open groups whose first notification is still held."""
-        query = select(GROUPS.c.id).where(GROUPS.c.resolved_at.is_(None), GROUPS.c.notified_members == 0)
+        """Open groups whose first notification is still held, or with no open member left (their
+        last member was closed by something that did not resolve the group: a person, before
+        `incidents resolve` did; a statement by hand)."""
+        open_member = (
+            select(INCIDENTS.c.id)
+            .where(INCIDENTS.c.group_id == GROUPS.c.id, INCIDENTS.c.resolved_at.is_(None))
+            .exists()
+        )
+        query = select(GROUPS.c.id).where(
+            GROUPS.c.resolved_at.is_(None), (GROUPS.c.notified_members == 0) | ~open_member
+        )
         return list((await connection.execute(query)).scalars().all())
 
     async def streaking(self, connection: AsyncConnection, name: str, kind: str, *, by: str = "provider") -> int:

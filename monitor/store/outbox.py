@@ -18,7 +18,14 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.store.engine import write_transaction
-from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, IncidentTriageRow, table_of
+from monitor.store.models import (
+    AlertDeliveryRow,
+    AlertOutboxRow,
+    IncidentGroupRow,
+    IncidentRow,
+    IncidentTriageRow,
+    table_of,
+)
 from monitor.store.statements import upsert_insert
 
 # Row statuses (the `status` column).
@@ -29,6 +36,30 @@ OUTBOX = table_of(AlertOutboxRow)
 DELIVERIES = table_of(AlertDeliveryRow)
 INCIDENTS = table_of(IncidentRow)
 TRIAGE = table_of(IncidentTriageRow)
+GROUPS = table_of(IncidentGroupRow)
+
+
+def _still_firing() -> sa.ColumnElement[bool]:
+    """The outbox row's incident is open, or its group is: a group's page goes out under its lead's id
+    and stays open, reminders and all, while any member is (the lead may have recovered first)."""
+    group_open = (
+        sa.select(GROUPS.c.id).where(GROUPS.c.id == INCIDENTS.c.group_id, GROUPS.c.resolved_at.is_(None)).exists()
+    )
+    return sa.or_(INCIDENTS.c.resolved_at.is_(None), group_open)
+
+
+def _acked() -> sa.ColumnElement[bool]:
+    """The incident, or any member of its group, was acknowledged."""
+    member = INCIDENTS.alias("member")
+    members = sa.select(member.c.id).where(member.c.group_id == INCIDENTS.c.group_id)
+    return (
+        sa.select(TRIAGE.c.incident_id)
+        .where(
+            sa.or_(TRIAGE.c.incident_id == INCIDENTS.c.id, TRIAGE.c.incident_id.in_(members)),
+            TRIAGE.c.acked_at.is_not(None),
+        )
+        .exists()
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,7 +265,8 @@ class OutboxStore:
 
     async def firing_of_open_incidents(self) -> tuple[list[Any], set[tuple[uuid.UUID, str]]]:
         """The first-notice rows of open incidents, oldest first, with the incident's current values and
-        whether it was acknowledged (`acked`);
+        whether it (or a member of its group) was acknowledged (`acked`) and whether the incident itself
+        is still open (`incident_open`: a group's lead may have recovered while the group has not);
         and the (incident, receiver) pairs that have a row still pending."""
         query = (
             sa.select(
@@ -246,11 +278,11 @@ class OutboxStore:
                 INCIDENTS.c.observed_ms,
                 INCIDENTS.c.ratio,
                 INCIDENTS.c.error,
-                TRIAGE.c.acked_at.is_not(None).label("acked"),
+                _acked().label("acked"),
+                INCIDENTS.c.resolved_at.is_(None).label("incident_open"),
             )
             .join(INCIDENTS, INCIDENTS.c.id == OUTBOX.c.incident_id)
-            .outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id)
-            .where(INCIDENTS.c.resolved_at.is_(None), OUTBOX.c.event == "firing")
+            .where(_still_firing(), OUTBOX.c.event == "firing")
             .order_by(OUTBOX.c.created_at)
         )
         busy_query = sa.select(OUTBOX.c.incident_id, OUTBOX.c.receiver).where(
@@ -263,8 +295,8 @@ class OutboxStore:
 
     async def prune(self, older_than: datetime) -> int:
         """Delete finished rows (and their attempts) created before `older_than`, except the first
-        firing notice of an incident still open."""
-        open_incidents = sa.select(INCIDENTS.c.id).where(INCIDENTS.c.resolved_at.is_(None))
+        firing notice of an incident (or its group) still open."""
+        open_incidents = sa.select(INCIDENTS.c.id).where(_still_firing())
         async with write_transaction(self._engine) as connection:
             result = await connection.execute(
                 sa.delete(OUTBOX).where(

@@ -33,6 +33,8 @@ from monitor.store.models import (
     SAMPLES,
     SERIES,
     AlertOutboxRow,
+    AnnotationRow,
+    IncidentGroupRow,
     IncidentRow,
     JobTickRow,
     RunRow,
@@ -65,6 +67,8 @@ class PruneResult:
     rollups: int
     job_ticks: int = 0
     incidents: int = 0
+    incident_groups: int = 0
+    annotations: int = 0
 
 
 def _check_aware(batch: Batch) -> None:
@@ -625,7 +629,10 @@ class Repository:
         - job tick claims scheduled more than `raw_days` ago (kept as long as the runs they made);
         - rollups older than `rollup_days`;
         - incidents resolved more than `rollup_days` ago that no notification refers to any more
-          (the alert dispatcher prunes its own finished rows, after 30 days); open ones are kept.
+          (the alert dispatcher prunes its own finished rows, after 30 days); open ones are kept,
+          and their triage (acknowledgements, labels, notes) goes with them;
+        - incident groups resolved more than `rollup_days` ago once no incident is in them any more;
+        - change markers (`annotate`) older than `rollup_days`: the incidents they explained are gone.
 
         Series, detector state and calibration are one row per configured series or target: they
         do not grow with time and are kept (a running daemon caches series ids).
@@ -672,12 +679,23 @@ class Repository:
             (incidents.c.resolved_at < rollup_cutoff) & unreferenced,
             batch_size,
         )
+        groups = table_of(IncidentGroupRow)
+        empty = ~select(incidents.c.id).where(incidents.c.group_id == groups.c.id).exists()
+        deleted_groups = await self._delete_oldest(
+            groups, (groups.c.id,), groups.c.resolved_at, (groups.c.resolved_at < rollup_cutoff) & empty, batch_size
+        )
+        marks = table_of(AnnotationRow)
+        deleted_marks = await self._delete_oldest(
+            marks, (marks.c.id,), marks.c.at, marks.c.at < rollup_cutoff, batch_size
+        )
         return PruneResult(
             runs=deleted_runs,
             samples=deleted_samples,
             rollups=deleted_rollups,
             job_ticks=deleted_ticks,
             incidents=deleted_incidents,
+            incident_groups=deleted_groups,
+            annotations=deleted_marks,
         )
 
     async def _delete_oldest(self, table: Table, key: Sequence[Any], age: Any, condition: Any, batch_size: int) -> int:

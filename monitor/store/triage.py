@@ -17,6 +17,7 @@ from monitor.store.models import (
     SERIES,
     AnnotationRow,
     DetectorStateRow,
+    IncidentGroupRow,
     IncidentRow,
     IncidentTriageRow,
     table_of,
@@ -62,6 +63,7 @@ class IncidentFacts:
     acked_at: datetime | None
     acked_by: str | None
     label: str | None
+    group_id: uuid.UUID | None = None  # the outage it was notified in (one page for the group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +194,7 @@ class TriageStore:
             acked_at=row.acked_at,
             acked_by=row.acked_by,
             label=row.label,
+            group_id=row.group_id,
         )
 
     @staticmethod
@@ -245,6 +248,17 @@ class TriageStore:
         )
 
     @staticmethod
+    async def group_targets(connection: AsyncConnection, group_id: uuid.UUID) -> list[str]:
+        """The targets of the group's member incidents."""
+        query = (
+            sa.select(SERIES.c.target)
+            .join(INCIDENTS, INCIDENTS.c.series_id == SERIES.c.id)
+            .where(INCIDENTS.c.group_id == group_id)
+            .distinct()
+        )
+        return sorted((await connection.execute(query)).scalars().all())
+
+    @staticmethod
     async def first_firing_payload(connection: AsyncConnection, incident_id: uuid.UUID) -> dict[str, Any] | None:
         """The notification the incident opened with, as the outbox stored it, if it was sent anywhere."""
         from monitor.store.outbox import OUTBOX
@@ -258,12 +272,24 @@ class TriageStore:
 
     @staticmethod
     async def acknowledged(connection: AsyncConnection, incident_id: uuid.UUID) -> tuple[str | None, datetime] | None:
-        """(by, at) when the incident was acknowledged, else None."""
+        """(by, at) of the first acknowledgement of the incident, or of any member of its group (the
+        group's page goes out under its lead's id, and whoever acknowledged a member is on that page),
+        else None."""
+        group = (
+            sa.select(INCIDENTS.c.group_id)
+            .where(INCIDENTS.c.id == incident_id, INCIDENTS.c.group_id.is_not(None))
+            .scalar_subquery()
+        )
+        members = sa.select(INCIDENTS.c.id).where(INCIDENTS.c.group_id == group)
         row = (
             await connection.execute(
-                sa.select(TRIAGE.c.acked_by, TRIAGE.c.acked_at).where(
-                    TRIAGE.c.incident_id == incident_id, TRIAGE.c.acked_at.is_not(None)
+                sa.select(TRIAGE.c.acked_by, TRIAGE.c.acked_at)
+                .where(
+                    sa.or_(TRIAGE.c.incident_id == incident_id, TRIAGE.c.incident_id.in_(members)),
+                    TRIAGE.c.acked_at.is_not(None),
                 )
+                .order_by(TRIAGE.c.acked_at)
+                .limit(1)
             )
         ).first()
         return (row.acked_by, row.acked_at) if row is not None else None
@@ -289,18 +315,27 @@ class TriageStore:
                 )
         return out
 
-    async def label_counts(self, *, since: datetime | None) -> list[tuple[str, str, str | None, int]]:
-        """(kind, severity, label or None, incidents) over incidents opened since `since` (all when None)."""
-        query = (
-            sa.select(INCIDENTS.c.kind, INCIDENTS.c.severity, TRIAGE.c.label, sa.func.count())
-            .select_from(INCIDENTS.outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id))
-            .group_by(INCIDENTS.c.kind, INCIDENTS.c.severity, TRIAGE.c.label)
+    async def labels(self, *, since: datetime | None) -> list[tuple[Any, ...]]:
+        """(id, kind, severity, label or None, group id, the group's lead id) of every incident opened
+        since `since` (all when None)."""
+        groups = table_of(IncidentGroupRow)
+        query = sa.select(
+            INCIDENTS.c.id,
+            INCIDENTS.c.kind,
+            INCIDENTS.c.severity,
+            TRIAGE.c.label,
+            INCIDENTS.c.group_id,
+            groups.c.lead_incident_id,
+        ).select_from(
+            INCIDENTS.outerjoin(TRIAGE, TRIAGE.c.incident_id == INCIDENTS.c.id).outerjoin(
+                groups, groups.c.id == INCIDENTS.c.group_id
+            )
         )
         if since is not None:
             query = query.where(INCIDENTS.c.opened_at >= since)
         async with self._engine.connect() as connection:
             rows = (await connection.execute(query)).all()
-        return [(row[0], row[1], row[2], int(row[3])) for row in rows]
+        return [tuple(row) for row in rows]
 
     # ------------------------------------------------------------ annotations
 
@@ -314,11 +349,19 @@ class TriageStore:
 
     @staticmethod
     async def annotations_between(
-        connection: AsyncConnection, start: datetime, end: datetime, *, target: str | None = None, limit: int = 1000
+        connection: AsyncConnection,
+        start: datetime,
+        end: datetime,
+        *,
+        target: str | None = None,
+        targets: Sequence[str] = (),
+        limit: int = 1000,
     ) -> list[Annotation]:
-        """Annotations in [start, end], oldest first; with `target`, those for it and those for every target."""
+        """Annotations in [start, end], oldest first; with `target` (or several: `targets`), those for
+        them and those for every target."""
         query = sa.select(ANNOTATIONS).where(ANNOTATIONS.c.at >= start, ANNOTATIONS.c.at <= end)
-        if target is not None:
-            query = query.where(sa.or_(ANNOTATIONS.c.target.is_(None), ANNOTATIONS.c.target == target))
+        wanted = sorted({*targets, *([target] if target is not None else [])})
+        if wanted:
+            query = query.where(sa.or_(ANNOTATIONS.c.target.is_(None), ANNOTATIONS.c.target.in_(wanted)))
         rows = await connection.execute(query.order_by(ANNOTATIONS.c.at.desc()).limit(limit))
         return sorted((_annotation(row) for row in rows), key=lambda item: item.at)

@@ -13,6 +13,7 @@ import getpass
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
@@ -25,6 +26,9 @@ from monitor.triage.service import MAX_TEXT, Triage, TriageRefused, describe
 from monitor.triage.stats import format_precision
 
 MAX_BY = 200
+# Characters that would let a note rewrite what a terminal or a chat shows around it: control
+# characters (escape sequences, NUL, which PostgreSQL cannot store either) and bidirectional overrides.
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f")
 
 
 class UsageProblem(Exception):
@@ -37,11 +41,32 @@ def command_name(args: argparse.Namespace) -> str:
     return f"ttft-monitor incidents {args.incidents_command}"
 
 
+def unsafe_character(text: str) -> str | None:
+    """The first control or bidirectional-override character of `text` (as `U+001B`), else None."""
+    for char in text:
+        if unicodedata.category(char) == "Cc" or char in BIDI_CONTROLS:
+            return f"U+{ord(char):04X}"
+    return None
+
+
+def plain(text: str, what: str) -> str:
+    """`text` on one line (runs of whitespace become one space); UsageProblem when it holds a control
+    character or is longer than MAX_TEXT (`what` names it in the error)."""
+    line = " ".join(text.split())
+    bad = unsafe_character(line)
+    if bad is not None:
+        raise UsageProblem(f"{what} contains the control character {bad}; give plain text")
+    if len(line) > MAX_TEXT:
+        raise UsageProblem(f"{what} is {len(line)} characters; keep it to {MAX_TEXT}")
+    return line
+
+
 def who(given: str | None, environ: dict[str, str] | None = None) -> str:
     """`--by`, else $USER, else the login name, else "unknown"."""
     env = os.environ if environ is None else environ
     # One line: the name goes into notifications ("Resolved by hand by NAME").
     name = " ".join((given or env.get("USER") or "").split())
+    name = "".join(char for char in name if unsafe_character(char) is None)
     if not name:
         try:
             name = getpass.getuser()
@@ -98,11 +123,9 @@ async def _with_engine(config: Config, action: Callable[[Triage], Awaitable[int]
 def _action(args: argparse.Namespace, config: Config, out: TextIO) -> Callable[[Triage], Awaitable[int]]:
     """The coroutine to run against the database, after the checks that need none."""
     if args.command == "annotate":
-        text = " ".join(args.text.split())
+        text = plain(args.text, "the annotation text")
         if not text:
             raise UsageProblem('the annotation text is empty; say what changed, e.g. "vLLM upgraded"')
-        if len(text) > MAX_TEXT:
-            raise UsageProblem(f"the annotation text is {len(text)} characters; keep it to {MAX_TEXT}")
         if args.target is not None and args.target not in config.targets:
             known = ", ".join(sorted(config.targets)) or "none are defined"
             raise UsageProblem(f"--target: no target named '{args.target}' in the config (known: {known})")
@@ -115,9 +138,7 @@ def _action(args: argparse.Namespace, config: Config, out: TextIO) -> Callable[[
         return lambda triage: _ack(triage, args.id, by, out)
     if action == "label":
         return lambda triage: _label(triage, args.id, args.label, by, out)
-    note = " ".join(args.note.split()) if args.note else None
-    if note is not None and len(note) > MAX_TEXT:
-        raise UsageProblem(f"--note is {len(note)} characters; keep it to {MAX_TEXT}")
+    note = plain(args.note, "--note") if args.note else None
     return lambda triage: _resolve(triage, args.id, note, by, out)
 
 
@@ -145,7 +166,13 @@ async def _resolve(triage: Triage, given: str, note: str | None, by: str, out: T
     done = await triage.resolve(given, by=by, note=note)
     queued = sorted(item.receiver for item in done.enqueued if item.status == "pending")
     held = sorted(f"{item.receiver} ({item.reason})" for item in done.enqueued if item.status != "pending")
-    if queued:
+    if done.facts.group_id is not None and done.group_open:
+        group = str(done.facts.group_id)[:8]
+        told = (
+            f"its group {group} (one page) stays open while {done.group_open} other member(s) are: "
+            "resolve them too to close the page"
+        )
+    elif queued:
         told = f"resolve notification queued for {', '.join(queued)} (the running daemon sends it)"
     else:
         told = "no receiver takes its resolve notification"

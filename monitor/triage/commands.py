@@ -8,7 +8,8 @@ from typing import Any
 from monitor.cliargs import config_arg, non_negative
 from monitor.triage.stats import LABELS
 
-_days = non_negative("days")
+# A century: more reaches before year 1, which datetime cannot hold (it failed as a "database" error).
+_days = non_negative("days", maximum=36500)
 
 
 def _by(parser: argparse.ArgumentParser) -> None:

@@ -13,8 +13,10 @@ from monitor.alert.model import Notification, series_link
 from monitor.alert.outbox import Enqueued, Outbox
 from monitor.alert.text import fmt_time
 from monitor.config.models import Config
+from monitor.detect.group_notify import GroupNotifier
+from monitor.store.incidents import GroupStore
 from monitor.store.triage import Annotation, IncidentFacts, IncidentLookupError, TriageStore
-from monitor.triage.stats import PrecisionRow, precision_table
+from monitor.triage.stats import Judged, PrecisionRow, per_notification, precision_table
 
 MAX_TEXT = 500
 
@@ -42,6 +44,8 @@ class Acked:
 class Resolved:
     facts: IncidentFacts
     enqueued: list[Enqueued]
+    # Of a grouped incident: the group's members still open (its one page stays open until they close).
+    group_open: int = 0
 
 
 class Triage:
@@ -49,12 +53,13 @@ class Triage:
         self._store = TriageStore(engine)
         self._config = config
         self._outbox = Outbox(engine, config.alerts)
+        self._groups = GroupNotifier(config, outbox=self._outbox)
         self._clock = clock
 
     async def ack(self, given: str, *, by: str) -> Acked:
         async with self._store.transaction() as connection:
             facts = await self._find(connection, given)
-            if facts.resolved_at is not None:
+            if facts.resolved_at is not None and not await self._page_open(connection, facts):
                 raise TriageRefused(
                     f"incident {describe(facts)} was resolved at {fmt_time(facts.resolved_at)}; only an open "
                     "incident can be acknowledged (label it instead: `ttft-monitor incidents label ID ...`)"
@@ -81,19 +86,54 @@ class Triage:
                 connection, facts.id, by=by, note=note, now=now
             ):
                 when = f" at {fmt_time(facts.resolved_at)}" if facts.resolved_at is not None else ""
-                raise TriageRefused(f"incident {describe(facts)} is already resolved{when}")
+                hint = ""
+                if facts.group_id is not None and await self._page_open(connection, facts):
+                    members = await GroupStore().members(connection, facts.group_id)
+                    still = [str(m.id)[:8] for m in members if m.resolved_at is None]
+                    hint = (
+                        f"; its group's page stays open while {len(still)} member(s) are: "
+                        f"resolve {', '.join(still[:5])}{' ...' if len(still) > 5 else ''}"
+                    )
+                raise TriageRefused(f"incident {describe(facts)} is already resolved{when}{hint}")
             await self._store.forget_in_detector_state(connection, facts.series_id, facts.kind)
+            summary = f"Resolved by hand by {by}" + (f": {note}" if note else ".")
+            if facts.group_id is not None:
+                # Its page is the group's: resolved (under the lead's id) once no member is open, by
+                # whoever closes the last one; a member's own resolve would close the whole page early.
+                job = await self._group_job(connection, facts)
+                _state, enqueued = await self._groups.sync(
+                    connection, job, facts.group_id, now, resolve_summary=summary
+                )
+                members = await GroupStore().members(connection, facts.group_id)
+                return Resolved(facts, enqueued, group_open=sum(1 for m in members if m.resolved_at is None))
             payload = await self._store.first_firing_payload(connection, facts.id)
-            notification = self._resolve_notification(facts, payload, by=by, note=note, now=now)
+            notification = self._resolve_notification(facts, payload, summary=summary, now=now)
             enqueued = await self._outbox.notify(notification, now=now, connection=connection)
         return Resolved(facts, enqueued)
+
+    @staticmethod
+    async def _page_open(connection: Any, facts: IncidentFacts) -> bool:
+        """Whether the incident's group is still open: its page (the lead's id) still fires, and
+        reminds, after the lead itself recovered; acknowledging that id must quiet it."""
+        if facts.group_id is None:
+            return False
+        group = await GroupStore().read(connection, facts.group_id)
+        return group is not None and group.resolved_at is None
+
+    async def _group_job(self, connection: Any, facts: IncidentFacts) -> str:
+        """The job the group's page named (its lead's first notice), else the incident's own."""
+        group = await GroupStore().read(connection, facts.group_id) if facts.group_id is not None else None
+        payload = await self._store.first_firing_payload(connection, group.lead_incident_id) if group else None
+        job = (payload or {}).get("job") or (facts.details or {}).get("job")
+        return str(job or "")
 
     async def annotate(self, text: str, *, target: str | None, by: str) -> Annotation:
         return await self._store.annotate(text, target=target, by=by, now=self._clock())
 
     async def stats(self, *, days: float | None) -> list[PrecisionRow]:
         since = None if days is None else self._clock() - timedelta(days=days)
-        return precision_table(await self._store.label_counts(since=since))
+        judged = [Judged(*row) for row in await self._store.labels(since=since)]
+        return precision_table(per_notification(judged))
 
     async def _find(self, connection: Any, given: str) -> IncidentFacts:
         try:
@@ -102,9 +142,8 @@ class Triage:
             raise IncidentLookupError(str(exc)) from None
 
     def _resolve_notification(
-        self, facts: IncidentFacts, payload: dict[str, Any] | None, *, by: str, note: str | None, now: datetime
+        self, facts: IncidentFacts, payload: dict[str, Any] | None, *, summary: str, now: datetime
     ) -> Notification:
-        summary = f"Resolved by hand by {by}" + (f": {note}" if note else ".")
         base = _readable(payload)
         details = facts.details or {}
         if base is None:

@@ -51,6 +51,44 @@ class PrecisionRow:
         }
 
 
+SEVERITY_RANK = {"info": 0, "ticket": 1, "page": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One incident as the precision table counts it."""
+
+    id: Any
+    kind: str
+    severity: str
+    label: str | None
+    group_id: Any = None
+    lead_id: Any = None  # the group's lead incident (the page's id), when in a group
+
+
+def per_notification(incidents: Iterable[Judged]) -> list[tuple[str, str, str | None, int]]:
+    """(kind, severity, label, count) counting what was notified: a group of member incidents was one
+    page, so it counts once, at its highest severity, with its lead's label (the id the page showed),
+    else its members' most common label. Counting members would turn one labelled page of six series
+    into one true positive and five unlabelled incidents."""
+    counts: dict[tuple[str, str, str | None], int] = {}
+    groups: dict[Any, list[Judged]] = {}
+    for item in incidents:
+        if item.group_id is None:
+            key = (item.kind, item.severity, item.label)
+            counts[key] = counts.get(key, 0) + 1
+        else:
+            groups.setdefault(item.group_id, []).append(item)
+    for members in groups.values():
+        lead = next((m for m in members if m.id == m.lead_id), members[0])
+        severity = max((m.severity for m in members), key=lambda s: SEVERITY_RANK.get(s, 0))
+        labels = [m.label for m in members if m.label is not None]
+        label = lead.label or (max(LABELS, key=labels.count) if labels else None)
+        key = (lead.kind, severity, label)
+        counts[key] = counts.get(key, 0) + 1
+    return [(kind, severity, label, count) for (kind, severity, label), count in counts.items()]
+
+
 def precision_table(counts: Iterable[tuple[str, str, str | None, int]]) -> list[PrecisionRow]:
     """One row per (kind, severity) from (kind, severity, label, count), sorted, then the total."""
     rows: dict[tuple[str, str], PrecisionRow] = {}

@@ -21,6 +21,7 @@ from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.attribution import ServerSplit, classify, split_text
+from monitor.detect.burn_service import ALL_PROMPTS
 from monitor.detect.detector import Detector, RunPoint
 from monitor.store.models import (
     AlertDeliveryRow,
@@ -219,10 +220,21 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
                 last_hour[series_id].append(p50)
             if unrolled and hour >= spark_from:
                 fresh_sparks[(series_id, int((hour - spark_from).total_seconds()) // 3600)].append(p50)
+    # A target's SLO burn incidents live on a row with the prompt `*` that never has runs of its own:
+    # it is the target's objective across its prompts, and ran when any of its prompts did.
+    target_last: dict[tuple[str, str], datetime] = {}
+    for series_id, info in series.items():
+        last = last_runs.get(series_id, (None, None))[0]
+        key = (info.target, info.location)
+        if info.prompt != ALL_PROMPTS and last is not None and (key not in target_last or last > target_last[key]):
+            target_last[key] = last
     out = []
     for series_id, info in series.items():
         ok_d, err_d, ok_w, err_w, ok_m, err_m = counts.get(series_id, (0,) * 6)
         last_at, last_ok = last_runs.get(series_id, (None, None))
+        whole_target = info.prompt == ALL_PROMPTS
+        if whole_target:
+            last_at, last_ok = target_last.get((info.target, info.location)), 1
         ran_24h = last_at is not None and last_at >= windows[0]
         opened = open_by_series.get(series_id, [])
         regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
@@ -246,6 +258,9 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
                 "provider": info.provider,
                 "model": info.model,
                 "prompt": info.prompt,
+                # "target": the row of the target's TTFT objective over all its prompts (SLO burn
+                # rate; prompt `*`), without latency figures of its own; "series": one prompt's.
+                "scope": "target" if whole_target else "series",
                 "location": info.location,
                 "status": status,
                 "open_incidents": [{"kind": kind, "severity": severity} for kind, severity, _ in opened],

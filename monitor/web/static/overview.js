@@ -24,7 +24,10 @@
       { key: "status", label: "status", sort: (r) => ORDER.indexOf(r.status), format: (r) => statusBadge(r.status) },
       { key: "target", label: "target", format: (r) => el("a", { href: `/series?id=${encodeURIComponent(r.id)}`, class: "series-link" }, r.target) },
       { key: "model", label: "model" },
-      { key: "prompt", label: "prompt" },
+      // The target's SLO across its prompts (burn-rate incidents, prompt `*`): no latency of its own.
+      { key: "prompt", label: "prompt", format: (r) => r.scope === "target"
+        ? el("span", { class: "muted", "data-scope": "target", title: "the target's TTFT objective over all its prompts (SLO burn rate)" }, "all prompts (SLO)")
+        : r.prompt },
       { key: "location", label: "location" },
       { key: "p50_last_hour_ms", label: "p50 last hour ms", numeric: true, format: (r) => ms(r.p50_last_hour_ms) },
       { key: "baseline_ms", label: "baseline ms", numeric: true, format: (r) => ms(r.baseline_ms) },
