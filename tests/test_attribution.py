@@ -51,6 +51,22 @@ SERVER_SLOWER_NOBODY_WAITING = ServerSplit(ttft_ms=900, ttft_baseline_ms=360, wa
             id="queue-explains-it-though-server-ttft-mean-lags",
         ),
         pytest.param(
+            7695,
+            21,
+            ServerSplit(
+                ttft_ms=1039,
+                ttft_baseline_ms=19,
+                queue_ms=901,
+                queue_baseline_ms=0,
+                prefill_ms=4,
+                prefill_baseline_ms=4,
+                waiting=6,
+                waiting_baseline=0,
+            ),
+            "server_queue",
+            id="burst-dilutes-the-server-mean-but-requests-waited",
+        ),
+        pytest.param(
             950,
             400,
             ServerSplit(ttft_ms=380, ttft_baseline_ms=360, queue_ms=150, queue_baseline_ms=10),

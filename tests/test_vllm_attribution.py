@@ -68,7 +68,9 @@ jobs:
     schedule: "*/5 * * * *"
     targets: [tiny]
     prompts: [short]
-    rounds: 3
+    # One request per run: a run's later rounds can slip into a slot the burst's workers have not yet
+    # refilled (seen: 10,857 ms, then 20 and 37 ms), so a median over rounds measures the burst's gaps.
+    rounds: 1
     warmup: 0
     pause_s: 0
 detection:
@@ -226,7 +228,7 @@ async def test_a_burst_queues_on_vllm_and_the_regression_says_so_a_quiet_run_doe
     # A quiet run, as the history: nobody waits, the server's clock says prefill.
     await asyncio.to_thread(once, config)
     (quiet,) = await runs(backend)
-    assert quiet["ok"] == 3 and quiet["server_ttft_ms"] is not None, quiet
+    assert quiet["ok"] == 1 and quiet["server_ttft_ms"] is not None, quiet
     assert quiet["server_waiting"] == 0 and quiet["server_queue_ms"] is not None, quiet
     await copy_back_in_time(backend, HISTORY_RUNS)
 
@@ -257,7 +259,7 @@ async def test_a_burst_queues_on_vllm_and_the_regression_says_so_a_quiet_run_doe
         f"the probe's requests: {', '.join(f'{t:.0f}' for t in ttfts)} ms; load average {os.getloadavg()[0]:.1f}"
     )
     print(vllm_figures[-1])
-    assert loaded["ok"] == 3, loaded
+    assert loaded["ok"] == 1, loaded
     assert loaded["server_waiting"] > 0, loaded
     assert loaded["server_queue_ms"] > 10 * max(1.0, control["server_queue_ms"]), loaded
 

@@ -76,6 +76,13 @@ def classify(client_ms: float | None, client_baseline_ms: float | None, split: S
     # explains the growth (seen against the real vLLM at load average 24-37).
     if queue is not None and queue >= SERVER_SHARE * client and (prefill is None or queue >= prefill):
         return "server_queue"
+    # The server's histograms average every request it served over the run, not only the probe's: under
+    # a burst the others dilute the mean (seen: client 7,695 ms, server mean 1,039 ms, 6 waiting). When
+    # requests were waiting that usually were not and queue time grew more than prefill did, the
+    # server was queueing, whatever that mean says.
+    waiting_rose = split.waiting is not None and split.waiting >= (split.waiting_baseline or 0.0) + 1
+    if waiting_rose and queue is not None and queue > 0 and (prefill is None or queue >= prefill):
+        return "server_queue"
     server = _growth(split.ttft_ms, split.ttft_baseline_ms)
     if server is None:
         return None
