@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -24,6 +23,7 @@ from tests.conftest import run_cli
 from tests.store_fixtures import Backend
 from tests.test_daemon import free_port, http_get, start_daemon, stop_daemon, upgrade, wait_ready
 from tests.test_secrets_planted import KEY, database_text, leaks
+from tests.threaded_server import ThreadedServer
 
 pytest_plugins = ("tests.store_fixtures",)
 
@@ -55,44 +55,13 @@ def echoed_headers(form: str) -> dict[str, str]:
     }
 
 
-class HeaderEcho:
+class HeaderEcho(ThreadedServer):
     """Streams a good answer; the first path segment names the form the key comes back in."""
 
-    def __init__(self) -> None:
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._runner: web.AppRunner | None = None
+    ROUTE = "/{form}/{tail:.*}"
 
     def base_url(self, form: str) -> str:
-        return f"http://127.0.0.1:{self.port}/{form}/v1"
-
-    def start(self) -> None:
-        self._thread.start()
-        assert self._started.wait(10), "the header echo server did not start"
-
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            assert self._runner is not None
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_route("*", "/{form}/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._started.set()
-        self._loop.run_forever()
+        return self.url(f"/{form}/v1")
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()

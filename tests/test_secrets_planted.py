@@ -5,11 +5,9 @@ nowhere: not in the logs, the database (SQLite and PostgreSQL), or any command's
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import re
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from monitor.probe.plan import Endpoints
 from monitor.probe.result import Sample
 from tests.conftest import run_cli
 from tests.store_fixtures import Backend
+from tests.threaded_server import ThreadedServer
 
 pytest_plugins = ("tests.store_fixtures",)
 
@@ -61,45 +60,14 @@ def _sse(*events: dict[str, Any]) -> bytes:
     return b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events) + b"data: [DONE]\n\n"
 
 
-class EchoServer:
+class EchoServer(ThreadedServer):
     """Answers every request by echoing the planted key in the form named by the first path segment."""
 
+    ROUTE = "/{mode}/{tail:.*}"
+
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[tuple[str, dict[str, str]]] = []  # (path, query) as received
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def start(self) -> None:
-        self._thread.start()
-        assert self._started.wait(10), "the echo server did not start"
-
-    def stop(self) -> None:
-        async def shutdown() -> None:
-            assert self._runner is not None
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_route("*", "/{mode}/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._started.set()
-        self._loop.run_forever()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         await request.read()
