@@ -233,15 +233,21 @@ async def attach_detection(
     return dispatcher, service
 
 
-def start_background_store(context: JobContext, store: Store) -> BackgroundStore:
-    """Take storing, calibration saves and detection off the probe path (see monitor.schedule.background)."""
-    from monitor.schedule.background import BackgroundStore
+def start_background_store(
+    context: JobContext, store: Store, *, aftercare_timeout_s: float | None = None
+) -> BackgroundStore:
+    """Take storing, calibration saves and detection off the probe path (see monitor.schedule.background).
+
+    `aftercare_timeout_s`: how long detection may take per batch (default: the daemon's bound).
+    """
+    from monitor.schedule.background import AFTERCARE_TIMEOUT_S, BackgroundStore
 
     background = BackgroundStore(
         store.writer,
         after_store=context.after_store,
         save_calibration=store.repository.save_calibration,
         saved_fits=context.saved_fits,
+        aftercare_timeout_s=AFTERCARE_TIMEOUT_S if aftercare_timeout_s is None else aftercare_timeout_s,
     )
     background.start()
     context.background = background

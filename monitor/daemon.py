@@ -36,6 +36,7 @@ from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK
 from monitor.logging import Redactor
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
+from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
 from monitor.schedule.claims import TickClaims
 from monitor.schedule.maintenance import run_maintenance
 from monitor.schedule.pipeline import execute, plan_for_job
@@ -452,7 +453,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             stack.push_async_callback(dispose_engine, store.engine)
             context = await build_context(config, stack, store=store, metrics=metrics)
             dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
-            background = start_background_store(context, store)
+            background = start_background_store(context, store, aftercare_timeout_s=ONCE_AFTERCARE_TIMEOUT_S)
             # Earlier outages may have left samples in the spool: they are replayed meanwhile, and new
             # runs queue behind them in the spool, so the order holds.
             earlier = asyncio.create_task(store.writer.drain())
@@ -512,7 +513,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             if done:
                 done, _ = await until_stopped(store.writer.drain())
             if done:
-                done, _ = await until_stopped(background.settle(60))
+                done, _ = await until_stopped(background.settle(ONCE_AFTERCARE_TIMEOUT_S))
             if not done:
                 return await interrupted("storing")
             await background.close(1)

@@ -8,11 +8,13 @@ from contextlib import AsyncExitStack
 from pathlib import Path
 
 import pytest
+import structlog.testing
 
 from monitor.app import build_context, open_store, start_background_store
 from monitor.config.loader import load_config
 from monitor.probe.result import Sample
 from monitor.schedule.pipeline import execute, plan_for_job
+from monitor.store.records import Batch
 from tests.conftest import SimProcess, run_cli
 
 
@@ -81,3 +83,45 @@ async def test_a_cancelled_run_still_stores_the_samples_it_took(
     assert 3 <= len(taken) < 200  # cancelled mid-way
     assert stored_samples(tmp_path) == {s.sample_id.replace("-", "") for s in taken}
     assert store.spool.depth == 0
+
+
+async def test_detection_past_its_budget_is_skipped_loudly_and_the_run_is_still_stored(
+    tmp_path: Path, exact_sim: SimProcess
+) -> None:
+    """The aftercare budget bounds detection (a hung database must not pile up runs behind it), and
+    within the budget detection runs to its end: `once` gives it longer than the daemon does."""
+    path = write_config(tmp_path, exact_sim)
+    path.write_text(path.read_text().replace("rounds: 200", "rounds: 1"))
+    upgraded = await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))
+    assert upgraded.code == 0, str(upgraded)
+    config = load_config(str(path))
+    detected: list[str] = []
+    detection_s = {"slow": 0.0}
+
+    async def detection(job: str, batch: Batch) -> None:
+        await asyncio.sleep(detection_s["slow"])
+        detected.append(job)
+
+    async with AsyncExitStack() as stack:
+        store = await open_store(config, metrics=None)
+        stack.callback(store.spool.close)
+        stack.push_async_callback(store.engine.dispose)
+        context = await build_context(config, stack, store=store, metrics=None)
+        context.after_store = detection
+        background = start_background_store(context, store, aftercare_timeout_s=0.5)
+        plan = plan_for_job(context, config.jobs[0])
+        with structlog.testing.capture_logs() as logs:
+            detection_s["slow"] = 0.2  # within the budget: detected
+            await execute(context, job="slow", plan=plan)
+            assert await background.settle(10)
+            detection_s["slow"] = 30.0  # past it: skipped at the budget, not after 30 s
+            started = asyncio.get_running_loop().time()
+            await execute(context, job="slow", plan=plan)
+            assert await background.settle(10)
+            settled_after = asyncio.get_running_loop().time() - started
+        await background.close(5)
+    assert detected == ["slow"]
+    assert settled_after < 5, settled_after
+    skipped = [e for e in logs if e["event"] == "detection_skipped"]
+    assert len(skipped) == 1 and skipped[0]["error"] == "TimeoutError" and skipped[0]["job"] == "slow", logs
+    assert len(stored_samples(tmp_path)) == 2  # both runs' samples, the undetected one too

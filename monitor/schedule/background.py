@@ -25,7 +25,14 @@ import structlog
 
 from monitor.store.records import Batch
 
+# Detection and calibration saves after a run, at most this long. In the daemon they queue behind
+# one another, so a hung database must not pile them up; a run past its budget goes undetected
+# (logged as `detection_skipped`) and probing goes on.
 AFTERCARE_TIMEOUT_S = 10.0
+# In `once` nothing waits behind detection but the process's exit (bounded by the CronJob's deadline
+# and by SIGTERM), and a skipped detection delays a page by a whole schedule period: seen at 7.7 s
+# for one incident on a node whose two cores a real vLLM and other work kept busy.
+ONCE_AFTERCARE_TIMEOUT_S = 60.0
 
 AfterStore = Callable[[str, Batch], Awaitable[None]]
 SaveCalibration = Callable[[tuple[str, str], float, float], Awaitable[None]]
