@@ -12,7 +12,7 @@ from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TextIO
 
 from monitor.cliargs import config_path
-from monitor.exitcodes import EXIT_INFRA, EXIT_USAGE
+from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_USAGE
 
 if TYPE_CHECKING:
     from monitor.config.models import Config
@@ -38,19 +38,23 @@ def run_against_database(
     url: str,
     err: TextIO,
     usage_errors: tuple[type[Exception], ...] = (),
+    refusals: tuple[type[Exception], ...] = (),
 ) -> int:
     """Run `work` to its exit code; a database error becomes one line on `err` prefixed with `command` and
-    EXIT_INFRA (one of `usage_errors`: EXIT_USAGE, for what the user asked wrongly)."""
+    EXIT_INFRA (one of `usage_errors`: EXIT_USAGE, for what the user asked wrongly; one of `refusals`:
+    EXIT_FAILED, for what the stored state does not allow)."""
     from monitor.store.engine import StoreError, describe_db_error
 
+    # What the user asked wrongly, what the stored state refuses, and StoreError (DatabaseUnavailable and the
+    # rest) already read as one line.
+    answers = ((usage_errors, EXIT_USAGE), (refusals, EXIT_FAILED), ((StoreError,), EXIT_INFRA))
     try:
         return asyncio.run(work)
-    except usage_errors as exc:
-        err.write(f"{command}: {exc}\n")
-        return EXIT_USAGE
-    except StoreError as exc:  # DatabaseUnavailable and the rest: already one line
-        err.write(f"{command}: {exc}\n")
-        return EXIT_INFRA
-    except Exception as exc:  # a database error we did not classify: one line, never a traceback
+    except Exception as exc:
+        for kinds, code in answers:
+            if isinstance(exc, kinds):
+                err.write(f"{command}: {exc}\n")
+                return code
+        # A database error we did not classify: one line, never a traceback.
         err.write(f"{command}: {describe_db_error(exc, url)}\n")
         return EXIT_INFRA

@@ -9,13 +9,14 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from monitor.alert.model import Notification, series_link
+from monitor.alert.model import Notification, series_fields, series_link
 from monitor.alert.receivers import KINDS, alertmanager, dingtalk, feishu, pagerduty, webhook, wecom
 from monitor.alert.receivers import log as log_receiver
 from monitor.alert.receivers.base import BuildError
 from monitor.alert.routing import active_silence, route, silence_window
 from monitor.alert.text import fmt_duration, fmt_ms, headline, lines, truncate_bytes
 from monitor.config.models import Route, Silence
+from monitor.store.records import SeriesKey
 from tests.alert_fixtures import (
     INCIDENT,
     LINK,
@@ -125,6 +126,23 @@ def test_the_series_link_uses_the_base_url_and_keeps_its_query() -> None:
         series_link("https://g.example.com/d/x?orgId=1", target="a b", prompt="p", location="l", job="j")
         == "https://g.example.com/d/x?orgId=1&var-target=a+b&var-prompt=p&var-location=l&var-job=j"
     )
+
+
+def test_series_fields_name_the_series_and_link_to_its_page_when_the_incident_opened() -> None:
+    series = SeriesKey(target="qwen3-8b", provider="vllm", model="Qwen/Qwen3-8B", prompt="short", location="fra")
+    opened = datetime(2026, 3, 2, 9, 5, 7, tzinfo=UTC)
+    fields = series_fields(series, job="ttft", opened_at=opened, base_url="http://host:9464/series")
+    assert fields == {
+        "job": "ttft",
+        "target": "qwen3-8b",
+        "model": "Qwen/Qwen3-8B",
+        "provider": "vllm",
+        "prompt": "short",
+        "location": "fra",
+        "link": "http://host:9464/series?var-target=qwen3-8b&var-prompt=short&var-location=fra&var-job=ttft"
+        "&at=2026-03-02T09%3A05%3A07Z",
+    }
+    assert series_fields(series, job="ttft", opened_at=opened, base_url=None)["link"] is None
 
 
 def test_a_notification_survives_the_round_trip_through_the_outbox_json() -> None:

@@ -23,7 +23,7 @@ from monitor.probe.result import ErrorClass
 from monitor.store.records import SeriesKey
 from monitor.store.repository import Repository
 from tests.store_fixtures import T0 as STORE_T0
-from tests.store_fixtures import Backend, make_batch
+from tests.store_fixtures import Backend, free_port, make_batch
 
 pytest_plugins = ("tests.store_fixtures",)
 
@@ -325,6 +325,27 @@ async def test_export_from_a_database_without_the_schema_exits_3(tmp_path: Path)
     code, out, err = await asyncio.to_thread(run, "--export", "--config", str(config))
     assert (code, out) == (3, ""), err
     assert err.startswith("ttft-monitor replay --export: ")
+
+
+async def test_export_from_a_database_that_refuses_the_connection_exits_3_naming_the_database(
+    tmp_path: Path,
+) -> None:
+    # The refusal is an OSError too: it must not read as the output file failing (exit 2).
+    config = tmp_path / "config.yaml"
+    config.write_text(f"database:\n  url: 'postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/absent'\n")
+    target = tmp_path / "history.csv"
+    code, out, err = await asyncio.to_thread(run, "--export", str(target), "--config", str(config))
+    assert (code, out) == (3, ""), err
+    assert err.startswith("ttft-monitor replay --export: cannot connect to PostgreSQL at 127.0.0.1:"), err
+    assert "cannot write" not in err
+
+
+def test_export_to_a_file_that_cannot_be_created_exits_2(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(f"database:\n  url: 'sqlite+aiosqlite:///{tmp_path / 'empty.db'}'\n")
+    target = tmp_path / "missing" / "history.csv"
+    code, out, err = run("--export", str(target), "--config", str(config))
+    assert (code, out, err) == (2, "", f"ttft-monitor replay: cannot write {target}: No such file or directory\n")
 
 
 def step_csv(path: Path, *, seed: int = 2, factor: float = 1.2) -> None:

@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypedDict
 from urllib.parse import urlencode, urlsplit, urlunsplit
 
 State = Literal["firing", "resolved", "info"]
@@ -145,6 +145,49 @@ def series_link(
     parts = urlsplit(base_url)
     query = f"{parts.query}&{urlencode(params)}" if parts.query else urlencode(params)
     return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+class NamedSeries(Protocol):
+    """What names a series: a store `SeriesKey`, or an incident read with its series' columns."""
+
+    @property
+    def target(self) -> str: ...
+    @property
+    def model(self) -> str: ...
+    @property
+    def provider(self) -> str: ...
+    @property
+    def prompt(self) -> str: ...
+    @property
+    def location(self) -> str: ...
+
+
+class SeriesFields(TypedDict):
+    """The `Notification` fields that say which series of which job it is about, and link to it."""
+
+    job: str
+    target: str
+    model: str
+    provider: str
+    prompt: str
+    location: str
+    link: str | None
+
+
+def series_fields(series: NamedSeries, *, job: str, opened_at: datetime, base_url: str | None) -> SeriesFields:
+    """`Notification(**series_fields(...), ...)`: the series' names, and the link to its page at the time the
+    incident opened (see `series_link`); every incident notification names its series this way."""
+    return SeriesFields(
+        job=job,
+        target=series.target,
+        model=series.model,
+        provider=series.provider,
+        prompt=series.prompt,
+        location=series.location,
+        link=series_link(
+            base_url, target=series.target, prompt=series.prompt, location=series.location, job=job, at=opened_at
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from monitor.detect.burn import KIND, BurnEvent, BurnPolicy, Probe, is_good, replay_probes
+from monitor.detect.sample_cells import parse_timestamp, parse_ttft
 
 
 def target_and_location(series: str) -> tuple[str, str]:
@@ -24,8 +25,6 @@ def target_and_location(series: str) -> tuple[str, str]:
 def read_probes(stream: TextIO, policies: Mapping[str, BurnPolicy]) -> dict[tuple[str, str], list[Probe]]:
     """The probes of the targets in `policies`, per (target, location). The file must already have
     passed `replay.read_samples_csv`, which names any bad line."""
-    from monitor.detect.replay import _timestamp, _ttft
-
     reader = csv.reader(stream)
     names = [name.strip().lstrip("\ufeff").lower() for name in next(reader, [])]
     at, series_at, ttft_at = names.index("timestamp"), names.index("series"), names.index("ttft_ms")
@@ -41,9 +40,9 @@ def read_probes(stream: TextIO, policies: Mapping[str, BurnPolicy]) -> dict[tupl
         policy = policies.get(key[0])
         if policy is None:
             continue
-        moment = _timestamp(row[at], reader.line_num)
+        moment = parse_timestamp(row[at], reader.line_num)
         error = (row[error_at].strip() or None) if error_at is not None else None
-        good = is_good(_ttft(row[ttft_at], reader.line_num), error, policy.threshold_ms)
+        good = is_good(parse_ttft(row[ttft_at], reader.line_num), error, policy.threshold_ms)
         run_id = row[run_at].strip() if run_at is not None else ""
         if not run_id:
             out.setdefault(key, []).append(Probe(moment, good))

@@ -20,7 +20,7 @@ from sqlalchemy import and_, case, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from monitor.alert.model import Notification, series_link
+from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
 from monitor.detect.burn import (
     KIND,
@@ -255,12 +255,7 @@ class BurnService:
             state="resolved" if action == "resolve" else "firing",
             kind=KIND,
             severity=incident.severity,
-            job=job,
-            target=key.target,
-            model=key.model,
-            provider=key.provider,
-            prompt=key.prompt,
-            location=key.location,
+            **series_fields(key, job=job, opened_at=incident.opened_at, base_url=self._config.alerts.base_url),
             since=incident.opened_at,
             resolved_at=now if action == "resolve" else None,
             baseline_ms=policy.threshold_ms,
@@ -269,14 +264,6 @@ class BurnService:
             peak_ratio=incident.peak_burn,
             peak_at=incident.peak_at,
             summary=text,
-            link=series_link(
-                self._config.alerts.base_url,
-                target=key.target,
-                prompt=key.prompt,
-                location=key.location,
-                job=job,
-                at=incident.opened_at,
-            ),
         )
 
 

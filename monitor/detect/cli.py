@@ -6,12 +6,15 @@ Exit codes: 0 done, 2 usage, config or input error, 3 the database could not be 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any, TextIO
 
-from monitor.cliargs import DEFAULT_CONFIG_ENV, config_path
-from monitor.detect.replay import EXIT_DATABASE, EXIT_OK, EXIT_USAGE, replay_main
+from monitor.cliargs import DEFAULT_CONFIG_ENV
+from monitor.commandline import load_config_or_explain, run_against_database
+from monitor.detect.replay import replay_main
+from monitor.exitcodes import EXIT_OK, EXIT_USAGE
+
+EXPORT_COMMAND = "ttft-monitor replay --export"
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -66,44 +69,33 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
 
 def export_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     """`ttft-monitor replay --export [FILE]`: the stored history of the config's database as a CSV."""
-    from monitor.config.errors import ConfigError
-    from monitor.config.loader import load_config
-    from monitor.store.engine import StoreError, describe_db_error
-
-    path = config_path(args.config)
-    try:
-        config = load_config(path)
-    except ConfigError as exc:
-        stderr.write(f"{exc}\n")
+    config = load_config_or_explain(args.config, stderr)
+    if config is None:
         return EXIT_USAGE
     url = config.database.url
+    if args.export == "-":
+        return _run_export(url, stdout, "standard output", stderr)
     try:
-        if args.export == "-":
-            count = asyncio.run(_export(url, stdout))
-        else:
-            with open(args.export, "w", encoding="utf-8", newline="") as stream:
-                count = asyncio.run(_export(url, stream))
+        with open(args.export, "w", encoding="utf-8", newline="") as stream:
+            return _run_export(url, stream, args.export, stderr)
     except OSError as exc:
         stderr.write(f"ttft-monitor replay: cannot write {args.export}: {exc.strerror or exc}\n")
         return EXIT_USAGE
-    except StoreError as exc:
-        stderr.write(f"ttft-monitor replay --export: {exc}\n")
-        return EXIT_DATABASE
-    except Exception as exc:  # a database error: one line naming the cause, never a traceback
-        stderr.write(f"ttft-monitor replay --export: {describe_db_error(exc, url)}\n")
-        return EXIT_DATABASE
-    where = "standard output" if args.export == "-" else args.export
-    stderr.write(f"exported {count} samples to {where}\n")
-    return EXIT_OK
 
 
-async def _export(url: str, stream: TextIO) -> int:
+def _run_export(url: str, stream: TextIO, where: str, stderr: TextIO) -> int:
+    return run_against_database(_export(url, stream, where, stderr), command=EXPORT_COMMAND, url=url, err=stderr)
+
+
+async def _export(url: str, stream: TextIO, where: str, stderr: TextIO) -> int:
     from monitor.detect.export import export_samples
     from monitor.store.engine import create_engine
     from monitor.store.repository import Repository
 
     engine = create_engine(url)
     try:
-        return await export_samples(Repository(engine), stream)
+        count = await export_samples(Repository(engine), stream)
     finally:
         await engine.dispose()
+    stderr.write(f"exported {count} samples to {where}\n")
+    return EXIT_OK

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from monitor.alert.model import Notification, series_link
+from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
 from monitor.detect.grouping import Member, Summary, decide, summarise
 from monitor.store.incidents import GroupStore, MemberRecord
@@ -115,19 +115,13 @@ class GroupNotifier:
     ) -> Notification:
         """The group's notification: its lead incident's, with the group's summary when it has several
         members (a group of one reads like any single series' notification)."""
-        series = lead.series
         several = summary.series > 1
         return Notification(
             incident_id=lead.id,
             state=state,
             kind=kind,
             severity=summary.severity if state == "firing" else lead.severity,
-            job=job,
-            target=series.target,
-            model=series.model,
-            provider=series.provider,
-            prompt=series.prompt,
-            location=series.location,
+            **series_fields(lead.series, job=job, opened_at=lead.opened_at, base_url=self._config.alerts.base_url),
             since=summary.since if several else member_since(lead),
             resolved_at=resolved_at,
             baseline_ms=lead.baseline_ms,
@@ -138,14 +132,6 @@ class GroupNotifier:
             peak_at=lead.peak_at,
             cause=lead.details.get("cause"),
             attribution=lead.details.get("attribution", ""),
-            link=series_link(
-                self._config.alerts.base_url,
-                target=series.target,
-                prompt=series.prompt,
-                location=series.location,
-                job=job,
-                at=lead.opened_at,
-            ),
             group_id=group_id,
             group=summary.text(resolved=state == "resolved") if several else "",
             members=summary.names if several else (),

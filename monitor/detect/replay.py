@@ -13,7 +13,6 @@ import csv
 import heapq
 import itertools
 import json
-import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -21,23 +20,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
+from monitor.commandline import load_config_or_explain
 from monitor.detect.detector import Detector, Event, RunPoint
 from monitor.detect.grouping import GROUPED_KINDS, Member, decide, joins, scope, summarise
+from monitor.detect.sample_cells import ReplayError, parse_timestamp, parse_ttft
 from monitor.detect.stats import median
+from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 
 COLUMNS = ("timestamp", "series", "ttft_ms", "error", "run_id")
 REQUIRED_COLUMNS = ("timestamp", "series", "ttft_ms")
-EXIT_OK, EXIT_USAGE, EXIT_DATABASE = 0, 2, 3
 ERROR_CLASS = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 INCIDENT_KINDS = ("regression", "availability", "slo")
-
-
-class ReplayError(Exception):
-    """The CSV cannot be replayed; `str()` names the line and what to change."""
-
-    def __init__(self, message: str, *, line: int | None = None) -> None:
-        self.line = line
-        super().__init__(f"line {line}: {message}" if line is not None else message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,33 +68,6 @@ class _Run:
         )
 
 
-def _timestamp(text: str, line: int) -> datetime:
-    try:
-        moment = datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise ReplayError(
-            f"timestamp {text!r} is not an ISO 8601 time; write it like 2025-01-31T09:00:00Z", line=line
-        ) from None
-    # The format says UTC; a time without an offset is read as UTC rather than refused.
-    return moment.replace(tzinfo=UTC) if moment.utcoffset() is None else moment.astimezone(UTC)
-
-
-def _ttft(text: str, line: int) -> float | None:
-    text = text.strip()
-    if not text:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (value > 0 and math.isfinite(value)):
-        raise ReplayError(
-            f"ttft_ms {text!r} is not a positive number of milliseconds (leave it empty for a failed request)",
-            line=line,
-        )
-    return value
-
-
 def read_samples_csv(stream: TextIO) -> dict[str, list[RunPoint]]:
     """The runs in a samples CSV, per series, oldest first. ReplayError on the first bad line."""
     reader = csv.reader(stream)
@@ -135,8 +101,8 @@ def read_samples_csv(stream: TextIO) -> dict[str, list[RunPoint]]:
             series = row[series_at].strip()
             if not series:
                 raise ReplayError("series is empty; every row needs one", line=line)
-            moment = _timestamp(row[at], line)
-            ttft = _ttft(row[ttft_at], line)
+            moment = parse_timestamp(row[at], line)
+            ttft = parse_ttft(row[ttft_at], line)
             error = (row[error_at].strip() or None) if error_at is not None else None
             if error is not None and not ERROR_CLASS.match(error):
                 raise ReplayError(
@@ -440,15 +406,10 @@ def replay(
 
 def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
     """`ttft-monitor replay --samples FILE.csv [--config FILE]`: incidents as JSON lines on stdout."""
-    from monitor.config.errors import ConfigError
-    from monitor.config.loader import load_config
-
     config = None
     if args.config:
-        try:
-            config = load_config(args.config)
-        except ConfigError as exc:
-            stderr.write(f"{exc}\n")
+        config = load_config_or_explain(args.config, stderr)
+        if config is None:
             return EXIT_USAGE
     try:
         with open(args.samples, encoding="utf-8-sig", newline="") as stream:

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.attribution import ServerSplit, classify, server_split, split_text
-from monitor.alert.model import Notification, series_link
+from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
 from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
@@ -296,12 +296,7 @@ class DetectionService:
             state=state,
             kind=event.kind,
             severity=event.severity,
-            job=job,
-            target=series.target,
-            model=series.model,
-            provider=series.provider,
-            prompt=series.prompt,
-            location=series.location,
+            **series_fields(series, job=job, opened_at=event.opened_at, base_url=self._config.alerts.base_url),
             since=since if isinstance(since, datetime) else event.opened_at,
             resolved_at=(event.resolved_at or event.at) if state == "resolved" else None,
             baseline_ms=event.baseline_ms,
@@ -312,14 +307,6 @@ class DetectionService:
             peak_at=event.peak_at,
             cause=where["cause"] if where else None,
             attribution=where["attribution"] if where else "",
-            link=series_link(
-                self._config.alerts.base_url,
-                target=series.target,
-                prompt=series.prompt,
-                location=series.location,
-                job=job,
-                at=event.opened_at,
-            ),
         )
 
     def _observe(self, series: SeriesKey, state: SeriesState, events: list[Event]) -> None:

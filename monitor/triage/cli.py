@@ -8,7 +8,6 @@ error (an unknown or ambiguous id, an unknown target, empty text); 3 the databas
 from __future__ import annotations
 
 import argparse
-import asyncio
 import getpass
 import json
 import os
@@ -17,11 +16,9 @@ import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import TextIO
 
-from monitor.cliargs import config_path
-from monitor.config.errors import ConfigError
-from monitor.config.loader import load_config
+from monitor.commandline import load_config_or_explain, run_against_database
 from monitor.config.models import Config
-from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 from monitor.triage.service import MAX_TEXT, Triage, TriageRefused, describe
 from monitor.triage.stats import format_precision
 
@@ -79,33 +76,24 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     name = command_name(args)
-    try:
-        config = load_config(config_path(getattr(args, "config", None)))
-    except ConfigError as exc:
-        err.write(f"{exc}\n")
+    config = load_config_or_explain(getattr(args, "config", None), err)
+    if config is None:
         return EXIT_USAGE
     try:
         action = _action(args, config, out)
     except UsageProblem as exc:
         err.write(f"{name}: {exc}\n")
         return EXIT_USAGE
-    from monitor.store.engine import StoreError, describe_db_error
     from monitor.store.triage import IncidentLookupError
 
-    try:
-        return asyncio.run(_with_engine(config, action))
-    except IncidentLookupError as exc:
-        err.write(f"{name}: {exc}\n")
-        return EXIT_USAGE
-    except TriageRefused as exc:
-        err.write(f"{name}: {exc}\n")
-        return EXIT_FAILED
-    except StoreError as exc:
-        err.write(f"{name}: {exc}\n")
-        return EXIT_INFRA
-    except Exception as exc:  # a database error we did not classify: one line, never a traceback
-        err.write(f"{name}: {describe_db_error(exc, config.database.url)}\n")
-        return EXIT_INFRA
+    return run_against_database(
+        _with_engine(config, action),
+        command=name,
+        url=config.database.url,
+        err=err,
+        usage_errors=(IncidentLookupError,),
+        refusals=(TriageRefused,),
+    )
 
 
 async def _with_engine(config: Config, action: Callable[[Triage], Awaitable[int]]) -> int:

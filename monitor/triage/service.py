@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.alert.model import Notification, series_link
+from monitor.alert.model import Notification, series_fields
 from monitor.alert.outbox import Enqueued, Outbox
 from monitor.alert.text import fmt_time
 from monitor.config.models import Config
@@ -154,21 +154,8 @@ class Triage:
                 state="firing",
                 kind=facts.kind,
                 severity=facts.severity,
-                job=job,
-                target=facts.target,
-                model=facts.model,
-                provider=facts.provider,
-                prompt=facts.prompt,
-                location=facts.location,
+                **series_fields(facts, job=job, opened_at=facts.opened_at, base_url=self._config.alerts.base_url),
                 since=datetime.fromisoformat(since) if isinstance(since, str) else facts.opened_at,
-                link=series_link(
-                    self._config.alerts.base_url,
-                    target=facts.target,
-                    prompt=facts.prompt,
-                    location=facts.location,
-                    job=job,
-                    at=facts.opened_at,
-                ),
             )
         return base.with_changes(
             state="resolved",
