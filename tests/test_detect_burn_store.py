@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
 from monitor.alert.model import Notification
@@ -106,6 +107,8 @@ async def test_the_windows_counted_in_sql_equal_the_pure_count(backend: Backend)
         await engine.dispose()
 
 
+# 100 runs stored and detected one by one: about 10 s alone, past the suite's 60 s on a loaded machine.
+@pytest.mark.timeout(240)
 async def test_a_burning_target_opens_one_page_per_location_raises_and_resolves(backend: Backend) -> None:
     config = Config.model_validate(
         {
