@@ -77,11 +77,21 @@ def stop_sim(sim: SimProcess) -> None:
 
 
 @pytest.fixture(scope="session")
-def exact_sim() -> Iterator[SimProcess]:
-    """A simulator with the noise off: every latency is exactly what its profile says."""
+def exact_sim_process() -> Iterator[SimProcess]:
     sim = start_sim("--no-noise")
     yield sim
     stop_sim(sim)
+
+
+@pytest.fixture
+def exact_sim(exact_sim_process: SimProcess) -> SimProcess:
+    """A simulator with the noise off: every latency is exactly what its profile says.
+
+    One process for the session, reset before each test (profiles, prefix caches, stamps): a test
+    that slows a model must not leave it slow for the next (the grouping test left every seed model
+    at 5 ms per 1K prompt tokens, and the report test read the Qwen models' slopes reversed)."""
+    exact_sim_process.post("/sim/reset", {})
+    return exact_sim_process
 
 
 @dataclass

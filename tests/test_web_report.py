@@ -39,8 +39,7 @@ def test_probe_report_ranks_the_seed_models_by_prefill_slope(tmp_path: Path, exa
     assert result.code == 0, str(result)
     data = json.loads(report.read_text())
     # 256 and 4,096 tokens, three rounds a cell: the slopes (90 and 125 ms per 1K) stay apart by 134 ms
-    # at 4K, and a cell's median ignores one round slowed by a loaded machine (seen with two rounds
-    # at 2,048 tokens, right after the real-vLLM tests: the two Qwen models swapped places).
+    # at 4K, and a cell's median ignores one round slowed by a loaded machine.
     assert [s["target"] for s in data["slopes"]] == ["gpt-4o-mini", "qwen3-8b", "qwen3-14b"]
     slopes = {s["target"]: s["ms_per_1k_tokens"] for s in data["slopes"]}
     assert slopes["qwen3-14b"] == pytest.approx(125, rel=0.15) and slopes["gpt-4o-mini"] == pytest.approx(20, abs=10)
