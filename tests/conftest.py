@@ -120,8 +120,8 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The tests that use the real vLLM run last, in their own order. Its server lives for the session,
-    and its engine (two busy cores after a burst) must not slow the timing tests that would otherwise
-    follow it alphabetically (the web report's prefill slopes ran right after it and read wrong)."""
+    and its engine (both cores busy during the attribution burst) must not slow the timing tests that
+    would otherwise follow it alphabetically (the web tests)."""
     uses_vllm = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
     if uses_vllm:
         chosen = set(map(id, uses_vllm))
