@@ -259,10 +259,12 @@ def freeze_heap() -> None:
 
     With SQLAlchemy, pydantic and friends imported, a full collection walks ~100 ms of objects;
     a pause landing inside a probe would add straight to its TTFT. Long-lived start-up objects
-    never become garbage, so freezing them keeps collections short.
+    never become garbage, so freezing them keeps collections short. The collector is on afterwards,
+    whether or not start-up turned it off (`cli.MEASURING_COMMANDS`).
     """
     gc.collect()
     gc.freeze()
+    gc.enable()
 
 
 def secrets_of(config: Config) -> list[str]:
