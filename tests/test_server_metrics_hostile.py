@@ -8,7 +8,6 @@ run end to end (`probe --store` against the simulator), so what reaches the data
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from monitor.probe.server_metrics import (
 from monitor.store.records import SERVER_RUN_FIELDS
 from tests.conftest import run_cli, start_sim, stop_sim
 from tests.store_fixtures import Backend
+from tests.threaded_server import ThreadedServer
 
 pytest_plugins = ("tests.store_fixtures",)
 MODEL = "qwen3-8b"  # one of the simulator's models
@@ -179,47 +179,15 @@ class Page:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class MetricsServer:
+class MetricsServer(ThreadedServer):
     """Serves `pages[path]` in order, one per request (the last repeats)."""
 
+    SHUTDOWN_TIMEOUT_S = 0.5  # pages that hang must not hold the test's end
+
     def __init__(self) -> None:
+        super().__init__()
         self.pages: dict[str, list[Page]] = {}
         self.served: dict[str, int] = {}
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._started = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._runner: web.AppRunner | None = None
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def __enter__(self) -> MetricsServer:
-        self._thread.start()
-        assert self._started.wait(10), "the metrics server did not start"
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        async def shutdown() -> None:
-            assert self._runner is not None
-            await self._runner.cleanup()
-
-        asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_get("/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, shutdown_timeout=0.5)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._started.set()
-        self._loop.run_forever()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         queue = self.pages.get(request.path, [])

@@ -1,18 +1,22 @@
 """A small aiohttp server on its own thread and event loop, on a free loopback port: for tests whose
 code under test runs in another process (the daemon, the CLI) or blocks the test's own loop.
 
-A subclass sets ROUTE (one catch-all pattern) and writes `_handle`."""
+A subclass sets ROUTE (one catch-all pattern) and writes `_handle`; start and stop it, or use it as a
+context manager."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+from typing import Self
 
 from aiohttp import web
 
 
 class ThreadedServer:
     ROUTE = "/{tail:.*}"
+    # How long stopping waits for requests still being answered (aiohttp's default is a minute).
+    SHUTDOWN_TIMEOUT_S = 60.0
 
     def __init__(self) -> None:
         self.port = 0
@@ -28,6 +32,13 @@ class ThreadedServer:
         self._thread.start()
         assert self._started.wait(10), f"{type(self).__name__} did not start"
 
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
     def stop(self) -> None:
         async def shutdown() -> None:
             assert self._runner is not None
@@ -42,7 +53,7 @@ class ThreadedServer:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
         app.router.add_route("*", self.ROUTE, self._handle)
-        self._runner = web.AppRunner(app)
+        self._runner = web.AppRunner(app, shutdown_timeout=self.SHUTDOWN_TIMEOUT_S)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         self._loop.run_until_complete(site.start())
