@@ -438,9 +438,14 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
 
     try:
         async with AsyncExitStack() as stack:
-            done, store = await until_stopped(
-                open_store(config, metrics=metrics, retry_s=min(config.database.connect_retry_s, 10))
-            )
+            try:
+                done, store = await until_stopped(
+                    open_store(config, metrics=metrics, retry_s=min(config.database.connect_retry_s, 10))
+                )
+            except InfrastructureError as exc:  # unreachable, or a schema behind: the message names the fix
+                log.error("startup_failed", reason=str(exc))
+                print(f"ttft-monitor once: {exc}", file=sys.stderr, flush=True)
+                return EXIT_INFRA
             if not done:
                 log.warning("once_interrupted", signal=signals[0], phase="connecting", samples=0)
                 print(

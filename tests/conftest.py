@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -105,17 +106,35 @@ class CliResult:
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+    """`ttft-monitor ARGS` as a real child process. Past `timeout` the child is asked (SIGUSR1, see
+    tests/cli_dump.py) where every thread and task waits, then killed, and the test fails with
+    that and all it printed: a hang seen once in ten runs must say where it was."""
     full_env = {k: v for k, v in os.environ.items() if k != "TTFT_CONFIG"}
     full_env.update(env or {})
-    done = subprocess.run(
-        [sys.executable, "-m", "monitor", *args],
-        capture_output=True,
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.cli_dump", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=full_env,
         cwd=ROOT,
-        timeout=timeout,
-    )
-    return CliResult(done.returncode, done.stdout, done.stderr)
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)
+            try:
+                stdout, stderr = process.communicate(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                stdout, stderr = process.communicate()
+            else:
+                process.kill()
+            raise AssertionError(
+                f"`ttft-monitor {' '.join(args)}` did not end within {timeout:g} s; killed. What it printed, "
+                f"and where it waited:\n--- stdout\n{stdout[-20000:]}\n--- stderr\n{stderr[-30000:]}"
+            ) from None
+    return CliResult(process.returncode, stdout, stderr)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -253,6 +253,30 @@ def test_a_schema_behind_head_refuses_to_start_and_names_the_fix(sim: SimProcess
     assert "Traceback" not in result.stdout + result.stderr
 
 
+def test_once_on_a_schema_behind_head_exits_3_and_names_the_fix(sim: SimProcess, tmp_path: Path) -> None:
+    # `once` lost this when it learned to stop on SIGTERM while connecting: the error became a traceback.
+    config = write_config(tmp_path, sim)
+    result = run_cli("once", "--config", str(config), timeout=60)
+    assert result.code == 3, str(result)
+    assert "ttft-monitor once: the database schema is empty" in result.stderr, str(result)
+    assert "run `ttft-monitor db upgrade`" in result.stderr, str(result)
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_once_on_an_unreachable_database_exits_3_naming_it_without_its_password(
+    sim: SimProcess, tmp_path: Path
+) -> None:
+    url = f"postgresql+asyncpg://monitor:hunter2-secret@127.0.0.1:{free_port()}/ttft"
+    config = write_config(tmp_path, sim, db_url=url)
+    config.write_text(config.read_text().replace("database:\n", "database:\n  connect_retry_s: 1\n", 1))
+    result = run_cli("once", "--config", str(config), timeout=60)
+    assert result.code == 3, str(result)
+    assert "ttft-monitor once: gave up after 1 s" in result.stderr, str(result)
+    assert "127.0.0.1" in result.stderr, str(result)
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "hunter2-secret" not in result.stdout + result.stderr
+
+
 def test_a_bad_config_fails_fast_with_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("jobs:\n  - name: x\n    schedule: '* * *'\n    targets: [nope]\n    prompts: [p]\n")
