@@ -66,12 +66,15 @@ async def open_store(
     from monitor.store.writer import ResultWriter
 
     log = structlog.get_logger()
-    engine = create_engine(
-        config.database.url,
-        connect_timeout_s=DAEMON_CONNECT_TIMEOUT_S,
-        command_timeout_s=DAEMON_COMMAND_TIMEOUT_S,
-        pool_timeout=DAEMON_POOL_TIMEOUT_S,
-    )
+    try:
+        engine = create_engine(
+            config.database.url,
+            connect_timeout_s=DAEMON_CONNECT_TIMEOUT_S,
+            command_timeout_s=DAEMON_COMMAND_TIMEOUT_S,
+            pool_timeout=DAEMON_POOL_TIMEOUT_S,
+        )
+    except StoreError as exc:  # the SQLite file's directory cannot be created: no retry will help
+        raise InfrastructureError(str(exc)) from None
     repository = Repository(engine)
     budget = config.database.connect_retry_s if retry_s is None else retry_s
     deadline = asyncio.get_running_loop().time() + budget

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sqlite3
+import threading
 from pathlib import Path
 
 import asyncpg
@@ -18,6 +20,7 @@ from monitor.store.engine import (
     is_bad_data,
     is_connection_error,
 )
+from tests.conftest import run_cli
 
 PG = "postgresql+asyncpg://ttft:pa55word-x@db.internal:6432/ttft"
 
@@ -118,3 +121,70 @@ def test_a_sqlite_directory_that_cannot_be_created_is_one_line(tmp_path: Path) -
         DatabaseUnavailable, match=r"directory .*a-file for the SQLite database: a file of that name exists"
     ):
         create_engine(f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'ttft.db'}")
+
+
+def test_a_sqlite_file_that_cannot_be_opened_leaves_no_worker_thread_behind(tmp_path: Path) -> None:
+    # aiosqlite stops the thread of a failed open without waiting; when the loop closed first, the
+    # thread printed a traceback (Event loop is closed) after the command's one-line error.
+    async def attempt() -> list[str]:
+        engine = create_engine(f"sqlite+aiosqlite:///{tmp_path}")  # a directory, not a file
+        try:
+            with pytest.raises(OperationalError, match="unable to open database file"):
+                async with engine.connect():
+                    pass
+        finally:
+            await engine.dispose()
+        return [thread.name for thread in threading.enumerate() if "_connection_worker_thread" in thread.name]
+
+    assert asyncio.run(attempt()) == []
+
+
+def cli_config(tmp_path: Path, db_url: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        f"""
+database:
+  url: "{db_url}"
+  state_dir: "{tmp_path}/state"
+  connect_retry_s: 1
+metrics:
+  listen: "127.0.0.1:9"
+providers:
+  p: {{base_url: "http://127.0.0.1:9/v1", api: openai-chat}}
+targets:
+  t: {{provider: p, model: m}}
+prompts:
+  s: {{tokens: 256}}
+jobs:
+  - {{name: j, schedule: "* * * * *", targets: [t], prompts: [s]}}
+"""
+    )
+    return path
+
+
+STORE_COMMANDS = [
+    ["once"],
+    ["run"],
+    ["probe", "--store", "-n", "1", "--warmup", "0"],
+    ["serve", "--listen", "127.0.0.1:9"],
+    ["incidents", "ack", "abcd"],
+    ["report"],
+]
+
+
+@pytest.mark.parametrize("command", STORE_COMMANDS, ids=lambda command: command[0])
+def test_a_sqlite_directory_that_cannot_be_created_exits_3_in_one_line(tmp_path: Path, command: list[str]) -> None:
+    (tmp_path / "a-file").write_text("")
+    config = cli_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'ttft.db'}")
+    result = run_cli(*command, "--config", str(config), timeout=60)
+    assert result.code == 3, str(result)
+    assert "a-file" in result.stderr and "Traceback" not in result.stdout + result.stderr, str(result)
+
+
+@pytest.mark.parametrize("command", STORE_COMMANDS, ids=lambda command: command[0])
+def test_a_sqlite_path_that_is_a_directory_exits_3_without_a_traceback(tmp_path: Path, command: list[str]) -> None:
+    config = cli_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path}")
+    result = run_cli(*command, "--config", str(config), timeout=60)
+    assert result.code == 3, str(result)
+    assert f"cannot open SQLite database {tmp_path}" in result.stderr, str(result)
+    assert "Traceback" not in result.stdout + result.stderr, str(result)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import socket
@@ -77,7 +78,8 @@ def create_engine(
                     f"cannot create the directory {path.parent} for the SQLite database: {exc.strerror}; "
                     "make its parent writable or change database.url"
                 ) from exc
-        engine = create_async_engine(parsed, **kwargs)
+        args, options = parsed.get_dialect()().create_connect_args(parsed)
+        engine = create_async_engine(parsed, async_creator=lambda: _open_sqlite(*args, **options), **kwargs)
         _configure_sqlite(engine, busy_timeout_ms=sqlite_busy_timeout_ms)
         return engine
     connect_args = {
@@ -88,6 +90,22 @@ def create_engine(
     }
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(parsed, connect_args=connect_args, **kwargs)
+
+
+async def _open_sqlite(*args: Any, **options: Any) -> Any:
+    """aiosqlite's connect, except that a file that cannot be opened (a directory, a directory not writable)
+    leaves no thread behind: aiosqlite stops the worker thread of a failed open without waiting for it, and
+    when the event loop closes first (a command's one-line error, then the end of `asyncio.run`), that
+    thread prints a traceback (RuntimeError: Event loop is closed)."""
+    import aiosqlite
+
+    connection = aiosqlite.connect(*args, **options)
+    connection._thread.daemon = True  # as SQLAlchemy's own connect: never hold up the exit
+    try:
+        return await connection
+    except Exception:
+        await asyncio.to_thread(connection._thread.join, 5)
+        raise
 
 
 def _configure_sqlite(engine: AsyncEngine, *, busy_timeout_ms: int) -> None:

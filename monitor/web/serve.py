@@ -86,12 +86,16 @@ async def serve(config: Config, listen: str, *, out: IO[str] = sys.stderr) -> in
     from prometheus_client import CollectorRegistry
 
     from monitor.metrics.server import start_metrics_server
-    from monitor.store.engine import create_engine, describe_db_error, display_url
+    from monitor.store.engine import StoreError, create_engine, describe_db_error, display_url
     from monitor.store.repository import Repository
 
     if not config.web.enabled:
         config = config.model_copy(update={"web": config.web.model_copy(update={"enabled": True})})
-    engine = create_engine(config.database.url)
+    try:
+        engine = create_engine(config.database.url)
+    except StoreError as exc:  # the SQLite file's directory cannot be created
+        print(f"ttft-monitor serve: {exc}", file=out)
+        return 3
     try:
         try:
             routes = ui_routes(config, engine)
