@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from monitor.alert.receivers.log import EVENT as ALERT_LOG_EVENT
+from monitor.exitcodes import EXIT_USAGE
 
 TARGETS = ("qwen3-8b", "qwen3-14b", "gpt-4o-mini")
 SLOWED = "qwen3-14b"
@@ -158,9 +159,31 @@ class LiveTable:
             self.drawn_lines = 0
 
 
+def _state_dir_problem(state_dir: Path) -> str | None:
+    """Why the demo must not use (and first delete) `state_dir`: only a new, empty or earlier demo's directory."""
+    if not state_dir.exists():
+        try:
+            state_dir.mkdir(parents=True)
+        except OSError as exc:
+            return f"cannot create it: {exc.strerror}; choose another --state-dir"
+        return None
+    if not state_dir.is_dir():
+        return "is not a directory; choose another --state-dir"
+    if any(state_dir.iterdir()) and not (state_dir / "demo.yaml").is_file():
+        return (
+            "holds files that are not an earlier demo's (no demo.yaml), and the demo starts by deleting its "
+            "directory; choose a new or empty --state-dir"
+        )
+    return None
+
+
 def run_demo(
     *, state_dir: Path, slow_after_s: float, recover_after_s: float, duration_s: float | None, out: IO[str] = sys.stdout
 ) -> int:
+    problem = _state_dir_problem(state_dir)
+    if problem:
+        print(f"ttft-monitor demo: --state-dir {state_dir}: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     if state_dir.exists():
         shutil.rmtree(state_dir)
     state_dir.mkdir(parents=True)
