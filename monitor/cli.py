@@ -443,9 +443,11 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     async def build() -> dict[str, object]:
         from monitor.store.engine import create_engine
+        from monitor.store.schema import ensure_current
 
         engine = create_engine(config.database.url)
         try:
+            await ensure_current(engine)  # a schema behind or missing names `db upgrade`, not a missing table
             return await report_from_store(
                 engine, since=since, now=until, targets=args.target, prompts=args.prompt,
                 locations=args.location,
@@ -453,10 +455,13 @@ def _cmd_report(args: argparse.Namespace) -> int:
         finally:
             await engine.dispose()
 
-    from monitor.store.engine import describe_db_error
+    from monitor.store.engine import StoreError, describe_db_error
 
     try:
         data = asyncio.run(build())
+    except StoreError as exc:  # already one line naming the fix (SchemaBehind: `db upgrade`)
+        print(f"ttft-monitor report: {exc}", file=sys.stderr)
+        return EXIT_INFRA
     except Exception as exc:
         print(f"ttft-monitor report: {describe_db_error(exc, config.database.url)}", file=sys.stderr)
         return EXIT_INFRA

@@ -134,6 +134,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
                 f"`ttft-monitor {' '.join(args)}` did not end within {timeout:g} s; killed. What it printed, "
                 f"and where it waited:\n--- stdout\n{stdout[-20000:]}\n--- stderr\n{stderr[-30000:]}"
             ) from None
+        except BaseException:  # pytest-timeout, Ctrl-C: Popen's exit would wait for the child forever
+            process.kill()
+            raise
     return CliResult(process.returncode, stdout, stderr)
 
 

@@ -188,3 +188,24 @@ def test_a_sqlite_path_that_is_a_directory_exits_3_without_a_traceback(tmp_path:
     assert result.code == 3, str(result)
     assert f"cannot open SQLite database {tmp_path}" in result.stderr, str(result)
     assert "Traceback" not in result.stdout + result.stderr, str(result)
+
+
+READER_COMMANDS = [
+    ["report"],
+    ["replay", "--export", "-"],
+    ["serve", "--listen", "127.0.0.1:9"],  # refused before it listens
+    ["incidents"],
+    ["once"],
+]
+
+
+@pytest.mark.parametrize("command", READER_COMMANDS, ids=lambda command: command[0])
+def test_a_database_never_upgraded_names_db_upgrade_for_every_reader(tmp_path: Path, command: list[str]) -> None:
+    # report, replay --export and serve answered "no such table: series" (serve even said ready).
+    config = cli_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'ttft.db'}")
+    result = run_cli(*command, "--config", str(config), timeout=60)
+    assert result.code == 3, str(result)
+    assert "the database schema is empty" in result.stderr and "run `ttft-monitor db upgrade`" in result.stderr, str(
+        result
+    )
+    assert "no such table" not in result.stdout + result.stderr and "Traceback" not in result.stderr, str(result)

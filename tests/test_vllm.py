@@ -6,17 +6,19 @@ generated tokens each) and every comparison is made within one run of this modul
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import statistics
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from monitor.probe.apis import FLAVORS
 from tests.conftest import CliResult, run_cli
-from tests.vllm_peer import SERVED_MODEL, VllmServer
+from tests.vllm_peer import CPUS_VARIABLE, SERVED_MODEL, VllmServer, engine_cpus
 
 pytest_plugins = ("tests.vllm_peer",)
 
@@ -63,6 +65,39 @@ def measured(report: dict[str, Any], prompt: str) -> list[dict[str, Any]]:
 
 def median_ttft(samples: list[dict[str, Any]]) -> float:
     return statistics.median(s["ttft_ms"] for s in samples)
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process below it, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def test_the_server_and_its_engine_keep_to_their_own_core(vllm_server: VllmServer) -> None:
+    """vLLM's engine spins; outside its core the monitor, PostgreSQL and pytest must still run
+    (tests/vllm_peer.py): every thread of every process of the server stays on `engine_cpus()`."""
+    cpus = engine_cpus(choice=os.environ.get(CPUS_VARIABLE))
+    tree = process_tree(vllm_server.process.pid)
+    assert len(tree) >= 2, f"no engine process under the server: {tree}"  # the API server starts its engine
+    strays = {}
+    for pid in tree:
+        for task in Path(f"/proc/{pid}/task").glob("[0-9]*"):
+            with contextlib.suppress(ProcessLookupError):
+                allowed = os.sched_getaffinity(int(task.name))
+                if not allowed <= cpus:
+                    strays[f"{pid}/{task.name}"] = sorted(allowed)
+    assert not strays, f"threads outside cores {sorted(cpus)}: {strays}"
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +189,7 @@ def test_monitor_ttft_matches_vllms_own_ttft_plus_the_http_stack(
     ttft_metric = "vllm:time_to_first_token_seconds"
     before = vllm_server.metrics()
     # No warm-up: vLLM's histogram must hold exactly the requests whose TTFT the monitor reports.
-    args = ("--api", "openai-chat", "--prompt-tokens", str(prompt_tokens), "--cache", "bust")
+    args: tuple[str, ...] = ("--api", "openai-chat", "--prompt-tokens", str(prompt_tokens), "--cache", "bust")
     args += ("--rounds", str(requests), "--warmup", "0", "--max-tokens", "4")
     report = probe(vllm_server, *args)
     after = vllm_server.metrics()

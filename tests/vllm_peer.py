@@ -11,6 +11,12 @@ The tests marked `vllm` talk to it (tests/test_vllm.py loads this module with `p
   venv module) the tests are skipped and the terminal summary says why, loudly.
 - The server is started per session on a free loopback port, ready when `/health` answers, and
   stopped with SIGTERM (its engine process included).
+- On a machine with two cores or more, the server and its engine run on one core (`engine_cpus`;
+  TTFT_VLLM_CPUS picks others, `all` for none).
+  vLLM's CPU engine spins while requests run: its worker and engine-core threads each held a core
+  at 100%, and on these 2-core VMs every other process then crawled. During the attribution burst
+  a 0.5 s CPU loop took 10-131 s, importing the monitor 150-220 s, and one `once` 305 s; Postgres
+  missed the writer's 15 s timeout. Pinned to one core, the same burst left `once` at 2.8-3.5 s.
 
 Also a command, for the capture script and for trying vLLM by hand (run with the project's venv):
     .venv/bin/python -m tests.vllm_peer prepare    # install and build, print where
@@ -166,7 +172,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def server_environment(base: dict[str, str] | os._Environ[str], venv: Path) -> dict[str, str]:
+CPUS_VARIABLE = "TTFT_VLLM_CPUS"  # e.g. "0", "2-3", or "all" for no pinning (to compare)
+
+
+def engine_cpus(allowed: set[int] | None = None, choice: str | None = None) -> set[int]:
+    """The cores the server may use: the lowest one when there are two or more, so the monitor under test,
+    PostgreSQL and pytest keep the others; all of them (nothing to spare) on one core. `choice` (from
+    TTFT_VLLM_CPUS) overrides: a list such as "0" or "2-3,5", or "all"."""
+    allowed = set(os.sched_getaffinity(0)) if allowed is None else allowed
+    if choice == "all":
+        return allowed
+    if choice:
+        chosen: set[int] = set()
+        for part in choice.split(","):
+            first, _, last = part.strip().partition("-")
+            chosen.update(range(int(first), int(last or first) + 1))
+        if not chosen <= allowed:
+            raise ValueError(f"{CPUS_VARIABLE}={choice}: cores {sorted(chosen - allowed)} are not available here")
+        return chosen
+    return {min(allowed)} if len(allowed) > 1 else allowed
+
+
+def server_environment(base: dict[str, str] | os._Environ[str], venv: Path, omp_bind: str = "auto") -> dict[str, str]:
     env = dict(base)
     env.update(
         {
@@ -177,7 +204,8 @@ def server_environment(base: dict[str, str] | os._Environ[str], venv: Path) -> d
             "DO_NOT_TRACK": "1",
             "VLLM_HOST_IP": "127.0.0.1",  # vLLM's internal sockets stay on loopback
             "VLLM_CPU_KVCACHE_SPACE": base.get("VLLM_CPU_KVCACHE_SPACE", "1"),  # GiB
-            "VLLM_CPU_OMP_THREADS_BIND": base.get("VLLM_CPU_OMP_THREADS_BIND", "auto"),
+            # Its compute threads on the server's own cores (the process is pinned to them as well).
+            "VLLM_CPU_OMP_THREADS_BIND": base.get("VLLM_CPU_OMP_THREADS_BIND", omp_bind),
             "TOKENIZERS_PARALLELISM": "false",
             # vLLM's compiled-graph cache beside the environment, so later starts can reuse it.
             "VLLM_CACHE_ROOT": str(venv / "vllm-cache"),
@@ -263,12 +291,17 @@ def start_server(
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("wb")
+    cpus = engine_cpus(choice=os.environ.get(CPUS_VARIABLE))
+    cpu_list = ",".join(map(str, sorted(cpus)))
+    omp_bind = "auto" if cpus == set(os.sched_getaffinity(0)) else cpu_list  # "all": vLLM's own choice
     process = subprocess.Popen(
-        command,
+        # taskset (util-linux, essential on Debian) execs the server in place, so the PID is the server's,
+        # and the engine and worker processes it starts inherit the mask.
+        ["taskset", "--cpu-list", cpu_list, *command],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=server_environment(os.environ, peer.python.parent.parent),
+        env=server_environment(os.environ, peer.python.parent.parent, omp_bind),
         start_new_session=True,
     )
     server = VllmServer(url=f"http://127.0.0.1:{port}", process=process, log_path=log_path, _log=log)

@@ -94,9 +94,11 @@ async def _export(url: str, stream: TextIO, where: str, stderr: TextIO) -> int:
     from monitor.detect.export import export_samples
     from monitor.store.engine import create_engine
     from monitor.store.repository import Repository
+    from monitor.store.schema import ensure_current
 
     engine = create_engine(url)
     try:
+        await ensure_current(engine)  # a schema behind or missing names `db upgrade`, not a missing table
         count = await export_samples(Repository(engine), stream)
     finally:
         await engine.dispose()

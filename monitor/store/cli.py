@@ -74,6 +74,9 @@ async def _check(url: str, out: TextIO) -> int:
     if not differences:
         out.write(f"{where}: the models match the migrations (schema at {migrate.head()})\n")
         return EXIT_OK
+    if len(differences) == 1 and differences[0].startswith(migrate.NOT_AT_HEAD):
+        out.write(f"{where}: {differences[0]}\n")  # names `db upgrade`; no migration to write
+        return EXIT_FAILED
     out.write(f"{where}: the models and the migrations differ:\n")
     for line in differences:
         out.write(f"  {line}\n")

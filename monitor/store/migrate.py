@@ -205,6 +205,10 @@ async def ensure_current(engine: AsyncEngine) -> str:
     return head()
 
 
+# `check`'s one difference for a database not at head: the fix is `db upgrade`, not a new migration.
+NOT_AT_HEAD = "cannot compare"
+
+
 async def check(engine_or_url: AsyncEngine | str | URL) -> list[str]:
     """Differences between the models and the migrations, one line each; empty when they match.
 
@@ -215,7 +219,7 @@ async def check(engine_or_url: AsyncEngine | str | URL) -> list[str]:
         revision = await connection.run_sync(_current)
         problem = schema_problem(revision)
         if problem is not None:
-            return [f"cannot compare: {problem}, then check again"]
+            return [f"{NOT_AT_HEAD}: {problem}, then check again"]
         diffs = await connection.run_sync(_compare)
     return [describe_diff(diff) for diff in diffs]
 

@@ -88,6 +88,7 @@ async def serve(config: Config, listen: str, *, out: IO[str] = sys.stderr) -> in
     from monitor.metrics.server import start_metrics_server
     from monitor.store.engine import StoreError, create_engine, describe_db_error, display_url
     from monitor.store.repository import Repository
+    from monitor.store.schema import ensure_current
 
     if not config.web.enabled:
         config = config.model_copy(update={"web": config.web.model_copy(update={"enabled": True})})
@@ -107,6 +108,12 @@ async def serve(config: Config, listen: str, *, out: IO[str] = sys.stderr) -> in
             await repository.ping()
         except Exception as exc:
             print(f"ttft-monitor serve: {describe_db_error(exc, config.database.url)}", file=out)
+            return 3
+        try:
+            # Pages over a schema behind or missing would answer "no such table"; say what fixes it.
+            await ensure_current(engine)
+        except StoreError as exc:
+            print(f"ttft-monitor serve: {exc}", file=out)
             return 3
 
         async def readiness() -> tuple[bool, str]:
