@@ -465,6 +465,19 @@ def _cmd_report(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"ttft-monitor report: {describe_db_error(exc, config.database.url)}", file=sys.stderr)
         return EXIT_INFRA
+    # A name no stored series has is a typo, not an empty window: say so rather than print an empty report.
+    available: dict[str, list[str]] = data["available"]  # type: ignore[assignment]
+    for flag, asked, key in (("target", args.target, "targets"), ("prompt", args.prompt, "prompts"),
+                             ("location", args.location, "locations")):  # fmt: skip
+        unknown = [name for name in asked if name not in available[key]]
+        if unknown:
+            stored = ", ".join(available[key]) or "none yet"
+            print(
+                f"ttft-monitor report: --{flag} {', '.join(unknown)}: no stored series has this {flag} "
+                f"(stored: {stored})",
+                file=sys.stderr,
+            )
+            return EXIT_USAGE
     text = render(data, args.format, title=f"TTFT comparison, last {args.since}")
     if not args.output:
         sys.stdout.write(text)

@@ -77,6 +77,13 @@ async def test_report_has_the_numbers_of_the_compare_view(backend: Backend, tmp_
     assert markdown.code == 0, str(markdown)
     text = (tmp_path / "r.md").read_text()
     assert "| qwen3-8b | Qwen/Qwen3-8B | short |" in text and "| long |" not in text
+    # A name no stored series has is a typo: exit 2 naming what is stored, not an empty report.
+    typo = run_cli("report", "--config", str(config), "--since", f"{since.days}d", "-t", "qwen3-8bb", "-t", "qwen3-8b")
+    assert typo.code == 2 and typo.stdout == "", str(typo)
+    assert typo.stderr.startswith(
+        "ttft-monitor report: --target qwen3-8bb: no stored series has this target (stored: "
+    ), str(typo)
+    assert "qwen3-8b" in typo.stderr.split("(stored: ")[1], str(typo)
 
 
 def test_report_escapes_names_in_every_format() -> None:
