@@ -209,3 +209,13 @@ def test_a_database_never_upgraded_names_db_upgrade_for_every_reader(tmp_path: P
         result
     )
     assert "no such table" not in result.stdout + result.stderr and "Traceback" not in result.stderr, str(result)
+
+
+@pytest.mark.parametrize("command", [["report"], ["once"], ["incidents"]], ids=lambda command: command[0])
+def test_a_file_that_is_not_a_sqlite_database_is_named_with_the_fix(tmp_path: Path, command: list[str]) -> None:
+    (tmp_path / "ttft.db").write_bytes(bytes(range(256)) * 64)
+    config = cli_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'ttft.db'}")
+    result = run_cli(*command, "--config", str(config), timeout=60)
+    assert result.code == 3, str(result)
+    assert f"SQLite database {tmp_path / 'ttft.db'} is not a SQLite database" in result.stderr, str(result)
+    assert "Traceback" not in result.stdout + result.stderr, str(result)

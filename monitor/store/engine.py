@@ -262,6 +262,11 @@ def _describe_sqlite(exc: BaseException, url: URL) -> str:
             )
         if "readonly database" in message:
             return f"{where} is read-only: check the file's and directory's permissions"
+        if "file is not a database" in message:
+            return (
+                f"{where} is not a SQLite database (another kind of file, or damaged): point database.url at "
+                "a new file and run `ttft-monitor db upgrade`, or restore the database from a backup"
+            )
         if "disk i/o error" in message or "database or disk is full" in message:
             return f"{where} cannot be written ({_first_line(item)}): check the disk"
         if isinstance(item, OSError) and item.strerror:
