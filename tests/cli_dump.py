@@ -31,16 +31,14 @@ def write_await_chain(awaitable: object, out: io.StringIO) -> None:
 
 
 def dump_tasks(signum: int, frame: FrameType | None) -> None:
+    """The asyncio tasks' await chains (the threads' stacks were written by faulthandler already)."""
     import asyncio
 
-    sys.stderr.write("=== SIGUSR1 dump: threads ===\n")
-    sys.stderr.flush()
-    faulthandler.dump_traceback(all_threads=True)
     out = io.StringIO()
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        out.write("=== no running event loop ===\n")
+        out.write("=== SIGUSR1 dump: no running event loop ===\n")
     else:
         tasks = asyncio.all_tasks(loop)
         out.write(f"=== SIGUSR1 dump: {len(tasks)} asyncio tasks ===\n")
@@ -54,5 +52,8 @@ def dump_tasks(signum: int, frame: FrameType | None) -> None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGUSR1, dump_tasks)
+    # Every thread's stack at once, from C, inside the signal: it comes even when the interpreter is stuck
+    # in C code or starved of CPU (then the Python handler above may never get to run); chained to it.
+    faulthandler.register(signal.SIGUSR1, all_threads=True, chain=True)
     sys.argv = ["monitor", *sys.argv[1:]]
     runpy.run_module("monitor", run_name="__main__", alter_sys=True)

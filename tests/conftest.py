@@ -124,7 +124,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGUSR1)
             try:
-                stdout, stderr = process.communicate(timeout=5)
+                stdout, stderr = process.communicate(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
                 stdout, stderr = process.communicate()
