@@ -6,11 +6,14 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -93,6 +96,35 @@ def exact_sim(exact_sim_process: SimProcess) -> SimProcess:
     at 5 ms per 1K prompt tokens, and the report test read the Qwen models' slopes reversed)."""
     exact_sim_process.post("/sim/reset", {})
     return exact_sim_process
+
+
+@contextmanager
+def silent_listener() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers (a hung peer); yields the port."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                held.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield int(listener.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(5)
+        for connection in held:
+            connection.close()
+        listener.close()
 
 
 @dataclass

@@ -2,41 +2,18 @@
 
 from __future__ import annotations
 
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, silent_listener
 
 
 @pytest.fixture
 def silent_server() -> Iterator[int]:
-    """Accepts connections and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield listener.getsockname()[1]
-    stop.set()
-    thread.join(2)
-    for connection in held:
-        connection.close()
-    listener.close()
+    with silent_listener() as port:
+        yield port
 
 
 def test_a_command_past_its_timeout_is_killed_and_says_where_it_waited(tmp_path: Path, silent_server: int) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -25,7 +24,7 @@ from monitor.probe.server_metrics import (
     server_metrics,
 )
 from monitor.store.records import SERVER_RUN_FIELDS
-from tests.conftest import run_cli, start_sim, stop_sim
+from tests.conftest import run_cli, silent_listener, start_sim, stop_sim
 from tests.store_fixtures import Backend
 
 pytest_plugins = ("tests.store_fixtures",)
@@ -181,30 +180,8 @@ def sim() -> Iterator[str]:
 @pytest.fixture
 def hung_metrics() -> Iterator[str]:
     """A raw server that accepts connections and never answers."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        listener.settimeout(0.1)
-        while not stop.is_set():
-            try:
-                held.append(listener.accept()[0])
-            except TimeoutError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
-    finally:
-        stop.set()
-        thread.join(5)
-        for connection in held:
-            connection.close()
-        listener.close()
+    with silent_listener() as port:
+        yield f"http://127.0.0.1:{port}/metrics"
 
 
 def _moment(value: datetime | str) -> datetime:
