@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from monitor.alert.dispatcher import Dispatcher
+    from monitor.alert.metrics import AlertMetrics
+    from monitor.alert.outbox import Outbox
     from monitor.detect.service import DetectionService
     from monitor.schedule.background import AfterStore, BackgroundStore
     from monitor.store.repository import Repository
@@ -209,31 +211,46 @@ async def build_context(
     return job_context(config, resources, store=store, metrics=metrics)
 
 
+def alert_metrics_for(context: JobContext, metrics: Metrics | None) -> AlertMetrics | None:
+    """The alert counters on the process's registry, each receiver's at zero, so the first failed
+    delivery shows as an increase."""
+    from monitor.alert.metrics import OUTCOMES, AlertMetrics
+
+    if metrics is None:
+        return None
+    alert_metrics = AlertMetrics(metrics.registry)
+    for receiver in context.config.alerts.receivers:
+        for outcome in OUTCOMES:
+            alert_metrics.notifications.labels(receiver=receiver, outcome=outcome)
+    return alert_metrics
+
+
+def attach_detection_service(
+    context: JobContext, store: Store, *, outbox: Outbox, metrics: Metrics | None
+) -> DetectionService:
+    """Detection after every stored run, enqueueing its notifications into `outbox`."""
+    from monitor.detect.service import DetectionService
+
+    service = DetectionService(store.engine, store.repository, context.config, outbox=outbox, metrics=metrics)
+    context.after_store = service.after_store
+    return service
+
+
 async def attach_detection(
     context: JobContext, store: Store, stack: AsyncExitStack, *, metrics: Metrics | None
 ) -> tuple[Dispatcher, DetectionService]:
-    """Detection after every stored run, and the alert dispatcher that delivers its notifications.
+    """Detection after every stored run, and the alert dispatcher that delivers its notifications, on
+    this loop (`once`: the daemon delivers on its service loop, monitor.daemon).
 
-    Returns (dispatcher, detection service); the caller runs `dispatcher.run(stop)` as its own task
-    (daemon) or `dispatch_due()` once (`once`), so a slow receiver never holds up probing.
+    Returns (dispatcher, detection service); the caller runs `dispatch_due()` once, so a slow
+    receiver never holds up probing.
     """
     from monitor.alert.dispatcher import Dispatcher
-    from monitor.alert.metrics import OUTCOMES, AlertMetrics
     from monitor.alert.transport import Transport
-    from monitor.detect.service import DetectionService
 
     transport = await stack.enter_async_context(Transport())
-    alert_metrics = AlertMetrics(metrics.registry) if metrics is not None else None
-    if alert_metrics is not None:  # at zero, so the first failed delivery shows as an increase
-        for receiver in context.config.alerts.receivers:
-            for outcome in OUTCOMES:
-                alert_metrics.notifications.labels(receiver=receiver, outcome=outcome)
-    dispatcher = Dispatcher(store.engine, context.config.alerts, transport, metrics=alert_metrics)
-    service = DetectionService(
-        store.engine, store.repository, context.config, outbox=dispatcher.outbox, metrics=metrics
-    )
-    context.after_store = service.after_store
-    return dispatcher, service
+    dispatcher = Dispatcher(store.engine, context.config.alerts, transport, metrics=alert_metrics_for(context, metrics))
+    return dispatcher, attach_detection_service(context, store, outbox=dispatcher.outbox, metrics=metrics)
 
 
 def start_background_store(

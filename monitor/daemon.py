@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,7 +20,9 @@ import structlog
 
 from monitor.app import (
     InfrastructureError,
+    alert_metrics_for,
     attach_detection,
+    attach_detection_service,
     build_context,
     freeze_heap,
     job_context,
@@ -38,14 +40,16 @@ from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
 from monitor.schedule.claims import TickClaims
-from monitor.schedule.maintenance import run_maintenance
 from monitor.schedule.pipeline import execute, plan_for_job
+from monitor.service_loop import ServiceLoop, favour_waiting_threads
 from monitor.store.engine import display_url
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
+    from monitor.alert.metrics import AlertMetrics
     from monitor.schedule.background import BackgroundStore
+    from monitor.served import Served
     from monitor.systemd_notify import Notifier
 
 T = TypeVar("T")
@@ -97,6 +101,22 @@ def _watchdog_interval() -> float | None:
         return None
 
 
+def raise_descriptor_limit() -> None:
+    """Raise the soft limit on open descriptors to the hard one: the listener holds up to its cap of
+    connections, and the probes, the database and the spool need theirs beside them (the shipped
+    unit sets LimitNOFILE too; this covers a shell or a container that did not)."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = 1 << 20
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX, or not allowed
+        pass
+
+
 class StartupFailed(Exception):
     """The daemon cannot start; `event` and `fields` go to the log, the message to stderr."""
 
@@ -108,9 +128,14 @@ class StartupFailed(Exception):
 
 
 async def _loop_lag_monitor(
-    metrics: Metrics, notifier: Notifier | None, watchdog_s: float | None, stop: asyncio.Event
+    metrics: Metrics,
+    notifier: Notifier | None,
+    watchdog_s: float | None,
+    stop: asyncio.Event,
+    on_beat: Callable[[float], None] = lambda _now: None,
 ) -> None:
-    """Measures how late the loop wakes a timer; pets the systemd watchdog only while it keeps turning."""
+    """Measures how late the loop wakes a timer; pets the systemd watchdog only while it keeps turning,
+    and tells `on_beat` (readiness, on the service loop) that it turned."""
     loop = asyncio.get_running_loop()
     last_pet = 0.0
     while not stop.is_set():
@@ -119,6 +144,7 @@ async def _loop_lag_monitor(
         lag = max(0.0, loop.time() - expected)
         metrics.loop_lag.observe(lag)
         now = time.monotonic()
+        on_beat(now)
         if notifier is not None and watchdog_s is not None and now - last_pet >= watchdog_s:
             notifier.watchdog()
             last_pet = now
@@ -145,6 +171,9 @@ class Daemon:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._started = False
         self._background_started: BackgroundStore | None = None  # to close if start fails after it
+        self.service = ServiceLoop()
+        self.served: Served | None = None
+        self.probe_loop_beat = time.monotonic()
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -179,7 +208,12 @@ class Daemon:
         metrics.database_up.set(1)
         self.resources = await open_process_resources(stack, store=store)
         context = job_context(config, self.resources, store=store, metrics=metrics)
-        self.dispatcher, self.detection = await attach_detection(context, store, stack, metrics=metrics)
+        from monitor.alert.outbox import Outbox
+
+        alert_metrics = alert_metrics_for(context, metrics)
+        # Detection enqueues here, on the probes' loop; delivery runs on the service loop and is woken from here.
+        self.outbox = Outbox(store.engine, config.alerts, metrics=alert_metrics, on_enqueue=self._wake_dispatcher)
+        self.detection = attach_detection_service(context, store, outbox=self.outbox, metrics=metrics)
         self.background = self._background_started = start_background_store(context, store)
         self.context = context
         self.claims = TickClaims(store.engine)
@@ -188,34 +222,13 @@ class Daemon:
         from monitor.schedule.scheduler import JobScheduler
 
         self.scheduler = JobScheduler(self._run_tick, metrics=metrics)
-
-        from monitor.metrics.server import start_metrics_server  # aiohttp.web: only the daemon serves
-        from monitor.web.serve import WebConfigError, ui_routes
-
-        try:
-            ui = ui_routes(config, store.engine)
-        except WebConfigError as exc:
-            raise StartupFailed(EXIT_USAGE, "web_config_invalid", f"ttft-monitor run: {exc}", error=str(exc)) from None
-        try:
-            runner = await start_metrics_server(metrics.registry, self._readiness, config.metrics.listen, routes=ui)
-        except OSError as exc:
-            raise StartupFailed(
-                EXIT_INFRA,
-                "metrics_listen_failed",
-                f"ttft-monitor run: cannot listen on {config.metrics.listen} for /metrics: {exc.strerror}; "
-                "change metrics.listen or stop what uses that port",
-                listen=config.metrics.listen,
-                error=exc.strerror,
-            ) from None
-        stack.push_async_callback(runner.cleanup)
+        await self._serve(config, alert_metrics)
+        raise_descriptor_limit()
         stopping = self._stopping
-        self._lag = asyncio.create_task(_loop_lag_monitor(metrics, self._notifier, _watchdog_interval(), stopping))
-        self._tasks = [
-            asyncio.create_task(store.writer.run_drainer(stopping, 5.0)),
-            asyncio.create_task(self.dispatcher.run(stopping)),
-            asyncio.create_task(run_maintenance(store.repository, config.database, stopping)),
-            self._lag,
-        ]
+        self._lag = asyncio.create_task(
+            _loop_lag_monitor(metrics, self._notifier, _watchdog_interval(), stopping, on_beat=self._beat)
+        )
+        self._tasks = [asyncio.create_task(store.writer.run_drainer(stopping, 5.0)), self._lag]
 
         self.scheduler.set_jobs(list(config.jobs))
         self.scheduler.start()
@@ -226,30 +239,51 @@ class Daemon:
             "daemon_started",
             jobs=[j.name for j in config.jobs],
             metrics=f"http://{config.metrics.listen}/metrics",
-            ui=f"http://{config.metrics.listen}/" if ui else None,
+            ui=f"http://{config.metrics.listen}/" if config.web.enabled else None,
             database=display_url(config.database.url),
             location=config.location,
             next_runs={k: v.isoformat() if v else None for k, v in self.scheduler.next_run_times().items()},
         )
 
-    async def _readiness(self) -> tuple[bool, str]:
-        metrics = self.metrics
-        if not self.scheduler.running:
-            return False, "scheduler not running"
-        # A task, not wait_for: a cancelled ping still waits for its clean-up on a hung server,
-        # and the probe asking /readyz must get its answer within the 2 s.
-        ping = asyncio.create_task(self.store.repository.ping())
-        ping.add_done_callback(lambda task: task.cancelled() or task.exception())
-        await asyncio.wait({ping}, timeout=2)
-        if not ping.done():
-            ping.cancel()  # its clean-up goes on by itself, bounded by the engine's timeouts
-            metrics.database_up.set(0)
-            return False, "database unreachable (no answer within 2 s)"
-        if ping.exception() is not None:
-            metrics.database_up.set(0)
-            return False, f"database unreachable ({type(ping.exception()).__name__})"
-        metrics.database_up.set(1)
-        return True, "ready"
+    def _beat(self, now: float) -> None:
+        self.probe_loop_beat = now
+
+    def _wake_dispatcher(self) -> None:
+        served = self.served
+        if served is not None:
+            self.service.call_soon(served.dispatcher.wake)
+
+    async def _serve(self, config: Config, alert_metrics: AlertMetrics | None) -> None:
+        """Start the service loop and open on it what the daemon serves (monitor.served)."""
+        from monitor.served import ProbeSide, open_served
+        from monitor.web.serve import WebConfigError
+
+        favour_waiting_threads()
+        self.service.start()
+        self._stack.callback(self.service.close)
+        scheduler = self.scheduler
+        side = ProbeSide(scheduler_running=lambda: scheduler.running, last_beat=lambda: self.probe_loop_beat)
+        try:
+            self.served = await self.service.run(
+                open_served(config, metrics=self.metrics, alert_metrics=alert_metrics, probe_side=side)
+            )
+        except WebConfigError as exc:
+            raise StartupFailed(EXIT_USAGE, "web_config_invalid", f"ttft-monitor run: {exc}", error=str(exc)) from None
+        except OSError as exc:
+            raise StartupFailed(
+                EXIT_INFRA,
+                "metrics_listen_failed",
+                f"ttft-monitor run: cannot listen on {config.metrics.listen} for /metrics: {exc.strerror}; "
+                "change metrics.listen or stop what uses that port",
+                listen=config.metrics.listen,
+                error=exc.strerror,
+            ) from None
+        served = self.served
+
+        async def close_served() -> None:
+            await self.service.run(served.close(STOP_EXTRA_S), timeout=STOP_EXTRA_S + 6)
+
+        self._stack.push_async_callback(close_served)
 
     async def reload(self) -> None:
         """Re-read the config file and reschedule; a broken file keeps the running config."""
@@ -273,7 +307,9 @@ class Daemon:
             background=self.background,
         )
         self.detection.update_config(config)
-        self.dispatcher.update_config(config.alerts)
+        self.outbox.update_config(config.alerts)
+        if self.served is not None:
+            self.service.call_soon(self.served.update_alerts, config.alerts)
         self.config = config
         self.scheduler.set_jobs(list(config.jobs))
         log.info("config_reloaded", jobs=[j.name for j in config.jobs])

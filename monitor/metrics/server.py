@@ -1,22 +1,142 @@
-"""`/metrics`, `/healthz` and `/readyz` on a small aiohttp runner that cleans up after itself."""
+"""`/metrics`, `/healthz` and `/readyz` (and the UI's routes) on a small aiohttp runner that cleans up
+after itself, with the limits a listener open to untrusted clients needs.
+
+Every listener the monitor serves goes through `start_metrics_server`, so each gets the same limits:
+a bound on how long a connection may sit without sending a whole request (a half-sent request is
+closed after `idle_timeout_s`, as an idle keep-alive connection is), a cap on open connections (past
+it a connection gets one `503` and is closed, so a flood of sockets cannot take the descriptors the
+probes and the spool need), caps on the request line, headers and body, the handler cancelled when
+its client goes away, a cap on UI and API requests in progress, and the same security headers on
+every answer (aiohttp's own 404 and 405 pages included) with no version banner.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
+import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+# What the listener says it is: no aiohttp or Python version for a scanner to match against.
+SERVER_NAME = "ttft-monitor"
+# Served without the UI's cap: a probe of the monitor's health must get through while the UI is busy.
+OPERATIONS_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
+GATE = web.AppKey("gate", "RequestGate")
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerLimits:
+    """Bounds on what one client can make the listener hold. The defaults fit a status page and a
+    Prometheus scrape; none is a config key yet (docs/failure-modes.md, "The monitor's own listener")."""
+
+    # A connection that has not sent a whole request head this long after connecting (or after its
+    # last answer) is closed: aiohttp's keep-alive timer, which also runs while a head is half-sent.
+    idle_timeout_s: float = 10.0
+    max_connections: int = 256
+    max_line_bytes: int = 8190
+    max_field_bytes: int = 8190
+    max_headers: int = 64
+    max_body_bytes: int = 64 * 1024
+    # UI and API requests handled at once, and how many may wait for a turn; the rest get 503.
+    max_requests_in_progress: int = 4
+    max_requests_waiting: int = 32
+    wait_for_turn_s: float = 10.0
+
+
+def _security_headers(response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+    response.headers["Server"] = SERVER_NAME
+
+
+async def _on_prepare(_request: web.Request, response: web.StreamResponse) -> None:
+    _security_headers(response)
+
+
+class RequestGate:
+    """At most `in_progress` requests handled at once and `waiting` waiting; the rest are told to retry.
+
+    The UI's queries share the database and the CPU with the probes' process; a burst of fifty heavy
+    views is served a few at a time instead of all at once, and beyond the queue refused quickly."""
+
+    def __init__(self, *, in_progress: int, waiting: int, wait_s: float) -> None:
+        self._slots = asyncio.Semaphore(in_progress)
+        self._waiting = 0
+        self._max_waiting = waiting
+        self._wait_s = wait_s
+        self.refused = 0
+
+    async def handle(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if self._slots.locked() and self._waiting >= self._max_waiting:
+            self.refused += 1
+            return _busy()
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(self._wait_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            self.refused += 1
+            return _busy()
+        finally:
+            self._waiting -= 1
+        try:
+            return await handler(request)
+        finally:
+            self._slots.release()
+
+
+def _busy() -> web.Response:
+    return web.json_response(
+        {"error": "the monitor is answering other requests; retry in a few seconds"},
+        status=503,
+        headers={"Retry-After": "2"},
+    )
 
 
 def build_app(
-    registry: CollectorRegistry, readiness: ReadinessCheck, routes: Sequence[web.RouteDef] = ()
+    registry: CollectorRegistry,
+    readiness: ReadinessCheck,
+    routes: Sequence[web.RouteDef] = (),
+    *,
+    limits: ListenerLimits | None = None,
 ) -> web.Application:
     """`routes` are served beside these three on the same listener (the web UI, monitor.web.api)."""
+    limits = limits or ListenerLimits()
+    gate = RequestGate(
+        in_progress=limits.max_requests_in_progress, waiting=limits.max_requests_waiting, wait_s=limits.wait_for_turn_s
+    )
+    # One rendering at a time: concurrent scrapes of a large registry would each cost the whole CPU time.
+    rendering = asyncio.Lock()
+
+    @web.middleware
+    async def gated(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path in OPERATIONS_PATHS:
+            return await handler(request)
+        return await gate.handle(request, handler)
 
     async def metrics(_request: web.Request) -> web.Response:
-        body = generate_latest(registry)
+        # Rendered in a worker thread: a registry of thousands of series takes seconds to render,
+        # and this loop must keep answering /healthz meanwhile.
+        async with rendering:
+            body = await asyncio.to_thread(generate_latest, registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_request: web.Request) -> web.Response:
@@ -26,11 +146,13 @@ def build_app(
         ready, reason = await readiness()
         return web.Response(text=f"{reason}\n", status=200 if ready else 503)
 
-    app = web.Application()
+    app = web.Application(client_max_size=limits.max_body_bytes, middlewares=[gated])
+    app.on_response_prepare.append(_on_prepare)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.add_routes(routes)
+    app[GATE] = gate
     return app
 
 
@@ -39,13 +161,78 @@ def split_listen(listen: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+_REFUSAL = (
+    b"HTTP/1.1 503 Service Unavailable\r\nServer: " + SERVER_NAME.encode() + b"\r\nRetry-After: 2\r\n"
+    b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+)
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past the cap: one 503 and closed, so its descriptor is free at once."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(_REFUSAL)
+        transport.close()
+
+
+class CappedSite(web.TCPSite):
+    """A TCP site that holds at most `max_connections` connections open."""
+
+    __slots__ = ("_last_log", "_max_connections", "refused")
+
+    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, max_connections: int) -> None:
+        super().__init__(runner, host, port)
+        self._max_connections = max_connections
+        self.refused = 0
+        self._last_log = 0.0
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)
+        loop = asyncio.get_running_loop()
+        server = self._runner.server
+        assert isinstance(server, web.Server)
+
+        def protocol() -> asyncio.Protocol:
+            if len(server.connections) >= self._max_connections:
+                self.refused += 1
+                now = time.monotonic()
+                if now - self._last_log >= 60:  # one line a minute, not one per connection
+                    self._last_log = now
+                    structlog.get_logger().warning(
+                        "listener_connections_refused", cap=self._max_connections, refused_total=self.refused
+                    )
+                return _Refused()
+            return server()
+
+        self._server = await loop.create_server(protocol, self._host, self._port, backlog=self._backlog)
+        if self._server.sockets:
+            self._bound_port = self._server.sockets[0].getsockname()[1]
+
+
 async def start_metrics_server(
-    registry: CollectorRegistry, readiness: ReadinessCheck, listen: str, *, routes: Sequence[web.RouteDef] = ()
+    registry: CollectorRegistry,
+    readiness: ReadinessCheck,
+    listen: str,
+    *,
+    routes: Sequence[web.RouteDef] = (),
+    limits: ListenerLimits | None = None,
 ) -> web.AppRunner:
-    runner = web.AppRunner(build_app(registry, readiness, routes), access_log=None, handle_signals=False)
+    limits = limits or ListenerLimits()
+    runner = web.AppRunner(
+        build_app(registry, readiness, routes, limits=limits),
+        access_log=None,
+        handle_signals=False,
+        handler_cancellation=True,  # a client that went away stops its query, not after it
+        keepalive_timeout=limits.idle_timeout_s,
+        max_line_size=limits.max_line_bytes,
+        max_field_size=limits.max_field_bytes,
+        max_headers=limits.max_headers,
+        shutdown_timeout=2.0,
+    )
     await runner.setup()
     host, port = split_listen(listen)
-    site = web.TCPSite(runner, host, port)
+    site = CappedSite(runner, host, port, max_connections=limits.max_connections)
     try:
         await site.start()
     except BaseException:

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import errno
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.util import await_only
 
 from monitor.config.urls import mask_password
 
@@ -51,6 +53,7 @@ def create_engine(
     sqlite_busy_timeout_ms: int = DEFAULT_SQLITE_BUSY_TIMEOUT_MS,
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     command_timeout_s: float | None = None,
+    statement_timeout_s: float | None = None,
     **kwargs: Any,
 ) -> AsyncEngine:
     """An engine for `postgresql+asyncpg://` or `sqlite+aiosqlite://` URLs.
@@ -61,6 +64,9 @@ def create_engine(
     PostgreSQL: a bounded connect timeout, sessions in UTC, and pre-ping so connections broken by a
     server restart are replaced instead of failing the next write. `command_timeout_s` bounds each
     statement (asyncpg's `command_timeout`) on PostgreSQL; SQLite's bound is the busy timeout.
+    `statement_timeout_s` makes the database itself abandon a statement that runs longer (PostgreSQL's
+    `statement_timeout`; on SQLite a progress handler interrupts it): the UI's engine uses it, so a
+    heavy view whose client gave up does not keep a connection and a core busy after the cancel.
     """
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -81,10 +87,15 @@ def create_engine(
         args, options = parsed.get_dialect()().create_connect_args(parsed)
         engine = create_async_engine(parsed, async_creator=lambda: _open_sqlite(*args, **options), **kwargs)
         _configure_sqlite(engine, busy_timeout_ms=sqlite_busy_timeout_ms)
+        if statement_timeout_s:
+            _limit_sqlite_statements(engine, statement_timeout_s)
         return engine
+    server_settings = {"timezone": "UTC", "application_name": "ttft-monitor"}
+    if statement_timeout_s:
+        server_settings["statement_timeout"] = str(max(1, int(statement_timeout_s * 1000)))
     connect_args = {
         "timeout": connect_timeout_s,
-        "server_settings": {"timezone": "UTC", "application_name": "ttft-monitor"},
+        "server_settings": server_settings,
         **({"command_timeout": command_timeout_s} if command_timeout_s else {}),
         **kwargs.pop("connect_args", {}),
     }
@@ -124,6 +135,28 @@ def _configure_sqlite(engine: AsyncEngine, *, busy_timeout_ms: int) -> None:
     def _on_begin(connection: Any) -> None:
         write = connection.get_execution_options().get(WRITE_OPTION, False)
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def _limit_sqlite_statements(engine: AsyncEngine, timeout_s: float) -> None:
+    """Interrupt a statement once it has run `timeout_s` (sqlite3 raises OperationalError 'interrupted').
+
+    The deadline is set when SQLAlchemy starts a statement and checked by a progress handler that
+    SQLite calls every few thousand virtual-machine steps, in the connection's own thread."""
+
+    @event.listens_for(engine.sync_engine, "connect")
+    def _on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+        deadline = record.info.setdefault("statement_deadline", [0.0])
+
+        def past_deadline() -> int:
+            return 1 if deadline[0] and time.monotonic() > deadline[0] else 0
+
+        await_only(dbapi_connection.driver_connection.set_progress_handler(past_deadline, 20_000))
+
+    @event.listens_for(engine.sync_engine, "before_cursor_execute")
+    def _before(connection: Any, *_args: Any) -> None:
+        deadline = connection.connection.info.get("statement_deadline")
+        if deadline is not None:
+            deadline[0] = time.monotonic() + timeout_s
 
 
 def display_url(url: str | URL) -> str:
