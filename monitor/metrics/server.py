@@ -35,7 +35,6 @@ SECURITY_HEADERS = {
 SERVER_NAME = "ttft-monitor"
 # Served without the UI's cap: a probe of the monitor's health must get through while the UI is busy.
 OPERATIONS_PATHS = frozenset({"/metrics", "/healthz", "/readyz"})
-GATE = web.AppKey("gate", "RequestGate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +108,37 @@ def _busy() -> web.Response:
     )
 
 
+class _RenderedMetrics:
+    """The registry's exposition, rendered in a worker thread (a registry of thousands of series takes
+    seconds, and the listener must keep answering /healthz meanwhile), one rendering at a time, and
+    reused while younger than `reuse_factor` times what it took to render.
+
+    A scrape costs the process CPU time the probes share; scraped back to back, an unbounded registry
+    would render all the time. This way rendering takes at most a third of a core, and a scrape sees
+    values at most twice a rendering old (Prometheus scrapes every 15-60 s)."""
+
+    def __init__(self, registry: CollectorRegistry, *, reuse_factor: float = 2.0, min_reuse_s: float = 0.0) -> None:
+        self._registry = registry
+        self._lock = asyncio.Lock()
+        self._body = b""
+        self._fresh_until = 0.0
+        self._reuse_factor = reuse_factor
+        self._min_reuse_s = min_reuse_s
+
+    async def body(self) -> bytes:
+        async with self._lock:
+            if time.monotonic() < self._fresh_until:
+                return self._body
+            started = time.monotonic()
+            self._body = await asyncio.to_thread(generate_latest, self._registry)
+            took = time.monotonic() - started
+            self._fresh_until = time.monotonic() + max(self._min_reuse_s, self._reuse_factor * took)
+            return self._body
+
+
+GATE: web.AppKey[RequestGate] = web.AppKey("gate", RequestGate)
+
+
 def build_app(
     registry: CollectorRegistry,
     readiness: ReadinessCheck,
@@ -121,8 +151,7 @@ def build_app(
     gate = RequestGate(
         in_progress=limits.max_requests_in_progress, waiting=limits.max_requests_waiting, wait_s=limits.wait_for_turn_s
     )
-    # One rendering at a time: concurrent scrapes of a large registry would each cost the whole CPU time.
-    rendering = asyncio.Lock()
+    rendered = _RenderedMetrics(registry)
 
     @web.middleware
     async def gated(
@@ -133,11 +162,7 @@ def build_app(
         return await gate.handle(request, handler)
 
     async def metrics(_request: web.Request) -> web.Response:
-        # Rendered in a worker thread: a registry of thousands of series takes seconds to render,
-        # and this loop must keep answering /healthz meanwhile.
-        async with rendering:
-            body = await asyncio.to_thread(generate_latest, registry)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(body=await rendered.body(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
