@@ -99,6 +99,27 @@ def test_report_escapes_names_in_every_format() -> None:
     assert json.loads(render(data, "json"))["cells"][0]["target"] == evil
 
 
+def test_a_hostile_model_name_in_the_markdown_report_is_text_not_an_image() -> None:
+    # A served model named like an image would make every reader's viewer fetch it from the attacker.
+    image, html_tag = "![x](http://evil.example/x.png)", "<img src=x onerror=alert(1)>"
+    rows = [("qwen3-8b", image, "short|long", 100.0, 10.0), ("qwen3-8b", image, "short|long", 120.0, 20.0)]
+    rows += [(html_tag, "gpt-4o-mini", "short|long", 300.0, 10.0), (html_tag, "gpt-4o-mini", "short|long", 320.0, 20.0)]
+    text = render({"start": "a", "end": "b", **queries.compare_values(rows)}, "md", title="TTFT **comparison**")
+    lines = text.splitlines()
+    assert lines[0] == r"# TTFT \*\*comparison\*\*"
+    assert r"| qwen3-8b | \![x\]\(http://evil.example/x.png) | short\|long | 15 | 2 | 110 | 100 – 120 | 118 |" in lines
+    assert (
+        "| &lt;img src=x onerror=alert(1)&gt; | gpt-4o-mini | short\\|long | 15 | 2 | 310 | 300 – 320 | 318 |" in lines
+    )
+    assert (
+        "- short|long: **qwen3-8b** is faster than **&lt;img src=x onerror=alert(1)&gt;** by 200 ms "
+        "(95% interval 176 – 224), significant"
+    ) in lines
+    assert "](" not in text and "<img" not in text
+    # Ordinary names are left as they are.
+    assert "| gpt-4o-mini |" in text and "| qwen3-8b |" in text
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -5,8 +5,11 @@ Pure functions of a notification and the current time, so each receiver's exact 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Protocol
 
 from monitor.alert.model import Notification
 
@@ -158,16 +161,144 @@ def facts(notification: Notification, now: datetime) -> list[tuple[str, str]]:
     return out
 
 
-def markdown_sections(notification: Notification, now: datetime, *, heading: str, fact: str) -> list[str]:
-    """The chat robots' markdown: `heading`, the summary (when there is one), the facts (each `fact` formatted
-    with `label` and `value`, one line each) and the series link (when there is one); the caller joins and caps."""
+# ---------------------------------------------------------------- markdown escaping
+#
+# Names, notes and server text are untrusted: a model named `![x](http://evil/x.png)` or a note holding
+# `[x](http://evil.example)` must arrive as the characters typed, not as an image or a disguised link.
+# Each renderer gives meaning to a different set of characters, so each has its own escaper; all escape
+# only where their dialect would read markup, so `qwen3-8b` and `gpt-4o-mini` still read naturally.
+
+
+@dataclass(frozen=True, slots=True)
+class MarkdownDialect:
+    """What one markdown renderer reads as markup, beyond what every one of them does (backslash escapes,
+    `` ` `` code, `*` and `_` emphasis, `[text](url)` links, `#` headings and `>` quotes at a line's start)."""
+
+    name: str
+    html: bool  # inline HTML is rendered: `<`, `>` and an entity-like `&` are written as entities
+    lists: bool  # `-`, `+` or `1.` at a line's start opens a list
+    images: bool  # `![alt](src)` fetches and shows an image
+    strikethrough: bool  # `~~text~~`
+    tables: bool  # `|` separates table cells
+
+
+# DingTalk's robot markdown: headings, quotes, bold, italics, links, images, both kinds of list; the PC
+# client renders inline HTML too (`<font color>`).
+DINGTALK = MarkdownDialect("dingtalk", html=True, lists=True, images=True, strikethrough=False, tables=False)
+# WeCom's `markdown` message: headings, bold, links, inline code, quotes, `<font color>` and `<@userid>`
+# mentions; no lists, images or tables (those are `markdown_v2`, which we do not send).
+WECOM = MarkdownDialect("wecom", html=True, lists=False, images=False, strikethrough=False, tables=False)
+# The Markdown report: CommonMark with GitHub's tables and strikethrough, read where HTML is rendered.
+COMMONMARK = MarkdownDialect("commonmark", html=True, lists=True, images=True, strikethrough=True, tables=True)
+
+# Every line break a renderer might honour; one-line fields collapse them so a value cannot start a
+# line of its own (a heading, a quote, a list item, a fake fact).
+_LINE_BREAKS = re.compile(r"[\r\n\v\f\x1c-\x1e\x85\u2028\u2029]+")
+_ENTITY = re.compile(r"&(?:#[0-9]{1,8}|#[xX][0-9a-fA-F]{1,8}|[A-Za-z][A-Za-z0-9]{1,31});")
+_ORDERED_MARKER = re.compile(r"[0-9]{1,9}[.)]")
+# `]` closes a link's text only when a destination `(` or a reference `[` follows (Markdown.pl allowed
+# spaces between them); a lone `[PAGE]` is no link and stays as it reads.
+_LINK_CLOSE = re.compile(r"\][ \t]*[(\[]")
+_ALWAYS = frozenset("\\`*")
+_HTML_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def one_line(text: str) -> str:
+    """`text` with every run of line breaks made one space."""
+    return _LINE_BREAKS.sub(" ", text)
+
+
+def escape_markdown(text: str, dialect: MarkdownDialect, *, line_start: bool = False, table_cell: bool = False) -> str:
+    """`text` on one line, reading literally in `dialect`. `line_start`: the text begins a line, where
+    `#`, `>`, `[` (a link definition), list markers and indentation mean something; `table_cell`: it sits
+    in a table cell. Characters are escaped only where `dialect` would read them as markup: `-` only at a
+    line's start, `_` only at a word's edge, `&` only before an entity, so `qwen3-8b` reads as it is."""
+    text = one_line(text)
+    if line_start:
+        text = text.lstrip()  # four spaces of indentation would make a code block
+    ordered = _ORDERED_MARKER.match(text) if line_start and dialect.lists else None
+    out: list[str] = []
+    for i, char in enumerate(text):
+        before = text[i - 1] if i else ""
+        after = text[i + 1] if i + 1 < len(text) else ""
+        first = i == 0 and line_start
+        if char in _ALWAYS:
+            out.append("\\" + char)
+        elif char == "_":
+            # Emphasis opens and closes only at a word's edge: `timeout_connect` stays as it is.
+            out.append(char if before.isalnum() and after.isalnum() else "\\_")
+        elif char == "]":
+            out.append("\\]" if _LINK_CLOSE.match(text, i) else char)
+        elif char == "(":
+            out.append("\\(" if before == "]" else char)  # and for renderers that ignore `\]`
+        elif char == "[":
+            out.append("\\[" if first else char)
+        elif char == "!":
+            out.append("\\!" if after == "[" and dialect.images else char)
+        elif char in "<>&" and dialect.html:
+            live = char != "&" or _ENTITY.match(text, i) is not None  # `&` means something only as `&lt;`
+            out.append(_HTML_ENTITIES[char] if live else char)
+        elif char == "<":
+            out.append("\\<")  # an autolink, `<http://...>`
+        elif char == ">" or char == "#" or (char in "-+" and dialect.lists):
+            out.append("\\" + char if first else char)
+        elif ordered is not None and i == ordered.end() - 1:
+            out.append("\\" + char)  # `1.` or `1)` would open an ordered list
+        elif char == "~" and dialect.strikethrough:
+            out.append("\\~")
+        elif char == "|" and table_cell and dialect.tables:
+            out.append("\\|")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def escape_dingtalk(text: str, *, line_start: bool = False) -> str:
+    """Untrusted text for a DingTalk markdown message."""
+    return escape_markdown(text, DINGTALK, line_start=line_start)
+
+
+def escape_wecom(text: str, *, line_start: bool = False) -> str:
+    """Untrusted text for a WeCom `markdown` message."""
+    return escape_markdown(text, WECOM, line_start=line_start)
+
+
+def escape_commonmark(text: str, *, line_start: bool = False, table_cell: bool = False) -> str:
+    """Untrusted text for a CommonMark / GitHub document (the Markdown report)."""
+    return escape_markdown(text, COMMONMARK, line_start=line_start, table_cell=table_cell)
+
+
+def link_destination(url: str) -> str:
+    """`url` safe as a markdown link's `(destination)`: the characters that would end it early are
+    percent-encoded (series links already encode their query; this guards a base URL's own)."""
+    return (
+        one_line(url)
+        .replace(" ", "%20")
+        .replace("(", "%28")
+        .replace(")", "%29")
+        .replace("<", "%3C")
+        .replace(">", "%3E")
+    )
+
+
+class MarkdownEscaper(Protocol):
+    def __call__(self, text: str, *, line_start: bool = False) -> str: ...
+
+
+def markdown_sections(
+    notification: Notification, now: datetime, *, heading: str, fact: str, escape: MarkdownEscaper
+) -> list[str]:
+    """The chat robots' markdown: `heading` (formatted with the escaped `headline`), the summary (when there
+    is one), the facts (each `fact` formatted with `label` and the escaped `value`, one line each) and the
+    series link (when there is one); the caller joins and caps. Only the text is escaped, with `escape`,
+    never the markup the receiver writes around it."""
     n = notification
-    parts = [heading]
+    parts = [heading.format(headline=escape(headline(n)))]
     if n.summary:
-        parts.append(n.summary)
-    parts.append("\n".join(fact.format(label=label, value=value) for label, value in facts(n, now)))
+        parts.append(escape(n.summary, line_start=True))
+    parts.append("\n".join(fact.format(label=label, value=escape(value)) for label, value in facts(n, now)))
     if n.link:
-        parts.append(f"[Open the series]({n.link})")
+        parts.append(f"[Open the series]({link_destination(n.link)})")
     return parts
 
 

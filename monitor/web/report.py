@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from monitor.alert.text import escape_commonmark
 from monitor.probe.result import Sample
 from monitor.web import queries
 
@@ -72,13 +73,19 @@ def _ms(value: float | None) -> str:
 
 
 def _cell(text: Any) -> str:
-    """Markdown table cell text: pipes and line breaks would break the table; HTML is escaped."""
-    return html.escape(str(text)).replace("|", "\\|").replace("\n", " ")
+    """A name in a table cell: on one line, its pipes escaped, no markdown or HTML of its own (a model
+    named `![x](http://...)` is those characters, not an image fetched from there)."""
+    return escape_commonmark(str(text), table_cell=True)
+
+
+def _text(text: Any) -> str:
+    """A name in running text (a list item, the title): no markdown or HTML of its own."""
+    return escape_commonmark(str(text))
 
 
 def render_markdown(data: dict[str, Any], *, title: str) -> str:
     lines = [
-        f"# {_cell(title)}",
+        f"# {_text(title)}",
         "",
         f"Samples from {data['start']} to {data['end']}; medians of successful requests.",
         "",
@@ -99,7 +106,7 @@ def render_markdown(data: dict[str, Any], *, title: str) -> str:
     for p in data["pairs"]:
         verdict = "significant" if p["significant"] else "not significant"
         lines.append(
-            f"- {_cell(p['prompt'])}: **{_cell(p['faster'])}** is faster than **{_cell(p['slower'])}** by "
+            f"- {_text(p['prompt'])}: **{_text(p['faster'])}** is faster than **{_text(p['slower'])}** by "
             f"{_ms(p['difference_ms'])} ms (95% interval {_ms(p['ci_low_ms'])} – {_ms(p['ci_high_ms'])}), {verdict}"
         )
     lines += [

@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
-from monitor.alert.text import headline, markdown_sections, truncate, truncate_bytes
+from monitor.alert.text import escape_dingtalk, headline, markdown_sections, one_line, truncate, truncate_bytes
 
 if TYPE_CHECKING:
     from monitor.config.models import Receiver
@@ -39,14 +39,20 @@ def signed_url(url: str, secret: str, timestamp_ms: int) -> str:
 
 
 def markdown(notification: Notification, now: datetime) -> str:
-    parts = markdown_sections(notification, now, heading=f"### {headline(notification)}", fact="- **{label}:** {value}")
+    parts = markdown_sections(
+        notification, now, heading="### {headline}", fact="- **{label}:** {value}", escape=escape_dingtalk
+    )
     return truncate_bytes("\n\n".join(parts), TEXT_LIMIT_BYTES)
 
 
 def payload(notification: Notification, now: datetime) -> dict[str, Any]:
     return {
         "msgtype": "markdown",
-        "markdown": {"title": truncate(headline(notification), TITLE_LIMIT), "text": markdown(notification, now)},
+        # The title is plain text (the chat list's preview): not markdown, so not escaped; on one line.
+        "markdown": {
+            "title": truncate(one_line(headline(notification)), TITLE_LIMIT),
+            "text": markdown(notification, now),
+        },
     }
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
-from monitor.alert.text import headline, markdown_sections, truncate_bytes
+from monitor.alert.text import escape_wecom, markdown_sections, truncate_bytes
 
 if TYPE_CHECKING:
     from monitor.config.models import Receiver
@@ -24,8 +24,8 @@ COLOURS = {"firing": "warning", "resolved": "info", "info": "comment"}
 
 def markdown(notification: Notification, now: datetime) -> str:
     n = notification
-    heading = f'## <font color="{COLOURS[n.state]}">{headline(n)}</font>'
-    parts = markdown_sections(n, now, heading=heading, fact="> **{label}:** {value}")
+    heading = f'## <font color="{COLOURS[n.state]}">{{headline}}</font>'
+    parts = markdown_sections(n, now, heading=heading, fact="> **{label}:** {value}", escape=escape_wecom)
     return truncate_bytes("\n".join(parts), CONTENT_LIMIT_BYTES)
 
 
