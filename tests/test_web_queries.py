@@ -418,6 +418,21 @@ async def test_compare_on_the_database_matches_the_pure_function(backend: Backen
     assert len(result["pairs"]) == 1
 
 
+async def test_a_compare_over_more_runs_than_one_request_may_read_is_refused_naming_the_fix(backend: Backend) -> None:
+    repository = await _store(backend, hours=1)
+    window = {"start": T0, "end": T0 + timedelta(hours=1)}
+    try:
+        runs = 0
+        async with repository.engine.connect() as connection:
+            runs = await connection.scalar(sa.select(sa.func.count()).select_from(RunRow.__table__))
+        with pytest.raises(queries.TooBroad, match=r"more than the 5 one request may read; narrow it: a shorter since"):
+            await queries.compare(repository.engine, **window, max_runs=5)
+        answered = await queries.compare(repository.engine, **window, max_runs=runs)
+        assert answered["cells"]
+    finally:
+        await repository.engine.dispose()
+
+
 async def test_a_series_whose_last_run_failed_entirely_is_down(backend: Backend) -> None:
     from monitor.probe.result import ErrorClass
     from monitor.store.records import runs_from_samples

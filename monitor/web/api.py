@@ -142,6 +142,8 @@ def web_routes(
                 return await handler(request)
             except BadRequest as exc:
                 return web.json_response({"error": str(exc)}, status=400, headers=SECURITY_HEADERS)
+            except queries.TooBroad as exc:
+                return web.json_response({"error": str(exc)}, status=400, headers=SECURITY_HEADERS)
             except queries.NotFound as exc:
                 return web.json_response({"error": str(exc)}, status=404, headers=SECURITY_HEADERS)
             except web.HTTPException:
