@@ -80,12 +80,53 @@ async def test_the_api_serves_every_view_as_json_and_csv(server: str) -> None:
         ("/api/v1/series/9999/points", 404, "no series with id 9999"),
         ("/api/v1/series?format=xml", 400, "format='xml'"),
         ("/api/v1/compare?start=2026-03-02T09:00:00", 400, "no time zone"),
+        # Numbers beyond what the database or datetime hold are bad parameters, not a database failure.
+        ("/api/v1/series/99999999999999999999999/points", 400, "series id '99999999999999999999999' is out of range"),
+        ("/api/v1/series/" + "9" * 5000 + "/points", 400, "is out of range"),
+        ("/api/v1/compare?since=99999999999999999999999999999w", 400, "since='99999999999999999999999999999w' is out"),
+        ("/api/v1/compare?end=0001-01-01T00:00:00-23:59", 400, "end='0001-01-01T00:00:00-23:59' is out of range"),
+        ("/api/v1/compare?end=0001-01-01T00:00:00%2B23:59", 400, "end='0001-01-01T00:00:00+23:59' is out of range"),
+        ("/api/v1/compare?start=9999-12-31T23:59:59-23:59", 400, "start='9999-12-31T23:59:59-23:59' is out of range"),
+        # ASCII digits only: Python's int() and float() take `1_0` as 10 and a fullwidth １ as 1.
+        ("/api/v1/series/1_0/points", 400, "series id '1_0' must be a whole number"),
+        ("/api/v1/series/%EF%BC%91/points", 400, "must be a whole number"),
+        ("/api/v1/compare?since=1_0d", 400, "since='1_0d' is not a duration"),
+        ("/api/v1/compare?since=%EF%BC%91d", 400, "is not a duration"),
+        ("/api/v1/compare?end=2026-03-02T0%EF%BC%99:00:00Z", 400, "is not an ISO 8601 time"),
+        ("/api/v1/series/1/points?max_points=1_000", 400, "max_points='1_000' is not a whole number"),
+        ("/api/v1/series/1/points?max_points=%EF%BC%91%EF%BC%90%EF%BC%90", 400, "is not a whole number"),
     ],
 )
 async def test_bad_requests_get_one_clear_error(server: str, path: str, status: int, message: str) -> None:
     async with aiohttp.ClientSession() as http, http.get(server + path) as response:
-        assert response.status == status
+        assert response.status == status, await response.text()
         assert message in (await response.json())["error"]
+
+
+async def test_a_database_failure_names_the_problem_never_the_path(tmp_path: Path) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from structlog.testing import capture_logs
+
+    from monitor.store.engine import describe_db_error
+
+    (tmp_path / "ttft.db").write_bytes(b"not a database, " * 512)
+    url = f"sqlite+aiosqlite:///{tmp_path}/ttft.db"
+    engine = create_async_engine(url)
+    port = free_port()
+    routes = web_routes(engine, now=lambda: NOW, describe_error=lambda exc: describe_db_error(exc, url))
+    runner = await start_metrics_server(CollectorRegistry(), _ready, f"127.0.0.1:{port}", routes=routes)
+    try:
+        with capture_logs() as logs:
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/api/v1/series") as response:
+                text = await response.text()
+        assert response.status == 503, text
+        assert "database unavailable" in text and str(tmp_path) not in text and "ttft.db" not in text
+        # Whoever runs the monitor still learns where and why, from the log.
+        (failed,) = [entry for entry in logs if entry["event"] == "web_request_failed"]
+        assert str(tmp_path) in failed["error"] and failed["path"] == "/api/v1/series"
+    finally:
+        await runner.cleanup()
+        await engine.dispose()
 
 
 async def test_pages_and_static_files_are_served_with_a_strict_policy(server: str) -> None:

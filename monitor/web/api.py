@@ -16,10 +16,13 @@ from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
 
+import structlog
 from aiohttp import web
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.detect.detector import Detector
+from monitor.store.engine import StoreError
 from monitor.web import queries
 from monitor.web.auth import COOKIE, Guard
 
@@ -34,8 +37,17 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
 }
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(m|h|d|w)\s*$")
+# ASCII only: `\d` and float() also take fullwidth and other Unicode digits, and float() takes `1_0`.
+_DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(m|h|d|w)\s*", re.ASCII)
 _UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_WHOLE = re.compile(r"-?[0-9]+", re.ASCII)
+_ISO_CHARACTERS = re.compile(r"[0-9T:.,+\-Z ]{1,40}", re.ASCII)
+# Series ids are BIGINT on PostgreSQL (and SQLite's INTEGER): a larger number cannot be an id, and
+# binding it would fail in the driver as if the database were down.
+MAX_ID = 2**63 - 1
+# Times the queries can step back and forth from (baselines reach weeks back) without leaving
+# datetime's years 1-9999.
+EARLIEST, LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC)
 MAX_RANGE = timedelta(days=400)
 
 
@@ -45,23 +57,33 @@ class BadRequest(ValueError):
 
 def parse_duration(text: str, name: str = "since") -> timedelta:
     """'6h', '24h', '7d', '30d', '90d', '15m', '2w'."""
-    match = _DURATION.match(text)
+    match = _DURATION.fullmatch(text)
     if match is None:
-        raise BadRequest(f"{name}={text!r} is not a duration; use a number and m, h, d or w, e.g. 24h or 7d")
-    value = timedelta(seconds=float(match.group(1)) * _UNIT_S[match.group(2)])
-    if value <= timedelta(0) or value > MAX_RANGE:
-        raise BadRequest(f"{name}={text!r} is out of range; use more than 0 and at most 400d")
-    return value
+        raise BadRequest(f"{name}={_shown(text)} is not a duration; use a number and m, h, d or w, e.g. 24h or 7d")
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    # Compared before timedelta() is built: a large number would overflow it.
+    if not 0 < seconds <= MAX_RANGE.total_seconds():
+        raise BadRequest(f"{name}={_shown(text)} is out of range; use more than 0 and at most 400d")
+    return timedelta(seconds=seconds)
 
 
 def parse_time(text: str, name: str) -> datetime:
+    not_a_time = BadRequest(f"{name}={_shown(text)} is not an ISO 8601 time; use e.g. 2026-03-02T09:00:00Z")
+    if _ISO_CHARACTERS.fullmatch(text) is None:
+        raise not_a_time
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise BadRequest(f"{name}={text!r} is not an ISO 8601 time; use e.g. 2026-03-02T09:00:00Z") from None
+        raise not_a_time from None
     if moment.tzinfo is None:
-        raise BadRequest(f"{name}={text!r} has no time zone; add Z or an offset")
-    return moment.astimezone(UTC)
+        raise BadRequest(f"{name}={_shown(text)} has no time zone; add Z or an offset")
+    try:
+        moment = moment.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00:00+23:59 is before year 1 in UTC
+        moment = EARLIEST - timedelta(days=1)
+    if not EARLIEST <= moment < LATEST:
+        raise BadRequest(f"{name}={_shown(text)} is out of range; use a time from 1970 to 8999")
+    return moment
 
 
 def time_window(query: Mapping[str, str], now: datetime, default: str) -> tuple[datetime, datetime]:
@@ -147,11 +169,22 @@ def web_routes(
             except web.HTTPException:
                 raise
             except Exception as exc:
-                return web.json_response(
-                    {"error": f"database: {describe_error(exc)}"}, status=503, headers=SECURITY_HEADERS
-                )
+                return _failed(request, exc)
 
         return wrapper
+
+    def _failed(request: web.Request, exc: Exception) -> web.Response:
+        # The answer names the class of problem only; where the database lives (a file path, a host)
+        # and the driver's words go to the log, for whoever runs the monitor.
+        database = isinstance(exc, (SQLAlchemyError, OSError, StoreError))
+        structlog.get_logger().error(
+            "web_request_failed", path=request.path, error_class=type(exc).__name__, error=describe_error(exc)
+        )
+        if database:
+            message, status = "database unavailable; the monitor's log says why", 503
+        else:
+            message, status = f"internal error ({type(exc).__name__}); the monitor's log says more", 500
+        return web.json_response({"error": message}, status=status, headers=SECURITY_HEADERS)
 
     def _denied(*, api: bool) -> web.Response:
         headers = dict(SECURITY_HEADERS)
@@ -193,10 +226,7 @@ def web_routes(
         return _respond(request, {"now": queries.iso(at), "series": rows}, rows, "series")
 
     async def points(request: web.Request) -> web.Response:
-        try:
-            series_id = int(request.match_info["id"])
-        except ValueError:
-            raise BadRequest("the series id must be a whole number (see /api/v1/series)") from None
+        series_id = parse_id(request.match_info["id"])
         start, end = time_window(request.query, now(), "24h")
         max_points = _whole(request.query.get("max_points"), queries.MAX_POINTS, "max_points", 10, queries.MAX_POINTS)
         result = await queries.series_points(
@@ -241,13 +271,26 @@ def web_routes(
     return routes
 
 
+def _shown(text: str) -> str:
+    """A parameter's value for a message: quoted, and cut short (a URL may carry 8 KB of digits)."""
+    return repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
+
+
+def parse_id(text: str) -> int:
+    """A series id from the path: ASCII digits within the database's integer range."""
+    if _WHOLE.fullmatch(text) is None:
+        raise BadRequest(f"the series id {_shown(text)} must be a whole number from 1 to {MAX_ID} (see /api/v1/series)")
+    # The length first: int() refuses numbers of more than 4,300 digits.
+    if len(text) > len(str(MAX_ID)) or not 1 <= int(text) <= MAX_ID:
+        raise BadRequest(f"the series id {_shown(text)} is out of range; use a whole number from 1 to {MAX_ID}")
+    return int(text)
+
+
 def _whole(text: str | None, default: int, name: str, low: int, high: int) -> int:
     if text is None:
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise BadRequest(f"{name}={text!r} is not a whole number") from None
-    if not low <= value <= high:
-        raise BadRequest(f"{name}={value} is out of range; use {low} to {high}")
-    return value
+    if _WHOLE.fullmatch(text) is None:
+        raise BadRequest(f"{name}={_shown(text)} is not a whole number; use {low} to {high}")
+    if len(text) > 18 or not low <= int(text) <= high:
+        raise BadRequest(f"{name}={_shown(text)} is out of range; use {low} to {high}")
+    return int(text)
