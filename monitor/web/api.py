@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -24,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from monitor.detect.detector import Detector
 from monitor.store.engine import StoreError
 from monitor.web import queries
-from monitor.web.auth import COOKIE, Guard
+from monitor.web.auth import COOKIE, Authenticator, Guard, Outcome, Verdict, client_address, forwarded_https
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/api/v1"
@@ -141,25 +142,52 @@ def _content_type(name: str) -> str:
     return next((kind for suffix, kind in _CONTENT_TYPES.items() if name.endswith(suffix)), "application/octet-stream")
 
 
+def came_over_https(request: web.Request, *, trust_proxy_headers: bool) -> bool:
+    """TLS on this connection, or (only when told to trust the proxy) `X-Forwarded-Proto: https`."""
+    forwarded = request.headers.get("X-Forwarded-Proto") if trust_proxy_headers else None
+    return request.secure or forwarded_https(forwarded)
+
+
 def web_routes(
     engine: AsyncEngine,
     *,
     guard: Guard | None = None,
+    authenticator: Authenticator | None = None,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     describe_error: Callable[[BaseException], str] = lambda exc: type(exc).__name__,
     thresholds: Mapping[str, float] | None = None,
     detector: Detector | None = None,
 ) -> list[web.RouteDef]:
-    """The pages, /static/*, /login and /api/v1/*, for an aiohttp application. `detector` (the
-    config's detection rules) draws the series view's baseline."""
-    guard = guard or Guard()
+    """The pages, /static/*, /login, /logout and /api/v1/*, for an aiohttp application. `guard` says
+    who may see them (`authenticator`, when given, carries a guard and its limiter, cache and verifier
+    threads). `detector` (the config's detection rules) draws the series view's baseline."""
+    auth = authenticator or Authenticator(guard or Guard())
+    guard = auth.guard
     files = static_files()
+    if guard.token:
+        # The pages' header shows a sign-out button only where there is a session to end.
+        files.update(
+            {
+                name: body.replace(b"<body>", b'<body data-signout="1">', 1)
+                for name, body in files.items()
+                if name.endswith(".html")
+            }
+        )
     overview_cache = queries.OverviewCache()
+    trust = guard.trust_proxy_headers
+
+    def address_of(request: web.Request) -> str:
+        return client_address(request.remote, request.headers.get("X-Forwarded-For"), trust_proxy_headers=trust)
 
     def guarded(handler: Handler, *, api: bool) -> Handler:
         async def wrapper(request: web.Request) -> web.StreamResponse:
-            if not guard.allows(request.headers.get("Authorization"), request.cookies.get(COOKIE)):
-                return _denied(api=api)
+            verdict = await auth.check(
+                authorization=request.headers.get("Authorization"),
+                cookie=request.cookies.get(COOKIE),
+                address=address_of(request),
+            )
+            if not verdict.allowed:
+                return _denied(verdict, api=api)
             try:
                 return await handler(request)
             except BadRequest as exc:
@@ -186,8 +214,16 @@ def web_routes(
             message, status = f"internal error ({type(exc).__name__}); the monitor's log says more", 500
         return web.json_response({"error": message}, status=status, headers=SECURITY_HEADERS)
 
-    def _denied(*, api: bool) -> web.Response:
+    def _denied(verdict: Verdict, *, api: bool) -> web.Response:
         headers = dict(SECURITY_HEADERS)
+        if verdict.outcome is Outcome.THROTTLED:
+            headers["Retry-After"] = str(max(1, math.ceil(verdict.retry_after_s)))
+            message = "too many failed sign-ins from this address; try again after Retry-After seconds"
+            return web.json_response({"error": message}, status=429, headers=headers)
+        if verdict.outcome is Outcome.BUSY:
+            headers["Retry-After"] = str(max(1, math.ceil(verdict.retry_after_s)))
+            message = "too many password checks at once; try again shortly"
+            return web.json_response({"error": message}, status=503, headers=headers)
         if guard.basic_user is not None and not guard.token:
             headers["WWW-Authenticate"] = 'Basic realm="ttft-monitor", charset="UTF-8"'
         if api or not guard.token:
@@ -209,15 +245,47 @@ def web_routes(
     async def login_page(_request: web.Request) -> web.Response:
         return web.Response(body=files["login.html"], content_type="text/html", headers=SECURITY_HEADERS)
 
+    def _login_refused(status: int, headers: Mapping[str, str] | None = None) -> web.Response:
+        return web.Response(
+            body=files["login.html"],
+            status=status,
+            content_type="text/html",
+            headers={**SECURITY_HEADERS, **(headers or {})},
+        )
+
     async def login(request: web.Request) -> web.Response:
+        if not guard.token:
+            return _login_refused(401)  # basic auth or none: there is no token to sign in with
+        address = address_of(request)
+        refusal = auth.throttled(address, method="login")
+        if refusal is not None:  # refused before the body is even read
+            return _login_refused(429, {"Retry-After": str(max(1, math.ceil(refusal.retry_after_s)))})
         form = await request.post()
         candidate = form.get("token")
-        if not guard.token or not isinstance(candidate, str) or not guard.token_matches(candidate):
-            return web.Response(
-                body=files["login.html"], status=401, content_type="text/html", headers=SECURITY_HEADERS
-            )
+        verdict = auth.login(candidate if isinstance(candidate, str) else "", address)
+        if verdict.outcome is Outcome.THROTTLED:
+            return _login_refused(429, {"Retry-After": str(max(1, math.ceil(verdict.retry_after_s)))})
+        if not verdict.allowed:
+            return _login_refused(401)
         response = web.Response(status=303, headers={**SECURITY_HEADERS, "Location": "/"})
-        response.set_cookie(COOKIE, guard.session_value(), httponly=True, samesite="Strict", path="/")
+        response.set_cookie(
+            COOKIE,
+            auth.new_session(),
+            max_age=int(guard.session_lifetime_s),
+            httponly=True,
+            samesite="Strict",
+            path="/",
+            secure=came_over_https(request, trust_proxy_headers=trust),
+        )
+        return response
+
+    async def logout(request: web.Request) -> web.Response:
+        # The cookie is cleared in this browser; the session is stateless, so a copy of the cookie stays
+        # valid until it expires (web.session_hours). Changing the token ends every session at once.
+        response = web.Response(status=303, headers={**SECURITY_HEADERS, "Location": "/login"})
+        response.del_cookie(
+            COOKIE, path="/", secure=came_over_https(request, trust_proxy_headers=trust), samesite="Strict"
+        )
         return response
 
     async def series(request: web.Request) -> web.Response:
@@ -263,6 +331,7 @@ def web_routes(
         web.get("/static/{name}", guarded(static, api=False)),
         web.get("/login", login_page),
         web.post("/login", login),
+        web.post("/logout", logout),
         web.get(f"{API}/series", guarded(series, api=True)),
         web.get(API + "/series/{id}/points", guarded(points, api=True)),
         web.get(f"{API}/incidents", guarded(incidents, api=True)),

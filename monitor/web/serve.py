@@ -24,15 +24,30 @@ class WebConfigError(ValueError):
 
 
 def guard_from_config(config: Config, environ: Mapping[str, str]) -> Guard:
+    from monitor.config.secrets import FILE_SUFFIX, SecretError, resolve_secret
+
     settings = config.web
     token = None
     if settings.token_env:
-        token = environ.get(settings.token_env) or None
-        if token is None:
+        name = settings.token_env
+        if environ.get(name) is None and not environ.get(name + FILE_SUFFIX):
             raise WebConfigError(
-                f"web.token_env names {settings.token_env}, which is not set; export it or remove web.token_env"
+                f"web.token_env names {name}, which is not set; export it (or {name}{FILE_SUFFIX}, a file "
+                "holding it) or remove web.token_env"
             )
-    return Guard(token=token, basic_user=settings.basic_user, basic_password_hash=settings.basic_password_hash)
+        try:
+            token = resolve_secret(
+                env_name=name, file=None, environ=environ, env_field="web.token_env", file_field="web.token_env"
+            ).value
+        except SecretError as exc:
+            raise WebConfigError(str(exc)) from None
+    return Guard(
+        token=token,
+        basic_user=settings.basic_user,
+        basic_password_hash=settings.basic_password_hash,
+        session_lifetime_s=settings.session_hours * 3600,
+        trust_proxy_headers=settings.trust_proxy_headers,
+    )
 
 
 def is_loopback(listen: str) -> bool:
