@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -236,3 +237,104 @@ def test_serve_refuses_in_one_line(tmp_path: Path, config: str, env: dict[str, s
     assert result.code == code, str(result)
     assert message in result.stderr and "Traceback" not in result.stderr and ":pw@" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- beyond loopback, auth or an explicit yes
+
+
+def _exposed_config(tmp_path: Path, web: str = "") -> Path:
+    path = tmp_path / "exposed.yaml"
+    path.write_text(
+        f'database:\n  url: "sqlite+aiosqlite:///{tmp_path}/ttft.db"\n  state_dir: "{tmp_path}/state"\n'
+        f'metrics:\n  listen: "0.0.0.0:{free_port()}"\n{web}'
+    )
+    return path
+
+
+def test_run_and_serve_refuse_to_serve_beyond_loopback_without_auth(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    config = _exposed_config(tmp_path)
+    upgraded = run_cli("db", "upgrade", "--config", str(config))
+    assert upgraded.code == 0, str(upgraded)
+    for args in (
+        ("run", "--config", str(config)),
+        ("serve", "--config", str(config), "--listen", f"0.0.0.0:{free_port()}"),
+        ("serve", "--config", str(config), "--listen", f"[::]:{free_port()}"),
+    ):
+        result = run_cli(*args)
+        assert result.code == 2, str(result)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"ttft-monitor {args[0]}: ") and "reachable beyond this machine" in line, line
+        for key in ("web.token_env", "web.basic_user", "web.basic_password_hash", "web.allow_unauthenticated: true"):
+            assert key in line, line
+        assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_serve_beyond_loopback_starts_when_told_so_and_warns(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.conftest import ROOT
+
+    config = _exposed_config(tmp_path, "web:\n  allow_unauthenticated: true\n")
+    port = free_port()
+    upgraded = subprocess.run(
+        [sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert upgraded.returncode == 0, upgraded.stderr
+    server = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "serve", "--config", str(config), "--listen", f"0.0.0.0:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert server.stderr is not None
+        first, second = server.stderr.readline(), server.stderr.readline()
+        assert "warning: the status pages on 0.0.0.0" in first and "web.allow_unauthenticated" in first, first
+        assert "status pages at" in second, second
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)
+        if server.stderr is not None:
+            server.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("listen", "web", "warned"),
+    [
+        ("0.0.0.0:9464", "", True),
+        ("[::]:9464", "", True),
+        ("0.0.0.0:9464", "web:\n  token_env: TTFT_WEB_TOKEN\n", False),
+        ("0.0.0.0:9464", "web:\n  allow_unauthenticated: true\n", False),
+        ("0.0.0.0:9464", "web:\n  enabled: false\n", False),
+        ("127.0.0.1:9464", "", False),
+        ("[::1]:9464", "", False),
+    ],
+)
+def test_check_config_warns_that_run_would_refuse(tmp_path: Path, listen: str, web: str, warned: bool) -> None:
+    from monitor.config.check import check_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f'metrics:\n  listen: "{listen}"\n{web}')
+    code, text = check_config(path, environ={})
+    assert code == 0, text
+    assert ("warning: `run` will refuse to start" in text) is warned, text
+    assert "web: " in text
+
+
+def test_the_token_may_come_from_a_file(tmp_path: Path) -> None:
+    from monitor.config.models import Config
+    from monitor.web.serve import WebConfigError, guard_from_config
+
+    config = Config.model_validate({"web": {"token_env": "TTFT_WEB_TOKEN", "session_hours": 2}})
+    (tmp_path / "token").write_text("from-a-file\n")
+    guard = guard_from_config(config, {"TTFT_WEB_TOKEN_FILE": str(tmp_path / "token")})
+    assert guard.token == "from-a-file" and guard.session_lifetime_s == 7200
+    with pytest.raises(WebConfigError, match="TTFT_WEB_TOKEN is empty"):
+        guard_from_config(config, {"TTFT_WEB_TOKEN": " "})

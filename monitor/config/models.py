@@ -968,6 +968,12 @@ class Web(ConfigModel):
         "`X-Forwarded-Proto: https`. Leave false when clients reach the monitor directly: they could "
         "send those headers themselves.",
     )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve the UI and API beyond loopback without auth. `run` and `serve` refuse to start "
+        "when `metrics.listen` / `--listen` is not a loopback address and neither `token_env` nor "
+        "`basic_user` is set, unless this is true.",
+    )
 
     @field_validator("token_env", mode="before")
     @classmethod
