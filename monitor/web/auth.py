@@ -309,8 +309,8 @@ class Authenticator:
     verifier: PasswordVerifier = field(default_factory=PasswordVerifier)
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
-    _dummy_hash: str = ""
-    _busy_logged_at: float = -1e18
+    _dummy_hash: str = field(default="", init=False)
+    _busy_logged_at: float = field(default=-1e18, init=False)
 
     def __post_init__(self) -> None:
         if self.guard.basic_password_hash:
