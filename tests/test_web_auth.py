@@ -34,6 +34,7 @@ from monitor.web.auth import (
     Guard,
     PasswordVerifier,
     SuccessCache,
+    VerifierBusy,
     client_address,
     dummy_hash_like,
     forwarded_https,
@@ -418,3 +419,37 @@ def test_proxy_headers_count_only_when_trusted() -> None:
     assert client_address("10.0.0.2", None, trust_proxy_headers=True) == "10.0.0.2"
     assert forwarded_https("https") and forwarded_https("HTTPS, http") and not forwarded_https("http")
     assert not forwarded_https(None)
+
+
+async def test_the_verifier_refuses_beyond_its_slots_and_frees_them_when_the_hash_is_done() -> None:
+    started, release = threading.Event(), threading.Event()
+
+    def slow_verify(password: str, encoded: str) -> bool:
+        started.set()
+        release.wait(10)
+        return password == "right"
+
+    verifier = PasswordVerifier(workers=1, queue=0, verify=slow_verify)
+    try:
+        first = asyncio.create_task(verifier.check("right", HASH))
+        await asyncio.to_thread(started.wait, 10)
+        with pytest.raises(VerifierBusy):
+            await verifier.check("other", HASH)
+        # The waiting request goes away; its hash still occupies the thread, so the slot stays taken.
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        with pytest.raises(VerifierBusy):
+            await verifier.check("other", HASH)
+        release.set()
+        for _ in range(100):
+            try:
+                assert await verifier.check("right", HASH)
+                break
+            except VerifierBusy:
+                await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the slot was never freed")
+    finally:
+        release.set()
+        verifier.close()
