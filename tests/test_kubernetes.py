@@ -562,3 +562,46 @@ def test_dockerignore_keeps_local_state_and_secrets_out_of_the_build(pattern: st
 def test_dockerignore_keeps_what_pip_install_needs() -> None:
     lines = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     assert not {"monitor", "pyproject.toml", "README.md", "migrations"} & lines
+
+
+# ---------------------------------------------------------------- the status pages are never open beyond loopback
+
+
+def test_the_daemon_protects_its_pages_with_the_token_from_the_secret(tmp_path: Path) -> None:
+    from monitor.config.check import unprotected_listen
+    from monitor.web.serve import guard_from_config
+
+    (daemon,) = [c for c in CONTAINERS if c.workload == "Deployment" and not c.init]
+    path = tmp_path / "config.yaml"
+    path.write_text(configmap_config())
+    env = pod_environment(daemon, tmp_path)
+    config = load_config(path, environ=env)
+    assert unprotected_listen(config) is None
+    assert guard_from_config(config, env).token == secret_values()["web-token"]
+
+
+def image_environment() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for word, args in final_stage():
+        if word == "ENV":
+            for item in shlex.split(args):
+                name, _, value = item.partition("=")
+                env[name] = value
+    return env
+
+
+def test_the_images_example_config_needs_a_token_and_a_laptops_does_not(tmp_path: Path) -> None:
+    from monitor.config.check import unprotected_listen
+    from monitor.web.serve import WebConfigError, guard_from_config
+
+    in_image = load_config(ROOT / "config.yaml", environ=image_environment())
+    assert in_image.metrics.listen == "0.0.0.0:9464" and in_image.web.token_env == "TTFT_WEB_TOKEN"
+    assert unprotected_listen(in_image) is None
+    with pytest.raises(WebConfigError, match="TTFT_WEB_TOKEN, which is not set"):
+        guard_from_config(in_image, image_environment())
+    (tmp_path / "web-token").write_text("0123abcd\n")
+    token_file = {**image_environment(), "TTFT_WEB_TOKEN_FILE": str(tmp_path / "web-token")}
+    assert guard_from_config(in_image, token_file).token == "0123abcd"
+    on_a_laptop = load_config(ROOT / "config.yaml", environ={})
+    assert on_a_laptop.metrics.listen == "127.0.0.1:9464" and on_a_laptop.web.token_env is None
+    assert unprotected_listen(on_a_laptop) is None

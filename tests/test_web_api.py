@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import csv
 import io
+import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -80,12 +81,53 @@ async def test_the_api_serves_every_view_as_json_and_csv(server: str) -> None:
         ("/api/v1/series/9999/points", 404, "no series with id 9999"),
         ("/api/v1/series?format=xml", 400, "format='xml'"),
         ("/api/v1/compare?start=2026-03-02T09:00:00", 400, "no time zone"),
+        # Numbers beyond what the database or datetime hold are bad parameters, not a database failure.
+        ("/api/v1/series/99999999999999999999999/points", 400, "series id '99999999999999999999999' is out of range"),
+        ("/api/v1/series/" + "9" * 5000 + "/points", 400, "is out of range"),
+        ("/api/v1/compare?since=99999999999999999999999999999w", 400, "since='99999999999999999999999999999w' is out"),
+        ("/api/v1/compare?end=0001-01-01T00:00:00-23:59", 400, "end='0001-01-01T00:00:00-23:59' is out of range"),
+        ("/api/v1/compare?end=0001-01-01T00:00:00%2B23:59", 400, "end='0001-01-01T00:00:00+23:59' is out of range"),
+        ("/api/v1/compare?start=9999-12-31T23:59:59-23:59", 400, "start='9999-12-31T23:59:59-23:59' is out of range"),
+        # ASCII digits only: Python's int() and float() take `1_0` as 10 and a fullwidth １ as 1.
+        ("/api/v1/series/1_0/points", 400, "series id '1_0' must be a whole number"),
+        ("/api/v1/series/%EF%BC%91/points", 400, "must be a whole number"),
+        ("/api/v1/compare?since=1_0d", 400, "since='1_0d' is not a duration"),
+        ("/api/v1/compare?since=%EF%BC%91d", 400, "is not a duration"),
+        ("/api/v1/compare?end=2026-03-02T0%EF%BC%99:00:00Z", 400, "is not an ISO 8601 time"),
+        ("/api/v1/series/1/points?max_points=1_000", 400, "max_points='1_000' is not a whole number"),
+        ("/api/v1/series/1/points?max_points=%EF%BC%91%EF%BC%90%EF%BC%90", 400, "is not a whole number"),
     ],
 )
 async def test_bad_requests_get_one_clear_error(server: str, path: str, status: int, message: str) -> None:
     async with aiohttp.ClientSession() as http, http.get(server + path) as response:
-        assert response.status == status
+        assert response.status == status, await response.text()
         assert message in (await response.json())["error"]
+
+
+async def test_a_database_failure_names_the_problem_never_the_path(tmp_path: Path) -> None:
+    from sqlalchemy.ext.asyncio import create_async_engine
+    from structlog.testing import capture_logs
+
+    from monitor.store.engine import describe_db_error
+
+    (tmp_path / "ttft.db").write_bytes(b"not a database, " * 512)
+    url = f"sqlite+aiosqlite:///{tmp_path}/ttft.db"
+    engine = create_async_engine(url)
+    port = free_port()
+    routes = web_routes(engine, now=lambda: NOW, describe_error=lambda exc: describe_db_error(exc, url))
+    runner = await start_metrics_server(CollectorRegistry(), _ready, f"127.0.0.1:{port}", routes=routes)
+    try:
+        with capture_logs() as logs:
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/api/v1/series") as response:
+                text = await response.text()
+        assert response.status == 503, text
+        assert "database unavailable" in text and str(tmp_path) not in text and "ttft.db" not in text
+        # Whoever runs the monitor still learns where and why, from the log.
+        (failed,) = [entry for entry in logs if entry["event"] == "web_request_failed"]
+        assert str(tmp_path) in failed["error"] and failed["path"] == "/api/v1/series"
+    finally:
+        await runner.cleanup()
+        await engine.dispose()
 
 
 async def test_pages_and_static_files_are_served_with_a_strict_policy(server: str) -> None:
@@ -195,3 +237,104 @@ def test_serve_refuses_in_one_line(tmp_path: Path, config: str, env: dict[str, s
     assert result.code == code, str(result)
     assert message in result.stderr and "Traceback" not in result.stderr and ":pw@" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- beyond loopback, auth or an explicit yes
+
+
+def _exposed_config(tmp_path: Path, web: str = "") -> Path:
+    path = tmp_path / "exposed.yaml"
+    path.write_text(
+        f'database:\n  url: "sqlite+aiosqlite:///{tmp_path}/ttft.db"\n  state_dir: "{tmp_path}/state"\n'
+        f'metrics:\n  listen: "0.0.0.0:{free_port()}"\n{web}'
+    )
+    return path
+
+
+def test_run_and_serve_refuse_to_serve_beyond_loopback_without_auth(tmp_path: Path) -> None:
+    from tests.conftest import run_cli
+
+    config = _exposed_config(tmp_path)
+    upgraded = run_cli("db", "upgrade", "--config", str(config))
+    assert upgraded.code == 0, str(upgraded)
+    for args in (
+        ("run", "--config", str(config)),
+        ("serve", "--config", str(config), "--listen", f"0.0.0.0:{free_port()}"),
+        ("serve", "--config", str(config), "--listen", f"[::]:{free_port()}"),
+    ):
+        result = run_cli(*args)
+        assert result.code == 2, str(result)
+        (line,) = result.stderr.strip().splitlines()
+        assert line.startswith(f"ttft-monitor {args[0]}: ") and "reachable beyond this machine" in line, line
+        for key in ("web.token_env", "web.basic_user", "web.basic_password_hash", "web.allow_unauthenticated: true"):
+            assert key in line, line
+        assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_serve_beyond_loopback_starts_when_told_so_and_warns(tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.conftest import ROOT
+
+    config = _exposed_config(tmp_path, "web:\n  allow_unauthenticated: true\n")
+    port = free_port()
+    upgraded = subprocess.run(
+        [sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert upgraded.returncode == 0, upgraded.stderr
+    server = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "serve", "--config", str(config), "--listen", f"0.0.0.0:{port}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        assert server.stderr is not None
+        first, second = server.stderr.readline(), server.stderr.readline()
+        assert "warning: the status pages on 0.0.0.0" in first and "web.allow_unauthenticated" in first, first
+        assert "status pages at" in second, second
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10) as response:
+            assert response.status == 200
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=20)
+        if server.stderr is not None:
+            server.stderr.close()
+
+
+@pytest.mark.parametrize(
+    ("listen", "web", "warned"),
+    [
+        ("0.0.0.0:9464", "", True),
+        ("[::]:9464", "", True),
+        ("0.0.0.0:9464", "web:\n  token_env: TTFT_WEB_TOKEN\n", False),
+        ("0.0.0.0:9464", "web:\n  allow_unauthenticated: true\n", False),
+        ("0.0.0.0:9464", "web:\n  enabled: false\n", False),
+        ("127.0.0.1:9464", "", False),
+        ("[::1]:9464", "", False),
+    ],
+)
+def test_check_config_warns_that_run_would_refuse(tmp_path: Path, listen: str, web: str, warned: bool) -> None:
+    from monitor.config.check import check_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(f'metrics:\n  listen: "{listen}"\n{web}')
+    code, text = check_config(path, environ={})
+    assert code == 0, text
+    assert ("warning: `run` will refuse to start" in text) is warned, text
+    assert "web: " in text
+
+
+def test_the_token_may_come_from_a_file(tmp_path: Path) -> None:
+    from monitor.config.models import Config
+    from monitor.web.serve import WebConfigError, guard_from_config
+
+    config = Config.model_validate({"web": {"token_env": "TTFT_WEB_TOKEN", "session_hours": 2}})
+    (tmp_path / "token").write_text("from-a-file\n")
+    guard = guard_from_config(config, {"TTFT_WEB_TOKEN_FILE": str(tmp_path / "token")})
+    assert guard.token == "from-a-file" and guard.session_lifetime_s == 7200
+    with pytest.raises(WebConfigError, match="TTFT_WEB_TOKEN is empty"):
+        guard_from_config(config, {"TTFT_WEB_TOKEN": " "})

@@ -443,6 +443,11 @@ def test_a_token_protects_the_ui_of_serve(browser: Any, monitor: Monitor) -> Non
         page.wait_for_selector("main[data-loaded='1']", timeout=15000)
         assert page.locator("table.overview tbody tr").count() == 7
         assert _get(f"{url}/healthz".replace("/healthz", "/api/v1/series"), {"Authorization": f"Bearer {TOKEN}"})
+        # Sign out ends the session: back to the form, and the pages ask for the token again.
+        page.click("nav form.signout button")
+        page.wait_for_selector("input[name=token]", timeout=15000)
+        page.goto(url + "/")
+        assert page.locator("input[name=token]").count() == 1 and page.locator("table.overview").count() == 0
         with urllib.request.urlopen(f"{url}/metrics", timeout=5) as response:
             assert response.status == 200
     finally:

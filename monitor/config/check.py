@@ -10,7 +10,7 @@ from monitor.config.cron import next_fire_times
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
-from monitor.config.urls import mask_password
+from monitor.config.urls import is_loopback, mask_password
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 
 NEXT_RUNS_SHOWN = 3
@@ -25,6 +25,24 @@ def check_config(
     except ConfigError as exc:
         return EXIT_USAGE, str(exc)
     return EXIT_OK, render_summary(config, path=str(path), now=now or datetime.now(UTC))
+
+
+def unprotected_listen(config: Config, listen: str | None = None, *, key: str = "metrics.listen") -> str | None:
+    """Why `run` (or `serve` on `listen`) refuses to start: the UI and API would be reachable beyond this
+    machine with no auth, and nobody said that is meant. None when they are protected, on loopback,
+    disabled, or `web.allow_unauthenticated` is true."""
+    web = config.web
+    listen = listen or config.metrics.listen
+    if not web.enabled or web.allow_unauthenticated or web.token_env or web.basic_user is not None:
+        return None
+    if is_loopback(listen):
+        return None
+    return (
+        f"{key} {listen} is reachable beyond this machine and the status pages and API have no auth; set "
+        "web.token_env (a bearer token from the environment) or web.basic_user with web.basic_password_hash "
+        "(from `ttft-monitor serve --hash-password`), listen on 127.0.0.1, or set web.allow_unauthenticated: "
+        "true if anyone who can reach it may read them"
+    )
 
 
 def render_summary(config: Config, *, path: str, now: datetime) -> str:
@@ -65,4 +83,23 @@ def render_summary(config: Config, *, path: str, now: datetime) -> str:
     )
     for name, receiver in receivers.items():
         lines.append(f"  {name}: {receiver.type}")
+    lines.append(f"web: {_web_summary(config)}")
+    problem = unprotected_listen(config)
+    if problem:
+        lines.append(f"warning: `run` will refuse to start: {problem}")
     return "\n".join(lines)
+
+
+def _web_summary(config: Config) -> str:
+    web = config.web
+    if not web.enabled:
+        return "disabled"
+    if web.token_env:
+        auth = f"bearer token from {web.token_env}, sign-ins last {web.session_hours:g} h"
+    elif web.basic_user is not None:
+        auth = f"basic auth as {web.basic_user}"
+    else:
+        auth = "no auth" + (" (web.allow_unauthenticated)" if web.allow_unauthenticated else "")
+    where = "loopback only" if is_loopback(config.metrics.listen) else "beyond this machine"
+    proxy = ", trusting X-Forwarded-* headers" if web.trust_proxy_headers else ""
+    return f"on {config.metrics.listen} ({where}), {auth}{proxy}"

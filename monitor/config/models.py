@@ -945,7 +945,8 @@ class Web(ConfigModel):
     token_env: EnvName = Field(
         None,
         description="Name of the environment variable holding a bearer token the UI and API then require "
-        "(`Authorization: Bearer ...`, or the login form). `/metrics` and the health endpoints stay open.",
+        "(`Authorization: Bearer ...`, or the login form). If it is unset but `NAME_FILE` is set, the token "
+        "is read from that file. An empty value means none. `/metrics` and the health endpoints stay open.",
     )
     basic_user: str | None = Field(None, description="User name for HTTP basic auth on the UI and API.")
     basic_password_hash: str | None = Field(
@@ -953,6 +954,32 @@ class Web(ConfigModel):
         description="Hash of the basic-auth password, as printed by `ttft-monitor serve --hash-password` "
         "(scrypt; never the password itself).",
     )
+    session_hours: float = Field(
+        12,
+        gt=0,
+        le=24 * 31,
+        description="How long a sign-in on the login form lasts; the browser is then asked for the token "
+        "again. `POST /logout` (the pages' Sign out button) ends it sooner.",
+    )
+    trust_proxy_headers: bool = Field(
+        False,
+        description="Behind a reverse proxy that sets them: take the client's address for the sign-in "
+        "failure limit from the last `X-Forwarded-For` entry, and mark the session cookie `Secure` when "
+        "`X-Forwarded-Proto: https`. Leave false when clients reach the monitor directly: they could "
+        "send those headers themselves.",
+    )
+    allow_unauthenticated: bool = Field(
+        False,
+        description="Serve the UI and API beyond loopback without auth. `run` and `serve` refuse to start "
+        "when `metrics.listen` / `--listen` is not a loopback address and neither `token_env` nor "
+        "`basic_user` is set, unless this is true.",
+    )
+
+    @field_validator("token_env", mode="before")
+    @classmethod
+    def _empty_token_env_is_none(cls, name: object) -> object:
+        # `token_env: ${TTFT_WEB_AUTH_ENV:-}` in the example config: no auth unless the image names a variable.
+        return None if name == "" else name
 
     @model_validator(mode="after")
     def _check_basic(self) -> Web:

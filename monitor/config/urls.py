@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -79,6 +80,17 @@ def check_listen_address(address: str) -> str:
             f"'{address}' is not HOST:PORT; write e.g. 127.0.0.1:9464, 0.0.0.0:9464 (all interfaces) or [::1]:9464"
         )
     return address
+
+
+def is_loopback(listen: str) -> bool:
+    """Whether HOST:PORT is reachable from this machine only (`:9464` and `0.0.0.0:9464` are not)."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def api_url(base_url: str, path: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import os
 import signal
 import sys
@@ -14,6 +13,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.config.models import Config
+from monitor.config.urls import is_loopback
 from monitor.detect.detector import Detector, Rules
 from monitor.web.api import web_routes
 from monitor.web.auth import Guard
@@ -24,25 +24,30 @@ class WebConfigError(ValueError):
 
 
 def guard_from_config(config: Config, environ: Mapping[str, str]) -> Guard:
+    from monitor.config.secrets import FILE_SUFFIX, SecretError, resolve_secret
+
     settings = config.web
     token = None
     if settings.token_env:
-        token = environ.get(settings.token_env) or None
-        if token is None:
+        name = settings.token_env
+        if environ.get(name) is None and not environ.get(name + FILE_SUFFIX):
             raise WebConfigError(
-                f"web.token_env names {settings.token_env}, which is not set; export it or remove web.token_env"
+                f"web.token_env names {name}, which is not set; export it (or {name}{FILE_SUFFIX}, a file "
+                "holding it) or remove web.token_env"
             )
-    return Guard(token=token, basic_user=settings.basic_user, basic_password_hash=settings.basic_password_hash)
-
-
-def is_loopback(listen: str) -> bool:
-    host = listen.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+        try:
+            token = resolve_secret(
+                env_name=name, file=None, environ=environ, env_field="web.token_env", file_field="web.token_env"
+            ).value
+        except SecretError as exc:
+            raise WebConfigError(str(exc)) from None
+    return Guard(
+        token=token,
+        basic_user=settings.basic_user,
+        basic_password_hash=settings.basic_password_hash,
+        session_lifetime_s=settings.session_hours * 3600,
+        trust_proxy_headers=settings.trust_proxy_headers,
+    )
 
 
 def exposure_warning(listen: str, guard: Guard) -> str | None:
@@ -50,17 +55,30 @@ def exposure_warning(listen: str, guard: Guard) -> str | None:
     if is_loopback(listen) or guard.enabled:
         return None
     return (
-        f"the status pages on {listen} are reachable beyond this machine without auth; "
-        "set web.token_env or web.basic_user/basic_password_hash to protect them"
+        f"the status pages on {listen} are reachable beyond this machine without auth "
+        "(web.allow_unauthenticated); set web.token_env or web.basic_user/basic_password_hash to protect them"
     )
 
 
-def ui_routes(config: Config, engine: AsyncEngine, environ: Mapping[str, str] | None = None) -> list[web.RouteDef]:
-    """The UI's routes for `config` (none when `web.enabled` is false). Raises WebConfigError."""
+def ui_routes(
+    config: Config,
+    engine: AsyncEngine,
+    environ: Mapping[str, str] | None = None,
+    *,
+    listen: str | None = None,
+    listen_key: str = "metrics.listen",
+) -> list[web.RouteDef]:
+    """The UI's routes for `config` (none when `web.enabled` is false), served on `listen` (default
+    `metrics.listen`). Raises WebConfigError, also when they would be reachable beyond this machine
+    with no auth and `web.allow_unauthenticated` is not set."""
     if not config.web.enabled:
         return []
+    from monitor.config.check import unprotected_listen
     from monitor.store.engine import describe_db_error
 
+    problem = unprotected_listen(config, listen, key=listen_key)
+    if problem:
+        raise WebConfigError(problem)
     guard = guard_from_config(config, os.environ if environ is None else environ)
     url = config.database.url
     detection = config.detection
@@ -99,7 +117,7 @@ async def serve(config: Config, listen: str, *, out: IO[str] = sys.stderr) -> in
         return 3
     try:
         try:
-            routes = ui_routes(config, engine)
+            routes = ui_routes(config, engine, listen=listen, listen_key="--listen")
         except WebConfigError as exc:
             print(f"ttft-monitor serve: {exc}", file=out)
             return 2

@@ -53,9 +53,15 @@ const TTFT = (() => {
 
   function nav(active) {
     const links = [["/", "Overview"], ["/compare", "Compare"], ["/incidents", "Incidents"]];
+    // The server marks <body data-signout> when a token protects the pages (a session to end).
+    const signout = document.body.dataset.signout
+      ? el("form", { method: "post", action: "/logout", class: "signout" },
+          el("button", { type: "submit" }, "Sign out"))
+      : null;
     return el("nav", {},
       el("span", { class: "brand" }, "ttft-monitor"),
-      links.map(([href, label]) => el("a", { href, class: label === active ? "active" : null }, label)));
+      links.map(([href, label]) => el("a", { href, class: label === active ? "active" : null }, label)),
+      signout);
   }
 
   function showError(root, error) {
