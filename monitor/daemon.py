@@ -195,6 +195,12 @@ class Daemon:
             config = load_config(self.config_path)
         except ConfigError as exc:
             raise StartupFailed(EXIT_USAGE, "config_invalid", str(exc), errors=[str(e) for e in exc.errors]) from None
+        from monitor.config.check import unprotected_listen
+
+        # Before the database: a config that would serve the pages to anyone is refused as a config error.
+        problem = unprotected_listen(config)
+        if problem:
+            raise StartupFailed(EXIT_USAGE, "web_config_invalid", f"ttft-monitor run: {problem}", error=problem)
         if self._redactor is not None:
             self._redactor.secrets = tuple(secrets_of(config))
         self.config = config

@@ -271,6 +271,24 @@ def test_run_and_serve_refuse_to_serve_beyond_loopback_without_auth(tmp_path: Pa
         assert "Traceback" not in result.stdout + result.stderr
 
 
+def test_run_refuses_an_unprotected_listener_before_it_waits_for_the_database(tmp_path: Path) -> None:
+    """The exposure is a config error (exit 2), said at once, not after the database retries (exit 3)."""
+    import time
+
+    from tests.conftest import run_cli
+
+    config = tmp_path / "exposed.yaml"
+    config.write_text(
+        'database:\n  url: "postgresql+asyncpg://postgres@127.0.0.1:9/nowhere"\n  connect_retry_s: 30\n'
+        f'  state_dir: "{tmp_path}/state"\nmetrics:\n  listen: "0.0.0.0:{free_port()}"\n'
+    )
+    started = time.monotonic()
+    result = run_cli("run", "--config", str(config))
+    assert result.code == 2, str(result)
+    assert "web.allow_unauthenticated: true" in result.stderr
+    assert time.monotonic() - started < 20
+
+
 def test_serve_beyond_loopback_starts_when_told_so_and_warns(tmp_path: Path) -> None:
     import signal
     import subprocess

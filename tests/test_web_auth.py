@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import create_async_engine
 from structlog.testing import capture_logs
 
-from monitor.metrics.server import start_metrics_server
+from monitor.metrics.server import ListenerLimits, start_metrics_server
 from monitor.web.api import web_routes
 from monitor.web.auth import (
     Authenticator,
@@ -59,11 +59,13 @@ async def _ready() -> tuple[bool, str]:
 @asynccontextmanager
 async def serving(auth: Authenticator, tmp_path: Path) -> AsyncIterator[str]:
     """The UI's routes on the real metrics listener over loopback (an empty SQLite store: the auth
-    answers before any query)."""
+    answers before any query). The listener's cap on requests in progress is lifted, so what these
+    tests see is the auth's own answer, not the listener's 503 (tests/test_isolation.py tests that)."""
     engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
     port = free_port()
     routes = web_routes(engine, authenticator=auth, now=lambda: NOW)
-    runner = await start_metrics_server(CollectorRegistry(), _ready, f"127.0.0.1:{port}", routes=routes)
+    limits = ListenerLimits(max_requests_in_progress=200, max_requests_waiting=200)
+    runner = await start_metrics_server(CollectorRegistry(), _ready, f"127.0.0.1:{port}", routes=routes, limits=limits)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
