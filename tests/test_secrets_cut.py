@@ -163,3 +163,24 @@ async def test_a_key_straddling_the_cap_leaves_no_prefix_in_logs_rows_or_the_api
                     assert leaked(text) == [], text
                     assert "r" * 50 in text or "ppp" in text, text
 
+
+def test_the_log_redactor_caps_after_redacting_so_no_prefix_of_a_secret_is_logged() -> None:
+    import io
+
+    import structlog
+
+    from monitor.logging import LOG_TEXT_CAP, configure_logging, error_text
+
+    stream = io.StringIO()
+    configure_logging(stream=stream, json_output=True, secrets=[TOKEN])
+    try:
+        # An exception whose text puts the key across the 300-character cap of an `error` field,
+        # and a text far longer than any log line may be.
+        structlog.get_logger().warning("failed", error=error_text(RuntimeError("p" * 280 + TOKEN)))
+        structlog.get_logger().warning("long", detail="p" * (LOG_TEXT_CAP - 10) + TOKEN + "q" * 100_000)
+    finally:
+        structlog.reset_defaults()
+    failed, long = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert len(failed["error"]) <= 300 and failed["error"].startswith("RuntimeError: ppp"), failed
+    assert len(long["detail"]) == LOG_TEXT_CAP and long["detail"].endswith("\u2026"), long
+    assert leaked(stream.getvalue()) == [], stream.getvalue()
