@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import structlog
 
 from monitor.redact import REDACTED, SENSITIVE_HEADERS
-from monitor.servertext import MESSAGE_CAP, capped
+from monitor.servertext import MESSAGE_CAP, capped, printable
 
 # No text in a log line is longer (a 200 KB error event once made a 200 KB line per probe).
 LOG_TEXT_CAP = MESSAGE_CAP
@@ -46,8 +46,9 @@ def _mask(value: Any, secrets: tuple[str, ...]) -> Any:
     if isinstance(value, str):
         limit = value.limit if isinstance(value, Bounded) else LOG_TEXT_CAP
         unpassworded = _URL_PASSWORD.sub(r"\g<scheme>\g<user>:" + REDACTED + "@", value)
-        # Not escaped: a traceback or a config error keeps its lines; server text is one line already.
-        return capped(unpassworded, limit, secrets, escape=False)
+        # A console log is read at a terminal: no escape sequence reaches it, but a config error keeps
+        # its lines (server text is one line already).
+        return capped(printable(unpassworded, lines=True), limit, secrets, escape=False)
     if isinstance(value, dict):
         return {
             k: (

@@ -26,14 +26,17 @@ SECRET_TAIL_CHARS = 3
 # C0 controls, DEL and C1 controls: a terminal acts on them (ESC colours and moves the cursor, BEL
 # rings, CR overwrites the line, NEL and CSI are C1), and a newline forges a log line.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINES = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # keeps tab and newline
 _NAMED_ESCAPES = {"\t": "\\t", "\n": "\\n", "\r": "\\r"}
 
 
-def printable(text: str) -> str:
-    """`text` on one line with every control character shown as an escape (`\\x1b`, `\\n`)."""
-    if not _CONTROL.search(text):
+def printable(text: str, *, lines: bool = False) -> str:
+    """`text` on one line with every control character shown as an escape (`\\x1b`, `\\n`); with
+    `lines`, tabs and newlines are kept (text of several lines, such as a config error)."""
+    pattern = _CONTROL_BUT_LINES if lines else _CONTROL
+    if not pattern.search(text):
         return text
-    return _CONTROL.sub(lambda match: _NAMED_ESCAPES.get(match.group(0)) or f"\\x{ord(match.group(0)):02x}", text)
+    return pattern.sub(lambda match: _NAMED_ESCAPES.get(match.group(0)) or f"\\x{ord(match.group(0)):02x}", text)
 
 
 def capped(text: str, limit: int = SERVER_TEXT_CAP, secrets: Iterable[str | None] = (), *, escape: bool = True) -> str:

@@ -130,3 +130,27 @@ async def test_once_logs_no_control_character_and_no_huge_line(
     for sample in samples:
         for value in sample.values():
             assert CONTROL.search(str(value)) is None and len(str(value)) <= LOG_TEXT_CAP, sample
+
+
+def test_a_console_log_line_carries_no_escape_sequence() -> None:
+    import io
+    import logging
+
+    import structlog
+
+    from monitor.logging import configure_logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    stream = io.StringIO()
+    configure_logging(stream=stream, json_output=False)  # the console renderer, as at a terminal
+    try:
+        # A library's message (through the stdlib bridge) is the event itself, printed as it is.
+        logging.getLogger("aiohttp.client").warning("peer said %s", NASTY)
+        structlog.get_logger().warning("server_said", detail=NASTY)
+    finally:
+        structlog.reset_defaults()
+        root.handlers[:], root.level = handlers, level
+    text = stream.getvalue()
+    assert CONTROL.search(text) is None, repr(text)
+    assert "peer said \\x1b[31mred" in text, repr(text)

@@ -59,6 +59,10 @@ def test_it_shows_control_characters_as_escapes_on_one_line(text: str, expected:
     assert capped(text, 300) == expected
 
 
+def test_text_of_several_lines_can_keep_its_tabs_and_newlines_but_no_other_control() -> None:
+    assert printable("one\n\ttwo\x1b[2J\r", lines=True) == "one\n\ttwo\\x1b[2J\\r"
+
+
 def test_escaping_comes_before_the_cap_so_the_escaped_text_is_bounded() -> None:
     out = capped("\x1b" * 1000, 300)
     assert len(out) == 300 and out.endswith(M) and "\x1b" not in out
