@@ -88,8 +88,9 @@ def test_a_quoted_server_text_is_cut_only_when_described_with_the_secrets() -> N
     assert error.describe([TOKEN]) == "event data is not JSON: " + repr("x" * 70 + R)
 
 
-# Secrets drawn from letters padding never holds, so any 4 characters of one in the output leaked.
-_SECRET = st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZ0123456789", min_size=8, max_size=48)
+# Secrets drawn from characters neither the padding nor the marks hold, so any 4 characters of one
+# in the output leaked.
+_SECRET = st.text(alphabet="BFGHJKLMNPQSUVWXYZ0123456789", min_size=8, max_size=48)
 _PADDING = st.text(alphabet="abcdefghijklmnopqrstuvwxyz .,:;!?\x1b\x00\n\x9b", max_size=500)
 
 
