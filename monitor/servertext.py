@@ -51,8 +51,8 @@ def capped(text: str, limit: int = SERVER_TEXT_CAP, secrets: Iterable[str | None
         raise ValueError(f"limit {limit} is too small to hold {REDACTED}{TRUNCATED_MARK}")
     known = tuple(sorted({s for s in secrets if s and len(s) >= MIN_SECRET_CHARS}))
     text = redact(text, known)
-    if escape:
-        text = printable(text)
+    if escape and (shown := printable(text)) != text:
+        text = redact(shown, known)  # an escape can spell out a secret (`\x00ab` holds `x00ab`)
     forms = _forms(known)
     if len(text) <= limit and not _secret_tail(text, forms):
         return text

@@ -68,6 +68,10 @@ def test_escaping_comes_before_the_cap_so_the_escaped_text_is_bounded() -> None:
     assert len(out) == 300 and out.endswith(M) and "\x1b" not in out
 
 
+def test_a_secret_an_escape_spells_out_is_masked_too() -> None:
+    assert capped("key \x00abcd", 300, ["x00abcd"]) == f"key \\{R}"
+
+
 def test_a_caller_quoting_with_repr_can_keep_the_control_characters() -> None:
     assert capped("a\x1bb", 300, escape=False) == "a\x1bb"
 
