@@ -35,7 +35,7 @@ from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH, EXIT_USAGE
-from monitor.logging import Redactor
+from monitor.logging import Redactor, error_text
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
@@ -569,7 +569,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
                 await dispatcher.renotify_due()
                 await asyncio.wait_for(dispatcher.dispatch_due(), timeout=60)
             except Exception as exc:  # undelivered notifications stay in the outbox for the next run
-                log.warning("alerts_not_dispatched", error=f"{type(exc).__name__}: {exc}"[:300])
+                log.warning("alerts_not_dispatched", error=error_text(exc))
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -1,7 +1,8 @@
 """structlog, configured once: JSON lines for machines, aligned colour for a human at a terminal.
 
 Every event passes a redaction step, so a key that slips into an event dict (a header map, a URL
-with a password, a server message echoing the key) is masked before it is written.
+with a password, a server message echoing the key) is masked before it is written; the same step
+caps each text (`capped`: after redaction, so a cut cannot leave a secret's first characters).
 """
 
 from __future__ import annotations
@@ -15,15 +16,39 @@ from typing import Any, TextIO
 
 import structlog
 
-from monitor.redact import REDACTED, SENSITIVE_HEADERS, redact
+from monitor.redact import REDACTED, SENSITIVE_HEADERS
+from monitor.servertext import MESSAGE_CAP, capped, printable
 
+# No text in a log line is longer (a 200 KB error event once made a 200 KB line per probe).
+LOG_TEXT_CAP = MESSAGE_CAP
 _SENSITIVE_KEYS = re.compile(r"(?i)(api[_-]?key|secret|token|password|authorization|credential)")
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]+):(?P<pw>[^@/\s]+)@")
 
 
+class Bounded(str):
+    """Text to log, cut to `limit` characters by the redactor, which knows the secrets: cut by the
+    caller, a secret straddling the cut would no longer be recognised."""
+
+    limit: int
+
+    def __new__(cls, text: str, limit: int) -> Bounded:
+        bounded = super().__new__(cls, text)
+        bounded.limit = limit
+        return bounded
+
+
+def error_text(exc: BaseException, limit: int = 300) -> Bounded:
+    """`Type: message` of `exc`, to log, capped at `limit` characters after redaction."""
+    return Bounded(f"{type(exc).__name__}: {exc}", limit)
+
+
 def _mask(value: Any, secrets: tuple[str, ...]) -> Any:
     if isinstance(value, str):
-        return redact(_URL_PASSWORD.sub(r"\g<scheme>\g<user>:" + REDACTED + "@", value), secrets)
+        limit = value.limit if isinstance(value, Bounded) else LOG_TEXT_CAP
+        unpassworded = _URL_PASSWORD.sub(r"\g<scheme>\g<user>:" + REDACTED + "@", value)
+        # A console log is read at a terminal: no escape sequence reaches it, but a config error keeps
+        # its lines (server text is one line already).
+        return capped(printable(unpassworded, lines=True), limit, secrets, escape=False)
     if isinstance(value, dict):
         return {
             k: (
@@ -66,7 +91,7 @@ class _StdlibToStructlog(logging.Handler):
         fields: dict[str, Any] = {"logger": record.name}
         if record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            fields["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            fields["error"] = error_text(exc, 500)
         structlog.get_logger().log(record.levelno, record.getMessage(), **fields)
 
 

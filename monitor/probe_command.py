@@ -24,6 +24,7 @@ from monitor.probe.prompts import PromptSpec
 from monitor.probe.report import render_csv, render_json, render_table, summarize
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan
+from monitor.servertext import MESSAGE_CAP, capped
 from monitor.store.records import ADHOC_JOB
 
 
@@ -217,9 +218,10 @@ async def probe_once(
 
 
 def failure_lines(samples: list[Sample]) -> list[str]:
-    """One line per distinct failure: the class, how often, and the server's (redacted) message."""
+    """One line per distinct failure: the class, how often, and the server's message (redacted, on one
+    line and capped by the probe; again here, for a terminal, whatever produced the sample)."""
     counts = Counter((s.target, s.error.value, s.error_message) for s in samples if s.error is not None)
-    return [f"{target}: {error} x{n}: {message}" for (target, error, message), n in counts.items()]
+    return [f"{target}: {error} x{n}: {capped(text or '', MESSAGE_CAP)}" for (target, error, text), n in counts.items()]
 
 
 def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ: dict[str, str] | None = None) -> int:

@@ -13,7 +13,6 @@ import binascii
 import functools
 import re
 from collections.abc import Iterable
-from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, unquote, urlsplit
 
 REDACTED = "[REDACTED]"
@@ -61,15 +60,6 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
         if needles is not None:
             text = _BASE64_RUN.sub(lambda match: _mask_if_encoded_secret(match.group(0), needles, shortest_run), text)
     return _KEY_SHAPES.sub(REDACTED, text)
-
-
-def redact_fields(record: Any, names: Iterable[str], secrets: Iterable[str | None]) -> None:
-    """Redact the text attributes `names` of `record` in place (None and non-text values are left alone)."""
-    known = tuple(secrets)
-    for name in names:
-        value = getattr(record, name)
-        if isinstance(value, str) and value:
-            setattr(record, name, redact(value, known))
 
 
 def secret_forms(secret: str) -> set[str]:

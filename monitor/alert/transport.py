@@ -19,6 +19,7 @@ import aiohttp
 
 from monitor.alert.model import HttpRequest, Outcome
 from monitor.redact import redact
+from monitor.servertext import capped
 
 EXCERPT_CHARS = 300
 # A server asking for more than this is treated as asking for this; the outbox's age limit rules anyway.
@@ -92,13 +93,9 @@ def url_secrets(url: str | None) -> list[str]:
 
 
 def excerpt(body: bytes, secrets: Iterable[str | None]) -> str:
-    text = body[: EXCERPT_CHARS * 4].decode(errors="replace")
-    text = " ".join(text.split())
-    known: list[str] = [secret for secret in secrets if secret]
-    # Longest first: a URL containing a token is masked whole rather than leaving its remains.
-    ordered: list[str] = sorted(known, key=len, reverse=True)
-    text = redact(text, ordered)
-    return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 1] + "…"
+    # The byte bound leaves room: 4 bytes a character at most, before redaction and the cap (`capped`).
+    text = " ".join(body[: EXCERPT_CHARS * 4].decode(errors="replace").split())
+    return capped(text, EXCERPT_CHARS, secrets)
 
 
 class Transport:

@@ -38,6 +38,7 @@ from monitor.detect.burn import (
     policy_for,
     reported,
 )
+from monitor.logging import error_text
 from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
 from monitor.store.models import SERIES, IncidentRow, RunRow, SampleRow, SeriesRow
@@ -124,7 +125,7 @@ class BurnService:
                     job=job,
                     target=target,
                     location=run.series.location,
-                    error=f"{type(exc).__name__}: {exc}"[:300],
+                    error=error_text(exc),
                 )
 
     async def evaluate(self, job: str, series: SeriesKey, now: datetime, policy: BurnPolicy) -> Verdict:

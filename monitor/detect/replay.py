@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TextIO
 
 from monitor.commandline import load_config_or_explain
+from monitor.csvsafe import csv_row, read_csv_cell
 from monitor.detect.detector import Detector, Event, RunPoint
 from monitor.detect.grouping import GROUPED_KINDS, Member, decide, joins, scope, summarise
 from monitor.detect.sample_cells import ReplayError, parse_timestamp, parse_ttft
@@ -98,12 +99,12 @@ def read_samples_csv(stream: TextIO) -> dict[str, list[RunPoint]]:
                 continue
             if len(row) != len(names):
                 raise ReplayError(f"{len(row)} fields where the header has {len(names)}", line=line)
-            series = row[series_at].strip()
+            series = read_csv_cell(row[series_at].strip())
             if not series:
                 raise ReplayError("series is empty; every row needs one", line=line)
             moment = parse_timestamp(row[at], line)
             ttft = parse_ttft(row[ttft_at], line)
-            error = (row[error_at].strip() or None) if error_at is not None else None
+            error = (read_csv_cell(row[error_at].strip()) or None) if error_at is not None else None
             if error is not None and not ERROR_CLASS.match(error):
                 raise ReplayError(
                     f"error {error!r} is not an error class (letters, digits, '_', '.', '-', at most 32 "
@@ -158,7 +159,7 @@ def write_samples_csv(rows: Iterable[SampleRow], stream: TextIO, *, header: bool
         writer.writerow(COLUMNS)
     count = 0
     for row in rows:
-        writer.writerow(csv_fields(row))
+        writer.writerow(csv_row(csv_fields(row)))
         count += 1
     return count
 

@@ -20,6 +20,7 @@ from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
 from monitor.detect.group_notify import GroupNotifier
 from monitor.detect.grouping import GROUPED_KINDS, scope
+from monitor.logging import error_text
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
@@ -146,7 +147,7 @@ class DetectionService:
                     job=job,
                     target=run.series.target,
                     prompt=run.series.prompt,
-                    error=f"{type(exc).__name__}: {exc}"[:300],
+                    error=error_text(exc),
                 )
         # Per target rather than per series: after every run of the batch is stored and evaluated.
         await self._burn.after_store(job, batch)
@@ -159,12 +160,12 @@ class DetectionService:
             async with self._engine.connect() as connection:
                 groups.update(await self._groups.unnotified(connection))  # held ones may be due now
         except Exception as exc:
-            self._log.warning("group_notify_failed", job=job, error=f"{type(exc).__name__}: {exc}"[:300])
+            self._log.warning("group_notify_failed", job=job, error=error_text(exc))
         for group_id in sorted(groups):
             try:
                 await self._sync_group(job, group_id, at)
             except Exception as exc:
-                self._log.warning("group_notify_failed", job=job, error=f"{type(exc).__name__}: {exc}"[:300])
+                self._log.warning("group_notify_failed", job=job, error=error_text(exc))
 
     async def _evaluate(
         self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta, groups: set[uuid.UUID]

@@ -21,6 +21,8 @@ from prometheus_client.samples import Sample
 from yarl import URL
 
 from monitor.config.models import Config
+from monitor.redact import url_credentials
+from monitor.servertext import capped
 
 # The `job` of every pushed series, as for the daemon's scrape job in deploy/prometheus.
 PUSH_JOB = "ttft-monitor"
@@ -101,6 +103,7 @@ async def push_groups(
     """PUT each job's group; never raises. Rejections and unreachable gateways are logged."""
     log = structlog.get_logger()
     base = URL(gateway).with_user(None)  # credentials in the URL stay out of the logs
+    credentials = url_credentials(gateway)
     results = []
     client_timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=client_timeout) as session:
@@ -110,10 +113,10 @@ async def push_groups(
             url = gateway.rstrip("/") + path
             try:
                 async with session.put(url, data=body, headers={"Content-Type": CONTENT_TYPE_LATEST}) as response:
-                    answer = (await response.text())[:500].strip()
+                    answer = capped((await response.text()).strip(), 500, credentials)
                     status = response.status
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                reason = f"{type(exc).__name__}: {exc}"[:300]
+                reason = capped(f"{type(exc).__name__}: {exc}", 300, credentials)
                 log.error("pushgateway_unreachable", gateway=str(base), group=path, error=reason)
                 results.append(PushResult(probe_job, False, reason))
                 continue

@@ -11,6 +11,7 @@ from enum import Enum
 from typing import Any, ClassVar, Protocol
 
 from monitor.probe.sse import SSEEvent
+from monitor.servertext import QuotesServer
 
 
 class EventKind(Enum):
@@ -33,8 +34,13 @@ class EventInfo:
     finished: bool = False  # this event also ends the stream (APIs without a separate end marker)
 
 
-class MalformedEvent(ValueError):
-    """An event whose data is not what the API promises (not JSON, wrong shape)."""
+class MalformedEvent(QuotesServer, ValueError):
+    """An event whose data is not what the API promises (not JSON, wrong shape); `{quote}` in the
+    message stands for `quote`, the event's data, shown capped to 80 characters."""
+
+    def __init__(self, message: str, *, quote: str = "") -> None:
+        super().__init__(message)
+        self.quote_text = quote
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +82,9 @@ def load_event(data: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
     except ValueError as exc:
-        raise MalformedEvent(f"event data is not JSON: {data[:80]!r}") from exc
+        raise MalformedEvent("event data is not JSON: {quote}", quote=data) from exc
     if not isinstance(obj, dict):
-        raise MalformedEvent(f"event data is not a JSON object: {data[:80]!r}")
+        raise MalformedEvent("event data is not a JSON object: {quote}", quote=data)
     return obj
 
 

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import contextlib
 import time
+from collections.abc import Sequence
 
 import aiohttp
 
@@ -21,7 +22,7 @@ from monitor.probe.errors import BAD_BODY, Deadline
 from monitor.probe.inflate import Inflater
 from monitor.probe.result import ErrorClass, Sample
 from monitor.probe.sse import SSEParser
-from monitor.redact import redact
+from monitor.servertext import SERVER_TEXT_CAP, capped
 
 # A body is parsed once it has arrived, once this much is waiting (well below aiohttp's read-buffer
 # high-water mark, 2 x read_bufsize, where it pauses the socket), and at least this often, so an
@@ -63,10 +64,10 @@ class EventReader:
     raises MalformedEvent or SSEError for a stream that is not what the API promises.
     """
 
-    def __init__(self, flavor: ApiFlavor, sample: Sample, api_key: str | None) -> None:
+    def __init__(self, flavor: ApiFlavor, sample: Sample, secrets: Sequence[str | None]) -> None:
         self.flavor = flavor
         self.sample = sample
-        self.api_key = api_key
+        self.secrets = secrets
         self.parser = SSEParser()
         self.token_stamps: list[int] = []
         self.first_event: int | None = None
@@ -87,7 +88,7 @@ class EventReader:
             except (TypeError, KeyError, IndexError, AttributeError) as exc:
                 # JSON of an unexpected shape ({"choices": 5}); the API promised otherwise.
                 raise MalformedEvent(
-                    f"event of an unexpected shape ({type(exc).__name__}): {event.data[:80]!r}"
+                    f"event of an unexpected shape ({type(exc).__name__}): {{quote}}", quote=event.data
                 ) from exc
             if info.served_model:
                 sample.served_model = info.served_model
@@ -110,10 +111,8 @@ class EventReader:
                 self.done = True
             elif kind is EventKind.ERROR:
                 sample.error = ErrorClass.STREAM_ERROR
-                sample.error_message = redact(
-                    f"error event in the stream after {len(self.token_stamps)} tokens: {info.error_message}",
-                    [self.api_key],
-                )
+                message = capped(info.error_message or "", SERVER_TEXT_CAP, self.secrets)
+                sample.error_message = f"error event in the stream after {len(self.token_stamps)} tokens: {message}"
                 self.stopped = True
                 return
 

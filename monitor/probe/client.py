@@ -16,6 +16,7 @@ import itertools
 import json
 import math
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -53,20 +54,23 @@ from monitor.probe.errors import (
 from monitor.probe.inflate import ACCEPT_ENCODING, Inflater, inflater_for
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.probe.stats import percentile
-from monitor.redact import redact, redact_fields
+from monitor.redact import redact
+from monitor.servertext import MESSAGE_CAP, SERVER_TEXT_CAP, capped
 
 # Endpoint and Timeouts are part of the client's interface; they live in `endpoint`, which needs no aiohttp.
 __all__ = ["Endpoint", "ProbeClient", "Timeouts"]
 
 # Sample fields holding text that came from the server (or names its URL): a hostile server can echo
-# the key into any of them, headers included, so all are redacted before a sample is stored or logged.
-SERVER_TEXT_FIELDS = ("error_message", "served_model", "request_id", "retry_after", "server_timing")
+# the key into any of them, headers included, so all are redacted, put on one line and capped
+# (`capped`, in that order) before a sample is stored, logged or printed; the value is each one's cap.
+SERVER_TEXT_FIELDS = {
+    "error_message": MESSAGE_CAP,
+    "served_model": SERVER_TEXT_CAP,
+    "request_id": SERVER_TEXT_CAP,
+    "retry_after": SERVER_TEXT_CAP,
+    "server_timing": SERVER_TEXT_CAP,
+}
 MAX_ERROR_BODY = 2000
-HEADER_TEXT_CAP = 300
-
-
-def _header_text(value: str | None) -> str | None:
-    return value[:HEADER_TEXT_CAP] if value else None
 
 
 def _header_number(value: str | None) -> float | None:
@@ -81,9 +85,13 @@ def _header_count(value: str | None) -> int | None:
     return int(value) if value and value.isdigit() and len(value) < 19 else None
 
 
-def _record_server_headers(headers: Any, sample: Sample) -> None:
+def _record_server_headers(headers: Any, sample: Sample, secrets: Sequence[str | None]) -> None:
     """What the server says about itself, when it does: kept per sample to tell where the time went."""
     get = headers.get
+
+    def _header_text(value: str | None) -> str | None:
+        return capped(value, SERVER_TEXT_CAP, secrets) if value else None
+
     sample.request_id = _header_text(get("x-request-id") or get("request-id"))
     sample.server_processing_ms = _header_number(get("openai-processing-ms"))
     sample.ratelimit_remaining_requests = _header_count(get("x-ratelimit-remaining-requests"))
@@ -152,7 +160,10 @@ class ProbeClient:
         finally:
             current_stamps.reset(token)
         # Servers echo keys back, in any encoding; nothing of the endpoint's secrets is stored.
-        redact_fields(sample, SERVER_TEXT_FIELDS, (endpoint.api_key, *endpoint.secrets))
+        secrets = (endpoint.api_key, *endpoint.secrets)
+        for name, limit in SERVER_TEXT_FIELDS.items():
+            if value := getattr(sample, name):
+                setattr(sample, name, capped(value, limit, secrets))
         if sample.timing_path is TimingPath.TASK_READ and not self._fallback_logged:
             self._fallback_logged = True  # once per client: the cause is the installed aiohttp, not the probe
             structlog.get_logger().warning(
@@ -175,6 +186,7 @@ class ProbeClient:
         sample: Sample,
     ) -> None:
         timeouts = endpoint.timeouts
+        secrets = (endpoint.api_key, *endpoint.secrets)
         loop = asyncio.get_running_loop()
         sample.sent_at = datetime.now(UTC)
         stamps.request_start = time.perf_counter_ns()
@@ -192,13 +204,13 @@ class ProbeClient:
                 phase = ErrorClass.TIMEOUT_FIRST_TOKEN
                 async with resp:
                     sample.http_status = resp.status
-                    _record_server_headers(resp.headers, sample)
+                    _record_server_headers(resp.headers, sample, secrets)
                     if resp.status >= 400:
                         await self._record_http_error(resp, endpoint, sample)
                         return
                     if 300 <= resp.status < 400:
                         sample.error = ErrorClass.REDIRECT
-                        sample.error_message = redact(redirect_message(resp, endpoint), [endpoint.api_key])
+                        sample.error_message = redact(redirect_message(resp, endpoint), secrets)
                         return
                     ctype = resp.headers.get("Content-Type", "")
                     if "text/event-stream" not in ctype:
@@ -208,7 +220,7 @@ class ProbeClient:
                             "stream; check that the endpoint supports stream: true and the base_url is right"
                         )
                         return
-                    reader = EventReader(endpoint.flavor, sample, endpoint.api_key)
+                    reader = EventReader(endpoint.flavor, sample, secrets)
                     stream = Body(resp, reader, stamping, inflater_for(resp))
                     # The first-token deadline is checked by `stream.read`; this one now bounds the total.
                     phase = ErrorClass.TIMEOUT_TOTAL
@@ -217,7 +229,7 @@ class ProbeClient:
         except TimeoutError:
             if stream is not None and stream.failure is not None:
                 # What arrived before the deadline was malformed: that is the outcome, not the wait.
-                sample.error, sample.error_message = bad_body(stream.failure, endpoint.api_key)
+                sample.error, sample.error_message = bad_body(stream.failure, secrets)
             elif reader is None or not reader.stopped:  # else an error event came first: that is the outcome
                 if phase is ErrorClass.TIMEOUT_CONNECT and _connected(stamps):
                     # Connected and sent, but no response head by the first-token deadline: the wait
@@ -231,7 +243,7 @@ class ProbeClient:
             sample.error = exc.error
             sample.error_message = timeout_message(exc.error, timeouts, _tokens(reader))
         except BAD_BODY as exc:
-            sample.error, sample.error_message = bad_body(exc, endpoint.api_key)
+            sample.error, sample.error_message = bad_body(exc, secrets)
         except aiohttp.ClientError as exc:
             if headers_at is None:
                 sample.error, sample.error_message = classify_request_error(exc, endpoint)
@@ -344,13 +356,14 @@ class ProbeClient:
         except BodyDecodeError:
             raw = b"(a compressed body that does not decode)"
         text = raw.decode("utf-8", errors="replace")
-        message = server_message(text)
+        secrets = (endpoint.api_key, *endpoint.secrets)
+        message = server_message(text, secrets)
         status = resp.status
         error = classify_status(status, message)
         sample.error = error
         hint = STATUS_HINTS.get(error, "")
-        retry_after = resp.headers.get("Retry-After")
+        retry_after = sample.retry_after
         if retry_after and error is ErrorClass.RATE_LIMITED:
             hint = f"{hint} (Retry-After: {retry_after})"
         text = f"HTTP {status}: {message}" + (f"; {hint}" if hint else "")
-        sample.error_message = redact(text, [endpoint.api_key])
+        sample.error_message = redact(text, secrets)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Sequence
 
 import aiohttp
 from aiohttp.client_exceptions import (
@@ -23,18 +24,20 @@ from monitor.probe.endpoint import Endpoint, Timeouts
 from monitor.probe.result import ErrorClass
 from monitor.probe.sse import SSEError
 from monitor.redact import redact
+from monitor.servertext import SERVER_TEXT_CAP, QuotesServer, capped
 
 # 307 and 308 repeat the POST; 301, 302 and 303 would turn it into a GET, which is no probe.
 REPEATING_REDIRECTS = frozenset({307, 308})
 MAX_REDIRECTS = 5
 
 
-class BodyDecodeError(Exception):
+class BodyDecodeError(QuotesServer, Exception):
     """A compressed body that cannot be decoded (PROTOCOL) or decodes past the bound (MALFORMED_STREAM)."""
 
-    def __init__(self, error: ErrorClass, message: str) -> None:
+    def __init__(self, error: ErrorClass, message: str, *, quote: str = "") -> None:
         super().__init__(message)
         self.error = error
+        self.quote_text, self.quote_limit, self.quote_repr = quote, 40, False
 
 
 class Deadline(Exception):
@@ -47,10 +50,11 @@ class Deadline(Exception):
 BAD_BODY = (MalformedEvent, SSEError, BodyDecodeError)
 
 
-def bad_body(exc: Exception, api_key: str | None) -> tuple[ErrorClass, str]:
+def bad_body(exc: Exception, secrets: Sequence[str | None]) -> tuple[ErrorClass, str]:
     if isinstance(exc, BodyDecodeError):
-        return exc.error, redact(str(exc), [api_key])
-    return ErrorClass.MALFORMED_STREAM, redact(f"malformed stream: {exc}", [api_key])
+        return exc.error, redact(exc.describe(secrets), secrets)
+    detail = exc.describe(secrets) if isinstance(exc, MalformedEvent) else str(exc)
+    return ErrorClass.MALFORMED_STREAM, redact(f"malformed stream: {detail}", secrets)
 
 
 STATUS_HINTS = {
@@ -63,21 +67,26 @@ STATUS_HINTS = {
 }
 
 
-def server_message(text: str) -> str:
+def server_message(text: str, secrets: Sequence[str | None]) -> str:
+    """The message in an error body (JSON or not), redacted, on one line and capped (`capped`)."""
+    return capped(_body_message(text), SERVER_TEXT_CAP, secrets)
+
+
+def _body_message(text: str) -> str:
     try:
         obj = json.loads(text)
     except ValueError:
-        return " ".join(text.split())[:300] or "(empty body)"
+        return " ".join(text.split()) or "(empty body)"
     if isinstance(obj, dict):
         err = obj.get("error", obj)
         if isinstance(err, dict):
-            return str(err.get("message") or err.get("detail") or err.get("type") or err)[:300]
+            return str(err.get("message") or err.get("detail") or err.get("type") or err)
         if isinstance(err, str):
-            return err[:300]
+            return err
         detail = obj.get("detail") or obj.get("message")
         if detail:
-            return str(detail)[:300]
-    return text[:300]
+            return str(detail)
+    return text
 
 
 def classify_status(status: int, message: str) -> ErrorClass:
@@ -159,10 +168,11 @@ def classify_request_error(exc: aiohttp.ClientError, endpoint: Endpoint) -> tupl
         return ErrorClass.CONNECT, f"{host} closed the connection before answering"
     if isinstance(exc, aiohttp.ClientResponseError):
         # aiohttp's parser refused the response head: a bad status line, oversized or broken headers.
-        detail = " ".join(str(exc.message).split())[:200] or type(exc).__name__
+        secrets = (endpoint.api_key, *endpoint.secrets)
+        detail = capped(" ".join(str(exc.message).split()), 200, secrets) or type(exc).__name__
         return ErrorClass.PROTOCOL, redact(
             f"{host} answered with broken HTTP ({detail}); the port may speak another protocol, "
             "or a proxy in between garbles responses",
-            [endpoint.api_key],
+            secrets,
         )
     return ErrorClass.CONNECT, f"request to {host} failed: {type(exc).__name__}"

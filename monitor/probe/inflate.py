@@ -103,7 +103,8 @@ class Inflater:
 
 def inflater_for(resp: aiohttp.ClientResponse) -> Inflater | None:
     """The decoder the response's Content-Encoding needs; None for identity. Raises for one not asked for."""
-    encoding = resp.headers.get("Content-Encoding", "").strip().lower()
+    sent = resp.headers.get("Content-Encoding", "").strip()
+    encoding = sent.lower()
     if encoding in ("", "identity"):
         return None
     if encoding in ("gzip", "x-gzip"):
@@ -112,6 +113,7 @@ def inflater_for(resp: aiohttp.ClientResponse) -> Inflater | None:
         return Inflater("deflate")
     raise BodyDecodeError(
         ErrorClass.PROTOCOL,
-        f"the server sent Content-Encoding: {encoding[:40]}, which was not asked for "
+        "the server sent Content-Encoding: {quote}, which was not asked for "
         f"(Accept-Encoding: {ACCEPT_ENCODING}); check headers: in the provider or the proxy in between",
+        quote=sent,  # as sent: lowered, a key echoed there would no longer be recognised to redact
     )

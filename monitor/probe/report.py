@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from monitor.csvsafe import csv_cell
 from monitor.probe.result import SAMPLE_FIELDS, Sample
 from monitor.probe.stats import median, percentile
 from monitor.table import table_lines
@@ -120,5 +121,5 @@ def render_csv(samples: Sequence[Sample]) -> str:
     writer = csv.DictWriter(out, fieldnames=list(SAMPLE_FIELDS), lineterminator="\n")
     writer.writeheader()
     for sample in samples:
-        writer.writerow({k: ("" if v is None else v) for k, v in sample.as_dict().items()})
+        writer.writerow({k: csv_cell("" if v is None else v) for k, v in sample.as_dict().items()})
     return out.getvalue()

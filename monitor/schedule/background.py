@@ -23,6 +23,7 @@ from typing import Any
 
 import structlog
 
+from monitor.logging import Bounded, error_text
 from monitor.store.records import Batch
 
 # Detection and calibration saves after a run, at most this long. In the daemon they queue behind
@@ -118,7 +119,7 @@ class BackgroundStore:
             try:
                 saved = str(await self._writer.save(item.batch))
             except Exception as exc:  # the writer reports its own trouble; this is a bug, keep going
-                self._log.error("store_stage_failed", job=item.job, error=f"{type(exc).__name__}: {exc}"[:300])
+                self._log.error("store_stage_failed", job=item.job, error=error_text(exc))
                 saved = "lost"
             finally:
                 self._in_hand = None
@@ -159,7 +160,7 @@ class BackgroundStore:
             self._writer.spool.append(item.batch)
             saved = "spooled"
         except Exception as exc:
-            self._log.warning("results_lost", job=item.job, runs=len(item.batch), error=str(exc)[:300])
+            self._log.warning("results_lost", job=item.job, runs=len(item.batch), error=Bounded(str(exc), 300))
             saved = "lost"
         if not item.done.done():
             item.done.set_result(saved)

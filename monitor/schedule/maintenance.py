@@ -10,6 +10,7 @@ from typing import Any
 import structlog
 
 from monitor.config.models import Database
+from monitor.logging import error_text
 
 MAINTENANCE_INTERVAL_S = 3600.0
 FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturbed
@@ -55,6 +56,6 @@ async def run_maintenance(
         try:
             done = await maintain_once(repository, database)
         except Exception as exc:  # the database may be down; try again next time
-            log.warning("maintenance_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            log.warning("maintenance_failed", error=error_text(exc))
         else:
             log.info("maintenance_finished", **done)

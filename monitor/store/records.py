@@ -20,6 +20,7 @@ from typing import Any
 
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.probe.stats import median, percentile
+from monitor.servertext import MESSAGE_CAP, TRUNCATED_MARK
 
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
 # Not stored: a process-local monotonic clock value, meaningless after the process ends.
@@ -72,8 +73,7 @@ SAMPLE_FIELDS_STORED_APART = frozenset({"target", "model", "api", "prompt", "sam
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 UNSTORABLE_REPLACEMENT = "\ufffd"
 # Caps, in characters, on text a server chooses; longer values are cut and end with TRUNCATED_MARK.
-SERVER_TEXT_LIMITS = {"served_model": 256, "request_id": 256, "error_message": 2000}
-TRUNCATED_MARK = "\u2026"
+SERVER_TEXT_LIMITS = {"served_model": 256, "request_id": 256, "error_message": MESSAGE_CAP}
 _SERVED_MODEL_LIMIT, _REQUEST_ID_LIMIT, _ERROR_MESSAGE_LIMIT = (
     SERVER_TEXT_LIMITS["served_model"],
     SERVER_TEXT_LIMITS["request_id"],

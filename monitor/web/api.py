@@ -22,6 +22,7 @@ from aiohttp import web
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from monitor.csvsafe import csv_row
 from monitor.detect.detector import Detector
 from monitor.store.engine import StoreError
 from monitor.web import queries
@@ -102,19 +103,20 @@ def time_window(query: Mapping[str, str], now: datetime, default: str) -> tuple[
 
 
 def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
-    """Rows as CSV; nested values (lists, mappings) as JSON in their cell."""
+    """Rows as CSV; nested values (lists, mappings) as JSON in their cell; no cell a spreadsheet would
+    run as a formula (`csv_cell`)."""
     columns: list[str] = []
     for row in rows:
         columns += [key for key in row if key not in columns]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(columns)
+    writer.writerow(csv_row(columns))
     for row in rows:
         cells = []
         for column in columns:
             value = row.get(column)
             cells.append(json.dumps(value) if isinstance(value, (list, dict)) else "" if value is None else value)
-        writer.writerow(cells)
+        writer.writerow(csv_row(cells))
     return out.getvalue()
 
 
