@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -69,25 +70,31 @@ def quantile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
 
 
-async def hammer(base: str, seconds: float, clients: int) -> dict[str, list[tuple[float, int]]]:
-    """The load phase's clients; per kind, (latency s, status) of every answered request."""
+async def hammer(
+    base: str, seconds: float, clients: int, *, ui_base: str | None = None
+) -> dict[str, list[tuple[float, int]]]:
+    """The load phase's clients; per kind, (latency s, status) of every answered request. Users with the
+    right password come from 127.0.0.2, the attacker from 127.0.0.1, so the failure limit (per address)
+    throttles the attacker and not them. `ui_base`: where the pages and API are (default `base`)."""
     import aiohttp
 
     right = "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
     wrong = "Basic " + base64.b64encode(f"{USER}:wrong".encode()).decode()
     results: dict[str, list[tuple[float, int]]] = defaultdict(list)
     deadline = time.monotonic() + seconds
+    ui = ui_base or base
     kinds = {
-        "auth_failure": (f"{base}/api/v1/series", wrong),
-        "heavy_compare": (f"{base}/api/v1/compare?since=400d", right),
-        "points_7d": (f"{base}/api/v1/series/1/points?since=7d", right),
-        "cheap_page": (f"{base}/", right),
+        "auth_failure": (f"{ui}/api/v1/series", wrong),
+        "heavy_compare": (f"{ui}/api/v1/compare?since=400d", right),
+        "points_7d": (f"{ui}/api/v1/series/1/points?since=7d", right),
+        "cheap_page": (f"{ui}/", right),
         "metrics_scrape": (f"{base}/metrics", None),
     }
     share = {"auth_failure": 0.4, "heavy_compare": 0.2, "points_7d": 0.1, "cheap_page": 0.2, "metrics_scrape": 0.1}
 
-    async def client(session: aiohttp.ClientSession, kind: str) -> None:
+    async def client(sessions: dict[bool, aiohttp.ClientSession], kind: str) -> None:
         url, auth = kinds[kind]
+        session = sessions[auth == right]
         headers = {"Authorization": auth} if auth else {}
         while time.monotonic() < deadline:
             started = time.perf_counter()
@@ -101,7 +108,7 @@ async def hammer(base: str, seconds: float, clients: int) -> dict[str, list[tupl
 
     async def slow_sockets(count: int) -> None:
         """Half-sent requests, held open; reopened when the server closes them."""
-        host, port = base.removeprefix("http://").rsplit(":", 1)
+        host, port = ui.removeprefix("http://").rsplit(":", 1)
         opened = 0
 
         async def one() -> None:
@@ -114,18 +121,19 @@ async def hammer(base: str, seconds: float, clients: int) -> dict[str, list[tupl
                     continue
                 opened += 1
                 writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-                try:
+                with contextlib.suppress(TimeoutError, OSError):
                     await asyncio.wait_for(reader.read(), timeout=max(0.1, deadline - time.monotonic()))
-                except (TimeoutError, OSError):
-                    pass
                 writer.close()
 
         await asyncio.gather(*(one() for _ in range(count)))
         results["slow_socket_opened"].append((0.0, opened))
 
-    connector = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        tasks = [client(session, kind) for kind, part in share.items() for _ in range(max(1, round(clients * part)))]
+    attacker = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    users = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, local_addr=("127.0.0.2", 0)))
+    async with attacker, users:
+        sessions = {False: attacker, True: users}
+        count = {kind: max(1, round(clients * part)) for kind, part in share.items()}
+        tasks = [client(sessions, kind) for kind in share for _ in range(count[kind])]
         await asyncio.gather(*tasks, slow_sockets(300))
     return results
 
@@ -155,6 +163,11 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="schedule period in seconds")
     parser.add_argument("--seconds", type=float, default=40, help="length of each phase")
     parser.add_argument("--clients", type=int, default=50)
+    parser.add_argument(
+        "--ui-process",
+        action="store_true",
+        help="the comparison: the pages and API served by a separate `ttft-monitor serve` process instead",
+    )
     args = parser.parse_args()
     sim_proc, sim = start_sim()
     try:
@@ -195,7 +208,40 @@ def main() -> None:
                 time.sleep(args.seconds)
                 quiet_end = time.time()
                 missed_1 = missed_ticks(base + "/metrics")
-                ui = asyncio.run(hammer(base, args.seconds, args.clients))
+                ui_base = None
+                serve_proc = None
+                if args.ui_process:
+                    ui_port = free_port()
+                    serve_proc = subprocess.Popen(
+                        [
+                            sys.executable,
+                            "-m",
+                            "monitor",
+                            "serve",
+                            "--config",
+                            str(config),
+                            "--listen",
+                            f"127.0.0.1:{ui_port}",
+                        ],
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                        cwd=ROOT,
+                    )
+                    ui_base = f"http://127.0.0.1:{ui_port}"
+                    for _ in range(100):
+                        try:
+                            urllib.request.urlopen(ui_base + "/healthz", timeout=1).read()
+                            break
+                        except OSError:
+                            time.sleep(0.2)
+                    quiet_end = time.time()
+                    missed_1 = missed_ticks(base + "/metrics")
+                try:
+                    ui = asyncio.run(hammer(base, args.seconds, args.clients, ui_base=ui_base))
+                finally:
+                    if serve_proc is not None:
+                        serve_proc.terminate()
+                        serve_proc.wait(timeout=20)
                 load_end = time.time()
                 time.sleep(3)
                 missed_2 = missed_ticks(base + "/metrics")
@@ -213,13 +259,11 @@ def main() -> None:
                 over = overheads(sim, samples)
                 disturbed = sum(1 for s in samples if s.get("disturbed"))
                 rows.append((name, len(samples), quantile(over, 0.5), quantile(over, 0.99), missed, disturbed))
-            print(
-                f"{'phase':6s} {'samples':>8s} {'overhead p50 ms':>16s} {'p99 ms':>8s} {'ticks skipped':>14s} {'disturbed':>10s}"
-            )
+            heads = ("samples", "overhead p50 ms", "p99 ms", "ticks skipped", "disturbed")
+            print(f"{'phase':6s} " + " ".join(f"{h:>{w}s}" for h, w in zip(heads, (8, 16, 8, 14, 10), strict=True)))
             for name, n, p50, p99, missed, disturbed in rows:
-                print(
-                    f"{name:6s} {n:8d} {p50 or float('nan'):16.3f} {p99 or float('nan'):8.3f} {missed:14.0f} {disturbed:10d}"
-                )
+                nan = float("nan")
+                print(f"{name:6s} {n:8d} {p50 or nan:16.3f} {p99 or nan:8.3f} {missed:14.0f} {disturbed:10d}")
             quiet_p99, load_p99 = rows[0][3] or 0.0, rows[1][3] or 0.0
             print(f"overhead p99 load - quiet: {load_p99 - quiet_p99:+.3f} ms; results lost: {lost}")
             print(f"{'listener (load phase)':22s} {'requests':>9s} {'p50 ms':>9s} {'p99 ms':>9s}  statuses")
@@ -228,10 +272,9 @@ def main() -> None:
                     print(f"{'half-sent sockets':22s} {got[0][1]:9d} opened (each closed by the server's idle timeout)")
                     continue
                 latencies = [latency * 1000 for latency, _ in got]
-                statuses = dict(sorted(defaultdict(int, {s: sum(1 for _, x in got if x == s) for _, s in got}).items()))
-                print(
-                    f"{kind:22s} {len(got):9d} {quantile(latencies, 0.5) or 0:9.1f} {quantile(latencies, 0.99) or 0:9.1f}  {statuses}"
-                )
+                statuses = dict(sorted({s: sum(1 for _, x in got if x == s) for _, s in got}.items()))
+                p50, p99 = quantile(latencies, 0.5) or 0.0, quantile(latencies, 0.99) or 0.0
+                print(f"{kind:22s} {len(got):9d} {p50:9.1f} {p99:9.1f}  {statuses}")
             print("target: overhead p99 under load within 1 ms of quiet; no tick skipped; nothing lost")
     finally:
         sim_proc.terminate()

@@ -347,6 +347,7 @@ class Daemon:
         self._stopping.set()
         await _finish_tasks([*self._tasks, *self._bookkeeping], STOP_EXTRA_S)
         await self.claims.close()
+        await self.store.writer.close_held()
         log.info("daemon_stopped", spooled=self.store.spool.depth, **closed)
         await self._stack.aclose()
 
@@ -564,6 +565,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             if not done:
                 return await interrupted("storing")
             await background.close(1)
+            lost_at_exit = await store.writer.close_held()
             spooled = store.spool.depth
             try:
                 await dispatcher.renotify_due()
@@ -579,7 +581,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
     ok = sum(o.ok for o in outcomes)
     failed = sum(o.failed for o in outcomes)
     log.info("once_finished", jobs=len(outcomes), ok=ok, failed=failed, spooled=spooled)
-    if any(o.saved is not None and o.saved.done() and o.saved.result() == "lost" for o in outcomes):
+    if lost_at_exit or any(o.saved is not None and o.saved.done() and o.saved.result() == "lost" for o in outcomes):
         print(
             "ttft-monitor once: some samples could be stored neither in the database nor in the spool; "
             "see the results_lost log line",

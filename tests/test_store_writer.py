@@ -7,6 +7,7 @@ would break whoever else is using it); SQLite with another connection holding th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -255,3 +256,50 @@ async def test_a_value_postgresql_refuses_is_set_aside_too(postgres_backend: Bac
         spool.close()
         await engine.dispose()
     assert len(await stored_sample_ids(postgres_backend.url)) == 7 * 6
+
+
+async def test_results_are_held_in_memory_while_no_descriptor_is_free_then_spooled_then_stored(
+    backend: Backend, tmp_path: Path
+) -> None:
+    """A flood of connections once took every descriptor: the spool could not open its file and 42
+    results were lost. Now they wait in memory, in order, and reach the spool and the database later."""
+    import os
+    import resource
+
+    events = Events()
+    spool = Spool(tmp_path / "spool", max_bytes=10_000_000, on_event=events)
+    engine = backend.engine()
+    writer = ResultWriter(RecordingRepository(engine), spool, on_event=events, db_timeout_s=2)
+    earlier, first, second = (make_batch(T0 + timedelta(minutes=m)) for m in (0, 5, 10))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    hogs: list[int] = []
+    try:
+        async with engine.connect() as connection:  # the pool's connection is open before the shortage
+            await connection.execute(sa.text("SELECT 1"))
+        # The database is away (a spool exists already: new results queue behind it) ...
+        spool.append(earlier)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+        # ... and no descriptor is free.
+        with contextlib.suppress(OSError):
+            while True:
+                hogs.append(os.open("/dev/null", os.O_RDONLY))
+        assert await writer.save(first) == Saved.HELD
+        assert await writer.save(second) == Saved.HELD
+        assert writer.held_runs == 8 and writer.lost_runs == 0
+        for fd in hogs:
+            os.close(fd)
+        hogs.clear()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert await writer.drain() == 12  # the earlier spool, then both held batches, in order
+        assert writer.held_runs == 0 and writer.lost_runs == 0
+        committed = writer._repository.committed  # type: ignore[attr-defined]
+        expected = [run.run_id for run, _ in [*earlier, *first, *second]]
+        assert committed == expected
+    finally:
+        for fd in hogs:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        spool.close()
+        await engine.dispose()
+    assert "results_held" in events.names() and "results_released" in events.names()
+    assert "results_lost" not in events.names()

@@ -8,7 +8,9 @@ new batches are appended behind them, and the drainer replays the spool oldest f
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import errno
 import logging
 from collections.abc import Callable
 from enum import StrEnum
@@ -23,7 +25,14 @@ from monitor.store.spool import EventSink, Spool, SpooledRun, log_event
 class Saved(StrEnum):
     STORED = "stored"  # committed in the database
     SPOOLED = "spooled"  # durable in the local spool, to be replayed
+    HELD = "held"  # in memory: the spool could not open a file (no descriptor free); written there next
     LOST = "lost"  # neither the database nor the spool could take it (reported as `store_lost`)
+
+
+# A shortage of descriptors is transient (a flood of connections, a leak elsewhere): results are held in
+# memory and written to the spool as soon as it can open its file again, rather than lost.
+_DESCRIPTOR_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE})
+MAX_HELD_RUNS = 10_000
 
 
 class ResultWriter:
@@ -48,6 +57,8 @@ class ResultWriter:
         self.stored_runs = 0
         self.spooled_runs = 0
         self.lost_runs = 0
+        self.held_total = 0  # runs ever held in memory for want of a descriptor
+        self._held: collections.deque[Batch] = collections.deque()
         # Told about every batch the database committed, written or replayed (detection follows it).
         self.on_stored: Callable[[Batch], None] | None = None
 
@@ -83,7 +94,9 @@ class ResultWriter:
             return Saved.STORED
         samples = sum(len(members) for _, members in batch)
         async with self._save_lock:
-            if self._spool.depth == 0:
+            if self._held:
+                await self._release_held()
+            if self._spool.depth == 0 and not self._held:
                 try:
                     await self._store(batch)
                 except asyncio.CancelledError:
@@ -100,13 +113,47 @@ class ResultWriter:
                     return Saved.STORED
             return await self._to_spool(batch, samples)
 
+    @property
+    def held_runs(self) -> int:
+        """Runs waiting in memory for the spool to be writable again."""
+        return sum(len(batch) for batch in self._held)
+
+    async def close_held(self) -> int:
+        """At exit: write what is held to the spool if it can now; what cannot be is lost, counted and
+        reported. Returns the runs lost."""
+        async with self._save_lock:
+            await self._release_held()
+            lost = self.held_runs
+            if lost:
+                self.lost_runs += lost
+                self._held.clear()
+                self._emit("results_lost", error="held in memory at exit: the spool could not be opened", runs=lost)
+            return lost
+
+    async def _release_held(self) -> None:
+        """Write held batches to the spool, oldest first, until one fails again."""
+        released = 0
+        while self._held:
+            try:
+                await asyncio.to_thread(self._spool.append, self._held[0])
+            except Exception:
+                break
+            released += len(self._held.popleft())
+        if released:
+            self.spooled_runs += released
+            self._emit("results_released", runs=released, still_held=self.held_runs, spool_depth=self._spool.depth)
+
     async def _to_spool(self, batch: Batch, samples: int) -> Saved:
+        if self._held:  # order: behind what is already held
+            return self._hold(batch, samples, reason="earlier results are held")
         try:
             await asyncio.to_thread(self._spool.append, batch)
+        except OSError as exc:
+            if exc.errno in _DESCRIPTOR_SHORTAGE:
+                return self._hold(batch, samples, reason=f"{type(exc).__name__}: {exc.strerror}")
+            return self._lose(batch, samples, exc)
         except Exception as exc:
-            self.lost_runs += len(batch)
-            self._emit("results_lost", error=str(exc), runs=len(batch), samples=samples, lost_total=self.lost_runs)
-            return Saved.LOST
+            return self._lose(batch, samples, exc)
         self.spooled_runs += len(batch)
         self._emit(
             "results_spooled",
@@ -117,6 +164,19 @@ class ResultWriter:
         )
         return Saved.SPOOLED
 
+    def _hold(self, batch: Batch, samples: int, *, reason: str) -> Saved:
+        if self.held_runs + len(batch) > MAX_HELD_RUNS:
+            return self._lose(batch, samples, OSError(f"{reason}, and {MAX_HELD_RUNS} runs are already held"))
+        self._held.append(batch)
+        self.held_total += len(batch)
+        self._emit("results_held", runs=len(batch), samples=samples, held=self.held_runs, reason=reason)
+        return Saved.HELD
+
+    def _lose(self, batch: Batch, samples: int, exc: BaseException) -> Saved:
+        self.lost_runs += len(batch)
+        self._emit("results_lost", error=str(exc), runs=len(batch), samples=samples, lost_total=self.lost_runs)
+        return Saved.LOST
+
     async def drain(self) -> int:
         """Replay the spool into the database, oldest first, until it is empty or the database fails.
 
@@ -124,6 +184,9 @@ class ResultWriter:
         spool's rejected.jsonl so the rest keep flowing.
         """
         replayed = 0
+        if self._held:
+            async with self._save_lock:
+                await self._release_held()
         async with self._drain_lock:
             while True:
                 entries = await asyncio.to_thread(self._spool.peek, self._drain_batch)
@@ -172,7 +235,7 @@ class ResultWriter:
     async def run_drainer(self, stop: asyncio.Event, interval_s: float) -> None:
         """Drain the spool every `interval_s` seconds until `stop` is set."""
         while not stop.is_set():
-            if self._spool.depth:
+            if self._spool.depth or self._held:
                 try:
                     await self.drain()
                 except Exception as exc:  # the spool's disk; keep trying, loudly
