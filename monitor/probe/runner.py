@@ -12,6 +12,7 @@ from monitor.probe.client import ProbeClient
 from monitor.probe.endpoint import Endpoint
 from monitor.probe.prompts import PromptFactory, PromptSpec
 from monitor.probe.result import Sample
+from monitor.probe.self_delay import LoopDelayMeter
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +55,13 @@ async def run_plan(
     prompts: PromptFactory,
     intended_at: datetime | None = None,
     on_sample: Callable[[Sample], None] | None = None,
+    meter: LoopDelayMeter | None = None,
+    self_delay_bound_ms: float = 5.0,
 ) -> list[Sample]:
     """Probe every series; rounds of one series run in order, series interleave under the caps.
 
-    Returns every sample, warm-up ones included (flagged), in completion order.
+    Returns every sample, warm-up ones included (flagged), in completion order. With a `meter`, each
+    sample records the monitor's own delay around its stamps and whether that disturbed it.
     """
     intended = intended_at or datetime.now(UTC)
     gate = asyncio.Semaphore(max(1, plan.concurrency))
@@ -83,6 +87,8 @@ async def run_plan(
             async with gate, limits.get(target.provider):
                 text = prompts.text_for(target.name, spec, warmup=warmup)
                 await client.probe(target.endpoint, params, text, sample)
+            if meter is not None:  # outside the slot: waiting for the meter's next wake-up holds up no probe
+                await meter.judge(sample, bound_ms=self_delay_bound_ms)
             prompts.calibration.observe((target.name, spec.name), len(text), sample.prompt_tokens)
             samples.append(sample)
             if on_sample is not None:
