@@ -63,6 +63,8 @@ SAMPLE_COLUMN_FIELDS: dict[str, str] = {
     "server_timing": "server_timing",
     "error_message": "error_message",
     "timing_path": "timing_path",
+    "self_delay_ms": "self_delay_ms",
+    "disturbed": "disturbed",
 }
 # Sample fields stored elsewhere: once per run or series (target, model, api, prompt), as the row's key
 # (sample_id is the column id) or converted (error, an ErrorClass stored by value).
