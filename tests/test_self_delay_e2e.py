@@ -127,15 +127,17 @@ async def test_the_monitors_own_overload_is_stored_as_disturbed_and_never_pages(
 ) -> None:
     seen = await run_through_overload(tmp_path, exact_sim, loopback, measured=True)
     assert seen["sent"] == [] and seen["incidents"] == []
-    disturbed = [row for row in seen["samples"] if row.disturbed]
+    # The overloaded runs' samples (a shared CI machine may add a quiet one now and then).
+    overloaded = [row for row in seen["samples"] if row.self_delay_ms is not None and row.self_delay_ms >= 100]
     quiet = [row for row in seen["samples"] if not row.disturbed]
-    assert len(disturbed) == 2 * OVERLOADED, seen["samples"]
-    assert all(row.self_delay_ms >= 100 for row in disturbed), disturbed
+    assert len(overloaded) == 2 * OVERLOADED and all(row.disturbed for row in overloaded), seen["samples"]
+    assert len(quiet) >= 2 * HEALTHY - 2, seen["samples"]
     assert all(row.self_delay_ms is not None and row.self_delay_ms <= BOUND_MS for row in quiet), quiet
     # Stored as measured: the overload did move the TTFT the monitor saw.
-    assert min(row.ttft_ms for row in disturbed) > 2 * max(row.ttft_ms for row in quiet)
-    assert len(seen["skipped"]) == OVERLOADED
-    assert {(e["samples"], e["disturbed"], e["run_evaluated"]) for e in seen["skipped"]} == {(2, 2, False)}
+    assert min(row.ttft_ms for row in overloaded) > 2 * max(row.ttft_ms for row in quiet)
+    skipped = [e for e in seen["skipped"] if not e["run_evaluated"]]
+    assert len(skipped) == OVERLOADED
+    assert {(e["samples"], e["disturbed"]) for e in skipped} == {(2, 2)}
 
 
 @pytest.mark.timeout(180)
