@@ -12,6 +12,8 @@ from monitor.probe.client import ProbeClient
 from monitor.probe.endpoint import Timeouts
 from monitor.probe.plan import adhoc_target
 from monitor.probe.prompts import Calibration, PromptFactory, PromptSpec
+from monitor.probe.report import render_table, summarize
+from monitor.probe.result import Sample
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
 from monitor.probe.self_delay import LoopDelayMeter, is_disturbed
 from tests.conftest import SimProcess
@@ -60,7 +62,7 @@ def test_a_sample_is_disturbed_only_beyond_the_bound(delay: float | None, bound:
 async def test_the_meter_sees_a_50ms_block_of_the_loop() -> None:
     meter = LoopDelayMeter()
     meter.start()
-    try:
+    with meter.measuring():
         await asyncio.sleep(0.05)
         start = time.perf_counter_ns()
         asyncio.get_running_loop().call_soon(time.sleep, 0.05)
@@ -74,8 +76,21 @@ async def test_the_meter_sees_a_50ms_block_of_the_loop() -> None:
         quiet_end = time.perf_counter_ns()
         await meter.settled(quiet_end)
         assert (meter.max_lateness(quiet_start, quiet_end) or 0) < 5
-    finally:
-        meter.stop()
+    meter.stop()
+
+
+async def test_the_meter_ticks_only_while_a_probe_holds_it() -> None:
+    meter = LoopDelayMeter()
+    meter.start()
+    await asyncio.sleep(0.03)
+    assert meter.ticks == 0
+    with meter.measuring():
+        await asyncio.sleep(0.03)
+    ticked = meter.ticks
+    assert ticked >= 3
+    await asyncio.sleep(0.03)
+    assert meter.ticks <= ticked + 1  # the one armed before release, then nothing
+    meter.stop()
 
 
 def _plan(sim: SimProcess, model: str) -> RunPlan:
@@ -136,3 +151,15 @@ async def test_a_quiet_probe_records_its_self_delay_under_the_bound(exact_sim: S
         meter.stop()
     assert sample.self_delay_ms is not None and sample.self_delay_ms < 5, sample.self_delay_ms
     assert not sample.disturbed
+
+
+def test_probes_table_leaves_disturbed_samples_out_of_its_figures_and_says_so() -> None:
+    def sample(round_: int, ttft: float, *, disturbed: bool = False) -> Sample:
+        return Sample("a", "m", "openai-chat", "short", round_, ttft_ms=ttft, disturbed=disturbed)
+
+    rows = summarize([sample(1, 100.0), sample(2, 900.0, disturbed=True), sample(3, 120.0)])
+    assert [(r.samples, r.disturbed, r.ttft_max_ms) for r in rows] == [(3, 1, 120.0)]
+    text = render_table(rows)
+    assert "disturbed (this monitor was itself late around the stamps" in text
+    assert "  1 of 3: a / short" in text
+    assert "disturbed" not in render_table(summarize([sample(1, 100.0)]))

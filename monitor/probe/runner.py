@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -84,11 +85,12 @@ async def run_plan(
                 intended_at=intended,
                 prompt_tokens_target=spec.tokens,
             )
-            async with gate, limits.get(target.provider):
-                text = prompts.text_for(target.name, spec, warmup=warmup)
-                await client.probe(target.endpoint, params, text, sample)
-            if meter is not None:  # outside the slot: waiting for the meter's next wake-up holds up no probe
-                await meter.judge(sample, bound_ms=self_delay_bound_ms)
+            with meter.measuring() if meter is not None else contextlib.nullcontext():
+                async with gate, limits.get(target.provider):
+                    text = prompts.text_for(target.name, spec, warmup=warmup)
+                    await client.probe(target.endpoint, params, text, sample)
+                if meter is not None:  # outside the slot: waiting for the meter's next wake-up holds up no probe
+                    await meter.judge(sample, bound_ms=self_delay_bound_ms)
             prompts.calibration.observe((target.name, spec.name), len(text), sample.prompt_tokens)
             samples.append(sample)
             if on_sample is not None:

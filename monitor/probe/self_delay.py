@@ -8,8 +8,10 @@ records how late each wake-up came. A wake-up late by L at time T means the loop
 in [T - L, T]; a probe whose window [sent, last stamp] overlaps such an interval may carry up to L
 of the monitor's own delay. `max_lateness` answers that for one window.
 
-A plain timer callback (`loop.call_at`), not a task: a task's step runs one loop iteration after
-its timer fires, adding an iteration of unrelated work to every reading.
+A plain timer callback (`loop.call_later`), not a task: a task's step runs one loop iteration after
+its timer fires, adding an iteration of unrelated work to every reading. It ticks only while a probe
+holds it (`measuring`): each wake-up costs about 60 us of CPU on a small VM, mostly the wake-up
+itself, so 1.1% of a core at 5 ms; nothing between runs.
 
 The time a request waits for a provider's concurrency slot is not self delay (it happens before
 `sent`), nor is the time between a stamp and its parsing (by design, stamps do not wait for it).
@@ -20,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from monitor.probe.result import Sample
 
@@ -57,22 +60,21 @@ class LoopDelayMeter:
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0
         self._started = 0
+        self._users = 0
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self.ticks = 0
 
     @property
     def running(self) -> bool:
-        return self._handle is not None
+        """Started on a loop (it ticks while something is `measuring`)."""
+        return self._loop is not None
 
     def start(self) -> None:
-        """Arm the timer on the running loop (call from a coroutine on the probing loop)."""
-        if self._handle is not None:
-            return
+        """Bind to the running loop, the probing one (call from a coroutine on it)."""
         self._loop = asyncio.get_running_loop()
-        self._started = self._clock()
-        self._arm(self._started)
 
     def stop(self) -> None:
+        self._loop = None
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -80,6 +82,19 @@ class LoopDelayMeter:
             if not waiter.done():
                 waiter.set_result(None)
         self._waiters.clear()
+
+    @contextmanager
+    def measuring(self) -> Iterator[None]:
+        """Tick for as long as this is held: around a probe and its `judge`."""
+        self._users += 1
+        try:
+            if self._handle is None and self._loop is not None:
+                now = self._clock()
+                self._started = self._started or now
+                self._arm(now)
+            yield
+        finally:
+            self._users -= 1
 
     def _arm(self, now: int) -> None:
         assert self._loop is not None
@@ -89,7 +104,10 @@ class LoopDelayMeter:
     def _tick(self) -> None:
         now = self._clock()
         self.record(now, max(0, now - self._due))
-        self._arm(now)
+        if self._users or self._waiters:
+            self._arm(now)
+        else:
+            self._handle = None
         if self._waiters:
             still = []
             for end, waiter in self._waiters:
@@ -134,7 +152,7 @@ class LoopDelayMeter:
         return bool(self._recent) and self._recent[-1][0] > end_ns
 
     async def settled(self, end_ns: int, *, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
-        """Return once the meter has woken after `end_ns` (at once when it has, or is not running)."""
+        """Return once the meter has woken after `end_ns` (at once when it has, or is not ticking)."""
         if self._handle is None or self._woke_after(end_ns):
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -146,7 +164,8 @@ class LoopDelayMeter:
             pass
 
     async def judge(self, sample: Sample, *, bound_ms: float) -> None:
-        """Set the sample's `self_delay_ms` (over [sent, its last stamp]) and `disturbed`."""
+        """Set the sample's `self_delay_ms` (over [sent, its last stamp]) and `disturbed`; call it while
+        `measuring` since before the sample was sent."""
         if sample.sent_mono_ns is None or sample.total_ms is None or not self._started:
             return
         end_ns = sample.sent_mono_ns + round(sample.total_ms * 1e6)
