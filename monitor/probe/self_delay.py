@@ -56,6 +56,7 @@ class LoopDelayMeter:
         self._clock = clock
         self._recent: collections.deque[tuple[int, int]] = collections.deque(maxlen=RECENT_TICKS)
         self._notable: collections.deque[tuple[int, int]] = collections.deque(maxlen=NOTABLE_TICKS)
+        self._enabled = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._due = 0
@@ -66,15 +67,14 @@ class LoopDelayMeter:
 
     @property
     def running(self) -> bool:
-        """Started on a loop (it ticks while something is `measuring`)."""
-        return self._loop is not None
+        """Started (it ticks while something is `measuring`)."""
+        return self._enabled
 
     def start(self) -> None:
-        """Bind to the running loop, the probing one (call from a coroutine on it)."""
-        self._loop = asyncio.get_running_loop()
+        self._enabled = True
 
     def stop(self) -> None:
-        self._loop = None
+        self._enabled = False
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
@@ -85,10 +85,12 @@ class LoopDelayMeter:
 
     @contextmanager
     def measuring(self) -> Iterator[None]:
-        """Tick for as long as this is held: around a probe and its `judge`."""
+        """Tick for as long as this is held: around a probe and its `judge`. The timer runs on the loop
+        of whoever holds it, the probing loop, wherever the process opened the meter."""
         self._users += 1
         try:
-            if self._handle is None and self._loop is not None:
+            if self._handle is None and self._enabled:
+                self._loop = asyncio.get_running_loop()
                 now = self._clock()
                 self._started = self._started or now
                 self._arm(now)
