@@ -163,3 +163,40 @@ def test_probes_table_leaves_disturbed_samples_out_of_its_figures_and_says_so() 
     assert "disturbed (this monitor was itself late around the stamps" in text
     assert "  1 of 3: a / short" in text
     assert "disturbed" not in render_table(summarize([sample(1, 100.0)]))
+
+
+class _SlowToSettle(LoopDelayMeter):
+    """A meter whose wait for its next wake-up never ends, so a test can cancel the run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.settling = asyncio.Event()
+
+    async def settle(self, sample: Sample) -> None:
+        self.settling.set()
+        await asyncio.sleep(60)
+
+
+async def test_a_run_cancelled_while_its_sample_settles_keeps_the_judged_sample(exact_sim: SimProcess) -> None:
+    meter = _SlowToSettle()
+    meter.start()
+    kept: list[Sample] = []
+    async with ProbeClient() as client:
+        task = asyncio.create_task(
+            run_plan(
+                _plan(exact_sim, "qwen3-8b"),
+                client=client,
+                limits=ProviderLimits({}),
+                prompts=PromptFactory(Calibration()),
+                on_sample=kept.append,
+                meter=meter,
+                self_delay_bound_ms=5.0,
+            )
+        )
+        await asyncio.wait_for(meter.settling.wait(), 10)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    meter.stop()
+    [sample] = kept
+    assert sample.ok and sample.self_delay_ms is not None

@@ -165,12 +165,23 @@ class LoopDelayMeter:
         except TimeoutError:
             pass
 
-    async def judge(self, sample: Sample, *, bound_ms: float) -> None:
-        """Set the sample's `self_delay_ms` (over [sent, its last stamp]) and `disturbed`; call it while
+    async def settle(self, sample: Sample) -> None:
+        """Wait (up to one wake-up) until the meter has seen past the sample's last stamp; hold
         `measuring` since before the sample was sent."""
-        if sample.sent_mono_ns is None or sample.total_ms is None or not self._started:
+        end_ns = _end_ns(sample)
+        if end_ns is not None:
+            await self.settled(end_ns)
+
+    def judge(self, sample: Sample, *, bound_ms: float) -> None:
+        """Set the sample's `self_delay_ms` (over [sent, its last stamp]) and `disturbed`."""
+        end_ns = _end_ns(sample)
+        if end_ns is None or sample.sent_mono_ns is None or not self._started:
             return
-        end_ns = sample.sent_mono_ns + round(sample.total_ms * 1e6)
-        await self.settled(end_ns)
         sample.self_delay_ms = self.max_lateness(sample.sent_mono_ns, end_ns)
         sample.disturbed = is_disturbed(sample.self_delay_ms, bound_ms)
+
+
+def _end_ns(sample: Sample) -> int | None:
+    if sample.sent_mono_ns is None or sample.total_ms is None:
+        return None
+    return sample.sent_mono_ns + round(sample.total_ms * 1e6)
