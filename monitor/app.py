@@ -18,6 +18,7 @@ from monitor.probe.client import ProbeClient
 from monitor.probe.plan import Endpoints
 from monitor.probe.prompts import Calibration
 from monitor.probe.runner import ProviderLimits
+from monitor.probe.self_delay import LoopDelayMeter
 from monitor.schedule.pipeline import JobContext
 
 if TYPE_CHECKING:
@@ -153,6 +154,8 @@ class ProcessResources:
     saved_fits: dict[tuple[str, str], tuple[float, float]]
     # One session for every scrape of providers' `server_metrics_url`, so its connections are reused.
     scrape_session: aiohttp.ClientSession
+    # The probing loop's own lateness, so each sample says how late the monitor was around its stamps.
+    meter: LoopDelayMeter | None = None
 
 
 async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) -> ProcessResources:
@@ -174,7 +177,13 @@ async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) 
     }
     # No cookie jar: each scrape stands alone, as it did with a session per run.
     scrape_session = await stack.enter_async_context(aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()))
-    return ProcessResources(clients=clients, calibration=calibration, saved_fits=saved, scrape_session=scrape_session)
+    # Here, not in the daemon: `run`, `once` and `probe` all open these, so all measure self delay alike.
+    meter = LoopDelayMeter()
+    meter.start()
+    stack.callback(meter.stop)
+    return ProcessResources(
+        clients=clients, calibration=calibration, saved_fits=saved, scrape_session=scrape_session, meter=meter
+    )
 
 
 def job_context(
@@ -200,6 +209,7 @@ def job_context(
         saved_fits=resources.saved_fits,
         background=background,
         scrape_session=resources.scrape_session,
+        meter=resources.meter,
     )
 
 

@@ -405,6 +405,7 @@ def make_samples(
             error=error,
             error_message=f"upstream said no ({error.value})" if error else None,
             timing_path=TimingPath.TASK_READ if index == 2 else TimingPath.STAMPED,
+            self_delay_ms=0.1 + 0.05 * index,  # not drawn from rng: that would move every later draw
         )
         out.append(sample)
     return out

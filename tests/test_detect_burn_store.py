@@ -107,6 +107,25 @@ async def test_the_windows_counted_in_sql_equal_the_pure_count(backend: Backend)
         await engine.dispose()
 
 
+async def test_disturbed_probes_are_not_counted_against_the_budget(backend: Backend) -> None:
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        rng = random.Random(9)
+        quiet = run_at(4, slow=0.0, target="qwen3-8b", location="lab", rng=rng)
+        overloaded = run_at(5, slow=1.0, target="qwen3-8b", location="lab", rng=rng)
+        samples = [dataclasses.replace(s, disturbed=True, self_delay_ms=300.0) for _r, m in overloaded for s in m]
+        await repository.save_runs(quiet)
+        await repository.save_runs(runs_from_samples(samples, job="every-5m", location="lab", provider_of=PROVIDERS))
+        async with engine.connect() as connection:
+            now = T0 + timedelta(minutes=6)
+            counted = await count_windows(connection, target="qwen3-8b", location="lab", now=now, policy=POLICY)
+    finally:
+        await engine.dispose()
+    # Only the quiet run's probes: the overloaded run's (every one slow, every one disturbed) are no evidence.
+    assert {(c.total, c.bad) for c in counted.values()} == {(3 * len(quiet), 0)}
+
+
 # 100 runs stored and detected one by one: about 10 s alone, past the suite's 60 s on a loaded machine.
 @pytest.mark.timeout(240)
 async def test_a_burning_target_opens_one_page_per_location_raises_and_resolves(backend: Backend) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.testing import capture_logs
 
 from monitor.alert.cli import format_table, list_incidents
 from monitor.alert.model import Notification
@@ -60,6 +61,12 @@ def tick(
         for s in make_samples(target, prompt, at=at)
     ]
     return runs_from_samples(samples, job="every-5m", location=location, provider_of=PROVIDER_OF)
+
+
+def disturbed(batch: list[tuple[RunRecord, list[Any]]]) -> list[tuple[RunRecord, list[Any]]]:
+    """The batch as the probe records it when the monitor itself was late around every stamp."""
+    samples = [dataclasses.replace(s, disturbed=True, self_delay_ms=250.0) for _run, members in batch for s in members]
+    return runs_from_samples(samples, job="every-5m", location="lab", provider_of=PROVIDER_OF)
 
 
 def outage(slow: Mapping[str, float]) -> list[Mapping[str, float]]:
@@ -276,3 +283,35 @@ async def test_grouped_by_location_one_page_covers_every_provider_slow_from_ther
     assert len(firing) == pages, [headline(n) for n in firing]
     if by == "location":
         assert headline(firing[0]).startswith("[PAGE] TTFT regression on from fra: 2 targets, 4 series")
+
+
+@pytest.mark.parametrize("measured", [True, False], ids=["disturbed", "undisturbed"])
+async def test_runs_of_disturbed_samples_with_a_huge_ttft_never_open_an_incident(
+    backend: Backend, measured: bool
+) -> None:
+    engine = backend.engine()
+    try:
+        service = service_on(engine, config())
+        repository = Repository(engine)
+        with capture_logs() as logs:
+            for index, slow in enumerate(outage({"a1": 20.0})):
+                batch = tick(index, slow, targets=("a1",))
+                if slow and measured:
+                    batch = disturbed(batch)
+                await repository.save_runs(batch)
+                await service.after_store("every-5m", batch)
+        incidents = await rows(engine, IncidentRow)
+        sent = await notifications(engine)
+    finally:
+        await engine.dispose()
+    skipped = [e for e in logs if e["event"] == "detection_skipped_disturbed"]
+    if not measured:  # the control: the same TTFTs as evidence page
+        assert {(i.kind, i.severity) for i in incidents} == {("regression", "page")}
+        assert [n.state for n in sent] == ["firing", "resolved"]
+        assert skipped == []
+        return
+    assert incidents == [] and sent == []
+    # Said per run: both prompts of each of the SLOW runs, nothing of them evaluated.
+    assert len(skipped) == 2 * SLOW
+    assert {(e["target"], e["samples"], e["disturbed"], e["run_evaluated"]) for e in skipped} == {("a1", 5, 5, False)}
+    assert {e["self_delay_max_ms"] for e in skipped} == {250.0}

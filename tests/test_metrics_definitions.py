@@ -77,6 +77,38 @@ def test_the_slo_counters_count_probes_within_the_objective_and_failures_as_bad(
     assert scraped["ttft_monitor_slo_ttft_threshold_seconds"][0][2] == pytest.approx(threshold / 1000)
 
 
+def test_disturbed_probes_are_counted_apart_from_the_evidence_alert_rules_read() -> None:
+    samples = make_samples("qwen3-8b", "short", rounds=4, warmup=1)
+    samples[4].error, samples[4].ttft_ms = ErrorClass.TIMEOUT_FIRST_TOKEN, None
+    for sample in samples:
+        sample.self_delay_ms = 0.3
+    samples[2].self_delay_ms, samples[2].disturbed = 80.0, True  # a slow probe: the monitor's own stall
+    samples[2].ttft_ms = 9000.0
+    samples[4].self_delay_ms, samples[4].disturbed = 1500.0, True  # a timeout during a 1.5 s stall
+    metrics = Metrics(location="lab")
+    for sample in samples:
+        metrics.observe_sample(sample, provider="vllm", probe_job="every-5m", slo_ttft_ms=5000, slo_objective=0.99)
+    scraped = families(metrics.registry)
+
+    def total(name: str, **labels: str) -> float:
+        return sum(v for n, got, v in scraped[name] if n.endswith("_total") and labels.items() <= got.items())
+
+    assert total("ttft_monitor_disturbed_samples", outcome="ok") == 1
+    assert total("ttft_monitor_disturbed_samples", outcome="error", error_class="timeout_first_token") == 1
+    assert total("ttft_monitor_probes") == 2  # the two undisturbed measured probes, both ok
+    assert total("ttft_monitor_slo_probes") == total("ttft_monitor_slo_good_probes") == 2
+    (count,) = [v for n, _, v in scraped["ttft_monitor_ttft_seconds"] if n.endswith("_count")]
+    assert count == 2
+    delays = {labels["le"]: v for n, labels, v in scraped["ttft_monitor_probe_self_delay_seconds"] if "le" in labels}
+    assert (delays["0.0005"], delays["0.1"], delays["+Inf"]) == (2, 3, 4)
+
+
+def test_a_series_disturbed_counter_exists_at_zero_from_its_first_probe() -> None:
+    scraped = families(observed(Metrics(location="lab")).registry)
+    values = [v for n, _, v in scraped["ttft_monitor_disturbed_samples"] if n.endswith("_total")]
+    assert values == [0]
+
+
 def test_targets_without_an_slo_have_no_slo_series() -> None:
     scraped = families(observed(Metrics(location="lab")).registry)
     assert not scraped.get("ttft_monitor_slo_probes")

@@ -88,6 +88,17 @@ def test_csv_carries_every_field_of_every_sample(exact_sim: SimProcess) -> None:
     assert len(rows) == 3
     assert tuple(rows[0].keys()) == SAMPLE_FIELDS
     assert all(float(r["ttft_ms"]) > 0 for r in rows)
+    # `probe` measures its own delay as the daemon does; disturbed says whether it passed the 5 ms bound.
+    assert all(r["disturbed"] == str(float(r["self_delay_ms"]) > 5) for r in rows), rows
+
+
+def test_json_says_how_late_the_monitor_itself_was_per_sample(exact_sim: SimProcess) -> None:
+    out = probe_json(exact_sim, "--model", "gpt-4o-mini", "--rounds", "3")
+    delays = [s["self_delay_ms"] for s in out["samples"]]
+    assert all(isinstance(d, float) and d >= 0 for d in delays), delays
+    assert [s["disturbed"] for s in out["samples"]] == [d > 5 for d in delays]
+    [summary] = out["summary"]
+    assert summary["disturbed"] == sum(s["disturbed"] for s in out["samples"] if not s["warmup"])
 
 
 def test_the_table_summarises_per_target_and_prompt(exact_sim: SimProcess) -> None:

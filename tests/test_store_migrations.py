@@ -119,6 +119,39 @@ async def test_runs_stored_twice_before_the_unique_tick_are_removed_on_upgrade(e
         await engine.dispose()
 
 
+async def test_samples_stored_before_0011_read_as_undisturbed_and_new_ones_keep_their_self_delay(
+    empty_backend: Backend,
+) -> None:
+    engine = empty_backend.engine()
+    try:
+        await migrate.upgrade(engine)
+        old = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+        repository = Repository(engine)
+        await repository.save_runs(old)
+        assert await migrate.downgrade(engine, "0010") == (migrate.head(), "0010")
+        async with engine.connect() as connection:
+            columns = await connection.run_sync(
+                lambda sync: {c["name"] for c in sa.inspect(sync).get_columns("samples")}
+            )
+        assert not {"self_delay_ms", "disturbed"} & columns
+        assert await migrate.upgrade(engine) == ("0010", migrate.head())
+        run = old[0][0]
+        [(_, stored)] = await repository.load_runs(run.series, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+        assert {(s.self_delay_ms, s.disturbed) for s in stored} == {(None, False)}
+        new = make_batch(T0 + timedelta(minutes=5), targets=("qwen3-8b",), prompts=("short",))
+        for index, sample in enumerate(new[0][1]):
+            sample.self_delay_ms = 0.25 if index else 48.5
+            sample.disturbed = not index
+        await repository.save_runs(new)
+        loaded = await repository.load_runs(run.series, T0 + timedelta(minutes=4), T0 + timedelta(hours=1))
+        assert [(s.self_delay_ms, s.disturbed) for s in loaded[0][1]] == [
+            (s.self_delay_ms, s.disturbed) for s in new[0][1]
+        ]
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()
+
+
 async def test_rollups_with_raw_runs_left_are_recomputed_with_the_new_columns_after_upgrade(
     empty_backend: Backend,
 ) -> None:

@@ -104,6 +104,21 @@ def summarize(samples: list[Sample]) -> RunRecord:
             {"ttft_p50_ms": 110.0, "decode_tps_p50": 60.0, "ttfa_p50_ms": 170.0},
             id="medians interpolate between the two middle values",
         ),
+        pytest.param(
+            [
+                sample(1, ttft=100.0),
+                sample(2, ttft=900.0, disturbed=True, self_delay_ms=800.0),
+                sample(3, ttft=None, error=ErrorClass.TIMEOUT_FIRST_TOKEN, disturbed=True, self_delay_ms=40.0),
+                sample(4, ttft=120.0),
+            ],
+            {"rounds": 4, "ok": 2, "errors": 0, "ttft_p50_ms": 110.0, "ttft_max_ms": 120.0, "error": None},
+            id="disturbed samples are counted in rounds only, never summarised",
+        ),
+        pytest.param(
+            [sample(1, ttft=900.0, disturbed=True), sample(2, ttft=None, error=ErrorClass.CONNECT, disturbed=True)],
+            {"rounds": 2, "ok": 0, "errors": 0, "ttft_p50_ms": None, "error": None},
+            id="a run disturbed throughout says nothing about the server",
+        ),
     ],
 )
 def test_it_summarises_a_run(samples: list[Sample], expected: dict[str, object]) -> None:

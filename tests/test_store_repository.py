@@ -79,6 +79,7 @@ async def test_a_run_and_every_field_of_its_samples_come_back_unchanged(engine: 
     batch = make_batch(errors={2: ErrorClass.RATE_LIMITED, 4: ErrorClass.STREAM_ERROR})
     # A sample sent from a non-UTC clock is the same instant in UTC.
     batch[0][1][0].sent_at = batch[0][1][0].sent_at.astimezone(timezone(timedelta(hours=8)))  # type: ignore[union-attr]
+    batch[0][1][1].self_delay_ms, batch[0][1][1].disturbed = 52.5, True  # the monitor was late around it
     await repository.save_runs(batch)
 
     loaded = await repository.load_runs(QWEN_SHORT, T0 - timedelta(hours=1), T0 + timedelta(hours=1))

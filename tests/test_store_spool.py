@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import resource
 import signal
 from collections.abc import Iterator
@@ -238,3 +240,30 @@ def test_an_unreadable_cursor_replays_everything_rather_than_losing_anything(tmp
     with Spool(tmp_path, max_bytes=10**7, on_event=events) as spool:
         assert spool.depth == 3  # the acknowledged one comes again: its replay is a no-op in the database
     assert [name for name, _ in events.seen] == ["spool_cursor_unreadable"]
+
+
+def test_a_disturbed_sample_keeps_its_self_delay_through_the_spool(tmp_path: Path) -> None:
+    run, samples = batches(1)[0][0]
+    samples[0].self_delay_ms, samples[0].disturbed = 51.25, True
+    samples[1].self_delay_ms = 0.125
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append([(run, samples)])
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        [entry] = spool.peek(10)
+    assert entry.samples == samples
+    assert [(s.self_delay_ms, s.disturbed) for s in entry.samples[:2]] == [(51.25, True), (0.125, False)]
+
+
+def test_records_spooled_before_samples_had_a_self_delay_replay_as_undisturbed(tmp_path: Path) -> None:
+    run, samples = batches(1)[0][0]
+    record = json.loads(encode(run, samples)[18:])
+    for sample in record["samples"]:
+        del sample["self_delay_ms"], sample["disturbed"]
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        spool.append(batches(1)[0])
+    segment = next(tmp_path.glob("0*.jsonl"))
+    segment.write_bytes(json.dumps(record).encode() + b"\n")
+    with Spool(tmp_path, max_bytes=10**7) as spool:
+        [entry] = spool.peek(10)
+    assert entry.run == run
+    assert entry.samples == [dataclasses.replace(s, self_delay_ms=None, disturbed=False) for s in samples]

@@ -150,7 +150,15 @@ async def _store_hostile_series(url: str) -> None:
         at = now - timedelta(minutes=minutes)
         batch = make_samples("qwen3-8b", "short", at=at, warmup=0, rounds=3, errors={2: ErrorClass.SERVER_ERROR})
         samples += [
-            dataclasses.replace(s, target=EVIL_TARGET, error_message=EVIL_MESSAGE if s.error else None) for s in batch
+            dataclasses.replace(
+                s,
+                target=EVIL_TARGET,
+                error_message=EVIL_MESSAGE if s.error else None,
+                # One sample a run the monitor itself was late around: the page marks it.
+                self_delay_ms=48.0 if s.round == 1 else 0.3,
+                disturbed=s.round == 1,
+            )
+            for s in batch
         ]
     engine = create_engine(url)
     try:
@@ -373,6 +381,7 @@ def test_markup_in_names_and_server_errors_renders_as_text(browser: Any, monitor
     assert EVIL_TARGET in page.locator("h1").inner_text()
     assert EVIL_MESSAGE in page.locator(".recent-errors").inner_text()
     assert page.locator("main img").count() == 0 and page.locator("main script").count() == 0
+    assert page.locator("p.disturbed-note").inner_text().startswith("3 disturbed samples (hollow markers) excluded")
     _no_script_ran(visit)
     compare = _open(browser, f"{monitor.url}/compare?since=1h")
     assert EVIL_TARGET in compare.page.locator("table.cells").inner_text()

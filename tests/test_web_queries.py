@@ -210,6 +210,24 @@ async def test_points_are_raw_samples_for_short_ranges_and_buckets_beyond_the_ca
     await repository.engine.dispose()
 
 
+async def test_points_say_how_late_the_monitor_was_and_which_samples_were_disturbed(backend: Backend) -> None:
+    repository = Repository(backend.engine())
+    batch = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+    measured = [s for s in batch[0][1] if not s.warmup]
+    measured[1].self_delay_ms, measured[1].disturbed = 61.25, True
+    await repository.save_runs(batch)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT id FROM series WHERE target='qwen3-8b' AND prompt='short'"))
+    end = T0 + timedelta(hours=1)
+    raw = await queries.series_points(repository.engine, series_id, start=T0, end=end)
+    assert [(p["self_delay_ms"], p["disturbed"]) for p in raw["points"]] == [
+        (round(s.self_delay_ms, 2), s.disturbed) for s in measured
+    ]
+    folded = await queries.series_points(repository.engine, series_id, start=T0, end=end, max_points=1)
+    assert [p["disturbed"] for p in folded["points"]] == [1]
+    await repository.engine.dispose()
+
+
 async def _store_with_server_metrics(backend: Backend, hours: int) -> tuple[Repository, int]:
     """qwen3-8b/short every 5 minutes, each run with the server's own numbers (as a vLLM scrape gives)."""
     repository = Repository(backend.engine())

@@ -1010,6 +1010,15 @@ class Config(ConfigModel):
     detection: Detection = Field(default_factory=Detection, description="Regression detection.")
     alerts: Alerts = Field(default_factory=Alerts, description="Where incidents are sent.")
     web: Web = Field(default_factory=Web, description="Status pages and JSON API.")
+    probe_self_delay_bound_ms: float = Field(
+        5,
+        gt=0,
+        le=60000,
+        description="A sample during which the monitor itself was late by more than this (its event loop's "
+        "worst lateness between sending the request and the last stamp: a blocked loop, a starved CPU) is "
+        "`disturbed`: stored, shown and counted, but not used as evidence by detection. Quiet, the lateness "
+        "is well under 1 ms.",
+    )
     shutdown_grace_s: float = Field(
         20,
         gt=0,

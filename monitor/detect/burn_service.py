@@ -78,6 +78,7 @@ async def count_windows(
             SeriesRow.location == location,
             SeriesRow.prompt != ALL_PROMPTS,
             SampleRow.warmup.is_(False),
+            SampleRow.disturbed.is_(False),  # the monitor's own delay is no evidence of the target's
             RunRow.started_at > _aware(now.timestamp() - windows[0]),
             RunRow.started_at <= now,
         )

@@ -20,6 +20,7 @@ from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
 from monitor.detect.group_notify import GroupNotifier
 from monitor.detect.grouping import GROUPED_KINDS, scope
+from monitor.detect.state import is_evidence
 from monitor.logging import error_text
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
@@ -139,6 +140,8 @@ class DetectionService:
         interval = job_interval(self._config, job) if job != "adhoc" else timedelta(minutes=5)
         groups: set[uuid.UUID] = set()
         for run, samples in batch:
+            if not self._evidence(job, run, samples):
+                continue
             try:
                 await self._evaluate(job, run, samples, interval, groups)
             except Exception as exc:
@@ -166,6 +169,29 @@ class DetectionService:
                 await self._sync_group(job, group_id, at)
             except Exception as exc:
                 self._log.warning("group_notify_failed", job=job, error=error_text(exc))
+
+    def _evidence(self, job: str, run: RunRecord, samples: Sequence[Sample]) -> bool:
+        """Whether the run is evaluated; says so when disturbed samples were left out of it (the run's
+        summary already leaves them out, `records.summarize_run`), or when nothing of it was left."""
+        measured = [s for s in samples if not s.warmup]
+        disturbed = [s for s in measured if s.disturbed]
+        if not disturbed:
+            return True
+        evaluated = is_evidence(run)
+        delays = [s.self_delay_ms for s in disturbed if s.self_delay_ms is not None]
+        self._log.warning(
+            "detection_skipped_disturbed",
+            job=job,
+            target=run.series.target,
+            prompt=run.series.prompt,
+            run_id=str(run.run_id),
+            samples=len(measured),
+            disturbed=len(disturbed),
+            self_delay_max_ms=round(max(delays), 1) if delays else None,
+            run_evaluated=evaluated,
+            reason="the monitor itself was late around these samples' stamps; they are stored, not evidence",
+        )
+        return evaluated
 
     async def _evaluate(
         self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta, groups: set[uuid.UUID]
@@ -216,8 +242,14 @@ class DetectionService:
         detector = self._detector(series.target)
         since = detector.history_since(run.started_at, interval=interval)
         records = await self._repository.runs_between(series, since, run.started_at)
-        history = [point_from_run(r) for r in records if r.run_id != run.run_id and r.started_at < run.started_at]
-        served = Counter(s.served_model for s in samples if s.served_model and not s.warmup).most_common(1)
+        history = [
+            point_from_run(r)
+            for r in records
+            if r.run_id != run.run_id and r.started_at < run.started_at and is_evidence(r)
+        ]
+        served = Counter(
+            s.served_model for s in samples if s.served_model and not s.warmup and not s.disturbed
+        ).most_common(1)
         point = point_from_run(run, served_model=served[0][0] if served else None)
         async with write_transaction(self._engine) as connection:
             series_id = await self._store.series_id(connection, series)

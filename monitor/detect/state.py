@@ -46,6 +46,12 @@ class RunPoint:
         return ok, errors
 
 
+def is_evidence(record: RunRecord) -> bool:
+    """False for a run whose every measured sample was disturbed (the monitor's own delay): it says
+    nothing about the server, and read as a point it would look like a run of failures."""
+    return record.rounds == 0 or record.ok + record.errors > 0
+
+
 def point_from_run(record: RunRecord, *, served_model: str | None = None) -> RunPoint:
     """The detector's view of a stored run."""
     return RunPoint(

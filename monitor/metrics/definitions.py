@@ -105,6 +105,22 @@ class Metrics:
             ("target", "prompt", "location", "probe_job", "outcome", "error_class"),
             registry=r,
         )
+        self.disturbed = Counter(
+            "ttft_monitor_disturbed_samples_total",
+            "Probes during which the monitor itself was late beyond `probe_self_delay_bound_ms` (a blocked "
+            "event loop, a starved CPU): counted here instead of in the TTFT, probe and SLO metrics, as "
+            "detection leaves them out too. Labels as `ttft_monitor_probes_total`.",
+            ("target", "prompt", "location", "probe_job", "outcome", "error_class"),
+            registry=r,
+        )
+        self.self_delay = Histogram(
+            "ttft_monitor_probe_self_delay_seconds",
+            "How late the monitor itself was around each probe's stamps (its event loop's worst lateness "
+            "between sending the request and the last stamp).",
+            ("probe_job",),
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=r,
+        )
         self.slo_probes = Counter(
             "ttft_monitor_slo_probes_total",
             "Probes of targets with a per-probe TTFT objective (`slo.ttft_ms`), failed ones included.",
@@ -230,6 +246,16 @@ class Metrics:
         labels = (sample.target, sample.model, provider, sample.prompt, self.location, probe_job)
         short = (sample.target, sample.prompt, self.location, probe_job)
         ok = sample.ok and sample.ttft_ms is not None
+        if sample.self_delay_ms is not None:
+            self.self_delay.labels(probe_job).observe(sample.self_delay_ms / 1000)
+        disturbed = self.disturbed.labels(*short, "ok", "none")  # exists at zero from the first probe
+        if sample.disturbed:
+            # No evidence about the target: kept out of what dashboards and alert rules read.
+            if not ok:
+                error = sample.error.value if sample.error is not None else "unknown"
+                disturbed = self.disturbed.labels(*short, "error", error)
+            disturbed.inc()
+            return
         if ok and sample.ttft_ms is not None:
             seconds = sample.ttft_ms / 1000
             self.ttft.labels(*labels).observe(seconds)

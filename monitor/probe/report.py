@@ -32,27 +32,32 @@ class SeriesSummary:
     prompt_tokens_target: int | None = None
     cached_tokens_p50: float | None = None
     setup_ms_p50: float | None = None
+    # Samples the monitor itself was late around (Sample.disturbed): in `samples` and `errors`, not in the figures.
+    disturbed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
 
 
 def summarize(samples: Iterable[Sample]) -> list[SeriesSummary]:
-    """One row per (target, prompt) in first-seen order; warm-up samples are left out."""
+    """One row per (target, prompt) in first-seen order; warm-up samples are left out. Disturbed ones
+    are counted (and their errors shown) but left out of the latency figures."""
     groups: dict[tuple[str, str], list[Sample]] = {}
     for sample in samples:
         if not sample.warmup:
             groups.setdefault((sample.target, sample.prompt), []).append(sample)
     rows = []
-    for (target, prompt), group in groups.items():
+    for (target, prompt), members in groups.items():
+        disturbed = sum(1 for s in members if s.disturbed)
+        group = [s for s in members if not s.disturbed] if disturbed else members
         ok = [s for s in group if s.ok and s.ttft_ms is not None]
         ttft = sorted(s.ttft_ms for s in ok if s.ttft_ms is not None)
         rows.append(
             SeriesSummary(
                 target=target,
                 prompt=prompt,
-                samples=len(group),
-                errors=dict(Counter(s.error.value for s in group if s.error is not None)),
+                samples=len(members),
+                errors=dict(Counter(s.error.value for s in members if s.error is not None)),
                 ttft_p50_ms=percentile(ttft, 50, presorted=True),
                 ttft_p90_ms=percentile(ttft, 90, presorted=True),
                 ttft_min_ms=ttft[0] if ttft else None,
@@ -60,9 +65,10 @@ def summarize(samples: Iterable[Sample]) -> list[SeriesSummary]:
                 ttfa_p50_ms=median([s.ttfa_ms for s in ok if s.ttfa_ms is not None]),
                 decode_tps_p50=median([s.decode_tps for s in ok if s.decode_tps is not None]),
                 prompt_tokens_p50=median([s.prompt_tokens for s in ok if s.prompt_tokens is not None]),
-                prompt_tokens_target=group[0].prompt_tokens_target,
+                prompt_tokens_target=members[0].prompt_tokens_target,
                 cached_tokens_p50=median([s.cached_tokens for s in ok if s.cached_tokens is not None]),
                 setup_ms_p50=median([s.setup_ms for s in ok if s.setup_ms is not None]),
+                disturbed=disturbed,
             )
         )
     return rows
@@ -105,6 +111,13 @@ def render_table(rows: Sequence[SeriesSummary], *, show_setup: bool = False) -> 
     if error_lines:
         lines.append("errors:")
         lines.extend(error_lines)
+    disturbed_lines = [f"  {r.disturbed} of {r.samples}: {r.target} / {r.prompt}" for r in rows if r.disturbed]
+    if disturbed_lines:
+        lines.append(
+            "disturbed (this monitor was itself late around the stamps; left out of the figures, "
+            "self_delay_ms in --format json or csv says by how much):"
+        )
+        lines.extend(disturbed_lines)
     return "\n".join(lines)
 
 

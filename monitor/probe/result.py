@@ -93,6 +93,11 @@ class Sample:
     sent_mono_ns: int | None = None
     # None when no response head arrived (nothing was timed from the response).
     timing_path: TimingPath | None = None
+    # How late the monitor itself was between `sent` and the last stamp (its event loop's worst lateness,
+    # monitor.probe.self_delay); None when nothing measured it. Beyond `probe_self_delay_bound_ms` the
+    # sample is `disturbed`: stored and shown, but no evidence for the detector.
+    self_delay_ms: float | None = None
+    disturbed: bool = False
 
     @property
     def ok(self) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -12,6 +13,7 @@ from monitor.probe.client import ProbeClient
 from monitor.probe.endpoint import Endpoint
 from monitor.probe.prompts import PromptFactory, PromptSpec
 from monitor.probe.result import Sample
+from monitor.probe.self_delay import LoopDelayMeter
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +56,13 @@ async def run_plan(
     prompts: PromptFactory,
     intended_at: datetime | None = None,
     on_sample: Callable[[Sample], None] | None = None,
+    meter: LoopDelayMeter | None = None,
+    self_delay_bound_ms: float = 5.0,
 ) -> list[Sample]:
     """Probe every series; rounds of one series run in order, series interleave under the caps.
 
-    Returns every sample, warm-up ones included (flagged), in completion order.
+    Returns every sample, warm-up ones included (flagged), in completion order. With a `meter`, each
+    sample records the monitor's own delay around its stamps and whether that disturbed it.
     """
     intended = intended_at or datetime.now(UTC)
     gate = asyncio.Semaphore(max(1, plan.concurrency))
@@ -80,13 +85,20 @@ async def run_plan(
                 intended_at=intended,
                 prompt_tokens_target=spec.tokens,
             )
-            async with gate, limits.get(target.provider):
-                text = prompts.text_for(target.name, spec, warmup=warmup)
-                await client.probe(target.endpoint, params, text, sample)
-            prompts.calibration.observe((target.name, spec.name), len(text), sample.prompt_tokens)
-            samples.append(sample)
-            if on_sample is not None:
-                on_sample(sample)
+            with meter.measuring() if meter is not None else contextlib.nullcontext():
+                async with gate, limits.get(target.provider):
+                    text = prompts.text_for(target.name, spec, warmup=warmup)
+                    await client.probe(target.endpoint, params, text, sample)
+                try:
+                    if meter is not None:  # outside the slot: waiting for the meter's next wake-up holds up no probe
+                        await meter.settle(sample)
+                finally:  # cancelled while settling, the sample is judged on what the meter saw, and kept
+                    if meter is not None:
+                        meter.judge(sample, bound_ms=self_delay_bound_ms)
+                    prompts.calibration.observe((target.name, spec.name), len(text), sample.prompt_tokens)
+                    samples.append(sample)
+                    if on_sample is not None:
+                        on_sample(sample)
 
     async with asyncio.TaskGroup() as group:
         for target in plan.targets:

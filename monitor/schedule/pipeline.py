@@ -19,6 +19,7 @@ from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
+from monitor.probe.self_delay import LoopDelayMeter
 from monitor.probe.server_metrics import (
     AFTER_SCRAPE_TIMEOUT_S,
     SCRAPE_TIMEOUT_S,
@@ -56,6 +57,8 @@ SAMPLE_LOG_FIELDS = (
     "error",
     "error_message",
     "connection_reused",
+    "self_delay_ms",
+    "disturbed",
 )
 
 
@@ -80,6 +83,8 @@ class JobContext:
     # For providers' `server_metrics_url`: one per process (`app.ProcessResources`), kept across runs and
     # reloads so its connections are reused; a context built without one opens a session per run.
     scrape_session: aiohttp.ClientSession | None = None
+    # The probing loop's lateness (`app.ProcessResources`); None: samples leave `self_delay_ms` unset.
+    meter: LoopDelayMeter | None = None
 
 
 @dataclass
@@ -174,6 +179,8 @@ async def execute(
                 prompts=PromptFactory(ctx.calibration),
                 intended_at=outcome.intended_at,
                 on_sample=record,
+                meter=ctx.meter,
+                self_delay_bound_ms=ctx.config.probe_self_delay_bound_ms,
             )
             outcome.server = await readings.over_the_run()
     except asyncio.CancelledError:

@@ -178,6 +178,10 @@ class SampleRow(Base):
     # Which clock measured the sample (probe.result.TimingPath); null before migration 0007 and when
     # no response head arrived.
     timing_path: Mapped[str | None] = mapped_column(String(TIMING_PATH_LENGTH))
+    # How late the monitor itself was around the sample's stamps (probe.self_delay); null before
+    # migration 0011 and when nothing measured it. `disturbed`: beyond the bound, so no evidence.
+    self_delay_ms: Mapped[float | None] = mapped_column(Double)
+    disturbed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
 class RollupRow(Base):

@@ -64,6 +64,8 @@ SAMPLE_COLUMN_FIELDS: dict[str, str] = {
     "server_timing": "server_timing",
     "error_message": "error_message",
     "timing_path": "timing_path",
+    "self_delay_ms": "self_delay_ms",
+    "disturbed": "disturbed",
 }
 # Sample fields stored elsewhere: once per run or series (target, model, api, prompt), as the row's key
 # (sample_id is the column id) or converted (error, an ErrorClass stored by value).
@@ -96,7 +98,11 @@ class SeriesKey:
 class RunRecord:
     """One run of one series. Counts and statistics cover measured samples; warm-ups are only counted.
 
-    `ttft_*` and `ttfa_p50_ms`, `decode_tps_p50` come from successful measured samples;
+    Disturbed samples (the monitor itself was late around their stamps, `Sample.disturbed`) are no
+    evidence about the server: they count in `rounds` only, so `rounds - ok - errors` of them were
+    disturbed, and a run whose measured samples all were has no TTFT and `ok == errors == 0`.
+
+    `ttft_*` and `ttfa_p50_ms`, `decode_tps_p50` come from successful undisturbed measured samples;
     `prompt_tokens_p50` from measured samples whose server reported a count; `error` is the most
     frequent error class among measured samples (None when all succeeded).
     """
@@ -283,7 +289,8 @@ def summarize_run(
     if not samples:
         raise ValueError("a run needs at least one sample")
     measured = [s for s in samples if not s.warmup]
-    ok = [s for s in measured if s.ok]
+    evidence = [s for s in measured if not s.disturbed]
+    ok = [s for s in evidence if s.ok]
     ttfts = _values(ok, "ttft_ms")
     sent = [s.sent_at for s in samples if s.sent_at is not None]
     intended = [s.intended_at for s in samples if s.intended_at is not None]
@@ -292,7 +299,7 @@ def summarize_run(
     ends = [
         s.sent_at + timedelta(milliseconds=s.total_ms or s.ttfb_ms or 0.0) for s in samples if s.sent_at is not None
     ]
-    errors = Counter(s.error for s in measured if s.error is not None)
+    errors = Counter(s.error for s in evidence if s.error is not None)
     return RunRecord(
         run_id=run_id,
         job=job,
@@ -304,7 +311,7 @@ def summarize_run(
         rounds=len(measured),
         warmup=len(samples) - len(measured),
         ok=len(ok),
-        errors=len(measured) - len(ok),
+        errors=len(evidence) - len(ok),
         ttft_p50_ms=median(ttfts),
         ttft_min_ms=min(ttfts) if ttfts else None,
         ttft_max_ms=max(ttfts) if ttfts else None,

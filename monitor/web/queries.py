@@ -526,17 +526,19 @@ def bucket_seconds(range_s: float, max_points: int = MAX_POINTS) -> int:
 
 _PHASE_AT = 10  # where the phases begin in a sample row (_SAMPLE_FIELDS), then the server's numbers
 _SERVER_AT = _PHASE_AT + len(PHASES)
+_SELF_DELAY_AT = _SERVER_AT + len(SERVER_FIELDS)  # then self_delay_ms, disturbed (monitor.probe.self_delay)
 _SAMPLE_FIELDS = (
     SampleRow.sent_at, RunRow.started_at, RunRow.id, SampleRow.request_id, SampleRow.error,
     SampleRow.error_message, SampleRow.http_status, SampleRow.decode_tps, SampleRow.prompt_tokens,
     SampleRow.cached_tokens, *(getattr(SampleRow, name) for name in PHASES),
-    *(getattr(RunRow, name) for name in SERVER_FIELDS),
+    *(getattr(RunRow, name) for name in SERVER_FIELDS), SampleRow.self_delay_ms, SampleRow.disturbed,
 )  # fmt: skip
 
 
 def sample_point(row: Sequence[Any]) -> dict[str, Any]:
     sent_at, started_at, run_id, request_id, error, message, status, rate, prompt, cached = row[:_PHASE_AT]
-    phases, server = row[_PHASE_AT:_SERVER_AT], row[_SERVER_AT:]
+    phases, server = row[_PHASE_AT:_SERVER_AT], row[_SERVER_AT:_SELF_DELAY_AT]
+    self_delay, disturbed = row[_SELF_DELAY_AT : _SELF_DELAY_AT + 2]
     ttft = phases[PHASES.index("ttft_ms")]
     return {
         "t": iso(sent_at or started_at),
@@ -555,6 +557,8 @@ def sample_point(row: Sequence[Any]) -> dict[str, Any]:
         "request_id": request_id,
         "error_message": message,
         "http_status": status,
+        "self_delay_ms": _round(self_delay),
+        "disturbed": bool(disturbed),
     }
 
 
@@ -591,6 +595,7 @@ def bucket_points(rows: Sequence[Sequence[Any]], *, start: datetime, width_s: in
                 "cached_tokens": _round(median_of(9), 0),
                 **{name: _round(median_of(_SERVER_AT + i, runs), 4) for i, name in enumerate(SERVER_FIELDS)},
                 "error_counts": dict(sorted(errors.items())),
+                "disturbed": sum(1 for row in members if row[_SELF_DELAY_AT + 1]),
             }
         )
     return out

@@ -65,6 +65,8 @@
           if (p.run_id) lines.push(`run ${p.run_id}`);
           if (p.request_id) lines.push(`request id ${p.request_id}`);
           if (p.error_message) lines.push(`error: ${p.error_message}`);
+          if (p.self_delay_ms !== null && p.self_delay_ms !== undefined) lines.push(`monitor's own delay ${ms(p.self_delay_ms)} ms`);
+          if (p.disturbed) lines.push(p.disturbed === true ? "disturbed: not evidence for detection" : `${p.disturbed} disturbed: not evidence for detection`);
           tip.textContent = lines.join("\n");
           tip.hidden = false;
           tip.style.left = `${Math.min(u.cursor.left + 12, u.over.clientWidth - 240)}px`;
@@ -148,16 +150,25 @@
       { label: "baseline", stroke: "#12b76a", dash: [6, 4], points: { show: false } },
       { label: `ticket ×${limits.ticket_ratio ?? "–"}`, stroke: "rgba(247,144,9,0.6)", dash: [2, 3], points: { show: false } },
       { label: `page ×${limits.page_ratio ?? "–"}`, stroke: "rgba(217,45,32,0.6)", dash: [2, 3], points: { show: false } },
+      // Hollow markers: samples (or buckets holding some) the monitor itself was late around.
+      { label: "disturbed", stroke: "#d92d20", paths: () => null, points: { show: true, size: 9, width: 1.5, fill: "rgba(0,0,0,0)" } },
     ];
+    const disturbedAt = pts.map((p) => (p.disturbed ? p.ttft_p50_ms ?? null : null));
+    // A sample says true; a bucket counts them; hourly rollups do not keep them (undefined).
+    const disturbedCount = pts.reduce((sum, p) => sum + (p.disturbed === true ? 1 : typeof p.disturbed === "number" ? p.disturbed : 0), 0);
     const shade = { hooks: { draw: [(u) => shadeIncidents(u, data.incidents)] } };
     const tip = tooltipPlugin(pts);
     if (data.split) main.append(splitNote(data.split));
     TTFT_CHARTS.timeChart(main, "TTFT (ms): p50 with the p10–p90 band, the detector's baseline, incidents shaded",
-      [xs, col("ttft_p10_ms"), col("ttft_p50_ms"), col("ttft_p90_ms"), baseline, times(limits.ticket_ratio), times(limits.page_ratio)], ttftSeries, {
+      [xs, col("ttft_p10_ms"), col("ttft_p50_ms"), col("ttft_p90_ms"), baseline, times(limits.ticket_ratio), times(limits.page_ratio), disturbedAt], ttftSeries, {
         yLabel: "ms", height: 280,
         bands: [{ series: [3, 1], fill: "rgba(46,111,219,0.12)" }, { series: [5, 4], fill: "rgba(18,183,106,0.08)" }],
         hooks: { draw: shade.hooks.draw, init: [tip.hooks.init], setCursor: [tip.hooks.setCursor] },
       });
+    if (disturbedCount) {
+      main.append(el("p", { class: "muted disturbed-note" },
+        `${disturbedCount} disturbed sample${disturbedCount === 1 ? "" : "s"} (hollow markers) excluded from detection: the monitor itself was late around their stamps (probe_self_delay_bound_ms)`));
+    }
     if (incidentBaselines.length) {
       main.append(el("p", { class: "muted incidents-note" }, data.incidents.map((i) =>
         `${i.kind} ${i.severity} from ${TTFT.when(i.opened_at)}${i.resolved_at ? ` to ${TTFT.when(i.resolved_at)}` : " (open)"}: baseline ${ms(i.baseline_ms)} ms, observed ${ms(i.observed_ms)} ms, peak ×${i.peak_ratio ?? "–"}`).join(" · ")));
