@@ -179,7 +179,9 @@ class DetectionService:
             return True
         evaluated = is_evidence(run)
         delays = [s.self_delay_ms for s in disturbed if s.self_delay_ms is not None]
-        self._log.warning(
+        # A warning only when the run could not be evaluated at all; a sample or two left out is routine
+        # on a busy machine and would drown the log (and the demo's screen).
+        (self._log.warning if not evaluated else self._log.info)(
             "detection_skipped_disturbed",
             job=job,
             target=run.series.target,
