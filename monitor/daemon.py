@@ -294,6 +294,7 @@ class Daemon:
     async def reload(self) -> None:
         """Re-read the config file and reschedule; a broken file keeps the running config."""
         log = structlog.get_logger()
+        asked = datetime.now(UTC)  # a job re-timed by this file ticks from here, not from after the reload
         current = self.config
         try:
             config = load_config(self.config_path)
@@ -317,7 +318,7 @@ class Daemon:
         if self.served is not None:
             self.service.call_soon(self.served.update_alerts, config.alerts)
         self.config = config
-        self.scheduler.set_jobs(list(config.jobs))
+        self.scheduler.set_jobs(list(config.jobs), since=asked)
         log.info("config_reloaded", jobs=[j.name for j in config.jobs])
 
     async def stop(self) -> None:

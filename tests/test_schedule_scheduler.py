@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from apscheduler.events import (
@@ -98,6 +98,35 @@ async def test_a_tick_due_while_the_last_run_still_goes_is_skipped_and_counted()
         assert started[0].microsecond == 0  # the nominal tick, not the moment it started
     finally:
         release.set()
+        scheduler.pause()
+        await eventually(lambda: not scheduler.tasks, 5)
+        scheduler.shutdown()
+
+
+async def test_a_reload_leaves_unchanged_jobs_alone_and_re_times_changed_ones_from_when_it_was_asked():
+    ran: list[tuple[str, int]] = []
+
+    async def record(j: Job, _tick: datetime) -> None:
+        ran.append((j.name, j.rounds))
+
+    scheduler = JobScheduler(record, metrics=Metrics())
+    scheduler.set_jobs([job("0 3 * * *", name="kept"), job("0 4 * * *", name="moved"), job("0 5 * * *", name="gone")])
+    scheduler.start()
+    try:
+        before = scheduler.next_run_times()
+        asked = datetime.now(UTC)
+        kept = job("0 3 * * *", name="kept").model_copy(update={"rounds": 7})
+        scheduler.set_jobs([kept, job("0 6 * * *", name="moved"), job("0 7 * * *", name="new")], since=asked)
+        after = scheduler.next_run_times()
+        assert set(after) == {"kept", "moved", "new"}
+        assert after["kept"] == before["kept"]  # not re-added: a tick due during the reload still runs
+        assert after["moved"] is not None and after["moved"].hour == 6
+        # A re-timed job whose new tick fell due while the reload ran still gets it.
+        due = (datetime.now(UTC) - timedelta(seconds=1)).replace(microsecond=0)
+        scheduler.set_jobs([kept, job(f"{due.second} * * * * *", name="moved")], since=due - timedelta(seconds=0.5))
+        await eventually(lambda: ("moved", 5) in ran, 3)  # not a minute later
+        assert scheduler._jobs["kept"].rounds == 7  # the next tick of a kept job runs its new definition
+    finally:
         scheduler.pause()
         await eventually(lambda: not scheduler.tasks, 5)
         scheduler.shutdown()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import structlog
 from apscheduler.events import (
@@ -33,6 +33,11 @@ from monitor.metrics.definitions import Metrics
 
 MISFIRE_GRACE_S = 30
 RunJob = Callable[[Job, datetime], Awaitable[None]]
+
+
+def _timing(job: Job) -> tuple[str, str, float]:
+    """What decides when a job's ticks fall: a reload changing none of it leaves the job alone."""
+    return (job.schedule, job.timezone, job.jitter_s)
 
 
 def nominal_fire_time(job: Job, run_time: datetime) -> datetime:
@@ -59,6 +64,8 @@ class JobScheduler:
         self._scheduler.add_listener(self._on_event, EVENT_JOB_SUBMITTED | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self._jobs: dict[str, Job] = {}
         self._intended: dict[str, datetime] = {}
+        # Per job, the last nominal tick the scheduler accounted for (started, skipped or missed).
+        self._accounted: dict[str, datetime] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._log = structlog.get_logger()
 
@@ -66,13 +73,31 @@ class JobScheduler:
     def running(self) -> bool:
         return bool(self._scheduler.running)
 
-    def set_jobs(self, jobs: list[Job]) -> None:
-        """Replace the scheduled jobs (start-up and reload); running job instances finish undisturbed."""
-        for existing in list(self._jobs):
-            self._scheduler.remove_job(existing)
-        self._jobs = {job.name: job for job in jobs}
+    def set_jobs(self, jobs: list[Job], *, since: datetime | None = None) -> None:
+        """Schedule `jobs` (start-up and reload), changing only what changed.
+
+        A job whose schedule, timezone and jitter are unchanged is left alone in the job store, so a
+        tick that fell due while the reload held the loop still runs (removing and re-adding it
+        computed its next run from after the tick, and the tick was lost). A new or re-timed job
+        gets its first tick from `since` (when the reload was asked for), not from now. Running job
+        instances finish undisturbed; the next tick of a kept job uses its new definition.
+        """
+        since = since or datetime.now(UTC)
+        wanted = {job.name: job for job in jobs}
+        for name in list(self._jobs):
+            if name not in wanted:
+                self._scheduler.remove_job(name)
+                self._accounted.pop(name, None)
         for job in jobs:
+            old = self._jobs.get(job.name)
+            if old is not None and _timing(old) == _timing(job):
+                continue
             trigger: CronTrigger = build_trigger(job.schedule, job.timezone, job.jitter_s)
+            first = trigger.get_next_fire_time(None, since)
+            self._accounted.pop(job.name, None)  # the ticks of another schedule are not this one's
+            if old is not None:
+                self._scheduler.modify_job(job.name, trigger=trigger, next_run_time=first)
+                continue
             self._scheduler.add_job(
                 self._fire,
                 trigger=trigger,
@@ -82,7 +107,9 @@ class JobScheduler:
                 max_instances=1,
                 coalesce=True,
                 replace_existing=True,
+                next_run_time=first,
             )
+        self._jobs = wanted
 
     def next_run_times(self) -> dict[str, datetime | None]:
         return {job.id: job.next_run_time for job in self._scheduler.get_jobs()}
