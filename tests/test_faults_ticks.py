@@ -89,3 +89,33 @@ def test_sighup_just_before_every_tick_loses_no_tick(sim: SimProcess, tmp_path: 
     assert not holes(ticks), (holes(ticks), daemon.log_path.read_text()[-3000:])
     assert len(ticks) >= reloads + 2
     assert missed == 0
+
+
+def test_a_stalled_process_counts_the_ticks_it_folded(sim: SimProcess, tmp_path: Path) -> None:  # noqa: F811
+    config = write_config(tmp_path, sim, schedule=EVERY_SECOND)
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        daemon.wait_for("job_finished", count=2)
+        daemon.process.send_signal(signal.SIGSTOP)  # a suspended VM, a frozen cgroup
+        stopped = time.monotonic()
+        time.sleep(5)
+        daemon.process.send_signal(signal.SIGCONT)
+        stalled = time.monotonic() - stopped
+        time.sleep(2.5)
+        missed = {
+            reason: metric(daemon, "ttft_monitor_scheduler_missed_runs_total", probe_job="tick", reason=reason)
+            for reason in ("coalesced", "misfired", "still_running")
+        }
+        folded = daemon.events("job_runs_coalesced")
+    finally:
+        assert stop_daemon(daemon) == 0
+    log = daemon.log_path.read_text()[-3000:]
+    assert abs(missed["coalesced"] - (stalled - 1)) <= 1, (missed, stalled, log)
+    assert [e["missed"] for e in folded] and sum(e["missed"] for e in folded) == missed["coalesced"], (folded, log)
+    assert all(e["job"] == "tick" and e["first_missed"] < e["scheduled"] for e in folded), folded
+    # Every tick the schedule named between the first and the last run was stored or counted.
+    ticks = stored_ticks(tmp_path)
+    due = round((ticks[-1] - ticks[0]).total_seconds()) + 1
+    assert due == len(ticks) + sum(missed.values()), (due, len(ticks), missed, holes(ticks))

@@ -17,7 +17,7 @@ from apscheduler.events import (
 
 from monitor.config.models import Job
 from monitor.metrics.definitions import Metrics
-from monitor.schedule.scheduler import JobScheduler, nominal_fire_time
+from monitor.schedule.scheduler import JobScheduler, nominal_fire_time, ticks_between
 
 
 def job(schedule: str, jitter_s: float = 0, name: str = "alpha") -> Job:
@@ -68,16 +68,34 @@ async def nothing(_job: Job, _tick: datetime) -> None:
 def test_it_counts_coalesced_misfired_and_still_running_ticks_per_job_and_reason():
     metrics = Metrics()
     scheduler = JobScheduler(nothing, metrics=metrics)
-    times = [at(12, 0), at(12, 5), at(12, 10)]
-    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", times))
+    scheduler.set_jobs([job("*/5 * * * *"), job("*/5 * * * *", name="beta")])
+    # APScheduler 3 hands a coalesced submission only its last run time: the folded ticks come from the schedule.
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", [at(12, 0)]))
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", [at(12, 15)]))
     scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "beta", "default", [at(12, 10)]))
     scheduler._on_event(JobExecutionEvent(EVENT_JOB_MISSED, "alpha", "default", at(12, 15)))
     scheduler._on_event(JobSubmissionEvent(EVENT_JOB_MAX_INSTANCES, "beta", "default", [at(12, 15)]))
-    assert missed(metrics, "alpha", "coalesced") == 2  # three due ticks ran once
-    assert missed(metrics, "beta", "coalesced") == 0
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "beta", "default", [at(12, 20)]))
+    assert missed(metrics, "alpha", "coalesced") == 2  # 12:05 and 12:10 were folded into 12:15
+    assert missed(metrics, "beta", "coalesced") == 0  # 12:15 was skipped and counted as such, not again
     assert missed(metrics, "alpha", "misfired") == 1
     assert missed(metrics, "beta", "still_running") == 1
     assert missed(metrics, "alpha", "still_running") == 0
+
+
+@pytest.mark.parametrize(
+    ("schedule", "jitter_s", "after", "before", "count", "first"),
+    [
+        ("*/5 * * * *", 0, at(12, 0), at(12, 5), 0, None),  # consecutive ticks
+        ("*/5 * * * *", 0, at(12, 0), at(12, 15), 2, at(12, 5)),
+        ("*/5 * * * *", 60, at(12, 0), at(12, 15), 2, at(12, 5)),  # nominal ticks, jitter left out
+        ("* * * * * *", 0, at(12, 0), at(12, 1), 59, at(12, 0, 1)),
+        ("0 * * * *", 0, at(12, 0), at(12, 0), 0, None),
+        ("* * * * * *", 0, at(12, 0), at(13, 0), 1000, at(12, 0, 1)),  # capped (limit=1000 below)
+    ],
+)
+def test_the_ticks_folded_between_two_runs_come_from_the_schedule(schedule, jitter_s, after, before, count, first):
+    assert ticks_between(job(schedule, jitter_s), after, before, limit=1000) == (count, first)
 
 
 async def test_a_tick_due_while_the_last_run_still_goes_is_skipped_and_counted():

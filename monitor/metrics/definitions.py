@@ -152,7 +152,8 @@ class Metrics:
         )
         self.scheduler_missed = Counter(
             "ttft_monitor_scheduler_missed_runs_total",
-            "Probe job runs the scheduler did not start (misfired past the grace time, or still running).",
+            "Probe job ticks the scheduler did not start: misfired past the grace time, coalesced into a later "
+            "run after a stall, or skipped while the previous run was still running.",
             ("probe_job", "reason"),
             registry=r,
         )

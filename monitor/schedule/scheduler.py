@@ -4,7 +4,8 @@ Choices, deliberately:
 - `max_instances=1`: a job still running when its next tick comes is not started twice; the tick
   is counted as missed (`reason="still_running"`), because overlapping runs would measure each other.
 - `coalesce=True`: after a stall (suspended VM, blocked loop) several due ticks run once, not in a
-  burst; the ones folded away are counted (`reason="coalesced"`).
+  burst; the ones folded away are counted (`reason="coalesced"`), read from the schedule itself:
+  APScheduler 3 hands a coalesced submission only its last run time.
 - `misfire_grace_time`: a tick that could not start within this many seconds is dropped and counted
   (`reason="misfired"`): a probe hours late would be recorded at the wrong time of day.
 """
@@ -32,6 +33,7 @@ from monitor.config.models import Job
 from monitor.metrics.definitions import Metrics
 
 MISFIRE_GRACE_S = 30
+MAX_COUNTED_TICKS = 100_000
 RunJob = Callable[[Job, datetime], Awaitable[None]]
 
 
@@ -52,6 +54,24 @@ def nominal_fire_time(job: Job, run_time: datetime) -> datetime:
         best = fire
         fire = plain.get_next_fire_time(fire, fire + timedelta(microseconds=1))
     return best or run_time
+
+
+def ticks_between(
+    job: Job, after: datetime, before: datetime, *, limit: int = MAX_COUNTED_TICKS
+) -> tuple[int, datetime | None]:
+    """(how many, the first) of the job's nominal ticks strictly between `after` and `before`.
+
+    Pure: the schedule read without jitter. Counting stops at `limit` (a year of a per-second
+    schedule is not walked tick by tick); the count is then `limit`.
+    """
+    plain = build_trigger(job.schedule, job.timezone, 0)
+    fire = plain.get_next_fire_time(None, after + timedelta(microseconds=1))
+    first = fire if fire is not None and fire < before else None
+    count = 0
+    while fire is not None and fire < before and count < limit:
+        count += 1
+        fire = plain.get_next_fire_time(fire, fire + timedelta(microseconds=1))
+    return count, first
 
 
 class JobScheduler:
@@ -149,19 +169,36 @@ class JobScheduler:
         if self._metrics is not None:
             self._metrics.scheduler_missed.labels(job, reason).inc(n)
 
+    def _account(self, job_id: str, run_time: datetime) -> None:
+        """Count the ticks folded away before `run_time` (started or skipped now): APScheduler 3 hands
+        a coalesced submission only its last run time, so they are read from the schedule itself."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        tick = nominal_fire_time(job, run_time)
+        previous = self._accounted.get(job_id)
+        self._accounted[job_id] = tick
+        if previous is None or tick <= previous:  # the first tick, or the wall clock went back
+            return
+        folded, first = ticks_between(job, previous, tick)
+        if folded and first is not None:
+            self._count_miss(job_id, "coalesced", folded)
+            self._log.warning(
+                "job_runs_coalesced",
+                job=job_id,
+                missed=folded,
+                first_missed=first.isoformat(),
+                scheduled=tick.isoformat(),
+                reason="the process or its event loop was held up past these ticks; they ran once, late",
+            )
+
     def _on_event(self, event: JobEvent) -> None:
         if isinstance(event, JobSubmissionEvent) and event.code == EVENT_JOB_SUBMITTED:
-            run_times = sorted(event.scheduled_run_times)
-            self._intended[event.job_id] = run_times[-1]
-            if len(run_times) > 1:
-                self._count_miss(event.job_id, "coalesced", len(run_times) - 1)
-                self._log.warning(
-                    "job_runs_coalesced",
-                    job=event.job_id,
-                    missed=len(run_times) - 1,
-                    first_missed=run_times[0].isoformat(),
-                )
+            run_time = max(event.scheduled_run_times)
+            self._intended[event.job_id] = run_time
+            self._account(event.job_id, run_time)
         elif event.code == EVENT_JOB_MISSED:
+            # Its submission accounted for the ticks before it; this one is the misfire itself.
             self._count_miss(event.job_id, "misfired")
             self._log.warning(
                 "job_run_missed",
@@ -170,5 +207,7 @@ class JobScheduler:
                 reason=f"could not start within {MISFIRE_GRACE_S} s of its time",
             )
         elif event.code == EVENT_JOB_MAX_INSTANCES:
+            if isinstance(event, JobSubmissionEvent) and event.scheduled_run_times:
+                self._account(event.job_id, max(event.scheduled_run_times))
             self._count_miss(event.job_id, "still_running")
             self._log.warning("job_run_skipped", job=event.job_id, reason="the previous run is still going")
