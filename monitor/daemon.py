@@ -253,6 +253,7 @@ class Daemon:
 
     def _beat(self, now: float) -> None:
         self.probe_loop_beat = now
+        self.scheduler.check_clock()
 
     def _wake_dispatcher(self) -> None:
         served = self.served

@@ -119,3 +119,72 @@ def test_a_stalled_process_counts_the_ticks_it_folded(sim: SimProcess, tmp_path:
     ticks = stored_ticks(tmp_path)
     due = round((ticks[-1] - ticks[0]).total_seconds()) + 1
     assert due == len(ticks) + sum(missed.values()), (due, len(ticks), missed, holes(ticks))
+
+
+LIBFAKETIME = next(
+    (
+        p
+        for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
+        if Path(p).exists()
+    ),
+    None,
+)
+
+
+@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed (apt-get install faketime)")
+def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future(
+    sim: SimProcess,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    offset = tmp_path / "faketime"
+    offset.write_text("+0\n")
+    config = write_config(tmp_path, sim, schedule=EVERY_SECOND)
+    upgrade(config)
+    # Only the wall clock is faked: the monotonic clock (the loop's timers) goes on, as in a real step.
+    daemon = start_daemon(
+        config,
+        tmp_path,
+        env={
+            "LD_PRELOAD": str(LIBFAKETIME),
+            "FAKETIME_TIMESTAMP_FILE": str(offset),
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        },
+    )
+
+    def finished() -> int:
+        return len(daemon.events("job_finished"))
+
+    def last_run() -> float:
+        return metric(daemon, "ttft_monitor_job_last_run_timestamp_seconds", probe_job="tick")
+
+    try:
+        wait_ready(daemon)
+        daemon.wait_for("job_finished", count=2)
+        offset.write_text("-120\n")  # two minutes back: the next tick lay two minutes ahead
+        time.sleep(1)
+        ahead_after_back = last_run() - (time.time() - 120)
+        before = finished()
+        time.sleep(4)
+        after_back = finished() - before
+        offset.write_text("+3600\n")  # an hour forward ...
+        time.sleep(3)
+        before = finished()
+        offset.write_text("+0\n")  # ... and corrected: an hour back
+        time.sleep(1)
+        future = last_run() - time.time()
+        time.sleep(3)
+        after_correction = finished() - before
+        steps = {d: metric(daemon, "ttft_monitor_clock_steps_total", direction=d) for d in ("forward", "backward")}
+        coalesced = metric(daemon, "ttft_monitor_scheduler_missed_runs_total", probe_job="tick", reason="coalesced")
+    finally:
+        assert stop_daemon(daemon) == 0
+    log = daemon.log_path.read_text()[-3000:]
+    assert after_back >= 3, log  # probing went on (0 before: nothing for two minutes)
+    assert ahead_after_back <= 0, ahead_after_back  # moved back with the clock, not left in its future
+    assert after_correction >= 2, log
+    assert future <= 0, (future, log)  # was an hour ahead, the staleness alert blind for that hour
+    assert steps == {"forward": 1, "backward": 2}, (steps, log)
+    sizes = sorted(round(e["step_s"]) for e in daemon.events("clock_step"))
+    assert sizes == [-3600, -120, 3720], sizes
+    assert coalesced == 0, log  # the hour stepped over is a step, not a stall

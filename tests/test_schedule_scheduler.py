@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
@@ -17,6 +18,7 @@ from apscheduler.events import (
 
 from monitor.config.models import Job
 from monitor.metrics.definitions import Metrics
+from monitor.schedule.clock import ClockWatch, wall_clock_step
 from monitor.schedule.scheduler import JobScheduler, nominal_fire_time, ticks_between
 
 
@@ -147,4 +149,42 @@ async def test_a_reload_leaves_unchanged_jobs_alone_and_re_times_changed_ones_fr
     finally:
         scheduler.pause()
         await eventually(lambda: not scheduler.tasks, 5)
+        scheduler.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "step"),
+    [
+        ((1000.0, 50.0), (1000.5, 50.5), None),  # both moved alike
+        ((1000.0, 50.0), (1030.0, 80.0), None),  # a stalled process: both moved alike, far
+        ((1000.0, 50.0), (1001.9, 50.5), None),  # within the threshold
+        ((1000.0, 50.0), (880.5, 50.5), -120.0),
+        ((1000.0, 50.0), (4600.5, 50.5), 3600.0),
+    ],
+)
+def test_a_wall_clock_step_is_what_the_wall_clock_moved_beyond_the_monotonic_one(before, after, step):
+    assert wall_clock_step(before, after) == step
+
+
+async def test_a_backward_step_re_arms_the_schedule_from_the_new_time_and_moves_the_last_run_back():
+    readings = [(time.time(), 100.0)]
+    metrics = Metrics()
+    scheduler = JobScheduler(nothing, metrics=metrics, clock=ClockWatch(read=lambda: readings[-1]))
+    scheduler.set_jobs([job("0 3 * * *")])
+    scheduler.start()
+    try:
+        metrics.job_last_run.labels("alpha").set(readings[-1][0])
+        assert scheduler.check_clock() is None
+        armed = scheduler.next_run_times()["alpha"]
+        # The clocks as read after a step two days back (a reading the real clock cannot give).
+        readings.append((readings[-1][0] - 2 * 86400 + 0.5, 100.5))
+        assert scheduler.check_clock() == pytest.approx(-2 * 86400)
+        rearmed = scheduler.next_run_times()["alpha"]
+        assert armed is not None and rearmed is not None
+        assert armed - rearmed == timedelta(days=2)  # from the new wall time, not two days ahead
+        assert metrics.registry.get_sample_value("ttft_monitor_clock_steps_total", {"direction": "backward"}) == 1
+        last = metrics.registry.get_sample_value("ttft_monitor_job_last_run_timestamp_seconds", {"probe_job": "alpha"})
+        assert last is not None and last <= readings[-1][0]  # never in the future
+        assert scheduler.check_clock() is None  # counted once
+    finally:
         scheduler.shutdown()

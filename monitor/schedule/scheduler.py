@@ -31,6 +31,7 @@ from apscheduler.triggers.cron import CronTrigger
 from monitor.config.cron import build_trigger
 from monitor.config.models import Job
 from monitor.metrics.definitions import Metrics
+from monitor.schedule.clock import ClockWatch
 
 MISFIRE_GRACE_S = 30
 MAX_COUNTED_TICKS = 100_000
@@ -75,9 +76,10 @@ def ticks_between(
 
 
 class JobScheduler:
-    def __init__(self, run_job: RunJob, *, metrics: Metrics | None = None) -> None:
+    def __init__(self, run_job: RunJob, *, metrics: Metrics | None = None, clock: ClockWatch | None = None) -> None:
         self._run_job = run_job
         self._metrics = metrics
+        self._clock = clock or ClockWatch()
         self._scheduler = AsyncIOScheduler(job_defaults={"misfire_grace_time": MISFIRE_GRACE_S})
         # Its skip and misfire warnings are ours to log (with the job and a reason) and to count.
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
@@ -131,6 +133,37 @@ class JobScheduler:
             )
         self._jobs = wanted
 
+    def check_clock(self) -> float | None:
+        """Re-arm the schedule when the wall clock stepped since the last check; the step, or None.
+
+        Called every half second from the probes' loop and before each tick is accounted for. Each
+        job's next tick is computed again from the new wall time (back: the old one lay ahead by
+        the step, and nothing probed until then; forward: the ticks stepped over are not counted
+        as folded, they never came), and the last-run times exported are moved by the step, so
+        none lies in the future and none looks fresher than it is.
+        """
+        stepped = self._clock.check()
+        if stepped is None:
+            return None
+        step, wall = stepped
+        now = datetime.fromtimestamp(wall, UTC)
+        self._accounted.clear()
+        for scheduled in self._scheduler.get_jobs():
+            if scheduled.next_run_time is not None:
+                self._scheduler.modify_job(scheduled.id, next_run_time=scheduled.trigger.get_next_fire_time(None, now))
+        direction = "forward" if step > 0 else "backward"
+        if self._metrics is not None:
+            self._metrics.clock_steps.labels(direction).inc()
+            self._metrics.shift_job_last_run(step, now=wall)
+        self._log.warning(
+            "clock_step",
+            step_s=round(step, 3),
+            direction=direction,
+            now=now.isoformat(),
+            next_runs={k: v.isoformat() if v else None for k, v in self.next_run_times().items()},
+        )
+        return step
+
     def next_run_times(self) -> dict[str, datetime | None]:
         return {job.id: job.next_run_time for job in self._scheduler.get_jobs()}
 
@@ -175,6 +208,7 @@ class JobScheduler:
         job = self._jobs.get(job_id)
         if job is None:
             return
+        self.check_clock()  # a forward step is not a stall: its ticks never came
         tick = nominal_fire_time(job, run_time)
         previous = self._accounted.get(job_id)
         self._accounted[job_id] = tick
