@@ -269,7 +269,12 @@ class Daemon:
         self.service.start()
         self._stack.callback(self.service.close)
         scheduler = self.scheduler
-        side = ProbeSide(scheduler_running=lambda: scheduler.running, last_beat=lambda: self.probe_loop_beat)
+        writer = self.store.writer
+        side = ProbeSide(
+            scheduler_running=lambda: scheduler.running,
+            last_beat=lambda: self.probe_loop_beat,
+            last_write=lambda: writer.last_write,
+        )
         try:
             self.served = await self.service.run(
                 open_served(config, metrics=self.metrics, alert_metrics=alert_metrics, probe_side=side)

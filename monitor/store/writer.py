@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -24,6 +26,15 @@ class Saved(StrEnum):
     STORED = "stored"  # committed in the database
     SPOOLED = "spooled"  # durable in the local spool, to be replayed
     LOST = "lost"  # neither the database nor the spool could take it (reported as `store_lost`)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """The writer's last database write: immutable, so another thread (readiness) reads it safely."""
+
+    ok: bool
+    at: float  # time.monotonic()
+    error: str | None = None  # what failed, for a human (engine.describe_db_error)
 
 
 class ResultWriter:
@@ -44,6 +55,8 @@ class ResultWriter:
         self._save_lock = asyncio.Lock()
         self._drain_lock = asyncio.Lock()
         self._database_down = False
+        # Whether writes succeed, which a ping does not tell: a read-only database answers SELECT 1.
+        self.last_write: WriteOutcome | None = None
         # Counters for metrics (runs, each with its samples).
         self.stored_runs = 0
         self.spooled_runs = 0
@@ -66,9 +79,12 @@ class ResultWriter:
 
     def _database_failed(self, event: str, exc: BaseException, **fields: Any) -> None:
         self._database_down = True
-        self._emit(event, error=self._describe(exc), **fields)
+        error = self._describe(exc)
+        self.last_write = WriteOutcome(ok=False, at=time.monotonic(), error=error)
+        self._emit(event, error=error, **fields)
 
     def _database_ok(self) -> None:
+        self.last_write = WriteOutcome(ok=True, at=time.monotonic())
         if self._database_down:  # once per recovery, not per write
             self._database_down = False
             self._emit("database_write_ok", spool_depth=self._spool.depth)
