@@ -255,3 +255,29 @@ async def test_a_value_postgresql_refuses_is_set_aside_too(postgres_backend: Bac
         spool.close()
         await engine.dispose()
     assert len(await stored_sample_ids(postgres_backend.url)) == 7 * 6
+
+
+async def test_an_outage_logs_its_drain_failures_at_a_falling_rate_and_a_summary_when_it_ends(
+    backend: Backend, outage: Outage, tmp_path: Path
+) -> None:
+    engine = create_engine(outage.app_url, sqlite_busy_timeout_ms=outage.sqlite_busy_timeout_ms, connect_timeout_s=2)
+    events = Events()
+    spool = Spool(tmp_path / "spool", max_bytes=50 * 1024 * 1024, on_event=events)
+    writer = ResultWriter(Repository(engine), spool, on_event=events, db_timeout_s=5)
+    try:
+        await outage.cut()
+        batch = make_batch(T0)
+        assert await writer.save(batch) == Saved.SPOOLED
+        for _ in range(40):  # forty drain attempts: 200 s of outage at the daemon's 5 s interval
+            assert await writer.drain() == 0
+        await outage.restore()
+        assert await writer.drain() == len(batch)
+    finally:
+        spool.close()
+        await engine.dispose()
+    failed = [fields for name, fields in events.seen if name == "spool_drain_failed"]
+    assert [f["failures"] for f in failed] == [1, 2, 4, 8, 16, 32]  # not 40 lines
+    assert all(f["error"] for f in failed)
+    (summary,) = [fields for name, fields in events.seen if name == "spool_drain_recovered"]
+    assert summary["failures"] == 40 and summary["failing_for_s"] >= 0 and summary["last_error"]
+    assert summary["spool_depth"] == 0

@@ -57,6 +57,10 @@ class ResultWriter:
         self._database_down = False
         # Whether writes succeed, which a ping does not tell: a read-only database answers SELECT 1.
         self.last_write: WriteOutcome | None = None
+        # Drain attempts failed in a row (the drainer tries every few seconds through an outage).
+        self._drain_failures = 0
+        self._drain_failing_since = 0.0
+        self._drain_last_error = ""
         # Counters for metrics (runs, each with its samples).
         self.stored_runs = 0
         self.spooled_runs = 0
@@ -82,6 +86,39 @@ class ResultWriter:
         error = self._describe(exc)
         self.last_write = WriteOutcome(ok=False, at=time.monotonic(), error=error)
         self._emit(event, error=error, **fields)
+
+    def _drain_failed(self, exc: BaseException) -> None:
+        """Like `_database_failed`, logged at a falling rate: the 1st, 2nd, 4th, 8th... failure in a row,
+        not one line per attempt for as long as the outage lasts; `spool_drain_recovered` sums it up."""
+        self._database_down = True
+        error = self._describe(exc)
+        now = time.monotonic()
+        self.last_write = WriteOutcome(ok=False, at=now, error=error)
+        self._drain_failures += 1
+        if self._drain_failures == 1:
+            self._drain_failing_since = now
+        self._drain_last_error = error
+        if logged_failure(self._drain_failures):
+            self._emit(
+                "spool_drain_failed",
+                error=error,
+                failures=self._drain_failures,
+                failing_for_s=round(now - self._drain_failing_since, 1),
+                next_logged_at_failure=2 * self._drain_failures,
+                spool_depth=self._spool.depth,
+            )
+
+    def _drain_recovered(self) -> None:
+        if not self._drain_failures:
+            return
+        self._emit(
+            "spool_drain_recovered",
+            failures=self._drain_failures,
+            failing_for_s=round(time.monotonic() - self._drain_failing_since, 1),
+            last_error=self._drain_last_error,
+            spool_depth=self._spool.depth,
+        )
+        self._drain_failures = 0
 
     def _database_ok(self) -> None:
         self.last_write = WriteOutcome(ok=True, at=time.monotonic())
@@ -140,6 +177,7 @@ class ResultWriter:
         spool's rejected.jsonl so the rest keep flowing.
         """
         replayed = 0
+        failed = False
         async with self._drain_lock:
             while True:
                 entries = await asyncio.to_thread(self._spool.peek, self._drain_batch)
@@ -147,11 +185,14 @@ class ResultWriter:
                     break
                 stored = await self._replay(entries)
                 if stored is None:
+                    failed = True
                     break
                 replayed += stored
         if replayed:
             self._database_ok()
             self._emit("spool_drained", runs=replayed, spool_depth=self._spool.depth)
+        if not failed and (replayed or not self._spool.depth):
+            self._drain_recovered()
         return replayed
 
     async def _replay(self, entries: list[SpooledRun]) -> int | None:
@@ -162,7 +203,7 @@ class ResultWriter:
                 await self._store(readable)
             except Exception as exc:
                 if not is_bad_data(exc):
-                    self._database_failed("spool_drain_failed", exc, spool_depth=self._spool.depth)
+                    self._drain_failed(exc)
                     return None
             else:
                 await asyncio.to_thread(self._spool.ack, entries[-1])
@@ -177,7 +218,7 @@ class ResultWriter:
                     await self._store([(entry.run, entry.samples or [])])
                 except Exception as exc:
                     if not is_bad_data(exc):
-                        self._database_failed("spool_drain_failed", exc, spool_depth=self._spool.depth)
+                        self._drain_failed(exc)
                         return None
                     await asyncio.to_thread(self._spool.reject, entry, _reason(exc))
                 else:
@@ -195,6 +236,11 @@ class ResultWriter:
                     self._emit("spool_drain_failed", error=f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
+
+
+def logged_failure(count: int) -> bool:
+    """Whether the `count`-th failure in a row is logged: 1, 2, 4, 8, ... (a falling rate)."""
+    return count > 0 and count & (count - 1) == 0
 
 
 def _reason(exc: BaseException) -> str:
