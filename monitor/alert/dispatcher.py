@@ -38,7 +38,9 @@ from monitor.alert.receivers import KINDS
 from monitor.alert.routing import active_silence, describe_silence
 from monitor.alert.transport import SendResult, Transport
 from monitor.config.models import Alerts, Receiver
+from monitor.store.engine import is_bad_data
 from monitor.store.outbox import FAILED, PENDING, SENT, SUPERSEDED, ClaimedRow, Delivery, OutboxStore
+from monitor.store.writer import logged_failure
 
 PRUNE_INTERVAL_S = 3600.0
 # Writing a delivery's outcome is retried from 0.2 s, doubling, up to every 5 s, as long as it takes.
@@ -228,14 +230,17 @@ class Dispatcher:
                 try:
                     status = await self._record(row, result, now)
                 except Exception as exc:
+                    if is_bad_data(exc):  # the values refused: writing them again cannot succeed
+                        raise
                     failures += 1
                     wait = min(RECORD_RETRY_CAP_S, RECORD_RETRY_BASE_S * 2 ** (failures - 1))
-                    if failures == 1:
+                    if logged_failure(failures):
                         self._log.warning(
                             "alert_record_retry",
                             receiver=row.receiver,
                             outcome=result.outcome,
                             error=type(exc).__name__,
+                            failures=failures,
                             action="keeping the outcome and writing it when the database answers; not sending again",
                         )
                     await asyncio.sleep(wait)
