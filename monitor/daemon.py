@@ -253,6 +253,7 @@ class Daemon:
 
     def _beat(self, now: float) -> None:
         self.probe_loop_beat = now
+        self.scheduler.check_clock()
 
     def _wake_dispatcher(self) -> None:
         served = self.served
@@ -268,7 +269,12 @@ class Daemon:
         self.service.start()
         self._stack.callback(self.service.close)
         scheduler = self.scheduler
-        side = ProbeSide(scheduler_running=lambda: scheduler.running, last_beat=lambda: self.probe_loop_beat)
+        writer = self.store.writer
+        side = ProbeSide(
+            scheduler_running=lambda: scheduler.running,
+            last_beat=lambda: self.probe_loop_beat,
+            last_write=lambda: writer.last_write,
+        )
         try:
             self.served = await self.service.run(
                 open_served(config, metrics=self.metrics, alert_metrics=alert_metrics, probe_side=side)
@@ -294,6 +300,7 @@ class Daemon:
     async def reload(self) -> None:
         """Re-read the config file and reschedule; a broken file keeps the running config."""
         log = structlog.get_logger()
+        asked = datetime.now(UTC)  # a job re-timed by this file ticks from here, not from after the reload
         current = self.config
         try:
             config = load_config(self.config_path)
@@ -317,7 +324,7 @@ class Daemon:
         if self.served is not None:
             self.service.call_soon(self.served.update_alerts, config.alerts)
         self.config = config
-        self.scheduler.set_jobs(list(config.jobs))
+        self.scheduler.set_jobs(list(config.jobs), since=asked)
         log.info("config_reloaded", jobs=[j.name for j in config.jobs])
 
     async def stop(self) -> None:

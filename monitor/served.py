@@ -31,6 +31,7 @@ from monitor.metrics.server import ListenerLimits, start_metrics_server
 from monitor.schedule.maintenance import run_maintenance
 from monitor.store.engine import create_engine
 from monitor.store.repository import Repository
+from monitor.store.writer import WriteOutcome
 
 UI_STATEMENT_TIMEOUT_S = 10.0
 HOUSEKEEPING_POOL = 3
@@ -44,6 +45,7 @@ class ProbeSide:
 
     scheduler_running: Callable[[], bool]
     last_beat: Callable[[], float]  # time.monotonic() of the probes' loop's last turn
+    last_write: Callable[[], WriteOutcome | None] = lambda: None  # the writer's last database write
 
 
 class Served:
@@ -132,6 +134,10 @@ async def open_served(
         except Exception as exc:
             metrics.database_up.set(0)
             return False, f"database unreachable ({type(exc).__name__})"
+        write = probe_side.last_write()
+        if write is not None and not write.ok:  # it answers, yet takes no write (a standby, a read-only flag)
+            metrics.database_up.set(0)
+            return False, f"database writes fail: {write.error}"
         metrics.database_up.set(1)
         return True, "ready"
 

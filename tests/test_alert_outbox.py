@@ -654,3 +654,53 @@ async def test_the_dispatcher_task_rides_out_a_database_outage(backend: Backend,
             await asyncio.wait_for(task, timeout=5)
     finally:
         await engine.dispose()
+
+
+async def test_a_database_cut_right_after_the_receiver_answered_does_not_send_it_twice(
+    backend: Backend,
+    loopback: Loopback,
+    outage,  # type: ignore[no-untyped-def]
+) -> None:
+    # The claim (timeout 1 s + margin 0.5 s) expires while the database is away (2 s): before, the
+    # recording failed, the claim expired and the same notification was sent again.
+    config = alerts({"hook": receiver("webhook", loopback.url("/hook"), timeout_s=1)})
+    setup = backend.engine()
+    try:
+        incident = await store_incident(setup)
+        await Outbox(setup, config).notify(notification(incident_id=incident))
+    finally:
+        await setup.dispose()
+    from monitor.store.engine import create_engine
+
+    blips: list[asyncio.Task[None]] = []
+
+    async def blip() -> None:
+        await outage.cut()
+        await asyncio.sleep(2)
+        await outage.restore()
+
+    def cut_as_it_arrives(_item: object) -> None:
+        if not blips:
+            blips.append(asyncio.get_running_loop().create_task(blip()))
+
+    loopback.verify("/hook", cut_as_it_arrives)
+    loopback.script("/hook", Reply(200, "ok", delay_s=0.2))  # answered once the database is gone
+    engine = create_engine(outage.app_url, sqlite_busy_timeout_ms=outage.sqlite_busy_timeout_ms)
+    stop = asyncio.Event()
+    try:
+        async with Transport() as transport:
+            d = dispatcher(engine, config, transport, claim_margin_s=0.5)
+            task = asyncio.create_task(d.run(stop))
+            await loopback.wait_for(1, seconds=5)
+            await asyncio.gather(*blips)
+            await all_sent(engine, count=1, timeout_s=10)
+            await asyncio.sleep(2)  # long past the claim: time for a second send, if one were coming
+            stop.set()
+            await asyncio.wait_for(task, timeout=5)
+        (row,) = await outbox_rows(engine)
+        attempts = await deliveries(engine)
+    finally:
+        await engine.dispose()
+    assert len(loopback.at("/hook")) == 1
+    assert (row.status, row.attempts, row.claimed_by) == ("sent", 1, None)
+    assert [a.outcome for a in attempts] == ["ok"]

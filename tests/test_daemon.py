@@ -105,7 +105,7 @@ class Daemon:
         raise AssertionError(f"no {count} x {name} within {timeout} s; logs:\n{self.log_path.read_text()[-3000:]}")
 
 
-def start_daemon(config: Path, folder: Path, name: str = "daemon") -> Daemon:
+def start_daemon(config: Path, folder: Path, name: str = "daemon", *, env: dict[str, str] | None = None) -> Daemon:
     log_path = folder / f"{name}.log"
     text = config.read_text()
     listen = text.split('listen: "', 1)[1].split('"', 1)[0]
@@ -115,7 +115,7 @@ def start_daemon(config: Path, folder: Path, name: str = "daemon") -> Daemon:
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
+            env={**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, **(env or {})},
         )
     return Daemon(process=process, log_path=log_path, metrics_url=f"http://{listen}")
 

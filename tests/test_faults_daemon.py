@@ -303,3 +303,54 @@ def test_once_stores_its_runs_detects_them_and_exits_0(sim: SimProcess, tmp_path
     assert samples == text.count('"probe_sample"') == 3
     assert versions == [1]  # detection ran on the stored run before `once` exited
     assert text.count('"once_finished"') == 1
+
+
+def _database_up(daemon: Daemon) -> float | None:
+    for line in http_get(daemon.metrics_url + "/metrics")[1].splitlines():
+        if line.startswith("ttft_monitor_database_up "):
+            return float(line.split()[1])
+    return None
+
+
+@needs_postgres
+def test_a_read_only_database_is_not_ready_says_so_and_stays_down_while_writes_fail(
+    sim: SimProcess, tmp_path: Path
+) -> None:
+    assert POSTGRES is not None
+    name, direct = _fresh_postgres_database(POSTGRES)
+    others = (
+        f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' AND pid <> pg_backend_pid()"
+    )
+    try:
+        config = write_config(tmp_path, sim, db_url=direct)
+        upgrade(config)
+        daemon = start_daemon(config, tmp_path)
+        try:
+            wait_ready(daemon)
+            daemon.wait_for("job_finished", count=1)
+            # What a standby after a failover looks like to a client: reads answer, every write is refused.
+            _admin(POSTGRES, f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+            _admin(POSTGRES, others)
+            deadline = time.monotonic() + 30
+            while not any(
+                "read-only" in e.get("error", "")
+                for e in daemon.events("database_write_failed") + daemon.events("spool_drain_failed")
+            ):
+                assert time.monotonic() < deadline, daemon.log_path.read_text()[-3000:]
+                time.sleep(0.2)
+            answers = [http_get(daemon.metrics_url + "/readyz") for _ in range(5)]
+            up_while_read_only = _database_up(daemon)
+            _admin(POSTGRES, f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            _admin(POSTGRES, others)
+            daemon.wait_for("spool_drained", timeout=30)
+            wait_ready(daemon, timeout=15)
+            up_after = _database_up(daemon)
+        finally:
+            assert stop_daemon(daemon) == 0
+    finally:
+        _admin(POSTGRES, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    log = daemon.log_path.read_text()[-3000:]
+    assert [status for status, _ in answers] == [503] * 5, (answers, log)
+    assert all("the database is read-only: a standby or a failover?" in body for _, body in answers), answers
+    assert up_while_read_only == 0, log  # readiness's own ping answered: it must not say the database is up
+    assert up_after == 1

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from apscheduler.events import (
@@ -17,7 +18,8 @@ from apscheduler.events import (
 
 from monitor.config.models import Job
 from monitor.metrics.definitions import Metrics
-from monitor.schedule.scheduler import JobScheduler, nominal_fire_time
+from monitor.schedule.clock import ClockWatch, wall_clock_step
+from monitor.schedule.scheduler import JobScheduler, nominal_fire_time, ticks_between
 
 
 def job(schedule: str, jitter_s: float = 0, name: str = "alpha") -> Job:
@@ -68,16 +70,34 @@ async def nothing(_job: Job, _tick: datetime) -> None:
 def test_it_counts_coalesced_misfired_and_still_running_ticks_per_job_and_reason():
     metrics = Metrics()
     scheduler = JobScheduler(nothing, metrics=metrics)
-    times = [at(12, 0), at(12, 5), at(12, 10)]
-    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", times))
+    scheduler.set_jobs([job("*/5 * * * *"), job("*/5 * * * *", name="beta")])
+    # APScheduler 3 hands a coalesced submission only its last run time: the folded ticks come from the schedule.
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", [at(12, 0)]))
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", [at(12, 15)]))
     scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "beta", "default", [at(12, 10)]))
     scheduler._on_event(JobExecutionEvent(EVENT_JOB_MISSED, "alpha", "default", at(12, 15)))
     scheduler._on_event(JobSubmissionEvent(EVENT_JOB_MAX_INSTANCES, "beta", "default", [at(12, 15)]))
-    assert missed(metrics, "alpha", "coalesced") == 2  # three due ticks ran once
-    assert missed(metrics, "beta", "coalesced") == 0
+    scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "beta", "default", [at(12, 20)]))
+    assert missed(metrics, "alpha", "coalesced") == 2  # 12:05 and 12:10 were folded into 12:15
+    assert missed(metrics, "beta", "coalesced") == 0  # 12:15 was skipped and counted as such, not again
     assert missed(metrics, "alpha", "misfired") == 1
     assert missed(metrics, "beta", "still_running") == 1
     assert missed(metrics, "alpha", "still_running") == 0
+
+
+@pytest.mark.parametrize(
+    ("schedule", "jitter_s", "after", "before", "count", "first"),
+    [
+        ("*/5 * * * *", 0, at(12, 0), at(12, 5), 0, None),  # consecutive ticks
+        ("*/5 * * * *", 0, at(12, 0), at(12, 15), 2, at(12, 5)),
+        ("*/5 * * * *", 60, at(12, 0), at(12, 15), 2, at(12, 5)),  # nominal ticks, jitter left out
+        ("* * * * * *", 0, at(12, 0), at(12, 1), 59, at(12, 0, 1)),
+        ("0 * * * *", 0, at(12, 0), at(12, 0), 0, None),
+        ("* * * * * *", 0, at(12, 0), at(13, 0), 1000, at(12, 0, 1)),  # capped (limit=1000 below)
+    ],
+)
+def test_the_ticks_folded_between_two_runs_come_from_the_schedule(schedule, jitter_s, after, before, count, first):
+    assert ticks_between(job(schedule, jitter_s), after, before, limit=1000) == (count, first)
 
 
 async def test_a_tick_due_while_the_last_run_still_goes_is_skipped_and_counted():
@@ -100,4 +120,71 @@ async def test_a_tick_due_while_the_last_run_still_goes_is_skipped_and_counted()
         release.set()
         scheduler.pause()
         await eventually(lambda: not scheduler.tasks, 5)
+        scheduler.shutdown()
+
+
+async def test_a_reload_leaves_unchanged_jobs_alone_and_re_times_changed_ones_from_when_it_was_asked():
+    ran: list[tuple[str, int]] = []
+
+    async def record(j: Job, _tick: datetime) -> None:
+        ran.append((j.name, j.rounds))
+
+    scheduler = JobScheduler(record, metrics=Metrics())
+    scheduler.set_jobs([job("0 3 * * *", name="kept"), job("0 4 * * *", name="moved"), job("0 5 * * *", name="gone")])
+    scheduler.start()
+    try:
+        before = scheduler.next_run_times()
+        asked = datetime.now(UTC)
+        kept = job("0 3 * * *", name="kept").model_copy(update={"rounds": 7})
+        scheduler.set_jobs([kept, job("0 6 * * *", name="moved"), job("0 7 * * *", name="new")], since=asked)
+        after = scheduler.next_run_times()
+        assert set(after) == {"kept", "moved", "new"}
+        assert after["kept"] == before["kept"]  # not re-added: a tick due during the reload still runs
+        assert after["moved"] is not None and after["moved"].hour == 6
+        # A re-timed job whose new tick fell due while the reload ran still gets it.
+        due = (datetime.now(UTC) - timedelta(seconds=1)).replace(microsecond=0)
+        scheduler.set_jobs([kept, job(f"{due.second} * * * * *", name="moved")], since=due - timedelta(seconds=0.5))
+        await eventually(lambda: ("moved", 5) in ran, 3)  # not a minute later
+        assert scheduler._jobs["kept"].rounds == 7  # the next tick of a kept job runs its new definition
+    finally:
+        scheduler.pause()
+        await eventually(lambda: not scheduler.tasks, 5)
+        scheduler.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "step"),
+    [
+        ((1000.0, 50.0), (1000.5, 50.5), None),  # both moved alike
+        ((1000.0, 50.0), (1030.0, 80.0), None),  # a stalled process: both moved alike, far
+        ((1000.0, 50.0), (1001.9, 50.5), None),  # within the threshold
+        ((1000.0, 50.0), (880.5, 50.5), -120.0),
+        ((1000.0, 50.0), (4600.5, 50.5), 3600.0),
+    ],
+)
+def test_a_wall_clock_step_is_what_the_wall_clock_moved_beyond_the_monotonic_one(before, after, step):
+    assert wall_clock_step(before, after) == step
+
+
+async def test_a_backward_step_re_arms_the_schedule_from_the_new_time_and_moves_the_last_run_back():
+    readings = [(time.time(), 100.0)]
+    metrics = Metrics()
+    scheduler = JobScheduler(nothing, metrics=metrics, clock=ClockWatch(read=lambda: readings[-1]))
+    scheduler.set_jobs([job("0 3 * * *")])
+    scheduler.start()
+    try:
+        metrics.job_last_run.labels("alpha").set(readings[-1][0])
+        assert scheduler.check_clock() is None
+        armed = scheduler.next_run_times()["alpha"]
+        # The clocks as read after a step two days back (a reading the real clock cannot give).
+        readings.append((readings[-1][0] - 2 * 86400 + 0.5, 100.5))
+        assert scheduler.check_clock() == pytest.approx(-2 * 86400)
+        rearmed = scheduler.next_run_times()["alpha"]
+        assert armed is not None and rearmed is not None
+        assert armed - rearmed == timedelta(days=2)  # from the new wall time, not two days ahead
+        assert metrics.registry.get_sample_value("ttft_monitor_clock_steps_total", {"direction": "backward"}) == 1
+        last = metrics.registry.get_sample_value("ttft_monitor_job_last_run_timestamp_seconds", {"probe_job": "alpha"})
+        assert last is not None and last <= readings[-1][0]  # never in the future
+        assert scheduler.check_clock() is None  # counted once
+    finally:
         scheduler.shutdown()

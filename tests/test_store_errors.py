@@ -69,6 +69,16 @@ def test_postgres_errors_name_the_server_and_the_fix(error: BaseException, messa
     assert not is_bad_data(error)
 
 
+def test_a_refused_write_on_a_read_only_database_names_the_likely_cause() -> None:
+    error = wrapped(asyncpg.exceptions.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"))
+    assert describe_db_error(error, PG) == (
+        "the database is read-only: a standby or a failover? PostgreSQL at db.internal:6432 refused a write "
+        "(ReadOnlySQLTransactionError: cannot execute INSERT in a read-only transaction); point database.url at "
+        "the primary, or turn off default_transaction_read_only"
+    )
+    assert not is_bad_data(error)  # spooled and replayed later, never rejected as bad data
+
+
 def test_an_unknown_error_is_one_line_without_the_password() -> None:
     error = RuntimeError("boom with pa55word-x inside\nand a second line")
     assert (

@@ -303,3 +303,29 @@ async def test_results_are_held_in_memory_while_no_descriptor_is_free_then_spool
         await engine.dispose()
     assert "results_held" in events.names() and "results_released" in events.names()
     assert "results_lost" not in events.names()
+
+
+async def test_an_outage_logs_its_drain_failures_at_a_falling_rate_and_a_summary_when_it_ends(
+    backend: Backend, outage: Outage, tmp_path: Path
+) -> None:
+    engine = create_engine(outage.app_url, sqlite_busy_timeout_ms=outage.sqlite_busy_timeout_ms, connect_timeout_s=2)
+    events = Events()
+    spool = Spool(tmp_path / "spool", max_bytes=50 * 1024 * 1024, on_event=events)
+    writer = ResultWriter(Repository(engine), spool, on_event=events, db_timeout_s=5)
+    try:
+        await outage.cut()
+        batch = make_batch(T0)
+        assert await writer.save(batch) == Saved.SPOOLED
+        for _ in range(40):  # forty drain attempts: 200 s of outage at the daemon's 5 s interval
+            assert await writer.drain() == 0
+        await outage.restore()
+        assert await writer.drain() == len(batch)
+    finally:
+        spool.close()
+        await engine.dispose()
+    failed = [fields for name, fields in events.seen if name == "spool_drain_failed"]
+    assert [f["failures"] for f in failed] == [1, 2, 4, 8, 16, 32]  # not 40 lines
+    assert all(f["error"] for f in failed)
+    (summary,) = [fields for name, fields in events.seen if name == "spool_drain_recovered"]
+    assert summary["failures"] == 40 and summary["failing_for_s"] >= 0 and summary["last_error"]
+    assert summary["spool_depth"] == 0

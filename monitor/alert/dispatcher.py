@@ -6,7 +6,9 @@ sends it. Results are recorded with the attempt in `alert_deliveries`. Transient
 retried with exponential backoff and full jitter (Retry-After honoured) until `max_attempts` or
 `max_age_s`; permanent ones are marked `failed` at once. A claim outlives a crash by at most the
 receiver's timeout plus a margin, after which any dispatcher picks the row up: delivery is at least
-once, and exactly once unless a process dies between a receiver's answer and recording it.
+once, and exactly once unless a process dies between a receiver's answer and recording it. When the
+database fails just then, the answer is kept and its recording retried until it is written; the row
+stays in flight meanwhile, so this dispatcher never sends it again.
 
 A row is not claimed while an older row of the same incident and receiver is still pending, so a
 receiver never sees `resolved` before `firing`. Enqueueing is monitor.alert.outbox; the SQL lives in
@@ -36,9 +38,14 @@ from monitor.alert.receivers import KINDS
 from monitor.alert.routing import active_silence, describe_silence
 from monitor.alert.transport import SendResult, Transport
 from monitor.config.models import Alerts, Receiver
+from monitor.store.engine import is_bad_data
 from monitor.store.outbox import FAILED, PENDING, SENT, SUPERSEDED, ClaimedRow, Delivery, OutboxStore
+from monitor.store.writer import logged_failure
 
 PRUNE_INTERVAL_S = 3600.0
+# Writing a delivery's outcome is retried from 0.2 s, doubling, up to every 5 s, as long as it takes.
+RECORD_RETRY_BASE_S = 0.2
+RECORD_RETRY_CAP_S = 5.0
 
 
 def default_worker_id() -> str:
@@ -110,6 +117,7 @@ class Dispatcher:
         self._rng = rng or random.Random()
         self._clock = clock
         self._wake = asyncio.Event()
+        self._unrecorded: set[uuid.UUID] = set()  # answered by the receiver, the answer not yet written
         self._log = structlog.get_logger().bind(worker=self.worker_id)
         self.outbox = Outbox(engine, alerts, metrics=metrics, on_enqueue=self.wake)
 
@@ -177,7 +185,7 @@ class Dispatcher:
 
     async def _deliver_and_record(self, row: ClaimedRow, now: datetime, report: DispatchReport) -> None:
         result = await self._send(row, now)
-        status = await self._record(row, result, now)
+        status = await self._record_kept(row, result, now)
         report.attempted += 1
         if report.keep_outcomes:
             report.outcomes.append((row.receiver, status or "", result))
@@ -209,6 +217,41 @@ class Dispatcher:
             outcome = {SENT: "sent", PENDING: "retried"}.get(status, "failed" if status == FAILED else None)
             if outcome is not None:
                 self._metrics.count(row.receiver, outcome)
+
+    async def _record_kept(self, row: ClaimedRow, result: SendResult, now: datetime) -> str | None:
+        """`_record`, tried again while the database fails: the receiver has answered, and sending again
+        because the answer could not be written is how a page arrives twice. Until it is written the
+        row stays in flight here, so this dispatcher does not claim it again (another one could once
+        the claim expires: the claim's margin is what a blip may last for exactly once)."""
+        self._unrecorded.add(row.id)
+        failures = 0
+        try:
+            while True:
+                try:
+                    status = await self._record(row, result, now)
+                except Exception as exc:
+                    if is_bad_data(exc):  # the values refused: writing them again cannot succeed
+                        raise
+                    failures += 1
+                    wait = min(RECORD_RETRY_CAP_S, RECORD_RETRY_BASE_S * 2 ** (failures - 1))
+                    if logged_failure(failures):
+                        self._log.warning(
+                            "alert_record_retry",
+                            receiver=row.receiver,
+                            outcome=result.outcome,
+                            error=type(exc).__name__,
+                            failures=failures,
+                            action="keeping the outcome and writing it when the database answers; not sending again",
+                        )
+                    await asyncio.sleep(wait)
+                    continue
+                if failures:
+                    self._log.info(
+                        "alert_recorded_late", receiver=row.receiver, outcome=result.outcome, tries=failures + 1
+                    )
+                return status
+        finally:
+            self._unrecorded.discard(row.id)
 
     async def _record(self, row: ClaimedRow, result: SendResult, now: datetime) -> str | None:
         """Store the attempt and the row's new status; None when our claim was lost meanwhile."""
@@ -364,6 +407,16 @@ class Dispatcher:
         if inflight:
             _, pending = await asyncio.wait(set(inflight.values()), timeout=grace_s)
             cancelled = [row_id for row_id, task in inflight.items() if task in pending]
+            # A row sent but not yet recorded keeps its claim: given back, the next start would send it again.
+            unrecorded = [row_id for row_id in cancelled if row_id in self._unrecorded]
+            cancelled = [row_id for row_id in cancelled if row_id not in self._unrecorded]
+            if unrecorded:
+                self._log.warning(
+                    "alert_outcome_unrecorded",
+                    rows=len(unrecorded),
+                    detail="sent, but the database did not take the outcome before the stop; "
+                    "the claim is kept, so it is sent again only once the claim expires",
+                )
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)

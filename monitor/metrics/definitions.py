@@ -168,10 +168,20 @@ class Metrics:
         )
         self.scheduler_missed = Counter(
             "ttft_monitor_scheduler_missed_runs_total",
-            "Probe job runs the scheduler did not start (misfired past the grace time, or still running).",
+            "Probe job ticks the scheduler did not start: misfired past the grace time, coalesced into a later "
+            "run after a stall, or skipped while the previous run was still running.",
             ("probe_job", "reason"),
             registry=r,
         )
+        self.clock_steps = Counter(
+            "ttft_monitor_clock_steps_total",
+            "Steps of the wall clock against the monotonic clock (2 s or more), by direction; the schedule "
+            "is re-armed from the new time at each.",
+            ("direction",),
+            registry=r,
+        )
+        for direction in ("forward", "backward"):
+            self.clock_steps.labels(direction)
         self.loop_lag = Histogram(
             "ttft_monitor_event_loop_lag_seconds",
             "How late the event loop runs a timer: probe stamps lag too.",
@@ -224,6 +234,13 @@ class Metrics:
         self.database_up = Gauge(
             "ttft_monitor_database_up", "1 when the last database operation succeeded.", registry=r
         )
+
+    def shift_job_last_run(self, step_s: float, *, now: float) -> None:
+        """Move the last-run times by a wall-clock step, never past `now`: after a step back, a time
+        taken before it would lie in the future and keep a staleness alert quiet for the step's length."""
+        for family in self.job_last_run.collect():
+            for sample in family.samples:
+                self.job_last_run.labels(**sample.labels).set(min(sample.value + step_s, now))
 
     def start_job_series(self, probe_job: str) -> None:
         """Create the job's counters at zero."""

@@ -4,7 +4,8 @@ Choices, deliberately:
 - `max_instances=1`: a job still running when its next tick comes is not started twice; the tick
   is counted as missed (`reason="still_running"`), because overlapping runs would measure each other.
 - `coalesce=True`: after a stall (suspended VM, blocked loop) several due ticks run once, not in a
-  burst; the ones folded away are counted (`reason="coalesced"`).
+  burst; the ones folded away are counted (`reason="coalesced"`), read from the schedule itself:
+  APScheduler 3 hands a coalesced submission only its last run time.
 - `misfire_grace_time`: a tick that could not start within this many seconds is dropped and counted
   (`reason="misfired"`): a probe hours late would be recorded at the wrong time of day.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import structlog
 from apscheduler.events import (
@@ -30,9 +31,16 @@ from apscheduler.triggers.cron import CronTrigger
 from monitor.config.cron import build_trigger
 from monitor.config.models import Job
 from monitor.metrics.definitions import Metrics
+from monitor.schedule.clock import ClockWatch
 
 MISFIRE_GRACE_S = 30
+MAX_COUNTED_TICKS = 100_000
 RunJob = Callable[[Job, datetime], Awaitable[None]]
+
+
+def _timing(job: Job) -> tuple[str, str, float]:
+    """What decides when a job's ticks fall: a reload changing none of it leaves the job alone."""
+    return (job.schedule, job.timezone, job.jitter_s)
 
 
 def nominal_fire_time(job: Job, run_time: datetime) -> datetime:
@@ -49,16 +57,37 @@ def nominal_fire_time(job: Job, run_time: datetime) -> datetime:
     return best or run_time
 
 
+def ticks_between(
+    job: Job, after: datetime, before: datetime, *, limit: int = MAX_COUNTED_TICKS
+) -> tuple[int, datetime | None]:
+    """(how many, the first) of the job's nominal ticks strictly between `after` and `before`.
+
+    Pure: the schedule read without jitter. Counting stops at `limit` (a year of a per-second
+    schedule is not walked tick by tick); the count is then `limit`.
+    """
+    plain = build_trigger(job.schedule, job.timezone, 0)
+    fire = plain.get_next_fire_time(None, after + timedelta(microseconds=1))
+    first = fire if fire is not None and fire < before else None
+    count = 0
+    while fire is not None and fire < before and count < limit:
+        count += 1
+        fire = plain.get_next_fire_time(fire, fire + timedelta(microseconds=1))
+    return count, first
+
+
 class JobScheduler:
-    def __init__(self, run_job: RunJob, *, metrics: Metrics | None = None) -> None:
+    def __init__(self, run_job: RunJob, *, metrics: Metrics | None = None, clock: ClockWatch | None = None) -> None:
         self._run_job = run_job
         self._metrics = metrics
+        self._clock = clock or ClockWatch()
         self._scheduler = AsyncIOScheduler(job_defaults={"misfire_grace_time": MISFIRE_GRACE_S})
         # Its skip and misfire warnings are ours to log (with the job and a reason) and to count.
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
         self._scheduler.add_listener(self._on_event, EVENT_JOB_SUBMITTED | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
         self._jobs: dict[str, Job] = {}
         self._intended: dict[str, datetime] = {}
+        # Per job, the last nominal tick the scheduler accounted for (started, skipped or missed).
+        self._accounted: dict[str, datetime] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._log = structlog.get_logger()
 
@@ -66,13 +95,31 @@ class JobScheduler:
     def running(self) -> bool:
         return bool(self._scheduler.running)
 
-    def set_jobs(self, jobs: list[Job]) -> None:
-        """Replace the scheduled jobs (start-up and reload); running job instances finish undisturbed."""
-        for existing in list(self._jobs):
-            self._scheduler.remove_job(existing)
-        self._jobs = {job.name: job for job in jobs}
+    def set_jobs(self, jobs: list[Job], *, since: datetime | None = None) -> None:
+        """Schedule `jobs` (start-up and reload), changing only what changed.
+
+        A job whose schedule, timezone and jitter are unchanged is left alone in the job store, so a
+        tick that fell due while the reload held the loop still runs (removing and re-adding it
+        computed its next run from after the tick, and the tick was lost). A new or re-timed job
+        gets its first tick from `since` (when the reload was asked for), not from now. Running job
+        instances finish undisturbed; the next tick of a kept job uses its new definition.
+        """
+        since = since or datetime.now(UTC)
+        wanted = {job.name: job for job in jobs}
+        for name in list(self._jobs):
+            if name not in wanted:
+                self._scheduler.remove_job(name)
+                self._accounted.pop(name, None)
         for job in jobs:
+            old = self._jobs.get(job.name)
+            if old is not None and _timing(old) == _timing(job):
+                continue
             trigger: CronTrigger = build_trigger(job.schedule, job.timezone, job.jitter_s)
+            first = trigger.get_next_fire_time(None, since)
+            self._accounted.pop(job.name, None)  # the ticks of another schedule are not this one's
+            if old is not None:
+                self._scheduler.modify_job(job.name, trigger=trigger, next_run_time=first)
+                continue
             self._scheduler.add_job(
                 self._fire,
                 trigger=trigger,
@@ -82,7 +129,40 @@ class JobScheduler:
                 max_instances=1,
                 coalesce=True,
                 replace_existing=True,
+                next_run_time=first,
             )
+        self._jobs = wanted
+
+    def check_clock(self) -> float | None:
+        """Re-arm the schedule when the wall clock stepped since the last check; the step, or None.
+
+        Called every half second from the probes' loop and before each tick is accounted for. Each
+        job's next tick is computed again from the new wall time (back: the old one lay ahead by
+        the step, and nothing probed until then; forward: the ticks stepped over are not counted
+        as folded, they never came), and the last-run times exported are moved by the step, so
+        none lies in the future and none looks fresher than it is.
+        """
+        stepped = self._clock.check()
+        if stepped is None:
+            return None
+        step, wall = stepped
+        now = datetime.fromtimestamp(wall, UTC)
+        self._accounted.clear()
+        for scheduled in self._scheduler.get_jobs():
+            if scheduled.next_run_time is not None:
+                self._scheduler.modify_job(scheduled.id, next_run_time=scheduled.trigger.get_next_fire_time(None, now))
+        direction = "forward" if step > 0 else "backward"
+        if self._metrics is not None:
+            self._metrics.clock_steps.labels(direction).inc()
+            self._metrics.shift_job_last_run(step, now=wall)
+        self._log.warning(
+            "clock_step",
+            step_s=round(step, 3),
+            direction=direction,
+            now=now.isoformat(),
+            next_runs={k: v.isoformat() if v else None for k, v in self.next_run_times().items()},
+        )
+        return step
 
     def next_run_times(self) -> dict[str, datetime | None]:
         return {job.id: job.next_run_time for job in self._scheduler.get_jobs()}
@@ -122,19 +202,37 @@ class JobScheduler:
         if self._metrics is not None:
             self._metrics.scheduler_missed.labels(job, reason).inc(n)
 
+    def _account(self, job_id: str, run_time: datetime) -> None:
+        """Count the ticks folded away before `run_time` (started or skipped now): APScheduler 3 hands
+        a coalesced submission only its last run time, so they are read from the schedule itself."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        self.check_clock()  # a forward step is not a stall: its ticks never came
+        tick = nominal_fire_time(job, run_time)
+        previous = self._accounted.get(job_id)
+        self._accounted[job_id] = tick
+        if previous is None or tick <= previous:  # the first tick, or the wall clock went back
+            return
+        folded, first = ticks_between(job, previous, tick)
+        if folded and first is not None:
+            self._count_miss(job_id, "coalesced", folded)
+            self._log.warning(
+                "job_runs_coalesced",
+                job=job_id,
+                missed=folded,
+                first_missed=first.isoformat(),
+                scheduled=tick.isoformat(),
+                reason="the process or its event loop was held up past these ticks; they ran once, late",
+            )
+
     def _on_event(self, event: JobEvent) -> None:
         if isinstance(event, JobSubmissionEvent) and event.code == EVENT_JOB_SUBMITTED:
-            run_times = sorted(event.scheduled_run_times)
-            self._intended[event.job_id] = run_times[-1]
-            if len(run_times) > 1:
-                self._count_miss(event.job_id, "coalesced", len(run_times) - 1)
-                self._log.warning(
-                    "job_runs_coalesced",
-                    job=event.job_id,
-                    missed=len(run_times) - 1,
-                    first_missed=run_times[0].isoformat(),
-                )
+            run_time = max(event.scheduled_run_times)
+            self._intended[event.job_id] = run_time
+            self._account(event.job_id, run_time)
         elif event.code == EVENT_JOB_MISSED:
+            # Its submission accounted for the ticks before it; this one is the misfire itself.
             self._count_miss(event.job_id, "misfired")
             self._log.warning(
                 "job_run_missed",
@@ -143,5 +241,7 @@ class JobScheduler:
                 reason=f"could not start within {MISFIRE_GRACE_S} s of its time",
             )
         elif event.code == EVENT_JOB_MAX_INSTANCES:
+            if isinstance(event, JobSubmissionEvent) and event.scheduled_run_times:
+                self._account(event.job_id, max(event.scheduled_run_times))
             self._count_miss(event.job_id, "still_running")
             self._log.warning("job_run_skipped", job=event.job_id, reason="the previous run is still going")

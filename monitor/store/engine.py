@@ -270,6 +270,12 @@ def describe_db_error(exc: BaseException, url: str | URL) -> str:
                 f"database '{database}' does not exist on {where}: create it "
                 f"(createdb -h {host} -p {port} -U {user} {database}) or fix database.url"
             )
+        if "ReadOnlySQLTransactionError" in names or getattr(item, "sqlstate", None) == "25006":
+            return (
+                f"the database is read-only: a standby or a failover? {where} refused a write "
+                f"({_first_line(item)}); point database.url at the primary, or turn off "
+                "default_transaction_read_only"
+            )
         if "CannotConnectNowError" in names or names & {"AdminShutdownError", "CrashShutdownError"}:
             return f"{where} is starting up or shutting down: try again shortly"
         if "TooManyConnectionsError" in names:

@@ -12,7 +12,9 @@ import collections
 import contextlib
 import errno
 import logging
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -35,6 +37,15 @@ _DESCRIPTOR_SHORTAGE = frozenset({errno.EMFILE, errno.ENFILE})
 MAX_HELD_RUNS = 10_000
 
 
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """The writer's last database write: immutable, so another thread (readiness) reads it safely."""
+
+    ok: bool
+    at: float  # time.monotonic()
+    error: str | None = None  # what failed, for a human (engine.describe_db_error)
+
+
 class ResultWriter:
     def __init__(
         self,
@@ -53,6 +64,12 @@ class ResultWriter:
         self._save_lock = asyncio.Lock()
         self._drain_lock = asyncio.Lock()
         self._database_down = False
+        # Whether writes succeed, which a ping does not tell: a read-only database answers SELECT 1.
+        self.last_write: WriteOutcome | None = None
+        # Drain attempts failed in a row (the drainer tries every few seconds through an outage).
+        self._drain_failures = 0
+        self._drain_failing_since = 0.0
+        self._drain_last_error = ""
         # Counters for metrics (runs, each with its samples).
         self.stored_runs = 0
         self.spooled_runs = 0
@@ -77,9 +94,45 @@ class ResultWriter:
 
     def _database_failed(self, event: str, exc: BaseException, **fields: Any) -> None:
         self._database_down = True
-        self._emit(event, error=self._describe(exc), **fields)
+        error = self._describe(exc)
+        self.last_write = WriteOutcome(ok=False, at=time.monotonic(), error=error)
+        self._emit(event, error=error, **fields)
+
+    def _drain_failed(self, exc: BaseException) -> None:
+        """Like `_database_failed`, logged at a falling rate: the 1st, 2nd, 4th, 8th... failure in a row,
+        not one line per attempt for as long as the outage lasts; `spool_drain_recovered` sums it up."""
+        self._database_down = True
+        error = self._describe(exc)
+        now = time.monotonic()
+        self.last_write = WriteOutcome(ok=False, at=now, error=error)
+        self._drain_failures += 1
+        if self._drain_failures == 1:
+            self._drain_failing_since = now
+        self._drain_last_error = error
+        if logged_failure(self._drain_failures):
+            self._emit(
+                "spool_drain_failed",
+                error=error,
+                failures=self._drain_failures,
+                failing_for_s=round(now - self._drain_failing_since, 1),
+                next_logged_at_failure=2 * self._drain_failures,
+                spool_depth=self._spool.depth,
+            )
+
+    def _drain_recovered(self) -> None:
+        if not self._drain_failures:
+            return
+        self._emit(
+            "spool_drain_recovered",
+            failures=self._drain_failures,
+            failing_for_s=round(time.monotonic() - self._drain_failing_since, 1),
+            last_error=self._drain_last_error,
+            spool_depth=self._spool.depth,
+        )
+        self._drain_failures = 0
 
     def _database_ok(self) -> None:
+        self.last_write = WriteOutcome(ok=True, at=time.monotonic())
         if self._database_down:  # once per recovery, not per write
             self._database_down = False
             self._emit("database_write_ok", spool_depth=self._spool.depth)
@@ -187,6 +240,7 @@ class ResultWriter:
         if self._held:
             async with self._save_lock:
                 await self._release_held()
+        failed = False
         async with self._drain_lock:
             while True:
                 entries = await asyncio.to_thread(self._spool.peek, self._drain_batch)
@@ -194,11 +248,14 @@ class ResultWriter:
                     break
                 stored = await self._replay(entries)
                 if stored is None:
+                    failed = True
                     break
                 replayed += stored
         if replayed:
             self._database_ok()
             self._emit("spool_drained", runs=replayed, spool_depth=self._spool.depth)
+        if not failed and (replayed or not self._spool.depth):
+            self._drain_recovered()
         return replayed
 
     async def _replay(self, entries: list[SpooledRun]) -> int | None:
@@ -209,7 +266,7 @@ class ResultWriter:
                 await self._store(readable)
             except Exception as exc:
                 if not is_bad_data(exc):
-                    self._database_failed("spool_drain_failed", exc, spool_depth=self._spool.depth)
+                    self._drain_failed(exc)
                     return None
             else:
                 await asyncio.to_thread(self._spool.ack, entries[-1])
@@ -224,7 +281,7 @@ class ResultWriter:
                     await self._store([(entry.run, entry.samples or [])])
                 except Exception as exc:
                     if not is_bad_data(exc):
-                        self._database_failed("spool_drain_failed", exc, spool_depth=self._spool.depth)
+                        self._drain_failed(exc)
                         return None
                     await asyncio.to_thread(self._spool.reject, entry, _reason(exc))
                 else:
@@ -242,6 +299,11 @@ class ResultWriter:
                     self._emit("spool_drain_failed", error=f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval_s)
+
+
+def logged_failure(count: int) -> bool:
+    """Whether the `count`-th failure in a row is logged: 1, 2, 4, 8, ... (a falling rate)."""
+    return count > 0 and count & (count - 1) == 0
 
 
 def _reason(exc: BaseException) -> str:
