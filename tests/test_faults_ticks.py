@@ -11,6 +11,7 @@ import re
 import signal
 import sqlite3
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
@@ -154,6 +155,17 @@ def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future
 
     def finished() -> int:
         return len(daemon.events("job_finished"))
+
+    def settled(ahead: Callable[[], float], within_s: float = 6.0) -> float:
+        """How far the exported last run lies ahead of now, once the daemon has seen the step (it checks
+        every 0.5 s; a loaded machine may take a few seconds): the first reading at or below zero, or
+        the last one."""
+        deadline = time.monotonic() + within_s
+        while True:
+            time.sleep(0.25)
+            value = ahead()
+            if value <= 0 or time.monotonic() > deadline:
+                return value
 
     def last_run() -> float:
         return metric(daemon, "ttft_monitor_job_last_run_timestamp_seconds", probe_job="tick")
