@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from monitor.alert.attribution import ServerSplit, classify, split_text
 from monitor.detect.burn_service import ALL_PROMPTS
 from monitor.detect.detector import Detector, RunPoint
+from monitor.detect.figures import figures_of
 from monitor.store.models import (
     AlertDeliveryRow,
     AlertOutboxRow,
@@ -769,7 +770,7 @@ async def _where_the_time_went(
     client = middle(recent, "ttft_p50_ms")
     # The incident's own baseline (what the daemon's detector compared it with); else the replayed
     # baseline of the window's first run.
-    client_baseline = (regression or {}).get("baseline_ms") or baseline_at(since.timestamp() + 1e-6)
+    client_baseline = (regression or {}).get("opened_baseline_ms") or baseline_at(since.timestamp() + 1e-6)
     cause = classify(client, client_baseline, split)
     return {
         "since": iso(since),
@@ -914,10 +915,8 @@ def _incident(row: Any, now: datetime) -> dict[str, Any]:
         "resolved_at": iso(row.resolved_at),
         "open": row.resolved_at is None,
         "duration_s": round((until - row.opened_at).total_seconds()),
-        "baseline_ms": _round(row.baseline_ms),
-        "observed_ms": _round(row.observed_ms),
-        "ratio": _round(row.ratio, 3),
-        "peak_ratio": _round(details.get("peak_ratio", row.ratio), 3),
+        # The opening and the peak (what it was), then where it stands now: monitor.detect.figures.
+        **figures_of(row).to_json(),
         "error": row.error,
     }
 

@@ -46,8 +46,7 @@
         el("a", { href: seriesHref(item) }, `${item.target} · ${item.prompt} · ${item.location}`), ` ${item.kind}`),
       el("p", {}, `opened ${TTFT.when(item.opened_at)}`, item.resolved_at ? `, resolved ${TTFT.when(item.resolved_at)}` : ", still open",
         ` · ${TTFT.duration(item.duration_s)}`,
-        item.peak_ratio !== null ? ` · peak ×${item.peak_ratio.toFixed(2)}` : "",
-        item.baseline_ms !== null ? ` · baseline ${ms(item.baseline_ms)} ms → ${ms(item.observed_ms)} ms` : "",
+        el("span", { class: "figures" }, TTFT.incidentFigures(item)),
         item.error ? ` · error ${item.error}` : ""),
       item.notifications.length ? notes : el("p", { class: "muted" }, "no notifications"));
   }
