@@ -135,8 +135,9 @@
     const pts = data.points;
     const xs = pts.map((p) => TTFT.epoch(p.t));
     const col = (key) => pts.map((p) => p[key] ?? null);
-    // The detector's baseline for each point's runs (seasonal once the series has days of history).
-    const baseline = pts.map((p) => p.baseline_ms ?? data.baseline_ms);
+    // The baseline the detector compared each point's run with (seasonal once the series has days of
+    // history); none where it had none yet: the line at t is never a baseline from after t.
+    const baseline = pts.map((p) => p.baseline_ms ?? null);
     const incidentBaselines = data.incidents.filter((i) => i.opened_baseline_ms !== null);
     // The baseline's band: up to where the detector opens a ticket; the page line above it.
     const limits = data.thresholds || {};
