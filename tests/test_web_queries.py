@@ -15,7 +15,7 @@ from monitor.probe.result import ErrorClass
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, RunRow, SeriesRow, table_of
 from monitor.store.records import SeriesKey, floor_hour, runs_from_samples
 from monitor.store.repository import Repository
-from monitor.web import queries, stats
+from monitor.web import queries, report, stats
 from tests.store_fixtures import PROVIDERS, T0, Backend, make_batch, make_samples
 
 pytest_plugins = ("tests.store_fixtures",)
@@ -63,8 +63,48 @@ def test_a_clear_difference_is_significant_and_noise_is_not() -> None:
 def test_the_prefill_slope_recovers_ms_per_1k_tokens() -> None:
     points = [(tokens, 100 + 0.25 * tokens) for tokens in (2000, 16000, 32000) for _ in range(3)]
     fit = stats.prefill_slope(points)
-    assert fit is not None and fit.ms_per_1k_tokens == pytest.approx(250) and fit.intercept_ms == pytest.approx(100)
-    assert stats.prefill_slope([(2000, 1.0), (2000, 2.0)]) is None
+    assert fit.ms_per_1k_tokens == pytest.approx(250) and fit.intercept_ms == pytest.approx(100)
+    assert fit.ranked and fit.sizes == 3 and fit.reason is None
+    assert not stats.prefill_slope([(2000, 1.0), (2000, 2.0)]).ranked
+
+
+def _one_size(rng: random.Random) -> list[tuple[float, float]]:
+    # A cache-busting prefix moves a 256-token prompt by a token or two: one size, however it jitters.
+    return [(rng.choice((254, 255, 256, 257, 258)), rng.gauss(200, 40)) for _ in range(30)]
+
+
+@pytest.mark.parametrize(
+    ("points", "reason"),
+    [
+        ([], "no prompt token counts"),
+        (_one_size(random.Random(5)), "measured at one prompt size (254 tokens); a slope needs two or more"),
+        ([(256, 200.0), (2048, 600.0)], "not significant (95% interval unbounded)"),
+        (
+            [(tokens, random.Random(tokens * 31 + i).gauss(300, 80)) for tokens in (256, 2048) for i in range(6)],
+            "not significant (95% interval ",
+        ),
+    ],
+)
+def test_a_slope_needs_two_prompt_sizes_and_a_significant_fit(points: list[tuple[float, float]], reason: str) -> None:
+    fit = stats.prefill_slope(points)
+    assert fit.ms_per_1k_tokens is None and fit.intercept_ms is None and not fit.ranked
+    assert fit.reason is not None and fit.reason.startswith(reason), fit
+
+
+def test_a_target_measured_at_one_prompt_size_is_listed_unranked_with_the_reason() -> None:
+    rng = random.Random(9)
+    rows = [(t, t, f"p{n}", 80 + slope * n + rng.gauss(0, 5), n) for t, slope in (("a", 0.05), ("b", 0.1))
+            for n in (256, 2048, 8192) for _ in range(5)]  # fmt: skip
+    rows += [("c", "c", "short", ttft, tokens) for tokens, ttft in _one_size(rng)]
+    slopes = queries.compare_values(rows)["slopes"]
+    assert [(s["target"], s["rank"]) for s in slopes] == [("a", 1), ("b", 2), ("c", None)]
+    c = slopes[2]
+    assert (c["ms_per_1k_tokens"], c["intercept_ms"], c["prompt_sizes"]) == (None, None, 1)
+    assert c["reason"].startswith("measured at one prompt size")
+    assert slopes[0]["ci_low"] < slopes[0]["ms_per_1k_tokens"] < slopes[0]["ci_high"]
+    text = report.render_markdown({"start": "s", "end": "e", "cells": [], "pairs": [], "slopes": slopes}, title="t")
+    assert "| – | c | c | n/a: measured at one prompt size (254 tokens); a slope needs two or more |" in text
+    assert "| 1 | a | a | " in text and "| 2 | b | b | " in text
 
 
 @pytest.mark.parametrize(

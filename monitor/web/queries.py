@@ -1045,19 +1045,27 @@ def _compare_cells(
                         "significant": diff.significant,
                     }
                 )
+    # Ranked (1 = the cheapest prefill) only where the fit means something; the rest follow, unranked,
+    # with the reason.
+    fits = {target: stats.prefill_slope(slope_points.get(target, [])) for target in models}
+    order = sorted(models, key=lambda t: (not fits[t].ranked, fits[t].ms_per_1k_tokens or 0.0, t))
     slopes = []
-    for target in sorted(models):
-        fit = stats.prefill_slope(slope_points.get(target, []))
+    for rank, target in enumerate(order, 1):
+        fit = fits[target]
         slopes.append(
             {
                 "target": target,
                 "model": models[target],
-                "ms_per_1k_tokens": _round(fit.ms_per_1k_tokens) if fit else None,
-                "intercept_ms": _round(fit.intercept_ms) if fit else None,
-                "points": fit.points if fit else 0,
+                "ms_per_1k_tokens": _round(fit.ms_per_1k_tokens),
+                "intercept_ms": _round(fit.intercept_ms),
+                "points": fit.points,
+                "rank": rank if fit.ranked else None,
+                "ci_low": _round(fit.ci_low),
+                "ci_high": _round(fit.ci_high),
+                "prompt_sizes": fit.sizes,
+                "reason": fit.reason,
             }
         )
-    slopes.sort(key=lambda s: (s["ms_per_1k_tokens"] is None, s["ms_per_1k_tokens"] or 0.0, s["target"]))
     return {"cells": table, "pairs": pairs, "slopes": slopes}
 
 
