@@ -418,6 +418,12 @@ def test_the_incidents_page_shows_the_figures_of_ttft_monitor_incidents(browser:
     assert f"peak ×{after['peak_ratio']:.2f}" in text, text
     shown = [f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in (cli["opened_baseline_ms"], cli["opened_observed_ms"])]
     assert f"opened at baseline {shown[0]} ms → {shown[1]} ms" in text, text
+    # A member of a group of several was notified as part of it, under the lead's id: said, and linked.
+    for item in _get(f"{monitor.url}/api/v1/incidents?since=1h")["incidents"]:
+        card = visit.page.locator(f"section[data-incident='{item['id']}']")
+        if item["group"] is not None and not item["group"]["lead"] and card.count():
+            assert "no notifications" not in card.inner_text()
+            assert card.locator(".group a").get_attribute("data-lead") == item["group"]["lead_incident_id"]
     # The series page's incident line says the same.
     series = _open(browser, f"{monitor.url}/series?id={monitor.series_id}&range=6h")
     note = series.page.locator("p.incidents-note").inner_text()

@@ -579,3 +579,32 @@ async def test_a_targets_slo_row_reads_as_the_target_across_prompts_not_as_a_ser
     # Quiet: ok (its prompts ran in the last 24 h), not "no data"; no latency figures of its own.
     assert whole["gpt-4o-mini"]["status"] == "ok" and whole["gpt-4o-mini"]["last_run_at"] is not None
     assert whole["gpt-4o-mini"]["p50_last_hour_ms"] is None and whole["gpt-4o-mini"]["ratio"] is None
+
+
+async def test_a_grouped_member_says_it_was_notified_as_part_of_its_group(backend: Backend) -> None:
+    # One model slow on two prompts: two incidents, one group, one page sent under the lead's id.
+    from monitor.alert.dispatcher import Dispatcher
+    from monitor.alert.transport import Transport
+    from tests.test_detect_service import config, outage, run_ticks, service_on
+
+    engine = backend.engine()
+    settings = config()
+    try:
+        await run_ticks(engine, service_on(engine, settings), outage({"a1": 3.0}), targets=("a1",))
+        async with Transport() as transport:
+            dispatcher = Dispatcher(engine, settings.alerts, transport, rng=random.Random(7), poll_interval_s=0.05)
+            await dispatcher.dispatch_due()
+        items = await queries.incidents(engine, start=T0, end=T0 + timedelta(days=1))
+    finally:
+        await engine.dispose()
+    assert len(items) == 2 and items[0]["group_id"] == items[1]["group_id"] is not None
+    lead = next(i for i in items if i["notifications"])
+    member = next(i for i in items if i is not lead)
+    assert member["notifications"] == []
+    assert member["group"]["lead"] is False and lead["group"]["lead"] is True
+    assert member["group"]["lead_incident_id"] == lead["id"] and member["group"]["members"] == 2
+    # Dispatched after the resolve: the page it replaced is superseded, the resolve sent.
+    assert [(n["event"], n["status"]) for n in member["group"]["notifications"]] == [
+        ("firing", "superseded"),
+        ("resolved", "sent"),
+    ]

@@ -27,6 +27,7 @@ from monitor.detect.figures import figures_of
 from monitor.store.models import (
     AlertDeliveryRow,
     AlertOutboxRow,
+    IncidentGroupRow,
     IncidentRow,
     RollupPendingRow,
     RollupRow,
@@ -918,6 +919,29 @@ def _incident(row: Any, now: datetime) -> dict[str, Any]:
         # The opening and the peak (what it was), then where it stands now: monitor.detect.figures.
         **figures_of(row).to_json(),
         "error": row.error,
+        "group_id": str(row.group_id) if row.group_id is not None else None,
+    }
+
+
+async def _groups_of(connection: AsyncConnection, group_ids: set[uuid.UUID]) -> dict[str, dict[str, Any]]:
+    """Each group's lead incident (whose id its one notification goes out under) and member count."""
+    if not group_ids:
+        return {}
+    wanted = list(group_ids)
+    leads = await connection.execute(
+        select(IncidentGroupRow.id, IncidentGroupRow.lead_incident_id).where(IncidentGroupRow.id.in_(wanted))
+    )
+    sizes = dict(
+        (
+            await connection.execute(
+                select(IncidentRow.group_id, func.count())
+                .where(IncidentRow.group_id.in_(wanted))
+                .group_by(IncidentRow.group_id)
+            )
+        ).all()
+    )
+    return {
+        str(gid): {"id": str(gid), "lead_incident_id": str(lead), "members": sizes.get(gid, 0)} for gid, lead in leads
     }
 
 
@@ -927,11 +951,16 @@ async def incidents(engine: AsyncEngine, *, start: datetime, end: datetime) -> l
     async with engine.connect() as connection:
         items = await _incidents_of(connection, None, start=start, end=end)
         series = await _series(connection, {item["series_id"] for item in items})
+        groups = await _groups_of(connection, {uuid.UUID(i["group_id"]) for i in items if i["group_id"]})
         ids = [uuid.UUID(item["id"]) for item in items]
+        # A group's notifications go out under its lead incident: read the leads' too.
+        listed = set(ids)
+        leads = {uuid.UUID(g["lead_incident_id"]) for g in groups.values()} - listed
         notifications: dict[str, list[dict[str, Any]]] = defaultdict(list)
         deliveries: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
-        for offset in range(0, len(ids), 500):
-            chunk = ids[offset : offset + 500]
+        every = ids + sorted(leads)
+        for offset in range(0, len(every), 500):
+            chunk = every[offset : offset + 500]
             outbox = (
                 await connection.execute(
                     select(
@@ -965,6 +994,18 @@ async def incidents(engine: AsyncEngine, *, start: datetime, end: datetime) -> l
         info = series.get(item["series_id"])
         item.update({k: v for k, v in asdict(info).items() if k != "id"} if info else {})
         item["notifications"] = notifications.get(item["id"], [])
+        # A member of a group of several was notified as part of the group, under its lead's id.
+        group = groups.get(item["group_id"] or "")
+        if group is not None and group["members"] > 1:
+            lead = group["lead_incident_id"]
+            item["group"] = group | {
+                "lead": lead == item["id"],
+                "notifications": [
+                    {k: n[k] for k in ("receiver", "event", "status", "sent_at")} for n in notifications.get(lead, [])
+                ],
+            }
+        else:
+            item["group"] = None
         # Triage (monitor.triage): ack, label, a manual resolve's note, change markers near its start.
         until = datetime.fromisoformat(item["resolved_at"]) if item["resolved_at"] else end
         began = datetime.fromisoformat(item["since"])
