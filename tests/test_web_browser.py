@@ -311,6 +311,9 @@ def test_overview_lists_every_series_with_the_slowed_one_first(browser: Any, mon
     assert SLOWED in first_group_first_row.inner_text()
     assert EVIL_TARGET in page.locator("main").inner_text()  # shown as text, not run
     assert page.locator("svg.spark path, svg.spark circle").count() >= 6
+    # Minutes of history: no baseline before the last hour yet, and each row says why, not "–".
+    notes = page.locator("[data-baseline-note]").all_inner_texts()
+    assert len(notes) >= 6 and all(n.startswith(("learning, ", "first hour: from ")) for n in notes), notes
     assert page.load_seconds < 5
     visit.usable_ms()
     _no_script_ran(visit)

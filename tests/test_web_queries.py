@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -178,6 +178,7 @@ async def test_overview_lists_every_series_with_status_and_availability(backend:
     assert {r["status"] for r in others} == {"ok"}
     for row in others:
         assert row["availability_24h"] == 1.0 and row["p50_last_hour_ms"] > 0
+        assert row["baseline_note"] is None
         assert row["baseline_ms"] > 0 and row["ratio"] == pytest.approx(
             row["p50_last_hour_ms"] / row["baseline_ms"], abs=1e-2
         )
@@ -608,3 +609,31 @@ async def test_a_grouped_member_says_it_was_notified_as_part_of_its_group(backen
         ("firing", "superseded"),
         ("resolved", "sent"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("runs", "first_minutes_ago", "expected"),
+    [
+        (0, None, "no runs yet"),
+        (12, 5, "learning, 12 of 24 runs"),
+        (30, 40, "first hour: from 11:20 UTC"),
+        (30, 90, "no runs in the day before the last hour"),
+    ],
+)
+def test_a_series_without_a_baseline_says_why(runs: int, first_minutes_ago: int | None, expected: str) -> None:
+    now = datetime(2026, 3, 2, 11, 0, tzinfo=UTC)
+    first = now - timedelta(minutes=first_minutes_ago) if first_minutes_ago is not None else None
+    assert queries.baseline_note(runs=runs, first_run_at=first, min_history_runs=24, now=now) == expected
+
+
+async def test_the_overview_of_young_series_says_the_detector_is_learning(backend: Backend) -> None:
+    # Runs every minute for a few minutes: no baseline anywhere yet, and the reason instead of a dash.
+    repository = Repository(backend.engine())
+    for minute in range(5):
+        await repository.save_runs(make_batch(T0 + timedelta(minutes=minute)))
+    rows = await queries.overview(repository.engine, now=T0 + timedelta(minutes=5), min_history_runs=24)
+    default = await queries.overview(repository.engine, now=T0 + timedelta(minutes=5))
+    await repository.engine.dispose()
+    assert len(rows) == 4
+    assert {(r["baseline_ms"], r["baseline_note"]) for r in rows} == {(None, "learning, 5 of 24 runs")}
+    assert {r["baseline_note"] for r in default} == {f"learning, 5 of {Rules().min_history_runs} runs"}

@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.attribution import ServerSplit, classify, split_text
 from monitor.detect.burn_service import ALL_PROMPTS
-from monitor.detect.detector import Detector, RunPoint
+from monitor.detect.detector import Detector, Rules, RunPoint
 from monitor.detect.figures import figures_of
 from monitor.store.models import (
     AlertDeliveryRow,
@@ -160,9 +160,51 @@ class OverviewCache:
         self._entry = (key, self._clock(), value)
 
 
-async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache | None = None) -> list[dict[str, Any]]:
+def baseline_note(*, runs: int, first_run_at: datetime | None, min_history_runs: int, now: datetime) -> str:
+    """Why a series has no baseline yet: the detector is still learning (fewer valid runs than it needs
+    before a verdict), or the overview's baseline (the runs before the last hour) has nothing yet."""
+    if runs == 0 or first_run_at is None:
+        return "no runs yet"
+    if runs < min_history_runs:
+        return f"learning, {runs} of {min_history_runs} runs"
+    ready = first_run_at + timedelta(hours=1)
+    if ready <= now:  # runs, but none with a TTFT in the day before the last hour
+        return "no runs in the day before the last hour"
+    return f"first hour: from {ready.astimezone(UTC):%H:%M} UTC"
+
+
+async def _run_counts(
+    connection: AsyncConnection, series_ids: Sequence[int], *, since: datetime, until: datetime
+) -> dict[int, tuple[int, datetime]]:
+    """Per series: its runs with a TTFT in [since, until) and the first one's start."""
+    if not series_ids:
+        return {}
+    rows = await connection.execute(
+        select(RunRow.series_id, func.count(), func.min(RunRow.started_at))
+        .where(
+            RunRow.series_id.in_(list(series_ids)),
+            RunRow.ttft_p50_ms.is_not(None),
+            RunRow.started_at >= type_coerce(since, UtcDateTime()),
+            RunRow.started_at < type_coerce(until, UtcDateTime()),
+        )
+        .group_by(RunRow.series_id)
+    )
+    return {sid: (count, _aware(first)) for sid, count, first in rows if first is not None}
+
+
+def _aware(moment: datetime | str) -> datetime:
+    # min() of a timestamp comes back from SQLite as text, without the column's type.
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+async def overview(
+    engine: AsyncEngine, *, now: datetime, cache: OverviewCache | None = None, min_history_runs: int | None = None
+) -> list[dict[str, Any]]:
     """Every series with status, last-hour p50, baseline, ratio, a 24 h sparkline and availability;
-    what is on fire first (page, down, ticket, no data, ok; then by ratio).
+    what is on fire first (page, down, ticket, no data, ok; then by ratio). A series without a
+    baseline says why in `baseline_note` (`min_history_runs`: the detector's, default rules' if None).
 
     Whole past hours come from the hourly rollups (one scan for availability, baselines and
     sparklines; kept in `cache` between calls while valid), the rest from one read of the runs that no
@@ -211,6 +253,8 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
                 series_ids=list(series),
                 rolled=rolled.medians,
             )
+            unknown = [sid for sid, info in series.items() if info.prompt != ALL_PROMPTS and sid not in baselines]
+            young = await _run_counts(connection, unknown, since=windows[-1], until=now)
         finally:
             if apart is not None and not apart.done():
                 apart.cancel()
@@ -240,6 +284,7 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
         key = (info.target, info.location)
         if info.prompt != ALL_PROMPTS and last is not None and (key not in target_last or last > target_last[key]):
             target_last[key] = last
+    needed = min_history_runs if min_history_runs is not None else Rules().min_history_runs
     out = []
     for series_id, info in series.items():
         ok_d, err_d, ok_w, err_w, ok_m, err_m = counts.get(series_id, (0,) * 6)
@@ -251,6 +296,10 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
         opened = open_by_series.get(series_id, [])
         regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
         baseline = regression_baseline if regression_baseline is not None else baselines.get(series_id)
+        note = None
+        if baseline is None and not whole_target:
+            runs, first = young.get(series_id, (0, None))
+            note = baseline_note(runs=runs, first_run_at=first, min_history_runs=needed, now=now)
         p50 = _median(last_hour.get(series_id, []))
         spark = rolled.sparks.get(series_id, {})
         sparkline = []
@@ -278,6 +327,7 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
                 "open_incidents": [{"kind": kind, "severity": severity} for kind, severity, _ in opened],
                 "p50_last_hour_ms": _round(p50),
                 "baseline_ms": _round(baseline),
+                "baseline_note": note,
                 "ratio": _round(p50 / baseline, 3) if p50 is not None and baseline else None,
                 "sparkline_ms": sparkline,
                 "availability_24h": _fraction(ok_d, err_d),
