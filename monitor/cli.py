@@ -49,6 +49,7 @@ _timeout = positive("seconds", maximum=3600)
 
 
 def _token_list(text: str) -> list[int]:
+    """--prompt-tokens; argparse names the option before the message."""
     from monitor.probe_command import UsageError, parse_token_list
 
     try:
@@ -200,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = commands.add_parser(
         "report",
         help="the comparison of targets and prompt sizes from the stored history, as HTML, Markdown or JSON",
-        description="TTFT median, p90, n and 95%% bootstrap interval per target and prompt, pairwise differences "
+        description="TTFT median, p90, n and 95% bootstrap interval per target and prompt, pairwise differences "
         "and prefill slopes: the numbers of the compare page. HTML is one self-contained file that opens offline.",
     )
     _config_arg(report)

@@ -70,9 +70,9 @@ def parse_token_list(text: str) -> list[int]:
         try:
             value = int(float(part) * scale)
         except ValueError:
-            raise UsageError(f"--prompt-tokens: '{text}' is not a list of token counts (e.g. 2000,16k)") from None
+            raise UsageError(f"'{text}' is not a list of token counts (e.g. 2000,16k)") from None
         if not 128 <= value <= 131072:
-            raise UsageError(f"--prompt-tokens: {value} is outside 128..131072")
+            raise UsageError(f"{value} is outside 128..131072")
         values.append(value)
     return values
 

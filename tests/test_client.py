@@ -9,15 +9,18 @@ import json
 import socket
 import ssl
 import subprocess
+import tomllib
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from monitor.probe.aiohttp_hooks import SUPPORTED_AIOHTTP, aiohttp_supported
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.result import ErrorClass, Sample, TimingPath
@@ -470,10 +473,57 @@ async def test_without_the_stamping_protocol_the_task_reads_and_keeps_the_deadli
         assert sample.ok, sample.error_message
         assert sample.token_events == 2
         assert sample.ttft_ms is not None and sample.ttft_ms >= 50
-    # The sample says it was timed by the fallback clock, and the client warns once, not per sample.
+    # The sample says it was timed by the fallback clock, and the client warns once, not per sample,
+    # naming what happened: not "install the pinned aiohttp" when the installed one is inside the pin.
     assert sample.timing_path is again.timing_path is TimingPath.TASK_READ
     warnings = [e for e in logs if e["event"] == "probe_timing_fallback"]
     assert len(warnings) == 1 and warnings[0]["log_level"] == "warning", logs
+    warning = warnings[0]
+    assert warning["reason"].startswith("the connection's protocol is not the probe's stamping one")
+    assert warning["connection"] == "fresh" and warning["tls"] is False
+    assert aiohttp_supported(aiohttp.__version__)
+    assert warning["fix"].startswith(f"aiohttp {aiohttp.__version__} is inside the supported range"), warning
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+@pytest.mark.parametrize("fresh", [False, True], ids=["reused", "fresh"])
+async def test_every_sample_is_stamped_on_fresh_and_reused_connections_plain_and_tls(
+    serve, self_signed, fresh: bool, tls: bool
+) -> None:
+    # Tokens apart from the head, so the body's end comes in its own read: on a connection that is not
+    # kept, aiohttp releases and closes it inside that very read.
+    cert, key = self_signed
+    server_ctx = None
+    if tls:
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+    script = [(0, ROLE), (0.06, content("a")), (0.02, content("b")), (0.02, DONE)]
+    url = await serve(streaming_handler(script), ssl_context=server_ctx)
+    trust: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(cert)) if tls else True
+    with capture_logs() as logs:
+        async with ProbeClient(fresh=fresh) as client:
+            samples = [await probe(url, client=client, ssl_option=trust) for _ in range(4)]
+    assert all(s.ok for s in samples), [s.error_message for s in samples]
+    assert [s.timing_path for s in samples] == [TimingPath.STAMPED] * 4
+    assert [s.connection_reused for s in samples] == ([False] * 4 if fresh else [False, True, True, True])
+    assert all(s.ttft_ms is not None and 50 <= s.ttft_ms < 1000 for s in samples)
+    if tls:  # each new connection's handshake is measured: every sample's when fresh, the first's else
+        assert all(s.tls_ms is not None and s.tls_ms > 0 for s in samples[: 4 if fresh else 1])
+    assert [e for e in logs if e["event"] == "probe_timing_fallback"] == []
+
+
+@pytest.mark.parametrize(
+    ("version", "supported"),
+    [("3.14.0", True), ("3.14.5", True), ("3.14.0rc1", True), ("3.13.9", False), ("3.15.0", False), ("4", False)],
+)
+def test_the_supported_aiohttp_range(version: str, supported: bool) -> None:
+    assert aiohttp_supported(version) is supported
+
+
+def test_the_supported_aiohttp_range_is_the_one_pyproject_pins() -> None:
+    pyproject = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("aiohttp")]
+    assert pins == [f"aiohttp{SUPPORTED_AIOHTTP}"]
 
 
 async def test_a_slow_drip_hits_the_total_timeout(serve) -> None:

@@ -319,6 +319,13 @@ def test_overview_lists_every_series_with_the_slowed_one_first(browser: Any, mon
     assert SLOWED in first_group_first_row.inner_text()
     assert EVIL_TARGET in page.locator("main").inner_text()  # shown as text, not run
     assert page.locator("svg.spark path, svg.spark circle").count() >= 6
+    # Minutes of history: no baseline before the last hour yet (but the open incidents'), and each of
+    # those rows says why, not "–".
+    api = _get(monitor.url + "/api/v1/series")["series"]
+    without = [r for r in api if r["baseline_ms"] is None and r["scope"] == "series"]
+    notes = page.locator("[data-baseline-note]").all_inner_texts()
+    assert len(without) >= 4 and sorted(notes) == sorted(r["baseline_note"] for r in without), (notes, without)
+    assert all(n.startswith(("learning, ", "first hour: from ")) for n in notes), notes
     assert page.load_seconds < 5
     visit.usable_ms()
     _no_script_ran(visit)
@@ -355,6 +362,87 @@ def test_series_page_draws_every_point_and_shades_the_incident(browser: Any, mon
     assert f"{SLOWED} · long · lab" in linked.page.locator("h1").inner_text()
     assert linked.page.locator(".incident-shade").count() >= 1
     assert linked.console_errors == []
+
+
+def _replayed_baselines(database_url: str, config: Path, series: dict[str, Any]) -> dict[str, float | None]:
+    """The detector's own replay (the config's rules) of every stored run of the series, from its first:
+    run id -> the baseline that run was compared with."""
+    from monitor.config.loader import load_config
+    from monitor.detect.detector import Detector, point_from_run
+    from monitor.store.records import SeriesKey
+
+    key = SeriesKey(series["target"], series["provider"], series["model"], series["prompt"], series["location"])
+
+    async def read() -> list[Any]:
+        engine = create_engine(database_url)
+        try:
+            return await Repository(engine).runs_between(key, datetime(2000, 1, 1, tzinfo=UTC), datetime.now(UTC))
+        finally:
+            await engine.dispose()
+
+    with ThreadPoolExecutor(1) as pool:
+        runs = sorted(pool.submit(asyncio.run, read()).result(), key=lambda run: run.started_at)
+    replayer = Detector(load_config(config).detection.rules()).replayer()
+    out: dict[str, float | None] = {}
+    for run in runs:
+        replayer.feed(point_from_run(run))
+        out[str(run.run_id)] = replayer.baseline_ms
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_the_series_baseline_line_at_each_moment_is_what_the_detector_compared_that_run_with(
+    browser: Any, monitor: Monitor
+) -> None:
+    visit = _open(browser, f"{monitor.url}/series?id={monitor.series_id}&range=6h")
+    drawn_line = "() => { const u = document.querySelector('.chart').uplot; return [u.data[0], u.data[4]]; }"
+    xs, line = visit.page.evaluate(drawn_line)
+    # Read after the page: the daemon keeps probing, so the page's points are the first of these.
+    api = _get(f"{monitor.url}/api/v1/series/{monitor.series_id}/points?since=6h")
+    assert api["resolution"] == "sample"
+    replayed = _replayed_baselines(monitor.database_url, monitor.config, api["series"])
+    points = api["points"][: len(xs)]
+    assert len(points) == len(xs) > 20
+    learning = 0
+    for x, drawn, point in zip(xs, line, points, strict=True):
+        assert x == pytest.approx(datetime.fromisoformat(point["t"].replace("Z", "+00:00")).timestamp(), abs=1e-3)
+        wanted = replayed[point["run_id"]]
+        if wanted is None:
+            learning += 1
+            assert drawn is None, (point["t"], drawn)  # no line before the detector had a baseline
+        else:
+            assert drawn == pytest.approx(wanted, abs=0.01), (point["t"], drawn, wanted)
+    assert 0 < learning < len(points)
+
+
+@pytest.mark.timeout(300)
+def test_the_incidents_page_shows_the_figures_of_ttft_monitor_incidents(browser: Any, monitor: Monitor) -> None:
+    listed = run_cli("incidents", "--format", "json", "--config", str(monitor.config))
+    assert listed.code == 0, str(listed)
+    (cli,) = [i for i in json.loads(listed.stdout) if i["id"] == monitor.incident["id"]]
+    for _attempt in range(5):  # the incident is open and the daemon probing: its peak may still grow
+        before = next(i for i in _get(f"{monitor.url}/api/v1/incidents?since=1h")["incidents"] if i["id"] == cli["id"])
+        visit = _open(browser, f"{monitor.url}/incidents?since=1h")
+        text = visit.page.locator(f"section[data-incident='{cli['id']}'] .figures").inner_text()
+        after = next(i for i in _get(f"{monitor.url}/api/v1/incidents?since=1h")["incidents"] if i["id"] == cli["id"])
+        if before["peak_ratio"] == after["peak_ratio"]:
+            break
+    names = ("opened_baseline_ms", "opened_observed_ms")
+    assert {n: after[n] for n in names} == {n: cli[n] for n in names}
+    assert cli["opened_observed_ms"] / cli["opened_baseline_ms"] > 1.5
+    assert f"peak ×{after['peak_ratio']:.2f}" in text, text
+    shown = [f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in (cli["opened_baseline_ms"], cli["opened_observed_ms"])]
+    assert f"opened at baseline {shown[0]} ms → {shown[1]} ms" in text, text
+    # A member of a group of several was notified as part of it, under the lead's id: said, and linked.
+    for item in _get(f"{monitor.url}/api/v1/incidents?since=1h")["incidents"]:
+        card = visit.page.locator(f"section[data-incident='{item['id']}']")
+        if item["group"] is not None and not item["group"]["lead"] and card.count():
+            assert "no notifications" not in card.inner_text()
+            assert card.locator(".group a").get_attribute("data-lead") == item["group"]["lead_incident_id"]
+    # The series page's incident line says the same.
+    series = _open(browser, f"{monitor.url}/series?id={monitor.series_id}&range=6h")
+    note = series.page.locator("p.incidents-note").inner_text()
+    assert f"opened at baseline {shown[0]} ms → {shown[1]} ms" in note, note
 
 
 @pytest.mark.timeout(300)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import uuid
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import sqlalchemy as sa
@@ -15,7 +15,7 @@ from monitor.probe.result import ErrorClass
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, RunRow, SeriesRow, table_of
 from monitor.store.records import SeriesKey, floor_hour, runs_from_samples
 from monitor.store.repository import Repository
-from monitor.web import queries, stats
+from monitor.web import queries, report, stats
 from tests.store_fixtures import PROVIDERS, T0, Backend, make_batch, make_samples
 
 pytest_plugins = ("tests.store_fixtures",)
@@ -63,8 +63,48 @@ def test_a_clear_difference_is_significant_and_noise_is_not() -> None:
 def test_the_prefill_slope_recovers_ms_per_1k_tokens() -> None:
     points = [(tokens, 100 + 0.25 * tokens) for tokens in (2000, 16000, 32000) for _ in range(3)]
     fit = stats.prefill_slope(points)
-    assert fit is not None and fit.ms_per_1k_tokens == pytest.approx(250) and fit.intercept_ms == pytest.approx(100)
-    assert stats.prefill_slope([(2000, 1.0), (2000, 2.0)]) is None
+    assert fit.ms_per_1k_tokens == pytest.approx(250) and fit.intercept_ms == pytest.approx(100)
+    assert fit.ranked and fit.sizes == 3 and fit.reason is None
+    assert not stats.prefill_slope([(2000, 1.0), (2000, 2.0)]).ranked
+
+
+def _one_size(rng: random.Random) -> list[tuple[float, float]]:
+    # A cache-busting prefix moves a 256-token prompt by a token or two: one size, however it jitters.
+    return [(rng.choice((254, 255, 256, 257, 258)), rng.gauss(200, 40)) for _ in range(30)]
+
+
+@pytest.mark.parametrize(
+    ("points", "reason"),
+    [
+        ([], "no prompt token counts"),
+        (_one_size(random.Random(5)), "measured at one prompt size (254 tokens); a slope needs two or more"),
+        ([(256, 200.0), (2048, 600.0)], "not significant (95% interval unbounded)"),
+        (
+            [(tokens, random.Random(tokens * 31 + i).gauss(300, 80)) for tokens in (256, 2048) for i in range(6)],
+            "not significant (95% interval ",
+        ),
+    ],
+)
+def test_a_slope_needs_two_prompt_sizes_and_a_significant_fit(points: list[tuple[float, float]], reason: str) -> None:
+    fit = stats.prefill_slope(points)
+    assert fit.ms_per_1k_tokens is None and fit.intercept_ms is None and not fit.ranked
+    assert fit.reason is not None and fit.reason.startswith(reason), fit
+
+
+def test_a_target_measured_at_one_prompt_size_is_listed_unranked_with_the_reason() -> None:
+    rng = random.Random(9)
+    rows = [(t, t, f"p{n}", 80 + slope * n + rng.gauss(0, 5), n) for t, slope in (("a", 0.05), ("b", 0.1))
+            for n in (256, 2048, 8192) for _ in range(5)]  # fmt: skip
+    rows += [("c", "c", "short", ttft, tokens) for tokens, ttft in _one_size(rng)]
+    slopes = queries.compare_values(rows)["slopes"]
+    assert [(s["target"], s["rank"]) for s in slopes] == [("a", 1), ("b", 2), ("c", None)]
+    c = slopes[2]
+    assert (c["ms_per_1k_tokens"], c["intercept_ms"], c["prompt_sizes"]) == (None, None, 1)
+    assert c["reason"].startswith("measured at one prompt size")
+    assert slopes[0]["ci_low"] < slopes[0]["ms_per_1k_tokens"] < slopes[0]["ci_high"]
+    text = report.render_markdown({"start": "s", "end": "e", "cells": [], "pairs": [], "slopes": slopes}, title="t")
+    assert "| – | c | c | n/a: measured at one prompt size (254 tokens); a slope needs two or more |" in text
+    assert "| 1 | a | a | " in text and "| 2 | b | b | " in text
 
 
 @pytest.mark.parametrize(
@@ -138,6 +178,7 @@ async def test_overview_lists_every_series_with_status_and_availability(backend:
     assert {r["status"] for r in others} == {"ok"}
     for row in others:
         assert row["availability_24h"] == 1.0 and row["p50_last_hour_ms"] > 0
+        assert row["baseline_note"] is None
         assert row["baseline_ms"] > 0 and row["ratio"] == pytest.approx(
             row["p50_last_hour_ms"] / row["baseline_ms"], abs=1e-2
         )
@@ -557,3 +598,60 @@ async def test_a_targets_slo_row_reads_as_the_target_across_prompts_not_as_a_ser
     # Quiet: ok (its prompts ran in the last 24 h), not "no data"; no latency figures of its own.
     assert whole["gpt-4o-mini"]["status"] == "ok" and whole["gpt-4o-mini"]["last_run_at"] is not None
     assert whole["gpt-4o-mini"]["p50_last_hour_ms"] is None and whole["gpt-4o-mini"]["ratio"] is None
+
+
+async def test_a_grouped_member_says_it_was_notified_as_part_of_its_group(backend: Backend) -> None:
+    # One model slow on two prompts: two incidents, one group, one page sent under the lead's id.
+    from monitor.alert.dispatcher import Dispatcher
+    from monitor.alert.transport import Transport
+    from tests.test_detect_service import config, outage, run_ticks, service_on
+
+    engine = backend.engine()
+    settings = config()
+    try:
+        await run_ticks(engine, service_on(engine, settings), outage({"a1": 3.0}), targets=("a1",))
+        async with Transport() as transport:
+            dispatcher = Dispatcher(engine, settings.alerts, transport, rng=random.Random(7), poll_interval_s=0.05)
+            await dispatcher.dispatch_due()
+        items = await queries.incidents(engine, start=T0, end=T0 + timedelta(days=1))
+    finally:
+        await engine.dispose()
+    assert len(items) == 2 and items[0]["group_id"] == items[1]["group_id"] is not None
+    lead = next(i for i in items if i["notifications"])
+    member = next(i for i in items if i is not lead)
+    assert member["notifications"] == []
+    assert member["group"]["lead"] is False and lead["group"]["lead"] is True
+    assert member["group"]["lead_incident_id"] == lead["id"] and member["group"]["members"] == 2
+    # Dispatched after the resolve: the page it replaced is superseded, the resolve sent.
+    assert [(n["event"], n["status"]) for n in member["group"]["notifications"]] == [
+        ("firing", "superseded"),
+        ("resolved", "sent"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("runs", "first_minutes_ago", "expected"),
+    [
+        (0, None, "no runs yet"),
+        (12, 5, "learning, 12 of 24 runs"),
+        (30, 40, "first hour: from 11:20 UTC"),
+        (30, 90, "no runs in the day before the last hour"),
+    ],
+)
+def test_a_series_without_a_baseline_says_why(runs: int, first_minutes_ago: int | None, expected: str) -> None:
+    now = datetime(2026, 3, 2, 11, 0, tzinfo=UTC)
+    first = now - timedelta(minutes=first_minutes_ago) if first_minutes_ago is not None else None
+    assert queries.baseline_note(runs=runs, first_run_at=first, min_history_runs=24, now=now) == expected
+
+
+async def test_the_overview_of_young_series_says_the_detector_is_learning(backend: Backend) -> None:
+    # Runs every minute for a few minutes: no baseline anywhere yet, and the reason instead of a dash.
+    repository = Repository(backend.engine())
+    for minute in range(5):
+        await repository.save_runs(make_batch(T0 + timedelta(minutes=minute)))
+    rows = await queries.overview(repository.engine, now=T0 + timedelta(minutes=5), min_history_runs=24)
+    default = await queries.overview(repository.engine, now=T0 + timedelta(minutes=5))
+    await repository.engine.dispose()
+    assert len(rows) == 4
+    assert {(r["baseline_ms"], r["baseline_note"]) for r in rows} == {(None, "learning, 5 of 24 runs")}
+    assert {r["baseline_note"] for r in default} == {f"learning, 5 of {Rules().min_history_runs} runs"}

@@ -25,6 +25,7 @@ from monitor.alert.transport import Transport
 from monitor.commandline import load_config_or_explain, run_against_database
 from monitor.config.models import Config
 from monitor.config.secrets import new_webhook_secret
+from monitor.detect.figures import IncidentFigures, figures_of
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -173,6 +174,10 @@ class IncidentView:
     def state(self) -> str:
         return "open" if self.resolved_at is None else "resolved"
 
+    @property
+    def figures(self) -> IncidentFigures:
+        return figures_of(self)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "id": str(self.id),
@@ -187,14 +192,8 @@ class IncidentView:
             "job": self.job,
             "opened_at": iso(self.opened_at),
             "resolved_at": None if self.resolved_at is None else iso(self.resolved_at),
-            "baseline_ms": self.baseline_ms,
-            "observed_ms": self.observed_ms,
-            "ratio": self.ratio,
+            **self.figures.to_json(),
             "error_class": self.error,
-            "opened_baseline_ms": self.opened_baseline_ms,
-            "opened_observed_ms": self.opened_observed_ms,
-            "peak_ratio": self.peak_ratio,
-            "peak_at": None if self.peak_at is None else iso(self.peak_at),
             "group_id": None if self.group_id is None else str(self.group_id),
             "group_size": self.group_size,
             "cause": self.cause,
@@ -339,9 +338,9 @@ def format_table(
                 f"{item.target} / {item.prompt} @ {item.location}",
                 item.opened_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M"),
                 fmt_duration((end - item.opened_at).total_seconds()),
-                _ms(item.opened_baseline_ms if item.opened_baseline_ms is not None else item.baseline_ms),
-                _ms(item.opened_observed_ms if item.opened_observed_ms is not None else item.observed_ms),
-                _peak(item),
+                _ms(item.figures.opened_baseline_ms),
+                _ms(item.figures.opened_observed_ms),
+                _peak(item.figures),
                 item.error or "-",
                 str(item.id)[:8],
             )
@@ -396,11 +395,11 @@ def _ms(value: float | None) -> str:
     return fmt_ms(value) if value is not None else "-"
 
 
-def _peak(item: IncidentView) -> str:
-    if item.peak_ratio is None:
-        return fmt_ratio(item.ratio) if item.ratio is not None else "-"
-    when = f" at {item.peak_at.astimezone(UTC).strftime('%H:%M')}" if item.peak_at is not None else ""
-    return f"{fmt_ratio(item.peak_ratio)}{when}"
+def _peak(figures: IncidentFigures) -> str:
+    if figures.peak_ratio is None:
+        return "-"
+    when = f" at {figures.peak_at.astimezone(UTC).strftime('%H:%M')}" if figures.peak_at is not None else ""
+    return f"{fmt_ratio(figures.peak_ratio)}{when}"
 
 
 async def _incidents(config: Config, output: str, recent_days: float, out: TextIO) -> int:

@@ -47,6 +47,10 @@ class Notification:
     error_class: str | None = None
     peak_ratio: float | None = None  # the highest ratio while the incident was open, and when
     peak_at: datetime | None = None
+    # The baseline and observed TTFT when it opened (monitor.detect.figures): baseline_ms, observed_ms
+    # and ratio are the latest, a resolve's those of the run that cleared it.
+    opened_baseline_ms: float | None = None
+    opened_observed_ms: float | None = None
     summary: str = ""
     link: str | None = None
     repeat: int = 0

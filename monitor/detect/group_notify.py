@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
+from monitor.detect.figures import figures_of
 from monitor.detect.grouping import Member, Summary, decide, summarise
 from monitor.store.incidents import GroupStore, MemberRecord
 
@@ -116,6 +117,7 @@ class GroupNotifier:
         """The group's notification: its lead incident's, with the group's summary when it has several
         members (a group of one reads like any single series' notification)."""
         several = summary.series > 1
+        figures = figures_of(lead)
         return Notification(
             incident_id=lead.id,
             state=state,
@@ -124,12 +126,14 @@ class GroupNotifier:
             **series_fields(lead.series, job=job, opened_at=lead.opened_at, base_url=self._config.alerts.base_url),
             since=summary.since if several else member_since(lead),
             resolved_at=resolved_at,
-            baseline_ms=lead.baseline_ms,
-            observed_ms=lead.observed_ms,
-            ratio=summary.ratio if several else lead.ratio,
+            baseline_ms=figures.baseline_ms,
+            observed_ms=figures.observed_ms,
+            ratio=summary.ratio if several else figures.ratio,
             error_class=lead.error,
-            peak_ratio=lead.peak_ratio,
-            peak_at=lead.peak_at,
+            peak_ratio=figures.peak_ratio,
+            peak_at=figures.peak_at,
+            opened_baseline_ms=figures.opened_baseline_ms,
+            opened_observed_ms=figures.opened_observed_ms,
             cause=lead.details.get("cause"),
             attribution=lead.details.get("attribution", ""),
             group_id=group_id,

@@ -18,6 +18,7 @@ from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
 from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
+from monitor.detect.figures import figures_of
 from monitor.detect.group_notify import GroupNotifier
 from monitor.detect.grouping import GROUPED_KINDS, scope
 from monitor.detect.state import is_evidence
@@ -326,6 +327,8 @@ class DetectionService:
         since = event.detail.get("since")
         if isinstance(since, str):
             since = datetime.fromisoformat(since)
+        # The figures the incident row gets (incident_change), so the notification says what the row does.
+        figures = figures_of(incident_change(event, event.at, where).values)
         return Notification(
             incident_id=incident_id,
             state=state,
@@ -334,12 +337,14 @@ class DetectionService:
             **series_fields(series, job=job, opened_at=event.opened_at, base_url=self._config.alerts.base_url),
             since=since if isinstance(since, datetime) else event.opened_at,
             resolved_at=(event.resolved_at or event.at) if state == "resolved" else None,
-            baseline_ms=event.baseline_ms,
-            observed_ms=event.observed_ms,
-            ratio=event.ratio,
+            baseline_ms=figures.baseline_ms,
+            observed_ms=figures.observed_ms,
+            ratio=figures.ratio,
             error_class=event.error,
-            peak_ratio=event.peak_ratio,
-            peak_at=event.peak_at,
+            peak_ratio=figures.peak_ratio,
+            peak_at=figures.peak_at,
+            opened_baseline_ms=figures.opened_baseline_ms,
+            opened_observed_ms=figures.opened_observed_ms,
             cause=where["cause"] if where else None,
             attribution=where["attribution"] if where else "",
         )

@@ -21,6 +21,7 @@ import asyncio
 import collections
 import contextvars
 import functools
+import itertools
 import ssl
 import time
 from collections.abc import Callable
@@ -36,6 +37,21 @@ from aiohttp.client_exceptions import (
     ClientConnectorSSLError,
 )
 from aiohttp.client_proto import ResponseHandler
+
+# The aiohttp range these hooks were checked on: pyproject.toml pins the same (a test compares them).
+SUPPORTED_AIOHTTP = ">=3.14,<3.15"
+_SUPPORTED_FROM, _SUPPORTED_BELOW = (3, 14), (3, 15)
+
+
+def aiohttp_supported(version: str) -> bool:
+    """Whether an aiohttp version (`3.14.5`, `3.14.0rc1`) is inside SUPPORTED_AIOHTTP."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            return False
+        parts.append(int(digits))
+    return _SUPPORTED_FROM <= tuple(parts) < _SUPPORTED_BELOW
 
 
 @dataclass(slots=True)
@@ -81,10 +97,16 @@ class StampingProtocol(ResponseHandler):
         # call, so they carry that call's stamp (never one earlier than their arrival).
         stamp = time.perf_counter_ns() if data else self._last_stamp
         self._last_stamp = stamp
+        before = getattr(self, "_payload", None)
         super().data_received(data)
         # aiohttp hook: `_payload` is the StreamReader of the response being read (None until its
         # head is parsed), the body the bytes just went to.
         payload = getattr(self, "_payload", None)
+        if payload is None and before is not None and before is self._stamped_payload:
+            # These bytes ended the body, and a connection that is not kept (`force_close`: the probe's
+            # fresh connections; `Connection: close`) was released and closed inside that call, which
+            # drops `_payload`: they went to the body it had.
+            payload = before
         if payload is not None:
             if payload is not self._stamped_payload:
                 # A new response: these bytes completed its head.

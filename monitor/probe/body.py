@@ -140,8 +140,9 @@ class Body:
         self._arrivals = stamping.arrivals_of(self.content) if stamping is not None else collections.deque()
         self._consumed = 0
         self._draining = False
-        # Some bytes got the time this task read them, not their arrival stamp (see TimingPath).
+        # Some bytes got the time this task read them, not their arrival stamp (see TimingPath): how many.
         self.task_read = False
+        self.unstamped_bytes = 0
         self.failure: Exception | None = None  # why the stream is malformed, found by a drain in a callback
 
     def take(self, force: bool = False) -> None:
@@ -183,6 +184,8 @@ class Body:
                 arrivals = self._arrivals
                 if chunk and (not arrivals or arrivals[-1][0] < self._consumed + len(chunk)):
                     self.task_read = True
+                    recorded = max(arrivals[-1][0], self._consumed) if arrivals else self._consumed
+                    self.unstamped_bytes += self._consumed + len(chunk) - recorded
                 for at, piece in stamped_pieces(chunk, self._consumed, self._arrivals, now):
                     self.feed(at, piece)
                 self._consumed += len(chunk)
@@ -267,4 +270,5 @@ class Body:
             if not chunk:
                 break
             self.task_read = True
+            self.unstamped_bytes += len(chunk)
             self.feed(time.perf_counter_ns(), chunk)

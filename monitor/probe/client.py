@@ -25,8 +25,11 @@ import structlog
 from yarl import URL
 
 from monitor.probe.aiohttp_hooks import (
+    SUPPORTED_AIOHTTP,
+    StampingProtocol,
     Stamps,
     TimedConnector,
+    aiohttp_supported,
     current_stamps,
     head_arrival,
     stamping_protocol,
@@ -156,7 +159,8 @@ class ProbeClient:
         stamps = Stamps()
         token = current_stamps.set(stamps)
         try:
-            await self._run(endpoint, endpoint.url_for(params), body, headers, stamps, sample)
+            fallback: list[str] = []
+            await self._run(endpoint, endpoint.url_for(params), body, headers, stamps, sample, fallback)
         finally:
             current_stamps.reset(token)
         # Servers echo keys back, in any encoding; nothing of the endpoint's secrets is stored.
@@ -165,14 +169,26 @@ class ProbeClient:
             if value := getattr(sample, name):
                 setattr(sample, name, capped(value, limit, secrets))
         if sample.timing_path is TimingPath.TASK_READ and not self._fallback_logged:
-            self._fallback_logged = True  # once per client: the cause is the installed aiohttp, not the probe
+            self._fallback_logged = True  # once per client, not per sample
+            supported = aiohttp_supported(aiohttp.__version__)
             structlog.get_logger().warning(
                 "probe_timing_fallback",
                 timing_path=sample.timing_path.value,
                 aiohttp=aiohttp.__version__,
-                reason="the connection's protocol kept no arrival stamps; times are taken when the probe's "
-                "task reads the body, later than arrival under load (samples record timing_path)",
-                fix="install the aiohttp range pyproject.toml pins; tests/test_aiohttp_contract.py names the hook",
+                supported=SUPPORTED_AIOHTTP,
+                connection="reused" if sample.connection_reused else "fresh",
+                tls=endpoint.base_url.startswith("https:"),
+                reason=(fallback[0] if fallback else "some body bytes had no arrival stamp")
+                + "; those got the time the probe's task read them, later than arrival under load "
+                "(each sample records its timing_path)",
+                fix=(
+                    f"aiohttp {aiohttp.__version__} is inside the supported range {SUPPORTED_AIOHTTP}: this is a "
+                    "bug of the probe's hooks (monitor/probe/aiohttp_hooks.py); report it with this line"
+                    if supported
+                    else f"aiohttp {aiohttp.__version__} is outside the range the hooks were checked on: "
+                    f"install aiohttp{SUPPORTED_AIOHTTP} (pyproject.toml pins it); "
+                    "tests/test_aiohttp_contract.py names the hook"
+                ),
             )
         return sample
 
@@ -184,7 +200,9 @@ class ProbeClient:
         headers: dict[str, str],
         stamps: Stamps,
         sample: Sample,
+        fallback: list[str],
     ) -> None:
+        """Probe into `sample`; `fallback` gets what made it fall back to task-read times, if it did."""
         timeouts = endpoint.timeouts
         secrets = (endpoint.api_key, *endpoint.secrets)
         loop = asyncio.get_running_loop()
@@ -195,6 +213,7 @@ class ProbeClient:
         reader: EventReader | None = None
         stream: Body | None = None
         headers_at: int | None = None
+        stamping: StampingProtocol | None = None
         try:
             async with asyncio.timeout_at(start_loop_time + timeouts.first_token) as deadline:
                 resp = await self._send(endpoint, url, body, headers)
@@ -257,6 +276,12 @@ class ProbeClient:
             if stream is not None and stream.task_read:
                 sample.timing_path = TimingPath.TASK_READ
             self._finish(sample, endpoint, stamps, headers_at, reader)
+            if sample.timing_path is TimingPath.TASK_READ:
+                if stamping is None:
+                    fallback.append("the connection's protocol is not the probe's stamping one: nothing was stamped")
+                else:
+                    count = stream.unstamped_bytes if stream is not None else 0
+                    fallback.append(f"{count:,} body bytes arrived without an arrival stamp")
 
     async def _send(
         self, endpoint: Endpoint, first_url: str, body: bytes, headers: dict[str, str]

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, delete, insert, select, update
+from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.store.models import (
@@ -116,6 +116,11 @@ class IncidentStore:
         self, connection: AsyncConnection, incident_id: uuid.UUID, change: IncidentChange
     ) -> None:
         values = dict(change.values, severity=change.severity)
+        # The opening is written once: an escalation re-baselines the detector's incident, and a resolve
+        # would otherwise carry the escalation's figures as the opening's.
+        for name in ("opened_baseline_ms", "opened_observed_ms"):
+            if name in values:
+                values[name] = func.coalesce(getattr(IncidentRow, name), values[name])
         if change.resolved_at is not None:
             values["resolved_at"] = change.resolved_at
         await connection.execute(update(IncidentRow).where(IncidentRow.id == incident_id).values(**values))
@@ -152,6 +157,8 @@ class MemberRecord:
     peak_at: datetime | None
     error: str | None
     details: dict[str, Any]
+    opened_baseline_ms: float | None = None
+    opened_observed_ms: float | None = None
 
 
 class GroupStore:
@@ -242,6 +249,8 @@ class GroupStore:
                 peak_at=row.peak_at,
                 error=row.error,
                 details=row.details or {},
+                opened_baseline_ms=row.opened_baseline_ms,
+                opened_observed_ms=row.opened_observed_ms,
             )
             for row in rows
         ]

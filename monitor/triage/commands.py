@@ -28,7 +28,7 @@ def register_incident_actions(incidents: argparse.ArgumentParser) -> None:
     actions = incidents.add_subparsers(dest="incidents_command", metavar="ACTION")
     ack = actions.add_parser(
         "ack",
-        help="acknowledge an open incident: no reminders or escalations are sent for it, its resolve is",
+        help="acknowledge an open incident: reminders and escalations stop, its resolve is still sent",
         description="Record who acknowledged the incident and when. Reminders (renotify) stop and a severity "
         "change is recorded but not sent; the resolve notification still goes out. Exit 1 if it is resolved.",
     )

@@ -294,7 +294,9 @@ def web_routes(
 
     async def series(request: web.Request) -> web.Response:
         at = now()
-        rows = await queries.overview(engine, now=at, cache=overview_cache)
+        rows = await queries.overview(
+            engine, now=at, cache=overview_cache, min_history_runs=detector.rules.min_history_runs if detector else None
+        )
         return _respond(request, {"now": queries.iso(at), "series": rows}, rows, "series")
 
     async def points(request: web.Request) -> web.Response:

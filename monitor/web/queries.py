@@ -22,10 +22,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.attribution import ServerSplit, classify, split_text
 from monitor.detect.burn_service import ALL_PROMPTS
-from monitor.detect.detector import Detector, RunPoint
+from monitor.detect.detector import Detector, Rules, RunPoint
+from monitor.detect.figures import figures_of
 from monitor.store.models import (
     AlertDeliveryRow,
     AlertOutboxRow,
+    IncidentGroupRow,
     IncidentRow,
     RollupPendingRow,
     RollupRow,
@@ -158,9 +160,51 @@ class OverviewCache:
         self._entry = (key, self._clock(), value)
 
 
-async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache | None = None) -> list[dict[str, Any]]:
+def baseline_note(*, runs: int, first_run_at: datetime | None, min_history_runs: int, now: datetime) -> str:
+    """Why a series has no baseline yet: the detector is still learning (fewer valid runs than it needs
+    before a verdict), or the overview's baseline (the runs before the last hour) has nothing yet."""
+    if runs == 0 or first_run_at is None:
+        return "no runs yet"
+    if runs < min_history_runs:
+        return f"learning, {runs} of {min_history_runs} runs"
+    ready = first_run_at + timedelta(hours=1)
+    if ready <= now:  # runs, but none with a TTFT in the day before the last hour
+        return "no runs in the day before the last hour"
+    return f"first hour: from {ready.astimezone(UTC):%H:%M} UTC"
+
+
+async def _run_counts(
+    connection: AsyncConnection, series_ids: Sequence[int], *, since: datetime, until: datetime
+) -> dict[int, tuple[int, datetime]]:
+    """Per series: its runs with a TTFT in [since, until) and the first one's start."""
+    if not series_ids:
+        return {}
+    rows = await connection.execute(
+        select(RunRow.series_id, func.count(), func.min(RunRow.started_at))
+        .where(
+            RunRow.series_id.in_(list(series_ids)),
+            RunRow.ttft_p50_ms.is_not(None),
+            RunRow.started_at >= type_coerce(since, UtcDateTime()),
+            RunRow.started_at < type_coerce(until, UtcDateTime()),
+        )
+        .group_by(RunRow.series_id)
+    )
+    return {sid: (count, _aware(first)) for sid, count, first in rows if first is not None}
+
+
+def _aware(moment: datetime | str) -> datetime:
+    # min() of a timestamp comes back from SQLite as text, without the column's type.
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+async def overview(
+    engine: AsyncEngine, *, now: datetime, cache: OverviewCache | None = None, min_history_runs: int | None = None
+) -> list[dict[str, Any]]:
     """Every series with status, last-hour p50, baseline, ratio, a 24 h sparkline and availability;
-    what is on fire first (page, down, ticket, no data, ok; then by ratio).
+    what is on fire first (page, down, ticket, no data, ok; then by ratio). A series without a
+    baseline says why in `baseline_note` (`min_history_runs`: the detector's, default rules' if None).
 
     Whole past hours come from the hourly rollups (one scan for availability, baselines and
     sparklines; kept in `cache` between calls while valid), the rest from one read of the runs that no
@@ -209,6 +253,8 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
                 series_ids=list(series),
                 rolled=rolled.medians,
             )
+            unknown = [sid for sid, info in series.items() if info.prompt != ALL_PROMPTS and sid not in baselines]
+            young = await _run_counts(connection, unknown, since=windows[-1], until=now)
         finally:
             if apart is not None and not apart.done():
                 apart.cancel()
@@ -238,6 +284,7 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
         key = (info.target, info.location)
         if info.prompt != ALL_PROMPTS and last is not None and (key not in target_last or last > target_last[key]):
             target_last[key] = last
+    needed = min_history_runs if min_history_runs is not None else Rules().min_history_runs
     out = []
     for series_id, info in series.items():
         ok_d, err_d, ok_w, err_w, ok_m, err_m = counts.get(series_id, (0,) * 6)
@@ -249,6 +296,10 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
         opened = open_by_series.get(series_id, [])
         regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
         baseline = regression_baseline if regression_baseline is not None else baselines.get(series_id)
+        note = None
+        if baseline is None and not whole_target:
+            runs, first = young.get(series_id, (0, None))
+            note = baseline_note(runs=runs, first_run_at=first, min_history_runs=needed, now=now)
         p50 = _median(last_hour.get(series_id, []))
         spark = rolled.sparks.get(series_id, {})
         sparkline = []
@@ -276,6 +327,7 @@ async def overview(engine: AsyncEngine, *, now: datetime, cache: OverviewCache |
                 "open_incidents": [{"kind": kind, "severity": severity} for kind, severity, _ in opened],
                 "p50_last_hour_ms": _round(p50),
                 "baseline_ms": _round(baseline),
+                "baseline_note": note,
                 "ratio": _round(p50 / baseline, 3) if p50 is not None and baseline else None,
                 "sparkline_ms": sparkline,
                 "availability_24h": _fraction(ok_d, err_d),
@@ -774,7 +826,7 @@ async def _where_the_time_went(
     client = middle(recent, "ttft_p50_ms")
     # The incident's own baseline (what the daemon's detector compared it with); else the replayed
     # baseline of the window's first run.
-    client_baseline = (regression or {}).get("baseline_ms") or baseline_at(since.timestamp() + 1e-6)
+    client_baseline = (regression or {}).get("opened_baseline_ms") or baseline_at(since.timestamp() + 1e-6)
     cause = classify(client, client_baseline, split)
     return {
         "since": iso(since),
@@ -919,11 +971,32 @@ def _incident(row: Any, now: datetime) -> dict[str, Any]:
         "resolved_at": iso(row.resolved_at),
         "open": row.resolved_at is None,
         "duration_s": round((until - row.opened_at).total_seconds()),
-        "baseline_ms": _round(row.baseline_ms),
-        "observed_ms": _round(row.observed_ms),
-        "ratio": _round(row.ratio, 3),
-        "peak_ratio": _round(details.get("peak_ratio", row.ratio), 3),
+        # The opening and the peak (what it was), then where it stands now: monitor.detect.figures.
+        **figures_of(row).to_json(),
         "error": row.error,
+        "group_id": str(row.group_id) if row.group_id is not None else None,
+    }
+
+
+async def _groups_of(connection: AsyncConnection, group_ids: set[uuid.UUID]) -> dict[str, dict[str, Any]]:
+    """Each group's lead incident (whose id its one notification goes out under) and member count."""
+    if not group_ids:
+        return {}
+    wanted = list(group_ids)
+    leads = await connection.execute(
+        select(IncidentGroupRow.id, IncidentGroupRow.lead_incident_id).where(IncidentGroupRow.id.in_(wanted))
+    )
+    sizes = dict(
+        (
+            await connection.execute(
+                select(IncidentRow.group_id, func.count())
+                .where(IncidentRow.group_id.in_(wanted))
+                .group_by(IncidentRow.group_id)
+            )
+        ).all()
+    )
+    return {
+        str(gid): {"id": str(gid), "lead_incident_id": str(lead), "members": sizes.get(gid, 0)} for gid, lead in leads
     }
 
 
@@ -933,11 +1006,16 @@ async def incidents(engine: AsyncEngine, *, start: datetime, end: datetime) -> l
     async with engine.connect() as connection:
         items = await _incidents_of(connection, None, start=start, end=end)
         series = await _series(connection, {item["series_id"] for item in items})
+        groups = await _groups_of(connection, {uuid.UUID(i["group_id"]) for i in items if i["group_id"]})
         ids = [uuid.UUID(item["id"]) for item in items]
+        # A group's notifications go out under its lead incident: read the leads' too.
+        listed = set(ids)
+        leads = {uuid.UUID(g["lead_incident_id"]) for g in groups.values()} - listed
         notifications: dict[str, list[dict[str, Any]]] = defaultdict(list)
         deliveries: dict[uuid.UUID, list[dict[str, Any]]] = defaultdict(list)
-        for offset in range(0, len(ids), 500):
-            chunk = ids[offset : offset + 500]
+        every = ids + sorted(leads)
+        for offset in range(0, len(every), 500):
+            chunk = every[offset : offset + 500]
             outbox = (
                 await connection.execute(
                     select(
@@ -971,6 +1049,18 @@ async def incidents(engine: AsyncEngine, *, start: datetime, end: datetime) -> l
         info = series.get(item["series_id"])
         item.update({k: v for k, v in asdict(info).items() if k != "id"} if info else {})
         item["notifications"] = notifications.get(item["id"], [])
+        # A member of a group of several was notified as part of the group, under its lead's id.
+        group = groups.get(item["group_id"] or "")
+        if group is not None and group["members"] > 1:
+            lead = group["lead_incident_id"]
+            item["group"] = group | {
+                "lead": lead == item["id"],
+                "notifications": [
+                    {k: n[k] for k in ("receiver", "event", "status", "sent_at")} for n in notifications.get(lead, [])
+                ],
+            }
+        else:
+            item["group"] = None
         # Triage (monitor.triage): ack, label, a manual resolve's note, change markers near its start.
         until = datetime.fromisoformat(item["resolved_at"]) if item["resolved_at"] else end
         began = datetime.fromisoformat(item["since"])
@@ -1051,19 +1141,27 @@ def _compare_cells(
                         "significant": diff.significant,
                     }
                 )
+    # Ranked (1 = the cheapest prefill) only where the fit means something; the rest follow, unranked,
+    # with the reason.
+    fits = {target: stats.prefill_slope(slope_points.get(target, [])) for target in models}
+    order = sorted(models, key=lambda t: (not fits[t].ranked, fits[t].ms_per_1k_tokens or 0.0, t))
     slopes = []
-    for target in sorted(models):
-        fit = stats.prefill_slope(slope_points.get(target, []))
+    for rank, target in enumerate(order, 1):
+        fit = fits[target]
         slopes.append(
             {
                 "target": target,
                 "model": models[target],
-                "ms_per_1k_tokens": _round(fit.ms_per_1k_tokens) if fit else None,
-                "intercept_ms": _round(fit.intercept_ms) if fit else None,
-                "points": fit.points if fit else 0,
+                "ms_per_1k_tokens": _round(fit.ms_per_1k_tokens),
+                "intercept_ms": _round(fit.intercept_ms),
+                "points": fit.points,
+                "rank": rank if fit.ranked else None,
+                "ci_low": _round(fit.ci_low),
+                "ci_high": _round(fit.ci_high),
+                "prompt_sizes": fit.sizes,
+                "reason": fit.reason,
             }
         )
-    slopes.sort(key=lambda s: (s["ms_per_1k_tokens"] is None, s["ms_per_1k_tokens"] or 0.0, s["target"]))
     return {"cells": table, "pairs": pairs, "slopes": slopes}
 
 

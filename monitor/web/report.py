@@ -116,9 +116,11 @@ def render_markdown(data: dict[str, Any], *, title: str) -> str:
         "| rank | target | model | ms / 1K tokens | intercept ms | samples |",
         "|---:|---|---|---:|---:|---:|",
     ]
-    for rank, s in enumerate(data["slopes"], 1):
+    for s in data["slopes"]:
+        rank = "–" if s["rank"] is None else str(s["rank"])
+        slope = _ms(s["ms_per_1k_tokens"]) if s["reason"] is None else f"n/a: {_cell(s['reason'])}"
         lines.append(
-            f"| {rank} | {_cell(s['target'])} | {_cell(s['model'])} | {_ms(s['ms_per_1k_tokens'])} | "
+            f"| {rank} | {_cell(s['target'])} | {_cell(s['model'])} | {slope} | "
             f"{_ms(s['intercept_ms'])} | {s['points']} |"
         )
     return "\n".join(lines) + "\n"

@@ -114,26 +114,62 @@ def median_difference(
     return Difference(point, point - half, point + half)
 
 
+# Token counts within this factor of each other are one prompt size: cache-busting prefixes and chat
+# templates move a prompt by a few tokens, which is no second size to fit a slope through.
+SIZE_FACTOR = 1.25
+
+
 @dataclass(frozen=True, slots=True)
 class Slope:
-    """TTFT against prompt tokens, least squares: ms per 1,000 prompt tokens and the intercept in ms."""
+    """TTFT against prompt tokens, least squares: ms per 1,000 prompt tokens with its 95% interval, and
+    the intercept in ms. Without a fit worth ranking (one prompt size, or a slope not significantly
+    different from zero) the slope and intercept are None and `reason` says why."""
 
-    ms_per_1k_tokens: float
-    intercept_ms: float
+    ms_per_1k_tokens: float | None
+    intercept_ms: float | None
     points: int
+    sizes: int  # distinct prompt sizes measured (see SIZE_FACTOR)
+    ci_low: float | None = None  # the slope's 95% interval, ms per 1,000 tokens
+    ci_high: float | None = None
+    reason: str | None = None
+
+    @property
+    def ranked(self) -> bool:
+        return self.ms_per_1k_tokens is not None
 
 
-def prefill_slope(points: Sequence[tuple[float, float]]) -> Slope | None:
-    """`points` are (prompt tokens, TTFT ms); None without two distinct prompt sizes."""
+def prompt_sizes(tokens: Sequence[float]) -> list[float]:
+    """The distinct prompt sizes among token counts: each the smallest count of its cluster."""
+    sizes: list[float] = []
+    for value in sorted(tokens):
+        if not sizes or value > sizes[-1] * SIZE_FACTOR:
+            sizes.append(value)
+    return sizes
+
+
+def prefill_slope(points: Sequence[tuple[float, float]]) -> Slope:
+    """`points` are (prompt tokens, TTFT ms). A slope needs two prompt sizes and must differ from zero
+    at 95% (its standard error from the residuals); otherwise it is None, with the reason."""
     n = len(points)
-    if n < 2:
-        return None
     xs = [x for x, _ in points]
+    sizes = prompt_sizes(xs)
+    if len(sizes) < 2:
+        reason = (
+            "no prompt token counts"
+            if not sizes
+            else f"measured at one prompt size ({sizes[0]:,.0f} tokens); a slope needs two or more"
+        )
+        return Slope(None, None, n, len(sizes), reason=reason)
     ys = [y for _, y in points]
     mean_x, mean_y = math.fsum(xs) / n, math.fsum(ys) / n
     dx = [x - mean_x for x in xs]
     sxx = math.fsum(map(operator.mul, dx, dx))
-    if sxx <= 0:
-        return None
     slope = math.fsum(map(operator.mul, dx, ys)) / sxx
-    return Slope(slope * 1000, mean_y - slope * mean_x, n)
+    intercept = mean_y - slope * mean_x
+    residual = math.fsum((y - intercept - slope * x) ** 2 for x, y in points)
+    half = Z_95 * math.sqrt(residual / (n - 2) / sxx) * 1000 if n > 2 else math.inf
+    low, high = slope * 1000 - half, slope * 1000 + half
+    if not (low > 0 or high < 0):
+        interval = "unbounded" if math.isinf(half) else f"{low:,.0f} to {high:,.0f} ms / 1K tokens"
+        return Slope(None, None, n, len(sizes), reason=f"not significant (95% interval {interval})")
+    return Slope(slope * 1000, intercept, n, len(sizes), ci_low=low, ci_high=high)

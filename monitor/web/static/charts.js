@@ -105,13 +105,15 @@ const TTFT_CHARTS = (() => {
 
     root.append(el("h2", {}, "Prefill slope: ms per 1,000 prompt tokens", csv("slopes")));
     root.append(TTFT.table([
-      { key: "rank", label: "rank", numeric: true },
+      { key: "rank", label: "rank", numeric: true, format: (r) => (r.rank === null ? "–" : String(r.rank)) },
       { key: "target", label: "target" },
       { key: "model", label: "model" },
-      { key: "ms_per_1k_tokens", label: "ms / 1K tokens", numeric: true, format: (r) => ms(r.ms_per_1k_tokens) },
+      // No slope without two prompt sizes or a significant fit: "n/a" and why, never a number to rank.
+      { key: "ms_per_1k_tokens", label: "ms / 1K tokens", numeric: true,
+        format: (r) => (r.reason ? `n/a: ${r.reason}` : ms(r.ms_per_1k_tokens)) },
       { key: "intercept_ms", label: "intercept ms", numeric: true, format: (r) => ms(r.intercept_ms) },
       { key: "points", label: "samples", numeric: true },
-    ], data.slopes.map((s, i) => ({ ...s, rank: i + 1 })), { class: "slopes" }));
+    ], data.slopes, { class: "slopes" }));
 
     const withTokens = data.cells.filter((c) => c.prompt_tokens_median !== null);
     if (withTokens.length && typeof uPlot !== "undefined") {

@@ -51,6 +51,18 @@ const TTFT = (() => {
 
   function epoch(iso) { return Date.parse(iso) / 1000; }
 
+  // An incident's figures as `ttft-monitor incidents` prints them (monitor/detect/figures.py): the peak,
+  // and the baseline and observed TTFT at opening; a resolved one's last ratio is where it cleared.
+  function incidentFigures(item) {
+    const parts = [];
+    if (item.peak_ratio !== null && item.peak_ratio !== undefined) parts.push(`peak ×${item.peak_ratio.toFixed(2)}`);
+    if (item.opened_baseline_ms !== null && item.opened_baseline_ms !== undefined) {
+      parts.push(`opened at baseline ${ms(item.opened_baseline_ms)} ms → ${ms(item.opened_observed_ms)} ms`);
+    }
+    if (item.resolved_at && item.ratio !== null && item.ratio !== undefined) parts.push(`×${item.ratio.toFixed(2)} when resolved`);
+    return parts.map((part) => ` · ${part}`).join("");
+  }
+
   function nav(active) {
     const links = [["/", "Overview"], ["/compare", "Compare"], ["/incidents", "Incidents"]];
     // The server marks <body data-signout> when a token protects the pages (a session to end).
@@ -132,5 +144,5 @@ const TTFT = (() => {
 
   function csvLink(url) { return el("a", { href: url + (url.includes("?") ? "&" : "?") + "format=csv", class: "csv" }, "CSV"); }
 
-  return { el, getJSON, ms, pct, when, duration, epoch, nav, showError, seriesName, sparkline, table, csvLink };
+  return { el, getJSON, ms, pct, when, duration, epoch, incidentFigures, nav, showError, seriesName, sparkline, table, csvLink };
 })();

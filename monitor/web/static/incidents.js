@@ -41,15 +41,29 @@
       n.last_error ? el("span", { class: "error" }, ` · ${n.last_error}`) : "",
       n.deliveries.length ? el("span", { class: "muted" }, " · " + n.deliveries.map((d) =>
         `${d.outcome}${d.http_status ? " " + d.http_status : ""}${d.duration_ms !== null ? ` (${ms(d.duration_ms)} ms)` : ""}`).join(", ")) : "")));
-    return el("section", { class: "incident", "data-incident": item.id },
+    return el("section", { class: "incident", id: `incident-${item.id}`, "data-incident": item.id },
       el("h3", {}, el("span", { class: `status status-${item.severity}` }, item.severity), " ",
         el("a", { href: seriesHref(item) }, `${item.target} · ${item.prompt} · ${item.location}`), ` ${item.kind}`),
       el("p", {}, `opened ${TTFT.when(item.opened_at)}`, item.resolved_at ? `, resolved ${TTFT.when(item.resolved_at)}` : ", still open",
         ` · ${TTFT.duration(item.duration_s)}`,
-        item.peak_ratio !== null ? ` · peak ×${item.peak_ratio.toFixed(2)}` : "",
-        item.baseline_ms !== null ? ` · baseline ${ms(item.baseline_ms)} ms → ${ms(item.observed_ms)} ms` : "",
+        el("span", { class: "figures" }, TTFT.incidentFigures(item)),
         item.error ? ` · error ${item.error}` : ""),
-      item.notifications.length ? notes : el("p", { class: "muted" }, "no notifications"));
+      item.notifications.length ? notes : item.group ? null : el("p", { class: "muted" }, "no notifications"),
+      groupNote(item));
+  }
+
+  // One page per outage: a member's notifications went out under the group's lead incident.
+  function groupNote(item) {
+    const g = item.group;
+    if (!g) return null;
+    if (g.lead) return el("p", { class: "muted group" }, `notified for its group of ${g.members} incidents`);
+    const sent = g.notifications.filter((n) => n.status === "sent");
+    const what = g.notifications.length
+      ? g.notifications.map((n) => `${n.event} → ${n.receiver}: ${n.status}`).join(", ")
+      : "nothing sent yet";
+    return el("p", { class: "group" },
+      sent.length ? "notified as part of its group" : "part of a group", ` of ${g.members} incidents (${what}): see `,
+      el("a", { href: `#incident-${g.lead_incident_id}`, "data-lead": g.lead_incident_id }, "the group's lead incident"));
   }
 
   load();

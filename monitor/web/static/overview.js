@@ -30,7 +30,9 @@
         : r.prompt },
       { key: "location", label: "location" },
       { key: "p50_last_hour_ms", label: "p50 last hour ms", numeric: true, format: (r) => ms(r.p50_last_hour_ms) },
-      { key: "baseline_ms", label: "baseline ms", numeric: true, format: (r) => ms(r.baseline_ms) },
+      // No baseline yet: why (the detector still learning, or the series' first hour), not a dash.
+      { key: "baseline_ms", label: "baseline ms", numeric: true,
+        format: (r) => r.baseline_ms === null && r.baseline_note ? el("span", { class: "muted", "data-baseline-note": "" }, r.baseline_note) : ms(r.baseline_ms) },
       { key: "ratio", label: "ratio", numeric: true, format: (r) => r.ratio === null ? "–" : `×${r.ratio.toFixed(2)}` },
       { key: "sparkline", label: "24 h", sort: (r) => r.p50_last_hour_ms, format: (r) => TTFT.sparkline(r.sparkline_ms, 120, 24) },
       { key: "availability_24h", label: "avail. 24 h", numeric: true, format: (r) => pct(r.availability_24h) },

@@ -137,9 +137,10 @@
     const pts = data.points;
     const xs = pts.map((p) => TTFT.epoch(p.t));
     const col = (key) => pts.map((p) => p[key] ?? null);
-    // The detector's baseline for each point's runs (seasonal once the series has days of history).
-    const baseline = pts.map((p) => p.baseline_ms ?? data.baseline_ms);
-    const incidentBaselines = data.incidents.filter((i) => i.baseline_ms !== null);
+    // The baseline the detector compared each point's run with (seasonal once the series has days of
+    // history); none where it had none yet: the line at t is never a baseline from after t.
+    const baseline = pts.map((p) => p.baseline_ms ?? null);
+    const incidentBaselines = data.incidents.filter((i) => i.opened_baseline_ms !== null);
     // The baseline's band: up to where the detector opens a ticket; the page line above it.
     const limits = data.thresholds || {};
     const times = (ratio) => baseline.map((b) => (b === null || !ratio ? null : b * ratio));
@@ -171,7 +172,7 @@
     }
     if (incidentBaselines.length) {
       main.append(el("p", { class: "muted incidents-note" }, data.incidents.map((i) =>
-        `${i.kind} ${i.severity} from ${TTFT.when(i.opened_at)}${i.resolved_at ? ` to ${TTFT.when(i.resolved_at)}` : " (open)"}: baseline ${ms(i.baseline_ms)} ms, observed ${ms(i.observed_ms)} ms, peak ×${i.peak_ratio ?? "–"}`).join(" · ")));
+        `${i.kind} ${i.severity} from ${TTFT.when(i.opened_at)}${i.resolved_at ? ` to ${TTFT.when(i.resolved_at)}` : " (open)"}${TTFT.incidentFigures(i)}`).join("; ")));
     }
     const setup = pts.map((p) => (p.dns_ms ?? 0) + (p.connect_ms ?? 0) + (p.tls_ms ?? 0) || null);
     const colors = ["#7a5af8", "#2e6fdb", "#0e9384", "#f79009", "#667085"];
