@@ -210,6 +210,7 @@ class Daemon:
             store = self.store = await open_store(config, metrics=metrics)
         except InfrastructureError as exc:
             raise StartupFailed(EXIT_INFRA, "startup_failed", f"ttft-monitor run: {exc}", reason=str(exc)) from None
+        stack.callback(store.spool.close)  # last: the writer may spool until the very end
         stack.push_async_callback(dispose_engine, store.engine)
         metrics.database_up.set(1)
         self.resources = await open_process_resources(stack, store=store)
@@ -505,6 +506,7 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
                 )
                 return EXIT_INTERRUPTED
             assert store is not None
+            stack.callback(store.spool.close)  # last: the writer may spool until the very end
             stack.push_async_callback(dispose_engine, store.engine)
             context = await build_context(config, stack, store=store, metrics=metrics)
             dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)

@@ -26,9 +26,16 @@ const TTFT = (() => {
     return body;
   }
 
+  // Rounded half to even, as Python's format() does: the CLI and the pages must print the same figure
+  // (394.5 ms is "394" in `ttft-monitor incidents`; Math.round made it "395" here).
+  const WHOLE = new Intl.NumberFormat("en", { maximumFractionDigits: 0, roundingMode: "halfEven" });
+  const TENTH = new Intl.NumberFormat("en", {
+    minimumFractionDigits: 1, maximumFractionDigits: 1, roundingMode: "halfEven", useGrouping: false,
+  });
+
   function ms(value) {
     if (value === null || value === undefined) return "–";
-    return value >= 100 ? Math.round(value).toLocaleString("en") : value.toFixed(1);
+    return value >= 100 ? WHOLE.format(value) : TENTH.format(value);
   }
 
   function pct(value) {
