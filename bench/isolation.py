@@ -251,14 +251,17 @@ def main() -> None:
             events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
             lost = sum(1 for e in events if e.get("event") == "results_lost")
             rows = []
+            evidence_rows = []
             for name, start, end, missed in (
                 ("quiet", quiet_start, quiet_end, missed_1 - missed_0),
                 ("load", quiet_end, load_end, missed_2 - missed_1),
             ):
                 samples = samples_in(events, start, end)
                 over = overheads(sim, samples)
+                evidence = overheads(sim, [s for s in samples if not s.get("disturbed")])
                 disturbed = sum(1 for s in samples if s.get("disturbed"))
                 rows.append((name, len(samples), quantile(over, 0.5), quantile(over, 0.99), missed, disturbed))
+                evidence_rows.append((name, len(evidence), quantile(evidence, 0.5), quantile(evidence, 0.99)))
             heads = ("samples", "overhead p50 ms", "p99 ms", "ticks skipped", "disturbed")
             print(f"{'phase':6s} " + " ".join(f"{h:>{w}s}" for h, w in zip(heads, (8, 16, 8, 14, 10), strict=True)))
             for name, n, p50, p99, missed, disturbed in rows:
@@ -266,6 +269,10 @@ def main() -> None:
                 print(f"{name:6s} {n:8d} {p50 or nan:16.3f} {p99 or nan:8.3f} {missed:14.0f} {disturbed:10d}")
             quiet_p99, load_p99 = rows[0][3] or 0.0, rows[1][3] or 0.0
             print(f"overhead p99 load - quiet: {load_p99 - quiet_p99:+.3f} ms; results lost: {lost}")
+            print("the detector's evidence (samples not marked disturbed):")
+            for name, n, p50, p99 in evidence_rows:
+                nan = float("nan")
+                print(f"{name:6s} {n:8d} {p50 or nan:16.3f} {p99 or nan:8.3f}")
             print(f"{'listener (load phase)':22s} {'requests':>9s} {'p50 ms':>9s} {'p99 ms':>9s}  statuses")
             for kind, got in sorted(ui.items()):
                 if kind == "slow_socket_opened":
