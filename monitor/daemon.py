@@ -10,7 +10,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +43,7 @@ from monitor.schedule.claims import TickClaims
 from monitor.schedule.pipeline import execute, plan_for_job
 from monitor.service_loop import ServiceLoop, favour_waiting_threads
 from monitor.store.engine import display_url
+from monitor.tasks import finish_tasks
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -65,18 +66,6 @@ async def dispose_engine(engine: AsyncEngine) -> None:
     """Close the pool's connections; a hung server must not hold up the exit."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(engine.dispose(), timeout=DISPOSE_TIMEOUT_S)
-
-
-async def _finish_tasks(tasks: Iterable[asyncio.Task[object]], within_s: float) -> None:
-    """Let `tasks` end by themselves within `within_s` s, then cancel what is left; never raises."""
-    live = [t for t in tasks if not t.done()]
-    if live:
-        await asyncio.wait(live, timeout=max(0.0, within_s))
-    for task in live:
-        task.cancel()
-    for task in live:
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await asyncio.wait_for(task, timeout=1)
 
 
 def shutdown_grace(config: Config) -> float:
@@ -353,7 +342,7 @@ class Daemon:
         scheduler.shutdown()
         closed = await self.background.close(max(1.0, deadline - loop.time()))
         self._stopping.set()
-        await _finish_tasks([*self._tasks, *self._bookkeeping], STOP_EXTRA_S)
+        await finish_tasks([*self._tasks, *self._bookkeeping], STOP_EXTRA_S)
         await self.claims.close()
         await self.store.writer.close_held()
         log.info("daemon_stopped", spooled=self.store.spool.depth, **closed)

@@ -32,6 +32,7 @@ from monitor.schedule.maintenance import run_maintenance
 from monitor.store.engine import create_engine
 from monitor.store.repository import Repository
 from monitor.store.writer import WriteOutcome
+from monitor.tasks import finish_tasks
 
 UI_STATEMENT_TIMEOUT_S = 10.0
 HOUSEKEEPING_POOL = 3
@@ -74,14 +75,7 @@ class Served:
     async def close(self, grace_s: float) -> None:
         """Deliver what is due within `grace_s`, then close the listener, the session and the engines."""
         self._stop.set()
-        live = [t for t in self._tasks if not t.done()]
-        if live:
-            await asyncio.wait(live, timeout=max(0.5, grace_s))
-        for task in live:
-            task.cancel()
-        for task in live:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await asyncio.wait_for(task, timeout=1)
+        await finish_tasks(self._tasks, max(0.5, grace_s))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.runner.cleanup(), timeout=3)
         with contextlib.suppress(Exception):

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.csvsafe import csv_row
 from monitor.detect.detector import Detector
+from monitor.metrics.server import SECURITY_HEADERS
 from monitor.store.engine import StoreError
 from monitor.web import queries
 from monitor.web.auth import COOKIE, Authenticator, Guard, Outcome, Verdict, client_address, forwarded_https
@@ -32,13 +33,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/api/v1"
 PAGES = {"/": "overview.html", "/series": "series.html", "/compare": "compare.html", "/incidents": "incidents.html"}
 _CONTENT_TYPES = {".html": "text/html", ".js": "application/javascript", ".css": "text/css", ".txt": "text/plain"}
-SECURITY_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-store",
-}
 # ASCII only: `\d` and float() also take fullwidth and other Unicode digits, and float() takes `1_0`.
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(m|h|d|w)\s*", re.ASCII)
 _UNIT_S = {"m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
