@@ -116,18 +116,32 @@ def run(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
 
 
-def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
-    port = 19000 + os.getpid() % 1000
-    config = write_config(folder, sim, series=args.series, every=args.every, port=port)
-    run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
-    log_path = folder / "daemon.log"
+def start_daemon(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """`ttft-monitor run` on `config`, its log (JSON lines) to `log_path`."""
     with log_path.open("wb") as log:
-        daemon = subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", "monitor", "run", "--config", str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
         )
+
+
+def overheads(sim: str, samples: list[dict], limit: int) -> list[float]:
+    """Client TTFT minus the simulator's own receive-to-first-token time, for up to about `limit` samples."""
+    out = []
+    for sample in samples[:: max(1, len(samples) // limit)]:
+        rec = get_json(f"{sim}/sim/requests/{sample['request_id']}")
+        out.append(sample["ttft_ms"] - (rec["first_token_write_ns"] - rec["received_ns"]) / 1e6)
+    return out
+
+
+def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
+    port = 19000 + os.getpid() % 1000
+    config = write_config(folder, sim, series=args.series, every=args.every, port=port)
+    run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
+    log_path = folder / "daemon.log"
+    daemon = start_daemon(config, log_path)
     try:
         time.sleep(args.seconds)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
@@ -143,12 +157,7 @@ def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
     from datetime import datetime
 
     span = (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
-    overhead = []
-    for sample in ok[:: max(1, len(ok) // 2000)]:
-        rec = get_json(f"{sim}/sim/requests/{sample['request_id']}")
-        server_ttft = (rec["first_token_write_ns"] - rec["received_ns"]) / 1e6
-        overhead.append(sample["ttft_ms"] - server_ttft)
-    overhead.sort()
+    overhead = sorted(overheads(sim, ok, limit=2000))
     missed = sum(
         float(line.split()[-1])
         for line in metrics.splitlines()

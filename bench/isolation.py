@@ -34,7 +34,7 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from daemon import ROOT, get_json, post, run, start_sim, write_config
+from daemon import ROOT, overheads, post, run, start_daemon, start_sim, write_config
 
 USER, PASSWORD = "ops", "correct horse"
 
@@ -149,14 +149,6 @@ def samples_in(events: list[dict], start: float, end: float) -> list[dict]:
     return out
 
 
-def overheads(sim: str, samples: list[dict], limit: int = 1500) -> list[float]:
-    out = []
-    for sample in samples[:: max(1, len(samples) // limit)]:
-        rec = get_json(f"{sim}/sim/requests/{sample['request_id']}")
-        out.append(sample["ttft_ms"] - (rec["first_token_write_ns"] - rec["received_ns"]) / 1e6)
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--series", type=int, default=500)
@@ -188,13 +180,7 @@ def main() -> None:
                 f"daemon: {args.series} series every {args.every} s (offered {args.series / args.every:.0f} probes/s), "
                 f"SQLite; phases of {args.seconds:.0f} s; load: {args.clients} clients + 300 half-sent sockets"
             )
-            with log_path.open("wb") as log:
-                daemon = subprocess.Popen(
-                    [sys.executable, "-m", "monitor", "run", "--config", str(config)],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    cwd=ROOT,
-                )
+            daemon = start_daemon(config, log_path)
             try:
                 for _ in range(100):
                     try:
@@ -257,8 +243,8 @@ def main() -> None:
                 ("load", quiet_end, load_end, missed_2 - missed_1),
             ):
                 samples = samples_in(events, start, end)
-                over = overheads(sim, samples)
-                evidence = overheads(sim, [s for s in samples if not s.get("disturbed")])
+                over = overheads(sim, samples, limit=1500)
+                evidence = overheads(sim, [s for s in samples if not s.get("disturbed")], limit=1500)
                 disturbed = sum(1 for s in samples if s.get("disturbed"))
                 rows.append((name, len(samples), quantile(over, 0.5), quantile(over, 0.99), missed, disturbed))
                 evidence_rows.append((name, len(evidence), quantile(evidence, 0.5), quantile(evidence, 0.99)))
