@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -35,6 +36,54 @@ async def report_from_store(
     return await queries.compare(
         engine, start=now - since, end=now, targets=targets, prompts=prompts, locations=locations
     )
+
+
+async def report_from_database(
+    url: str,
+    *,
+    since: timedelta,
+    now: datetime,
+    targets: Sequence[str] = (),
+    prompts: Sequence[str] = (),
+    locations: Sequence[str] = (),
+) -> dict[str, Any]:
+    """`report_from_store` over an engine of its own (`ttft-monitor report`); StoreError (SchemaBehind names
+    `db upgrade`) or the driver's error when the database cannot be read."""
+    from monitor.store.engine import create_engine
+    from monitor.store.schema import ensure_current
+
+    engine = create_engine(url)
+    try:
+        await ensure_current(engine)  # a schema behind or missing names `db upgrade`, not a missing table
+        return await report_from_store(
+            engine, since=since, now=now, targets=targets, prompts=prompts, locations=locations
+        )
+    finally:
+        await engine.dispose()
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownNames:
+    """Filter values no stored series has: `kind` is target, prompt or location."""
+
+    kind: str
+    unknown: list[str]
+    stored: list[str]
+
+
+def unknown_filter(
+    data: dict[str, Any], *, targets: Sequence[str], prompts: Sequence[str], locations: Sequence[str]
+) -> UnknownNames | None:
+    """The first filter of `data` asking for a name no stored series has, else None.
+
+    Such a name is a typo, not an empty window: the command says so rather than print an empty report."""
+    available: dict[str, list[str]] = data["available"]
+    for kind, asked in (("target", targets), ("prompt", prompts), ("location", locations)):
+        stored = available[f"{kind}s"]
+        unknown = [name for name in asked if name not in stored]
+        if unknown:
+            return UnknownNames(kind=kind, unknown=unknown, stored=stored)
+    return None
 
 
 def report_from_samples(samples: Iterable[Sample], *, now: datetime | None = None) -> dict[str, Any]:
