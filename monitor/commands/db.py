@@ -26,7 +26,7 @@ def _config_arg(parser: argparse.ArgumentParser) -> None:
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `db` and its actions to the CLI's subparsers; `run(args)` executes the parsed command."""
-    db = subparsers.add_parser(
+    db: argparse.ArgumentParser = subparsers.add_parser(
         "db",
         help="manage the database schema (migrations)",
         description="Create, migrate and inspect the database schema named by database.url in the config.",

@@ -19,7 +19,7 @@ EXPORT_COMMAND = "ttft-monitor replay --export"
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `replay` to the CLI's subparsers; `run(args)` executes it."""
-    replay = subparsers.add_parser(
+    replay: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
         help="replay a recorded history through the detector, or export the stored one",
         description="Print the incidents the detector would have raised over a samples CSV (columns "

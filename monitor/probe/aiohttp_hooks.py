@@ -178,7 +178,7 @@ class TimedConnector(aiohttp.TCPConnector):
         # aiohttp hook: `_factory` makes the protocol of each new connection; ours stamps arrivals.
         self._factory = functools.partial(StampingProtocol, loop=self._loop)  # type: ignore[assignment]
 
-    async def _wrap_create_connection(  # type: ignore[override]
+    async def _wrap_create_connection(
         self,
         *args: Any,
         addr_infos: list[Any],

@@ -1201,7 +1201,7 @@ async def compare(
         cells[cell].extend(ttfts)
         counted = [(n, ttft) for n, ttft in zip(tokens_of, ttfts, strict=True) if n is not None]
         tokens[cell].extend(n for n, _ in counted)
-        slope_points[info.target].extend(cast(list[tuple[float, float]], counted))
+        slope_points[info.target].extend(counted)
     available = [(info.target, info.prompt, info.location) for info in series.values()]
     result = _compare_cells(cells, tokens, models, slope_points)
     return {
