@@ -18,6 +18,8 @@ State = Literal["firing", "resolved", "info"]
 # How a delivery attempt ended: only `transient` failures are worth retrying.
 Outcome = Literal["ok", "transient", "permanent"]
 STATES: tuple[State, ...] = ("firing", "resolved", "info")
+# What the detector decides an incident is (monitor/detect/rules.py) and what routes select on.
+Severity = Literal["page", "ticket", "info"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

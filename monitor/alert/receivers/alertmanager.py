@@ -10,15 +10,12 @@ as a bearer token.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import ReceiverKind, json_request, require_url, url_problems
+from monitor.alert.receivers.base import Receiver, ReceiverKind, json_request, require_url, url_problems
 from monitor.alert.text import headline, iso, plain_text, series_labels
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
 
 RESEND_INTERVAL_S = 60.0
 ENDS_AT_HORIZON_S = 4 * RESEND_INTERVAL_S

@@ -4,14 +4,11 @@ for setups that ship logs to their alerting already. Nothing is sent over HTTP."
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import ReceiverKind
+from monitor.alert.receivers.base import Receiver, ReceiverKind
 from monitor.alert.text import headline, iso, series_labels
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
 
 EVENT = "alert_notification"
 

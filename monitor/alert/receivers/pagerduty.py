@@ -7,14 +7,11 @@ changed) are change events, not incidents: they go to the Change Events endpoint
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import BuildError, ReceiverKind, json_request
+from monitor.alert.receivers.base import BuildError, Receiver, ReceiverKind, json_request
 from monitor.alert.text import headline, iso, series_labels, truncate
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
 
 DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"
 SEVERITY = {"page": "critical", "ticket": "warning", "info": "info"}

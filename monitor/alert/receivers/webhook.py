@@ -13,14 +13,12 @@ import base64
 import hashlib
 import hmac
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import BuildError, ReceiverKind, dumps, post, require_url, url_problems
+from monitor.alert.receivers.base import BuildError, Receiver, ReceiverKind, dumps, post, require_url, url_problems
 from monitor.alert.text import headline, iso, plain_text, series_labels
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
+from monitor.config.secrets import webhook_secret_key
 
 
 def payload(notification: Notification, now: datetime) -> dict[str, Any]:
@@ -52,9 +50,6 @@ def payload(notification: Notification, now: datetime) -> dict[str, Any]:
 
 
 def secret_key(secret: str) -> bytes:
-    # Imported here: monitor.config builds its receiver-type list from this package's registry.
-    from monitor.config.secrets import webhook_secret_key
-
     try:
         return webhook_secret_key(secret)
     except ValueError as exc:
