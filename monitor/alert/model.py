@@ -56,7 +56,7 @@ class Notification:
     summary: str = ""
     link: str | None = None
     repeat: int = 0
-    # Where the time went, from the server's own metrics (monitor.alert.attribution), when known.
+    # Where the time went, from the server's own metrics (monitor.detect.attribution), when known.
     cause: str | None = None
     attribution: str = ""
     # Change markers (`ttft-monitor annotate`) shortly before the incident: "after annotation 'vLLM

@@ -8,7 +8,8 @@ from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import Receiver, ReceiverKind
-from monitor.alert.text import headline, iso, series_labels
+from monitor.alert.text import headline, series_labels
+from monitor.timefmt import iso
 
 EVENT = "alert_notification"
 
@@ -26,10 +27,10 @@ def fields(notification: Notification, now: datetime) -> dict[str, Any]:
         "observed_ms": n.observed_ms,
         "ratio": n.ratio,
         "error_class": n.error_class,
-        "since": iso(n.since),
-        "resolved_at": None if n.resolved_at is None else iso(n.resolved_at),
+        "since": iso(n.since, whole_seconds=True),
+        "resolved_at": None if n.resolved_at is None else iso(n.resolved_at, whole_seconds=True),
         "summary": n.summary,
-        # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
+        # Where the time went (monitor.detect.attribution), for regressions of runs with server metrics.
         "cause": n.cause,
         "attribution": n.attribution or None,
         "link": n.link,
