@@ -560,17 +560,3 @@ def test_every_registered_api_flavour_and_receiver_kind_is_accepted_by_the_confi
     for name in KINDS:
         assert Receiver.model_construct(type=name).type == name
         assert name in str(Receiver.model_json_schema()["properties"]["type"])
-
-
-@pytest.mark.parametrize("first", ["monitor.alert.receivers", "monitor.config", "monitor.probe.apis", "monitor.cli"])
-def test_the_registries_and_the_config_import_in_any_order(first: str) -> None:
-    import subprocess
-    import sys
-
-    done = subprocess.run(
-        [sys.executable, "-c", f"import {first}, monitor.config.models, monitor.alert.receivers"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert done.returncode == 0, done.stderr
