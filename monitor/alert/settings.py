@@ -24,7 +24,7 @@ from monitor.config.urls import check_http_url
 
 # The allowed values come from the registry, so a new receiver is one module and one registry line;
 # pydantic still reports "not one of ..." with the full list, in registry order. The receivers type
-# what they read of this section as `receivers.base.ReceiverConfig`, so they never import it back.
+# what they read of this section as `receivers.base.Receiver`, so they never import it back.
 # mypy cannot read a Literal built at run time, hence the plain `str` it sees.
 if TYPE_CHECKING:
     ReceiverType = str
