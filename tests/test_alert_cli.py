@@ -24,7 +24,7 @@ from monitor.commands.incidents import format_table
 from monitor.config.loader import load_config
 from monitor.store.engine import create_engine
 from monitor.store.models import IncidentRow
-from monitor.triage.incidents import list_incidents
+from monitor.web.incidents import list_incidents
 from tests.alert_fixtures import Loopback, Reply, resolve_incident, standard_webhook_problem, store_incident
 from tests.conftest import ROOT
 

@@ -27,7 +27,7 @@ from monitor.detect.service import DetectionService
 from monitor.store.models import AlertOutboxRow, DetectorStateRow, IncidentGroupRow, IncidentRow
 from monitor.store.records import RunRecord, runs_from_samples
 from monitor.store.repository import Repository
-from monitor.triage.incidents import list_incidents
+from monitor.web.incidents import list_incidents
 from tests.store_fixtures import T0, Backend, make_samples
 
 pytest_plugins = ("tests.store_fixtures",)

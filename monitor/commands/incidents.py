@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from monitor.config.models import Config
     from monitor.detect.figures import IncidentFigures
     from monitor.store.triage import Annotation
-    from monitor.triage.incidents import IncidentView
+    from monitor.web.incidents import IncidentView
     from monitor.triage.service import Triage
 
 NAME = "incidents"
@@ -227,7 +227,7 @@ def _peak(figures: IncidentFigures) -> str:
 async def _incidents(config: Config, output: str, recent_days: float, out: TextIO) -> int:
     from monitor.store.engine import create_engine
     from monitor.store.migrate import ensure_current
-    from monitor.triage.incidents import list_annotations, list_incidents
+    from monitor.web.incidents import list_annotations, list_incidents
 
     engine = create_engine(config.database.url)
     try:

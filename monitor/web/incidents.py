@@ -1,5 +1,6 @@
-"""The incidents as `ttft-monitor incidents` lists them: open ones, then those resolved recently, each with its
-triage (acknowledgement, label, manual resolve), the change markers around it and the size of its group."""
+"""The incidents as `ttft-monitor incidents` lists them, read-only like web/queries.py: open ones, then those
+resolved recently, each with its triage (acknowledgement, label, manual resolve), the change markers around it
+and the size of its group; `to_json` is the API's shape (web/payloads.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from monitor.alert.text import iso
 from monitor.detect.figures import IncidentFigures, figures_of
+from monitor.timefmt import iso
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -39,7 +40,7 @@ class IncidentView:
     opened_observed_ms: float | None = None
     peak_ratio: float | None = None
     peak_at: datetime | None = None
-    # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
+    # Where the time went (monitor.detect.attribution), for regressions of runs with server metrics.
     cause: str | None = None
     attribution: str | None = None
     # Triage (monitor.triage): who acknowledged, the label, a manual resolve's author and note, and the
@@ -72,8 +73,8 @@ class IncidentView:
             "prompt": self.prompt,
             "location": self.location,
             "job": self.job,
-            "opened_at": iso(self.opened_at),
-            "resolved_at": None if self.resolved_at is None else iso(self.resolved_at),
+            "opened_at": iso(self.opened_at, whole_seconds=True),
+            "resolved_at": None if self.resolved_at is None else iso(self.resolved_at, whole_seconds=True),
             **self.figures.to_json(),
             "error_class": self.error,
             "group_id": None if self.group_id is None else str(self.group_id),
@@ -183,7 +184,7 @@ def _with_triage(
 
 
 def _triage_json(record: TriageRecord | None, annotations: Sequence[Annotation]) -> dict[str, Any]:
-    from monitor.store.triage import triage_json
+    from monitor.web.payloads import triage_json
 
     return triage_json(record, annotations)
 
