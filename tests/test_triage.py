@@ -20,9 +20,9 @@ from monitor.commands.incidents import format_table
 from monitor.config.models import Config
 from monitor.store.models import DetectorStateRow, IncidentRow
 from monitor.store.triage import IncidentLookupError, TriageStore, prefix_bounds
-from monitor.web.incidents import list_incidents
 from monitor.triage.service import Triage, TriageRefused
 from monitor.triage.stats import PrecisionRow, format_precision, precision_table
+from monitor.web.incidents import list_incidents
 from tests.alert_fixtures import T0, Loopback, alerts, notification, outbox_rows, receiver, store_incident
 from tests.store_fixtures import Backend
 

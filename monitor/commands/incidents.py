@@ -17,7 +17,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from monitor.alert.text import annotation_text, fmt_duration, fmt_ms, fmt_ratio
 from monitor.commands.args import config_arg, non_negative
 from monitor.commands.common import load_config_or_explain, run_against_database
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
@@ -28,8 +27,8 @@ if TYPE_CHECKING:
     from monitor.config.models import Config
     from monitor.detect.figures import IncidentFigures
     from monitor.store.triage import Annotation
-    from monitor.web.incidents import IncidentView
     from monitor.triage.service import Triage
+    from monitor.web.incidents import IncidentView
 
 NAME = "incidents"
 DEFAULT_RECENT_DAYS = 7.0
@@ -143,6 +142,8 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
 def format_table(
     incidents: list[IncidentView], now: datetime, recent_days: float, annotations: Sequence[Annotation] = ()
 ) -> str:
+    from monitor.alert.text import fmt_duration
+
     marks = _annotation_lines(annotations, recent_days)
     if not incidents:
         return f"no open incidents, and none resolved in the last {recent_days:g} days\n" + marks
@@ -184,6 +185,8 @@ def format_table(
 
 
 def _triage_lines(item: IncidentView) -> list[str]:
+    from monitor.alert.text import annotation_text
+
     out = []
     record = item.triage
     if record is not None and record.acked_at is not None:
@@ -214,10 +217,14 @@ def _annotation_lines(annotations: Sequence[Annotation], recent_days: float) -> 
 
 
 def _ms(value: float | None) -> str:
+    from monitor.alert.text import fmt_ms
+
     return fmt_ms(value) if value is not None else "-"
 
 
 def _peak(figures: IncidentFigures) -> str:
+    from monitor.alert.text import fmt_ratio
+
     if figures.peak_ratio is None:
         return "-"
     when = f" at {figures.peak_at.astimezone(UTC).strftime('%H:%M')}" if figures.peak_at is not None else ""
