@@ -178,7 +178,9 @@ class LoopDelayMeter:
         if end_ns is None or sample.sent_mono_ns is None or not self._started:
             return
         sample.self_delay_ms = self.max_lateness(sample.sent_mono_ns, end_ns)
-        sample.disturbed = is_disturbed(sample.self_delay_ms, bound_ms)
+        # A first token stamped by the kernel, read on its own, is timed by its arrival: however late
+        # the loop was, none of it is in the TTFT (probe/kernel_clock.py).
+        sample.disturbed = is_disturbed(sample.self_delay_ms, bound_ms) and not sample.first_token_stamp_exact
 
 
 def _end_ns(sample: Sample) -> int | None:
