@@ -263,6 +263,13 @@ def main() -> None:
         help="the comparison: the pages and API served by a separate `ttft-monitor serve` process instead",
     )
     parser.add_argument(
+        "--decode-tps",
+        type=float,
+        default=500,
+        help="the simulated model's decode rate: the gap between tokens, which decides how often a late read "
+        "takes the first token together with the next (then the kernel's stamp is the next one's)",
+    )
+    parser.add_argument(
         "--kernel-stamps",
         choices=("on", "off", "both"),
         default="on",
@@ -272,14 +279,18 @@ def main() -> None:
     args = parser.parse_args()
     sim_proc, sim = start_sim()
     try:
-        post(f"{sim}/sim/models/bench-model", {"ttft_base_ms": 40, "prefill_ms_per_1k": 20, "decode_tps": 500})
+        post(
+            f"{sim}/sim/models/bench-model",
+            {"ttft_base_ms": 40, "prefill_ms_per_1k": 20, "decode_tps": args.decode_tps},
+        )
         print(
             f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
             f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}"
         )
         print(
             f"daemon: {args.series} series every {args.every} s (offered {args.series / args.every:.0f} probes/s), "
-            f"SQLite; phases of {args.seconds:.0f} s; load: {args.clients} clients + 300 half-sent sockets"
+            f"SQLite; phases of {args.seconds:.0f} s; load: {args.clients} clients + 300 half-sent sockets; "
+            f"model decodes {args.decode_tps:g} tokens/s"
         )
         modes = ("on", "off") if args.kernel_stamps == "both" else (args.kernel_stamps,)
         for mode in modes:
