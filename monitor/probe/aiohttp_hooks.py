@@ -99,6 +99,9 @@ class StampingProtocol(ResponseHandler):
         self.kernel_clock: kernel_clock.KernelStampedSocket | None = None
         # Whether every stamp of the current response came from the kernel.
         self.kernel_stamped = False
+        # Kernel arrival stamp -> when the loop read those bytes, for the current response: how late a
+        # read was is what a first token read together with later packets may carry.
+        self.read_at: dict[int, int] = {}
 
     def data_received(self, data: bytes) -> None:
         # An empty call is aiohttp resuming a paused read: it parses bytes that came with an earlier
@@ -124,10 +127,13 @@ class StampingProtocol(ResponseHandler):
                 self._stamped_payload = payload
                 self.head_arrived = stamp
                 self.arrivals.clear()
+                self.read_at.clear()
                 self.kernel_stamped = from_kernel
             else:
                 self.kernel_stamped = self.kernel_stamped and from_kernel
             self.arrivals.append((payload.total_bytes, stamp))
+            if from_kernel and data and self.kernel_clock is not None:
+                self.read_at.setdefault(stamp, self.kernel_clock.read_ns)
         if self._take is not None:
             # aiohttp hook: `_reading_paused` is set when aiohttp pauses the socket because too much
             # (or too many pieces) waits unread; once paused nothing arrives, so the reader must

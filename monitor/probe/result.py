@@ -107,6 +107,8 @@ class Sample:
     # with the next one may carry up to the monitor's delay; read alone, its stamp is its arrival.
     # None when unknown (not kernel-stamped, or a single token). Not stored.
     first_token_stamp_exact: bool | None = None
+    # With kernel stamps: when the probes' loop read the first token's bytes (monotonic ns). Not stored.
+    first_token_read_mono_ns: int | None = None
 
     @property
     def ok(self) -> bool:
