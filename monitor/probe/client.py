@@ -283,9 +283,9 @@ class ProbeClient:
             elif sample.timing_path is TimingPath.STAMPED and stamping is not None and stamping.kernel_stamped:
                 sample.timing_path = TimingPath.KERNEL
             self._finish(sample, endpoint, stamps, headers_at, reader)
-            if sample.timing_path is TimingPath.KERNEL and stamping is not None and reader is not None:
-                if reader.token_stamps:
-                    sample.first_token_read_mono_ns = stamping.read_at.get(reader.token_stamps[0])
+            kernel = sample.timing_path is TimingPath.KERNEL and stamping is not None
+            if kernel and stamping is not None and reader is not None and reader.token_stamps:
+                sample.first_token_read_mono_ns = stamping.read_at.get(reader.token_stamps[0])
             if sample.timing_path is TimingPath.TASK_READ:
                 if stamping is None:
                     fallback.append("the connection's protocol is not the probe's stamping one: nothing was stamped")
