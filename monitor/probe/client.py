@@ -56,7 +56,7 @@ from monitor.probe.errors import (
 )
 from monitor.probe.inflate import ACCEPT_ENCODING, Inflater, inflater_for
 from monitor.probe.result import ErrorClass, Sample, TimingPath
-from monitor.probe.stats import percentile
+from monitor.quantile import quantile
 from monitor.redact import redact
 from monitor.servertext import MESSAGE_CAP, SERVER_TEXT_CAP, capped
 
@@ -118,12 +118,17 @@ def _ms(start: int | None, end: int | None) -> float | None:
 
 
 class ProbeClient:
-    """Owns the HTTP session. `fresh=True` opens a new connection (and DNS lookup) per sample."""
+    """Owns the HTTP session. `fresh=True` opens a new connection (and DNS lookup) per sample.
 
-    def __init__(self, *, fresh: bool = False) -> None:
+    `kernel_stamps` (default on): where the kernel stamps arrivals (Linux), bytes are timed by the
+    kernel's stamp, not by when the probes' loop read them (probe/kernel_clock.py).
+    """
+
+    def __init__(self, *, fresh: bool = False, kernel_stamps: bool = True) -> None:
         self.fresh = fresh
         self._fallback_logged = False
         connector = TimedConnector(
+            kernel_stamps=kernel_stamps,
             limit=0,  # concurrency is capped by the caller, per provider, where it is configured
             force_close=fresh,
             use_dns_cache=not fresh,
@@ -275,7 +280,12 @@ class ProbeClient:
         finally:
             if stream is not None and stream.task_read:
                 sample.timing_path = TimingPath.TASK_READ
+            elif sample.timing_path is TimingPath.STAMPED and stamping is not None and stamping.kernel_stamped:
+                sample.timing_path = TimingPath.KERNEL
             self._finish(sample, endpoint, stamps, headers_at, reader)
+            kernel = sample.timing_path is TimingPath.KERNEL and stamping is not None
+            if kernel and stamping is not None and reader is not None and reader.token_stamps:
+                sample.first_token_read_mono_ns = stamping.read_at.get(reader.token_stamps[0])
             if sample.timing_path is TimingPath.TASK_READ:
                 if stamping is None:
                     fallback.append("the connection's protocol is not the probe's stamping one: nothing was stamped")
@@ -340,14 +350,16 @@ class ProbeClient:
         sample.first_event_ms = _ms(sent, first_event)
         if token_stamps:
             sample.ttft_ms = _ms(sent, token_stamps[0])
+            if sample.timing_path is TimingPath.KERNEL and len(token_stamps) > 1:
+                sample.first_token_stamp_exact = token_stamps[1] != token_stamps[0]
             sample.ttfa_ms = _ms(sent, first_answer)
             sample.first_tool_call_ms = _ms(sent, first_tool_call)
             sample.token_events = len(token_stamps)
             if len(token_stamps) > 1:
                 gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
                 gaps.sort()
-                sample.gap_p50_ms = percentile(gaps, 50, presorted=True)
-                sample.gap_p95_ms = percentile(gaps, 95, presorted=True)
+                sample.gap_p50_ms = quantile(gaps, 0.5, presorted=True)
+                sample.gap_p95_ms = quantile(gaps, 0.95, presorted=True)
                 sample.gap_max_ms = gaps[-1]
                 decode_s = (token_stamps[-1] - token_stamps[0]) / 1e9
                 tokens = sample.completion_tokens or len(token_stamps)
