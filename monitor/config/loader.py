@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from pydantic import ValidationError
@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from monitor.config.errors import ConfigError, ConfigIssue
 from monitor.config.expand import expand_env
 from monitor.config.messages import translate
-from monitor.config.models import ENV_NAME_PATTERN, REFERENCE_ERROR_TYPE, Config, format_path
+from monitor.config.models import ENV_NAME_PATTERN, REFERENCE_ERROR_TYPE, Config, Provider, Receiver, format_path
 from monitor.config.references import reference_problems
 from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret, webhook_secret_key
 from monitor.redact import CREDENTIAL_HEADERS
@@ -55,6 +55,8 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     provider_secrets, receiver_secrets, secret_problems = resolve_all_secrets(data, env)
     derived += secret_problems
     derived += webhook_secret_problems(data, receiver_secrets)
+    proxy_passwords, proxy_problems = resolve_proxy_passwords(data, env)
+    derived += proxy_problems
 
     # A value left unexpanded (its variable is unset) is reported once, not again as a bad value.
     unexpanded = [loc for loc, _ in expansion.problems]
@@ -70,20 +72,26 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     return config.model_copy(
         update={
             "providers": {
-                name: provider.with_secret(
-                    provider_secrets[name].value,
-                    source=provider_secrets[name].source,
-                    from_environment=inserted_under(
-                        expansion.inserted, ("providers", name, "base_url"), ("providers", name, "headers")
+                name: _with_proxy_password(
+                    provider.with_secret(
+                        provider_secrets[name].value,
+                        source=provider_secrets[name].source,
+                        from_environment=inserted_under(
+                            expansion.inserted, ("providers", name, "base_url"), ("providers", name, "headers")
+                        ),
                     ),
+                    proxy_passwords.get(("providers", name)),
                 )
                 for name, provider in config.providers.items()
             },
             "alerts": config.alerts.model_copy(
                 update={
                     "receivers": {
-                        name: receiver.with_secrets(
-                            secret=receiver_secrets[name][0].value, url=receiver_secrets[name][1].value
+                        name: _with_proxy_password(
+                            receiver.with_secrets(
+                                secret=receiver_secrets[name][0].value, url=receiver_secrets[name][1].value
+                            ),
+                            proxy_passwords.get(("alerts", "receivers", name)),
                         )
                         for name, receiver in config.alerts.receivers.items()
                     }
@@ -91,6 +99,54 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
             ),
         }
     )
+
+
+_Owner = TypeVar("_Owner", Provider, Receiver)
+
+
+def _with_proxy_password(owner: _Owner, password: str | None) -> _Owner:
+    if password is None:
+        return owner
+    return owner.model_copy(update={"proxy": owner.proxy.with_password(password)})
+
+
+def resolve_proxy_passwords(
+    data: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[Loc, str], list[tuple[Loc, str]]]:
+    """Each `proxy:` section's password (`password_env`, `NAME_FILE`, `password_file`), by its owner's key path."""
+    owners: list[tuple[Loc, Any]] = []
+    if isinstance(data.get("providers"), Mapping):
+        owners += [(("providers", name), item) for name, item in data["providers"].items()]
+    alerts = data.get("alerts")
+    if isinstance(alerts, Mapping) and isinstance(alerts.get("receivers"), Mapping):
+        owners += [(("alerts", "receivers", name), item) for name, item in alerts["receivers"].items()]
+    found: dict[Loc, str] = {}
+    problems: list[tuple[Loc, str]] = []
+    for loc, owner in owners:
+        proxy = owner.get("proxy") if isinstance(owner, Mapping) else None
+        if not isinstance(proxy, Mapping):
+            continue
+        env_name, file = proxy.get("password_env"), proxy.get("password_file")
+        if (env_name is not None and file is not None) or not isinstance(env_name, str | None):
+            continue  # validation reports it
+        if env_name is not None and not ENV_NAME_PATTERN.match(env_name):
+            continue
+        if file is not None and not isinstance(file, str):
+            continue
+        try:
+            secret = resolve_secret(
+                env_name=env_name,
+                file=Path(file).expanduser() if file else None,
+                environ=environ,
+                env_field="password_env",
+                file_field="password_file",
+            )
+        except SecretError as exc:
+            problems.append(((*loc, "proxy", exc.field), str(exc)))
+            continue
+        if secret.value is not None:
+            found[loc] = secret.value
+    return found, problems
 
 
 def inserted_under(inserted: Mapping[Loc, list[str]], *prefixes: Loc) -> tuple[str, ...]:

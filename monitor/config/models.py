@@ -47,6 +47,7 @@ from monitor.detect.rules import (
     hysteresis_problem,
 )
 from monitor.probe.apis import FLAVORS
+from monitor.probe.proxy import ProxySettings
 from monitor.redact import SENSITIVE_HEADERS, mask_url, url_credentials
 
 # The allowed values come from the registries, so a new API flavour or receiver is one module and one
@@ -329,6 +330,9 @@ class Provider(ConfigModel):
         "empty) to store requests waiting and "
         "running, KV-cache usage, prefix-cache hit rate and the server's own TTFT, queue and prefill time.",
     )
+    proxy: ProxySettings = Field(
+        default_factory=ProxySettings, description="Forward proxy for the probes and the server-metrics scrapes."
+    )
 
     _secret: str | None = PrivateAttr(default=None)
     _auth_source: str = PrivateAttr(default="none")
@@ -392,7 +396,13 @@ class Provider(ConfigModel):
         credentials in `base_url` (userinfo, key-like query values) and whatever `${VAR}` put into the
         URL or any header. A literal `X-Debug: true` is no secret: masking it would mask every "true"."""
         credential_headers = [value for name, value in self.headers.items() if name.lower() in SENSITIVE_HEADERS]
-        found = [self._secret, *credential_headers, *url_credentials(self.base_url), *self._from_environment]
+        found = [
+            self._secret,
+            *credential_headers,
+            *url_credentials(self.base_url),
+            *self._from_environment,
+            *self.proxy.secrets(),
+        ]
         return tuple(dict.fromkeys(value for value in found if value))
 
     def display_url(self) -> str:
@@ -787,6 +797,7 @@ class Receiver(ConfigModel):
     secret_file: UserPath | None = Field(None, description="File holding the receiver's secret.")
     headers: Headers = Field(default_factory=dict, description="Extra HTTP headers; values may use `${VAR}`.")
     timeout_s: float = Field(10, gt=0, le=300, description="Seconds allowed per delivery attempt.")
+    proxy: ProxySettings = Field(default_factory=ProxySettings, description="Forward proxy for deliveries.")
 
     _secret: str | None = PrivateAttr(default=None)
     _resolved_url: str | None = PrivateAttr(default=None)

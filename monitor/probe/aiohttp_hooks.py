@@ -10,6 +10,7 @@ Each is explained once, where it is used:
 - `TCPConnector._wrap_create_connection`, with `_loop`, `_local_addr_infos`, `_happy_eyeballs_delay`,
   `_interleave` and `_socket_factory` (`TimedConnector._wrap_create_connection`)
 - `ClientResponse._protocol` (`stamping_protocol`)
+- `BaseConnector.connect` returning the `Connection` with its `protocol` (`TimedConnector.connect`)
 
 pyproject pins the aiohttp range they were checked on; tests/test_aiohttp_contract.py fails,
 naming the hook, when an allowed aiohttp moves one.
@@ -66,6 +67,17 @@ class Stamps:
     conn_end: int | None = None
     reused: bool = False
     sent: int | None = None
+    # The connection's protocol and how many bytes it had received when this request took it, so a
+    # failure can tell whether any byte of the answer arrived (`stale_connection`).
+    protocol: StampingProtocol | None = None
+    received_before: int = 0
+
+    def restart(self) -> None:
+        """Forget the failed attempt's connection and send; the retry's phases are its own."""
+        self.dns_start = self.dns_end = self.conn_start = self.tcp_end = self.conn_end = self.sent = None
+        self.reused = False
+        self.protocol = None
+        self.received_before = 0
 
 
 current_stamps: contextvars.ContextVar[Stamps | None] = contextvars.ContextVar("ttft_probe_stamps", default=None)
@@ -91,12 +103,14 @@ class StampingProtocol(ResponseHandler):
         self._watched: aiohttp.StreamReader | None = None
         self._settled: asyncio.Future[None] | None = None
         self._take: Callable[[bool], None] | None = None
+        self.received = 0  # bytes this connection ever received (`Stamps.received_before`)
 
     def data_received(self, data: bytes) -> None:
         # An empty call is aiohttp resuming a paused read: it parses bytes that came with an earlier
         # call, so they carry that call's stamp (never one earlier than their arrival).
         stamp = time.perf_counter_ns() if data else self._last_stamp
         self._last_stamp = stamp
+        self.received += len(data)
         before = getattr(self, "_payload", None)
         super().data_received(data)
         # aiohttp hook: `_payload` is the StreamReader of the response being read (None until its
@@ -178,6 +192,17 @@ class TimedConnector(aiohttp.TCPConnector):
         # aiohttp hook: `_factory` makes the protocol of each new connection; ours stamps arrivals.
         self._factory = functools.partial(StampingProtocol, loop=self._loop)  # type: ignore[assignment]
 
+    async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:  # noqa: ASYNC109
+        # aiohttp hook: the session takes every connection, pooled or new, through `connect`, in the
+        # request's task (so `current_stamps` is this request's); the connection's `protocol` is ours.
+        conn = await super().connect(req, traces, timeout)
+        stamps = current_stamps.get()
+        if stamps is not None:
+            protocol = conn.protocol
+            stamps.protocol = protocol if isinstance(protocol, StampingProtocol) else None
+            stamps.received_before = stamps.protocol.received if stamps.protocol is not None else 0
+        return conn
+
     async def _wrap_create_connection(  # type: ignore[override]
         self,
         *args: Any,
@@ -254,6 +279,19 @@ def trace_config() -> aiohttp.TraceConfig:
     config.on_connection_reuseconn.append(reuse)
     config.on_request_chunk_sent.append(chunk_sent)
     return config
+
+
+def stale_connection(stamps: Stamps, exc: BaseException) -> bool:
+    """Whether `exc` is a pooled connection that had been closed under the request: it was reused, broke
+    (closed or reset) before a single byte of the answer arrived. Safe to send again: the server never
+    answered, and a server closing an idle connection has not taken the request."""
+    if not stamps.reused or stamps.protocol is None:
+        return False
+    if isinstance(exc, ClientConnectorError) or not isinstance(
+        exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError
+    ):
+        return False
+    return stamps.protocol.received == stamps.received_before
 
 
 def stamping_protocol(resp: aiohttp.ClientResponse) -> StampingProtocol | None:

@@ -98,6 +98,11 @@ class Sample:
     # sample is `disturbed`: stored and shown, but no evidence for the detector.
     self_delay_ms: float | None = None
     disturbed: bool = False
+    # Sent through a forward proxy (monitor.probe.proxy): dns/connect/tls are then the proxy's, not the server's.
+    via_proxy: bool = False
+    # The first send failed on a reused pooled connection before any byte of the answer (the server had
+    # closed it while idle) and was sent again on a fresh one; every phase is timed from that second send.
+    connection_retried: bool = False
 
     @property
     def ok(self) -> bool:
