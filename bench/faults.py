@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -205,10 +206,10 @@ class Accounted:
     """Every tick accounted for: `due` should equal `stored + missed` (a run lost unnoticed shows as less)."""
 
     scenario: str
-    due: int
-    probed: int
-    stored: int
-    missed: int
+    due: int | str
+    probed: int | str
+    stored: int | str
+    missed: int | str
     sent: int | str = "-"
     received: int | str = "-"
     note: str = ""
@@ -430,17 +431,21 @@ class Bench:
         while daemon.events("job_finished") < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         first_runs = daemon.events("job_finished")
-        # Ticks due are counted by the monotonic clock from the first run seen, so a wall-clock step
-        # cannot change how many the schedule owed.
-        started = time.monotonic()
+        # Ticks due are counted by the monotonic clock from the first run's tick (the last boundary of the
+        # schedule, found while the wall clock is still true), so a wall-clock step cannot change how many
+        # the schedule owed; the daemon is stopped half a tick after a boundary, so none is ambiguous.
+        anchor = time.monotonic() - time.time() % TICK_S
         note = fault(daemon, config)
         time.sleep(2 * TICK_S)
         self._drained([daemon])()
+        if folded := daemon.events("job_runs_coalesced"):
+            note += f"; {folded} job_runs_coalesced line(s)"
+        half = math.ceil((time.monotonic() - anchor) / TICK_S - 0.5) + 0.5
+        time.sleep(max(0.0, anchor + half * TICK_S - time.monotonic()))
         missed = missed_runs(config)
-        ended = time.monotonic()
+        due = int((time.monotonic() - anchor) // TICK_S) + 1
+        daemon.stop()  # lets the last tick's run finish and be stored
         probed = daemon.events("job_finished") - first_runs + 1
-        daemon.stop()
-        due = int((ended - started) // TICK_S) + 1
         stored = query(direct, "select count(*) from runs where job = 'tick'")[0][0] - first_runs + 1
         return Accounted(scenario, due, probed, stored, missed, note=note)
 
@@ -460,7 +465,7 @@ class Bench:
             daemon.process.send_signal(signal.SIGSTOP)
             time.sleep(self.seconds)
             daemon.process.send_signal(signal.SIGCONT)
-            return f"SIGSTOP {self.seconds:g} s; {daemon.events('job_runs_coalesced')} job_runs_coalesced lines"
+            return f"SIGSTOP {self.seconds:g} s"
 
         return self._observe("stall", folder, direct, fault)
 
@@ -521,12 +526,16 @@ class Bench:
         return asyncio.run(self._delivery_blip(direct))
 
     async def _delivery_blip(self, direct: str, count: int = 5) -> Accounted:
+        import structlog
+
         from monitor.alert.dispatcher import Dispatcher
         from monitor.alert.outbox import Outbox
         from monitor.alert.transport import Transport
         from monitor.store.engine import create_engine
         from tests.alert_fixtures import Loopback, Reply, alerts, notification, outbox_rows, receiver, store_incident
 
+        # The dispatcher logs in this process: to stderr, so stdout stays the table.
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
         loopback = Loopback()
         await loopback.start()
         proxy = TcpProxy("127.0.0.1", int(direct.split(":")[-1].split("/")[0])).start()
@@ -534,8 +543,8 @@ class Bench:
         config = alerts({"hook": receiver("webhook", loopback.url("/hook"), timeout_s=1)})
         setup = create_engine(direct)
         try:
-            for _ in range(count):
-                incident = await store_incident(setup, incident_id=uuid.uuid4())
+            for index in range(count):
+                incident = await store_incident(setup, target=f"target-{index}", incident_id=uuid.uuid4())
                 await Outbox(setup, config).notify(notification(incident_id=incident))
         finally:
             await setup.dispose()
@@ -576,10 +585,10 @@ class Bench:
         ids = {item.headers.get("webhook-id") for item in received}
         return Accounted(
             "delivery-blip",
-            0,
-            0,
-            0,
-            0,
+            "-",
+            "-",
+            "-",
+            "-",
             sent=count,
             received=len(received),
             note=f"{len(ids)} distinct webhook-ids; outbox {sorted({r.status for r in rows})}, "
