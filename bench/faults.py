@@ -229,8 +229,15 @@ def metrics_text(config: Path) -> str:
     import urllib.request
 
     listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
-    with urllib.request.urlopen(f"http://{listen}/metrics", timeout=5) as resp:
-        return resp.read().decode()
+    for attempt in range(3):  # a loaded machine can take a while; the figures matter, not the latency
+        try:
+            with urllib.request.urlopen(f"http://{listen}/metrics", timeout=15) as resp:
+                return resp.read().decode()
+        except OSError:
+            if attempt == 2:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
 
 
 def missed_runs(config: Path) -> int:
