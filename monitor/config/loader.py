@@ -9,15 +9,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 import yaml
 from pydantic import ValidationError
 
 from monitor.config.errors import ConfigError, ConfigIssue
 from monitor.config.expand import expand_env
+from monitor.config.fields import ENV_NAME_PATTERN
 from monitor.config.messages import translate
-from monitor.config.models import ENV_NAME_PATTERN, REFERENCE_ERROR_TYPE, Config, Provider, Receiver, format_path
+from monitor.config.models import REFERENCE_ERROR_TYPE, Config, format_path
 from monitor.config.references import reference_problems
 from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret, webhook_secret_key
 from monitor.redact import CREDENTIAL_HEADERS
@@ -80,6 +81,7 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
                             expansion.inserted, ("providers", name, "base_url"), ("providers", name, "headers")
                         ),
                     ),
+                    provider.proxy,
                     proxy_passwords.get(("providers", name)),
                 )
                 for name, provider in config.providers.items()
@@ -91,6 +93,7 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
                             receiver.with_secrets(
                                 secret=receiver_secrets[name][0].value, url=receiver_secrets[name][1].value
                             ),
+                            receiver.proxy,
                             proxy_passwords.get(("alerts", "receivers", name)),
                         )
                         for name, receiver in config.alerts.receivers.items()
@@ -101,13 +104,15 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     )
 
 
-_Owner = TypeVar("_Owner", Provider, Receiver)
+class _ProxySection(Protocol):
+    def with_password(self, password: str | None) -> Any: ...
 
 
-def _with_proxy_password(owner: _Owner, password: str | None) -> _Owner:
+def _with_proxy_password(owner: Any, proxy: _ProxySection, password: str | None) -> Any:
+    """`owner` (a provider or a receiver, as `with_secret` returned it) with its proxy's password."""
     if password is None:
         return owner
-    return owner.model_copy(update={"proxy": owner.proxy.with_password(password)})
+    return owner.model_copy(update={"proxy": proxy.with_password(password)})
 
 
 def resolve_proxy_passwords(

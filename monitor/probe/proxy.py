@@ -27,27 +27,15 @@ import base64
 import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from monitor.config.fields import ConfigModel, EnvName, UserPath
 from monitor.redact import url_credentials
 
 PROXY_SCHEMES = ("http", "https")
-_ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-
-
-def _check_env_name(name: str | None) -> str | None:
-    # Never echo the value: a common slip is pasting the password where its variable's name belongs.
-    if name is not None and (not name or name[0].isdigit() or not set(name) <= _ENV_NAME_CHARS):
-        raise ValueError("must be the NAME of an environment variable (e.g. PROXY_PASSWORD), not the secret itself")
-    return name
-
-
-def _expand_user(path: Path | None) -> Path | None:
-    return path.expanduser() if path is not None else None
 
 
 def proxy_url_problem(url: str) -> str | None:
@@ -66,10 +54,8 @@ def proxy_url_problem(url: str) -> str | None:
     return None
 
 
-class ProxySettings(BaseModel):
+class ProxySettings(ConfigModel):
     """A provider's or receiver's `proxy:` section. The password itself never lives in a field."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     url: str | None = Field(
         None,
@@ -78,10 +64,10 @@ class ProxySettings(BaseModel):
         "`password_file`, or `http://user:${PROXY_PASSWORD}@proxy:3128`; never logged.",
     )
     username: str | None = Field(None, description="User name for the proxy's Basic authentication.")
-    password_env: Annotated[str | None, AfterValidator(_check_env_name)] = Field(
+    password_env: EnvName = Field(
         None, description="Name of the environment variable holding the proxy password; `NAME_FILE` works too."
     )
-    password_file: Annotated[Path | None, AfterValidator(_expand_user)] = Field(
+    password_file: UserPath | None = Field(
         None, description="File holding the proxy password (surrounding whitespace is stripped)."
     )
     environment: bool = Field(
