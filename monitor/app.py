@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -18,6 +18,7 @@ from monitor.metrics.definitions import Metrics
 from monitor.probe.client import ProbeClient
 from monitor.probe.plan import Endpoints
 from monitor.probe.prompts import Calibration
+from monitor.probe.proxy import ProxyEnvironment
 from monitor.probe.runner import ProviderLimits
 from monitor.probe.self_delay import LoopDelayMeter
 from monitor.schedule.pipeline import JobContext
@@ -157,9 +158,24 @@ class ProcessResources:
     scrape_session: aiohttp.ClientSession
     # The probing loop's own lateness, so each sample says how late the monitor was around its stamps.
     meter: LoopDelayMeter | None = None
+    # HTTP(S)_PROXY and NO_PROXY as the process started with them: every outbound client routes by them
+    # and each destination's `proxy:` settings (monitor.probe.proxy).
+    proxies: ProxyEnvironment = field(default_factory=ProxyEnvironment)
 
 
-async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) -> ProcessResources:
+def proxy_environment(environ: Mapping[str, str] | None = None) -> ProxyEnvironment:
+    """The process's proxy variables; each unusable one is logged once, naming the fix, and ignored."""
+    proxies = ProxyEnvironment.from_environ(os.environ if environ is None else environ)
+    for name, why in proxies.ignored:
+        structlog.get_logger().warning(
+            "proxy_environment_ignored", variable=name, reason=why, fix=f"correct or unset {name}"
+        )
+    return proxies
+
+
+async def open_process_resources(
+    stack: AsyncExitStack, *, store: Store | None, proxies: ProxyEnvironment | None = None
+) -> ProcessResources:
     """Open the HTTP sessions (closed by `stack`) and load the saved calibration."""
     calibration = Calibration()
     saved: dict[tuple[str, str], tuple[float, float]] = {}
@@ -186,7 +202,12 @@ async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) 
     meter.start()
     stack.callback(meter.stop)
     return ProcessResources(
-        clients=clients, calibration=calibration, saved_fits=saved, scrape_session=scrape_session, meter=meter
+        clients=clients,
+        calibration=calibration,
+        saved_fits=saved,
+        scrape_session=scrape_session,
+        meter=meter,
+        proxies=proxies if proxies is not None else proxy_environment(),
     )
 
 
@@ -202,7 +223,7 @@ def job_context(
     """The context jobs run in: what `config` decides, over the process's resources."""
     return JobContext(
         config=config,
-        endpoints=Endpoints(config),
+        endpoints=Endpoints(config, proxies=resources.proxies),
         limits=ProviderLimits({name: p.max_concurrency for name, p in config.providers.items()}),
         calibration=resources.calibration,
         clients=resources.clients,
@@ -214,6 +235,7 @@ def job_context(
         background=background,
         scrape_session=resources.scrape_session,
         meter=resources.meter,
+        proxies=resources.proxies,
     )
 
 
@@ -262,7 +284,7 @@ async def attach_detection(
     from monitor.alert.dispatcher import Dispatcher
     from monitor.alert.transport import Transport
 
-    transport = await stack.enter_async_context(Transport())
+    transport = await stack.enter_async_context(Transport(proxies=proxy_environment()))
     dispatcher = Dispatcher(store.engine, context.config.alerts, transport, metrics=alert_metrics_for(context, metrics))
     return dispatcher, attach_detection_service(context, store, outbox=dispatcher.outbox, metrics=metrics)
 

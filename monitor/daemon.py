@@ -574,8 +574,11 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
     from monitor.metrics.push import push_once_metrics
+    from monitor.probe.proxy import ProxyEnvironment
 
-    pushed = await push_once_metrics(config, metrics.registry, [j.name for j in jobs])
+    # The same proxy policy as the probes' (the ignored variables were logged when they started).
+    proxies = ProxyEnvironment.from_environ(os.environ)
+    pushed = await push_once_metrics(config, metrics.registry, [j.name for j in jobs], proxies=proxies)
     ok = sum(o.ok for o in outcomes)
     failed = sum(o.failed for o in outcomes)
     log.info("once_finished", jobs=len(outcomes), ok=ok, failed=failed, spooled=spooled)
