@@ -46,6 +46,7 @@ from monitor.detect.rules import (
     Severity,
     hysteresis_problem,
 )
+from monitor.otel.settings import OtelConfig
 from monitor.probe.apis import FLAVORS
 from monitor.redact import SENSITIVE_HEADERS, mask_url, url_credentials
 
@@ -1001,6 +1002,7 @@ class Config(ConfigModel):
     )
     database: Database = Field(default_factory=Database, description="Where results are stored.")
     metrics: MetricsSettings = Field(default_factory=MetricsSettings, description="Prometheus exposition.")
+    otel: OtelConfig = Field(default_factory=OtelConfig, description="OpenTelemetry export over OTLP.")
     providers: dict[Name, Provider] = Field(default_factory=dict, description="API endpoints, by name.")
     targets: dict[Name, Target] = Field(
         default_factory=dict, description="What to probe: a model on a provider, by name."
