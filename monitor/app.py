@@ -15,7 +15,7 @@ import structlog
 
 from monitor.config.models import Config
 from monitor.metrics.definitions import Metrics
-from monitor.probe.client import ProbeClient
+from monitor.probe.client import ProbeClient, RequestTracing
 from monitor.probe.plan import Endpoints
 from monitor.probe.prompts import Calibration
 from monitor.probe.runner import ProviderLimits
@@ -223,8 +223,12 @@ class ProcessResources:
     meter: LoopDelayMeter | None = None
 
 
-async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) -> ProcessResources:
-    """Open the HTTP sessions (closed by `stack`) and load the saved calibration."""
+async def open_process_resources(
+    stack: AsyncExitStack, *, store: Store | None, tracing: RequestTracing | None = None
+) -> ProcessResources:
+    """Open the HTTP sessions (closed by `stack`) and load the saved calibration.
+
+    `tracing`: each probe request carries its trace's `traceparent` (OpenTelemetry traces, monitor.otel)."""
     calibration = Calibration()
     saved: dict[tuple[str, str], tuple[float, float]] = {}
     if store is not None:
@@ -237,8 +241,8 @@ async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) 
         except Exception as exc:  # a cold calibration costs one round of accuracy, not correctness
             structlog.get_logger().warning("calibration_not_loaded", error=type(exc).__name__)
     clients = {
-        "reuse": await stack.enter_async_context(ProbeClient(fresh=False)),
-        "fresh": await stack.enter_async_context(ProbeClient(fresh=True)),
+        "reuse": await stack.enter_async_context(ProbeClient(fresh=False, tracing=tracing)),
+        "fresh": await stack.enter_async_context(ProbeClient(fresh=True, tracing=tracing)),
     }
     # No cookie jar: each scrape stands alone, as it did with a session per run.
     scrape_session = await stack.enter_async_context(aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()))
@@ -279,10 +283,15 @@ def job_context(
 
 
 async def build_context(
-    config: Config, stack: AsyncExitStack, *, store: Store | None, metrics: Metrics | None
+    config: Config,
+    stack: AsyncExitStack,
+    *,
+    store: Store | None,
+    metrics: Metrics | None,
+    tracing: RequestTracing | None = None,
 ) -> JobContext:
     """For a command that runs its jobs once (`once`, `probe`): the process's resources and the context in one step."""
-    resources = await open_process_resources(stack, store=store)
+    resources = await open_process_resources(stack, store=store, tracing=tracing)
     return job_context(config, resources, store=store, metrics=metrics)
 
 

@@ -216,7 +216,9 @@ class Daemon:
         stack.callback(store.spool.close)  # last: the writer may spool until the very end
         stack.push_async_callback(dispose_engine, store.engine)
         metrics.database_up.set(1)
-        self.resources = await open_process_resources(stack, store=store)
+        self.resources = await open_process_resources(
+            stack, store=store, tracing=telemetry.tracing if telemetry is not None else None
+        )
         context = job_context(config, self.resources, store=store, metrics=metrics)
         from monitor.alert.outbox import Outbox
 
@@ -524,7 +526,9 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             assert store is not None
             stack.callback(store.spool.close)  # last: the writer may spool until the very end
             stack.push_async_callback(dispose_engine, store.engine)
-            context = await build_context(config, stack, store=store, metrics=metrics)
+            context = await build_context(
+                config, stack, store=store, metrics=metrics, tracing=telemetry.tracing if telemetry else None
+            )
             dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
             background = start_background_store(context, store, aftercare_timeout_s=ONCE_AFTERCARE_TIMEOUT_S)
             # Earlier outages may have left samples in the spool: they are replayed meanwhile, and new

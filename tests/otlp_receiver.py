@@ -27,6 +27,17 @@ MESSAGES: dict[str, type[Message]] = {
 }
 
 
+_CHUNK = '{"id":"c1","object":"chat.completion.chunk","model":"stand-in","choices":[{"index":0,%s}]%s}'
+CHAT_EVENTS = (
+    _CHUNK % ('"delta":{"role":"assistant"}', ""),
+    _CHUNK % ('"delta":{"content":"Hi"}', ""),
+    _CHUNK % ('"delta":{"content":" there"}', ""),
+    _CHUNK
+    % ('"delta":{},"finish_reason":"stop"', ',"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}'),
+    "[DONE]",
+)
+
+
 @dataclass
 class Received:
     signal: str
@@ -39,6 +50,8 @@ class Receiver:
     url: str
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Headers of each request to the stand-in chat endpoint (`{url}/v1/chat/completions`).
+    chat_headers: list[dict[str, str]] = field(default_factory=list)
 
     def of(self, signal: str) -> list[Received]:
         with self.lock:
@@ -92,8 +105,22 @@ def otlp_receiver() -> Iterator[Receiver]:
             body=ExportMetricsServiceResponse().SerializeToString(), content_type="application/x-protobuf"
         )
 
+    async def chat(request: web.Request) -> web.StreamResponse:
+        """A minimal OpenAI-style stream, so a test sees the headers a probe sends (`traceparent`)."""
+        await request.read()
+        receiver: Receiver = holder["receiver"]
+        with receiver.lock:
+            receiver.chat_headers.append(dict(request.headers))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for event in CHAT_EVENTS:
+            await response.write(f"data: {event}\n\n".encode())
+        await response.write_eof()
+        return response
+
     async def serve() -> None:
         app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
         app.router.add_post("/v1/{signal}", handle)
         runner = web.AppRunner(app)
         await runner.setup()

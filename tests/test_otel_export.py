@@ -199,3 +199,91 @@ def test_the_daemon_counts_failed_exports_to_a_dead_collector(sim: SimProcess, t
     assert failed is not None and float(failed.group(1)) >= 1, body
     assert re.search(r'ttft_monitor_otel_dropped_total\{signal="metrics"\} [1-9]', body), body
     assert sqlite_rows(tmp_path, "select count(*) from samples")[0][0] >= 2
+
+
+def test_traces_join_the_request_by_traceparent_and_carry_the_phases(tmp_path: Path) -> None:
+    with otlp_receiver() as receiver:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            f"""
+database:
+  url: "sqlite+aiosqlite:///{tmp_path}/ttft.db"
+  state_dir: "{tmp_path}/state"
+probe_self_delay_bound_ms: 1000
+providers:
+  standin:
+    base_url: "{receiver.url}/v1"
+    api: openai-chat
+targets:
+  t:
+    provider: standin
+    model: stand-in
+    params: {{max_tokens: 4}}
+prompts:
+  short: {{tokens: 128}}
+jobs:
+  - {{name: j, schedule: "*/5 * * * *", targets: [t], prompts: [short], rounds: 2, warmup: 0, pause_s: 0}}
+"""
+        )
+        upgrade(config)
+        with_otel(config, f'otel: {{endpoint: "{receiver.url}", traces: true}}\n')
+        result = run_cli("once", "--config", str(config))
+        assert result.code == 0, str(result)
+        sent = [h["traceparent"] for h in receiver.chat_headers]
+        traces = receiver.of("traces")
+    spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    assert len(sent) == len(spans) == 2
+    rows = sqlite_rows(tmp_path, "select ttft_ms, first_event_ms, total_ms from samples order by sent_at")
+    by_id = {(span.trace_id.hex(), span.span_id.hex()): span for span in spans}
+    for traceparent in sent:
+        version, trace_id, span_id, flags = traceparent.split("-")
+        assert (version, flags) == ("00", "01")
+        span = by_id[(trace_id, span_id)]  # the span the server was told is its parent
+        assert span.name == "chat stand-in"
+        assert span.kind == span.SPAN_KIND_CLIENT
+        attrs = attributes(span.attributes)
+        assert attrs["user_agent.synthetic.type"] == "test"
+        assert attrs["gen_ai.provider.name"] == "openai"
+        assert attrs["gen_ai.response.model"] == "stand-in"
+        assert attrs["gen_ai.usage.input_tokens"] == 7
+        events = {event.name: event.time_unix_nano for event in span.events}
+        assert {"request_sent", "response_head", "first_event", "first_token", "first_answer_token"} <= set(events)
+        # The first chunk (role only) comes before the first token: the mapping docs/opentelemetry.md states.
+        assert events["first_event"] <= events["first_token"]
+        ttft_s = (events["first_token"] - events["request_sent"]) / 1e9
+        assert any(abs(ttft_s - row[0] / 1000) < 1e-5 for row in rows), (ttft_s, rows)
+        assert any(abs(attrs["gen_ai.response.time_to_first_chunk"] - row[1] / 1000) < 1e-9 for row in rows)
+
+
+def test_incidents_reach_the_collector_as_log_records(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from monitor.otel.export import OtelTelemetry
+    from monitor.otel.settings import OtelConfig, resolve
+
+    with otlp_receiver() as receiver:
+        settings = resolve(OtelConfig(endpoint=receiver.url), {})
+        assert settings is not None
+        telemetry = OtelTelemetry(
+            settings, registry=CollectorRegistry(), location="lab", endpoints={}, ttft_buckets_s=(0.1, 1)
+        )
+        telemetry.observe_incident(
+            "opened",
+            series=("fast", "short", "lab"),
+            kind="regression",
+            severity="page",
+            baseline_ms=200.0,
+            observed_ms=520.0,
+            ratio=2.6,
+            error_class=None,
+        )
+        telemetry.close()
+        logs = receiver.wait_for("logs")
+    records = [rec for r in logs for rl in r.message.resource_logs for sl in rl.scope_logs for rec in sl.log_records]
+    (record,) = records
+    assert record.event_name == "ttft_monitor.incident.opened"
+    attrs = attributes(record.attributes)
+    assert attrs["ttft_monitor.target"] == "fast"
+    assert attrs["ttft_monitor.incident.severity"] == "page"
+    assert attrs["ttft_monitor.incident.ratio"] == 2.6
+    assert record.severity_text == "WARN"

@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -36,6 +37,8 @@ try:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+    from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # the optional extra is missing
     raise ImportError(
         "OpenTelemetry export is configured but its packages are not installed: pip install 'ttft-monitor[otel]'"
@@ -192,6 +195,26 @@ def _queue_full(processor: object, size: int) -> bool:
     return queue is not None and len(queue) >= size
 
 
+class _PresetIds(IdGenerator):
+    """Hands the SDK the ids a probe's `traceparent` already announced, so the span a traced server
+    sees as parent is the one exported; random ids otherwise."""
+
+    def __init__(self) -> None:
+        self._random = RandomIdGenerator()
+        self.preset: tuple[int, int] | None = None
+
+    def generate_trace_id(self) -> int:
+        return self.preset[0] if self.preset is not None else self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        return self.preset[1] if self.preset is not None else self._random.generate_span_id()
+
+
+# Ids handed out but not yet turned into a span, at most: a sample that never reaches `observe_sample`
+# (a cancelled run) must not keep its entry for the life of the process.
+PENDING_TRACES_MAX = 10_000
+
+
 def _temporality(kind: str) -> dict[type, AggregationTemporality]:
     if kind == "delta":
         delta = AggregationTemporality.DELTA
@@ -202,6 +225,10 @@ def _temporality(kind: str) -> dict[type, AggregationTemporality]:
             UpDownCounter: AggregationTemporality.CUMULATIVE,
         }
     return {}
+
+
+def _ns(at: datetime) -> int:
+    return int(at.timestamp() * 1e9)
 
 
 def quiet_sdk_loggers() -> None:
@@ -263,7 +290,8 @@ class OtelTelemetry:
                 max_export_batch_size=min(512, settings.queue_size),
                 export_timeout_millis=timeout * 1000,
             )
-            self._tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+            self._ids = _PresetIds()
+            self._tracer_provider = TracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
             self._tracer_provider.add_span_processor(self._span_processor)
         self._logger_provider: LoggerProvider | None = None
         self._log_processor: BatchLogRecordProcessor | None = None
@@ -280,7 +308,24 @@ class OtelTelemetry:
             self._logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
             self._logger_provider.add_log_record_processor(self._log_processor)
         self._instruments(tuple(ttft_buckets_s))
+        self._pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._pending_lock = threading.Lock()
+        self._random = RandomIdGenerator()
         self._closed = False
+
+    @property
+    def tracing(self) -> OtelTelemetry | None:
+        """This object as the probe client's `RequestTracing` when traces are exported, else None."""
+        return self if self._tracer_provider is not None else None
+
+    def headers_for(self, sample: Sample) -> dict[str, str]:
+        """The `traceparent` of the span this sample will be exported as (sampled: the flag is 01)."""
+        trace_id, span_id = self._random.generate_trace_id(), self._random.generate_span_id()
+        with self._pending_lock:
+            self._pending[sample.sample_id] = (trace_id, span_id)
+            while len(self._pending) > PENDING_TRACES_MAX:
+                self._pending.popitem(last=False)
+        return {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
 
     def _instruments(self, ttft_buckets: tuple[float, ...]) -> None:
         meter = self.meter_provider.get_meter("ttft-monitor", __version__)
@@ -365,10 +410,16 @@ class OtelTelemetry:
     # ------------------------------------------------------------------ recording (the probes' loop)
 
     def observe_sample(self, sample: Sample, *, provider: str, probe_job: str) -> None:
+        ids = None
+        if self._tracer_provider is not None:
+            with self._pending_lock:
+                ids = self._pending.pop(sample.sample_id, None)
         if sample.warmup:
             return
         genai = semconv.genai_attributes(sample, self.endpoints.get(provider))
         attrs = {**genai, **semconv.monitor_attributes(sample, location=self.location, probe_job=probe_job)}
+        if ids is not None:
+            self._span(sample, attrs, ids)
         if sample.self_delay_ms is not None:
             self.self_delay.record(sample.self_delay_ms / 1000, {"ttft_monitor.probe_job": probe_job})
         if sample.disturbed:
@@ -396,6 +447,62 @@ class OtelTelemetry:
                 self.phase.record(value / 1000, {**attrs, "ttft_monitor.phase": phase})
         if sample.decode_tps is not None:
             self.decode_rate.set(sample.decode_tps, attrs)
+
+    def _span(self, sample: Sample, attrs: Mapping[str, Any], ids: tuple[int, int]) -> None:
+        """One CLIENT span per probe, made after the fact from the sample's stamps (nothing on the probe's
+        path but the ids): events at each phase's end, the conventions' attributes, the status."""
+        assert self._tracer_provider is not None
+        if sample.sent_at is None:
+            return
+        start = sample.sent_at
+        sent = start + timedelta(milliseconds=sample.setup_ms or 0)
+        span_attrs: dict[str, Any] = {
+            **attrs,
+            "gen_ai.request.stream": True,
+            "ttft_monitor.sample_id": sample.sample_id,
+        }
+        if sample.first_event_ms is not None:
+            span_attrs["gen_ai.response.time_to_first_chunk"] = sample.first_event_ms / 1000
+        for key, value in (
+            ("gen_ai.usage.input_tokens", sample.prompt_tokens),
+            ("gen_ai.usage.output_tokens", sample.completion_tokens),
+            ("gen_ai.usage.cache_read.input_tokens", sample.cached_tokens),
+            ("http.response.status_code", sample.http_status),
+            ("ttft_monitor.request_id", sample.request_id),
+            ("ttft_monitor.time_to_first_token", sample.ttft_ms / 1000 if sample.ttft_ms is not None else None),
+        ):
+            if value is not None:
+                span_attrs[key] = value
+        tracer = self._tracer_provider.get_tracer("ttft-monitor", __version__)
+        name = f"{attrs.get('gen_ai.operation.name', 'chat')} {sample.model}"
+        with self._pending_lock:  # the id generator is shared: one span at a time takes the preset ids
+            self._ids.preset = ids
+            try:
+                span = tracer.start_span(
+                    name, kind=SpanKind.CLIENT, attributes=span_attrs, start_time=_ns(start), record_exception=False
+                )
+            finally:
+                self._ids.preset = None
+        setup_end = start
+        for event, offset_ms in (("dns", sample.dns_ms), ("connect", sample.connect_ms), ("tls", sample.tls_ms)):
+            if offset_ms is not None:
+                setup_end = setup_end + timedelta(milliseconds=offset_ms)
+                span.add_event(event, {"ttft_monitor.duration_ms": offset_ms}, timestamp=_ns(setup_end))
+        span.add_event("request_sent", timestamp=_ns(sent))
+        for event, offset_ms in (
+            ("response_head", sample.ttfb_ms),
+            ("first_event", sample.first_event_ms),
+            ("first_token", sample.ttft_ms),
+            ("first_answer_token", sample.ttfa_ms),
+        ):
+            if offset_ms is not None:
+                span.add_event(event, timestamp=_ns(sent + timedelta(milliseconds=offset_ms)))
+        if sample.error is not None:
+            span.set_status(Status(StatusCode.ERROR, sample.error.value))
+        end = sent + timedelta(milliseconds=sample.total_ms or 0)
+        if self._span_processor is not None and _queue_full(self._span_processor, self.settings.queue_size):
+            self.health.dropped("traces")
+        span.end(end_time=_ns(max(end, start)))
 
     def observe_baseline(
         self, series: Sequence[str], *, baseline_ms: float | None, run_median_ms: float | None

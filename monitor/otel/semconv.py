@@ -66,7 +66,7 @@ OPERATION = {
 # compatible server (vLLM, SGLang and gateways speak OpenAI's API, so they report `openai`).
 _HOST_PROVIDERS = (
     ("api.openai.com", "openai"),
-    (".openai.azure.com", "azure.ai.openai"),
+    ("openai.azure.com", "azure.ai.openai"),
     ("api.anthropic.com", "anthropic"),
     ("generativelanguage.googleapis.com", "gcp.gemini"),
     ("aiplatform.googleapis.com", "gcp.vertex_ai"),
@@ -103,8 +103,9 @@ PHASES = (
 
 def provider_name(api: str, base_url: str) -> str:
     host = (urlsplit(base_url).hostname or "").lower()
-    for suffix, name in _HOST_PROVIDERS:
-        if host == suffix.lstrip(".") or host.endswith(suffix if suffix.startswith(".") else "." + suffix):
+    for known, name in _HOST_PROVIDERS:
+        # Subdomains and regional prefixes too: my-res.openai.azure.com, europe-west4-aiplatform.googleapis.com.
+        if host == known or host.endswith(("." + known, "-" + known)):
             return name
     return _FLAVOUR_PROVIDERS.get(api, "_OTHER")
 

@@ -16,9 +16,9 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import structlog
@@ -117,11 +117,18 @@ def _ms(start: int | None, end: int | None) -> float | None:
     return (end - start) / 1e6
 
 
+class RequestTracing(Protocol):
+    """Headers that let a traced server join the probe's trace (W3C `traceparent`), per sample."""
+
+    def headers_for(self, sample: Sample) -> Mapping[str, str]: ...
+
+
 class ProbeClient:
     """Owns the HTTP session. `fresh=True` opens a new connection (and DNS lookup) per sample."""
 
-    def __init__(self, *, fresh: bool = False) -> None:
+    def __init__(self, *, fresh: bool = False, tracing: RequestTracing | None = None) -> None:
         self.fresh = fresh
+        self._tracing = tracing
         self._fallback_logged = False
         connector = TimedConnector(
             limit=0,  # concurrency is capped by the caller, per provider, where it is configured
@@ -155,6 +162,8 @@ class ProbeClient:
             **endpoint.headers,
             **endpoint.flavor.auth_headers(endpoint.api_key),
         }
+        if self._tracing is not None:
+            headers.update(self._tracing.headers_for(sample))
         sample.prompt_chars = len(prompt)
         stamps = Stamps()
         token = current_stamps.set(stamps)
