@@ -268,7 +268,7 @@ def test_incidents_reach_the_collector_as_log_records(tmp_path: Path) -> None:
             settings, registry=CollectorRegistry(), location="lab", endpoints={}, ttft_buckets_s=(0.1, 1)
         )
         telemetry.observe_incident(
-            "opened",
+            "open",  # the detector's word (detect.rules.Action)
             series=("fast", "short", "lab"),
             kind="regression",
             severity="page",

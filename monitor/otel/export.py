@@ -56,7 +56,8 @@ from monitor.redact import mask_url
 FAILING_REMINDER_S = 600.0
 PHASE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 SELF_DELAY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
-REGRESSION_LEVELS = {0: "none", 1: "ticket", 2: "page"}
+# The detector's actions (detect.rules.Action) as the events' names say them.
+INCIDENT_ACTIONS = {"open": "opened", "update": "updated", "resolve": "resolved"}
 
 
 class ExportHealth:
@@ -531,10 +532,13 @@ class OtelTelemetry:
         error_class: str | None,
         at: datetime | None = None,
     ) -> None:
-        """An incident opened or resolved, as one log record (event `ttft_monitor.incident.<action>`)."""
+        """An incident opened, updated or resolved, as one log record (event `ttft_monitor.incident.opened`,
+        `.updated`, `.resolved`, `.info`); WARN while it is open, INFO otherwise."""
         if self._logger_provider is None:
             return
         from opentelemetry._logs import SeverityNumber
+
+        action = INCIDENT_ACTIONS.get(action, action)
 
         attrs: dict[str, Any] = {
             **semconv.detector_attributes(tuple(series), location=self.location),
@@ -552,7 +556,7 @@ class OtelTelemetry:
                 attrs[key] = value
         if self._log_processor is not None and _queue_full(self._log_processor, self.settings.queue_size):
             self.health.dropped("logs")
-        opened = action == "opened"
+        opened = action in ("opened", "updated")
         self._logger_provider.get_logger("ttft-monitor", __version__).emit(
             timestamp=int(at.timestamp() * 1e9) if at is not None else time.time_ns(),
             severity_number=SeverityNumber.WARN if opened else SeverityNumber.INFO,
