@@ -177,3 +177,9 @@ def test_a_failed_sample_carries_its_error_class_and_never_its_message() -> None
     assert attrs["error.type"] == "rate_limited"
     assert attrs["server.port"] == 443
     assert not any("sk-123" in str(v) for v in attrs.values())
+
+
+def test_credentials_in_an_endpoint_url_are_secrets_too() -> None:
+    resolved = resolve(OtelConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://user:pa55word@otlp.example.com"})
+    assert resolved is not None
+    assert "pa55word" in resolved.secrets

@@ -258,7 +258,10 @@ def resolve(
     if service_version:
         resource.setdefault("service.version", service_version)
     resource.update(config.resource_attributes)
+    from monitor.redact import url_credentials
+
     secret_values = {value for per_signal in headers.values() for value in per_signal.values() if value}
+    secret_values.update(c for url in endpoints.values() if url for c in url_credentials(url) if c)
     return Resolved(
         endpoints=endpoints,
         headers=headers,
@@ -279,4 +282,4 @@ def header_secrets(config: OtelConfig, environ: Mapping[str, str]) -> list[str]:
         resolved = resolve(config, environ, file_headers=files)
     except OtelSettingsError:
         return list(config.headers.values())
-    return list(resolved.secrets) if resolved is not None else []
+    return list(resolved.secrets) if resolved is not None else list(config.headers.values())
