@@ -173,7 +173,8 @@ def test_a_failed_sample_carries_its_error_class_and_never_its_message() -> None
     sample = Sample(target="t", model="m", api="openai-chat", prompt="p", round=0)
     sample.error = ErrorClass.RATE_LIMITED
     sample.error_message = "429 Too Many Requests for key sk-123"
-    attrs = semconv.genai_attributes(sample, semconv.Endpoint(api="openai-chat", base_url="https://api.openai.com/v1"))
+    endpoint = semconv.Endpoint(api="openai-chat", base_url="https://api.openai.com/v1")
+    attrs = semconv.genai_attributes(sample, endpoint.attributes())
     assert attrs["error.type"] == "rate_limited"
     assert attrs["server.port"] == 443
     assert not any("sk-123" in str(v) for v in attrs.values())
@@ -183,3 +184,23 @@ def test_credentials_in_an_endpoint_url_are_secrets_too() -> None:
     resolved = resolve(OtelConfig(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://user:pa55word@otlp.example.com"})
     assert resolved is not None
     assert "pa55word" in resolved.secrets
+
+
+def test_the_aggregation_buckets_upper_inclusive_and_delta_starts_again() -> None:
+    from monitor.otel.aggregate import Aggregates, Instrument, key_of
+
+    agg = Aggregates(
+        [Instrument("h", "histogram", "s", "", (0.1, 1.0)), Instrument("c", "counter", "1", "")], start_ns=1
+    )
+    key = key_of({"b": 2, "a": "x"})
+    assert key == (("a", "x"), ("b", 2))
+    for value in (0.1, 0.5, 1.0, 3.0):
+        agg.record("h", key, value)
+    agg.add("c", key, 2)
+    snap = agg.snapshot(now_ns=5, delta=True)
+    state = snap.histograms["h"][key]
+    assert (state.counts, state.count, state.min, state.max) == ([1, 2, 1], 4, 0.1, 3.0)
+    assert state.sum == pytest.approx(4.6)
+    assert snap.counters["c"][key] == 2 and (snap.start_ns, snap.end_ns) == (1, 5)
+    after = agg.snapshot(now_ns=9, delta=True)
+    assert after.points() == 0 and after.start_ns == 5

@@ -1,9 +1,10 @@
 """The OpenTelemetry SDK side: instruments, OTLP/HTTP exporters, and how export failures are reported.
 
-Nothing here runs an export on the probes' loop. Recording a measurement is an in-memory aggregation
-(what prometheus_client does too); the SDK's metric reader exports from its own thread every
-`export_interval_s`, and spans and log records wait in bounded queues drained by the SDK's worker
-threads. A collector that is away or hung costs those threads at most `timeout_s` per export and
+Nothing here runs an export on the probes' loop. Recording a measurement is a dict lookup in
+ttft-monitor's own aggregation (`aggregate.py`, as cheap as prometheus_client; the SDK's instruments
+cost half a millisecond per probe); a thread of its own exports a snapshot every `export_interval_s`
+through the official OTLP exporter, and spans and log records wait in bounded queues drained by the
+SDK's worker threads. A collector that is away or hung costs those threads at most `timeout_s` per export and
 never a probe: failed exports and dropped items are counted (`ttft_monitor_otel_*`) and logged when
 export starts failing and when it recovers, not at every attempt.
 """
@@ -14,7 +15,8 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,18 +28,24 @@ try:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk._logs import LoggerProvider
     from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter, LogRecordExportResult
-    from opentelemetry.sdk.metrics import Counter, Histogram, MeterProvider, ObservableCounter, UpDownCounter
     from opentelemetry.sdk.metrics.export import (
         AggregationTemporality,
-        MetricExporter,
+        Gauge,
+        Histogram,
+        HistogramDataPoint,
+        Metric,
         MetricExportResult,
         MetricsData,
-        PeriodicExportingMetricReader,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+        Sum,
     )
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
     from opentelemetry.trace import SpanKind, Status, StatusCode
 except ImportError as exc:  # the optional extra is missing
     raise ImportError(
@@ -47,6 +55,7 @@ from prometheus_client import CollectorRegistry
 
 from monitor import __version__
 from monitor.otel import semconv
+from monitor.otel.aggregate import Aggregates, Instrument, Key, Snapshot, key_of
 from monitor.otel.counters import ExportCounters
 from monitor.otel.settings import Resolved
 from monitor.probe.result import Sample
@@ -111,41 +120,6 @@ class ExportHealth:
 
     def dropped(self, signal: str, items: int = 1) -> None:
         self._counters.dropped.labels(signal).inc(items)
-
-
-def _points(data: MetricsData) -> int:
-    return sum(
-        len(metric.data.data_points)
-        for resource in data.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-    )
-
-
-class _CountedMetricExporter(MetricExporter):
-    """The OTLP exporter, with each outcome reported to `ExportHealth`."""
-
-    def __init__(self, inner: MetricExporter, health: ExportHealth) -> None:
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,
-            preferred_aggregation=inner._preferred_aggregation,
-        )
-        self._inner = inner
-        self._health = health
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        try:
-            result = self._inner.export(metrics_data, timeout_millis=timeout_millis)
-        except Exception:  # the exporter's own failure must not end the reader's thread
-            result = MetricExportResult.FAILURE
-        self._health.exported("metrics", result == MetricExportResult.SUCCESS, _points(metrics_data))
-        return result
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self._inner.force_flush(timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._inner.shutdown(timeout_millis=timeout_millis)
 
 
 class _CountedSpanExporter(SpanExporter):
@@ -216,18 +190,6 @@ class _PresetIds(IdGenerator):
 PENDING_TRACES_MAX = 10_000
 
 
-def _temporality(kind: str) -> dict[type, AggregationTemporality]:
-    if kind == "delta":
-        delta = AggregationTemporality.DELTA
-        return {
-            Counter: delta,
-            Histogram: delta,
-            ObservableCounter: delta,
-            UpDownCounter: AggregationTemporality.CUMULATIVE,
-        }
-    return {}
-
-
 def _ns(at: datetime) -> int:
     return int(at.timestamp() * 1e9)
 
@@ -239,6 +201,20 @@ def quiet_sdk_loggers() -> None:
     """
     logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
     logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.ERROR)
+
+
+# Series keys kept at most (a reload or a new model adds some; labels are bounded, so this is a backstop).
+SERIES_KEYS_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class _SeriesKeys:
+    attributes: dict[str, Any]
+    base: Key
+    text_tokens: Key
+    unknown_tokens: Key
+    outcome: Key
+    phases: tuple[Key, ...]
 
 
 class OtelTelemetry:
@@ -259,26 +235,22 @@ class OtelTelemetry:
     ) -> None:
         self.settings = settings
         self.location = location
-        self.endpoints = dict(endpoints)
+        self.configure(endpoints)
         counters = ExportCounters(registry)
         counters.start(tuple(s for s, url in settings.endpoints.items() if url is not None))
         self.health = ExportHealth(counters, settings.endpoints, secrets=settings.secrets)
         quiet_sdk_loggers()
         resource = Resource(dict(settings.resource))
         timeout = settings.timeout_s
-        metric_exporter = OTLPMetricExporter(
-            endpoint=settings.endpoints["metrics"],
-            headers=settings.headers["metrics"],
-            timeout=timeout,
-            preferred_temporality=_temporality(settings.temporality),
+        self._resource = resource
+        self._metric_exporter = OTLPMetricExporter(
+            endpoint=settings.endpoints["metrics"], headers=settings.headers["metrics"], timeout=timeout
         )
-        self._reader = PeriodicExportingMetricReader(
-            _CountedMetricExporter(metric_exporter, self.health),
-            export_interval_millis=settings.export_interval_s * 1000,
-            export_timeout_millis=timeout * 1000,
-        )
-        # shutdown_on_exit=False: the daemon and `once` close it themselves, within their bound.
-        self.meter_provider = MeterProvider(resource=resource, metric_readers=[self._reader], shutdown_on_exit=False)
+        self.aggregates = Aggregates(instruments(tuple(ttft_buckets_s)), start_ns=time.time_ns())
+        self._export_lock = threading.Lock()  # one export at a time: the thread's, or the last one at close
+        self._stop = threading.Event()
+        self._exporter_thread = threading.Thread(target=self._export_loop, name="ttft-otel-metrics", daemon=True)
+        self._exporter_thread.start()
         self._tracer_provider: TracerProvider | None = None
         self._span_processor: BatchSpanProcessor | None = None
         if settings.endpoints["traces"] is not None:
@@ -308,7 +280,6 @@ class OtelTelemetry:
             )
             self._logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
             self._logger_provider.add_log_record_processor(self._log_processor)
-        self._instruments(tuple(ttft_buckets_s))
         self._pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._pending_lock = threading.Lock()
         self._random = RandomIdGenerator()
@@ -328,85 +299,12 @@ class OtelTelemetry:
                 self._pending.popitem(last=False)
         return {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
 
-    def _instruments(self, ttft_buckets: tuple[float, ...]) -> None:
-        meter = self.meter_provider.get_meter("ttft-monitor", __version__)
-        genai = semconv.GENAI_SECONDS_BUCKETS
-        self.duration = meter.create_histogram(
-            semconv.DURATION,
-            unit="s",
-            description="GenAI client inference operation duration: from sending the request to the last byte "
-            "of the streamed response, or to the error.",
-            explicit_bucket_boundaries_advisory=genai,
-        )
-        self.time_to_first_chunk = meter.create_histogram(
-            semconv.TIME_TO_FIRST_CHUNK,
-            unit="s",
-            description="Time to the first event of the response stream (any event: a role-only chunk counts), "
-            "not the first token; see ttft_monitor.time_to_first_token.",
-            explicit_bucket_boundaries_advisory=genai,
-        )
-        self.usage_input = meter.create_counter(
-            semconv.USAGE_INPUT, unit="{token}", description="Input (prompt) tokens, as the server reported them."
-        )
-        self.usage_output = meter.create_counter(
-            semconv.USAGE_OUTPUT, unit="{token}", description="Output (completion) tokens, as the server reported them."
-        )
-        self.usage_cache_read = meter.create_counter(
-            semconv.USAGE_CACHE_READ, unit="{token}", description="Input tokens the server served from its cache."
-        )
-        self.ttft = meter.create_histogram(
-            semconv.TTFT,
-            unit="s",
-            description="Time to the first generated token (content, reasoning or tool call).",
-            explicit_bucket_boundaries_advisory=ttft_buckets,
-        )
-        self.ttfa = meter.create_histogram(
-            semconv.TTFA,
-            unit="s",
-            description="Time to the first visible answer token (after any reasoning).",
-            explicit_bucket_boundaries_advisory=ttft_buckets,
-        )
-        self.phase = meter.create_histogram(
-            semconv.PHASE,
-            unit="s",
-            description="Phases of a probe by `ttft_monitor.phase`: dns, connect, tls (fresh connections only), "
-            "setup (pool wait and set-up), response_head, first_event, each from sending the request.",
-            explicit_bucket_boundaries_advisory=PHASE_BUCKETS_S,
-        )
-        self.decode_rate = meter.create_gauge(
-            semconv.DECODE_RATE, unit="{token}/s", description="Decode rate of the most recent successful probe."
-        )
-        self.probes = meter.create_counter(
-            semconv.PROBES, unit="{probe}", description="Probes by outcome (ok, error) and error.type."
-        )
-        self.disturbed = meter.create_counter(
-            semconv.DISTURBED,
-            unit="{probe}",
-            description="Probes during which the monitor itself was late beyond probe_self_delay_bound_ms: "
-            "counted here instead of in the timing instruments.",
-        )
-        self.self_delay = meter.create_histogram(
-            semconv.SELF_DELAY,
-            unit="s",
-            description="How late the monitor itself was around each probe's stamps.",
-            explicit_bucket_boundaries_advisory=SELF_DELAY_BUCKETS_S,
-        )
-        self.baseline = meter.create_gauge(
-            semconv.BASELINE, unit="s", description="The detector's TTFT baseline for the series."
-        )
-        self.run_median = meter.create_gauge(
-            semconv.RUN_MEDIAN, unit="s", description="Median TTFT of the series' last evaluated run."
-        )
-        self.run_ratio = meter.create_gauge(
-            semconv.RUN_RATIO, unit="1", description="The last evaluated run's median TTFT divided by the baseline."
-        )
-        self.regression_state = meter.create_gauge(
-            semconv.REGRESSION_STATE, unit="1", description="Open regression per series: 0 none, 1 ticket, 2 page."
-        )
-
     def configure(self, endpoints: Mapping[str, semconv.Endpoint]) -> None:
         """Providers as a reload left them (their API and URL name the provider and server)."""
         self.endpoints = dict(endpoints)
+        # Parsed once here, not per probe: a URL parse per sample is most of the recording's cost.
+        self._endpoint_attributes = {name: e.attributes() for name, e in self.endpoints.items()}
+        self._keys: dict[tuple[object, ...], _SeriesKeys] = {}
 
     # ------------------------------------------------------------------ recording (the probes' loop)
 
@@ -417,37 +315,55 @@ class OtelTelemetry:
                 ids = self._pending.pop(sample.sample_id, None)
         if sample.warmup:
             return
-        genai = semconv.genai_attributes(sample, self.endpoints.get(provider))
-        attrs = {**genai, **semconv.monitor_attributes(sample, location=self.location, probe_job=probe_job)}
+        keys = self._keys_for(sample, provider, probe_job)
         if ids is not None:
-            self._span(sample, attrs, ids)
+            self._span(sample, keys.attributes, ids)
+        agg = self.aggregates
         if sample.self_delay_ms is not None:
-            self.self_delay.record(sample.self_delay_ms / 1000, {"ttft_monitor.probe_job": probe_job})
+            agg.record(semconv.SELF_DELAY, (("ttft_monitor.probe_job", probe_job),), sample.self_delay_ms / 1000)
         if sample.disturbed:
-            self.disturbed.add(1, attrs)
+            agg.add(semconv.DISTURBED, keys.base, 1)
             return
         if sample.total_ms is not None:
-            self.duration.record(sample.total_ms / 1000, attrs)
+            agg.record(semconv.DURATION, keys.base, sample.total_ms / 1000)
         if sample.first_event_ms is not None:
-            self.time_to_first_chunk.record(sample.first_event_ms / 1000, attrs)
+            agg.record(semconv.TIME_TO_FIRST_CHUNK, keys.base, sample.first_event_ms / 1000)
         usage = sample.prompt_tokens is not None or sample.completion_tokens is not None
-        tokens = {**attrs, "gen_ai.token.modality": "text" if usage else "unknown"}
-        self.usage_input.add(sample.prompt_tokens or 0, tokens)
-        self.usage_output.add(sample.completion_tokens or 0, tokens)
-        self.usage_cache_read.add(sample.cached_tokens or 0, tokens)
-        outcome = {**attrs, "ttft_monitor.outcome": "ok" if sample.ok else "error"}
-        self.probes.add(1, outcome)
+        tokens = keys.text_tokens if usage else keys.unknown_tokens
+        agg.add(semconv.USAGE_INPUT, tokens, sample.prompt_tokens or 0)
+        agg.add(semconv.USAGE_OUTPUT, tokens, sample.completion_tokens or 0)
+        agg.add(semconv.USAGE_CACHE_READ, tokens, sample.cached_tokens or 0)
+        agg.add(semconv.PROBES, keys.outcome, 1)
         if not sample.ok or sample.ttft_ms is None:
             return
-        self.ttft.record(sample.ttft_ms / 1000, attrs)
+        agg.record(semconv.TTFT, keys.base, sample.ttft_ms / 1000)
         if sample.ttfa_ms is not None:
-            self.ttfa.record(sample.ttfa_ms / 1000, attrs)
-        for phase, name in semconv.PHASES:
+            agg.record(semconv.TTFA, keys.base, sample.ttfa_ms / 1000)
+        for (_phase, name), key in zip(semconv.PHASES, keys.phases, strict=True):
             value = getattr(sample, name)
             if value is not None:
-                self.phase.record(value / 1000, {**attrs, "ttft_monitor.phase": phase})
+                agg.record(semconv.PHASE, key, value / 1000)
         if sample.decode_tps is not None:
-            self.decode_rate.set(sample.decode_tps, attrs)
+            agg.set(semconv.DECODE_RATE, keys.base, sample.decode_tps, time.time_ns())
+
+    def _keys_for(self, sample: Sample, provider: str, probe_job: str) -> _SeriesKeys:
+        """A series' attributes and their keys, worked out once and then reused: every label is bounded."""
+        ident = (provider, probe_job, sample.target, sample.model, sample.served_model, sample.prompt, sample.error)
+        keys = self._keys.get(ident)
+        if keys is None:
+            if len(self._keys) >= SERIES_KEYS_MAX:
+                self._keys.clear()
+            genai = semconv.genai_attributes(sample, self._endpoint_attributes.get(provider))
+            attrs = {**genai, **semconv.monitor_attributes(sample, location=self.location, probe_job=probe_job)}
+            keys = self._keys[ident] = _SeriesKeys(
+                attributes=attrs,
+                base=key_of(attrs),
+                text_tokens=key_of({**attrs, "gen_ai.token.modality": "text"}),
+                unknown_tokens=key_of({**attrs, "gen_ai.token.modality": "unknown"}),
+                outcome=key_of({**attrs, "ttft_monitor.outcome": "ok" if sample.ok else "error"}),
+                phases=tuple(key_of({**attrs, "ttft_monitor.phase": phase}) for phase, _ in semconv.PHASES),
+            )
+        return keys
 
     def _span(self, sample: Sample, attrs: Mapping[str, Any], ids: tuple[int, int]) -> None:
         """One CLIENT span per probe, made after the fact from the sample's stamps (nothing on the probe's
@@ -508,16 +424,18 @@ class OtelTelemetry:
     def observe_baseline(
         self, series: Sequence[str], *, baseline_ms: float | None, run_median_ms: float | None
     ) -> None:
-        attrs = semconv.detector_attributes(tuple(series), location=self.location)
+        key = key_of(semconv.detector_attributes(tuple(series), location=self.location))
+        now = time.time_ns()
         if run_median_ms is not None:
-            self.run_median.set(run_median_ms / 1000, attrs)
+            self.aggregates.set(semconv.RUN_MEDIAN, key, run_median_ms / 1000, now)
         if baseline_ms is not None:
-            self.baseline.set(baseline_ms / 1000, attrs)
+            self.aggregates.set(semconv.BASELINE, key, baseline_ms / 1000, now)
             if run_median_ms is not None:
-                self.run_ratio.set(run_median_ms / baseline_ms, attrs)
+                self.aggregates.set(semconv.RUN_RATIO, key, run_median_ms / baseline_ms, now)
 
     def observe_regression_state(self, series: Sequence[str], level: int) -> None:
-        self.regression_state.set(level, semconv.detector_attributes(tuple(series), location=self.location))
+        key = key_of(semconv.detector_attributes(tuple(series), location=self.location))
+        self.aggregates.set(semconv.REGRESSION_STATE, key, level, time.time_ns())
 
     def observe_incident(
         self,
@@ -568,28 +486,144 @@ class OtelTelemetry:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def flush(self, timeout_s: float | None = None) -> bool:
-        """Export what is buffered now (blocking: call it in a thread); False when it did not all go."""
-        millis = (timeout_s if timeout_s is not None else self.settings.timeout_s) * 1000
-        ok = self.meter_provider.force_flush(millis)
-        if self._tracer_provider is not None:
-            ok = self._tracer_provider.force_flush(int(millis)) and ok
-        if self._logger_provider is not None:
-            ok = bool(self._logger_provider.force_flush(int(millis))) and ok
-        return ok
+    def _export_loop(self) -> None:
+        while not self._stop.wait(self.settings.export_interval_s):
+            self.export_metrics()
+
+    def export_metrics(self) -> bool:
+        """Send a snapshot of every metric now (blocking, bounded by `otel.timeout_s`); False when it
+        did not go through."""
+        with self._export_lock:
+            snapshot = self.aggregates.snapshot(now_ns=time.time_ns(), delta=self.settings.temporality == "delta")
+            if not snapshot.points():
+                return True
+            data = metrics_data(snapshot, self.aggregates.instruments.values(), self._resource, self.settings)
+            try:
+                result = self._metric_exporter.export(data, timeout_millis=self.settings.timeout_s * 1000)
+            except Exception:  # the exporter's own failure must not end the export thread
+                result = MetricExportResult.FAILURE
+            ok = result == MetricExportResult.SUCCESS
+            self.health.exported("metrics", ok, snapshot.points())
+            return ok
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Export what is left, then stop the SDK's threads (blocking: call it in a thread).
+        """Export what is left, then stop the threads (blocking: call it in a thread).
 
-        Each signal's last export is bounded by the exporter's timeout (`otel.timeout_s`), so a hung
-        collector costs about that much per signal, once.
+        Each signal's last export is bounded by the exporter's timeout (`otel.timeout_s`); when the
+        export thread is still stuck in a hung collector's export, the last one is not tried.
         """
         if self._closed:
             return
         self._closed = True
-        millis = ((timeout_s if timeout_s is not None else self.settings.timeout_s) + 1) * 1000
-        # The reader's shutdown runs its last collection and export in its own thread and waits for it.
-        self.meter_provider.shutdown(timeout_millis=millis)
+        bound = (timeout_s if timeout_s is not None else self.settings.timeout_s) + 1
+        self._stop.set()
+        self._exporter_thread.join(bound)
+        if not self._exporter_thread.is_alive():
+            self.export_metrics()
+        self._metric_exporter.shutdown()
         for processor in (self._span_processor, self._log_processor):
             if processor is not None:
                 processor.shutdown()  # drains its queue; each export bounded by the exporter's timeout
+
+
+def instruments(ttft_buckets: tuple[float, ...]) -> tuple[Instrument, ...]:
+    """Every exported metric: name, kind, unit, meaning and (histograms) bucket boundaries."""
+    genai = semconv.GENAI_SECONDS_BUCKETS
+    return (
+        Instrument(
+            semconv.DURATION,
+            "histogram",
+            "s",
+            "GenAI client inference operation duration: from sending the request to the last byte of the streamed "
+            "response, or to the error.",
+            genai,
+        ),
+        Instrument(
+            semconv.TIME_TO_FIRST_CHUNK,
+            "histogram",
+            "s",
+            "Time to the first event of the response stream (any event: a role-only chunk counts), not the first "
+            "token; see ttft_monitor.time_to_first_token.",
+            genai,
+        ),
+        Instrument(semconv.USAGE_INPUT, "counter", "{token}", "Input (prompt) tokens, as the server reported them."),
+        Instrument(
+            semconv.USAGE_OUTPUT, "counter", "{token}", "Output (completion) tokens, as the server reported them."
+        ),
+        Instrument(semconv.USAGE_CACHE_READ, "counter", "{token}", "Input tokens the server served from its cache."),
+        Instrument(
+            semconv.TTFT,
+            "histogram",
+            "s",
+            "Time to the first generated token (content, reasoning or tool call).",
+            ttft_buckets,
+        ),
+        Instrument(
+            semconv.TTFA,
+            "histogram",
+            "s",
+            "Time to the first visible answer token (after any reasoning).",
+            ttft_buckets,
+        ),
+        Instrument(
+            semconv.PHASE,
+            "histogram",
+            "s",
+            "Phases of a probe by ttft_monitor.phase: dns, connect, tls (fresh connections only), setup (pool wait "
+            "and set-up), response_head, first_event, each from sending the request.",
+            PHASE_BUCKETS_S,
+        ),
+        Instrument(semconv.DECODE_RATE, "gauge", "{token}/s", "Decode rate of the most recent successful probe."),
+        Instrument(semconv.PROBES, "counter", "{probe}", "Probes by ttft_monitor.outcome (ok, error) and error.type."),
+        Instrument(
+            semconv.DISTURBED,
+            "counter",
+            "{probe}",
+            "Probes during which the monitor itself was late beyond probe_self_delay_bound_ms: counted here instead "
+            "of in the timing instruments.",
+        ),
+        Instrument(
+            semconv.SELF_DELAY,
+            "histogram",
+            "s",
+            "How late the monitor itself was around each probe's stamps.",
+            SELF_DELAY_BUCKETS_S,
+        ),
+        Instrument(semconv.BASELINE, "gauge", "s", "The detector's TTFT baseline for the series."),
+        Instrument(semconv.RUN_MEDIAN, "gauge", "s", "Median TTFT of the series' last evaluated run."),
+        Instrument(semconv.RUN_RATIO, "gauge", "1", "The last evaluated run's median TTFT divided by the baseline."),
+        Instrument(semconv.REGRESSION_STATE, "gauge", "1", "Open regression per series: 0 none, 1 ticket, 2 page."),
+    )
+
+
+def metrics_data(
+    snapshot: Snapshot, instruments: Iterable[Instrument], resource: Resource, settings: Resolved
+) -> MetricsData:
+    """A snapshot as the SDK's data model, which the official OTLP exporter encodes and sends."""
+    temporality = AggregationTemporality.DELTA if settings.temporality == "delta" else AggregationTemporality.CUMULATIVE
+    start, end = snapshot.start_ns, snapshot.end_ns
+    metrics: list[Metric] = []
+    for inst in instruments:
+        data: Any
+        if inst.kind == "counter":
+            counters = snapshot.counters.get(inst.name, {})
+            points = [NumberDataPoint(dict(k), start, end, v) for k, v in counters.items()]
+            data = Sum(points, temporality, is_monotonic=True)
+            points_n = len(points)
+        elif inst.kind == "histogram":
+            states = snapshot.histograms.get(inst.name, {})
+            buckets = [
+                HistogramDataPoint(dict(k), start, end, h.count, h.sum, h.counts, inst.bounds, h.min, h.max)
+                for k, h in states.items()
+            ]
+            data = Histogram(buckets, temporality)
+            points_n = len(buckets)
+        else:
+            gauges = snapshot.gauges.get(inst.name, {})
+            points = [NumberDataPoint(dict(k), start, at, v) for k, (v, at) in gauges.items()]
+            data = Gauge(points)
+            points_n = len(points)
+        if points_n:
+            metrics.append(Metric(inst.name, inst.description, inst.unit, data))
+    scope = ScopeMetrics(InstrumentationScope("ttft-monitor", __version__), metrics, "")
+    return MetricsData([ResourceMetrics(resource, [scope], "")])

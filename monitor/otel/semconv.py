@@ -8,7 +8,7 @@ and gen-ai-token-metrics.md), which in 2026 renamed `gen_ai.client.operation.*` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -133,13 +133,15 @@ class Endpoint:
         }
 
 
-def genai_attributes(sample: Sample, endpoint: Endpoint | None) -> dict[str, str | int]:
+def genai_attributes(sample: Sample, endpoint: Mapping[str, str | int] | None) -> dict[str, str | int]:
     """The conventions' attributes of one probe: operation, provider, models, server, error class.
+
+    `endpoint`: its provider's `Endpoint.attributes()`, worked out once per provider.
 
     `error.type` is the sample's ErrorClass, a fixed set, never the server's message.
     """
-    base: dict[str, str | int] = (
-        endpoint.attributes()
+    base: Mapping[str, str | int] = (
+        endpoint
         if endpoint is not None
         else {
             "gen_ai.operation.name": OPERATION.get(sample.api, "chat"),
