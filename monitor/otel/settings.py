@@ -1,4 +1,5 @@
-"""The `otel:` config section, and what export does once the standard `OTEL_*` variables are read.
+"""The `otel:` config section (composed into the root Config by config/models.py), and what export does
+once the standard `OTEL_*` variables are read.
 
 `resolve(config, environ)` is pure: the environment is handed in, so a test states it and the
 daemon passes `os.environ`. Keys set in the config win over the environment; for each signal its
@@ -8,14 +9,15 @@ OpenTelemetry specification has it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_serializer
+from pydantic import AfterValidator, Field, field_serializer
+
+from monitor.config.fields import ConfigModel, Headers, masked_headers
 
 SIGNALS = ("metrics", "traces", "logs")
 SUPPORTED_PROTOCOL = "http/protobuf"
@@ -28,15 +30,6 @@ class OtelSettingsError(Exception):
     """The `otel:` section or an `OTEL_*` variable cannot be used; the message names it and the fix."""
 
 
-def _check_headers(headers: dict[str, str]) -> dict[str, str]:
-    for name, value in headers.items():
-        if not re.match(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$", name):
-            raise ValueError(f"'{name}' is not a valid HTTP header name")
-        if "\n" in value or "\r" in value:
-            raise ValueError(f"the value of header '{name}' contains a line break")
-    return headers
-
-
 def _check_endpoint(url: str | None) -> str | None:
     if url is None:
         return None
@@ -46,15 +39,11 @@ def _check_endpoint(url: str | None) -> str | None:
     return url.rstrip("/")
 
 
-OtelHeaders = Annotated[dict[str, str], AfterValidator(_check_headers)]
 Endpoint = Annotated[str | None, AfterValidator(_check_endpoint)]
 
 
-class OtelConfig(BaseModel):
+class OtelConfig(ConfigModel):
     """`otel:`: export over OTLP. Off unless `endpoint` or `OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT` is set."""
-
-    # As the other sections (config.models.ConfigModel): unknown keys are errors, numbers pass as text.
-    model_config = ConfigDict(extra="forbid", coerce_numbers_to_str=True, allow_inf_nan=False)
 
     endpoint: Endpoint = Field(
         None,
@@ -67,7 +56,7 @@ class OtelConfig(BaseModel):
         description="OTLP transport. Only `http/protobuf` (every Collector's `otlp` receiver takes it on port "
         "4318); unset: `OTEL_EXPORTER_OTLP_PROTOCOL`, else `http/protobuf`.",
     )
-    headers: OtelHeaders = Field(
+    headers: Headers = Field(
         default_factory=dict,
         description="HTTP headers sent with every export (an API key: `DD-API-KEY: ${DD_API_KEY}`). Values are "
         "treated as secrets: never logged. Merged over `OTEL_EXPORTER_OTLP_HEADERS`.",
@@ -120,11 +109,11 @@ class OtelConfig(BaseModel):
     # Dumps and reprs end up in logs; the live values stay available as `.headers`.
     @field_serializer("headers")
     def _dump_headers(self, headers: dict[str, str]) -> dict[str, str]:
-        return dict.fromkeys(headers, "***")
+        return masked_headers(headers)
 
     def __repr_args__(self) -> Any:
         for name, value in super().__repr_args__():
-            yield name, (dict.fromkeys(value, "***") if name == "headers" else value)
+            yield name, (masked_headers(value) if name == "headers" else value)
 
 
 @dataclass(frozen=True)
