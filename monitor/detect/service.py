@@ -264,6 +264,17 @@ class DetectionService:
                         ratio=event.ratio,
                         error_class=event.error,
                     )
+                    if self._metrics is not None:
+                        self._metrics.observe_incident(
+                            event.action,
+                            series=(run.series.target, run.series.prompt, run.series.location),
+                            kind=event.kind,
+                            severity=event.severity,
+                            baseline_ms=event.baseline_ms,
+                            observed_ms=event.observed_ms,
+                            ratio=event.ratio,
+                            error_class=event.error,
+                        )
                 self._observe(run.series, new_state, events)
                 if self._metrics is not None:
                     rule = self._config.detection.ticket
@@ -417,4 +428,4 @@ class DetectionService:
         for incident in getattr(state, "incidents", {}).values():
             if getattr(incident, "kind", None) == "regression":
                 level = max(level, SEVERITY_LEVEL.get(incident.severity, 0))
-        self._metrics.regression_state.labels(*labels).set(level)
+        self._metrics.observe_regression_state(labels, level)

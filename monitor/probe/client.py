@@ -16,9 +16,9 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import structlog
@@ -137,6 +137,12 @@ def _timed_session(*, fresh: bool, kernel_stamps: bool) -> aiohttp.ClientSession
     )
 
 
+class RequestTracing(Protocol):
+    """Headers that let a traced server join the probe's trace (W3C `traceparent`), per sample."""
+
+    def headers_for(self, sample: Sample) -> Mapping[str, str]: ...
+
+
 class ProbeClient:
     """Owns the HTTP session. `fresh=True` opens a new connection (and DNS lookup) per sample.
 
@@ -144,8 +150,11 @@ class ProbeClient:
     kernel's stamp, not by when the probes' loop read them (probe/kernel_clock.py).
     """
 
-    def __init__(self, *, fresh: bool = False, kernel_stamps: bool = True) -> None:
+    def __init__(
+        self, *, fresh: bool = False, kernel_stamps: bool = True, tracing: RequestTracing | None = None
+    ) -> None:
         self.fresh = fresh
+        self._tracing = tracing
         self._fallback_logged = False
         self.kernel_stamps = kernel_stamps
         self._session = _timed_session(fresh=fresh, kernel_stamps=kernel_stamps)
@@ -174,6 +183,8 @@ class ProbeClient:
             **endpoint.headers,
             **endpoint.flavor.auth_headers(endpoint.api_key),
         }
+        if self._tracing is not None:
+            headers.update(self._tracing.headers_for(sample))
         sample.prompt_chars = len(prompt)
         sample.via_proxy = endpoint.proxy is not None
         stamps = Stamps()
