@@ -26,23 +26,27 @@ import structlog
 from monitor.app import (
     InfrastructureError,
     Store,
+    TelemetryError,
     alert_metrics_for,
     attach_detection,
     attach_detection_service,
     build_context,
+    close_telemetry,
     freeze_heap,
     job_context,
     open_process_resources,
     open_store,
+    open_telemetry,
     secrets_of,
     start_background_store,
+    telemetry_endpoints,
 )
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH, EXIT_USAGE
 from monitor.logging import Redactor, error_text
-from monitor.metrics.definitions import Metrics
+from monitor.metrics.definitions import Metrics, MonitorRegistry
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
 from monitor.schedule.claims import TickClaims
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from monitor.alert.metrics import AlertMetrics
+    from monitor.otel.export import OtelTelemetry
     from monitor.schedule.background import BackgroundStore
     from monitor.served import Served
     from monitor.systemd_notify import Notifier
@@ -197,6 +202,7 @@ class Daemon:
         self.service = ServiceLoop()
         self.served: Served | None = None
         self.probe_loop_beat = time.monotonic()
+        self.telemetry: OtelTelemetry | None = None
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -230,7 +236,15 @@ class Daemon:
         if self._redactor is not None:
             self._redactor.secrets = tuple(secrets_of(config))
         self.config = config
-        metrics = self.metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
+        registry = MonitorRegistry()
+        try:
+            telemetry = self.telemetry = open_telemetry(config, registry)
+        except TelemetryError as exc:
+            raise StartupFailed(EXIT_USAGE, "otel_config_invalid", f"{self.command}: {exc}", error=str(exc)) from None
+        self._stack.push_async_callback(close_telemetry, telemetry)  # first in, so closed last: after the runs
+        metrics = self.metrics = Metrics(
+            registry, location=config.location, ttft_buckets=config.metrics.ttft_buckets_s, telemetry=telemetry
+        )
         stack = self._stack
         # A CronJob's run is short: it waits less for a database that is not there yet.
         retry_s = min(config.database.connect_retry_s, 10) if self.burst else None
@@ -244,7 +258,9 @@ class Daemon:
             await self._start_burst(config, store, metrics)
             return
         metrics.database_up.set(1)
-        self.resources = await open_process_resources(stack, store=store)
+        self.resources = await open_process_resources(
+            stack, store=store, tracing=telemetry.tracing if telemetry is not None else None
+        )
         context = job_context(config, self.resources, store=store, metrics=metrics)
         from monitor.alert.outbox import Outbox
 
@@ -298,7 +314,10 @@ class Daemon:
 
     async def _start_burst(self, config: Config, store: Store, metrics: Metrics) -> None:
         """Burst mode's resources: no scheduler, claims, listener or service loop; alerts delivered in-process."""
-        context = await build_context(config, self._stack, store=store, metrics=metrics)
+        telemetry = self.telemetry
+        context = await build_context(
+            config, self._stack, store=store, metrics=metrics, tracing=telemetry.tracing if telemetry else None
+        )
         self.dispatcher, self.detection = await attach_detection(context, store, self._stack, metrics=metrics)
         self.background = self._background_started = start_background_store(
             context, store, aftercare_timeout_s=ONCE_AFTERCARE_TIMEOUT_S
@@ -411,6 +430,10 @@ class Daemon:
             return
         if config.database.url != current.database.url or config.metrics.listen != current.metrics.listen:
             log.warning("reload_partial", reason="database.url and metrics.listen change only on restart")
+        if config.otel != current.otel:
+            log.warning("reload_partial", reason="otel changes only on restart")
+        if self.telemetry is not None:
+            self.telemetry.configure(telemetry_endpoints(config))
         if self._redactor is not None:
             self._redactor.secrets = tuple(secrets_of(config))
         self.context = job_context(
@@ -605,8 +628,11 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
     assert stopped is not None
     config = daemon.config
     from monitor.metrics.push import push_once_metrics
+    from monitor.probe.proxy import ProxyEnvironment
 
-    pushed = await push_once_metrics(config, daemon.metrics.registry, [j.name for j in daemon.jobs])
+    # The same proxy policy as the probes' (the ignored variables were logged when they started).
+    proxies = ProxyEnvironment.from_environ(os.environ)
+    pushed = await push_once_metrics(config, daemon.metrics.registry, [j.name for j in daemon.jobs], proxies=proxies)
     ok = sum(o.ok for o in outcomes)
     failed = sum(o.failed for o in outcomes)
     spooled = stopped.spooled

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TextIO
@@ -85,6 +86,7 @@ async def alert_test(config: Config, receiver_name: str, *, out: TextIO, err: Te
     from monitor.alert.receivers import KINDS
     from monitor.alert.selftest import receiver_problems, sample_notification
     from monitor.alert.transport import Transport
+    from monitor.probe.proxy import ProxyEnvironment
 
     problems = receiver_problems(config, receiver_name)
     if problems:
@@ -97,7 +99,7 @@ async def alert_test(config: Config, receiver_name: str, *, out: TextIO, err: Te
     if KINDS[receiver.type].stateful:
         steps.append(("resolve", firing.with_changes(state="resolved", resolved_at=now)))
     code = EXIT_OK
-    async with Transport() as transport:
+    async with Transport(proxies=ProxyEnvironment.from_environ(os.environ)) as transport:
         for label, notification in steps:
             result = await deliver(notification, receiver_name, receiver, transport=transport, now=now)
             answer = result.describe() if result.status is not None or not result.ok else result.detail

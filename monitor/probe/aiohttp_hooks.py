@@ -10,6 +10,7 @@ Each is explained once, where it is used:
 - `TCPConnector._wrap_create_connection`, with `_loop`, `_local_addr_infos`, `_happy_eyeballs_delay`,
   `_interleave` and `_socket_factory` (`TimedConnector._wrap_create_connection`)
 - `ClientResponse._protocol` (`stamping_protocol`)
+- `BaseConnector.connect` returning the `Connection` with its `protocol` (`TimedConnector.connect`)
 
 pyproject pins the aiohttp range they were checked on; tests/test_aiohttp_contract.py fails,
 naming the hook, when an allowed aiohttp moves one.
@@ -22,6 +23,7 @@ import collections
 import contextvars
 import functools
 import itertools
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -37,6 +39,8 @@ from aiohttp.client_exceptions import (
     ClientConnectorSSLError,
 )
 from aiohttp.client_proto import ResponseHandler
+
+from monitor.probe import kernel_clock
 
 # The aiohttp range these hooks were checked on: pyproject.toml pins the same (a test compares them).
 SUPPORTED_AIOHTTP = ">=3.14,<3.15"
@@ -66,6 +70,17 @@ class Stamps:
     conn_end: int | None = None
     reused: bool = False
     sent: int | None = None
+    # The connection's protocol and how many bytes it had received when this request took it, so a
+    # failure can tell whether any byte of the answer arrived (`stale_connection`).
+    protocol: StampingProtocol | None = None
+    received_before: int = 0
+
+    def restart(self) -> None:
+        """Forget the failed attempt's connection and send; the retry's phases are its own."""
+        self.dns_start = self.dns_end = self.conn_start = self.tcp_end = self.conn_end = self.sent = None
+        self.reused = False
+        self.protocol = None
+        self.received_before = 0
 
 
 current_stamps: contextvars.ContextVar[Stamps | None] = contextvars.ContextVar("ttft_probe_stamps", default=None)
@@ -91,12 +106,25 @@ class StampingProtocol(ResponseHandler):
         self._watched: aiohttp.StreamReader | None = None
         self._settled: asyncio.Future[None] | None = None
         self._take: Callable[[bool], None] | None = None
+        self.received = 0  # bytes this connection ever received (`Stamps.received_before`)
+        # The connection's socket when it reads with the kernel's arrival stamps (kernel_clock);
+        # set by TimedConnector once the connection is made.
+        self.kernel_clock: kernel_clock.KernelStampedSocket | None = None
+        # Whether every stamp of the current response came from the kernel.
+        self.kernel_stamped = False
+        # Kernel arrival stamp -> when the loop read those bytes, for the current response: how late a
+        # read was is what a first token read together with later packets may carry.
+        self.read_at: dict[int, int] = {}
 
     def data_received(self, data: bytes) -> None:
         # An empty call is aiohttp resuming a paused read: it parses bytes that came with an earlier
         # call, so they carry that call's stamp (never one earlier than their arrival).
-        stamp = time.perf_counter_ns() if data else self._last_stamp
+        if data:
+            stamp, from_kernel = self._arrival()
+        else:
+            stamp, from_kernel = self._last_stamp, self.kernel_stamped
         self._last_stamp = stamp
+        self.received += len(data)
         before = getattr(self, "_payload", None)
         super().data_received(data)
         # aiohttp hook: `_payload` is the StreamReader of the response being read (None until its
@@ -113,13 +141,31 @@ class StampingProtocol(ResponseHandler):
                 self._stamped_payload = payload
                 self.head_arrived = stamp
                 self.arrivals.clear()
+                self.read_at.clear()
+                self.kernel_stamped = from_kernel
+            else:
+                self.kernel_stamped = self.kernel_stamped and from_kernel
             self.arrivals.append((payload.total_bytes, stamp))
+            if from_kernel and data and self.kernel_clock is not None:
+                self.read_at.setdefault(stamp, self.kernel_clock.read_ns)
         if self._take is not None:
             # aiohttp hook: `_reading_paused` is set when aiohttp pauses the socket because too much
             # (or too many pieces) waits unread; once paused nothing arrives, so the reader must
             # take the buffer now.
             self._take(getattr(self, "_reading_paused", False))
             self._check_settled()
+
+    def _arrival(self) -> tuple[int, bool]:
+        """When the bytes being handed over arrived, and whether the kernel said so.
+
+        These bytes came from the socket's latest read (TLS: its plaintext, decrypted in the same
+        call); with the kernel's stamps that is when they reached the socket, never earlier than the
+        stamp before (stamps of one connection never go back).
+        """
+        clock = self.kernel_clock
+        if clock is not None and clock.kernel_stamped:
+            return max(clock.arrival_ns, self._last_stamp), True
+        return time.perf_counter_ns(), False
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._take is not None and self._watched is not None and self._watched.exception() is None:
@@ -173,10 +219,29 @@ class TimedConnector(aiohttp.TCPConnector):
     socket (as aiohttp does, with happy eyeballs), stamp, then let the loop do the TLS handshake.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, kernel_stamps: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._kernel_stamps = kernel_stamps
+        self._stamping_keeper = kernel_clock.keep_stamping_on() if kernel_stamps else None
         # aiohttp hook: `_factory` makes the protocol of each new connection; ours stamps arrivals.
         self._factory = functools.partial(StampingProtocol, loop=self._loop)  # type: ignore[assignment]
+
+    async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:  # noqa: ASYNC109
+        # aiohttp hook: the session takes every connection, pooled or new, through `connect`, in the
+        # request's task (so `current_stamps` is this request's); the connection's `protocol` is ours.
+        conn = await super().connect(req, traces, timeout)
+        stamps = current_stamps.get()
+        if stamps is not None:
+            protocol = conn.protocol
+            stamps.protocol = protocol if isinstance(protocol, StampingProtocol) else None
+            stamps.received_before = stamps.protocol.received if stamps.protocol is not None else 0
+        return conn
+
+    async def close(self, *args: Any, **kwargs: Any) -> None:
+        if self._stamping_keeper is not None:
+            self._stamping_keeper.close()
+            self._stamping_keeper = None
+        await super().close(*args, **kwargs)
 
     async def _wrap_create_connection(
         self,
@@ -204,7 +269,11 @@ class TimedConnector(aiohttp.TCPConnector):
                 )
                 if stamps is not None:
                     stamps.tcp_end = time.perf_counter_ns()
-                return await self._loop.create_connection(*args, **kwargs, sock=sock)
+                stamped = _kernel_stamped(sock) if self._kernel_stamps else None
+                transport, protocol = await self._loop.create_connection(*args, **kwargs, sock=stamped or sock)
+                if stamped is not None and isinstance(protocol, StampingProtocol):
+                    protocol.kernel_clock = stamped
+                return transport, protocol
         except ssl.CertificateError as exc:
             raise ClientConnectorCertificateError(req.connection_key, exc) from exc
         except ssl.SSLError as exc:
@@ -213,6 +282,16 @@ class TimedConnector(aiohttp.TCPConnector):
             if exc.errno is None and isinstance(exc, asyncio.TimeoutError):
                 raise
             raise client_error(req.connection_key, exc) from exc
+
+
+def _kernel_stamped(sock: Any) -> kernel_clock.KernelStampedSocket | None:
+    """`sock`'s connection, reading with the kernel's arrival stamps; None where the kernel has none."""
+    if not kernel_clock.supported() or not isinstance(sock, socket.socket) or sock.type != socket.SOCK_STREAM:
+        return None
+    try:
+        return kernel_clock.KernelStampedSocket.adopt(sock)
+    except OSError:
+        return None
 
 
 def trace_config() -> aiohttp.TraceConfig:
@@ -254,6 +333,19 @@ def trace_config() -> aiohttp.TraceConfig:
     config.on_connection_reuseconn.append(reuse)
     config.on_request_chunk_sent.append(chunk_sent)
     return config
+
+
+def stale_connection(stamps: Stamps, exc: BaseException) -> bool:
+    """Whether `exc` is a pooled connection that had been closed under the request: it was reused, broke
+    (closed or reset) before a single byte of the answer arrived. Safe to send again: the server never
+    answered, and a server closing an idle connection has not taken the request."""
+    if not stamps.reused or stamps.protocol is None:
+        return False
+    if isinstance(exc, ClientConnectorError) or not isinstance(
+        exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError
+    ):
+        return False
+    return stamps.protocol.received == stamps.received_before
 
 
 def stamping_protocol(resp: aiohttp.ClientResponse) -> StampingProtocol | None:
