@@ -1,4 +1,8 @@
-"""`ttft-monitor run` and `ttft-monitor once`: lifecycle around the one job pipeline."""
+"""`ttft-monitor run` and `ttft-monitor once`: one lifecycle around the one job pipeline.
+
+`run` is the `Daemon` scheduling its jobs until a signal; `once` is the same `Daemon` in burst mode (arq's
+`Worker(burst=True)`): the same `start` and `stop`, with the jobs run once, now, in between.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +14,18 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from monitor.app import (
     InfrastructureError,
+    Store,
     TelemetryError,
     alert_metrics_for,
     attach_detection,
@@ -44,7 +50,7 @@ from monitor.metrics.definitions import Metrics, MonitorRegistry
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
 from monitor.schedule.claims import TickClaims
-from monitor.schedule.pipeline import execute, plan_for_job
+from monitor.schedule.pipeline import JobOutcome, execute, plan_for_job
 from monitor.service_loop import ServiceLoop, favour_waiting_threads
 from monitor.store.engine import display_url
 from monitor.tasks import finish_tasks
@@ -57,8 +63,6 @@ if TYPE_CHECKING:
     from monitor.schedule.background import BackgroundStore
     from monitor.served import Served
     from monitor.systemd_notify import Notifier
-
-T = TypeVar("T")
 
 LOOP_LAG_INTERVAL_S = 0.5
 # After the grace, the rest of shutdown (receivers, housekeeping, closing connections) gets this much
@@ -144,6 +148,17 @@ async def _loop_lag_monitor(
             last_pet = now
 
 
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """What `Daemon.stop` left: the background store's closing counts, and where the runs went."""
+
+    closed: dict[str, int]
+    stored_runs: int
+    spooled: int
+    lost_runs: int
+    lost_at_exit: int
+
+
 class Daemon:
     """`ttft-monitor run`: `start` opens everything and schedules the jobs, `reload` re-reads the
     config (SIGHUP), `stop` shuts down within the grace. Signals are the caller's (`run_daemon`).
@@ -151,15 +166,34 @@ class Daemon:
     What lives as long as the process (the store, HTTP sessions, calibration, detection, the
     background store, the metrics server) is opened once in `start` and closed in `stop`; a reload
     only rebuilds what the config decides (`app.job_context`).
+
+    In burst mode (`ttft-monitor once`, `burst=True`) `start` opens the store, detection and the background
+    store but schedules nothing and serves nothing (metrics are pushed); `run_burst` runs the jobs once and
+    stores what they measured; `stop` is the same: in-flight probes get the grace, then are stored or spooled.
     """
 
-    def __init__(self, config_path: str, *, redactor: Redactor | None = None, notifier: Notifier | None = None) -> None:
+    def __init__(
+        self,
+        config_path: str,
+        *,
+        redactor: Redactor | None = None,
+        notifier: Notifier | None = None,
+        burst: bool = False,
+        job_names: Sequence[str] = (),
+    ) -> None:
         self.config_path = config_path
+        self.burst = burst
+        self.job_names = list(job_names)
+        self.command = "ttft-monitor once" if burst else "ttft-monitor run"
+        # Burst mode: the jobs' runs (stop gives them the grace), what they measured, and how far it got.
+        self.in_flight: set[asyncio.Task[JobOutcome]] = set()
+        self.samples: list[Sample] = []
+        self.phase = "connecting"
         self._redactor = redactor
         self._notifier = notifier
         self._stack = AsyncExitStack()
         self._stopping = asyncio.Event()  # ends the daemon's own loops (dispatcher, housekeeping, lag)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: list[asyncio.Task[Any]] = []
         # Claim bookkeeping after a run, off the job's task (so it never delays the next tick).
         self._bookkeeping: set[asyncio.Task[None]] = set()
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -190,12 +224,15 @@ class Daemon:
             config = load_config(self.config_path)
         except ConfigError as exc:
             raise StartupFailed(EXIT_USAGE, "config_invalid", str(exc), errors=[str(e) for e in exc.errors]) from None
-        from monitor.config.check import unprotected_listen
+        if self.burst:
+            self.jobs = self._selected_jobs(config)
+        else:
+            from monitor.config.check import unprotected_listen
 
-        # Before the database: a config that would serve the pages to anyone is refused as a config error.
-        problem = unprotected_listen(config)
-        if problem:
-            raise StartupFailed(EXIT_USAGE, "web_config_invalid", f"ttft-monitor run: {problem}", error=problem)
+            # Before the database: a config that would serve the pages to anyone is refused as a config error.
+            problem = unprotected_listen(config)
+            if problem:
+                raise StartupFailed(EXIT_USAGE, "web_config_invalid", f"ttft-monitor run: {problem}", error=problem)
         if self._redactor is not None:
             self._redactor.secrets = tuple(secrets_of(config))
         self.config = config
@@ -203,18 +240,23 @@ class Daemon:
         try:
             telemetry = self.telemetry = open_telemetry(config, registry)
         except TelemetryError as exc:
-            raise StartupFailed(EXIT_USAGE, "otel_config_invalid", f"ttft-monitor run: {exc}", error=str(exc)) from None
+            raise StartupFailed(EXIT_USAGE, "otel_config_invalid", f"{self.command}: {exc}", error=str(exc)) from None
         self._stack.push_async_callback(close_telemetry, telemetry)  # first in, so closed last: after the runs
         metrics = self.metrics = Metrics(
             registry, location=config.location, ttft_buckets=config.metrics.ttft_buckets_s, telemetry=telemetry
         )
         stack = self._stack
+        # A CronJob's run is short: it waits less for a database that is not there yet.
+        retry_s = min(config.database.connect_retry_s, 10) if self.burst else None
         try:
-            store = self.store = await open_store(config, metrics=metrics)
-        except InfrastructureError as exc:
-            raise StartupFailed(EXIT_INFRA, "startup_failed", f"ttft-monitor run: {exc}", reason=str(exc)) from None
+            store = self.store = await open_store(config, metrics=metrics, retry_s=retry_s)
+        except InfrastructureError as exc:  # unreachable, or a schema behind: the message names the fix
+            raise StartupFailed(EXIT_INFRA, "startup_failed", f"{self.command}: {exc}", reason=str(exc)) from None
         stack.callback(store.spool.close)  # last: the writer may spool until the very end
         stack.push_async_callback(dispose_engine, store.engine)
+        if self.burst:
+            await self._start_burst(config, store, metrics)
+            return
         metrics.database_up.set(1)
         self.resources = await open_process_resources(
             stack, store=store, tracing=telemetry.tracing if telemetry is not None else None
@@ -256,6 +298,79 @@ class Daemon:
             location=config.location,
             next_runs={k: v.isoformat() if v else None for k, v in self.scheduler.next_run_times().items()},
         )
+
+    def _selected_jobs(self, config: Config) -> list[Job]:
+        unknown = [n for n in self.job_names if n not in {j.name for j in config.jobs}]
+        if unknown:
+            known = ", ".join(j.name for j in config.jobs) or "none"
+            raise StartupFailed(
+                EXIT_USAGE,
+                "unknown_job",
+                f"ttft-monitor once: --job: unknown job {', '.join(unknown)} (known: {known})",
+                jobs=unknown,
+                known=known,
+            )
+        return [j for j in config.jobs if not self.job_names or j.name in self.job_names]
+
+    async def _start_burst(self, config: Config, store: Store, metrics: Metrics) -> None:
+        """Burst mode's resources: no scheduler, claims, listener or service loop; alerts delivered in-process."""
+        telemetry = self.telemetry
+        context = await build_context(
+            config, self._stack, store=store, metrics=metrics, tracing=telemetry.tracing if telemetry else None
+        )
+        self.dispatcher, self.detection = await attach_detection(context, store, self._stack, metrics=metrics)
+        self.background = self._background_started = start_background_store(
+            context, store, aftercare_timeout_s=ONCE_AFTERCARE_TIMEOUT_S
+        )
+        self.context = context
+        # Earlier outages may have left samples in the spool: they are replayed meanwhile, and new
+        # runs queue behind them in the spool, so the order holds.
+        self._earlier = asyncio.create_task(store.writer.drain())
+        self._tasks = [self._earlier]
+        freeze_heap()
+
+    async def run_burst(self) -> list[JobOutcome]:
+        """Burst mode: run the selected jobs once, now, and store what they measured (detection included).
+
+        Cancelling it leaves the jobs' runs going: `stop` gives them the grace."""
+        context = self.context
+        intended = datetime.now(UTC)
+        self.phase = "probing"
+        runs = [
+            asyncio.create_task(
+                execute(
+                    context,
+                    job=j.name,
+                    plan=plan_for_job(context, j),
+                    connection=j.connection,
+                    intended_at=intended,
+                    on_sample=self.samples.append,
+                )
+            )
+            for j in self.jobs
+        ]
+        self.in_flight.update(runs)
+        for task in runs:
+            task.add_done_callback(self.in_flight.discard)
+        if runs:
+            await asyncio.wait(runs)  # not gather: cancelling this must not cancel them
+        outcomes = [task.result() for task in runs]
+        self.phase = "storing"
+        await self.background.flush(3600)
+        await self._earlier
+        await self.store.writer.drain()
+        await self.background.settle(ONCE_AFTERCARE_TIMEOUT_S)
+        self.phase = "done"
+        return outcomes
+
+    async def deliver_due(self) -> None:
+        """Burst mode: send the notifications due now; undelivered ones stay in the outbox for the next run."""
+        log = structlog.get_logger()
+        try:
+            await self.dispatcher.renotify_due()
+            await asyncio.wait_for(self.dispatcher.dispatch_due(), timeout=60)
+        except Exception as exc:
+            log.warning("alerts_not_dispatched", error=error_text(exc))
 
     def _beat(self, now: float) -> None:
         self.probe_loop_beat = now
@@ -337,20 +452,22 @@ class Daemon:
         self.scheduler.set_jobs(list(config.jobs), since=asked)
         log.info("config_reloaded", jobs=[j.name for j in config.jobs])
 
-    async def stop(self) -> None:
+    async def stop(self) -> Stopped | None:
         """Stop scheduling, let in-flight probes finish within the grace, write or spool what they
-        measured; everything else gets STOP_EXTRA_S more, whatever the database does."""
+        measured; everything else gets STOP_EXTRA_S more, whatever the database does. None if not started."""
         if not self._started:
-            return
+            return None
         self._started = False
-        self._lag.cancel()  # stopping: the loop's lag is no longer worth watching, nor the watchdog petted
         log = structlog.get_logger()
         loop = asyncio.get_running_loop()
-        scheduler = self.scheduler
-        scheduler.pause()
+        if self.burst:
+            pending: set[asyncio.Task[JobOutcome]] | set[asyncio.Task[None]] = set(self.in_flight)
+        else:
+            self._lag.cancel()  # stopping: the loop's lag is no longer worth watching, nor the watchdog petted
+            self.scheduler.pause()
+            pending = set(self.scheduler.tasks)
         grace = shutdown_grace(self.config)
         deadline = loop.time() + grace
-        pending = set(scheduler.tasks)
         log.info("daemon_stopping", in_flight_jobs=len(pending), grace_s=grace)
         if pending:
             _done, still = await asyncio.wait(pending, timeout=grace)
@@ -359,14 +476,27 @@ class Daemon:
             if still:
                 await asyncio.wait(still, timeout=2)
                 log.warning("jobs_cancelled_at_shutdown", jobs=len(still))
-        scheduler.shutdown()
+        if not self.burst:
+            self.scheduler.shutdown()
         closed = await self.background.close(max(1.0, deadline - loop.time()))
         self._stopping.set()
+        if self.burst:
+            self._earlier.cancel()  # replaying an earlier outage's spool: the next run goes on with it
         await finish_tasks([*self._tasks, *self._bookkeeping], STOP_EXTRA_S)
-        await self.claims.close()
-        await self.store.writer.close_held()
-        log.info("daemon_stopped", spooled=self.store.spool.depth, **closed)
+        if not self.burst:
+            await self.claims.close()
+        writer = self.store.writer
+        lost_at_exit = await writer.close_held()
+        stopped = Stopped(
+            closed=closed,
+            stored_runs=writer.stored_runs,
+            spooled=self.store.spool.depth,
+            lost_runs=writer.lost_runs,
+            lost_at_exit=lost_at_exit,
+        )
+        log.info("daemon_stopped", spooled=stopped.spooled, **closed)
         await self._stack.aclose()
+        return stopped
 
     async def _run_tick(self, job: Job, intended: datetime) -> None:
         log = structlog.get_logger().bind(job=job.name)
@@ -442,180 +572,73 @@ async def run_daemon(config_path: str, *, redactor: Redactor | None = None) -> i
 
 
 async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor | None = None) -> int:
-    """Run the job(s) once through the same pipeline, store, push metrics, exit 0/1/2/3/5 (5: the Pushgateway refused).
+    """`ttft-monitor once`: a `Daemon` in burst mode: start, run the job(s) once, store, deliver, stop, push
+    metrics, exit 0/1/2/3/5 (5: the Pushgateway refused).
 
-    SIGTERM or SIGINT (a Kubernetes deadline, eviction or drain): stop probing, write or spool what
-    was measured within `shutdown_grace_s`, log `once_interrupted`, exit 4 (EXIT_INTERRUPTED).
+    SIGTERM or SIGINT (a Kubernetes deadline, eviction or drain): stop as `run` does (in-flight probes get
+    `shutdown_grace_s`; what they measured is written or spooled), log `once_interrupted`, exit 4
+    (EXIT_INTERRUPTED).
     """
     log = structlog.get_logger()
-    try:
-        config = load_config(config_path)
-    except ConfigError as exc:
-        log.error("config_invalid", errors=[str(e) for e in exc.errors])
-        print(str(exc), file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    if redactor is not None:
-        redactor.secrets = tuple(secrets_of(config))
-    unknown = [n for n in job_names if n not in {j.name for j in config.jobs}]
-    if unknown:
-        known = ", ".join(j.name for j in config.jobs) or "none"
-        log.error("unknown_job", jobs=unknown, known=known)
-        print(
-            f"ttft-monitor once: --job: unknown job {', '.join(unknown)} (known: {known})", file=sys.stderr, flush=True
-        )
-        return EXIT_USAGE
-    jobs = [j for j in config.jobs if not job_names or j.name in job_names]
-    registry = MonitorRegistry()
-    try:
-        telemetry = open_telemetry(config, registry)
-    except TelemetryError as exc:
-        log.error("otel_config_invalid", error=str(exc))
-        print(f"ttft-monitor once: {exc}", file=sys.stderr, flush=True)
-        return EXIT_USAGE
-    metrics = Metrics(
-        registry, location=config.location, ttft_buckets=config.metrics.ttft_buckets_s, telemetry=telemetry
-    )
+    daemon = Daemon(config_path, redactor=redactor, burst=True, job_names=job_names)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    stopped_at: list[float] = []
     signals: list[str] = []
 
     def on_signal(sig: signal.Signals) -> None:
         if not stop.is_set():
-            stopped_at.append(loop.time())
             signals.append(sig.name)
             stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, on_signal, sig)
-
-    async def until_stopped(awaitable: Awaitable[T]) -> tuple[bool, T | None]:
-        """(True, result) when `awaitable` finished; (False, None) when a signal came first (it is cancelled)."""
-        task = asyncio.ensure_future(awaitable)
-        waiter = asyncio.create_task(stop.wait())
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        if task.done():
-            return True, task.result()
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        return False, None
-
-    def grace_left() -> float:
-        return max(0.5, stopped_at[0] + config.shutdown_grace_s - loop.time()) if stopped_at else 0.5
-
     try:
-        async with AsyncExitStack() as stack:
-            try:
-                done, store = await until_stopped(
-                    open_store(config, metrics=metrics, retry_s=min(config.database.connect_retry_s, 10))
-                )
-            except InfrastructureError as exc:  # unreachable, or a schema behind: the message names the fix
-                log.error("startup_failed", reason=str(exc))
-                print(f"ttft-monitor once: {exc}", file=sys.stderr, flush=True)
-                return EXIT_INFRA
-            if not done:
-                log.warning("once_interrupted", signal=signals[0], phase="connecting", samples=0)
-                print(
-                    f"ttft-monitor once: stopped by {signals[0]} before probing; nothing measured",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return EXIT_INTERRUPTED
-            assert store is not None
-            stack.callback(store.spool.close)  # last: the writer may spool until the very end
-            stack.push_async_callback(dispose_engine, store.engine)
-            context = await build_context(
-                config, stack, store=store, metrics=metrics, tracing=telemetry.tracing if telemetry else None
+        try:
+            started = await _until(stop, daemon.start())
+        except StartupFailed as exc:
+            log.error(exc.event, **exc.fields)
+            print(str(exc), file=sys.stderr, flush=True)
+            return exc.code
+        if not started:
+            log.warning("once_interrupted", signal=signals[0], phase="connecting", samples=0)
+            print(
+                f"ttft-monitor once: stopped by {signals[0]} before probing; nothing measured",
+                file=sys.stderr,
+                flush=True,
             )
-            dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
-            background = start_background_store(context, store, aftercare_timeout_s=ONCE_AFTERCARE_TIMEOUT_S)
-            # Earlier outages may have left samples in the spool: they are replayed meanwhile, and new
-            # runs queue behind them in the spool, so the order holds.
-            earlier = asyncio.create_task(store.writer.drain())
-            freeze_heap()
-            intended = datetime.now(UTC)
-            samples: list[Sample] = []
-            executions = [
-                asyncio.create_task(
-                    execute(
-                        context,
-                        job=j.name,
-                        plan=plan_for_job(context, j),
-                        connection=j.connection,
-                        intended_at=intended,
-                        on_sample=samples.append,
-                    )
-                )
-                for j in jobs
-            ]
-
-            async def interrupted(phase: str) -> int:
-                for task in executions:
-                    task.cancel()  # each hands what it measured to the background store
-                await asyncio.gather(*executions, return_exceptions=True)
-                closed = await background.close(grace_left())
-                earlier.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await earlier
-                measured = [x for x in samples if not x.warmup]
-                lost = store.writer.lost_runs
-                log.warning(
-                    "once_interrupted",
-                    signal=signals[0],
-                    phase=phase,
-                    samples=len(measured),
-                    ok=sum(1 for x in measured if x.ok),
-                    stored_runs=store.writer.stored_runs,
-                    spooled=store.spool.depth,
-                    lost_runs=lost,
-                    **closed,
-                )
-                print(
-                    f"ttft-monitor once: stopped by {signals[0]} while {phase}; {len(measured)} samples measured, "
-                    f"{store.spool.depth} runs wait in the spool, {lost} lost",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return EXIT_INTERRUPTED
-
-            done, outcomes = await until_stopped(asyncio.gather(*executions))
-            if not done:
-                return await interrupted("probing")
-            assert outcomes is not None
-            done, _ = await until_stopped(background.flush(3600))
-            if done:
-                done, _ = await until_stopped(earlier)
-            if done:
-                done, _ = await until_stopped(store.writer.drain())
-            if done:
-                done, _ = await until_stopped(background.settle(ONCE_AFTERCARE_TIMEOUT_S))
-            if not done:
-                return await interrupted("storing")
-            await background.close(1)
-            lost_at_exit = await store.writer.close_held()
-            spooled = store.spool.depth
-            try:
-                await dispatcher.renotify_due()
-                await asyncio.wait_for(dispatcher.dispatch_due(), timeout=60)
-            except Exception as exc:  # undelivered notifications stay in the outbox for the next run
-                log.warning("alerts_not_dispatched", error=error_text(exc))
+            return EXIT_INTERRUPTED
+        burst = asyncio.create_task(daemon.run_burst())
+        try:
+            finished = await _until(stop, asyncio.shield(burst))
+        except BaseException:
+            await daemon.stop()
+            raise
+        if not finished:
+            phase = daemon.phase
+            burst.cancel()  # the jobs' runs go on: stop gives them the grace
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await burst
+            return _interrupted(daemon, await daemon.stop(), signals[0], phase)
+        outcomes = burst.result()
+        await daemon.deliver_due()
+        stopped = await daemon.stop()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
-        # What was measured is exported before exit, however the run ended.
-        await close_telemetry(telemetry)
+    assert stopped is not None
+    config = daemon.config
     from monitor.metrics.push import push_once_metrics
     from monitor.probe.proxy import ProxyEnvironment
 
     # The same proxy policy as the probes' (the ignored variables were logged when they started).
     proxies = ProxyEnvironment.from_environ(os.environ)
-    pushed = await push_once_metrics(config, metrics.registry, [j.name for j in jobs], proxies=proxies)
+    pushed = await push_once_metrics(config, daemon.metrics.registry, [j.name for j in daemon.jobs], proxies=proxies)
     ok = sum(o.ok for o in outcomes)
     failed = sum(o.failed for o in outcomes)
+    spooled = stopped.spooled
     log.info("once_finished", jobs=len(outcomes), ok=ok, failed=failed, spooled=spooled)
-    if lost_at_exit or any(o.saved is not None and o.saved.done() and o.saved.result() == "lost" for o in outcomes):
+    lost = any(o.saved is not None and o.saved.done() and o.saved.result() == "lost" for o in outcomes)
+    if stopped.lost_at_exit or lost:
         print(
             "ttft-monitor once: some samples could be stored neither in the database nor in the spool; "
             "see the results_lost log line",
@@ -641,3 +664,43 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         )
         return EXIT_PUSH
     return EXIT_OK if ok else EXIT_FAILED
+
+
+async def _until(stop: asyncio.Event, awaitable: Awaitable[object]) -> bool:
+    """True when `awaitable` finished (its exception raised); False when `stop` was set first (it is cancelled)."""
+    task = asyncio.ensure_future(awaitable)
+    waiter = asyncio.create_task(stop.wait())
+    await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    waiter.cancel()
+    if task.done():
+        task.result()
+        return True
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
+    return False
+
+
+def _interrupted(daemon: Daemon, stopped: Stopped | None, signal_name: str, phase: str) -> int:
+    """`once` stopped by a signal after it started: one log line and one line on stderr, EXIT_INTERRUPTED."""
+    measured = [x for x in daemon.samples if not x.warmup]
+    spooled = stopped.spooled if stopped is not None else 0
+    lost = stopped.lost_runs if stopped is not None else 0
+    structlog.get_logger().warning(
+        "once_interrupted",
+        signal=signal_name,
+        phase=phase,
+        samples=len(measured),
+        ok=sum(1 for x in measured if x.ok),
+        stored_runs=stopped.stored_runs if stopped is not None else 0,
+        spooled=spooled,
+        lost_runs=lost,
+        **(stopped.closed if stopped is not None else {}),
+    )
+    print(
+        f"ttft-monitor once: stopped by {signal_name} while {phase}; {len(measured)} samples measured, "
+        f"{spooled} runs wait in the spool, {lost} lost",
+        file=sys.stderr,
+        flush=True,
+    )
+    return EXIT_INTERRUPTED

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 import json
@@ -17,11 +16,15 @@ import pytest
 import sqlalchemy as sa
 from structlog.testing import capture_logs
 
-from monitor.alert.cli import alert_test, format_table, list_incidents, run
-from monitor.alert.commands import register
+from monitor.cli import build_parser
+from monitor.commands import alert as alert_command
+from monitor.commands import incidents as incidents_command
+from monitor.commands.alert import alert_test
+from monitor.commands.incidents import format_table
 from monitor.config.loader import load_config
 from monitor.store.engine import create_engine
 from monitor.store.models import IncidentRow
+from monitor.web.incidents import list_incidents
 from tests.alert_fixtures import Loopback, Reply, resolve_incident, standard_webhook_problem, store_incident
 from tests.conftest import ROOT
 
@@ -104,10 +107,10 @@ def run_here(*args: str, monkeypatch: pytest.MonkeyPatch) -> Result:
     """The commands in this process, for the paths that end before any asyncio.run."""
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
-    parser = argparse.ArgumentParser(prog="ttft-monitor")
-    register(parser.add_subparsers(dest="command", required=True))
+    parsed = build_parser().parse_args(list(args))
+    command = {"alert": alert_command.run, "incidents": incidents_command.run}[parsed.command]
     out, err = io.StringIO(), io.StringIO()
-    code = run(parser.parse_args(list(args)), stdout=out, stderr=err)
+    code = command(parsed, stdout=out, stderr=err)
     return Result(code, out.getvalue(), err.getvalue())
 
 
@@ -117,7 +120,7 @@ async def command(*args: str) -> Result:
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "monitor.alert.cli",
+        "monitor",
         *args,
         cwd=ROOT,
         env=env,

@@ -354,7 +354,7 @@ def test_replay_pools_a_targets_prompts_per_location_and_reports_one_burn_incide
     import io
     import json
 
-    from monitor.detect import cli
+    from monitor.commands import replay as cli
 
     start = NOW - timedelta(hours=4)
     rows = ["timestamp,series,ttft_ms,error,run_id"]

@@ -18,15 +18,16 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
 
-from monitor.alert.cli import format_table, list_incidents
 from monitor.alert.model import Notification
 from monitor.alert.outbox import Outbox
 from monitor.alert.text import headline
+from monitor.commands.incidents import format_table
 from monitor.config.models import Config
 from monitor.detect.service import DetectionService
 from monitor.store.models import AlertOutboxRow, DetectorStateRow, IncidentGroupRow, IncidentRow
 from monitor.store.records import RunRecord, runs_from_samples
 from monitor.store.repository import Repository
+from monitor.web.incidents import list_incidents
 from tests.store_fixtures import T0, Backend, make_samples
 
 pytest_plugins = ("tests.store_fixtures",)

@@ -294,6 +294,42 @@ def test_once_on_sigterm_stores_what_it_measured_logs_one_line_and_exits_4(
     assert 2 <= stored == measured < 20, (stored, measured)
 
 
+def _requests_running(sim: SimProcess, model: str) -> float:
+    """The simulator's own count of requests of `model` it is answering (received, not finished)."""
+    for line in http_get(sim.url + "/metrics")[1].splitlines():
+        if line.startswith("vllm:num_requests_running{") and f'model_name="{model}"' in line:
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_once_on_sigterm_gives_an_in_flight_probe_the_grace_and_stores_it(sim: SimProcess, tmp_path: Path) -> None:
+    # A CronJob evicted while its probe waits for a slow first token: the probe finishes inside
+    # shutdown_grace_s, so its sample is stored, as `run` does on SIGTERM.
+    sim.post("/sim/models/slow-model", {"ttft_base_ms": 2500, "prefill_ms_per_1k": 0, "decode_tps": 200})
+    config = write_config(tmp_path, sim, model="slow-model", rounds=1, grace=10)
+    upgrade(config)
+    log = tmp_path / "once.log"
+    process = _run_once(config, log)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _requests_running(sim, "slow-model") < 1:
+            time.sleep(0.02)
+        assert _requests_running(sim, "slow-model") == 1, log.read_text()[-3000:]
+        process.send_signal(signal.SIGTERM)  # before the first token, 2.5 s after the request arrived
+        code = process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log.read_text()
+    assert code == 4, text[-3000:]
+    assert text.count('"once_interrupted"') == 1, text[-3000:]
+    with sqlite3.connect(tmp_path / "ttft.db") as conn:
+        rows = conn.execute("select ttft_ms, error from samples").fetchall()
+    assert len(rows) == 1, (rows, text[-3000:])
+    ttft_ms, error = rows[0]
+    assert error is None and ttft_ms is not None and ttft_ms >= 2500, rows
+
+
 def test_once_stores_its_runs_detects_them_and_exits_0(sim: SimProcess, tmp_path: Path) -> None:
     config = write_config(tmp_path, sim, rounds=3)
     upgrade(config)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.detect import cli
+from monitor.commands import replay as cli
 from monitor.detect.detector import Detector, RunPoint
 from monitor.detect.export import export_samples, series_names
 from monitor.detect.replay import ReplayError, SampleRow, read_samples_csv, replay, write_samples_csv

@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.store import cli, migrate
-from monitor.store import commands as store_commands
+from monitor.commands import db as cli
+from monitor.store import migrate
 from monitor.store.engine import DatabaseUnavailable, create_engine
 from monitor.store.models import metadata
 from monitor.store.repository import Repository
@@ -270,7 +270,7 @@ async def test_a_missing_database_says_how_to_create_it(postgres_backend: Backen
 def parse(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="ttft-monitor")
     commands = parser.add_subparsers(dest="command")
-    store_commands.register(commands)
+    cli.register(commands)
     return parser.parse_args(list(argv))
 
 

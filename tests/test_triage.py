@@ -12,16 +12,17 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.alert.cli import format_table, list_incidents
 from monitor.alert.dispatcher import Dispatcher
 from monitor.alert.outbox import Outbox
 from monitor.alert.settings import Alerts
 from monitor.alert.transport import Transport
+from monitor.commands.incidents import format_table
 from monitor.config.models import Config
 from monitor.store.models import DetectorStateRow, IncidentRow
 from monitor.store.triage import IncidentLookupError, TriageStore, prefix_bounds
 from monitor.triage.service import Triage, TriageRefused
 from monitor.triage.stats import PrecisionRow, format_precision, precision_table
+from monitor.web.incidents import list_incidents
 from tests.alert_fixtures import T0, Loopback, alerts, notification, outbox_rows, receiver, store_incident
 from tests.store_fixtures import Backend
 

@@ -198,6 +198,6 @@ def test_a_database_without_the_schema_exits_3_and_says_what_to_run(tmp_path: Pa
     ],
 )
 def test_who_is_one_short_line(given: str | None, environ: dict[str, str], expected: str) -> None:
-    from monitor.triage.cli import who
+    from monitor.triage.inputs import who
 
     assert who(given, environ) == expected

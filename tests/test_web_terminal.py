@@ -42,7 +42,7 @@ def test_a_pipe_gets_plain_lines() -> None:
 
 
 def test_probe_progress_shows_done_total_and_eta_on_a_terminal_only() -> None:
-    from monitor.probe_command import Progress
+    from monitor.commands.probe import Progress
     from tests.store_fixtures import make_samples
 
     samples = make_samples(rounds=3, warmup=1)

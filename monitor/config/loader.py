@@ -297,7 +297,7 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-class _StrictLoader(yaml.SafeLoader):
+class _StrictLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML ships no types: its classes are Any
     """SafeLoader that rejects a key given twice in one mapping instead of keeping the last silently,
     and values nested deeper than any config (`[[[[...` would otherwise recurse until Python gives up)."""
 
@@ -311,7 +311,7 @@ class _StrictLoader(yaml.SafeLoader):
                     f"values are nested more than {MAX_YAML_DEPTH} levels deep, which no config needs; "
                     "check the brackets and indentation"
                 )
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
@@ -331,7 +331,8 @@ class _StrictLoader(yaml.SafeLoader):
                 )
             if isinstance(key, str | int | float | bool):
                 seen[key] = key_node
-        return super().construct_mapping(node, deep=deep)
+        mapping: dict[Any, Any] = super().construct_mapping(node, deep=deep)
+        return mapping
 
 
 def literal_credential_problems(raw: Mapping[str, Any]) -> list[tuple[Loc, str]]:

@@ -8,7 +8,6 @@ without a run_id is a run of its own. `--export` writes the stored history in th
 
 from __future__ import annotations
 
-import argparse
 import csv
 import heapq
 import itertools
@@ -18,9 +17,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from monitor.commandline import load_config_or_explain
 from monitor.csvsafe import csv_row, read_csv_cell
 from monitor.detect.detector import Detector, Event, RunPoint
 from monitor.detect.grouping import GROUPED_KINDS, Member, decide, joins, scope, summarise
@@ -28,6 +26,9 @@ from monitor.detect.sample_cells import ReplayError, parse_timestamp, parse_ttft
 from monitor.detect.stats import median
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 from monitor.timefmt import iso
+
+if TYPE_CHECKING:
+    from monitor.config.models import Config
 
 COLUMNS = ("timestamp", "series", "ttft_ms", "error", "run_id")
 REQUIRED_COLUMNS = ("timestamp", "series", "ttft_ms")
@@ -402,24 +403,20 @@ def replay(
 # ---------------------------------------------------------------- the command
 
 
-def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:
-    """`ttft-monitor replay --samples FILE.csv [--config FILE]`: incidents as JSON lines on stdout."""
-    config = None
-    if args.config:
-        config = load_config_or_explain(args.config, stderr)
-        if config is None:
-            return EXIT_USAGE
+def replay_main(samples: str, config: Config | None, *, show_groups: bool, stdout: TextIO, stderr: TextIO) -> int:
+    """`ttft-monitor replay --samples FILE.csv [--config FILE]`: incidents (or with `show_groups`, the groups)
+    as JSON lines on `stdout`, the tally on `stderr`; `config` gives the rules, SLOs and grouping."""
     try:
-        with open(args.samples, encoding="utf-8-sig", newline="") as stream:
+        with open(samples, encoding="utf-8-sig", newline="") as stream:
             points = read_samples_csv(stream)
     except OSError as exc:
-        stderr.write(f"ttft-monitor replay: cannot read {args.samples}: {exc.strerror or exc}\n")
+        stderr.write(f"ttft-monitor replay: cannot read {samples}: {exc.strerror or exc}\n")
         return EXIT_USAGE
     except UnicodeDecodeError as exc:
-        stderr.write(f"ttft-monitor replay: {args.samples} is not UTF-8 text ({exc.reason})\n")
+        stderr.write(f"ttft-monitor replay: {samples} is not UTF-8 text ({exc.reason})\n")
         return EXIT_USAGE
     except ReplayError as exc:
-        stderr.write(f"ttft-monitor replay: {args.samples}: {exc}\n")
+        stderr.write(f"ttft-monitor replay: {samples}: {exc}\n")
         return EXIT_USAGE
 
     def detector_for(series: str) -> Detector:
@@ -450,13 +447,12 @@ def replay_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int
             hold=timedelta(minutes=grouping.hold_minutes),
         )
     groups: list[dict[str, Any]] = []
-    show_groups = bool(getattr(args, "groups", False))
     # Incidents of kinds that are not grouped (SLO burn, availability, ...) page on their own, as in
     # the daemon: `--groups` lists them after the groups, so it shows every page that would go out.
     alone: list[dict[str, Any]] = []
     count = 0
     found = replay(points, detector_for, provider_of=provider_of, grouping=settings, groups=groups)
-    for incident in itertools.chain(found, _burn_incidents(args.samples, config)):
+    for incident in itertools.chain(found, _burn_incidents(samples, config)):
         if provider_of is not None:
             incident.setdefault("group", None)
             if incident["group"] is None:

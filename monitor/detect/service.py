@@ -62,7 +62,8 @@ def job_interval(config: Config, job: str) -> timedelta:
             first = trigger.get_next_fire_time(None, now)
             second = trigger.get_next_fire_time(first, first + timedelta(microseconds=1)) if first else None
             if first and second:
-                return max(second - first, timedelta(seconds=1))
+                gap: timedelta = max(second - first, timedelta(seconds=1))
+                return gap
     return timedelta(minutes=5)
 
 

@@ -115,7 +115,7 @@ async def push_groups(
     client_timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=client_timeout) as session:
         for probe_job, series in jobs.items():
-            body = generate_latest(JobView(registry, probe_job, series))  # type: ignore[arg-type]
+            body = generate_latest(JobView(registry, probe_job, series))
             path = group_path({"probe_job": probe_job, "location": location})
             url = gateway.rstrip("/") + path
             try:

@@ -156,7 +156,7 @@ class _CountedLogExporter(LogRecordExporter):
         return result
 
     def shutdown(self) -> None:
-        self._inner.shutdown()
+        self._inner.shutdown()  # type: ignore[no-untyped-call]  # the SDK leaves it unannotated
 
     def force_flush(self, timeout_millis: int = 30_000) -> bool:
         return bool(self._inner.force_flush(timeout_millis))
@@ -523,7 +523,8 @@ class OtelTelemetry:
         self._metric_exporter.shutdown()
         for processor in (self._span_processor, self._log_processor):
             if processor is not None:
-                processor.shutdown()  # drains its queue; each export bounded by the exporter's timeout
+                # Drains its queue; each export bounded by the exporter's timeout (the SDK leaves it unannotated).
+                processor.shutdown()  # type: ignore[no-untyped-call]
 
 
 def instruments(ttft_buckets: tuple[float, ...]) -> tuple[Instrument, ...]:

@@ -243,7 +243,7 @@ class TimedConnector(aiohttp.TCPConnector):
             self._stamping_keeper = None
         await super().close(*args, **kwargs)
 
-    async def _wrap_create_connection(  # type: ignore[override]
+    async def _wrap_create_connection(
         self,
         *args: Any,
         addr_infos: list[Any],

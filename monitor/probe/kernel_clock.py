@@ -68,7 +68,7 @@ def kernel_wall_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
     for level, kind, data in ancdata:
         if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
             seconds, nanoseconds = _TIMESPEC.unpack_from(data)
-            return seconds * 1_000_000_000 + nanoseconds
+            return int(seconds) * 1_000_000_000 + int(nanoseconds)
     return None
 
 

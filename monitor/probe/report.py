@@ -36,7 +36,7 @@ class SeriesSummary:
     disturbed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__slots__}  # type: ignore[attr-defined]
+        return {name: getattr(self, name) for name in self.__slots__}
 
 
 def summarize(samples: Iterable[Sample]) -> list[SeriesSummary]:

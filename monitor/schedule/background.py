@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -37,6 +37,22 @@ ONCE_AFTERCARE_TIMEOUT_S = 60.0
 
 AfterStore = Callable[[str, Batch], Awaitable[None]]
 SaveCalibration = Callable[[tuple[str, str], float, float], Awaitable[None]]
+
+
+class Spooled(Protocol):
+    def append(self, batch: Batch) -> object: ...
+
+
+class BatchWriter(Protocol):
+    """What the background store needs of the writer (store.writer.ResultWriter): save a batch (or spool it
+    itself when the database is away), spool one at once, and tell a listener of every committed batch."""
+
+    @property
+    def spool(self) -> Spooled: ...
+
+    async def save(self, batch: Batch) -> str: ...
+
+    def notify_stored(self, listener: Callable[[Batch], None]) -> None: ...
 
 
 @dataclass
@@ -57,7 +73,7 @@ class _Aftercare:
 class BackgroundStore:
     def __init__(
         self,
-        writer: Any,
+        writer: BatchWriter,
         *,
         after_store: AfterStore | None = None,
         save_calibration: SaveCalibration | None = None,
@@ -77,7 +93,7 @@ class BackgroundStore:
         self._closing = False
         self._log = structlog.get_logger()
         # Runs the spool's replay stores are detected like the ones written directly.
-        writer.on_stored = self._stored
+        writer.notify_stored(self._stored)
 
     def start(self) -> None:
         self._tasks = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from datetime import UTC, datetime
-from typing import Any
+from typing import Protocol
 
 import structlog
 
@@ -16,7 +16,34 @@ MAINTENANCE_INTERVAL_S = 3600.0
 FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturbed
 
 
-async def maintain_once(repository: Any, database: Database, *, now: datetime | None = None) -> dict[str, int]:
+class Pruned(Protocol):
+    """What one pruning removed (store.repository.PruneResult)."""
+
+    @property
+    def runs(self) -> int: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def rollups(self) -> int: ...
+    @property
+    def job_ticks(self) -> int: ...
+    @property
+    def incidents(self) -> int: ...
+    @property
+    def incident_groups(self) -> int: ...
+    @property
+    def annotations(self) -> int: ...
+
+
+class Housekept(Protocol):
+    """What housekeeping needs of the store (store.repository.Repository)."""
+
+    async def rollup(self, now: datetime) -> int: ...
+
+    async def prune(self, now: datetime, raw_days: int, rollup_days: int) -> Pruned: ...
+
+
+async def maintain_once(repository: Housekept, database: Database, *, now: datetime | None = None) -> dict[str, int]:
     """Roll up finished hours, then prune what is past retention: raw runs and job tick claims past
     `retention.raw_days`, rollups, long-resolved incidents (with their triage and groups) and change markers past
     `retention.rollup_days`. Each
@@ -37,7 +64,7 @@ async def maintain_once(repository: Any, database: Database, *, now: datetime | 
 
 
 async def run_maintenance(
-    repository: Any,
+    repository: Housekept,
     database: Database,
     stop: asyncio.Event,
     *,

@@ -22,7 +22,7 @@ async def ensure_current(engine: AsyncEngine) -> str:
     except Exception:
         revision = None  # no version table yet, or unreachable: let migrate give the exact reason
     if revision == HEAD_REVISION:
-        return revision
+        return HEAD_REVISION
     from monitor.store import migrate
 
     return await migrate.ensure_current(engine)

@@ -16,7 +16,8 @@ SERIES_COLUMNS = ("target", "provider", "model", "prompt", "location")
 def upsert_insert(bind: AsyncEngine | AsyncConnection, table: Table) -> postgresql.Insert | sqlite.Insert:
     """An INSERT that supports ON CONFLICT (both dialects spell it the same, but each has its own class)."""
     dialect = postgresql if bind.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table)
+    insert: postgresql.Insert | sqlite.Insert = dialect.insert(table)
+    return insert
 
 
 async def find_series_id(connection: AsyncConnection, series: SeriesKey) -> int | None:

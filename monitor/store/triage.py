@@ -3,6 +3,7 @@ markers (`annotations`). Statements only; monitor.triage decides what they mean.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ class TriageStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
 
-    def transaction(self) -> Any:
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[AsyncConnection]:
         return write_transaction(self._engine)
 
     # ------------------------------------------------------------ incidents

@@ -77,7 +77,12 @@ class ResultWriter:
         self.held_total = 0  # runs ever held in memory for want of a descriptor
         self._held: collections.deque[Batch] = collections.deque()
         # Told about every batch the database committed, written or replayed (detection follows it).
-        self.on_stored: Callable[[Batch], None] | None = None
+        self._on_stored: Callable[[Batch], None] | None = None
+
+    def notify_stored(self, listener: Callable[[Batch], None]) -> None:
+        """Call `listener` with every batch the database committed from now on (the background store's
+        detection); one listener, the last given."""
+        self._on_stored = listener
 
     @property
     def spool(self) -> Spool:
@@ -89,8 +94,8 @@ class ResultWriter:
     async def _store(self, batch: Batch) -> None:
         async with asyncio.timeout(self._db_timeout_s):
             await self._repository.save_runs(batch)
-        if self.on_stored is not None:
-            self.on_stored(batch)
+        if self._on_stored is not None:
+            self._on_stored(batch)
 
     def _database_failed(self, event: str, exc: BaseException, **fields: Any) -> None:
         self._database_down = True

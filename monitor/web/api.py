@@ -116,7 +116,7 @@ def to_csv(rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def _respond(
-    request: web.Request, payload: dict[str, Any], rows: Sequence[Mapping[str, Any]], name: str
+    request: web.Request, payload: Mapping[str, object], rows: Sequence[Mapping[str, Any]], name: str
 ) -> web.Response:
     if request.query.get("format", "json") == "csv":
         return web.Response(
@@ -321,9 +321,10 @@ def web_routes(
             locations=request.query.getall("location", []),
         )
         table = request.query.get("table", "cells")
-        if table not in ("cells", "pairs", "slopes"):
+        tables = {"cells": result["cells"], "pairs": result["pairs"], "slopes": result["slopes"]}
+        if table not in tables:
             raise BadRequest(f"table={table!r} is not known; use cells, pairs or slopes")
-        return _respond(request, result, result[table], f"compare-{table}")
+        return _respond(request, result, tables[table], f"compare-{table}")
 
     routes = [web.get(path, guarded(page(name), api=False)) for path, name in PAGES.items()]
     routes += [

@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -1071,9 +1071,34 @@ async def incidents(engine: AsyncEngine, *, start: datetime, end: datetime) -> l
 # ---------------------------------------------------------------- compare
 
 
+class Names(TypedDict):
+    """Target, prompt and location names: the filters asked for, or those the stored series have."""
+
+    targets: list[str]
+    prompts: list[str]
+    locations: list[str]
+
+
+class CompareValues(TypedDict):
+    """The compare view's numbers: a row per target and prompt, the pairwise differences, the prefill slopes."""
+
+    cells: list[dict[str, Any]]
+    pairs: list[dict[str, Any]]
+    slopes: list[dict[str, Any]]
+
+
+class CompareDocument(CompareValues):
+    """The compare API's document, and what `ttft-monitor report` renders."""
+
+    start: str | None  # ISO 8601 (monitor.web.queries.iso)
+    end: str | None
+    filters: Names
+    available: Names
+
+
 def compare_values(
     samples: Iterable[tuple[str, str, str, float, float | None]],
-) -> dict[str, Any]:
+) -> CompareValues:
     """The seeds' comparison from (target, model, prompt, ttft ms, prompt tokens) of successful samples:
     per cell median, p90, n and the median's 95% bootstrap interval; per prompt, every pair of targets
     with the difference of medians, its interval and significance; per target the prefill slope."""
@@ -1095,7 +1120,7 @@ def _compare_cells(
     tokens: dict[tuple[str, str], list[float]],
     models: dict[str, str],
     slope_points: dict[str, list[tuple[float, float]]],
-) -> dict[str, Any]:
+) -> CompareValues:
     """`compare_values` from the samples already grouped: TTFTs and prompt tokens per (target, prompt),
     each target's model and its (prompt tokens, TTFT) pairs."""
     sorted_cells = {key: sorted(values) for key, values in cells.items()}
@@ -1173,7 +1198,7 @@ async def compare(
     prompts: Sequence[str] = (),
     locations: Sequence[str] = (),
     max_runs: int = MAX_COMPARE_RUNS,
-) -> dict[str, Any]:
+) -> CompareDocument:
     """`compare_values` over the successful measured samples of runs started in [start, end); TooBroad
     past `max_runs` runs."""
     async with engine.connect() as connection:
@@ -1200,7 +1225,7 @@ async def compare(
         cells[cell].extend(ttfts)
         counted = [(n, ttft) for n, ttft in zip(tokens_of, ttfts, strict=True) if n is not None]
         tokens[cell].extend(n for n, _ in counted)
-        slope_points[info.target].extend(cast(list[tuple[float, float]], counted))
+        slope_points[info.target].extend(counted)
     available = [(info.target, info.prompt, info.location) for info in series.values()]
     result = _compare_cells(cells, tokens, models, slope_points)
     return {
@@ -1212,7 +1237,9 @@ async def compare(
             "prompts": sorted({row[1] for row in available}),
             "locations": sorted({row[2] for row in available}),
         },
-        **result,
+        "cells": result["cells"],
+        "pairs": result["pairs"],
+        "slopes": result["slopes"],
     }
 
 

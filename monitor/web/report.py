@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from typing import Any
@@ -32,13 +33,64 @@ async def report_from_store(
     targets: Sequence[str] = (),
     prompts: Sequence[str] = (),
     locations: Sequence[str] = (),
-) -> dict[str, Any]:
+) -> queries.CompareDocument:
     return await queries.compare(
         engine, start=now - since, end=now, targets=targets, prompts=prompts, locations=locations
     )
 
 
-def report_from_samples(samples: Iterable[Sample], *, now: datetime | None = None) -> dict[str, Any]:
+async def report_from_database(
+    url: str,
+    *,
+    since: timedelta,
+    now: datetime,
+    targets: Sequence[str] = (),
+    prompts: Sequence[str] = (),
+    locations: Sequence[str] = (),
+) -> queries.CompareDocument:
+    """`report_from_store` over an engine of its own (`ttft-monitor report`); StoreError (SchemaBehind names
+    `db upgrade`) or the driver's error when the database cannot be read."""
+    from monitor.store.engine import create_engine
+    from monitor.store.schema import ensure_current
+
+    engine = create_engine(url)
+    try:
+        await ensure_current(engine)  # a schema behind or missing names `db upgrade`, not a missing table
+        return await report_from_store(
+            engine, since=since, now=now, targets=targets, prompts=prompts, locations=locations
+        )
+    finally:
+        await engine.dispose()
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownNames:
+    """Filter values no stored series has: `kind` is target, prompt or location."""
+
+    kind: str
+    unknown: list[str]
+    stored: list[str]
+
+
+def unknown_filter(
+    data: queries.CompareDocument, *, targets: Sequence[str], prompts: Sequence[str], locations: Sequence[str]
+) -> UnknownNames | None:
+    """The first filter of `data` asking for a name no stored series has, else None.
+
+    Such a name is a typo, not an empty window: the command says so rather than print an empty report."""
+    available = data["available"]
+    for kind, asked, stored in (
+        ("target", targets, available["targets"]),
+        ("prompt", prompts, available["prompts"]),
+        ("location", locations, available["locations"]),
+    ):
+        unknown = [name for name in asked if name not in stored]
+        if unknown:
+            return UnknownNames(kind=kind, unknown=unknown, stored=stored)
+    return None
+
+
+def report_from_samples(samples: Iterable[Sample], *, now: datetime | None = None) -> queries.CompareDocument:
     """The same document for an ad-hoc probe run (no database): its successful measured samples."""
     kept = [s for s in samples if not s.warmup and s.error is None and s.ttft_ms is not None]
     moments = [s.sent_at for s in kept if s.sent_at is not None]
@@ -57,7 +109,7 @@ def report_from_samples(samples: Iterable[Sample], *, now: datetime | None = Non
     }
 
 
-def render(data: dict[str, Any], output_format: str, *, title: str = "TTFT comparison") -> str:
+def render(data: queries.CompareDocument, output_format: str, *, title: str = "TTFT comparison") -> str:
     if output_format == "json":
         return json.dumps(data, indent=2) + "\n"
     if output_format == "md":
@@ -84,7 +136,7 @@ def _text(text: Any) -> str:
     return escape_commonmark(str(text))
 
 
-def render_markdown(data: dict[str, Any], *, title: str) -> str:
+def render_markdown(data: queries.CompareDocument, *, title: str) -> str:
     lines = [
         f"# {_text(title)}",
         "",
@@ -136,7 +188,7 @@ def _inline_script(code: str) -> str:
     return code.replace("</script", "<\\/script").replace("</SCRIPT", "<\\/SCRIPT")
 
 
-def render_html(data: dict[str, Any], *, title: str) -> str:
+def render_html(data: queries.CompareDocument, *, title: str) -> str:
     # JSON in a data block: "<" escaped so no value (a target named "</script>") can end the element.
     payload = json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     boot = """

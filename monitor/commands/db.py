@@ -2,6 +2,8 @@
 
 Exit codes: 0 done, 1 `check` found differences, 2 usage or config error (including an unknown
 revision), 3 the database could not be reached or failed.
+
+Building the parser imports argparse only (alembic is imported when a `db` action runs).
 """
 
 from __future__ import annotations
@@ -11,13 +13,48 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TextIO
 
-from monitor.commandline import load_config_or_explain, run_against_database
+from monitor.commands.args import config_arg
+from monitor.commands.common import load_config_or_explain, run_against_database
 from monitor.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from monitor.store import migrate
-from monitor.store.engine import display_url
+
+NAME = "db"
+
+
+def _config_arg(parser: argparse.ArgumentParser) -> None:
+    config_arg(parser, note="; its database.url is used")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `db` and its actions to the CLI's subparsers; `run(args)` executes the parsed command."""
+    db: argparse.ArgumentParser = subparsers.add_parser(
+        "db",
+        help="manage the database schema (migrations)",
+        description="Create, migrate and inspect the database schema named by database.url in the config.",
+    )
+    actions = db.add_subparsers(dest="db_command", metavar="ACTION")
+    actions.required = True
+    upgrade = actions.add_parser(
+        "upgrade", help="migrate the schema up to REV (default: head, what this version needs)"
+    )
+    upgrade.add_argument("revision", nargs="?", default="head", metavar="REV")
+    _config_arg(upgrade)
+    downgrade = actions.add_parser("downgrade", help="migrate the schema down to REV (`base` drops every table)")
+    downgrade.add_argument("revision", metavar="REV")
+    _config_arg(downgrade)
+    current = actions.add_parser("current", help="show the schema revision and whether it is current")
+    _config_arg(current)
+    check = actions.add_parser("check", help="compare the models with the migrated schema; exit 1 when they differ")
+    _config_arg(check)
+    return db
+
+
+def main(args: argparse.Namespace) -> int:
+    return run(args)
 
 
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
+    from monitor.store import migrate
+
     out = stdout or sys.stdout
     err = stderr or sys.stderr
     config = load_config_or_explain(args.config, err)
@@ -51,6 +88,8 @@ async def _migrate(
     revision: str,
 ) -> int:
     """`step` is migrate.upgrade or migrate.downgrade; `verb` says which in the answer."""
+    from monitor.store.engine import display_url
+
     before, after = await step(url, revision)
     where = display_url(url)
     if before == after:
@@ -61,6 +100,9 @@ async def _migrate(
 
 
 async def _current(url: str, out: TextIO) -> int:
+    from monitor.store import migrate
+    from monitor.store.engine import display_url
+
     revision = await migrate.current(url)
     problem = migrate.schema_problem(revision)
     state = "(head: up to date)" if problem is None else f"- {problem}"
@@ -69,6 +111,9 @@ async def _current(url: str, out: TextIO) -> int:
 
 
 async def _check(url: str, out: TextIO) -> int:
+    from monitor.store import migrate
+    from monitor.store.engine import display_url
+
     differences = await migrate.check(url)
     where = display_url(url)
     if not differences:

@@ -9,16 +9,17 @@ import argparse
 import sys
 from typing import Any, TextIO
 
-from monitor.cliargs import DEFAULT_CONFIG_ENV
-from monitor.commandline import load_config_or_explain, run_against_database
+from monitor.commands.args import DEFAULT_CONFIG_ENV
+from monitor.commands.common import load_config_or_explain, run_against_database
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 
+NAME = "replay"
 EXPORT_COMMAND = "ttft-monitor replay --export"
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `replay` to the CLI's subparsers; `run(args)` executes it."""
-    replay = subparsers.add_parser(
+    replay: argparse.ArgumentParser = subparsers.add_parser(
         "replay",
         help="replay a recorded history through the detector, or export the stored one",
         description="Print the incidents the detector would have raised over a samples CSV (columns "
@@ -49,6 +50,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return replay
 
 
+def main(args: argparse.Namespace) -> int:
+    return run(args)
+
+
 def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> int:
     out = stdout or sys.stdout
     err = stderr or sys.stderr
@@ -67,7 +72,12 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
     # and only `replay` needs the replay engine.
     from monitor.detect.replay import replay_main
 
-    return replay_main(args, out, err)
+    config = None
+    if args.config:
+        config = load_config_or_explain(args.config, err)
+        if config is None:
+            return EXIT_USAGE
+    return replay_main(args.samples, config, show_groups=bool(args.groups), stdout=out, stderr=err)
 
 
 def export_main(args: argparse.Namespace, stdout: TextIO, stderr: TextIO) -> int:

@@ -1,30 +1,23 @@
-"""`ttft-monitor probe`: the ad-hoc comparison, no database needed."""
+"""The ad-hoc probe behind `ttft-monitor probe`: targets and prompts from the options and the config, one run
+of the daemon's pipeline under the job name `adhoc` (stored only with --store). The command
+(`monitor/commands/probe.py`) parses, prints and picks the exit code."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
-import os
-import sys
-import time
-from collections import Counter
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from typing import TextIO
 
-from monitor.app import InfrastructureError, proxy_environment
-from monitor.config.errors import ConfigError
+from monitor.app import proxy_environment
 from monitor.config.loader import load_config
 from monitor.config.models import Config
-from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from monitor.probe.endpoint import Timeouts
 from monitor.probe.plan import Endpoints, adhoc_target, prompt_spec
 from monitor.probe.prompts import PromptSpec
-from monitor.probe.report import render_csv, render_json, render_table, summarize
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan
-from monitor.servertext import MESSAGE_CAP, capped
 from monitor.store.records import ADHOC_JOB
 
 
@@ -77,7 +70,8 @@ def parse_token_list(text: str) -> list[int]:
     return values
 
 
-def _load(options: ProbeOptions, environ: dict[str, str]) -> Config | None:
+def load(options: ProbeOptions, environ: dict[str, str]) -> Config | None:
+    """The config the options name; None for a one-off --url with nothing that needs a config."""
     path = options.config_path
     if path is None:
         if options.url and not options.targets and not options.store:
@@ -148,38 +142,34 @@ def build_prompts(options: ProbeOptions, config: Config | None) -> list[PromptSp
     return specs
 
 
-class Progress:
-    """A one-line progress bar on a terminal; silent when stderr is piped."""
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """What one ad-hoc run needs, checked before anything is sent."""
 
-    def __init__(self, total: int, stream: TextIO) -> None:
-        self.total = total
-        self.done = 0
-        self.stream = stream
-        self.enabled = stream.isatty()
-        self.started = time.monotonic()
+    config: Config | None
+    plan: RunPlan
+    limits: ProviderLimits
 
-    def __call__(self, sample: Sample) -> None:
-        self.done += 1
-        if not self.enabled:
-            return
-        width = 30
-        filled = width * self.done // max(self.total, 1)
-        status = (
-            f"{sample.ttft_ms:.0f} ms"
-            if sample.ttft_ms is not None and sample.ok
-            else (sample.error.value if sample.error else "?")
-        )
-        bar = "#" * filled + "." * (width - filled)
-        left_s = (time.monotonic() - self.started) / self.done * (self.total - self.done)
-        eta = f" ETA {left_s:.0f} s" if self.done < self.total else ""
-        line = f"\r[{bar}] {self.done}/{self.total}{eta} {sample.target}/{sample.prompt}: {status}"
-        self.stream.write(line[:120].ljust(120))
-        self.stream.flush()
 
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + " " * 120 + "\r")
-            self.stream.flush()
+def prepare(options: ProbeOptions, environ: dict[str, str]) -> Prepared:
+    """The plan for `options`; ConfigError or UsageError (one line naming the fix) when it cannot be made."""
+    config = load(options, environ)
+    targets = build_targets(options, config, environ)
+    prompts = build_prompts(options, config)
+    plan = RunPlan(
+        targets=tuple(targets),
+        prompts=tuple(prompts),
+        rounds=options.rounds,
+        warmup=options.warmup,
+        pause_s=options.pause_s,
+        concurrency=options.concurrency,
+    )
+    limits = {name: p.max_concurrency for name, p in config.providers.items()} if config is not None else {}
+    # Ad-hoc endpoints get the requested concurrency; configured ones keep their provider's cap.
+    limits.update({t.provider: options.concurrency for t in targets if t.provider not in limits})
+    if options.store and config is None:
+        raise UsageError("--store needs a config file with a database (pass --config)")
+    return Prepared(config=config, plan=plan, limits=ProviderLimits(limits))
 
 
 class StoreTrouble(Exception):
@@ -191,7 +181,7 @@ async def probe_once(
     *,
     connection: str,
     limits: ProviderLimits,
-    on_sample: Progress | None,
+    on_sample: Callable[[Sample], None] | None,
     config: Config | None,
     store: bool,
 ) -> list[Sample]:
@@ -217,87 +207,3 @@ async def probe_once(
                 "written by the next run or by the daemon"
             )
         return outcome.samples
-
-
-def failure_lines(samples: list[Sample]) -> list[str]:
-    """One line per distinct failure: the class, how often, and the server's message (redacted, on one
-    line and capped by the probe; again here, for a terminal, whatever produced the sample)."""
-    counts = Counter((s.target, s.error.value, s.error_message) for s in samples if s.error is not None)
-    return [f"{target}: {error} x{n}: {capped(text or '', MESSAGE_CAP)}" for (target, error, text), n in counts.items()]
-
-
-def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ: dict[str, str] | None = None) -> int:
-    env = dict(os.environ if environ is None else environ)
-    try:
-        config = _load(options, env)
-        targets = build_targets(options, config, env)
-        prompts = build_prompts(options, config)
-    except ConfigError as exc:
-        stderr.write(f"{exc}\n")
-        return EXIT_USAGE
-    except UsageError as exc:
-        stderr.write(f"ttft-monitor probe: {exc}\n")
-        return EXIT_USAGE
-    plan = RunPlan(
-        targets=tuple(targets),
-        prompts=tuple(prompts),
-        rounds=options.rounds,
-        warmup=options.warmup,
-        pause_s=options.pause_s,
-        concurrency=options.concurrency,
-    )
-    limits_map = {name: p.max_concurrency for name, p in config.providers.items()} if config is not None else {}
-    # Ad-hoc endpoints get the requested concurrency; configured ones keep their provider's cap.
-    limits_map.update({t.provider: options.concurrency for t in targets if t.provider not in limits_map})
-    progress = Progress(len(targets) * len(prompts) * (options.rounds + options.warmup), stderr)
-    if options.store and config is None:
-        stderr.write("ttft-monitor probe: --store needs a config file with a database (pass --config)\n")
-        return EXIT_USAGE
-    try:
-        samples = asyncio.run(
-            probe_once(
-                plan,
-                connection=options.connection,
-                limits=ProviderLimits(limits_map),
-                on_sample=progress,
-                config=config,
-                store=options.store,
-            )
-        )
-    except (InfrastructureError, StoreTrouble) as exc:
-        progress.close()
-        stderr.write(f"ttft-monitor probe: {exc}\n")
-        return EXIT_INFRA
-    except KeyboardInterrupt:
-        progress.close()
-        stderr.write("interrupted\n")
-        return 130
-    progress.close()
-    rows = summarize(samples)
-    if options.output_format == "json":
-        stdout.write(render_json(samples, rows) + "\n")
-    elif options.output_format == "csv":
-        stdout.write(render_csv(samples))
-    else:
-        stdout.write(render_table(rows, show_setup=options.connection == "fresh") + "\n")
-    if options.report_path:
-        from monitor.web.report import write_probe_report
-
-        problem = write_probe_report(options.report_path, samples)
-        if problem:
-            stderr.write(f"ttft-monitor probe: {problem}\n")
-            return EXIT_USAGE
-    measured = [s for s in samples if not s.warmup]
-    if measured and not any(s.ok for s in measured):
-        stderr.write("every probe failed:\n")
-        for line in failure_lines(measured):
-            stderr.write(f"  {line}\n")
-        return EXIT_FAILED
-    if options.output_format != "table":
-        for line in failure_lines(measured):
-            stderr.write(f"failed: {line}\n")
-    return EXIT_OK
-
-
-def probe_main(options: ProbeOptions) -> int:
-    return run_probe(options, stdout=sys.stdout, stderr=sys.stderr)

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TextIO
 
-from monitor.cliargs import config_path
+from monitor.commands.args import config_path
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_USAGE
 
 if TYPE_CHECKING:

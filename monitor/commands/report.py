@@ -1,0 +1,83 @@
+"""`ttft-monitor report`: the comparison from the stored history as HTML, Markdown or JSON (monitor.web.report).
+
+Exit codes: 0 written, 2 usage or config error (an unknown target, prompt or location among them), 3 the
+database could not be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any
+
+from monitor.commands.args import config_arg
+from monitor.commands.common import load_config_or_explain
+from monitor.exitcodes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
+
+NAME = "report"
+
+
+def register(commands: Any) -> None:
+    report = commands.add_parser(
+        "report",
+        help="the comparison of targets and prompt sizes from the stored history, as HTML, Markdown or JSON",
+        description="TTFT median, p90, n and 95% bootstrap interval per target and prompt, pairwise differences "
+        "and prefill slopes: the numbers of the compare page. HTML is one self-contained file that opens offline.",
+    )
+    config_arg(report)
+    report.add_argument("--since", default="7d", help="how far back, e.g. 24h, 7d, 30d (7d)")
+    report.add_argument("--until", help="end of the window, ISO 8601 with a zone (default: now)")
+    report.add_argument("--target", "-t", action="append", default=[], help="only this target (repeatable)")
+    report.add_argument("--prompt", action="append", default=[], help="only this prompt profile (repeatable)")
+    report.add_argument("--location", action="append", default=[], help="only this location (repeatable)")
+    report.add_argument("--format", "-f", choices=["html", "md", "json"], default="html", help="output (html)")
+    report.add_argument("--output", "-o", help="write to this file (default: standard output)")
+
+
+def main(args: argparse.Namespace) -> int:
+    from datetime import UTC, datetime
+
+    from monitor.store.engine import StoreError, describe_db_error
+    from monitor.web.api import BadRequest, parse_duration, parse_time
+    from monitor.web.report import render, report_from_database, unknown_filter
+
+    try:
+        since = parse_duration(args.since)
+        until = parse_time(args.until, "until") if args.until else datetime.now(UTC)
+    except BadRequest as exc:
+        print(f"ttft-monitor report: --{exc}", file=sys.stderr)
+        return EXIT_USAGE
+    config = load_config_or_explain(args.config, sys.stderr)
+    if config is None:
+        return EXIT_USAGE
+    filters = {"targets": args.target, "prompts": args.prompt, "locations": args.location}
+    try:
+        data = asyncio.run(report_from_database(config.database.url, since=since, now=until, **filters))
+    except StoreError as exc:  # already one line naming the fix (SchemaBehind: `db upgrade`)
+        print(f"ttft-monitor report: {exc}", file=sys.stderr)
+        return EXIT_INFRA
+    except Exception as exc:
+        print(f"ttft-monitor report: {describe_db_error(exc, config.database.url)}", file=sys.stderr)
+        return EXIT_INFRA
+    miss = unknown_filter(data, **filters)
+    if miss is not None:
+        stored = ", ".join(miss.stored) or "none yet"
+        print(
+            f"ttft-monitor report: --{miss.kind} {', '.join(miss.unknown)}: no stored series has this {miss.kind} "
+            f"(stored: {stored})",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
+    text = render(data, args.format, title=f"TTFT comparison, last {args.since}")
+    if not args.output:
+        sys.stdout.write(text)
+        return EXIT_OK
+    try:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as exc:
+        print(f"ttft-monitor report: cannot write {args.output}: {exc.strerror}; choose another -o", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"ttft-monitor report: wrote {args.output} ({len(data['cells'])} cells)", file=sys.stderr)
+    return EXIT_OK
