@@ -366,8 +366,7 @@ class OtelTelemetry:
         if sample.first_event_ms is not None:
             agg.record(semconv.TIME_TO_FIRST_CHUNK, keys.base, sample.first_event_ms / 1000)
         if sample.ok:  # a cut-off stream's gaps end at the failure; the conventions time successful output
-            for gap_ms in sample.chunk_gaps_ms:
-                agg.record(semconv.TIME_PER_OUTPUT_CHUNK, keys.base, gap_ms / 1000)
+            agg.record_many(semconv.TIME_PER_OUTPUT_CHUNK, keys.base, sample.chunk_gaps_ms, scale=1e-3)
         usage = sample.prompt_tokens is not None or sample.completion_tokens is not None
         tokens = keys.text_tokens if usage else keys.unknown_tokens
         agg.add(semconv.USAGE_INPUT, tokens, sample.prompt_tokens or 0)
