@@ -393,6 +393,8 @@ def make_samples(
             error_message=f"upstream said no ({error.value})" if error else None,
             timing_path=TimingPath.TASK_READ if index == 2 else TimingPath.STAMPED,
             self_delay_ms=0.1 + 0.05 * index,  # not drawn from rng: that would move every later draw
+            via_proxy=index == 1,
+            connection_retried=index == 3,
         )
         out.append(sample)
     return out

@@ -169,6 +169,20 @@ async def test_it_reads_usage_from_a_usage_only_final_chunk(serve) -> None:
     assert sample.decode_tps is not None and sample.decode_tps > 0
 
 
+async def test_it_keeps_the_first_chunk_gaps_in_arrival_order_and_no_more_than_its_cap(serve) -> None:
+    from monitor.probe.result import CHUNK_GAPS_KEPT
+
+    tokens = CHUNK_GAPS_KEPT + 44
+    script = [(0, ROLE), (0, content("t0")), (0.05, content("t1"))]
+    script += [(0, content(f"t{i}")) for i in range(2, tokens)] + [(0, DONE)]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.ok, sample.error_message
+    assert sample.token_events == tokens
+    assert len(sample.chunk_gaps_ms) == CHUNK_GAPS_KEPT  # tokens - 1 gaps, the first CHUNK_GAPS_KEPT kept
+    assert sample.chunk_gaps_ms[0] >= 45  # the pause before the second token: first, not sorted last
+    assert sample.gap_max_ms == pytest.approx(max(sample.chunk_gaps_ms))
+
+
 async def test_an_error_event_mid_stream_is_a_stream_error(serve) -> None:
     err = b'data: {"error": {"message": "engine died", "type": "server_error", "code": 500}}\n\n'
     sample = await probe(await serve(streaming_handler([(0, ROLE), (0, content("a")), (0, err)])))

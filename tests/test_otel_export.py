@@ -92,6 +92,19 @@ def test_once_exports_genai_metrics_that_match_the_stored_samples(sim: SimProces
     assert attrs["ttft_monitor.target"] == "fast"
     assert "error.type" not in attrs
 
+    # One observation per gap between consecutive token chunks: tokens - 1 per probe; their sum is each
+    # probe's decode time, which the stored decode rate gives back (the client's own formula).
+    chunks = sqlite_rows(tmp_path, "select token_events, completion_tokens, decode_tps from samples")
+    assert all(events > 1 for events, _, _ in chunks), chunks
+    per_chunk = last_point(metrics, semconv.TIME_PER_OUTPUT_CHUNK)
+    assert per_chunk.unit == "s"
+    (gaps,) = per_chunk.histogram.data_points
+    assert list(gaps.explicit_bounds) == list(semconv.GENAI_SECONDS_BUCKETS)
+    assert gaps.count == sum(events - 1 for events, _, _ in chunks)
+    decode_s = sum(((tokens or events) - 1) / tps for events, tokens, tps in chunks)
+    assert gaps.sum == pytest.approx(decode_s, rel=1e-6, abs=1e-9)
+    assert attributes(gaps.attributes)["gen_ai.request.model"] == "gpt-4o-mini"
+
     (duration,) = last_point(metrics, semconv.DURATION).histogram.data_points
     assert duration.count == 3
     assert duration.sum == pytest.approx(sum(r[2] for r in rows) / 1000, rel=1e-9)
@@ -232,6 +245,7 @@ jobs:
         sent = [h["traceparent"] for h in receiver.chat_headers]
         traces = receiver.of("traces")
     spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    spans = [span for span in spans if span.kind == span.SPAN_KIND_CLIENT]  # the run's span aside (the next test)
     assert len(sent) == len(spans) == 2
     rows = sqlite_rows(tmp_path, "select ttft_ms, first_event_ms, total_ms from samples order by sent_at")
     by_id = {(span.trace_id.hex(), span.span_id.hex()): span for span in spans}
@@ -287,3 +301,95 @@ def test_incidents_reach_the_collector_as_log_records(tmp_path: Path) -> None:
     assert attrs["ttft_monitor.incident.severity"] == "page"
     assert attrs["ttft_monitor.incident.ratio"] == 2.6
     assert record.severity_text == "WARN"
+
+
+def test_a_run_is_the_parent_span_of_its_probes_in_one_trace(tmp_path: Path) -> None:
+    with otlp_receiver() as receiver:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            f"""
+database:
+  url: "sqlite+aiosqlite:///{tmp_path}/ttft.db"
+  state_dir: "{tmp_path}/state"
+location: lab
+probe_self_delay_bound_ms: 1000
+providers:
+  standin:
+    base_url: "{receiver.url}/v1"
+    api: openai-chat
+targets:
+  a: {{provider: standin, model: stand-in-a, params: {{max_tokens: 4}}}}
+  b: {{provider: standin, model: stand-in-b, params: {{max_tokens: 4}}}}
+prompts:
+  short: {{tokens: 128}}
+jobs:
+  - {{name: j, schedule: "*/5 * * * *", targets: [a, b], prompts: [short], rounds: 2, warmup: 0, pause_s: 0}}
+"""
+        )
+        upgrade(config)
+        with_otel(config, f'otel: {{endpoint: "{receiver.url}", traces: true}}\n')
+        result = run_cli("once", "--config", str(config))
+        assert result.code == 0, str(result)
+        sent = [h["traceparent"] for h in receiver.chat_headers]
+        traces = receiver.of("traces")
+    spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    (run,) = [span for span in spans if span.name == "ttft_monitor.run j"]
+    probes = [span for span in spans if span is not run]
+    assert len(probes) == len(sent) == 4
+    assert run.kind == run.SPAN_KIND_INTERNAL
+    assert run.parent_span_id == b""  # the root of the run's trace
+    attrs = attributes(run.attributes)
+    assert attrs["ttft_monitor.probe_job"] == "j"
+    assert attrs["ttft_monitor.location"] == "lab"
+    assert attrs["ttft_monitor.run.probes"] == 4
+    assert attrs["ttft_monitor.run.errors"] == 0
+    assert {span.trace_id for span in spans} == {run.trace_id}  # one trace
+    for probe in probes:
+        assert probe.kind == probe.SPAN_KIND_CLIENT
+        assert probe.parent_span_id == run.span_id
+        assert run.start_time_unix_nano <= probe.start_time_unix_nano
+        assert probe.end_time_unix_nano <= run.end_time_unix_nano
+    assert run.start_time_unix_nano == min(p.start_time_unix_nano for p in probes)
+    assert run.end_time_unix_nano == max(p.end_time_unix_nano for p in probes)
+    by_id = {(span.trace_id.hex(), span.span_id.hex()): span for span in probes}
+    for traceparent in sent:  # what the server saw: the run's trace, and its own probe span as parent
+        _, trace_id, span_id, _ = traceparent.split("-")
+        assert trace_id == run.trace_id.hex()
+        assert by_id[(trace_id, span_id)].parent_span_id == run.span_id
+    assert len({tp.split("-")[2] for tp in sent}) == 4
+
+
+def test_runs_that_never_end_are_forgotten_beyond_the_cap(tmp_path: Path) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from prometheus_client import CollectorRegistry
+
+    from monitor.otel.export import PENDING_RUNS_MAX, OtelTelemetry
+    from monitor.otel.settings import OtelConfig, resolve
+    from monitor.probe.result import Sample
+    from monitor.probe.run import RunKey, current_run
+
+    with otlp_receiver() as receiver:
+        settings = resolve(OtelConfig(endpoint=receiver.url, traces=True), {})
+        assert settings is not None
+        telemetry = OtelTelemetry(
+            settings, registry=CollectorRegistry(), location="lab", endpoints={}, ttft_buckets_s=(0.1, 1)
+        )
+        tick = datetime(2026, 1, 1, tzinfo=UTC)
+        runs = [RunKey("j", tick + timedelta(minutes=i)) for i in range(PENDING_RUNS_MAX + 1)]
+        samples = {}
+        for run in runs:  # each run sends one probe and none ends yet
+            sample = Sample("t", "m", "openai-chat", "p", 1, intended_at=run.intended_at, sent_at=run.intended_at)
+            token = current_run.set(run)
+            try:
+                telemetry.headers_for(sample)
+            finally:
+                current_run.reset(token)
+            samples[run] = sample
+        for run in (runs[0], runs[-1]):
+            telemetry.observe_run(probe_job="j", intended_at=run.intended_at, samples=[samples[run]])
+        telemetry.close()
+        traces = receiver.of("traces")
+    spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    (run_span,) = spans  # the oldest run was forgotten when the cap was passed; the newest one ended
+    assert attributes(run_span.attributes)["ttft_monitor.run.intended_at"] == runs[-1].intended_at.isoformat()

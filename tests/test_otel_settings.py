@@ -204,3 +204,21 @@ def test_the_aggregation_buckets_upper_inclusive_and_delta_starts_again() -> Non
     assert snap.counters["c"][key] == 2 and (snap.start_ns, snap.end_ns) == (1, 5)
     after = agg.snapshot(now_ns=9, delta=True)
     assert after.points() == 0 and after.start_ns == 5
+
+
+def test_recording_many_values_at_once_is_recording_each() -> None:
+    from monitor.otel.aggregate import Aggregates, Instrument, key_of
+
+    bounds = (0.01, 0.02, 0.04)
+    one, many = (Aggregates([Instrument("h", "histogram", "s", "", bounds)], start_ns=1) for _ in range(2))
+    key = key_of({"a": 1})
+    gaps_ms = (5.0, 10.0, 30.0, 12.5, 100.0, 40.0)
+    for gap in gaps_ms:
+        one.record("h", key, gap / 1000)
+    many.record_many("h", key, gaps_ms[:2], scale=1e-3)
+    many.record_many("h", key, gaps_ms[2:], scale=1e-3)
+    many.record_many("h", key, (), scale=1e-3)  # a single-token answer: nothing
+    a = one.snapshot(now_ns=2, delta=False).histograms["h"][key]
+    b = many.snapshot(now_ns=2, delta=False).histograms["h"][key]
+    assert (b.counts, b.count, b.min, b.max) == (a.counts, a.count, a.min, a.max) == ([2, 1, 2, 1], 6, 0.005, 0.1)
+    assert b.sum == pytest.approx(a.sum)

@@ -56,6 +56,10 @@ class Telemetry(Protocol):
 
     def observe_sample(self, sample: Sample, *, provider: str, probe_job: str) -> None: ...
 
+    def observe_run(self, *, probe_job: str, intended_at: datetime, samples: Sequence[Sample]) -> None:
+        """A run's samples are all in (after its last probe, off the probes' path; also when cancelled)."""
+        ...
+
     def observe_baseline(
         self, series: Sequence[str], *, baseline_ms: float | None, run_median_ms: float | None
     ) -> None: ...
@@ -277,6 +281,12 @@ class Metrics:
             self.job_runs.labels(probe_job, result)
         for reason in MISSED_REASONS:
             self.scheduler_missed.labels(probe_job, reason)
+
+    def observe_run(self, *, probe_job: str, intended_at: datetime, samples: Sequence[Sample]) -> None:
+        """A run has ended: every sample it took is in `samples` (warm-ups included). Prometheus keeps
+        nothing per run here (job_* gauges are set by the pipeline); telemetry may (a run's span)."""
+        if self.telemetry is not None:
+            self.telemetry.observe_run(probe_job=probe_job, intended_at=intended_at, samples=samples)
 
     def observe_sample(
         self,

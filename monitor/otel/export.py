@@ -46,7 +46,15 @@ try:
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
     from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-    from opentelemetry.trace import SpanKind, Status, StatusCode
+    from opentelemetry.trace import (
+        NonRecordingSpan,
+        SpanContext,
+        SpanKind,
+        Status,
+        StatusCode,
+        TraceFlags,
+        set_span_in_context,
+    )
 except ImportError as exc:  # the optional extra is missing
     raise ImportError(
         "OpenTelemetry export is configured but its packages are not installed: pip install 'ttft-monitor[otel]'"
@@ -59,6 +67,7 @@ from monitor.otel.aggregate import Aggregates, Instrument, Key, Snapshot, key_of
 from monitor.otel.counters import ExportCounters
 from monitor.otel.settings import Resolved
 from monitor.probe.result import Sample
+from monitor.probe.run import RunKey, current_run
 from monitor.redact import mask_url
 
 # How often a collector that stays away is mentioned again, with the count since the last line.
@@ -188,10 +197,24 @@ class _PresetIds(IdGenerator):
 # Ids handed out but not yet turned into a span, at most: a sample that never reaches `observe_sample`
 # (a cancelled run) must not keep its entry for the life of the process.
 PENDING_TRACES_MAX = 10_000
+# Runs whose probes went out but whose end (`observe_run`) has not come, at most: a run that never ends
+# (its job failed outright) is forgotten, oldest first, and its probes' spans name a parent never exported.
+PENDING_RUNS_MAX = 256
 
 
 def _ns(at: datetime) -> int:
     return int(at.timestamp() * 1e9)
+
+
+def _probe_start(sample: Sample) -> datetime:
+    assert sample.sent_at is not None
+    return sample.sent_at
+
+
+def _probe_end(sample: Sample) -> datetime:
+    """Where a probe's span ends: its send (after set-up) plus its total time."""
+    sent = _probe_start(sample) + timedelta(milliseconds=sample.setup_ms or 0)
+    return sent + timedelta(milliseconds=sample.total_ms or 0)
 
 
 def quiet_sdk_loggers() -> None:
@@ -280,7 +303,10 @@ class OtelTelemetry:
             )
             self._logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
             self._logger_provider.add_log_record_processor(self._log_processor)
-        self._pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # sample id -> (trace id, its span's id, its run span's id or None), from its request to its span.
+        self._pending: OrderedDict[str, tuple[int, int, int | None]] = OrderedDict()
+        # run -> (trace id, run span id): made at the run's first probe, turned into its span at its end.
+        self._runs: OrderedDict[RunKey, tuple[int, int]] = OrderedDict()
         self._pending_lock = threading.Lock()
         self._random = RandomIdGenerator()
         self._closed = False
@@ -291,10 +317,21 @@ class OtelTelemetry:
         return self if self._tracer_provider is not None else None
 
     def headers_for(self, sample: Sample) -> dict[str, str]:
-        """The `traceparent` of the span this sample will be exported as (sampled: the flag is 01)."""
-        trace_id, span_id = self._random.generate_trace_id(), self._random.generate_span_id()
+        """The `traceparent` of the span this sample will be exported as (sampled: the flag is 01), in
+        its run's trace when it is sent within a run (monitor.probe.run), in a trace of its own otherwise."""
+        run = current_run.get()
+        span_id = self._random.generate_span_id()
         with self._pending_lock:
-            self._pending[sample.sample_id] = (trace_id, span_id)
+            if run is None:
+                trace_id, parent = self._random.generate_trace_id(), None
+            else:
+                ids = self._runs.get(run)
+                if ids is None:
+                    ids = self._runs[run] = (self._random.generate_trace_id(), self._random.generate_span_id())
+                    while len(self._runs) > PENDING_RUNS_MAX:
+                        self._runs.popitem(last=False)
+                trace_id, parent = ids
+            self._pending[sample.sample_id] = (trace_id, span_id, parent)
             while len(self._pending) > PENDING_TRACES_MAX:
                 self._pending.popitem(last=False)
         return {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
@@ -328,6 +365,8 @@ class OtelTelemetry:
             agg.record(semconv.DURATION, keys.base, sample.total_ms / 1000)
         if sample.first_event_ms is not None:
             agg.record(semconv.TIME_TO_FIRST_CHUNK, keys.base, sample.first_event_ms / 1000)
+        if sample.ok:  # a cut-off stream's gaps end at the failure; the conventions time successful output
+            agg.record_many(semconv.TIME_PER_OUTPUT_CHUNK, keys.base, sample.chunk_gaps_ms, scale=1e-3)
         usage = sample.prompt_tokens is not None or sample.completion_tokens is not None
         tokens = keys.text_tokens if usage else keys.unknown_tokens
         agg.add(semconv.USAGE_INPUT, tokens, sample.prompt_tokens or 0)
@@ -365,7 +404,62 @@ class OtelTelemetry:
             )
         return keys
 
-    def _span(self, sample: Sample, attrs: Mapping[str, Any], ids: tuple[int, int]) -> None:
+    def observe_run(self, *, probe_job: str, intended_at: datetime, samples: Sequence[Sample]) -> None:
+        """The run's span (INTERNAL, `ttft_monitor.run {job}`), parent of its probes' CLIENT spans: from
+        the first probe's start to the last one's end, made after the fact like theirs."""
+        if self._tracer_provider is None:
+            return
+        with self._pending_lock:
+            ids = self._runs.pop(RunKey(probe_job, intended_at), None)
+        traced = [s for s in samples if not s.warmup and s.sent_at is not None]
+        if ids is None or not traced:  # no probe of it carried a traceparent, or only warm-ups did
+            return
+        attrs: dict[str, Any] = {
+            "ttft_monitor.probe_job": probe_job,
+            "ttft_monitor.location": self.location,
+            "ttft_monitor.run.intended_at": intended_at.isoformat(),
+            "ttft_monitor.run.probes": len(traced),
+            "ttft_monitor.run.errors": sum(1 for s in traced if not s.ok),
+            **semconv.SYNTHETIC,
+        }
+        start = min(_probe_start(s) for s in traced)
+        end = max(_probe_end(s) for s in traced)
+        span = self._start_span(f"ttft_monitor.run {probe_job}", SpanKind.INTERNAL, attrs, start, ids, None)
+        if self._span_processor is not None and _queue_full(self._span_processor, self.settings.queue_size):
+            self.health.dropped("traces")
+        span.end(end_time=_ns(max(end, start)))
+
+    def _start_span(
+        self,
+        name: str,
+        kind: SpanKind,
+        attrs: Mapping[str, Any],
+        start: datetime,
+        ids: tuple[int, int],
+        parent: int | None,
+    ) -> Any:
+        """A span with the ids its `traceparent` announced; under the run span `parent` when given."""
+        assert self._tracer_provider is not None
+        tracer = self._tracer_provider.get_tracer("ttft-monitor", __version__)
+        context = None
+        if parent is not None:
+            run = SpanContext(ids[0], parent, is_remote=False, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+            context = set_span_in_context(NonRecordingSpan(run))
+        with self._pending_lock:  # the id generator is shared: one span at a time takes the preset ids
+            self._ids.preset = ids
+            try:
+                return tracer.start_span(
+                    name,
+                    context=context,
+                    kind=kind,
+                    attributes=attrs,
+                    start_time=_ns(start),
+                    record_exception=False,
+                )
+            finally:
+                self._ids.preset = None
+
+    def _span(self, sample: Sample, attrs: Mapping[str, Any], ids: tuple[int, int, int | None]) -> None:
         """One CLIENT span per probe, made after the fact from the sample's stamps (nothing on the probe's
         path but the ids): events at each phase's end, the conventions' attributes, the status."""
         assert self._tracer_provider is not None
@@ -390,16 +484,8 @@ class OtelTelemetry:
         ):
             if value is not None:
                 span_attrs[key] = value
-        tracer = self._tracer_provider.get_tracer("ttft-monitor", __version__)
         name = f"{attrs.get('gen_ai.operation.name', 'chat')} {sample.model}"
-        with self._pending_lock:  # the id generator is shared: one span at a time takes the preset ids
-            self._ids.preset = ids
-            try:
-                span = tracer.start_span(
-                    name, kind=SpanKind.CLIENT, attributes=span_attrs, start_time=_ns(start), record_exception=False
-                )
-            finally:
-                self._ids.preset = None
+        span = self._start_span(name, SpanKind.CLIENT, span_attrs, start, (ids[0], ids[1]), ids[2])
         setup_end = start
         for event, offset_ms in (("dns", sample.dns_ms), ("connect", sample.connect_ms), ("tls", sample.tls_ms)):
             if offset_ms is not None:
@@ -416,7 +502,7 @@ class OtelTelemetry:
                 span.add_event(event, timestamp=_ns(sent + timedelta(milliseconds=offset_ms)))
         if sample.error is not None:
             span.set_status(Status(StatusCode.ERROR, sample.error.value))
-        end = sent + timedelta(milliseconds=sample.total_ms or 0)
+        end = _probe_end(sample)
         if self._span_processor is not None and _queue_full(self._span_processor, self.settings.queue_size):
             self.health.dropped("traces")
         span.end(end_time=_ns(max(end, start)))
@@ -545,6 +631,14 @@ def instruments(ttft_buckets: tuple[float, ...]) -> tuple[Instrument, ...]:
             "s",
             "Time to the first event of the response stream (any event: a role-only chunk counts), not the first "
             "token; see ttft_monitor.time_to_first_token.",
+            genai,
+        ),
+        Instrument(
+            semconv.TIME_PER_OUTPUT_CHUNK,
+            "histogram",
+            "s",
+            "Time between consecutive chunks that carry tokens, once per gap (tokens - 1 per successful probe; "
+            "the first 256 gaps of a longer answer).",
             genai,
         ),
         Instrument(semconv.USAGE_INPUT, "counter", "{token}", "Input (prompt) tokens, as the server reported them."),

@@ -58,7 +58,7 @@ from monitor.probe.errors import (
 )
 from monitor.probe.inflate import ACCEPT_ENCODING, Inflater, inflater_for
 from monitor.probe.proxy import aiohttp_proxy_options
-from monitor.probe.result import ErrorClass, Sample, TimingPath
+from monitor.probe.result import CHUNK_GAPS_KEPT, ErrorClass, Sample, TimingPath
 from monitor.quantile import quantile
 from monitor.redact import redact
 from monitor.servertext import MESSAGE_CAP, SERVER_TEXT_CAP, capped
@@ -411,6 +411,7 @@ class ProbeClient:
             sample.token_events = len(token_stamps)
             if len(token_stamps) > 1:
                 gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
+                sample.chunk_gaps_ms = tuple(gaps[:CHUNK_GAPS_KEPT])  # before sorting: in arrival order
                 gaps.sort()
                 sample.gap_p50_ms = quantile(gaps, 0.5, presorted=True)
                 sample.gap_p95_ms = quantile(gaps, 0.95, presorted=True)

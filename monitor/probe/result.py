@@ -109,6 +109,10 @@ class Sample:
     first_token_stamp_exact: bool | None = None
     # With kernel stamps: when the probes' loop read the first token's bytes (monotonic ns). Not stored.
     first_token_read_mono_ns: int | None = None
+    # The gaps between consecutive token chunks (ms, in arrival order), for the OpenTelemetry
+    # `gen_ai.client.inference.time_per_output_chunk` histogram; the first CHUNK_GAPS_KEPT only, so a
+    # long answer costs a bounded list. Not stored: the stored gap_p50/p95/max summarise all of them.
+    chunk_gaps_ms: tuple[float, ...] = ()
     # Sent through a forward proxy (monitor.probe.proxy): dns/connect/tls are then the proxy's, not the server's.
     via_proxy: bool = False
     # The first send failed on a reused pooled connection before any byte of the answer (the server had
@@ -128,5 +132,8 @@ class Sample:
         out["timing_path"] = self.timing_path.value if self.timing_path is not None else None
         return out
 
+
+# At most this many of a sample's chunk gaps are kept on it (`chunk_gaps_ms`): the first ones.
+CHUNK_GAPS_KEPT = 256
 
 SAMPLE_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Sample))

@@ -19,6 +19,7 @@ from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
 from monitor.probe.proxy import ProxyEnvironment, route_for
 from monitor.probe.result import Sample
+from monitor.probe.run import RunKey, current_run
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
 from monitor.probe.self_delay import LoopDelayMeter
 from monitor.probe.server_metrics import (
@@ -175,21 +176,31 @@ async def execute(
         if on_sample is not None:
             on_sample(sample)
 
+    run_over = False
     try:
         async with _ServerReadings(ctx, plan, log) as readings:
-            await run_plan(
-                plan,
-                client=ctx.clients[connection],
-                limits=ctx.limits,
-                prompts=PromptFactory(ctx.calibration),
-                intended_at=outcome.intended_at,
-                on_sample=record,
-                meter=ctx.meter,
-                self_delay_bound_ms=ctx.config.probe_self_delay_bound_ms,
-            )
+            # The run's probes name it in their traces (monitor.probe.run), inherited by each probe's task.
+            run_token = current_run.set(RunKey(job, outcome.intended_at))
+            try:
+                await run_plan(
+                    plan,
+                    client=ctx.clients[connection],
+                    limits=ctx.limits,
+                    prompts=PromptFactory(ctx.calibration),
+                    intended_at=outcome.intended_at,
+                    on_sample=record,
+                    meter=ctx.meter,
+                    self_delay_bound_ms=ctx.config.probe_self_delay_bound_ms,
+                )
+            finally:
+                current_run.reset(run_token)
+            run_over = True
+            _run_ended(ctx, outcome)
             outcome.server = await readings.over_the_run()
     except asyncio.CancelledError:
         outcome.cancelled = True
+        if not run_over:  # cancelled while probing: its run still ends, with what it took
+            _run_ended(ctx, outcome)
         log.warning("job_cancelled", samples_taken=len(outcome.samples))
         if ctx.background is not None:
             _hand_over(ctx, outcome, provider_of)  # synchronous: nothing to wait for while cancelled
@@ -212,6 +223,12 @@ async def execute(
         lag_ms=round((started - outcome.intended_at).total_seconds() * 1000, 1),
     )
     return outcome
+
+
+def _run_ended(ctx: JobContext, outcome: JobOutcome) -> None:
+    """Every sample of the run is in: tell the metrics (a trace's run span), once per run."""
+    if ctx.metrics is not None:
+        ctx.metrics.observe_run(probe_job=outcome.job, intended_at=outcome.intended_at, samples=outcome.samples)
 
 
 def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> Batch:

@@ -23,8 +23,11 @@ from monitor.quantile import quantile
 from monitor.servertext import MESSAGE_CAP, TRUNCATED_MARK
 
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
-# Not stored: a process-local monotonic clock value, meaningless after the process ends.
-UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns", "first_token_stamp_exact", "first_token_read_mono_ns"})
+# Not stored: process-local monotonic clock values, meaningless after the process ends, and the
+# per-chunk gaps (for OpenTelemetry export; their p50/p95/max are stored).
+UNSTORED_SAMPLE_FIELDS = frozenset(
+    {"sent_mono_ns", "first_token_stamp_exact", "first_token_read_mono_ns", "chunk_gaps_ms"}
+)
 # The samples table's value columns and the Sample field each is read from, spelled out so that renaming
 # a Sample field cannot change the schema without a migration (tests/test_store_records.py checks that
 # every field and every column is accounted for).
