@@ -173,6 +173,8 @@ def open_telemetry(
         location=config.location,
         endpoints=telemetry_endpoints(config),
         ttft_buckets_s=config.metrics.ttft_buckets_s,
+        # The same policy as every outbound client (unusable variables are reported by proxy_environment).
+        proxies=ProxyEnvironment.from_environ(env),
     )
     structlog.get_logger().info(
         "otel_export_on",

@@ -147,6 +147,25 @@ def test_the_standard_environment_turns_export_on_and_its_headers_stay_secret(
     assert SECRET not in result.stdout + result.stderr
 
 
+def test_a_loopback_collector_is_reached_directly_though_a_proxy_is_set(
+    sim: SimProcess,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    # The project's proxy policy (monitor.probe.proxy): loopback is never proxied. The OTLP exporter's
+    # HTTP library would send it to the (dead) proxy of the environment.
+    with otlp_receiver() as receiver:
+        config = tolerant(write_config(tmp_path, sim, rounds=1))
+        upgrade(config)
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+            "HTTP_PROXY": "http://127.0.0.1:9",
+            "HTTPS_PROXY": "http://127.0.0.1:9",
+        }
+        result = run_cli("once", "--config", str(config), env=env)
+        assert result.code == 0, str(result)
+        assert receiver.of("metrics"), result.stdout + result.stderr
+
+
 def median_ttft(folder: Path) -> float:
     return statistics.median(r[0] for r in stored(folder) if r[0] is not None)
 

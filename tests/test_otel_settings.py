@@ -222,3 +222,23 @@ def test_recording_many_values_at_once_is_recording_each() -> None:
     b = many.snapshot(now_ns=2, delta=False).histograms["h"][key]
     assert (b.counts, b.count, b.min, b.max) == (a.counts, a.count, a.min, a.max) == ([2, 1, 2, 1], 6, 0.005, 0.1)
     assert b.sum == pytest.approx(a.sum)
+
+
+def test_otlp_sessions_follow_the_proxy_policy() -> None:
+    from monitor.otel.export import otlp_session
+    from monitor.probe.proxy import ProxyEnvironment
+
+    environment = ProxyEnvironment.from_environ(
+        {
+            "HTTPS_PROXY": "http://proxy.internal:3128",
+            "HTTP_PROXY": "http://proxy.internal:3128",
+            "NO_PROXY": "otel.lan",
+        }
+    )
+    remote = otlp_session("https://collector.example:4318/v1/metrics", environment)
+    assert remote.trust_env is False  # requests' own reading of the environment would proxy loopback
+    assert remote.proxies == {"http": "http://proxy.internal:3128", "https": "http://proxy.internal:3128"}
+    assert otlp_session("http://127.0.0.1:4318/v1/metrics", environment).proxies == {}
+    assert otlp_session("http://[::1]:4318/v1/metrics", environment).proxies == {}
+    assert otlp_session("http://otel.lan:4318/v1/metrics", environment).proxies == {}
+    assert otlp_session("http://collector.example:4318/v1/metrics", ProxyEnvironment()).proxies == {}

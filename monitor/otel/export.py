@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import quote, urlsplit, urlunsplit
 
+import requests
 import structlog
 
 try:
@@ -66,6 +68,7 @@ from monitor.otel import semconv
 from monitor.otel.aggregate import Aggregates, Instrument, Key, Snapshot, key_of
 from monitor.otel.counters import ExportCounters
 from monitor.otel.settings import Resolved
+from monitor.probe.proxy import ProxyEnvironment, route_for
 from monitor.probe.result import Sample
 from monitor.probe.run import RunKey, current_run
 from monitor.redact import mask_url
@@ -202,6 +205,24 @@ PENDING_TRACES_MAX = 10_000
 PENDING_RUNS_MAX = 256
 
 
+def otlp_session(url: str | None, proxies: ProxyEnvironment) -> requests.Session:
+    """The HTTP session an OTLP exporter posts with, routed as every other outbound client is
+    (monitor.probe.proxy): the environment's HTTP(S)_PROXY unless NO_PROXY names the collector, and
+    never for a loopback collector. requests' own reading of the environment is off, so it cannot
+    proxy a collector on 127.0.0.1 that the policy sends direct."""
+    session = requests.Session()
+    session.trust_env = False
+    route = route_for(url, None, proxies) if url else None
+    if route is not None:
+        proxy = route.url
+        if route.username is not None:
+            parts = urlsplit(route.url)
+            login = quote(route.username, safe="") + (f":{quote(route.password, safe='')}" if route.password else "")
+            proxy = urlunsplit((parts.scheme, f"{login}@{parts.netloc}", parts.path, parts.query, parts.fragment))
+        session.proxies = {"http": proxy, "https": proxy}
+    return session
+
+
 def _ns(at: datetime) -> int:
     return int(at.timestamp() * 1e9)
 
@@ -255,8 +276,10 @@ class OtelTelemetry:
         location: str,
         endpoints: Mapping[str, semconv.Endpoint],
         ttft_buckets_s: Sequence[float],
+        proxies: ProxyEnvironment | None = None,
     ) -> None:
         self.settings = settings
+        proxies = proxies if proxies is not None else ProxyEnvironment()
         self.location = location
         self.configure(endpoints)
         counters = ExportCounters(registry)
@@ -267,7 +290,10 @@ class OtelTelemetry:
         timeout = settings.timeout_s
         self._resource = resource
         self._metric_exporter = OTLPMetricExporter(
-            endpoint=settings.endpoints["metrics"], headers=settings.headers["metrics"], timeout=timeout
+            endpoint=settings.endpoints["metrics"],
+            headers=settings.headers["metrics"],
+            timeout=timeout,
+            session=otlp_session(settings.endpoints["metrics"], proxies),
         )
         self.aggregates = Aggregates(instruments(tuple(ttft_buckets_s)), start_ns=time.time_ns())
         self._export_lock = threading.Lock()  # one export at a time: the thread's, or the last one at close
@@ -278,7 +304,10 @@ class OtelTelemetry:
         self._span_processor: BatchSpanProcessor | None = None
         if settings.endpoints["traces"] is not None:
             span_exporter = OTLPSpanExporter(
-                endpoint=settings.endpoints["traces"], headers=settings.headers["traces"], timeout=timeout
+                endpoint=settings.endpoints["traces"],
+                headers=settings.headers["traces"],
+                timeout=timeout,
+                session=otlp_session(settings.endpoints["traces"], proxies),
             )
             self._span_processor = BatchSpanProcessor(
                 _CountedSpanExporter(span_exporter, self.health),
@@ -293,7 +322,10 @@ class OtelTelemetry:
         self._log_processor: BatchLogRecordProcessor | None = None
         if settings.endpoints["logs"] is not None:
             log_exporter = OTLPLogExporter(
-                endpoint=settings.endpoints["logs"], headers=settings.headers["logs"], timeout=timeout
+                endpoint=settings.endpoints["logs"],
+                headers=settings.headers["logs"],
+                timeout=timeout,
+                session=otlp_session(settings.endpoints["logs"], proxies),
             )
             self._log_processor = BatchLogRecordProcessor(
                 _CountedLogExporter(log_exporter, self.health),
