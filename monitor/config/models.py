@@ -587,7 +587,7 @@ class Availability(ConfigModel):
     )
 
 
-_DEFAULT_CUSUM = DEFAULT_RULES.cusum or Cusum(shift_ratio=1.15, threshold=16.0, clip=2.5)
+_DEFAULT_CUSUM = DEFAULT_RULES.cusum or Cusum(shift_ratio=1.15, threshold=None, clip=2.5)
 
 
 class SequentialRule(ConfigModel):
@@ -602,11 +602,12 @@ class SequentialRule(ConfigModel):
         **_rule(CUSUM_BOUNDS, "shift_ratio"),
         description="The smallest shift worth a ticket: each run adds its residual minus half of log(shift_ratio).",
     )
-    threshold: float = Field(
+    threshold: float | None = Field(
         _DEFAULT_CUSUM.threshold,
         **_rule(CUSUM_BOUNDS, "threshold"),
         description="A ticket opens when the sum reaches this (in the residuals' long-run sigmas); lower is sooner "
-        "and noisier.",
+        "and noisier. Unset (the default): derived per series from `detection.false_alerts_per_week` and the "
+        "series' measured noise.",
     )
     clip: float = Field(
         _DEFAULT_CUSUM.clip,
@@ -621,7 +622,8 @@ class SequentialRule(ConfigModel):
     block_runs: int = Field(
         _DEFAULT_CUSUM.block_runs,
         **_rule(CUSUM_BOUNDS, "block_runs"),
-        description="Runs per block when measuring how autocorrelated the residuals are.",
+        description="No longer read (kept so configs that set it still load): each series' noise model measures "
+        "how autocorrelated its residuals are.",
     )
 
 
@@ -706,6 +708,12 @@ class Detection(ConfigModel):
         **_rule(RULES_BOUNDS, "trailing_runs"),
         description=f"Recent runs forming the trailing baseline, used until a seasonal baseline exists (at least "
         f"{MIN_BASELINE_RUNS}: a baseline needs that many runs).",
+    )
+    false_alerts_per_week: float = Field(
+        DEFAULT_RULES.false_alerts_per_week,
+        **_rule(RULES_BOUNDS, "false_alerts_per_week"),
+        description="The false alerts a healthy series may raise per week: the CUSUM's threshold is derived from it "
+        "and each series' measured noise (lower is quieter and slower; docs/detection.md).",
     )
     page: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["page"]),

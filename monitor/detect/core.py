@@ -3,6 +3,7 @@ rules applied to each new run. Pure; `Detector` and `Replayer` (detector.py) are
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left, insort
 from collections import Counter, deque
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from monitor.detect import noise as noise_model
+from monitor.detect.noise import NoiseModel
 from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Rules, Severity, Threshold
 from monitor.detect.state import Event, Incident, RunPoint, SeriesState
 from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_and_sigma, median_se_factor
@@ -30,6 +33,10 @@ CUSUM_REFERENCE_S = 3 * 3600.0
 # Floor on the baseline's sigma (log units), so a near-constant series cannot divide by zero.
 SIGMA_FLOOR = 0.01
 UNKNOWN_ERROR = "unknown"
+# Against a trailing baseline (a series' first days) a window's variance is taken as this many times an
+# independent one's: load that comes and goes cannot be measured yet (bench/detector.py, false pages
+# under AR(1) noise opened in the first 3.5 days).
+TRAILING_G = 2.0
 _UNCACHED = object()
 
 
@@ -64,9 +71,14 @@ class _Baseline:
             self._sigma = max(mad_sigma(self.reference, center=self.level), SIGMA_FLOOR)
         return self._sigma
 
-    def z(self, distance: float, window: int) -> float:
-        """`distance` of a median of `window` runs, in standard errors of (window median - baseline)."""
-        variance = median_se_factor(window) ** 2 + math.pi / (2.0 * len(self.reference)) + self.extra
+    def z(self, distance: float, window: int, noise: NoiseModel | None = None) -> float:
+        """`distance` of a median of `window` runs, in standard errors of (window median - baseline).
+        With a noise model, each median varies g(n) times more than one of n independent runs would: on a
+        series whose load comes and goes, a window must be further out before it counts."""
+        runs = len(self.reference)
+        g_window = noise.g(window) if noise is not None else 1.0
+        g_reference = noise.g(runs) if noise is not None else 1.0
+        variance = median_se_factor(window) ** 2 * g_window + math.pi / (2.0 * runs) * g_reference + self.extra
         return distance / (self.sigma * math.sqrt(variance))
 
 
@@ -128,12 +140,15 @@ class _Core:
         self._keep = rules.history_runs
         self._log_page_ratio = math.log(rules.page.ratio)
         self._log_ticket_ratio = math.log(rules.ticket.ratio)
+        self._log_clear_ratio = math.log(rules.clear_ratio)
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
         self._appended_since_trim = 0
         self.baseline_ms: float | None = None  # what the last stepped run was compared with
         self._cusum_references: dict[int, _CusumReference | None] = {}
         self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
+        self.threshold: float | None = None  # the CUSUM's, for the last stepped run
+        self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
 
     # ------------------------------------------------ data
 
@@ -367,8 +382,9 @@ class _Core:
             return
         baseline = verdict.baseline
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
+        noise = self.noise = self._noise_model(state, count)
         confirms = self._confirms
-        if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window):
+        if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
         else:
@@ -385,7 +401,13 @@ class _Core:
             (rules.cusum is None or rules.window_tickets)
             and fresh
             and confirms(
-                verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms, verdict.ticket_window
+                verdict.ticket,
+                rules.ticket,
+                self._log_ticket_ratio,
+                baseline,
+                baseline_ms,
+                verdict.ticket_window,
+                noise,
             )
         ):
             state.ticket_streak += 1
@@ -393,9 +415,13 @@ class _Core:
         else:
             state.ticket_streak, state.ticket_since = 0, None
 
-        paging = state.page_streak >= rules.page.confirmations
+        distance = verdict.recent[-1] - baseline.level
+        noise_model.observe(noise, slow=distance >= self._log_page_ratio, calm=distance < self._log_clear_ratio)
+        needed = noise_model.page_confirmations(noise, rules.page.confirmations, window=verdict.page_window)
+        paging = state.page_streak >= needed
         ticketing = state.ticket_streak >= rules.ticket.confirmations
-        sequential = self._cusum(state, run, incident, count, fresh) if not (paging or ticketing) else None
+        sequential = self._cusum(state, run, incident, count, fresh, noise) if not (paging or ticketing) else None
+        self._learn(state, noise, incident, baseline, count)
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
         if verdict.adapted:
             detail["baseline"] += ", adapted to the incident's level"
@@ -432,14 +458,14 @@ class _Core:
             state.incidents["regression"] = incident
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             window = verdict.page_window if severity == "page" else verdict.ticket_window
-            detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs)), 2)
+            detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs), noise), 2)
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
             ratio = math.exp(verdict.page)
             incident.see(ratio, run.at)
             incident.severity = "page"
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
-            detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs)), 2)
+            detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs), noise), 2)
             events.append(_event(incident, "update", run.at, detail))
         elif incident is not None:
             incident.see(math.exp(verdict.page), run.at)
@@ -458,7 +484,7 @@ class _Core:
             events.append(_event(incident, "resolve", run.at, detail, resolved=True))
 
     def _cusum(
-        self, state: SeriesState, run: RunPoint, incident: Incident | None, count: int, fresh: bool
+        self, state: SeriesState, run: RunPoint, incident: Incident | None, count: int, fresh: bool, noise: NoiseModel
     ) -> tuple[float, float, datetime, float] | None:
         """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
 
@@ -476,11 +502,13 @@ class _Core:
         if slot is None or reference is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
-        allowance, bound, factor = reference.allowance, reference.bound, reference.factor
+        allowance, bound = reference.allowance, reference.bound
         value = max(-bound, min(bound, (residual - reference.level) / reference.sigma))
-        # In units of factor^2 x sigma: for the same false-alert rate, a CUSUM's threshold grows with the
-        # noise's long-run variance, not its sigma (the sum drifts down as fast, but wanders further).
-        scale = factor * factor
+        # In units of g x sigma (g: the long-run variance over the per-run one): for the same false-alert
+        # rate, a CUSUM's threshold grows with the noise's long-run variance, not its sigma (the sum
+        # drifts down as fast, but wanders further).
+        scale = noise.long_run
+        threshold = self._threshold(allowance, scale, rule)
         mean = reference.mean
         total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
         if total <= 0.0:
@@ -488,7 +516,7 @@ class _Core:
             return None
         since = state.cusum_since or run.at
         runs = state.cusum_runs + 1
-        if total < rule.threshold:
+        if total < threshold:
             state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
             return None
         # The shift's estimate: the median residual over the excursion (clipped values understate it).
@@ -496,10 +524,68 @@ class _Core:
         ratio = math.exp(median(excursion) - reference.level)
         baseline_ms = math.exp(slot.center + reference.level)
         if baseline_ms * (ratio - 1.0) < rule.min_delta_ms:  # significant, but too small to matter
-            state.cusum, state.cusum_since, state.cusum_runs = rule.threshold, since, runs
+            state.cusum, state.cusum_since, state.cusum_runs = threshold, since, runs
             return None
         state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
         return baseline_ms, ratio, since, total
+
+    def _threshold(self, allowance: float, long_run: float, rule: Cusum) -> float:
+        """The CUSUM's threshold for this series: the configured one, or the one that raises its share of
+        `false_alerts_per_week` at this allowance (in per-run sigmas), long-run variance and run interval."""
+        if rule.threshold is not None:
+            self.threshold = rule.threshold
+            return rule.threshold
+        derived = noise_model.cusum_threshold(
+            false_alerts_per_week=self.rules.false_alerts_per_week,
+            allowance=allowance,
+            long_run=long_run,
+            interval_s=self.interval_s(),
+        )
+        # Each run adds at most `clip` / g: MIN_SPIKES slow runs in a row cannot reach it.
+        self.threshold = max(derived, noise_model.MIN_SPIKES * rule.clip / max(long_run, 1.0))
+        return self.threshold
+
+    def interval_s(self) -> float:
+        """The series' run interval: the median spacing of its last valid runs (5 minutes before two)."""
+        times = self.times[-13:]
+        if len(times) < 2:
+            return 300.0
+        return max(1.0, median([b - a for a, b in itertools.pairwise(times)]))
+
+    def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
+        """The series' noise model; one the state does not have yet is measured on the history given."""
+        if state.noise is None:
+            state.noise = noise_model.estimate(self._seed_residuals(count - 1))
+        return state.noise
+
+    def _seed_residuals(self, end: int) -> list[float]:
+        """Residuals of the valid runs before `end` for a first noise model: seasonal residuals where the
+        history has them, each day's minus that day's median (the level moves; the model must not
+        mistake a week's drift for noise)."""
+        values = [r for r in self._residuals_between(0, end) if r == r] if self.rules.seasonal_days else []
+        day = SLOTS_PER_DAY * 2  # runs per day at 5-minute runs
+        if len(values) < day:
+            return []
+        seeded: list[float] = []
+        for low in range(0, len(values), day):
+            chunk = values[low : low + day]
+            level = median(chunk)
+            seeded.extend(v - level for v in chunk)
+        return seeded
+
+    def _learn(
+        self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
+    ) -> None:
+        """Add this run's seasonal residual to the noise model, unless a regression is in it: not while an
+        incident is open or a page is being confirmed. Freezing it whenever a rule gathers evidence
+        would leave out exactly the wander the model is for (the CUSUM climbs on it too); the model's
+        growth cap (noise.py) bounds what a step that slips past every rule can add."""
+        if incident is not None or state.page_streak or state.incidents.get("regression"):
+            return
+        residual = self._residuals[count - 1] if baseline.seasonal else None
+        if residual is None or residual != residual:  # a trailing baseline's residuals carry the daily cycle
+            return
+        noise_model.update(noise, residual - baseline.level)
 
     def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
         """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
@@ -530,19 +616,6 @@ class _Core:
                 del self._cusum_references[old]
         return result
 
-    def _profile(self, end: int, baseline: _Baseline, bound: float, block: int) -> tuple[float, float]:
-        """The clipped mean and the long-run factor of the reference runs' residuals before run `end`."""
-        key = (end, bound, block)
-        cached = self._profile_cache
-        if cached is not None and cached[0] == key:
-            return cached[1]
-        end_s = self.times[min(end, len(self.times) - 1)]
-        low = bisect_left(self.times, end_s - self._level_s)
-        values = [r for r in self._residuals_between(low, end) if r == r]
-        profile = clipped_profile(values, center=baseline.level, sigma=baseline.sigma, bound=bound, block=block)
-        self._profile_cache = (key, profile)
-        return profile
-
     def _window(self, rule: Threshold, count: int) -> int:
         """Runs in `rule`'s window ending at valid run `count` - 1: `window_runs`, stretched back until
         it holds `min_probes` measured requests (at most `longest_window` runs)."""
@@ -565,6 +638,7 @@ class _Core:
         baseline: _Baseline,
         baseline_ms: float,
         window: int,
+        noise: NoiseModel,
     ) -> bool:
         # Cheapest test first: the spread (a MAD) is computed only for windows that are far enough out.
         if distance is None or distance < log_ratio:
@@ -575,27 +649,27 @@ class _Core:
         # but is judged as significant as `window_runs` runs only: load that comes and goes does not
         # average out over the extra runs (bench, AR(1) noise, 1 probe per run: z on the stretched
         # window measured 0.53 false pages a week, on `window_runs` 0.20).
-        z = baseline.z(distance, min(window, rule.window_runs))
-        cusum = self.rules.cusum
-        if z < rule.z_threshold or cusum is None:
-            return z >= rule.z_threshold
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
-        # noise would: widen the standard error by the long-run factor of the reference's residuals.
-        # Against a trailing baseline, of its own runs, in blocks of a sixth of them (when that is at
-        # least 6 runs: shorter blocks cannot tell load that comes and goes from noise).
+        # noise would: the series' noise model widens the standard error by sqrt(g(window)).
         if baseline.seasonal:
-            _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
-        elif self.rules.trailing_runs < 36:
-            factor = 1.0
-        else:
-            end = baseline.end
-            _mean, factor = clipped_profile(
-                self.logs[max(0, end - self.rules.trailing_runs) : end],
-                center=baseline.level,
-                sigma=baseline.sigma,
-                bound=cusum.clip,
-                block=self.rules.trailing_runs // 6,
-            )
+            return baseline.z(distance, min(window, rule.window_runs), noise) >= rule.z_threshold
+        # Against a trailing baseline (the first days), residuals carry the daily cycle, which the model
+        # must not learn as noise: widen by the long-run factor of the trailing window's own runs, in
+        # blocks of a sixth of them (when that is at least 6 runs: shorter blocks cannot tell load that
+        # comes and goes from noise).
+        z = baseline.z(distance, min(window, rule.window_runs))
+        if z < rule.z_threshold or self.rules.trailing_runs < 36:
+            return z >= rule.z_threshold
+        # Until then the series' noise is not known: assume it wanders (TRAILING_G).
+        z /= math.sqrt(TRAILING_G)
+        end = baseline.end
+        _mean, factor = clipped_profile(
+            self.logs[max(0, end - self.rules.trailing_runs) : end],
+            center=baseline.level,
+            sigma=baseline.sigma,
+            bound=self.rules.cusum.clip if self.rules.cusum is not None else 2.5,
+            block=self.rules.trailing_runs // 6,
+        )
         return z / factor >= rule.z_threshold
 
     def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:

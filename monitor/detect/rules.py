@@ -77,6 +77,7 @@ RULES_BOUNDS: dict[str, Bound] = {
     "seasonal_window_minutes": Bound(gt=0, le=720),
     "trailing_runs": Bound(ge=MIN_BASELINE_RUNS),
     "level_hours": Bound(gt=0),
+    "false_alerts_per_week": Bound(gt=0, le=100),
     "clear_ratio": Bound(ge=1),
     "clear_runs": _COUNT,
     "consecutive_failures": _COUNT,
@@ -125,10 +126,12 @@ class Cusum:
     from 0."""
 
     shift_ratio: float
-    threshold: float
+    # None: derived per series from `Rules.false_alerts_per_week` and its noise (monitor/detect/noise.py);
+    # a number fixes it for every series.
+    threshold: float | None
     clip: float
     min_delta_ms: float = 20.0
-    block_runs: int = 24  # runs per block when measuring how autocorrelated the noise is
+    block_runs: int = 24  # no longer read: the noise model (monitor/detect/noise.py) measures correlation
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +147,9 @@ class Rules:
         ratio=1.5, min_delta_ms=100.0, confirmations=2, window_runs=5, z_threshold=4.0, min_probes=10
     )
     ticket: Threshold = Threshold(ratio=1.12, min_delta_ms=30.0, confirmations=6, window_runs=24, z_threshold=2.5)
-    cusum: Cusum | None = Cusum(shift_ratio=1.15, threshold=16.0, clip=2.5)
+    cusum: Cusum | None = Cusum(shift_ratio=1.15, threshold=None, clip=2.5)
+    # What the CUSUM's threshold is derived from, per series (its noise model and run interval).
+    false_alerts_per_week: float = 0.5
     # The ticket window rule opens tickets beside the CUSUM (always, without one).
     window_tickets: bool = True
     clear_ratio: float = 1.08
@@ -162,7 +167,8 @@ class Rules:
             ("cusum", self.cusum, CUSUM_BOUNDS),
         ):
             for name, bound in bounds.items() if rule is not None else ():
-                bound.check(f"{prefix}.{name}", getattr(rule, name))
+                if getattr(rule, name) is not None:
+                    bound.check(f"{prefix}.{name}", getattr(rule, name))
         problem = hysteresis_problem(self.clear_ratio, page_ratio=self.page.ratio, ticket_ratio=self.ticket.ratio)
         if problem is not None:
             raise ValueError(problem)
@@ -183,6 +189,7 @@ class Rules:
             seasonal_window_minutes=detection.seasonal_window_minutes,
             trailing_runs=detection.trailing_runs,
             level_hours=detection.level_hours,
+            false_alerts_per_week=detection.false_alerts_per_week,
             page=threshold(detection.page),
             ticket=threshold(detection.ticket),
             clear_ratio=detection.clear_ratio,
