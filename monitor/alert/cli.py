@@ -169,6 +169,8 @@ class IncidentView:
     group_size: int = 0
     # What an slo_burn incident measured: bad share, windows, burn rate (monitor.detect.burn.describe).
     summary: str | None = None
+    # Why a regression opened, in words and with the series' noise (monitor.detect.noise.describe).
+    evidence: str | None = None
 
     @property
     def state(self) -> str:
@@ -264,6 +266,7 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             cause=_detail(row.details, "cause"),
             attribution=_detail(row.details, "attribution"),
             summary=_detail(row.details, "summary"),
+            evidence=_detail(row.details, "evidence"),
             opened_at=row.opened_at,
             resolved_at=row.resolved_at,
             baseline_ms=row.baseline_ms,
@@ -353,6 +356,8 @@ def format_table(
             lines.append(f"  where: {item.attribution}")
         if item.summary:
             lines.append(f"  slo: {item.summary}")
+        if item.evidence:
+            lines.append(f"  evidence: {item.evidence}")
         if item.group_id is not None and item.group_size > 1:
             lines.append(f"  group: {str(item.group_id)[:8]}, notified as one with {item.group_size - 1} more")
         lines += _triage_lines(item)

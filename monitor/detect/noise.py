@@ -48,7 +48,8 @@ BURST_FADE = 0.9997
 LONG_RUNS = 144
 # Below this many runs, residuals are not clipped (no scale yet).
 MIN_RUNS = 12
-_PHI_GRID = (*(i / 100.0 for i in range(0, 99)), 0.995)
+_PHI_MAX = 0.995
+_PHI_COARSE = (*(i / 40.0 for i in range(1, 40)), _PHI_MAX)
 
 
 @dataclass(slots=True)
@@ -139,7 +140,7 @@ class NoiseModel:
             blocks=ints("blocks"),
             block_var=floats("block_var"),
             share=min(1.0, max(0.0, float(data.get("share", 0.0)))),
-            phi=min(_PHI_GRID[-1], max(0.0, float(data.get("phi", 0.0)))),
+            phi=min(_PHI_MAX, max(0.0, float(data.get("phi", 0.0)))),
             slow=max(0, int(data.get("slow", 0))),
             calm=max(0, int(data.get("calm", 0))),
             burst=max(0.0, float(data.get("burst", 0.0))),
@@ -198,7 +199,8 @@ def update(model: NoiseModel, residual: float) -> None:
         model.block_var[index] = (
             sample if model.blocks[index] == 1 else (1 - beta) * model.block_var[index] + beta * sample
         )
-        refit = True
+        # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
+        refit = refit or index == len(BLOCKS) - 1 or model.blocks[-1] == 0
     if refit:
         model.share, model.phi = fit(model.ratio(0), model.ratio(1))
 
@@ -262,19 +264,24 @@ def variance_ratio(share: float, phi: float, n: float) -> float:
 
 def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
     """(share, phi) of white noise plus AR(1) whose g(BLOCKS[0]) and g(BLOCKS[1]) are closest (in log) to
-    the measured ones; (0, 0) when the long blocks vary no more than independent runs would."""
+    the measured ones; (0, 0) when the long blocks vary no more than independent runs would. A coarse
+    grid of phi, then a fine one around its best point."""
     if ratio_long <= 1.0:
         return 0.0, 0.0
     short, long_ = BLOCKS
-    best = (math.inf, 0.0, 0.0)
-    for phi in _PHI_GRID[1:]:
-        excess = ar_ratio(phi, long_) - 1.0
-        share = min(1.0, (ratio_long - 1.0) / excess)
-        error = (math.log(variance_ratio(share, phi, short)) - math.log(ratio_short)) ** 2 + (
-            math.log(variance_ratio(share, phi, long_)) - math.log(ratio_long)
+    log_short, log_long = math.log(ratio_short), math.log(ratio_long)
+
+    def error(phi: float) -> tuple[float, float, float]:
+        share = min(1.0, (ratio_long - 1.0) / (ar_ratio(phi, long_) - 1.0))
+        miss = (math.log(variance_ratio(share, phi, short)) - log_short) ** 2 + (
+            math.log(variance_ratio(share, phi, long_)) - log_long
         ) ** 2
-        if error < best[0]:
-            best = (error, share, phi)
+        return miss, share, phi
+
+    coarse = min(error(phi) for phi in _PHI_COARSE)
+    centre = coarse[2]
+    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
+    best = min([coarse, *(error(phi) for phi in fine)])
     return best[1], best[2]
 
 
@@ -336,6 +343,8 @@ _WEIGHTS = (
 def false_alarms_per_run(allowance: float, threshold: float, offset_sd: float) -> float:
     """The alarm rate of that CUSUM when the reference it measures from is off by a normal amount with sd
     `offset_sd` (same units), fixed while the sum runs: averaged over the reference's error."""
+    if offset_sd <= 0:
+        return 1.0 / siegmund_arl(-allowance, threshold)
     return sum(w / siegmund_arl(offset_sd * x - allowance, threshold) for x, w in zip(_NODES, _WEIGHTS, strict=True))
 
 
@@ -363,7 +372,7 @@ def cusum_threshold(
     low, high = 0.0, 1.0
     while false_alarms_per_run(k, high, offset) > target and high < 1e6:
         high *= 2.0
-    for _ in range(40):
+    for _ in range(24):
         middle = (low + high) / 2.0
         if false_alarms_per_run(k, middle, offset) > target:
             low = middle
