@@ -52,7 +52,7 @@ from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.prompts import build_text
 from monitor.probe.result import Sample
-from monitor.probe.stats import percentile
+from monitor.quantile import quantile
 from monitor.sim.profiles import default_profiles
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -481,8 +481,8 @@ async def run_scenario(
 # --- report ----------------------------------------------------------------------------------
 
 
-def _p(values: list[float], q: float) -> float:
-    result = percentile(values, q, presorted=True)
+def _p(values: list[float], percent: float) -> float:
+    result = quantile(values, percent / 100, presorted=True)
     assert result is not None
     return result
 

@@ -37,7 +37,7 @@ import asyncpg
 import sqlalchemy as sa
 
 from monitor.probe.result import ErrorClass, Sample
-from monitor.probe.stats import percentile
+from monitor.quantile import quantile
 from monitor.store import migrate
 from monitor.store.engine import create_engine, display_url
 from monitor.store.records import SeriesKey, runs_from_samples
@@ -121,7 +121,7 @@ def tick_samples(series: list[Series], at: datetime, rng: random.Random) -> list
 
 def timings(values: list[float]) -> str:
     ms = sorted(v * 1000 for v in values)
-    return f"p50 {percentile(ms, 50, presorted=True):7.2f} ms   p95 {percentile(ms, 95, presorted=True):7.2f} ms"
+    return f"p50 {quantile(ms, 0.5, presorted=True):7.2f} ms   p95 {quantile(ms, 0.95, presorted=True):7.2f} ms"
 
 
 async def time_queries(calls: list[Callable[[], Awaitable[Any]]]) -> list[float]:

@@ -24,8 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.alert.dispatcher import Dispatcher
 from monitor.alert.metrics import AlertMetrics
+from monitor.alert.settings import Alerts
 from monitor.alert.transport import Transport
-from monitor.config.models import Alerts, Config
+from monitor.config.models import Config
 from monitor.metrics.definitions import Metrics
 from monitor.metrics.server import ListenerLimits, start_metrics_server
 from monitor.schedule.maintenance import run_maintenance

@@ -28,7 +28,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.model import Notification
-from monitor.config.models import Alerts, Receiver
+from monitor.alert.settings import Alerts, Receiver
 from monitor.store.engine import WRITE_OPTION, create_engine
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, SeriesRow
 from tests.store_fixtures import BACKENDS, Backend, PostgresServer, _skip_without_postgres

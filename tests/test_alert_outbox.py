@@ -18,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from monitor.alert.dispatcher import Dispatcher, RetryPolicy
 from monitor.alert.metrics import AlertMetrics
 from monitor.alert.outbox import Enqueued, Outbox
+from monitor.alert.settings import Alerts, Route, Silence
 from monitor.alert.transport import Transport
-from monitor.config.models import Alerts, Route, Silence
 from monitor.store.models import IncidentRow
 from tests.alert_fixtures import (
     T0,

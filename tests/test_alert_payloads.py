@@ -14,8 +14,8 @@ from monitor.alert.receivers import KINDS, alertmanager, dingtalk, feishu, pager
 from monitor.alert.receivers import log as log_receiver
 from monitor.alert.receivers.base import BuildError
 from monitor.alert.routing import active_silence, route, silence_window
+from monitor.alert.settings import Route, Silence
 from monitor.alert.text import fmt_duration, fmt_ms, headline, lines, truncate_bytes
-from monitor.config.models import Route, Silence
 from monitor.store.records import SeriesKey
 from tests.alert_fixtures import (
     INCIDENT,
@@ -525,7 +525,7 @@ def test_an_unpadded_whsec_secret_signs_like_the_padded_one() -> None:
 def test_every_config_receiver_type_has_a_module() -> None:
     from typing import get_args
 
-    from monitor.config.models import Receiver
+    from monitor.alert.settings import Receiver
 
     assert set(get_args(Receiver.model_fields["type"].annotation)) == set(KINDS)
 

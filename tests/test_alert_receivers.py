@@ -12,8 +12,8 @@ from structlog.testing import capture_logs
 
 from monitor.alert.deliver import deliver
 from monitor.alert.receivers import KINDS
+from monitor.alert.settings import Receiver
 from monitor.alert.transport import SendResult, Transport
-from monitor.config.models import Receiver
 from tests.alert_fixtures import (
     INCIDENT,
     T0,

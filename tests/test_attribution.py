@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from monitor.alert.attribution import ServerSplit, classify, server_split, split_text
 from monitor.alert.cli import IncidentView, format_table, list_incidents
 from monitor.alert.model import Notification
 from monitor.alert.text import facts, plain_text
 from monitor.config.models import Config
+from monitor.detect.attribution import ServerSplit, classify, server_split, split_text
 from monitor.detect.service import DetectionService
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.repository import Repository

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.config import ConfigError, load_config
-from monitor.config.loader import MAX_YAML_VALUES
+from monitor.config.errors import ConfigError
+from monitor.config.loader import MAX_YAML_VALUES, load_config
 from tests.conftest import run_cli
 
 BASE: dict[str, Any] = {

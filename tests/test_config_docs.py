@@ -5,8 +5,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from monitor.config import Config
 from monitor.config.docs import BEGIN, END, render_reference, replace_reference
+from monitor.config.models import Config
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 

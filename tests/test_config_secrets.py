@@ -7,7 +7,9 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.config import ConfigError, check_config, load_config
+from monitor.config.check import check_config
+from monitor.config.errors import ConfigError
+from monitor.config.loader import load_config
 
 SECRET = "sk-test-0123456789abcdef"
 

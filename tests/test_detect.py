@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from monitor.config.models import Detection
 from monitor.detect.detector import Detector, Event, Rules, RunPoint, SeriesState, Threshold
 from monitor.detect.rules import CUSUM_BOUNDS, RULES_BOUNDS, THRESHOLD_BOUNDS, Bound
+from monitor.detect.settings import Detection
 
 T0 = datetime(2025, 1, 6, tzinfo=UTC)  # a Monday, midnight
 EVERY = timedelta(minutes=5)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monitor.config.models import Config, SloBurn, Target
+from monitor.config.models import Config
 from monitor.detect.burn import (
     BurnIncident,
     BurnPolicy,
@@ -28,6 +28,8 @@ from monitor.detect.burn import (
     verdict,
     window_counts,
 )
+from monitor.detect.settings import SloBurn
+from monitor.probe.settings import Target
 from tests.conftest import ROOT
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from monitor.detect.stats import MAD_TO_SIGMA, log_ms, mad_sigma, median, median_se_factor, quantile
+from monitor.detect.stats import MAD_TO_SIGMA, log_ms, mad_sigma, median, median_se_factor
+from monitor.quantile import quantile
 
 
 @pytest.mark.parametrize(
@@ -24,21 +25,6 @@ from monitor.detect.stats import MAD_TO_SIGMA, log_ms, mad_sigma, median, median
 )
 def test_the_median_is_the_middle_value_or_the_mean_of_the_middle_two(values: list[float], expected: float) -> None:
     assert median(values) == expected
-
-
-@pytest.mark.parametrize(
-    ("values", "q", "expected"),
-    [
-        ([10.0, 20.0, 30.0, 40.0, 50.0], 0.0, 10.0),
-        ([10.0, 20.0, 30.0, 40.0, 50.0], 0.5, 30.0),
-        ([10.0, 20.0, 30.0, 40.0, 50.0], 1.0, 50.0),
-        ([10.0, 20.0, 30.0, 40.0, 50.0], 0.25, 20.0),
-        ([10.0, 20.0], 0.75, 17.5),
-        ([7.0], 0.9, 7.0),
-    ],
-)
-def test_quantiles_interpolate_between_order_statistics(values: list[float], q: float, expected: float) -> None:
-    assert quantile(values, q) == pytest.approx(expected)
 
 
 @pytest.mark.parametrize(
@@ -68,8 +54,6 @@ def test_the_median_standard_error_shrinks_with_the_square_root_of_n(n: int, exp
     "call",
     [
         lambda: median([]),
-        lambda: quantile([], 0.5),
-        lambda: quantile([1.0], 1.5),
         lambda: mad_sigma([]),
         lambda: median_se_factor(0),
         lambda: log_ms(0.0),

@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from monitor.config import build_trigger, load_config, next_fire_times
+from monitor.config.cron import build_trigger, next_fire_times
+from monitor.config.loader import load_config
 from tests.conftest import ROOT
 from tests.test_systemd import parse_cli, shutdown_grace_default
 

@@ -387,8 +387,8 @@ def test_the_cusum_keys_of_the_config_reach_the_detector(tmp_path: Path, detecti
 
 
 def test_the_configs_defaults_are_the_detectors() -> None:
-    from monitor.config.models import Detection
     from monitor.detect.detector import Rules
+    from monitor.detect.settings import Detection
 
     assert Rules.from_config(Detection()) == Rules()
     rules = Rules.from_config(Detection.model_validate({"cusum": {"threshold": 18, "clip": 2}, "window_tickets": True}))

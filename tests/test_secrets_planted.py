@@ -18,7 +18,7 @@ import sqlalchemy as sa
 import yaml
 from aiohttp import web
 
-from monitor.config import load_config
+from monitor.config.loader import load_config
 from monitor.probe.client import ProbeClient
 from monitor.probe.plan import Endpoints
 from monitor.probe.result import Sample

@@ -78,7 +78,7 @@ def test_mask_url_hides_userinfo_and_key_like_query_values() -> None:
 
 
 def test_a_provider_s_secrets_are_its_credentials_not_every_header_value(tmp_path: Path) -> None:
-    from monitor.config import load_config
+    from monitor.config.loader import load_config
 
     provider = {
         "base_url": "https://u:${URL_PASSWORD}@h/v1?key=${URL_KEY}&api-version=2024",

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 from monitor.cli import build_parser
-from monitor.config import Config, load_config
+from monitor.config.loader import load_config
+from monitor.config.models import Config
 from monitor.systemd_notify import Notifier, socket_address, watchdog_interval
 from tests.conftest import ROOT
 

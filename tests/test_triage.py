@@ -15,8 +15,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from monitor.alert.cli import format_table, list_incidents
 from monitor.alert.dispatcher import Dispatcher
 from monitor.alert.outbox import Outbox
+from monitor.alert.settings import Alerts
 from monitor.alert.transport import Transport
-from monitor.config.models import Alerts, Config
+from monitor.config.models import Config
 from monitor.store.models import DetectorStateRow, IncidentRow
 from monitor.store.triage import IncidentLookupError, TriageStore, prefix_bounds
 from monitor.triage.service import Triage, TriageRefused

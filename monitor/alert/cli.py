@@ -20,12 +20,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 from monitor.alert.deliver import config_problems, deliver
 from monitor.alert.model import Notification, series_link
 from monitor.alert.receivers import KINDS
-from monitor.alert.text import annotation_text, fmt_duration, fmt_ms, fmt_ratio, iso
+from monitor.alert.text import annotation_text, fmt_duration, fmt_ms, fmt_ratio
 from monitor.alert.transport import Transport
 from monitor.commandline import load_config_or_explain, run_against_database
 from monitor.config.models import Config
 from monitor.config.secrets import new_webhook_secret
 from monitor.detect.figures import IncidentFigures, figures_of
+from monitor.timefmt import iso
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -157,7 +158,7 @@ class IncidentView:
     opened_observed_ms: float | None = None
     peak_ratio: float | None = None
     peak_at: datetime | None = None
-    # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
+    # Where the time went (monitor.detect.attribution), for regressions of runs with server metrics.
     cause: str | None = None
     attribution: str | None = None
     # Triage (monitor.triage): who acknowledged, the label, a manual resolve's author and note, and the
@@ -192,8 +193,8 @@ class IncidentView:
             "prompt": self.prompt,
             "location": self.location,
             "job": self.job,
-            "opened_at": iso(self.opened_at),
-            "resolved_at": None if self.resolved_at is None else iso(self.resolved_at),
+            "opened_at": iso(self.opened_at, whole_seconds=True),
+            "resolved_at": None if self.resolved_at is None else iso(self.resolved_at, whole_seconds=True),
             **self.figures.to_json(),
             "error_class": self.error,
             "group_id": None if self.group_id is None else str(self.group_id),
@@ -304,7 +305,7 @@ def _with_triage(
 
 
 def _triage_json(record: TriageRecord | None, annotations: Sequence[Annotation]) -> dict[str, Any]:
-    from monitor.store.triage import triage_json
+    from monitor.web.payloads import triage_json
 
     return triage_json(record, annotations)
 

@@ -13,8 +13,8 @@ import structlog
 from monitor.alert.model import Notification
 from monitor.alert.receivers import KINDS, BuildError
 from monitor.alert.receivers.log import EVENT as LOG_EVENT
+from monitor.alert.settings import Receiver
 from monitor.alert.transport import SendResult, Transport
-from monitor.config.models import Receiver
 from monitor.redact import redact
 
 

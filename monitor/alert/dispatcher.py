@@ -36,8 +36,8 @@ from monitor.alert.model import Notification
 from monitor.alert.outbox import Outbox, utc_now
 from monitor.alert.receivers import KINDS
 from monitor.alert.routing import active_silence, describe_silence
+from monitor.alert.settings import Alerts, Receiver
 from monitor.alert.transport import SendResult, Transport
-from monitor.config.models import Alerts, Receiver
 from monitor.store.engine import is_bad_data
 from monitor.store.outbox import FAILED, PENDING, SENT, SUPERSEDED, ClaimedRow, Delivery, OutboxStore
 from monitor.store.writer import logged_failure

@@ -18,6 +18,8 @@ State = Literal["firing", "resolved", "info"]
 # How a delivery attempt ended: only `transient` failures are worth retrying.
 Outcome = Literal["ok", "transient", "permanent"]
 STATES: tuple[State, ...] = ("firing", "resolved", "info")
+# What the detector decides an incident is (monitor/detect/rules.py) and what routes select on.
+Severity = Literal["page", "ticket", "info"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,7 +56,7 @@ class Notification:
     summary: str = ""
     link: str | None = None
     repeat: int = 0
-    # Where the time went, from the server's own metrics (monitor.alert.attribution), when known.
+    # Where the time went, from the server's own metrics (monitor.detect.attribution), when known.
     cause: str | None = None
     attribution: str = ""
     # Change markers (`ttft-monitor annotate`) shortly before the incident: "after annotation 'vLLM

@@ -25,8 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from monitor.alert.metrics import AlertMetrics
 from monitor.alert.model import Notification
 from monitor.alert.routing import active_silence, describe_silence, route
+from monitor.alert.settings import Alerts
 from monitor.alert.text import annotation_text, fmt_time
-from monitor.config.models import Alerts
 from monitor.store.outbox import FIRING_EVENTS, PENDING, SUPPRESSED, OutboxStore
 from monitor.store.triage import ANNOTATION_WINDOW, TriageStore
 

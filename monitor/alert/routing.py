@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 
 from monitor.alert.model import Notification
+from monitor.alert.settings import Receiver, Route, Silence
 from monitor.config.cron import build_trigger
-from monitor.config.models import Receiver, Route, Silence
 
 DEFAULT_SEVERITIES = ("page", "ticket")
 

@@ -43,11 +43,6 @@ def fmt_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
-def iso(moment: datetime) -> str:
-    """RFC 3339 in UTC with a `Z`, whole seconds: what every receiver API accepts."""
-    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
 def annotation_text(marks: Sequence[tuple[str, datetime]]) -> str:
     """`after annotation 'vLLM upgraded' at 03:02 UTC` (several: oldest first, comma-separated)."""
     if not marks:

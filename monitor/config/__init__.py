@@ -1,55 +1,5 @@
-"""Typed configuration: models, loading with `${ENV}` expansion, errors that carry the key path."""
+"""Typed configuration: the root model (`models.py`) composing each stage's section, the field types
+they share (`fields.py`), loading with `${ENV}` expansion (`loader.py`), errors that carry the key path.
 
-from monitor.config.check import check_config
-from monitor.config.cron import build_trigger, next_fire_times
-from monitor.config.errors import ConfigError, ConfigIssue
-from monitor.config.loader import load_config
-from monitor.config.models import (
-    Alerts,
-    Availability,
-    Config,
-    Database,
-    Detection,
-    Job,
-    MetricsSettings,
-    Params,
-    PromptProfile,
-    Provider,
-    Receiver,
-    Retention,
-    Route,
-    SeverityRule,
-    Silence,
-    Slo,
-    Target,
-    TimeoutSettings,
-    Tls,
-)
-
-__all__ = [
-    "Alerts",
-    "Availability",
-    "Config",
-    "ConfigError",
-    "ConfigIssue",
-    "Database",
-    "Detection",
-    "Job",
-    "MetricsSettings",
-    "Params",
-    "PromptProfile",
-    "Provider",
-    "Receiver",
-    "Retention",
-    "Route",
-    "SeverityRule",
-    "Silence",
-    "Slo",
-    "Target",
-    "TimeoutSettings",
-    "Tls",
-    "build_trigger",
-    "check_config",
-    "load_config",
-    "next_fire_times",
-]
+Nothing is imported here, so `import monitor.config.urls` loads only that module: import what you use
+from its module (`from monitor.config.loader import load_config`)."""

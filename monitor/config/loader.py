@@ -16,8 +16,9 @@ from pydantic import ValidationError
 
 from monitor.config.errors import ConfigError, ConfigIssue
 from monitor.config.expand import expand_env
+from monitor.config.fields import ENV_NAME_PATTERN
 from monitor.config.messages import translate
-from monitor.config.models import ENV_NAME_PATTERN, REFERENCE_ERROR_TYPE, Config, format_path
+from monitor.config.models import REFERENCE_ERROR_TYPE, Config, format_path
 from monitor.config.references import reference_problems
 from monitor.config.secrets import ResolvedSecret, SecretError, resolve_secret, webhook_secret_key
 from monitor.redact import CREDENTIAL_HEADERS

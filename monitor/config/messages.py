@@ -15,7 +15,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import ErrorDetails
 
-from monitor.config.models import Provider, Receiver
+from monitor.alert.settings import Receiver
+from monitor.probe.settings import Provider
 
 Loc = tuple[str | int, ...]
 

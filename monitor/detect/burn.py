@@ -24,7 +24,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from monitor.config.models import SloBurn, Target
+    from monitor.detect.settings import SloBurn
+    from monitor.probe.settings import Target
 
 BurnSeverity = Literal["page", "ticket"]
 Action = Literal["open", "update", "resolve"]

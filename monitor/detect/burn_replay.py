@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import csv
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from monitor.detect.burn import KIND, BurnEvent, BurnPolicy, Probe, is_good, replay_probes
 from monitor.detect.sample_cells import parse_timestamp, parse_ttft
+from monitor.timefmt import iso
 
 
 def target_and_location(series: str) -> tuple[str, str]:
@@ -70,7 +70,7 @@ def replay_burn(
             elif incident is not None and event.action == "update":
                 incident.update(severity=event.incident.severity, ratio=_ratio(event))
             elif incident is not None and event.action == "resolve":
-                incident["resolved_at"] = _stamp(event.at)
+                incident["resolved_at"] = iso(event.at)
                 incident["peak_ratio"] = _round(event.incident.peak_burn)
                 incident = None
         yield from found
@@ -81,7 +81,7 @@ def _incident(series: str, event: BurnEvent, policy: BurnPolicy) -> dict[str, An
         "series": series,
         "kind": KIND,
         "severity": event.incident.severity,
-        "opened_at": _stamp(event.incident.opened_at),
+        "opened_at": iso(event.incident.opened_at),
         "resolved_at": None,
         "baseline_ms": policy.threshold_ms,
         "observed_ms": None,
@@ -97,7 +97,3 @@ def _ratio(event: BurnEvent) -> float | None:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from monitor.alert.model import Severity
 from monitor.detect import noise as noise_model
 from monitor.detect.noise import NoiseModel
-from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Rules, Severity, Threshold
+from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
 from monitor.detect.state import Event, Incident, RunPoint, SeriesState
 from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_and_sigma, median_se_factor
 

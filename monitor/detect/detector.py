@@ -36,8 +36,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
+from monitor.alert.model import Severity
 from monitor.detect.core import _Core, _lookback_s
-from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Kind, Rules, Severity, Threshold
+from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Kind, Rules, Threshold
 from monitor.detect.state import STATE_VERSION, Event, Incident, RunPoint, SeriesState, point_from_run
 
 __all__ = [

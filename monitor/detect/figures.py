@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
+
+from monitor.timefmt import iso
 
 MS_DIGITS = 1
 RATIO_DIGITS = 3
@@ -34,7 +36,7 @@ class IncidentFigures:
             "opened_baseline_ms": _round(self.opened_baseline_ms, MS_DIGITS),
             "opened_observed_ms": _round(self.opened_observed_ms, MS_DIGITS),
             "peak_ratio": _round(self.peak_ratio, RATIO_DIGITS),
-            "peak_at": None if self.peak_at is None else _iso(self.peak_at),
+            "peak_at": None if self.peak_at is None else iso(self.peak_at, whole_seconds=True),
             "baseline_ms": _round(self.baseline_ms, MS_DIGITS),
             "observed_ms": _round(self.observed_ms, MS_DIGITS),
             "ratio": _round(self.ratio, RATIO_DIGITS),
@@ -92,7 +94,3 @@ def _ratio(observed: float | None, baseline: float | None) -> float | None:
 
 def _round(value: float | None, digits: int) -> float | None:
     return None if value is None or math.isnan(value) else round(value, digits)
-
-
-def _iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")

@@ -17,7 +17,7 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, TextIO
 
 from monitor.commandline import load_config_or_explain
@@ -27,6 +27,7 @@ from monitor.detect.grouping import GROUPED_KINDS, Member, decide, joins, scope,
 from monitor.detect.sample_cells import ReplayError, parse_timestamp, parse_ttft
 from monitor.detect.stats import median
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
+from monitor.timefmt import iso
 
 COLUMNS = ("timestamp", "series", "ttft_ms", "error", "run_id")
 REQUIRED_COLUMNS = ("timestamp", "series", "ttft_ms")
@@ -149,7 +150,7 @@ def _number(value: float | None) -> str:
 
 def csv_fields(row: SampleRow) -> tuple[str, str, str, str, str]:
     """A row's fields in `COLUMNS` order, as written."""
-    return (_stamp(row.timestamp), row.series, _number(row.ttft_ms), row.error or "", row.run_id or "")
+    return (iso(row.timestamp), row.series, _number(row.ttft_ms), row.error or "", row.run_id or "")
 
 
 def write_samples_csv(rows: Iterable[SampleRow], stream: TextIO, *, header: bool = True) -> int:
@@ -172,17 +173,13 @@ def _incident(series: str, event: Event) -> dict[str, Any]:
         "series": series,
         "kind": event.kind,
         "severity": event.severity,
-        "opened_at": _stamp(event.opened_at),
+        "opened_at": iso(event.opened_at),
         "resolved_at": None,
         "baseline_ms": _round(event.baseline_ms, 1),
         "observed_ms": _round(event.observed_ms, 1),
         "ratio": _round(event.ratio, 3),
         "error": event.error,
     }
-
-
-def _stamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _round(value: float | None, digits: int) -> float | None:
@@ -291,7 +288,7 @@ class _Grouper:
         summary = summarise(group.provider, members, provider_locations=self._locations(group), by=self.settings.by)
         group.notifications.append(
             {
-                "at": _stamp(at),
+                "at": iso(at),
                 "state": state,
                 "severity": severity,
                 "summary": summary.text(resolved=state == "resolved"),
@@ -389,7 +386,7 @@ def replay(
                     touched.add(open_now[key]["group"])
             elif event.action == "resolve":
                 incident = open_now.pop(key)
-                incident["resolved_at"] = _stamp(event.at)
+                incident["resolved_at"] = iso(event.at)
                 if incident.get("group") is not None:
                     touched.add(incident["group"])
     if grouper is not None and last is not None:

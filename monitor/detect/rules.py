@@ -1,5 +1,5 @@
 """The detector's rules: every knob, its default and its bounds, defined once. The config's
-`detection` section (monitor/config/models.py) takes its defaults and bounds from here."""
+`detection` section (monitor/detect/settings.py) takes its defaults and bounds from here."""
 
 from __future__ import annotations
 
@@ -7,11 +7,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypedDict
 
 if TYPE_CHECKING:
-    from monitor.config.models import Detection, SeverityRule
+    from monitor.detect.settings import Detection, SeverityRule
 
 Kind = Literal["regression", "availability", "slo", "model_changed"]
 Action = Literal["open", "update", "resolve", "info"]
-Severity = Literal["page", "ticket", "info"]
 
 # A trailing baseline needs at least this many runs to be trusted.
 MIN_BASELINE_RUNS = 12

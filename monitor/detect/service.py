@@ -13,9 +13,9 @@ import structlog
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from monitor.alert.attribution import ServerSplit, classify, server_split, split_text
 from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
+from monitor.detect.attribution import ServerSplit, classify, server_split, split_text
 from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
 from monitor.detect.figures import figures_of

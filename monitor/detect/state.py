@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from monitor.alert.model import Severity
 from monitor.detect.noise import NoiseModel
-from monitor.detect.rules import Action, Kind, Severity
+from monitor.detect.rules import Action, Kind
 
 if TYPE_CHECKING:
     from monitor.store.records import RunRecord

@@ -14,19 +14,6 @@ from itertools import accumulate
 MAD_TO_SIGMA = 1.482602218505602
 
 
-def quantile(values: Sequence[float], q: float, *, presorted: bool = False) -> float:
-    """The q-quantile (0..1), interpolating linearly between order statistics. ValueError when empty."""
-    if not values:
-        raise ValueError("quantile of no values")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be within 0..1, got {q}")
-    data = values if presorted else sorted(values)
-    rank = (len(data) - 1) * q
-    low = math.floor(rank)
-    high = min(low + 1, len(data) - 1)
-    return float(data[low] + (data[high] - data[low]) * (rank - low))
-
-
 def median(values: Sequence[float], *, presorted: bool = False) -> float:
     """The median. ValueError when empty."""
     if not values:

@@ -56,7 +56,7 @@ from monitor.probe.errors import (
 )
 from monitor.probe.inflate import ACCEPT_ENCODING, Inflater, inflater_for
 from monitor.probe.result import ErrorClass, Sample, TimingPath
-from monitor.probe.stats import percentile
+from monitor.quantile import quantile
 from monitor.redact import redact
 from monitor.servertext import MESSAGE_CAP, SERVER_TEXT_CAP, capped
 
@@ -346,8 +346,8 @@ class ProbeClient:
             if len(token_stamps) > 1:
                 gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
                 gaps.sort()
-                sample.gap_p50_ms = percentile(gaps, 50, presorted=True)
-                sample.gap_p95_ms = percentile(gaps, 95, presorted=True)
+                sample.gap_p50_ms = quantile(gaps, 0.5, presorted=True)
+                sample.gap_p95_ms = quantile(gaps, 0.95, presorted=True)
                 sample.gap_max_ms = gaps[-1]
                 decode_s = (token_stamps[-1] - token_stamps[0]) / 1e9
                 tokens = sample.completion_tokens or len(token_stamps)

@@ -6,11 +6,12 @@ import ssl
 from collections.abc import Iterable
 from typing import Any
 
-from monitor.config.models import Config, PromptProfile, Provider, Target
+from monitor.config.models import Config
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.endpoint import Endpoint, Timeouts
 from monitor.probe.prompts import PromptSpec
 from monitor.probe.runner import ProbeTarget
+from monitor.probe.settings import PromptProfile, Provider, Target
 from monitor.redact import mask_url, url_credentials
 
 

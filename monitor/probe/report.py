@@ -12,7 +12,7 @@ from typing import Any
 
 from monitor.csvsafe import csv_cell
 from monitor.probe.result import SAMPLE_FIELDS, Sample
-from monitor.probe.stats import median, percentile
+from monitor.quantile import quantile
 from monitor.table import table_lines
 
 
@@ -58,16 +58,16 @@ def summarize(samples: Iterable[Sample]) -> list[SeriesSummary]:
                 prompt=prompt,
                 samples=len(members),
                 errors=dict(Counter(s.error.value for s in members if s.error is not None)),
-                ttft_p50_ms=percentile(ttft, 50, presorted=True),
-                ttft_p90_ms=percentile(ttft, 90, presorted=True),
+                ttft_p50_ms=quantile(ttft, 0.5, presorted=True),
+                ttft_p90_ms=quantile(ttft, 0.9, presorted=True),
                 ttft_min_ms=ttft[0] if ttft else None,
                 ttft_max_ms=ttft[-1] if ttft else None,
-                ttfa_p50_ms=median([s.ttfa_ms for s in ok if s.ttfa_ms is not None]),
-                decode_tps_p50=median([s.decode_tps for s in ok if s.decode_tps is not None]),
-                prompt_tokens_p50=median([s.prompt_tokens for s in ok if s.prompt_tokens is not None]),
+                ttfa_p50_ms=quantile([s.ttfa_ms for s in ok if s.ttfa_ms is not None], 0.5),
+                decode_tps_p50=quantile([s.decode_tps for s in ok if s.decode_tps is not None], 0.5),
+                prompt_tokens_p50=quantile([s.prompt_tokens for s in ok if s.prompt_tokens is not None], 0.5),
                 prompt_tokens_target=members[0].prompt_tokens_target,
-                cached_tokens_p50=median([s.cached_tokens for s in ok if s.cached_tokens is not None]),
-                setup_ms_p50=median([s.setup_ms for s in ok if s.setup_ms is not None]),
+                cached_tokens_p50=quantile([s.cached_tokens for s in ok if s.cached_tokens is not None], 0.5),
+                setup_ms_p50=quantile([s.setup_ms for s in ok if s.setup_ms is not None], 0.5),
                 disturbed=disturbed,
             )
         )

@@ -49,7 +49,7 @@ from monitor.sim.tokens import tokenize
 from monitor.sim.wire import COMMENT_PING, Family, Flavour, Generation, Route, Usage, dumps
 from monitor.sim.wire import anthropic as anthropic_wire
 from monitor.sim.wire import openai as openai_wire
-from monitor.sim.wire.registry import FLAVOURS
+from monitor.sim.wire.registry import FLAVORS
 
 PING_INTERVAL_NS = 100_000_000
 # How often a hanging response checks whether its client has gone.
@@ -548,7 +548,7 @@ def build_app(simulator: Simulator) -> web.Application:
     app = web.Application(client_max_size=MAX_BODY_BYTES)
     app[ARRIVALS] = arrivals
     app.on_shutdown.append(routes.on_shutdown)
-    for flavour in FLAVOURS:
+    for flavour in FLAVORS:
         for path in flavour.paths:
             app.router.add_post(path, routes.generate(flavour))
     app.router.add_get("/v1/models", routes.models)

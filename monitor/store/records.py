@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from monitor.probe.result import ErrorClass, Sample, TimingPath
-from monitor.probe.stats import median, percentile
+from monitor.quantile import quantile
 from monitor.servertext import MESSAGE_CAP, TRUNCATED_MARK
 
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
@@ -312,12 +312,12 @@ def summarize_run(
         warmup=len(samples) - len(measured),
         ok=len(ok),
         errors=len(evidence) - len(ok),
-        ttft_p50_ms=median(ttfts),
+        ttft_p50_ms=quantile(ttfts, 0.5),
         ttft_min_ms=min(ttfts) if ttfts else None,
         ttft_max_ms=max(ttfts) if ttfts else None,
-        ttfa_p50_ms=median(_values(ok, "ttfa_ms")),
-        decode_tps_p50=median(_values(ok, "decode_tps")),
-        prompt_tokens_p50=median(_values(measured, "prompt_tokens")),
+        ttfa_p50_ms=quantile(_values(ok, "ttfa_ms"), 0.5),
+        decode_tps_p50=quantile(_values(ok, "decode_tps"), 0.5),
+        prompt_tokens_p50=quantile(_values(measured, "prompt_tokens"), 0.5),
         error=errors.most_common(1)[0][0] if errors else None,
     )
 
@@ -399,15 +399,15 @@ def hourly_stats(
         hour=hour,
         samples=count,
         errors=errors,
-        ttft_p50_ms=percentile(ttfts, 50, presorted=True),
-        ttft_p90_ms=percentile(ttfts, 90, presorted=True),
-        ttft_p99_ms=percentile(ttfts, 99, presorted=True),
+        ttft_p50_ms=quantile(ttfts, 0.5, presorted=True),
+        ttft_p90_ms=quantile(ttfts, 0.9, presorted=True),
+        ttft_p99_ms=quantile(ttfts, 0.99, presorted=True),
         ttft_min_ms=ttfts[0] if ttfts else None,
         ttft_max_ms=ttfts[-1] if ttfts else None,
-        decode_tps_p50=median(rates),
-        ttft_p10_ms=percentile(ttfts, 10, presorted=True),
-        **{f"{name}_p50": median(found) for name, found in zip(ROLLUP_SAMPLE_MEDIANS, others, strict=True)},
-        **{f"{name}_p50": median(found) for name, found in zip(ROLLUP_RUN_MEDIANS, servers, strict=True)},
+        decode_tps_p50=quantile(rates, 0.5),
+        ttft_p10_ms=quantile(ttfts, 0.1, presorted=True),
+        **{f"{name}_p50": quantile(found, 0.5) for name, found in zip(ROLLUP_SAMPLE_MEDIANS, others, strict=True)},
+        **{f"{name}_p50": quantile(found, 0.5) for name, found in zip(ROLLUP_RUN_MEDIANS, servers, strict=True)},
     )
 
 

@@ -74,17 +74,6 @@ class Annotation:
     target: str | None
     created_by: str | None
 
-    def to_json(self) -> dict[str, Any]:
-        from monitor.alert.text import iso
-
-        return {
-            "id": str(self.id),
-            "at": iso(self.at),
-            "text": self.text,
-            "target": self.target,
-            "created_by": self.created_by,
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class TriageRecord:
@@ -104,21 +93,6 @@ def related_annotations(
     """The markers of `target` (or of every target) from ANNOTATION_WINDOW before `began` to `until`."""
     start = began - ANNOTATION_WINDOW
     return [m for m in marks if start <= m.at <= until and (m.target is None or m.target == target)]
-
-
-def triage_json(record: TriageRecord | None, annotations: Sequence[Annotation]) -> dict[str, Any]:
-    """The triage fields of an incident as `incidents --format json` and /api/v1/incidents show them."""
-    from monitor.alert.text import iso
-
-    record = record or TriageRecord()
-    return {
-        "acked_at": None if record.acked_at is None else iso(record.acked_at),
-        "acked_by": record.acked_by,
-        "label": record.label,
-        "resolved_by": record.resolved_by,
-        "note": record.note,
-        "annotations": [item.to_json() for item in annotations],
-    }
 
 
 def _annotation(row: Any) -> Annotation:

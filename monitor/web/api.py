@@ -26,6 +26,7 @@ from monitor.csvsafe import csv_row
 from monitor.detect.detector import Detector
 from monitor.metrics.server import SECURITY_HEADERS
 from monitor.store.engine import StoreError
+from monitor.timefmt import iso
 from monitor.web import queries
 from monitor.web.auth import COOKIE, Authenticator, Guard, Outcome, Verdict, client_address, forwarded_https
 
@@ -291,7 +292,7 @@ def web_routes(
         rows = await queries.overview(
             engine, now=at, cache=overview_cache, min_history_runs=detector.rules.min_history_runs if detector else None
         )
-        return _respond(request, {"now": queries.iso(at), "series": rows}, rows, "series")
+        return _respond(request, {"now": iso(at), "series": rows}, rows, "series")
 
     async def points(request: web.Request) -> web.Response:
         series_id = parse_id(request.match_info["id"])
@@ -307,9 +308,7 @@ def web_routes(
     async def incidents(request: web.Request) -> web.Response:
         start, end = time_window(request.query, now(), "30d")
         items = await queries.incidents(engine, start=start, end=end)
-        return _respond(
-            request, {"start": queries.iso(start), "end": queries.iso(end), "incidents": items}, items, "incidents"
-        )
+        return _respond(request, {"start": iso(start), "end": iso(end), "incidents": items}, items, "incidents")
 
     async def compare(request: web.Request) -> web.Response:
         start, end = time_window(request.query, now(), "7d")

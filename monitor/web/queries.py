@@ -20,10 +20,11 @@ from typing import Any, cast
 from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from monitor.alert.attribution import ServerSplit, classify, split_text
+from monitor.detect.attribution import ServerSplit, classify, split_text
 from monitor.detect.burn_service import ALL_PROMPTS
 from monitor.detect.detector import Detector, Rules, RunPoint
 from monitor.detect.figures import figures_of
+from monitor.quantile import quantile
 from monitor.store.models import (
     AlertDeliveryRow,
     AlertOutboxRow,
@@ -37,9 +38,11 @@ from monitor.store.models import (
 )
 from monitor.store.records import SERVER_RUN_FIELDS, HourlyStats, SeriesKey, floor_hour
 from monitor.store.repository import Repository
-from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotations, triage_json
+from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotations
 from monitor.store.types import UtcDateTime
+from monitor.timefmt import iso
 from monitor.web import stats
+from monitor.web.payloads import triage_json
 
 MAX_POINTS = 1500
 # The detector evaluates about 15,000 runs a second on this machine (4,320 runs in 0.3 s); beyond this many in a view
@@ -64,12 +67,8 @@ class SeriesInfo:
     location: str
 
 
-def iso(moment: datetime | None) -> str | None:
-    return moment.astimezone(UTC).isoformat().replace("+00:00", "Z") if moment is not None else None
-
-
 def _median(values: Sequence[float]) -> float | None:
-    return stats.quantile(sorted(values), 0.5)
+    return quantile(values, 0.5)
 
 
 def _round(value: float | None, digits: int = 2) -> float | None:
@@ -638,9 +637,9 @@ def bucket_points(rows: Sequence[Sequence[Any]], *, start: datetime, width_s: in
                 "t": iso(datetime.fromtimestamp(origin + index * width_s, UTC)),
                 "n": len(members),
                 "errors": sum(errors.values()),
-                "ttft_p10_ms": _round(stats.quantile(ttfts, 0.1)),
-                "ttft_p50_ms": _round(stats.quantile(ttfts, 0.5)),
-                "ttft_p90_ms": _round(stats.quantile(ttfts, 0.9)),
+                "ttft_p10_ms": _round(quantile(ttfts, 0.1, presorted=True)),
+                "ttft_p50_ms": _round(quantile(ttfts, 0.5, presorted=True)),
+                "ttft_p90_ms": _round(quantile(ttfts, 0.9, presorted=True)),
                 **{name: _round(median_of(_PHASE_AT + i)) for i, name in enumerate(PHASES)},
                 "decode_tps": _round(median_of(7)),
                 "prompt_tokens": _round(median_of(8), 0),
@@ -786,7 +785,7 @@ async def _where_the_time_went(
 ) -> dict[str, Any] | None:
     """What the server's own metrics say about the latest regression in the range (or, without one,
     the last hour): the client's TTFT and the server's TTFT, queue, prefill and waiting requests
-    against their medians over the day before, with the alerts' wording (monitor.alert.attribution).
+    against their medians over the day before, with the alerts' wording (monitor.detect.attribution).
     None when the runs carry no server metrics."""
     regression = next((i for i in incidents if i["kind"] == "regression"), None)
     since = _parse_iso(regression["since"]) if regression else end - timedelta(hours=1)
@@ -1111,8 +1110,8 @@ def _compare_cells(
                 "model": models[target],
                 "prompt": prompt,
                 "n": len(values),
-                "median_ms": _round(stats.quantile(values, 0.5)),
-                "p90_ms": _round(stats.quantile(values, 0.9)),
+                "median_ms": _round(quantile(values, 0.5, presorted=True)),
+                "p90_ms": _round(quantile(values, 0.9, presorted=True)),
                 "ci_low_ms": _round(interval[0]) if interval else None,
                 "ci_high_ms": _round(interval[1]) if interval else None,
                 "prompt_tokens_median": _round(_median(tokens.get((target, prompt), [])), 0),
@@ -1122,7 +1121,7 @@ def _compare_cells(
     prompts = sorted({prompt for _, prompt in sorted_cells})
     for prompt in prompts:
         in_prompt = [t for t, p in sorted_cells if p == prompt]
-        ranked = sorted(in_prompt, key=lambda t: (stats.quantile(sorted_cells[(t, prompt)], 0.5), t))
+        ranked = sorted(in_prompt, key=lambda t: (quantile(sorted_cells[(t, prompt)], 0.5, presorted=True), t))
         for i, faster in enumerate(ranked):
             for slower in ranked[i + 1 :]:
                 diff = stats.median_difference(

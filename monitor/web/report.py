@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.alert.text import escape_commonmark
 from monitor.probe.result import Sample
+from monitor.timefmt import iso
 from monitor.web import queries
 
 FORMATS = ("html", "md", "json")
@@ -44,8 +45,8 @@ def report_from_samples(samples: Iterable[Sample], *, now: datetime | None = Non
     end = now or datetime.now(UTC)
     rows = [(s.target, s.model, s.prompt, float(s.ttft_ms or 0.0), s.prompt_tokens) for s in kept]
     return {
-        "start": queries.iso(min(moments)) if moments else queries.iso(end),
-        "end": queries.iso(max(moments)) if moments else queries.iso(end),
+        "start": iso(min(moments)) if moments else iso(end),
+        "end": iso(max(moments)) if moments else iso(end),
         "filters": {"targets": [], "prompts": [], "locations": []},
         "available": {
             "targets": sorted({r[0] for r in rows}),

@@ -1,4 +1,4 @@
-"""The numbers of the compare view, as pure functions: quantiles, the median's bootstrap interval,
+"""The numbers of the compare view, as pure functions: the median's bootstrap interval,
 the bootstrap interval of a difference of medians, and the prefill slope.
 
 The bootstrap distribution of a sample median is known exactly (Efron 1982): the resampled median
@@ -16,19 +16,11 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from monitor.quantile import quantile
+
 CONFIDENCE = 0.95
 Z_95 = 1.959963984540054
 _EXACT_BINOMIAL_UP_TO = 80
-
-
-def quantile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Linear interpolation between order statistics (PostgreSQL's percentile_cont)."""
-    if not sorted_values:
-        return None
-    position = q * (len(sorted_values) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
 
 
 def _binomial_at_least(n: int, p: float, m: int) -> float:
@@ -109,7 +101,7 @@ def median_difference(
         return None
     a_variance = a_variance if a_variance is not None else median_variance(a)
     b_variance = b_variance if b_variance is not None else median_variance(b)
-    point = (quantile(a, 0.5) or 0.0) - (quantile(b, 0.5) or 0.0)
+    point = (quantile(a, 0.5, presorted=True) or 0.0) - (quantile(b, 0.5, presorted=True) or 0.0)
     half = Z_95 * math.sqrt(a_variance + b_variance)
     return Difference(point, point - half, point + half)
 

@@ -1,7 +1,7 @@
 """One module per receiver type; adding one means a new module and one line here.
 
-The config builds its receiver `type` values from `KINDS`, so receiver modules import `monitor.config`
-only for type hints (under TYPE_CHECKING) or inside functions: a top-level import would be circular.
+The config section (`alert/settings.py`) builds its receiver `type` values from `KINDS`; the receivers
+read their entry through the `base.Receiver` protocol, so they never import the section back.
 """
 
 from __future__ import annotations

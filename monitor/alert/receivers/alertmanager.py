@@ -10,15 +10,13 @@ as a bearer token.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import ReceiverKind, json_request, require_url, url_problems
-from monitor.alert.text import headline, iso, plain_text, series_labels
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
+from monitor.alert.receivers.base import Receiver, ReceiverKind, json_request, require_url, url_problems
+from monitor.alert.text import headline, plain_text, series_labels
+from monitor.timefmt import iso
 
 RESEND_INTERVAL_S = 60.0
 ENDS_AT_HORIZON_S = 4 * RESEND_INTERVAL_S
@@ -56,7 +54,7 @@ def alert_labels(notification: Notification) -> dict[str, str]:
 
 def alert_annotations(notification: Notification, now: datetime) -> dict[str, str]:
     n = notification
-    out = {"summary": headline(n), "description": plain_text(n, now), "since": iso(n.since)}
+    out = {"summary": headline(n), "description": plain_text(n, now), "since": iso(n.since, whole_seconds=True)}
     for name in ("baseline_ms", "observed_ms", "ratio"):
         value = getattr(n, name)
         if value is not None:
@@ -75,8 +73,8 @@ def payload(notification: Notification, now: datetime) -> list[dict[str, Any]]:
     alert: dict[str, Any] = {
         "labels": alert_labels(n),
         "annotations": alert_annotations(n, now),
-        "startsAt": iso(n.since),
-        "endsAt": iso(ends_at),
+        "startsAt": iso(n.since, whole_seconds=True),
+        "endsAt": iso(ends_at, whole_seconds=True),
     }
     if n.link:
         alert["generatorURL"] = n.link

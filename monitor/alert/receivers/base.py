@@ -8,18 +8,36 @@ optionally `check_answer` for APIs that say "error" inside a 200 response (Feish
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from monitor import __version__
 from monitor.alert.model import HttpRequest, Notification, Outcome
 
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
-
 USER_AGENT = f"ttft-monitor/{__version__}"
+
+
+class Receiver(Protocol):
+    """What a receiver module reads of its `alerts.receivers.NAME` entry (`alert/settings.py`'s
+    `Receiver`). Owned here, so the section, which lists the kinds from `KINDS`, is never imported back."""
+
+    @property
+    def type(self) -> str: ...
+    @property
+    def url(self) -> str | None: ...
+    @property
+    def url_env(self) -> str | None: ...
+    @property
+    def secret_env(self) -> str | None: ...
+    @property
+    def secret_file(self) -> Path | None: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+    def secret(self) -> str | None: ...
+    def resolved_url(self) -> str | None: ...
 
 
 class BuildError(ValueError):

@@ -11,15 +11,19 @@ import base64
 import hashlib
 import hmac
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
+from monitor.alert.receivers.base import (
+    Receiver,
+    ReceiverKind,
+    json_code_answer,
+    json_request,
+    require_url,
+    url_problems,
+)
 from monitor.alert.text import escape_dingtalk, headline, markdown_sections, one_line, truncate, truncate_bytes
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
 
 # 130101: sending too fast (20 messages a minute per robot).
 TRANSIENT_CODES = frozenset({130101})

@@ -11,14 +11,18 @@ import base64
 import hashlib
 import hmac
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
+from monitor.alert.receivers.base import (
+    Receiver,
+    ReceiverKind,
+    json_code_answer,
+    json_request,
+    require_url,
+    url_problems,
+)
 from monitor.alert.text import facts, headline
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
 
 # 9499: too many requests; 11232: the bot's frequency limit. Everything else will not improve by retrying.
 TRANSIENT_CODES = frozenset({9499, 11232})

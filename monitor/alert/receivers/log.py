@@ -4,14 +4,12 @@ for setups that ship logs to their alerting already. Nothing is sent over HTTP."
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import ReceiverKind
-from monitor.alert.text import headline, iso, series_labels
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
+from monitor.alert.receivers.base import Receiver, ReceiverKind
+from monitor.alert.text import headline, series_labels
+from monitor.timefmt import iso
 
 EVENT = "alert_notification"
 
@@ -29,10 +27,10 @@ def fields(notification: Notification, now: datetime) -> dict[str, Any]:
         "observed_ms": n.observed_ms,
         "ratio": n.ratio,
         "error_class": n.error_class,
-        "since": iso(n.since),
-        "resolved_at": None if n.resolved_at is None else iso(n.resolved_at),
+        "since": iso(n.since, whole_seconds=True),
+        "resolved_at": None if n.resolved_at is None else iso(n.resolved_at, whole_seconds=True),
         "summary": n.summary,
-        # Where the time went (monitor.alert.attribution), for regressions of runs with server metrics.
+        # Where the time went (monitor.detect.attribution), for regressions of runs with server metrics.
         "cause": n.cause,
         "attribution": n.attribution or None,
         "link": n.link,

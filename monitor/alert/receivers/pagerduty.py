@@ -7,14 +7,12 @@ changed) are change events, not incidents: they go to the Change Events endpoint
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import BuildError, ReceiverKind, json_request
-from monitor.alert.text import headline, iso, series_labels, truncate
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
+from monitor.alert.receivers.base import BuildError, Receiver, ReceiverKind, json_request
+from monitor.alert.text import headline, series_labels, truncate
+from monitor.timefmt import iso
 
 DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"
 SEVERITY = {"page": "critical", "ticket": "warning", "info": "info"}
@@ -40,7 +38,7 @@ def details(notification: Notification) -> dict[str, Any]:
         "observed_ms": n.observed_ms,
         "ratio": n.ratio,
         "error_class": n.error_class,
-        "since": iso(n.since),
+        "since": iso(n.since, whole_seconds=True),
         "summary": n.summary,
         "incident_id": str(n.incident_id),
     }
@@ -56,7 +54,7 @@ def payload(notification: Notification, routing_key: str, now: datetime) -> dict
         "source": f"{n.target}@{n.location}",
     }
     if n.state == "info":
-        event["timestamp"] = iso(now)
+        event["timestamp"] = iso(now, whole_seconds=True)
         event["custom_details"] = details(n)
         body["payload"] = event
     else:
@@ -64,7 +62,7 @@ def payload(notification: Notification, routing_key: str, now: datetime) -> dict
         body["dedup_key"] = dedup_key(n)
         event.update(
             severity=SEVERITY.get(n.severity, "error"),
-            timestamp=iso(n.since),
+            timestamp=iso(n.since, whole_seconds=True),
             component=n.target,
             group=n.job,
             custom_details=details(n),

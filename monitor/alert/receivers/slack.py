@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import ReceiverKind, json_request, require_url, url_problems
+from monitor.alert.receivers.base import Receiver, ReceiverKind, json_request, require_url, url_problems
 from monitor.alert.text import facts, headline, truncate
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
 
 # Slack's limits: header text 150 characters, section text 3000.
 HEADER_LIMIT = 150

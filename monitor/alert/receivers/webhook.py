@@ -13,29 +13,28 @@ import base64
 import hashlib
 import hmac
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import BuildError, ReceiverKind, dumps, post, require_url, url_problems
-from monitor.alert.text import headline, iso, plain_text, series_labels
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
+from monitor.alert.receivers.base import BuildError, Receiver, ReceiverKind, dumps, post, require_url, url_problems
+from monitor.alert.text import headline, plain_text, series_labels
+from monitor.config.secrets import webhook_secret_key
+from monitor.timefmt import iso
 
 
 def payload(notification: Notification, now: datetime) -> dict[str, Any]:
     n = notification
     return {
         "type": f"incident.{n.state}",
-        "timestamp": iso(now),
+        "timestamp": iso(now, whole_seconds=True),
         "data": {
             "incident_id": str(n.incident_id),
             "state": n.state,
             "kind": n.kind,
             "severity": n.severity,
             "repeat": n.repeat,
-            "since": iso(n.since),
-            "resolved_at": None if n.resolved_at is None else iso(n.resolved_at),
+            "since": iso(n.since, whole_seconds=True),
+            "resolved_at": None if n.resolved_at is None else iso(n.resolved_at, whole_seconds=True),
             "series": series_labels(n),
             "baseline_ms": n.baseline_ms,
             "observed_ms": n.observed_ms,
@@ -52,9 +51,6 @@ def payload(notification: Notification, now: datetime) -> dict[str, Any]:
 
 
 def secret_key(secret: str) -> bytes:
-    # Imported here: monitor.config builds its receiver-type list from this package's registry.
-    from monitor.config.secrets import webhook_secret_key
-
     try:
         return webhook_secret_key(secret)
     except ValueError as exc:

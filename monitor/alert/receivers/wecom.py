@@ -6,14 +6,18 @@ WeCom answers HTTP 200 with a non-zero `errcode` on refusal; markdown content is
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import ReceiverKind, json_code_answer, json_request, require_url, url_problems
+from monitor.alert.receivers.base import (
+    Receiver,
+    ReceiverKind,
+    json_code_answer,
+    json_request,
+    require_url,
+    url_problems,
+)
 from monitor.alert.text import escape_wecom, markdown_sections, truncate_bytes
-
-if TYPE_CHECKING:
-    from monitor.config.models import Receiver
 
 # 45009: API frequency limit (20 messages a minute per robot).
 TRANSIENT_CODES = frozenset({45009})

@@ -1,4 +1,4 @@
-"""The simulator's API flavours: one module each, listed once in `registry.FLAVOURS`.
+"""The simulator's API flavours: one module each, listed once in `registry.FLAVORS`.
 
 A flavour module exports a `Flavour`: the paths it serves, how its request body is read, the bytes
 it puts on the stream, its whole (non-streamed) answer, and its vendor's `Family` (auth, request-id

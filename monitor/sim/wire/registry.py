@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from monitor.sim.wire import Flavour, anthropic, gemini, openai, responses
 
-FLAVOURS: tuple[Flavour, ...] = (
+FLAVORS: tuple[Flavour, ...] = (
     openai.CHAT,
     openai.COMPLETIONS,
     anthropic.MESSAGES,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from monitor.probe.stats import median
+from monitor.quantile import quantile
 from monitor.store.records import RunRecord
 
 Cause = Literal["server_queue", "server_prefill", "outside_server"]
@@ -39,7 +39,7 @@ class ServerSplit:
 
 
 def _baseline(history: Sequence[RunRecord], name: str) -> float | None:
-    return median([float(v) for v in (getattr(r, name) for r in history) if v is not None])
+    return quantile([float(v) for v in (getattr(r, name) for r in history) if v is not None], 0.5)
 
 
 def server_split(run: RunRecord, history: Sequence[RunRecord]) -> ServerSplit | None:
