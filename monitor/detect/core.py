@@ -34,6 +34,8 @@ CUSUM_REFERENCE_S = 3 * 3600.0
 # Floor on the baseline's sigma (log units), so a near-constant series cannot divide by zero.
 SIGMA_FLOOR = 0.01
 UNKNOWN_ERROR = "unknown"
+# The sequential rule opens nothing on an excursion of fewer runs (an hour of 5-minute runs).
+MIN_EXCURSION_RUNS = 12
 # Against a trailing baseline (a series' first days) a window's variance is taken as this many times an
 # independent one's: load that comes and goes cannot be measured yet (bench/detector.py, false pages
 # under AR(1) noise opened in the first 3.5 days).
@@ -150,6 +152,7 @@ class _Core:
         self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
         self.threshold: float | None = None  # the CUSUM's, for the last stepped run
         self._thresholds: dict[tuple[float, float, int], float] = {}
+        self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
 
     # ------------------------------------------------ data
@@ -521,6 +524,11 @@ class _Core:
             return None
         since = state.cusum_since or run.at
         runs = state.cusum_runs + 1
+        # Over an excursion's first MIN_EXCURSION_RUNS runs the sum holds at most half the threshold: a
+        # burst, however far it went, leaves the rest to be shown by runs after it (fast jumps are the
+        # page rule's; a few slow runs that recover are not a moderate shift).
+        if runs < MIN_EXCURSION_RUNS:
+            total = min(total, threshold / 2.0)
         if total < threshold:
             state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
             return None
@@ -578,10 +586,12 @@ class _Core:
 
     def interval_s(self) -> float:
         """The series' run interval: the median spacing of its last valid runs (5 minutes before two)."""
-        times = self.times[-13:]
-        if len(times) < 2:
-            return 300.0
-        return max(1.0, median([b - a for a, b in itertools.pairwise(times)]))
+        key = (len(self.times), self.times[-1] if self.times else 0.0)
+        if self._interval[0] != key:
+            times = self.times[-13:]
+            value = max(1.0, median([b - a for a, b in itertools.pairwise(times)])) if len(times) >= 2 else 300.0
+            self._interval = (key, value)
+        return self._interval[1]
 
     def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
         """The series' noise model; one the state does not have yet is measured on the history given."""

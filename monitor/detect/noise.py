@@ -21,6 +21,7 @@ incident is open (`core.py`), and each update can raise a variance by at most a 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -85,7 +86,7 @@ class NoiseModel:
 
     def g(self, n: float) -> float:
         """How many times more a mean of n consecutive residuals varies than one of n independent ones."""
-        return variance_ratio(self.share, self.phi, n)
+        return _variance_ratio_cached(self.share, self.phi, n)
 
     @property
     def long_run(self) -> float:
@@ -260,6 +261,13 @@ def variance_ratio(share: float, phi: float, n: float) -> float:
     if n <= 1:
         return 1.0
     return min(G_MAX, 1.0 - share + share * ar_ratio(phi, n))
+
+
+@functools.lru_cache(maxsize=1024)
+def _variance_ratio_cached(share: float, phi: float, n: float) -> float:
+    # The detector asks for the same few windows (5, 24, 144, the reference's runs) after every run, and
+    # the fit changes every 36 runs: a pure function's cache, not state.
+    return variance_ratio(share, phi, n)
 
 
 def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
