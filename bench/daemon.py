@@ -116,14 +116,15 @@ def run(cmd: list[str]) -> None:
     subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
 
 
-def start_daemon(config: Path, log_path: Path) -> subprocess.Popen[bytes]:
-    """`ttft-monitor run` on `config`, its log (JSON lines) to `log_path`."""
+def start_daemon(config: Path, log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """`ttft-monitor run` on `config`, its log (JSON lines) to `log_path`; `env` added to this environment."""
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "monitor", "run", "--config", str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
+            env={**os.environ, **(env or {})},
         )
 
 

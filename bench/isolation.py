@@ -149,6 +149,108 @@ def samples_in(events: list[dict], start: float, end: float) -> list[dict]:
     return out
 
 
+def measure(args: argparse.Namespace, sim: str, *, kernel_stamps: bool) -> None:
+    """One daemon: a quiet phase, then a phase under load; prints both."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        port = free_port()
+        config = write_config(folder, sim, series=args.series, every=args.every, port=port)
+        add_web(config)
+        run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
+        log_path = folder / "daemon.log"
+        base = f"http://127.0.0.1:{port}"
+        env = {"TTFT_KERNEL_TIMESTAMPS": "1" if kernel_stamps else "0"}
+        daemon = start_daemon(config, log_path, env)
+        try:
+            for _ in range(100):
+                try:
+                    urllib.request.urlopen(base + "/healthz", timeout=1).read()
+                    break
+                except OSError:
+                    time.sleep(0.2)
+            time.sleep(args.every + 2)  # the first run's connections and calibration
+            quiet_start = time.time()
+            missed_0 = missed_ticks(base + "/metrics")
+            time.sleep(args.seconds)
+            quiet_end = time.time()
+            missed_1 = missed_ticks(base + "/metrics")
+            ui_base = None
+            serve_proc = None
+            if args.ui_process:
+                ui_port = free_port()
+                serve_proc = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "monitor",
+                        "serve",
+                        "--config",
+                        str(config),
+                        "--listen",
+                        f"127.0.0.1:{ui_port}",
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    cwd=ROOT,
+                )
+                ui_base = f"http://127.0.0.1:{ui_port}"
+                for _ in range(100):
+                    try:
+                        urllib.request.urlopen(ui_base + "/healthz", timeout=1).read()
+                        break
+                    except OSError:
+                        time.sleep(0.2)
+                quiet_end = time.time()
+                missed_1 = missed_ticks(base + "/metrics")
+            try:
+                ui = asyncio.run(hammer(base, args.seconds, args.clients, ui_base=ui_base))
+            finally:
+                if serve_proc is not None:
+                    serve_proc.terminate()
+                    serve_proc.wait(timeout=20)
+            load_end = time.time()
+            time.sleep(3)
+            missed_2 = missed_ticks(base + "/metrics")
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=60)
+        events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
+        lost = sum(1 for e in events if e.get("event") == "results_lost")
+        rows = []
+        evidence_rows = []
+        for name, start, end, missed in (
+            ("quiet", quiet_start, quiet_end, missed_1 - missed_0),
+            ("load", quiet_end, load_end, missed_2 - missed_1),
+        ):
+            samples = samples_in(events, start, end)
+            over = overheads(sim, samples, limit=1500)
+            evidence = overheads(sim, [s for s in samples if not s.get("disturbed")], limit=1500)
+            disturbed = sum(1 for s in samples if s.get("disturbed"))
+            rows.append((name, len(samples), quantile(over, 0.5), quantile(over, 0.99), missed, disturbed))
+            evidence_rows.append((name, len(evidence), quantile(evidence, 0.5), quantile(evidence, 0.99)))
+        heads = ("samples", "overhead p50 ms", "p99 ms", "ticks skipped", "disturbed")
+        print(f"{'phase':6s} " + " ".join(f"{h:>{w}s}" for h, w in zip(heads, (8, 16, 8, 14, 10), strict=True)))
+        for name, n, p50, p99, missed, disturbed in rows:
+            nan = float("nan")
+            print(f"{name:6s} {n:8d} {p50 or nan:16.3f} {p99 or nan:8.3f} {missed:14.0f} {disturbed:10d}")
+        quiet_p99, load_p99 = rows[0][3] or 0.0, rows[1][3] or 0.0
+        print(f"overhead p99 load - quiet: {load_p99 - quiet_p99:+.3f} ms; results lost: {lost}")
+        print("the detector's evidence (samples not marked disturbed):")
+        for name, n, p50, p99 in evidence_rows:
+            nan = float("nan")
+            print(f"{name:6s} {n:8d} {p50 or nan:16.3f} {p99 or nan:8.3f}")
+        print(f"{'listener (load phase)':22s} {'requests':>9s} {'p50 ms':>9s} {'p99 ms':>9s}  statuses")
+        for kind, got in sorted(ui.items()):
+            if kind == "slow_socket_opened":
+                print(f"{'half-sent sockets':22s} {got[0][1]:9d} opened (each closed by the server's idle timeout)")
+                continue
+            latencies = [latency * 1000 for latency, _ in got]
+            statuses = dict(sorted({s: sum(1 for _, x in got if x == s) for _, s in got}.items()))
+            p50, p99 = quantile(latencies, 0.5) or 0.0, quantile(latencies, 0.99) or 0.0
+            print(f"{kind:22s} {len(got):9d} {p50:9.1f} {p99:9.1f}  {statuses}")
+        print("target: overhead p99 under load within 1 ms of quiet; no tick skipped; nothing lost")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--series", type=int, default=500)
@@ -160,115 +262,40 @@ def main() -> None:
         action="store_true",
         help="the comparison: the pages and API served by a separate `ttft-monitor serve` process instead",
     )
+    parser.add_argument(
+        "--decode-tps",
+        type=float,
+        default=500,
+        help="the simulated model's decode rate: the gap between tokens, which decides how often a late read "
+        "takes the first token together with the next (then the kernel's stamp is the next one's)",
+    )
+    parser.add_argument(
+        "--kernel-stamps",
+        choices=("on", "off", "both"),
+        default="on",
+        help="time bytes by the kernel's arrival stamps (the default), by when the probes' loop read them "
+        "(TTFT_KERNEL_TIMESTAMPS=0), or both, one after the other in this run",
+    )
     args = parser.parse_args()
     sim_proc, sim = start_sim()
     try:
-        post(f"{sim}/sim/models/bench-model", {"ttft_base_ms": 40, "prefill_ms_per_1k": 20, "decode_tps": 500})
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp)
-            port = free_port()
-            config = write_config(folder, sim, series=args.series, every=args.every, port=port)
-            add_web(config)
-            run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
-            log_path = folder / "daemon.log"
-            base = f"http://127.0.0.1:{port}"
-            print(
-                f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-                f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}"
-            )
-            print(
-                f"daemon: {args.series} series every {args.every} s (offered {args.series / args.every:.0f} probes/s), "
-                f"SQLite; phases of {args.seconds:.0f} s; load: {args.clients} clients + 300 half-sent sockets"
-            )
-            daemon = start_daemon(config, log_path)
-            try:
-                for _ in range(100):
-                    try:
-                        urllib.request.urlopen(base + "/healthz", timeout=1).read()
-                        break
-                    except OSError:
-                        time.sleep(0.2)
-                time.sleep(args.every + 2)  # the first run's connections and calibration
-                quiet_start = time.time()
-                missed_0 = missed_ticks(base + "/metrics")
-                time.sleep(args.seconds)
-                quiet_end = time.time()
-                missed_1 = missed_ticks(base + "/metrics")
-                ui_base = None
-                serve_proc = None
-                if args.ui_process:
-                    ui_port = free_port()
-                    serve_proc = subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "monitor",
-                            "serve",
-                            "--config",
-                            str(config),
-                            "--listen",
-                            f"127.0.0.1:{ui_port}",
-                        ],
-                        stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
-                        cwd=ROOT,
-                    )
-                    ui_base = f"http://127.0.0.1:{ui_port}"
-                    for _ in range(100):
-                        try:
-                            urllib.request.urlopen(ui_base + "/healthz", timeout=1).read()
-                            break
-                        except OSError:
-                            time.sleep(0.2)
-                    quiet_end = time.time()
-                    missed_1 = missed_ticks(base + "/metrics")
-                try:
-                    ui = asyncio.run(hammer(base, args.seconds, args.clients, ui_base=ui_base))
-                finally:
-                    if serve_proc is not None:
-                        serve_proc.terminate()
-                        serve_proc.wait(timeout=20)
-                load_end = time.time()
-                time.sleep(3)
-                missed_2 = missed_ticks(base + "/metrics")
-            finally:
-                daemon.send_signal(signal.SIGTERM)
-                daemon.wait(timeout=60)
-            events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
-            lost = sum(1 for e in events if e.get("event") == "results_lost")
-            rows = []
-            evidence_rows = []
-            for name, start, end, missed in (
-                ("quiet", quiet_start, quiet_end, missed_1 - missed_0),
-                ("load", quiet_end, load_end, missed_2 - missed_1),
-            ):
-                samples = samples_in(events, start, end)
-                over = overheads(sim, samples, limit=1500)
-                evidence = overheads(sim, [s for s in samples if not s.get("disturbed")], limit=1500)
-                disturbed = sum(1 for s in samples if s.get("disturbed"))
-                rows.append((name, len(samples), quantile(over, 0.5), quantile(over, 0.99), missed, disturbed))
-                evidence_rows.append((name, len(evidence), quantile(evidence, 0.5), quantile(evidence, 0.99)))
-            heads = ("samples", "overhead p50 ms", "p99 ms", "ticks skipped", "disturbed")
-            print(f"{'phase':6s} " + " ".join(f"{h:>{w}s}" for h, w in zip(heads, (8, 16, 8, 14, 10), strict=True)))
-            for name, n, p50, p99, missed, disturbed in rows:
-                nan = float("nan")
-                print(f"{name:6s} {n:8d} {p50 or nan:16.3f} {p99 or nan:8.3f} {missed:14.0f} {disturbed:10d}")
-            quiet_p99, load_p99 = rows[0][3] or 0.0, rows[1][3] or 0.0
-            print(f"overhead p99 load - quiet: {load_p99 - quiet_p99:+.3f} ms; results lost: {lost}")
-            print("the detector's evidence (samples not marked disturbed):")
-            for name, n, p50, p99 in evidence_rows:
-                nan = float("nan")
-                print(f"{name:6s} {n:8d} {p50 or nan:16.3f} {p99 or nan:8.3f}")
-            print(f"{'listener (load phase)':22s} {'requests':>9s} {'p50 ms':>9s} {'p99 ms':>9s}  statuses")
-            for kind, got in sorted(ui.items()):
-                if kind == "slow_socket_opened":
-                    print(f"{'half-sent sockets':22s} {got[0][1]:9d} opened (each closed by the server's idle timeout)")
-                    continue
-                latencies = [latency * 1000 for latency, _ in got]
-                statuses = dict(sorted({s: sum(1 for _, x in got if x == s) for _, s in got}.items()))
-                p50, p99 = quantile(latencies, 0.5) or 0.0, quantile(latencies, 0.99) or 0.0
-                print(f"{kind:22s} {len(got):9d} {p50:9.1f} {p99:9.1f}  {statuses}")
-            print("target: overhead p99 under load within 1 ms of quiet; no tick skipped; nothing lost")
+        post(
+            f"{sim}/sim/models/bench-model",
+            {"ttft_base_ms": 40, "prefill_ms_per_1k": 20, "decode_tps": args.decode_tps},
+        )
+        print(
+            f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+            f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
+        print(
+            f"daemon: {args.series} series every {args.every} s (offered {args.series / args.every:.0f} probes/s), "
+            f"SQLite; phases of {args.seconds:.0f} s; load: {args.clients} clients + 300 half-sent sockets; "
+            f"model decodes {args.decode_tps:g} tokens/s"
+        )
+        modes = ("on", "off") if args.kernel_stamps == "both" else (args.kernel_stamps,)
+        for mode in modes:
+            print(f"\n== kernel arrival stamps {mode} ==")
+            measure(args, sim, kernel_stamps=mode == "on")
     finally:
         sim_proc.terminate()
         sim_proc.wait(timeout=10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -171,9 +172,12 @@ async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) 
                 saved[key] = (cpt, overhead)
         except Exception as exc:  # a cold calibration costs one round of accuracy, not correctness
             structlog.get_logger().warning("calibration_not_loaded", error=type(exc).__name__)
+    # TTFT_KERNEL_TIMESTAMPS=0 times bytes when the probes' loop reads them, as on a kernel without
+    # arrival stamps: for comparing the two (bench/isolation.py --compare-kernel-stamps).
+    kernel_stamps = os.environ.get("TTFT_KERNEL_TIMESTAMPS", "1") != "0"
     clients = {
-        "reuse": await stack.enter_async_context(ProbeClient(fresh=False)),
-        "fresh": await stack.enter_async_context(ProbeClient(fresh=True)),
+        "reuse": await stack.enter_async_context(ProbeClient(fresh=False, kernel_stamps=kernel_stamps)),
+        "fresh": await stack.enter_async_context(ProbeClient(fresh=True, kernel_stamps=kernel_stamps)),
     }
     # No cookie jar: each scrape stands alone, as it did with a session per run.
     scrape_session = await stack.enter_async_context(aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()))

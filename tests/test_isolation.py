@@ -202,6 +202,35 @@ async def test_a_ui_statement_that_runs_too_long_is_abandoned_by_sqlite(tmp_path
         await engine.dispose()
 
 
+async def test_a_ui_statement_whose_task_is_cancelled_stops_at_once(tmp_path: Path) -> None:
+    # A client that goes away cancels its handler; the statement must not run on to its deadline in
+    # aiosqlite's thread, spending a core the probes need.
+    from sqlalchemy import text
+
+    from monitor.store.engine import create_engine
+
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path}/t.db", statement_timeout_s=60)
+    endless = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"
+
+    async def query() -> None:
+        async with engine.connect() as connection:
+            await connection.scalar(text(endless))
+
+    try:
+        task = asyncio.create_task(query())
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        await asyncio.sleep(0.3)  # the next progress check
+        cpu = time.process_time()
+        await asyncio.sleep(1.0)
+        assert time.process_time() - cpu < 0.3, "the cancelled statement is still running"
+    finally:
+        await asyncio.wait_for(engine.dispose(), 10)
+
+
 # ------------------------------------------------------------------ a real daemon under hostile load
 
 USER, PASSWORD = "ops", "correct horse"

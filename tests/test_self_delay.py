@@ -13,7 +13,7 @@ from monitor.probe.endpoint import Timeouts
 from monitor.probe.plan import adhoc_target
 from monitor.probe.prompts import Calibration, PromptFactory, PromptSpec
 from monitor.probe.report import render_table, summarize
-from monitor.probe.result import Sample
+from monitor.probe.result import Sample, TimingPath
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
 from monitor.probe.self_delay import LoopDelayMeter, is_disturbed
 from tests.conftest import SimProcess
@@ -107,13 +107,15 @@ def _plan(sim: SimProcess, model: str) -> RunPlan:
     return RunPlan(targets=(target,), prompts=(PromptSpec("short", 128),), rounds=1, warmup=0, pause_s=0)
 
 
-async def _probe_once(sim: SimProcess, meter: LoopDelayMeter, *, block_after_s: float | None) -> float | None:
+async def _probe_once(
+    sim: SimProcess, meter: LoopDelayMeter, *, block_after_s: float | None, kernel_stamps: bool = True
+) -> Sample:
     plan = _plan(sim, "qwen3-8b")
     loop = asyncio.get_running_loop()
     if block_after_s is not None:
         # A callback of ours that hogs the loop while the server is still working on the first token.
         loop.call_later(block_after_s, time.sleep, 0.05)
-    async with ProbeClient() as client:
+    async with ProbeClient(kernel_stamps=kernel_stamps) as client:
         samples = await run_plan(
             plan,
             client=client,
@@ -128,16 +130,37 @@ async def _probe_once(sim: SimProcess, meter: LoopDelayMeter, *, block_after_s: 
 
 
 async def test_a_probe_during_which_the_loop_was_blocked_is_marked_disturbed(exact_sim: SimProcess) -> None:
+    # Timed when the loop reads the bytes, a block while the server works may be in the TTFT.
     exact_sim.post("/sim/models/qwen3-8b", {"ttft_base_ms": 300, "prefill_ms_per_1k": 0})
     meter = LoopDelayMeter()
     meter.start()
     try:
-        await _probe_once(exact_sim, meter, block_after_s=None)  # warm the connection and the imports
+        await _probe_once(exact_sim, meter, block_after_s=None, kernel_stamps=False)  # warm the imports
+        sample = await _probe_once(exact_sim, meter, block_after_s=0.1, kernel_stamps=False)
+    finally:
+        meter.stop()
+    assert sample.timing_path is TimingPath.STAMPED
+    assert sample.self_delay_ms is not None and sample.self_delay_ms >= 40, sample.self_delay_ms
+    assert sample.disturbed
+
+
+async def test_a_block_over_before_the_first_token_arrived_is_not_in_a_kernel_stamped_ttft(
+    exact_sim: SimProcess,
+) -> None:
+    # The same block, with the kernel's arrival stamps: it ended 150 ms before the first token came, so
+    # the token was read as it arrived; the monitor still says it was late, and the sample is evidence.
+    exact_sim.post("/sim/models/qwen3-8b", {"ttft_base_ms": 300, "prefill_ms_per_1k": 0})
+    meter = LoopDelayMeter()
+    meter.start()
+    try:
+        await _probe_once(exact_sim, meter, block_after_s=None)
         sample = await _probe_once(exact_sim, meter, block_after_s=0.1)
     finally:
         meter.stop()
+    assert sample.timing_path is TimingPath.KERNEL
     assert sample.self_delay_ms is not None and sample.self_delay_ms >= 40, sample.self_delay_ms
-    assert sample.disturbed
+    assert sample.first_token_read_mono_ns is not None
+    assert not sample.disturbed
 
 
 async def test_a_quiet_probe_records_its_self_delay_under_the_bound(exact_sim: SimProcess) -> None:

@@ -2,16 +2,18 @@
 
 The real pipeline probes the simulator (a child process: its timing is untouched) run after run,
 stores, detects and delivers to a webhook on loopback. Then the monitor's own loop is overloaded
-(a callback hogging it 200 ms out of every 220 ms): stamps are taken late, and the stored TTFT
-grows several-fold while the simulator answers exactly as before. Measured, those samples are
-disturbed: stored, but no evidence, and nothing opens. The same overload unmeasured (no meter, as
-before samples recorded their self delay) pages.
+(a callback hogging it 200 ms out of every 220 ms) while the simulator answers exactly as before.
+With the kernel's arrival stamps a first token read on its own keeps its true TTFT; one the stall
+held together with the next token may carry the stall, and is disturbed: stored, but no evidence.
+Either way nothing opens. The same overload with neither (no meter, bytes timed when the loop reads
+them, as before) stores TTFTs several-fold and pages.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -81,8 +83,10 @@ async def hog_the_loop() -> None:
 
 
 async def run_through_overload(
-    tmp_path: Path, sim: SimProcess, loopback: Loopback, *, measured: bool
+    tmp_path: Path, sim: SimProcess, loopback: Loopback, *, measured: bool, monkeypatch: pytest.MonkeyPatch
 ) -> dict[str, Any]:
+    if not measured:
+        monkeypatch.setenv("TTFT_KERNEL_TIMESTAMPS", "0")
     sim.post("/sim/models/qwen3-8b", FAST)
     path = write_config(tmp_path, sim, loopback.url("/hook"))
     upgraded = await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))
@@ -123,26 +127,30 @@ async def run_through_overload(
 
 @pytest.mark.timeout(180)
 async def test_the_monitors_own_overload_is_stored_as_disturbed_and_never_pages(
-    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    seen = await run_through_overload(tmp_path, exact_sim, loopback, measured=True)
+    seen = await run_through_overload(tmp_path, exact_sim, loopback, measured=True, monkeypatch=monkeypatch)
     assert seen["sent"] == [] and seen["incidents"] == []
     # The overloaded runs' samples (a shared CI machine may add a quiet one now and then).
     overloaded = [row for row in seen["samples"] if row.self_delay_ms is not None and row.self_delay_ms >= 100]
-    quiet = [row for row in seen["samples"] if not row.disturbed]
-    assert len(overloaded) == 2 * OVERLOADED and all(row.disturbed for row in overloaded), seen["samples"]
+    quiet = [row for row in seen["samples"] if row.self_delay_ms is not None and row.self_delay_ms <= BOUND_MS]
+    assert len(overloaded) == 2 * OVERLOADED, seen["samples"]
     assert len(quiet) >= 2 * HEALTHY - 2, seen["samples"]
-    assert all(row.self_delay_ms is not None and row.self_delay_ms <= BOUND_MS for row in quiet), quiet
-    # Stored as measured: the overload did move the TTFT the monitor saw.
-    assert min(row.ttft_ms for row in overloaded) > 2 * max(row.ttft_ms for row in quiet)
+    assert not any(row.disturbed for row in quiet), quiet
+    truth = statistics.median(row.ttft_ms for row in quiet)
+    # Every overloaded sample kept as evidence is timed by its arrival: the stall is not in it.
+    kept = [row for row in overloaded if not row.disturbed]
+    assert all(abs(row.ttft_ms - truth) < BOUND_MS for row in kept), (truth, kept)
+    # A run whose samples were all disturbed is not evaluated, and says so.
     skipped = [e for e in seen["skipped"] if not e["run_evaluated"]]
-    assert len(skipped) == OVERLOADED
-    assert {(e["samples"], e["disturbed"]) for e in skipped} == {(2, 2)}
+    assert all(e["samples"] == e["disturbed"] == 2 for e in skipped), skipped
 
 
 @pytest.mark.timeout(180)
-async def test_the_same_overload_unmeasured_pages(tmp_path: Path, exact_sim: SimProcess, loopback: Loopback) -> None:
-    seen = await run_through_overload(tmp_path, exact_sim, loopback, measured=False)
+async def test_the_same_overload_unmeasured_pages(
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = await run_through_overload(tmp_path, exact_sim, loopback, measured=False, monkeypatch=monkeypatch)
     assert ("regression", "page") in {(row.kind, row.severity) for row in seen["incidents"]}, seen
     assert any(item["severity"] == "page" for item in seen["sent"]), seen["sent"]
     assert not any(row.disturbed for row in seen["samples"])

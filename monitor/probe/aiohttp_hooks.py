@@ -22,6 +22,7 @@ import collections
 import contextvars
 import functools
 import itertools
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -37,6 +38,8 @@ from aiohttp.client_exceptions import (
     ClientConnectorSSLError,
 )
 from aiohttp.client_proto import ResponseHandler
+
+from monitor.probe import kernel_clock
 
 # The aiohttp range these hooks were checked on: pyproject.toml pins the same (a test compares them).
 SUPPORTED_AIOHTTP = ">=3.14,<3.15"
@@ -91,11 +94,22 @@ class StampingProtocol(ResponseHandler):
         self._watched: aiohttp.StreamReader | None = None
         self._settled: asyncio.Future[None] | None = None
         self._take: Callable[[bool], None] | None = None
+        # The connection's socket when it reads with the kernel's arrival stamps (kernel_clock);
+        # set by TimedConnector once the connection is made.
+        self.kernel_clock: kernel_clock.KernelStampedSocket | None = None
+        # Whether every stamp of the current response came from the kernel.
+        self.kernel_stamped = False
+        # Kernel arrival stamp -> when the loop read those bytes, for the current response: how late a
+        # read was is what a first token read together with later packets may carry.
+        self.read_at: dict[int, int] = {}
 
     def data_received(self, data: bytes) -> None:
         # An empty call is aiohttp resuming a paused read: it parses bytes that came with an earlier
         # call, so they carry that call's stamp (never one earlier than their arrival).
-        stamp = time.perf_counter_ns() if data else self._last_stamp
+        if data:
+            stamp, from_kernel = self._arrival()
+        else:
+            stamp, from_kernel = self._last_stamp, self.kernel_stamped
         self._last_stamp = stamp
         before = getattr(self, "_payload", None)
         super().data_received(data)
@@ -113,13 +127,31 @@ class StampingProtocol(ResponseHandler):
                 self._stamped_payload = payload
                 self.head_arrived = stamp
                 self.arrivals.clear()
+                self.read_at.clear()
+                self.kernel_stamped = from_kernel
+            else:
+                self.kernel_stamped = self.kernel_stamped and from_kernel
             self.arrivals.append((payload.total_bytes, stamp))
+            if from_kernel and data and self.kernel_clock is not None:
+                self.read_at.setdefault(stamp, self.kernel_clock.read_ns)
         if self._take is not None:
             # aiohttp hook: `_reading_paused` is set when aiohttp pauses the socket because too much
             # (or too many pieces) waits unread; once paused nothing arrives, so the reader must
             # take the buffer now.
             self._take(getattr(self, "_reading_paused", False))
             self._check_settled()
+
+    def _arrival(self) -> tuple[int, bool]:
+        """When the bytes being handed over arrived, and whether the kernel said so.
+
+        These bytes came from the socket's latest read (TLS: its plaintext, decrypted in the same
+        call); with the kernel's stamps that is when they reached the socket, never earlier than the
+        stamp before (stamps of one connection never go back).
+        """
+        clock = self.kernel_clock
+        if clock is not None and clock.kernel_stamped:
+            return max(clock.arrival_ns, self._last_stamp), True
+        return time.perf_counter_ns(), False
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._take is not None and self._watched is not None and self._watched.exception() is None:
@@ -173,10 +205,18 @@ class TimedConnector(aiohttp.TCPConnector):
     socket (as aiohttp does, with happy eyeballs), stamp, then let the loop do the TLS handshake.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, kernel_stamps: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._kernel_stamps = kernel_stamps
+        self._stamping_keeper = kernel_clock.keep_stamping_on() if kernel_stamps else None
         # aiohttp hook: `_factory` makes the protocol of each new connection; ours stamps arrivals.
         self._factory = functools.partial(StampingProtocol, loop=self._loop)  # type: ignore[assignment]
+
+    async def close(self, *args: Any, **kwargs: Any) -> None:
+        if self._stamping_keeper is not None:
+            self._stamping_keeper.close()
+            self._stamping_keeper = None
+        await super().close(*args, **kwargs)
 
     async def _wrap_create_connection(  # type: ignore[override]
         self,
@@ -204,7 +244,11 @@ class TimedConnector(aiohttp.TCPConnector):
                 )
                 if stamps is not None:
                     stamps.tcp_end = time.perf_counter_ns()
-                return await self._loop.create_connection(*args, **kwargs, sock=sock)
+                stamped = _kernel_stamped(sock) if self._kernel_stamps else None
+                transport, protocol = await self._loop.create_connection(*args, **kwargs, sock=stamped or sock)
+                if stamped is not None and isinstance(protocol, StampingProtocol):
+                    protocol.kernel_clock = stamped
+                return transport, protocol
         except ssl.CertificateError as exc:
             raise ClientConnectorCertificateError(req.connection_key, exc) from exc
         except ssl.SSLError as exc:
@@ -213,6 +257,16 @@ class TimedConnector(aiohttp.TCPConnector):
             if exc.errno is None and isinstance(exc, asyncio.TimeoutError):
                 raise
             raise client_error(req.connection_key, exc) from exc
+
+
+def _kernel_stamped(sock: Any) -> kernel_clock.KernelStampedSocket | None:
+    """`sock`'s connection, reading with the kernel's arrival stamps; None where the kernel has none."""
+    if not kernel_clock.supported() or not isinstance(sock, socket.socket) or sock.type != socket.SOCK_STREAM:
+        return None
+    try:
+        return kernel_clock.KernelStampedSocket.adopt(sock)
+    except OSError:
+        return None
 
 
 def trace_config() -> aiohttp.TraceConfig:

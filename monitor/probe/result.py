@@ -34,7 +34,11 @@ class ErrorClass(StrEnum):
 class TimingPath(StrEnum):
     """Which clock measured a sample's response: the exact one, or the fallback."""
 
-    # Every byte carries the time it arrived, stamped in aiohttp's connection protocol (aiohttp_hooks).
+    # Every byte carries the time the kernel queued it on the socket (probe/kernel_clock.py): what the
+    # probes' loop was doing meanwhile is not in it.
+    KERNEL = "kernel"
+    # Every byte carries the time it arrived, stamped in aiohttp's connection protocol (aiohttp_hooks)
+    # when the probes' loop read it (no kernel stamps: not Linux, or the wall clock stepped).
     STAMPED = "stamped"
     # Some bytes carry the time the probe's task read them, later than their arrival under load: the
     # connection's protocol kept no stamps (an aiohttp that moved a hook the client relies on).
@@ -98,6 +102,13 @@ class Sample:
     # sample is `disturbed`: stored and shown, but no evidence for the detector.
     self_delay_ms: float | None = None
     disturbed: bool = False
+    # With kernel stamps (timing_path "kernel"): whether the first token's stamp is its own. A late read
+    # takes every packet queued meanwhile under the newest one's stamp, so a first token read together
+    # with the next one may carry up to the monitor's delay; read alone, its stamp is its arrival.
+    # None when unknown (not kernel-stamped, or a single token). Not stored.
+    first_token_stamp_exact: bool | None = None
+    # With kernel stamps: when the probes' loop read the first token's bytes (monotonic ns). Not stored.
+    first_token_read_mono_ns: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from monitor.probe.result import Sample
+from monitor.probe.result import Sample, TimingPath
 
 DEFAULT_INTERVAL_NS = 5_000_000
 # The last ticks, every one kept: a window within them gets its exact worst lateness (~10 s at 5 ms).
@@ -178,7 +178,25 @@ class LoopDelayMeter:
         if end_ns is None or sample.sent_mono_ns is None or not self._started:
             return
         sample.self_delay_ms = self.max_lateness(sample.sent_mono_ns, end_ns)
-        sample.disturbed = is_disturbed(sample.self_delay_ms, bound_ms)
+        sample.disturbed = is_disturbed(self._delay_in_ttft(sample), bound_ms)
+
+    def _delay_in_ttft(self, sample: Sample) -> float | None:
+        """How much of the monitor's lateness the sample's TTFT may hold, in ms.
+
+        Stamped when the loop read the bytes: all of it, over [sent, last stamp]. Stamped by the
+        kernel (probe/kernel_clock.py): none, if the first token was read on its own (its stamp is its
+        arrival); else at most the stall the loop was in when it read the first token (a read takes
+        every packet queued meanwhile under the newest one's stamp, and a loop that was not stalled
+        reads a packet as it comes).
+        """
+        read_ns = sample.first_token_read_mono_ns
+        if sample.timing_path is not TimingPath.KERNEL or read_ns is None:
+            return sample.self_delay_ms
+        if sample.first_token_stamp_exact:
+            return 0.0
+        # From one interval before the read: a stall that ended just before it (its wake-up ran in
+        # the iteration before the read's) may have held the first token too.
+        return self.max_lateness(read_ns - self.interval_ns, read_ns)
 
 
 def _end_ns(sample: Sample) -> int | None:

@@ -138,25 +138,42 @@ def _configure_sqlite(engine: AsyncEngine, *, busy_timeout_ms: int) -> None:
 
 
 def _limit_sqlite_statements(engine: AsyncEngine, timeout_s: float) -> None:
-    """Interrupt a statement once it has run `timeout_s` (sqlite3 raises OperationalError 'interrupted').
+    """Interrupt a statement once it has run `timeout_s`, or once the task that awaits it is cancelled
+    (sqlite3 raises OperationalError 'interrupted').
 
-    The deadline is set when SQLAlchemy starts a statement and checked by a progress handler that
-    SQLite calls every few thousand virtual-machine steps, in the connection's own thread."""
+    The deadline and the awaiting task are noted when SQLAlchemy starts a statement and checked by a
+    progress handler that SQLite calls every few thousand virtual-machine steps, in the connection's
+    own thread. Cancelling the task (a UI client that went away, the handler's own timeout) does not
+    stop aiosqlite's thread by itself: without the check, an abandoned compare would keep a core
+    busy until its deadline."""
 
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
         deadline = record.info.setdefault("statement_deadline", [0.0])
+        awaited_by: list[asyncio.Task[Any] | None] = record.info.setdefault("statement_task", [None])
 
         def past_deadline() -> int:
-            return 1 if deadline[0] and time.monotonic() > deadline[0] else 0
+            if deadline[0] and time.monotonic() > deadline[0]:
+                return 1
+            task = awaited_by[0]
+            # Read from SQLite's thread: a task's state is plain attributes, and a stale read only
+            # delays the interruption to the next check.
+            return 1 if task is not None and (task.done() or task.cancelling()) else 0
 
         await_only(dbapi_connection.driver_connection.set_progress_handler(past_deadline, 20_000))
 
     @event.listens_for(engine.sync_engine, "before_cursor_execute")
     def _before(connection: Any, *_args: Any) -> None:
-        deadline = connection.connection.info.get("statement_deadline")
+        info = connection.connection.info
+        deadline = info.get("statement_deadline")
         if deadline is not None:
             deadline[0] = time.monotonic() + timeout_s
+        awaited_by = info.get("statement_task")
+        if awaited_by is not None:
+            try:
+                awaited_by[0] = asyncio.current_task()
+            except RuntimeError:  # no running loop: a synchronous caller, nothing to cancel
+                awaited_by[0] = None
 
 
 def display_url(url: str | URL) -> str:

@@ -24,7 +24,7 @@ from monitor.servertext import MESSAGE_CAP, TRUNCATED_MARK
 
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
 # Not stored: a process-local monotonic clock value, meaningless after the process ends.
-UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns"})
+UNSTORED_SAMPLE_FIELDS = frozenset({"sent_mono_ns", "first_token_stamp_exact", "first_token_read_mono_ns"})
 # The samples table's value columns and the Sample field each is read from, spelled out so that renaming
 # a Sample field cannot change the schema without a migration (tests/test_store_records.py checks that
 # every field and every column is accounted for).

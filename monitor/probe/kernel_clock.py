@@ -1,0 +1,118 @@
+"""Arrival times from the kernel: when a response's bytes reached the socket, not when the probe read them.
+
+A stamp taken in `data_received` is the time the probes' event loop got to the socket. When that loop
+(or the interpreter, or the machine) is busy, the bytes wait in the socket's receive queue and the
+wait lands in the TTFT. Linux stamps every received packet as it is queued (`SO_TIMESTAMPNS`), and
+hands the stamp over with the bytes (`recvmsg`'s ancillary data). The probe's sockets read that way,
+so a read carries the time its bytes arrived, whatever the loop was doing meanwhile.
+
+What the kernel gives is the arrival of the *last* packet a read took: packets that queue up while
+nobody reads are merged, keeping the newest stamp. A read therefore never gets a stamp earlier than
+its bytes' arrival, and a late read of several packets gets the newest one's: still never later than
+the read itself. `read_ns` is kept beside it, so the wait in the queue (how late the probe was) is
+measured, not guessed.
+
+The stamp is on the wall clock (CLOCK_REALTIME); it is moved to the probe's monotonic clock
+(`time.perf_counter_ns`) by its age, taken right after the read on both clocks. An age that is
+negative or longer than `MAX_AGE_NS` means the wall clock was stepped in between: that read falls
+back to the read time, and says so (`kernel_stamped` False).
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import sys
+import time
+
+# Linux's value; CPython's socket module does not export it on every build.
+SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("@qq")
+_ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+# Longer than any wait the probe's loop could cause and still report: a step of the wall clock.
+MAX_AGE_NS = 60 * 1_000_000_000
+
+
+def supported() -> bool:
+    return sys.platform.startswith("linux") and _ANCILLARY_SIZE > 0
+
+
+def keep_stamping_on() -> socket.socket | None:
+    """A socket that asks for arrival stamps and does nothing else, to be held open for the process' life.
+
+    Linux stamps packets only while some socket wants stamps, and switches that on lazily (deferred
+    work, a few ms after the first socket asks) and off again after the last one closes: without this
+    the first packets of a new connection can arrive unstamped. None where there are no stamps.
+    """
+    if not supported():
+        return None
+    keeper = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        keeper.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        keeper.close()
+        return None
+    return keeper
+
+
+def monotonic_arrival(kernel_wall_ns: int, now_wall_ns: int, now_mono_ns: int) -> int | None:
+    """The kernel's wall-clock arrival stamp on the monotonic clock; None if the wall clock stepped."""
+    age = now_wall_ns - kernel_wall_ns
+    if age < 0 or age > MAX_AGE_NS:
+        return None
+    return now_mono_ns - age
+
+
+def kernel_wall_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    """The SCM_TIMESTAMPNS stamp in a `recvmsg` answer's ancillary data, in wall-clock nanoseconds."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+            return seconds * 1_000_000_000 + nanoseconds
+    return None
+
+
+class KernelStampedSocket(socket.socket):
+    """A TCP socket whose reads keep the kernel's arrival stamp of what they returned.
+
+    asyncio's transports read with `recv` (plain protocols) and `recv_into` (TLS, buffered
+    protocols); both are answered with `recvmsg` here. After each read, `arrival_ns` is when its
+    bytes arrived (monotonic, `perf_counter_ns`), `read_ns` when the read ran, and `kernel_stamped`
+    whether the arrival came from the kernel.
+    """
+
+    __slots__ = ("arrival_ns", "kernel_stamped", "read_ns")
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.arrival_ns = 0
+        self.read_ns = 0
+        self.kernel_stamped = False
+
+    @classmethod
+    def adopt(cls, sock: socket.socket) -> KernelStampedSocket:
+        """The same connection as `sock` (which is detached), reading with arrival stamps on."""
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # raises before anything is handed over
+        return cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:
+        data, ancdata, _flags, _address = self.recvmsg(bufsize, _ANCILLARY_SIZE, flags)
+        self._note(ancdata)
+        return data
+
+    def recv_into(self, buffer: object, nbytes: int = 0, flags: int = 0) -> int:
+        view = memoryview(buffer)  # type: ignore[arg-type]
+        if nbytes:
+            view = view[:nbytes]
+        count, ancdata, _flags, _address = self.recvmsg_into([view], _ANCILLARY_SIZE, flags)
+        self._note(ancdata)
+        return count
+
+    def _note(self, ancdata: list[tuple[int, int, bytes]]) -> None:
+        now_mono = time.perf_counter_ns()
+        now_wall = time.time_ns()
+        self.read_ns = now_mono
+        wall = kernel_wall_ns(ancdata)
+        arrival = monotonic_arrival(wall, now_wall, now_mono) if wall is not None else None
+        self.kernel_stamped = arrival is not None
+        self.arrival_ns = arrival if arrival is not None else now_mono
