@@ -6,6 +6,10 @@ from the simulator's stamps), peak RSS, and `ttft-monitor once` start-up (proces
 first request arriving at the simulator, both on CLOCK_MONOTONIC).
 
     .venv/bin/python bench/daemon.py [--series 500] [--seconds 60] [--every 5]
+
+`--otel` runs the daemon with OpenTelemetry export off, metrics only and metrics with traces (to a
+loopback OTLP/HTTP receiver, metrics every second), and both towards a collector that accepts and
+never answers, in turn, `--pairs` times, and prints each mode's medians side by side.
 """
 
 from __future__ import annotations
@@ -15,12 +19,17 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,9 +146,55 @@ def overheads(sim: str, samples: list[dict], limit: int) -> list[float]:
     return out
 
 
-def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
-    port = 19000 + os.getpid() % 1000
+@contextmanager
+def otlp_sink() -> Iterator[str]:
+    """An OTLP/HTTP receiver that takes every export (200, empty body) and counts the requests."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def hung_collector() -> Iterator[str]:
+    """A port that accepts connections and never answers."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        listener.close()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bench_daemon(sim: str, args: argparse.Namespace, folder: Path, *, otel: str | None = None) -> dict:
+    """`otel`: an `otel:` section to add (export off without it)."""
+    port = free_port()
     config = write_config(folder, sim, series=args.series, every=args.every, port=port)
+    if otel is not None:
+        config.write_text(config.read_text() + f"otel: {otel}\n")
     run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
     log_path = folder / "daemon.log"
     daemon = start_daemon(config, log_path)
@@ -177,6 +232,30 @@ def bench_daemon(sim: str, args: argparse.Namespace, folder: Path) -> dict:
     }
 
 
+def bench_otel(sim: str, args: argparse.Namespace, folder: Path) -> None:
+    """Export off, metrics only, metrics and traces, and both towards a hung collector, in turn,
+    `args.pairs` times; medians side by side. Metrics go out every second (the default is 60 s)."""
+    keys = ("probes_per_s", "overhead_p50_ms", "overhead_p99_ms", "loop_lag_p99_s", "rss_mb")
+    with otlp_sink() as sink, hung_collector() as hung:
+        modes: dict[str, str | None] = {
+            "off": None,
+            "metrics": f'{{endpoint: "{sink}", export_interval_s: 1, timeout_s: 2}}',
+            "traces": f'{{endpoint: "{sink}", export_interval_s: 1, timeout_s: 2, traces: true}}',
+            "hung": f'{{endpoint: "{hung}", export_interval_s: 1, timeout_s: 2, traces: true}}',
+        }
+        results: dict[str, list[dict]] = {mode: [] for mode in modes}
+        for index in range(args.pairs):
+            for mode, otel in modes.items():
+                where = folder / f"{mode}-{index}"
+                where.mkdir()
+                results[mode].append(bench_daemon(sim, args, where, otel=otel))
+    print(f"  {'median of ' + str(args.pairs):18s} " + "".join(f"{mode:>10s}" for mode in results) + "  metrics/off")
+    for key in keys:
+        medians = {m: statistics.median(r[key] for r in runs if r[key] is not None) for m, runs in results.items()}
+        ratio = medians["metrics"] / medians["off"] if medians["off"] else float("nan")
+        print(f"  {key:18s} " + "".join(f"{medians[m]:10.3f}" for m in results) + f"  {ratio:.3f}")
+
+
 def bench_once_startup(sim: str, folder: Path, runs: int = 7) -> list[float]:
     config = folder / "once.yaml"
     config.write_text(
@@ -204,6 +283,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--every", type=int, default=10, help="schedule period in seconds")
     parser.add_argument("--once-only", action="store_true", help="only measure `once` start-up")
+    parser.add_argument(
+        "--otel", action="store_true", help="compare OpenTelemetry export off / metrics / traces / hung collector"
+    )
+    parser.add_argument("--pairs", type=int, default=2, help="with --otel: how many times to run each mode")
     args = parser.parse_args()
     sim_proc, sim = start_sim()
     try:
@@ -218,6 +301,9 @@ def main() -> None:
                 f"daemon: {args.series} series every {args.every} s "
                 f"(offered {args.series / args.every:.0f} probes/s) for {args.seconds:.0f} s, SQLite"
             )
+            if args.otel:
+                bench_otel(sim, args, folder)
+                return
             if not args.once_only:
                 result = bench_daemon(sim, args, folder)
                 for key, value in result.items():

@@ -15,6 +15,18 @@ For each: probed (runs measured, from the daemons' logs), stored (rows in `runs`
 (distinct scheduled times stored), skipped (ticks the scheduler skipped, missed or coalesced) and
 exit s (SIGTERM to exit of the last stop).
 
+Then every tick accounted for, and every page once (a second table: ticks due by the monotonic
+clock over the scenario, probed, stored, counted as missed by the daemon's own counter, and
+notifications sent and received):
+
+- reload-before-tick: a SIGHUP 5 ms before each of 10 ticks (the unchanged file)
+- stall:              SIGSTOP for --seconds (a suspended VM, a frozen cgroup), then SIGCONT
+- clock-step:         the wall clock 2 minutes back for --seconds, then corrected; then an hour
+                      forward and back (libfaketime: `apt-get install faketime`; skipped without)
+- read-only:          `default_transaction_read_only` on for --seconds (a standby after a failover)
+- delivery-blip:      5 notifications, PostgreSQL cut for 2 s as each reaches the receiver, before
+                      its 2xx is recorded (the outbox's dispatcher, in this process)
+
     TTFT_TEST_POSTGRES_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/test \\
         .venv/bin/python bench/faults.py [--seconds 60] [--only hang,sigterm]
 """
@@ -25,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -159,14 +172,14 @@ class Daemon:
         return time.monotonic() - started
 
 
-def start_daemon(config: Path, log: Path) -> Daemon:
+def start_daemon(config: Path, log: Path, *, env: dict[str, str] | None = None) -> Daemon:
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "monitor", "run", "--config", str(config)],
             stdout=out,
             stderr=subprocess.STDOUT,
             cwd=ROOT,
-            env={k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"},
+            env={**{k: v for k, v in os.environ.items() if k != "NOTIFY_SOCKET"}, **(env or {})},
         )
     daemon = Daemon(process, log)
     deadline = time.monotonic() + 60
@@ -186,6 +199,71 @@ class Row:
     skipped: int
     exit_s: float
     note: str = ""
+
+
+@dataclass
+class Accounted:
+    """Every tick accounted for: `due` should equal `stored + missed` (a run lost unnoticed shows as less)."""
+
+    scenario: str
+    due: int | str
+    probed: int | str
+    stored: int | str
+    missed: int | str
+    sent: int | str = "-"
+    received: int | str = "-"
+    note: str = ""
+
+
+LIBFAKETIME = next(
+    (
+        p
+        for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
+        if Path(p).exists()
+    ),
+    None,
+)
+
+
+def metrics_text(config: Path) -> str:
+    import urllib.request
+
+    listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+    for attempt in range(3):  # a loaded machine can take a while; the figures matter, not the latency
+        try:
+            with urllib.request.urlopen(f"http://{listen}/metrics", timeout=15) as resp:
+                return resp.read().decode()
+        except OSError:
+            if attempt == 2:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
+
+
+def missed_runs(config: Path) -> int:
+    """The daemon's own count of ticks it did not run (coalesced, misfired, still running)."""
+    total = 0.0
+    for line in metrics_text(config).splitlines():
+        if line.startswith("ttft_monitor_scheduler_missed_runs_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return round(total)
+
+
+def readyz(config: Path) -> int:
+    import urllib.error
+    import urllib.request
+
+    listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+    try:
+        with urllib.request.urlopen(f"http://{listen}/readyz", timeout=5) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def sleep_until(wall: float) -> None:
+    while (left := wall - time.time()) > 0:
+        time.sleep(min(left, 0.05) if left > 0.06 else left)
 
 
 class Bench:
@@ -334,14 +412,205 @@ class Bench:
         exit_s = last.stop()
         return self._row("sigkill", [*daemons, last], direct, exit_s, "killed 4 times, restarted each time")
 
+    # ---------------------------------------------------------------- every tick accounted for
+
+    def accounted(self, scenario: str) -> Accounted:
+        name, direct = self.database()
+        folder = self.work / scenario
+        folder.mkdir()
+        try:
+            return getattr(self, "accounted_" + scenario.replace("-", "_"))(folder, name, direct)
+        finally:
+            admin(self.postgres, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def _observe(
+        self,
+        scenario: str,
+        folder: Path,
+        direct: str,
+        fault: Callable[[Daemon, Path], str],
+        env: dict[str, str] | None = None,
+    ) -> Accounted:
+        """Start a daemon, wait for its first run, apply `fault`, let it settle, and account for the ticks."""
+        config = write_config(folder, self.sim_url, direct, state_dir=folder / "state")
+        daemon = start_daemon(config, folder / "a.log", env=env)
+        deadline = time.monotonic() + 30
+        while daemon.events("job_finished") < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        first_runs = daemon.events("job_finished")
+        # Ticks due are counted by the monotonic clock from the first run's tick (the last boundary of the
+        # schedule, found while the wall clock is still true), so a wall-clock step cannot change how many
+        # the schedule owed; the daemon is stopped half a tick after a boundary, so none is ambiguous.
+        anchor = time.monotonic() - time.time() % TICK_S
+        note = fault(daemon, config)
+        time.sleep(2 * TICK_S)
+        self._drained([daemon])()
+        if folded := daemon.events("job_runs_coalesced"):
+            note += f"; {folded} job_runs_coalesced line(s)"
+        half = math.ceil((time.monotonic() - anchor) / TICK_S - 0.5) + 0.5
+        time.sleep(max(0.0, anchor + half * TICK_S - time.monotonic()))
+        missed = missed_runs(config)
+        due = int((time.monotonic() - anchor) // TICK_S) + 1
+        daemon.stop()  # lets the last tick's run finish and be stored
+        probed = daemon.events("job_finished") - first_runs + 1
+        stored = query(direct, "select count(*) from runs where job = 'tick'")[0][0] - first_runs + 1
+        return Accounted(scenario, due, probed, stored, missed, note=note)
+
+    def accounted_reload_before_tick(self, folder: Path, name: str, direct: str) -> Accounted:
+        def fault(daemon: Daemon, _config: Path) -> str:
+            for _ in range(10):
+                tick = (int(time.time()) // TICK_S + 1) * TICK_S
+                sleep_until(tick - 0.005)  # the reload holds the loop as the tick falls due
+                daemon.process.send_signal(signal.SIGHUP)
+                sleep_until(tick + 0.3)
+            return f"{daemon.events('config_reloaded')} reloads, each 5 ms before a tick"
+
+        return self._observe("reload-before-tick", folder, direct, fault)
+
+    def accounted_stall(self, folder: Path, name: str, direct: str) -> Accounted:
+        def fault(daemon: Daemon, _config: Path) -> str:
+            daemon.process.send_signal(signal.SIGSTOP)
+            time.sleep(self.seconds)
+            daemon.process.send_signal(signal.SIGCONT)
+            return f"SIGSTOP {self.seconds:g} s"
+
+        return self._observe("stall", folder, direct, fault)
+
+    def accounted_clock_step(self, folder: Path, name: str, direct: str) -> Accounted:
+        if LIBFAKETIME is None:
+            return Accounted(
+                "clock-step", 0, 0, 0, 0, note="skipped: libfaketime not installed (apt-get install faketime)"
+            )
+        offset = folder / "faketime"
+        offset.write_text("+0\n")
+        env = {
+            "LD_PRELOAD": LIBFAKETIME,
+            "FAKETIME_TIMESTAMP_FILE": str(offset),
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        }
+
+        def fault(daemon: Daemon, config: Path) -> str:
+            offset.write_text("-120\n")
+            time.sleep(self.seconds)
+            offset.write_text("+0\n")
+            time.sleep(2 * TICK_S)
+            offset.write_text("+3600\n")
+            time.sleep(2 * TICK_S)
+            offset.write_text("+0\n")
+            time.sleep(1)
+            steps = sum(
+                float(line.rsplit(" ", 1)[1])
+                for line in metrics_text(config).splitlines()
+                if line.startswith("ttft_monitor_clock_steps_total{")
+            )
+            return f"-120 s for {self.seconds:g} s, then +1 h and back: {steps:g} steps counted"
+
+        # The stored scheduled times follow the stepped clock, so stored counts rows, not distinct times.
+        return self._observe("clock-step", folder, direct, fault, env=env)
+
+    def accounted_read_only(self, folder: Path, name: str, direct: str) -> Accounted:
+        others = (
+            f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{name}' "
+            "AND pid <> pg_backend_pid()"
+        )
+
+        def fault(daemon: Daemon, config: Path) -> str:
+            admin(self.postgres, f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+            admin(self.postgres, others)
+            answers = []
+            deadline = time.monotonic() + self.seconds
+            while time.monotonic() < deadline:
+                time.sleep(1)
+                answers.append(readyz(config))
+            admin(self.postgres, f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            admin(self.postgres, others)
+            return f"read-only {self.seconds:g} s: /readyz 503 {answers.count(503)} of {len(answers)} times"
+
+        return self._observe("read-only", folder, direct, fault)
+
+    def accounted_delivery_blip(self, folder: Path, name: str, direct: str) -> Accounted:
+        return asyncio.run(self._delivery_blip(direct))
+
+    async def _delivery_blip(self, direct: str, count: int = 5) -> Accounted:
+        import structlog
+
+        from monitor.alert.dispatcher import Dispatcher
+        from monitor.alert.outbox import Outbox
+        from monitor.alert.transport import Transport
+        from monitor.store.engine import create_engine
+        from tests.alert_fixtures import Loopback, Reply, alerts, notification, outbox_rows, receiver, store_incident
+
+        # The dispatcher logs in this process: to stderr, so stdout stays the table.
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+        loopback = Loopback()
+        await loopback.start()
+        proxy = TcpProxy("127.0.0.1", int(direct.split(":")[-1].split("/")[0])).start()
+        proxied = direct.replace(":5432/", f":{proxy.port}/")
+        config = alerts({"hook": receiver("webhook", loopback.url("/hook"), timeout_s=1)})
+        setup = create_engine(direct)
+        try:
+            for index in range(count):
+                incident = await store_incident(setup, target=f"target-{index}", incident_id=uuid.uuid4())
+                await Outbox(setup, config).notify(notification(incident_id=incident))
+        finally:
+            await setup.dispose()
+        blips: list[asyncio.Task[None]] = []
+
+        async def blip() -> None:
+            proxy.set_mode("cut")
+            await asyncio.sleep(2)
+            proxy.set_mode("pass")
+
+        def cut_as_it_arrives(_item: object) -> None:
+            blips.append(asyncio.get_running_loop().create_task(blip()))
+
+        loopback.verify("/hook", cut_as_it_arrives)  # type: ignore[arg-type]
+        loopback.script("/hook", Reply(200, "ok", delay_s=0.2))  # answered once the database is gone
+        engine = create_engine(proxied)
+        stop = asyncio.Event()
+        try:
+            async with Transport() as transport:
+                dispatcher = Dispatcher(engine, config, transport, poll_interval_s=0.05, claim_margin_s=0.5)
+                task = asyncio.create_task(dispatcher.run(stop))
+                deadline = time.monotonic() + 120
+                while time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                    if len(blips) >= count and all(b.done() for b in blips):
+                        rows = await outbox_rows(engine)
+                        if {row.status for row in rows} == {"sent"}:
+                            break
+                await asyncio.sleep(3)  # past every claim: time for a second send, if one were coming
+                stop.set()
+                await asyncio.wait_for(task, timeout=10)
+            rows = await outbox_rows(engine)
+        finally:
+            await engine.dispose()
+            await loopback.close()
+            proxy.close()
+        received = loopback.at("/hook")
+        ids = {item.headers.get("webhook-id") for item in received}
+        return Accounted(
+            "delivery-blip",
+            "-",
+            "-",
+            "-",
+            "-",
+            sent=count,
+            received=len(received),
+            note=f"{len(ids)} distinct webhook-ids; outbox {sorted({r.status for r in rows})}, "
+            f"attempts {sorted(r.attempts for r in rows)}",
+        )
+
 
 SCENARIOS = ("outage", "hang", "disk-full", "replica", "sigterm", "sigkill")
+ACCOUNTED = ("reload-before-tick", "stall", "clock-step", "read-only", "delivery-blip")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each fault (default 60)")
-    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenarios")
+    parser.add_argument("--only", default=",".join(SCENARIOS + ACCOUNTED), help="comma-separated scenarios")
     args = parser.parse_args()
     postgres = os.environ.get("TTFT_TEST_POSTGRES_URL")
     if not postgres:
@@ -349,9 +618,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="ttft-faults-"))
     bench = Bench(postgres, args.seconds, work)
     rows = []
+    accounted: list[Accounted] = []
     try:
-        for scenario in args.only.split(","):
-            row = bench.run(scenario.strip())
+        for scenario in (name.strip() for name in args.only.split(",")):
+            if scenario in ACCOUNTED:
+                item = bench.accounted(scenario)
+                accounted.append(item)
+                print(f"{item}", file=sys.stderr, flush=True)
+                continue
+            row = bench.run(scenario)
             rows.append(row)
             print(
                 f"{row.scenario}: probed {row.probed}, stored {row.stored}, distinct {row.distinct}, "
@@ -362,10 +637,19 @@ def main() -> None:
     finally:
         bench.close()
     print(f"\nfaults of {args.seconds:g} s, schedule every {TICK_S} s\n")
-    print("| scenario | probed | stored | distinct | ticks skipped | exit s | note |")
-    print("|---|---:|---:|---:|---:|---:|---|")
-    for r in rows:
-        print(f"| {r.scenario} | {r.probed} | {r.stored} | {r.distinct} | {r.skipped} | {r.exit_s:.1f} | {r.note} |")
+    if rows:
+        print("| scenario | probed | stored | distinct | ticks skipped | exit s | note |")
+        print("|---|---:|---:|---:|---:|---:|---|")
+        for r in rows:
+            print(
+                f"| {r.scenario} | {r.probed} | {r.stored} | {r.distinct} | {r.skipped} | {r.exit_s:.1f} | {r.note} |"
+            )
+    if accounted:
+        print("\n| scenario | ticks due | probed | stored | counted missed | sent | received | note |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
+        for a in accounted:
+            counts = f"{a.due} | {a.probed} | {a.stored} | {a.missed} | {a.sent} | {a.received}"
+            print(f"| {a.scenario} | {counts} | {a.note} |")
     shutil.rmtree(work, ignore_errors=True)
 
 

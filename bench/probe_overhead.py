@@ -7,6 +7,9 @@ on Linux, so the difference is loopback delivery plus everything the client does
 event-loop wake-up, its HTTP stack, buffering, parsing.
 
     ttft-monitor  ProbeClient, first generated token   vs first_token_write_ns
+                  (bytes timed by the kernel's arrival stamps)
+    tm-loop-read  the same, TTFT_KERNEL_TIMESTAMPS=0:  vs first_token_write_ns
+                  bytes timed when its loop reads them
     requests      first `data:` line (iter_lines)      vs first_event_write_ns (that line is the role chunk)
     openai        first chunk with delta.content       vs first_answer_write_ns
     floor         raw asyncio protocol, stamped in     vs first_token_write_ns
@@ -71,13 +74,16 @@ WARMUP_SEQUENTIAL = 5
 SIM_START_TIMEOUT_S = 20.0
 
 TTFT_MONITOR = "ttft-monitor"
+# The same client with bytes timed when its loop reads them (no kernel arrival stamps).
+TTFT_MONITOR_LOOP = "tm-loop-read"
 REQUESTS = "requests"
 OPENAI = "openai"
 FLOOR = "floor"
-CLIENTS = (TTFT_MONITOR, REQUESTS, OPENAI, FLOOR)
+CLIENTS = (TTFT_MONITOR, TTFT_MONITOR_LOOP, REQUESTS, OPENAI, FLOOR)
 # The simulator stamp of the event each client counts as its first token.
 WRITE_STAMP = {
     TTFT_MONITOR: "first_token_write_ns",
+    TTFT_MONITOR_LOOP: "first_token_write_ns",
     REQUESTS: "first_event_write_ns",
     OPENAI: "first_answer_write_ns",
     FLOOR: "first_token_write_ns",
@@ -226,8 +232,9 @@ def request_body(prompt: str) -> dict[str, Any]:
 
 
 class TtftMonitorClient:
-    def __init__(self, root: str) -> None:
-        self.client = ProbeClient()
+    def __init__(self, root: str, *, kernel_stamps: bool = True) -> None:
+        self.name = TTFT_MONITOR if kernel_stamps else TTFT_MONITOR_LOOP
+        self.client = ProbeClient(kernel_stamps=kernel_stamps)
         self.endpoint = Endpoint(
             base_url=f"{root}/v1",
             flavor=FLAVORS["openai-chat"],
@@ -241,11 +248,11 @@ class TtftMonitorClient:
         sample = Sample(target="bench", model=MODEL, api="openai-chat", prompt="bench", round=0)
         await self.client.probe(self.endpoint, self.params, new_prompt(), sample)
         if sample.error is not None or sample.ttft_ms is None or sample.sent_mono_ns is None:
-            raise BenchError(f"{TTFT_MONITOR}: probe failed ({sample.error}): {sample.error_message}")
+            raise BenchError(f"{self.name}: probe failed ({sample.error}): {sample.error_message}")
         if not sample.request_id:
-            raise BenchError(f"{TTFT_MONITOR}: the response carried no x-request-id header")
+            raise BenchError(f"{self.name}: the response carried no x-request-id header")
         arrival = sample.sent_mono_ns + round(sample.ttft_ms * 1e6)
-        return Observation(TTFT_MONITOR, sample.request_id, arrival, sample.ttft_ms)
+        return Observation(self.name, sample.request_id, arrival, sample.ttft_ms)
 
     async def batch(self, n: int) -> list[Observation]:
         return list(await asyncio.gather(*(self.probe() for _ in range(n))))
@@ -389,6 +396,7 @@ class FloorClient:
 @dataclass(slots=True)
 class Clients:
     ttft_monitor: TtftMonitorClient
+    ttft_monitor_loop: TtftMonitorClient
     requests: RequestsClient
     openai: OpenAIClient
     floor: FloorClient
@@ -396,6 +404,8 @@ class Clients:
     async def one(self, name: str) -> Observation:
         if name == TTFT_MONITOR:
             return await self.ttft_monitor.probe()
+        if name == TTFT_MONITOR_LOOP:
+            return await self.ttft_monitor_loop.probe()
         if name == REQUESTS:
             return self.requests.probe()  # blocking on purpose: nothing else runs meanwhile
         if name == OPENAI:
@@ -405,6 +415,8 @@ class Clients:
     async def batch(self, name: str, n: int) -> list[Observation]:
         if name == TTFT_MONITOR:
             return await self.ttft_monitor.batch(n)
+        if name == TTFT_MONITOR_LOOP:
+            return await self.ttft_monitor_loop.batch(n)
         if name == REQUESTS:
             return self.requests.batch(n)  # the loop idles while the threads run
         if name == OPENAI:
@@ -571,7 +583,11 @@ async def run_all(root: str, args: argparse.Namespace) -> list[Measured]:
     with requests.Session() as http:
         configure_model(http, root, args.decode_tps)
     clients = Clients(
-        TtftMonitorClient(root), RequestsClient(root, args.concurrency), OpenAIClient(root), FloorClient(root)
+        TtftMonitorClient(root),
+        TtftMonitorClient(root, kernel_stamps=False),
+        RequestsClient(root, args.concurrency),
+        OpenAIClient(root),
+        FloorClient(root),
     )
     if args.gc_freeze:
         # The imported libraries (the openai SDK above all) make every full collection walk some 10^5
@@ -586,6 +602,7 @@ async def run_all(root: str, args: argparse.Namespace) -> list[Measured]:
         return results
     finally:
         await clients.ttft_monitor.close()
+        await clients.ttft_monitor_loop.close()
         await clients.openai.close()
         clients.requests.close()
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import aiohttp
@@ -15,20 +15,24 @@ import structlog
 
 from monitor.config.models import Config
 from monitor.metrics.definitions import Metrics
-from monitor.probe.client import ProbeClient
+from monitor.probe.client import ProbeClient, RequestTracing
 from monitor.probe.plan import Endpoints
 from monitor.probe.prompts import Calibration
+from monitor.probe.proxy import ProxyEnvironment
 from monitor.probe.runner import ProviderLimits
 from monitor.probe.self_delay import LoopDelayMeter
 from monitor.schedule.pipeline import JobContext
 
 if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from monitor.alert.dispatcher import Dispatcher
     from monitor.alert.metrics import AlertMetrics
     from monitor.alert.outbox import Outbox
     from monitor.detect.service import DetectionService
+    from monitor.otel.export import OtelTelemetry
+    from monitor.otel.semconv import Endpoint as OtelEndpoint
     from monitor.schedule.background import AfterStore, BackgroundStore
     from monitor.store.repository import Repository
     from monitor.store.spool import Spool
@@ -138,6 +142,67 @@ class _WriterEvents:
             self.metrics.database_up.set(1)
 
 
+class TelemetryError(Exception):
+    """OpenTelemetry export is configured but cannot start; the message names the setting and the fix."""
+
+
+def open_telemetry(
+    config: Config, registry: CollectorRegistry, *, environ: Mapping[str, str] | None = None
+) -> OtelTelemetry | None:
+    """OpenTelemetry export (monitor.otel) when `otel.endpoint` or an `OTEL_EXPORTER_OTLP_*ENDPOINT` is set,
+    else None. Hand it to `Metrics` and `close_telemetry` it last; it opens no connection until its first export."""
+    from monitor import __version__
+    from monitor.otel.settings import OtelSettingsError, read_header_files, resolve
+
+    env = os.environ if environ is None else environ
+    try:
+        settings = resolve(
+            config.otel, env, file_headers=read_header_files(config.otel.header_files), service_version=__version__
+        )
+    except OtelSettingsError as exc:
+        raise TelemetryError(str(exc)) from None
+    if settings is None:
+        return None
+    try:
+        from monitor.otel.export import OtelTelemetry
+    except ImportError as exc:  # its message names the extra to install
+        raise TelemetryError(str(exc)) from None
+    telemetry = OtelTelemetry(
+        settings,
+        registry=registry,
+        location=config.location,
+        endpoints=telemetry_endpoints(config),
+        ttft_buckets_s=config.metrics.ttft_buckets_s,
+    )
+    structlog.get_logger().info(
+        "otel_export_on",
+        metrics=telemetry.health.where("metrics"),
+        traces=telemetry.health.where("traces"),
+        logs=telemetry.health.where("logs"),
+        interval_s=settings.export_interval_s,
+    )
+    return telemetry
+
+
+def telemetry_endpoints(config: Config) -> dict[str, OtelEndpoint]:
+    """Each provider's API and URL, which name it (`gen_ai.provider.name`) and its server in telemetry."""
+    from monitor.otel.semconv import Endpoint
+
+    return {name: Endpoint(api=p.api, base_url=p.base_url) for name, p in config.providers.items()}
+
+
+async def close_telemetry(telemetry: OtelTelemetry | None) -> None:
+    """Export what is left and stop export's threads, off this loop and within about `otel.timeout_s` per
+    signal: a collector that is away delays exit by that bound, never past it."""
+    if telemetry is None:
+        return
+    bound = 3 * (telemetry.settings.timeout_s + 1)
+    try:
+        await asyncio.wait_for(asyncio.to_thread(telemetry.close), timeout=bound)
+    except TimeoutError:  # its threads are daemons: the process does not wait for them
+        structlog.get_logger().warning("otel_close_timed_out", after_s=bound)
+
+
 CALIBRATION_LOAD_TIMEOUT_S = 5.0
 
 
@@ -157,10 +222,31 @@ class ProcessResources:
     scrape_session: aiohttp.ClientSession
     # The probing loop's own lateness, so each sample says how late the monitor was around its stamps.
     meter: LoopDelayMeter | None = None
+    # HTTP(S)_PROXY and NO_PROXY as the process started with them: every outbound client routes by them
+    # and each destination's `proxy:` settings (monitor.probe.proxy).
+    proxies: ProxyEnvironment = field(default_factory=ProxyEnvironment)
 
 
-async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) -> ProcessResources:
-    """Open the HTTP sessions (closed by `stack`) and load the saved calibration."""
+def proxy_environment(environ: Mapping[str, str] | None = None) -> ProxyEnvironment:
+    """The process's proxy variables; each unusable one is logged once, naming the fix, and ignored."""
+    proxies = ProxyEnvironment.from_environ(os.environ if environ is None else environ)
+    for name, why in proxies.ignored:
+        structlog.get_logger().warning(
+            "proxy_environment_ignored", variable=name, reason=why, fix=f"correct or unset {name}"
+        )
+    return proxies
+
+
+async def open_process_resources(
+    stack: AsyncExitStack,
+    *,
+    store: Store | None,
+    proxies: ProxyEnvironment | None = None,
+    tracing: RequestTracing | None = None,
+) -> ProcessResources:
+    """Open the HTTP sessions (closed by `stack`) and load the saved calibration.
+
+    `tracing`: each probe request carries its trace's `traceparent` (OpenTelemetry traces, monitor.otel)."""
     calibration = Calibration()
     saved: dict[tuple[str, str], tuple[float, float]] = {}
     if store is not None:
@@ -176,8 +262,10 @@ async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) 
     # arrival stamps: for comparing the two (bench/isolation.py --compare-kernel-stamps).
     kernel_stamps = os.environ.get("TTFT_KERNEL_TIMESTAMPS", "1") != "0"
     clients = {
-        "reuse": await stack.enter_async_context(ProbeClient(fresh=False, kernel_stamps=kernel_stamps)),
-        "fresh": await stack.enter_async_context(ProbeClient(fresh=True, kernel_stamps=kernel_stamps)),
+        "reuse": await stack.enter_async_context(
+            ProbeClient(fresh=False, kernel_stamps=kernel_stamps, tracing=tracing)
+        ),
+        "fresh": await stack.enter_async_context(ProbeClient(fresh=True, kernel_stamps=kernel_stamps, tracing=tracing)),
     }
     # No cookie jar: each scrape stands alone, as it did with a session per run.
     scrape_session = await stack.enter_async_context(aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()))
@@ -186,7 +274,12 @@ async def open_process_resources(stack: AsyncExitStack, *, store: Store | None) 
     meter.start()
     stack.callback(meter.stop)
     return ProcessResources(
-        clients=clients, calibration=calibration, saved_fits=saved, scrape_session=scrape_session, meter=meter
+        clients=clients,
+        calibration=calibration,
+        saved_fits=saved,
+        scrape_session=scrape_session,
+        meter=meter,
+        proxies=proxies if proxies is not None else proxy_environment(),
     )
 
 
@@ -202,7 +295,7 @@ def job_context(
     """The context jobs run in: what `config` decides, over the process's resources."""
     return JobContext(
         config=config,
-        endpoints=Endpoints(config),
+        endpoints=Endpoints(config, proxies=resources.proxies),
         limits=ProviderLimits({name: p.max_concurrency for name, p in config.providers.items()}),
         calibration=resources.calibration,
         clients=resources.clients,
@@ -214,14 +307,20 @@ def job_context(
         background=background,
         scrape_session=resources.scrape_session,
         meter=resources.meter,
+        proxies=resources.proxies,
     )
 
 
 async def build_context(
-    config: Config, stack: AsyncExitStack, *, store: Store | None, metrics: Metrics | None
+    config: Config,
+    stack: AsyncExitStack,
+    *,
+    store: Store | None,
+    metrics: Metrics | None,
+    tracing: RequestTracing | None = None,
 ) -> JobContext:
     """For a command that runs its jobs once (`once`, `probe`): the process's resources and the context in one step."""
-    resources = await open_process_resources(stack, store=store)
+    resources = await open_process_resources(stack, store=store, tracing=tracing)
     return job_context(config, resources, store=store, metrics=metrics)
 
 
@@ -262,7 +361,7 @@ async def attach_detection(
     from monitor.alert.dispatcher import Dispatcher
     from monitor.alert.transport import Transport
 
-    transport = await stack.enter_async_context(Transport())
+    transport = await stack.enter_async_context(Transport(proxies=proxy_environment()))
     dispatcher = Dispatcher(store.engine, context.config.alerts, transport, metrics=alert_metrics_for(context, metrics))
     return dispatcher, attach_detection_service(context, store, outbox=dispatcher.outbox, metrics=metrics)
 
@@ -313,4 +412,7 @@ def secrets_of(config: Config) -> list[str]:
         url = receiver.resolved_url()
         out += [receiver.secret(), url, *receiver.headers.values(), *url_credentials(url or "")]
     out += url_credentials(config.database.url, user_is_secret=False)
+    from monitor.otel.settings import header_secrets
+
+    out += header_secrets(config.otel, os.environ)
     return list(dict.fromkeys(s for s in out if s))

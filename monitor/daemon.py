@@ -20,23 +20,27 @@ import structlog
 
 from monitor.app import (
     InfrastructureError,
+    TelemetryError,
     alert_metrics_for,
     attach_detection,
     attach_detection_service,
     build_context,
+    close_telemetry,
     freeze_heap,
     job_context,
     open_process_resources,
     open_store,
+    open_telemetry,
     secrets_of,
     start_background_store,
+    telemetry_endpoints,
 )
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH, EXIT_USAGE
 from monitor.logging import Redactor, error_text
-from monitor.metrics.definitions import Metrics
+from monitor.metrics.definitions import Metrics, MonitorRegistry
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
 from monitor.schedule.claims import TickClaims
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
     from monitor.alert.metrics import AlertMetrics
+    from monitor.otel.export import OtelTelemetry
     from monitor.schedule.background import BackgroundStore
     from monitor.served import Served
     from monitor.systemd_notify import Notifier
@@ -163,6 +168,7 @@ class Daemon:
         self.service = ServiceLoop()
         self.served: Served | None = None
         self.probe_loop_beat = time.monotonic()
+        self.telemetry: OtelTelemetry | None = None
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -193,7 +199,15 @@ class Daemon:
         if self._redactor is not None:
             self._redactor.secrets = tuple(secrets_of(config))
         self.config = config
-        metrics = self.metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
+        registry = MonitorRegistry()
+        try:
+            telemetry = self.telemetry = open_telemetry(config, registry)
+        except TelemetryError as exc:
+            raise StartupFailed(EXIT_USAGE, "otel_config_invalid", f"ttft-monitor run: {exc}", error=str(exc)) from None
+        self._stack.push_async_callback(close_telemetry, telemetry)  # first in, so closed last: after the runs
+        metrics = self.metrics = Metrics(
+            registry, location=config.location, ttft_buckets=config.metrics.ttft_buckets_s, telemetry=telemetry
+        )
         stack = self._stack
         try:
             store = self.store = await open_store(config, metrics=metrics)
@@ -202,7 +216,9 @@ class Daemon:
         stack.callback(store.spool.close)  # last: the writer may spool until the very end
         stack.push_async_callback(dispose_engine, store.engine)
         metrics.database_up.set(1)
-        self.resources = await open_process_resources(stack, store=store)
+        self.resources = await open_process_resources(
+            stack, store=store, tracing=telemetry.tracing if telemetry is not None else None
+        )
         context = job_context(config, self.resources, store=store, metrics=metrics)
         from monitor.alert.outbox import Outbox
 
@@ -299,6 +315,10 @@ class Daemon:
             return
         if config.database.url != current.database.url or config.metrics.listen != current.metrics.listen:
             log.warning("reload_partial", reason="database.url and metrics.listen change only on restart")
+        if config.otel != current.otel:
+            log.warning("reload_partial", reason="otel changes only on restart")
+        if self.telemetry is not None:
+            self.telemetry.configure(telemetry_endpoints(config))
         if self._redactor is not None:
             self._redactor.secrets = tuple(secrets_of(config))
         self.context = job_context(
@@ -445,7 +465,16 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         )
         return EXIT_USAGE
     jobs = [j for j in config.jobs if not job_names or j.name in job_names]
-    metrics = Metrics(location=config.location, ttft_buckets=config.metrics.ttft_buckets_s)
+    registry = MonitorRegistry()
+    try:
+        telemetry = open_telemetry(config, registry)
+    except TelemetryError as exc:
+        log.error("otel_config_invalid", error=str(exc))
+        print(f"ttft-monitor once: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USAGE
+    metrics = Metrics(
+        registry, location=config.location, ttft_buckets=config.metrics.ttft_buckets_s, telemetry=telemetry
+    )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     stopped_at: list[float] = []
@@ -497,7 +526,9 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             assert store is not None
             stack.callback(store.spool.close)  # last: the writer may spool until the very end
             stack.push_async_callback(dispose_engine, store.engine)
-            context = await build_context(config, stack, store=store, metrics=metrics)
+            context = await build_context(
+                config, stack, store=store, metrics=metrics, tracing=telemetry.tracing if telemetry else None
+            )
             dispatcher, _detection = await attach_detection(context, store, stack, metrics=metrics)
             background = start_background_store(context, store, aftercare_timeout_s=ONCE_AFTERCARE_TIMEOUT_S)
             # Earlier outages may have left samples in the spool: they are replayed meanwhile, and new
@@ -573,9 +604,14 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+        # What was measured is exported before exit, however the run ended.
+        await close_telemetry(telemetry)
     from monitor.metrics.push import push_once_metrics
+    from monitor.probe.proxy import ProxyEnvironment
 
-    pushed = await push_once_metrics(config, metrics.registry, [j.name for j in jobs])
+    # The same proxy policy as the probes' (the ignored variables were logged when they started).
+    proxies = ProxyEnvironment.from_environ(os.environ)
+    pushed = await push_once_metrics(config, metrics.registry, [j.name for j in jobs], proxies=proxies)
     ok = sum(o.ok for o in outcomes)
     failed = sum(o.failed for o in outcomes)
     log.info("once_finished", jobs=len(outcomes), ok=ok, failed=failed, spooled=spooled)

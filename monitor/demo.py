@@ -46,6 +46,10 @@ def demo_config(sim_url: str, state_dir: Path, metrics_port: int) -> str:
     )
     return f"""# Written by `ttft-monitor demo`: the simulator, a 5-second schedule, the log receiver.
 location: demo
+# The demo shares the machine with whatever else runs there: on a busy laptop the monitor's own
+# lateness passes the production bound (5 ms) and every run would be left out of detection, so no
+# incident would open. Its regression is hundreds of milliseconds; 100 ms of lateness cannot fake it.
+probe_self_delay_bound_ms: 100
 database:
   url: "sqlite+aiosqlite:///{state_dir}/demo.db"
   state_dir: "{state_dir}"

@@ -13,7 +13,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TextIO
 
-from monitor.app import InfrastructureError
+from monitor.app import InfrastructureError, proxy_environment
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
@@ -88,6 +88,7 @@ def _load(options: ProbeOptions, environ: dict[str, str]) -> Config | None:
 
 def build_targets(options: ProbeOptions, config: Config | None, environ: dict[str, str]) -> list[ProbeTarget]:
     targets: list[ProbeTarget] = []
+    proxies = proxy_environment(environ)
     if options.url:
         if not options.model:
             raise UsageError("--url needs --model (the model name the endpoint serves)")
@@ -116,6 +117,7 @@ def build_targets(options: ProbeOptions, config: Config | None, environ: dict[st
                 extra_body=extra,
                 include_usage=options.include_usage,
                 timeouts=options.timeouts,
+                proxies=proxies,
             )
         )
     if config is not None:
@@ -124,7 +126,7 @@ def build_targets(options: ProbeOptions, config: Config | None, environ: dict[st
         if unknown:
             known = ", ".join(sorted(config.targets)) or "none"
             raise UsageError(f"--target: unknown target {', '.join(unknown)} (known: {known})")
-        targets.extend(Endpoints(config).targets(names))
+        targets.extend(Endpoints(config, proxies=proxies).targets(names))
     if not targets:
         raise UsageError("nothing to probe: give --target NAME (from the config) or --url/--api/--model")
     return targets

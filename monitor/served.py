@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from monitor.alert.transport import Transport
 from monitor.config.models import Config
 from monitor.metrics.definitions import Metrics
 from monitor.metrics.server import ListenerLimits, start_metrics_server
+from monitor.probe.proxy import ProxyEnvironment
 from monitor.schedule.maintenance import run_maintenance
 from monitor.store.engine import create_engine
 from monitor.store.repository import Repository
@@ -109,7 +111,7 @@ async def open_served(
     )
     house_engine = create_engine(url, pool_size=HOUSEKEEPING_POOL, max_overflow=2)
     engines = [ui_engine, house_engine]
-    transport = Transport()
+    transport = Transport(proxies=ProxyEnvironment.from_environ(os.environ))
     await transport.__aenter__()
     stop = asyncio.Event()
     house = Repository(house_engine)

@@ -21,6 +21,7 @@ from typing import IO, Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+POSTGRES_ENV = "TTFT_TEST_POSTGRES_URL"
 
 
 @dataclass
@@ -180,3 +181,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if uses_vllm:
         chosen = set(map(id, uses_vllm))
         items[:] = [item for item in items if id(item) not in chosen] + uses_vllm
+
+
+def skipped_for_postgres(reports: list[Any]) -> int:
+    """How many of pytest's skip reports name TTFT_TEST_POSTGRES_URL as their reason. Every way a
+    test skips for it counts (tests/store_fixtures.py's fixtures, a `skipif` mark, a skip in the
+    body), so the banner's count is what was skipped: it said 154 when 157 were (three marks)."""
+    count = 0
+    for report in reports:
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        count += POSTGRES_ENV in reason
+    return count
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    skipped = skipped_for_postgres(terminalreporter.stats.get("skipped", []))
+    if skipped:
+        terminalreporter.write_sep("!", "POSTGRESQL TESTS SKIPPED", red=True, bold=True)
+        terminalreporter.write_line(
+            f"{skipped} PostgreSQL test(s) skipped: {POSTGRES_ENV} is not set. "
+            f"Set it, e.g. {POSTGRES_ENV}=postgresql+asyncpg://postgres@127.0.0.1:5432/test "
+            "(.ci/run does), to run them against a real PostgreSQL server.",
+            red=True,
+            bold=True,
+        )

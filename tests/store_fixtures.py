@@ -6,7 +6,8 @@ environment variable, TTFT_TEST_POSTGRES_URL (e.g. postgresql+asyncpg://postgres
 head, and every test gets a fresh copy of it (CREATE DATABASE ... TEMPLATE), so parallel runs and
 tests never see each other's rows. All of them are dropped at the end.
 
-Without the variable the PostgreSQL cases are skipped, and the terminal summary says so loudly.
+Without the variable the PostgreSQL cases are skipped, and the terminal summary says so loudly
+(tests/conftest.py counts them).
 
 PYTEST_DONT_REWRITE: the test modules import helpers from here before `pytest_plugins` loads it.
 """
@@ -36,26 +37,13 @@ from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store import migrate
 from monitor.store.engine import create_engine
 from monitor.store.records import RunRecord, runs_from_samples
+from tests.conftest import POSTGRES_ENV
 
-POSTGRES_ENV = "TTFT_TEST_POSTGRES_URL"
 BACKENDS = ("sqlite", "postgres")
-_SKIPPED_POSTGRES: list[str] = []
 
 
 def postgres_url() -> str | None:
     return os.environ.get(POSTGRES_ENV) or None
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _SKIPPED_POSTGRES:
-        terminalreporter.write_sep("!", "POSTGRESQL STORE TESTS SKIPPED", red=True, bold=True)
-        terminalreporter.write_line(
-            f"{len(_SKIPPED_POSTGRES)} PostgreSQL store test(s) skipped: {POSTGRES_ENV} is not set. "
-            f"Set it, e.g. {POSTGRES_ENV}=postgresql+asyncpg://postgres@127.0.0.1:5432/test "
-            "(.ci/run does), to run them against a real PostgreSQL server.",
-            red=True,
-            bold=True,
-        )
 
 
 def _dsn(url: str) -> str:
@@ -149,7 +137,6 @@ class Backend:
 
 
 def _skip_without_postgres(request: pytest.FixtureRequest) -> None:
-    _SKIPPED_POSTGRES.append(request.node.nodeid)
     pytest.skip(f"PostgreSQL case skipped: {POSTGRES_ENV} is not set (see tests/store_fixtures.py)")
 
 

@@ -66,3 +66,13 @@ def _aiohttp_in_the_pinned_range() -> None:
         f"aiohttp {aiohttp.__version__} is outside the range this suite was written for (3.14.x); "
         "check every hook in this file, then widen the pin in pyproject.toml"
     )
+
+
+def test_the_connector_hands_every_connection_through_connect_with_its_protocol() -> None:
+    # The stale-connection retry reads, in `TimedConnector.connect`, the protocol of the connection a
+    # request took (pooled or new) and how many bytes it had received, to tell later whether any answered.
+    parameters = list(inspect.signature(aiohttp.BaseConnector.connect).parameters)
+    assert parameters == ["self", "req", "traces", "timeout"], f"BaseConnector.connect is now {parameters}"
+    assert isinstance(getattr(aiohttp.connector.Connection, "protocol", None), property), (
+        "aiohttp Connection no longer has a protocol property"
+    )

@@ -988,10 +988,11 @@ async def test_a_broken_response_head_is_a_protocol_error(raw_serve, head: bytes
 @pytest.mark.parametrize(("configured", "expected"), [({}, False), ({"follow_redirects": True}, True)])
 def test_following_redirects_is_a_per_provider_setting_off_by_default(configured: dict, expected: bool) -> None:
     from monitor.probe.plan import endpoint_for
+    from monitor.probe.proxy import ProxyEnvironment
     from monitor.probe.settings import Provider
 
     provider = Provider.model_validate({"base_url": "http://127.0.0.1:1/v1", "api": "openai-chat", **configured})
-    assert endpoint_for(provider).follow_redirects is expected
+    assert endpoint_for(provider, ProxyEnvironment()).follow_redirects is expected
 
 
 # --- what the server says about itself, and tool calls ---------------------------------------------

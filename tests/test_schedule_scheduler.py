@@ -188,3 +188,21 @@ async def test_a_backward_step_re_arms_the_schedule_from_the_new_time_and_moves_
         assert scheduler.check_clock() is None  # counted once
     finally:
         scheduler.shutdown()
+
+
+async def test_a_tick_of_the_new_clock_between_the_step_and_its_check_runs_instead_of_being_skipped():
+    wall = float(int(time.time())) + 0.5
+    readings = [(wall, 100.0)]
+    scheduler = JobScheduler(nothing, metrics=Metrics(), clock=ClockWatch(read=lambda: readings[-1]))
+    scheduler.set_jobs([job("* * * * * *")])
+    scheduler.start()
+    try:
+        assert scheduler.check_clock() is None
+        # Two minutes back, seen 0.9 s after the last check: the new clock passed a second boundary
+        # (at wall - 120 + 0.5) in between, which must still run.
+        readings.append((wall - 120 + 0.9, 100.9))
+        assert scheduler.check_clock() == pytest.approx(-120)
+        rearmed = scheduler.next_run_times()["alpha"]
+        assert rearmed is not None and abs(rearmed.timestamp() - (wall - 120 + 0.5)) < 0.01, rearmed
+    finally:
+        scheduler.shutdown()

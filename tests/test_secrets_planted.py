@@ -21,6 +21,7 @@ from aiohttp import web
 from monitor.config.loader import load_config
 from monitor.probe.client import ProbeClient
 from monitor.probe.plan import Endpoints
+from monitor.probe.proxy import ProxyEnvironment
 from monitor.probe.result import Sample
 from tests.conftest import run_cli
 from tests.store_fixtures import Backend
@@ -233,7 +234,7 @@ async def test_the_api_path_goes_before_the_query_string_which_is_kept(tmp_path:
     path = planted_config(tmp_path, echo.port, "sqlite+aiosqlite:///unused.db")
     config = load_config(path, environ={KEY_ENV: KEY})
     echo.requests.clear()
-    target = Endpoints(config).target("query-plain")
+    target = Endpoints(config, proxies=ProxyEnvironment()).target("query-plain")
     assert target.endpoint.url == f"http://127.0.0.1:{echo.port}/plain/v1/chat/completions?key={KEY}"
     async with ProbeClient() as client:
         sample = Sample(target="query-plain", model="m", api="openai-chat", prompt="short", round=0)

@@ -22,6 +22,7 @@ from monitor.store.records import (
     ROLLUP_RUN_MEDIANS,
     ROLLUP_SAMPLE_MEDIANS,
     SERVER_RUN_FIELDS,
+    UNSTORED_SAMPLE_FIELDS,
     HourlyStats,
     RunRecord,
     SeriesKey,
@@ -87,7 +88,8 @@ async def test_a_run_and_every_field_of_its_samples_come_back_unchanged(engine: 
     # These samples exercise every field the probe records, so a new field cannot slip by unstored.
     samples = [s for _, members in batch for s in members]
     defaults = Sample("t", "m", "a", "p", 1)
-    always_set = {"target", "model", "api", "prompt", "round", "sample_id", "sent_mono_ns"}
+    # (Fields the probe keeps for itself and never stores are left out: UNSTORED_SAMPLE_FIELDS.)
+    always_set = {"target", "model", "api", "prompt", "round", "sample_id"} | UNSTORED_SAMPLE_FIELDS
     unexercised = [
         name
         for name in SAMPLE_FIELDS

@@ -15,10 +15,12 @@ import asyncio
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -635,3 +637,104 @@ def test_each_page_is_usable_in_under_a_second_on_a_realistic_history(browser: A
         if min(timings) >= USABLE_LIMIT_MS:
             slow[name] = timings
     assert slow == {}, f"pages not usable within {USABLE_LIMIT_MS:.0f} ms: {slow}"
+
+
+# ---------------------------------------------------------------- the demo's own flow
+
+
+@dataclass
+class Demo:
+    url: str
+    state: Path
+    process: subprocess.Popen[str]
+    lines: list[str]
+
+    def wait_for(self, text: str, within_s: float) -> None:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if any(text in line for line in self.lines):
+                return
+            assert self.process.poll() is None, "".join(self.lines)[-4000:]
+            time.sleep(0.5)
+        pytest.fail(f"the demo did not print {text!r} within {within_s:.0f} s:\n" + "".join(self.lines)[-4000:])
+
+
+@pytest.fixture
+def demo(tmp_path: Path, browser: Any) -> Iterator[Demo]:
+    """`ttft-monitor demo` as a user runs it, on its own schedule (a run every 5 s: the detector's first
+    verdict comes after about 80 s of history), with the slowdown and the recovery a little earlier than
+    its defaults (60 s and 150 s), as tests/test_demo.py has them."""
+    state = tmp_path / "demo"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "monitor", "demo", "--state-dir", str(state), "--slow-after", "45",
+         "--recover-after", "120", "--duration", "400"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    lines: list[str] = []
+    assert process.stdout is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        demo = Demo("", state, process, lines)
+        demo.wait_for("status pages: http://", 60)
+        (line,) = [line for line in lines if "status pages: http://" in line]
+        demo.url = line.split("status pages: ")[1].strip().rstrip("/")
+        yield demo
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)  # Ctrl-C, as the demo says
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        reader.join(10)
+        process.stdout.close()
+
+
+@pytest.mark.timeout(480)
+def test_the_demo_s_resolved_incident_shows_the_same_figures_on_every_page_as_ttft_monitor_incidents(
+    browser: Any, demo: Demo
+) -> None:
+    demo.wait_for(f"!!! [PAGE] TTFT regression on {SLOWED}", 180)
+    demo.wait_for(f"!!! [RESOLVED] TTFT regression on {SLOWED}", 180)
+    config = demo.state / "demo.yaml"
+    listed = run_cli("incidents", "--format", "json", "--config", str(config))
+    assert listed.code == 0, str(listed)
+    resolved = [i for i in json.loads(listed.stdout) if i["state"] == "resolved" and i["kind"] == "regression"]
+    assert resolved and {i["target"] for i in resolved} == {SLOWED}, listed.stdout
+    served = {i["id"]: i for i in _get(f"{demo.url}/api/v1/incidents?since=1h")["incidents"]}
+    figures = ("peak_ratio", "opened_baseline_ms", "opened_observed_ms")
+    page = _open(browser, f"{demo.url}/incidents?since=1h").page
+    for cli in resolved:
+        # A resolved incident shows what it was (its peak and opening), never the ratio it resolved at.
+        assert cli["peak_ratio"] > 1.5 and cli["ratio"] < cli["peak_ratio"], cli
+        assert {n: served[cli["id"]][n] for n in figures} == {n: cli[n] for n in figures}
+        text = page.locator(f"section[data-incident='{cli['id']}'] .figures").inner_text()
+        shown = [
+            f"{v:,.0f}" if v >= 100 else f"{v:.1f}" for v in (cli["opened_baseline_ms"], cli["opened_observed_ms"])
+        ]
+        assert f"peak ×{cli['peak_ratio']:.2f}" in text, text
+        assert f"opened at baseline {shown[0]} ms → {shown[1]} ms" in text, text
+        series = _open(browser, f"{demo.url}/series?id={served[cli['id']]['series_id']}&range=6h").page
+        note = series.locator("p.incidents-note").inner_text()
+        assert f"peak ×{cli['peak_ratio']:.2f}" in note and f"baseline {shown[0]} ms → {shown[1]} ms" in note, note
+
+    # The series chart's baseline line, point for point, against the detector's own replay of the series.
+    series_id = served[resolved[0]["id"]]["series_id"]
+    visit = _open(browser, f"{demo.url}/series?id={series_id}&range=6h")
+    drawn_line = "() => { const u = document.querySelector('.chart').uplot; return [u.data[0], u.data[4]]; }"
+    xs, line = visit.page.evaluate(drawn_line)
+    api = _get(f"{demo.url}/api/v1/series/{series_id}/points?since=6h")
+    replayed = _replayed_baselines(f"sqlite+aiosqlite:///{demo.state.resolve()}/demo.db", config, api["series"])
+    points = api["points"][: len(xs)]
+    assert len(points) == len(xs) > 20
+    for x, drawn, point in zip(xs, line, points, strict=True):
+        assert x == pytest.approx(datetime.fromisoformat(point["t"].replace("Z", "+00:00")).timestamp(), abs=1e-3)
+        wanted = replayed[point["run_id"]]
+        assert (drawn is None) if wanted is None else drawn == pytest.approx(wanted, abs=0.01), (point["t"], drawn)
+    assert visit.console_errors == []
+    # The demo's own lines are read by people: no raw floats (`"baseline_ms": 186.83132367138577`).
+    raw = [line for line in demo.lines if re.search(r"\d\.0*[1-9]\d{3,}", line)]
+    assert raw == [], raw[:5]

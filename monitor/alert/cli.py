@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import uuid
 from collections.abc import Sequence
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 
 from monitor.alert.commands import register
 from monitor.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from monitor.probe.proxy import ProxyEnvironment
 from monitor.table import table_lines
 
 
@@ -123,7 +125,7 @@ async def alert_test(config: Config, receiver_name: str, *, out: TextIO, err: Te
     if KINDS[receiver.type].stateful:
         steps.append(("resolve", firing.with_changes(state="resolved", resolved_at=now)))
     code = EXIT_OK
-    async with Transport() as transport:
+    async with Transport(proxies=ProxyEnvironment.from_environ(os.environ)) as transport:
         for label, notification in steps:
             result = await deliver(notification, receiver_name, receiver, transport=transport, now=now)
             answer = result.describe() if result.status is not None or not result.ok else result.detail

@@ -20,7 +20,7 @@ from monitor.redact import redact
 
 def receiver_secrets(receiver: Receiver) -> list[str]:
     """Everything of the receiver's that must never appear in a log line or the database."""
-    out = [receiver.secret(), receiver.resolved_url(), *receiver.headers.values()]
+    out = [receiver.secret(), receiver.resolved_url(), *receiver.headers.values(), *receiver.proxy.secrets()]
     return [value for value in out if value]
 
 
@@ -56,7 +56,9 @@ async def deliver(
         emit = logger.warning if notification.state == "firing" else logger.info
         emit(LOG_EVENT, receiver=name, **fields)
         return SendResult("ok", None, "written to the log")
-    result = await transport.send(request, timeout_s=receiver.timeout_s, secrets=receiver_secrets(receiver))
+    result = await transport.send(
+        request, timeout_s=receiver.timeout_s, secrets=receiver_secrets(receiver), proxy=receiver.proxy
+    )
     if result.ok and kind.check_answer is not None and result.status is not None:
         answer = kind.check_answer(result.status, result.body)
         if answer is not None:

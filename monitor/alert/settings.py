@@ -21,6 +21,7 @@ from monitor.config.fields import (
     masked_headers,
 )
 from monitor.config.urls import check_http_url
+from monitor.probe.proxy import ProxySettings
 
 # The allowed values come from the registry, so a new receiver is one module and one registry line;
 # pydantic still reports "not one of ..." with the full list, in registry order. The receivers type
@@ -44,6 +45,7 @@ class Receiver(ConfigModel):
     secret_file: UserPath | None = Field(None, description="File holding the receiver's secret.")
     headers: Headers = Field(default_factory=dict, description="Extra HTTP headers; values may use `${VAR}`.")
     timeout_s: float = Field(10, gt=0, le=300, description="Seconds allowed per delivery attempt.")
+    proxy: ProxySettings = Field(default_factory=ProxySettings, description="Forward proxy for deliveries.")
 
     _secret: str | None = PrivateAttr(default=None)
     _resolved_url: str | None = PrivateAttr(default=None)

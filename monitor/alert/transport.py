@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 import aiohttp
 
 from monitor.alert.model import HttpRequest, Outcome
+from monitor.probe.proxy import ProxyEnvironment, ProxySettings, aiohttp_proxy_options, route_for
 from monitor.redact import redact
 from monitor.servertext import capped
 
@@ -101,9 +102,13 @@ def excerpt(body: bytes, secrets: Iterable[str | None]) -> str:
 class Transport:
     """Sends HttpRequests on one aiohttp session. Use as an async context manager (or `close()`)."""
 
-    def __init__(self, session: aiohttp.ClientSession | None = None) -> None:
+    def __init__(
+        self, session: aiohttp.ClientSession | None = None, *, proxies: ProxyEnvironment | None = None
+    ) -> None:
         self._session = session
         self._owns_session = session is None
+        # The process's HTTP(S)_PROXY / NO_PROXY, read at the edge; none given: none honoured.
+        self._proxies = proxies if proxies is not None else ProxyEnvironment()
 
     async def __aenter__(self) -> Transport:
         return self
@@ -115,8 +120,9 @@ class Transport:
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            # No cookies: receivers are independent of each other. No proxy guessing beyond the env.
-            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar(), trust_env=True)
+            # No cookies: receivers are independent of each other. No proxy guessing by aiohttp: each
+            # request goes where monitor.probe.proxy routes it (loopback never through a proxy).
+            self._session = aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def close(self) -> None:
@@ -124,10 +130,23 @@ class Transport:
             await self._session.close()
         self._session = None
 
-    async def send(self, request: HttpRequest, *, timeout_s: float, secrets: Iterable[str | None] = ()) -> SendResult:
+    async def send(
+        self,
+        request: HttpRequest,
+        *,
+        timeout_s: float,
+        secrets: Iterable[str | None] = (),
+        proxy: ProxySettings | None = None,
+    ) -> SendResult:
         """Send `request`, give up after `timeout_s` in total, and classify what happened. Never raises
         for network trouble: every failure comes back as a transient or permanent SendResult."""
-        secret_list = [*secrets, *url_secrets(request.url)]
+        route = route_for(request.url, proxy, self._proxies)
+        secret_list = [
+            *secrets,
+            *url_secrets(request.url),
+            *self._proxies.secrets(),
+            *(route.secrets() if route else ()),
+        ]
         started = time.perf_counter_ns()
 
         def elapsed() -> float:
@@ -138,9 +157,9 @@ class Transport:
                 request.method,
                 request.url,
                 data=request.body,
-                headers=request.headers,
                 timeout=aiohttp.ClientTimeout(total=timeout_s),
                 allow_redirects=False,
+                **aiohttp_proxy_options(route, request.url, request.headers),
             ) as response:
                 body = await response.read()
                 status = response.status

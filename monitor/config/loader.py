@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import ValidationError
@@ -56,6 +56,8 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     provider_secrets, receiver_secrets, secret_problems = resolve_all_secrets(data, env)
     derived += secret_problems
     derived += webhook_secret_problems(data, receiver_secrets)
+    proxy_passwords, proxy_problems = resolve_proxy_passwords(data, env)
+    derived += proxy_problems
 
     # A value left unexpanded (its variable is unset) is reported once, not again as a bad value.
     unexpanded = [loc for loc, _ in expansion.problems]
@@ -71,20 +73,28 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     return config.model_copy(
         update={
             "providers": {
-                name: provider.with_secret(
-                    provider_secrets[name].value,
-                    source=provider_secrets[name].source,
-                    from_environment=inserted_under(
-                        expansion.inserted, ("providers", name, "base_url"), ("providers", name, "headers")
+                name: _with_proxy_password(
+                    provider.with_secret(
+                        provider_secrets[name].value,
+                        source=provider_secrets[name].source,
+                        from_environment=inserted_under(
+                            expansion.inserted, ("providers", name, "base_url"), ("providers", name, "headers")
+                        ),
                     ),
+                    provider.proxy,
+                    proxy_passwords.get(("providers", name)),
                 )
                 for name, provider in config.providers.items()
             },
             "alerts": config.alerts.model_copy(
                 update={
                     "receivers": {
-                        name: receiver.with_secrets(
-                            secret=receiver_secrets[name][0].value, url=receiver_secrets[name][1].value
+                        name: _with_proxy_password(
+                            receiver.with_secrets(
+                                secret=receiver_secrets[name][0].value, url=receiver_secrets[name][1].value
+                            ),
+                            receiver.proxy,
+                            proxy_passwords.get(("alerts", "receivers", name)),
                         )
                         for name, receiver in config.alerts.receivers.items()
                     }
@@ -92,6 +102,56 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
             ),
         }
     )
+
+
+class _ProxySection(Protocol):
+    def with_password(self, password: str | None) -> Any: ...
+
+
+def _with_proxy_password(owner: Any, proxy: _ProxySection, password: str | None) -> Any:
+    """`owner` (a provider or a receiver, as `with_secret` returned it) with its proxy's password."""
+    if password is None:
+        return owner
+    return owner.model_copy(update={"proxy": proxy.with_password(password)})
+
+
+def resolve_proxy_passwords(
+    data: Mapping[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[Loc, str], list[tuple[Loc, str]]]:
+    """Each `proxy:` section's password (`password_env`, `NAME_FILE`, `password_file`), by its owner's key path."""
+    owners: list[tuple[Loc, Any]] = []
+    if isinstance(data.get("providers"), Mapping):
+        owners += [(("providers", name), item) for name, item in data["providers"].items()]
+    alerts = data.get("alerts")
+    if isinstance(alerts, Mapping) and isinstance(alerts.get("receivers"), Mapping):
+        owners += [(("alerts", "receivers", name), item) for name, item in alerts["receivers"].items()]
+    found: dict[Loc, str] = {}
+    problems: list[tuple[Loc, str]] = []
+    for loc, owner in owners:
+        proxy = owner.get("proxy") if isinstance(owner, Mapping) else None
+        if not isinstance(proxy, Mapping):
+            continue
+        env_name, file = proxy.get("password_env"), proxy.get("password_file")
+        if (env_name is not None and file is not None) or not isinstance(env_name, str | None):
+            continue  # validation reports it
+        if env_name is not None and not ENV_NAME_PATTERN.match(env_name):
+            continue
+        if file is not None and not isinstance(file, str):
+            continue
+        try:
+            secret = resolve_secret(
+                env_name=env_name,
+                file=Path(file).expanduser() if file else None,
+                environ=environ,
+                env_field="password_env",
+                file_field="password_file",
+            )
+        except SecretError as exc:
+            problems.append(((*loc, "proxy", exc.field), str(exc)))
+            continue
+        if secret.value is not None:
+            found[loc] = secret.value
+    return found, problems
 
 
 def inserted_under(inserted: Mapping[Loc, list[str]], *prefixes: Loc) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from monitor.config.fields import ConfigModel, CronExpression, EnvName, Name, Ti
 from monitor.config.references import reference_problems
 from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
 from monitor.detect.settings import Detection
+from monitor.otel.settings import OtelConfig
 from monitor.probe.settings import PromptProfile, Provider, Target
 
 # Error type of the whole-config reference check; the loader reports these itself, per key path.
@@ -239,6 +240,7 @@ class Config(ConfigModel):
     )
     database: Database = Field(default_factory=Database, description="Where results are stored.")
     metrics: MetricsSettings = Field(default_factory=MetricsSettings, description="Prometheus exposition.")
+    otel: OtelConfig = Field(default_factory=OtelConfig, description="OpenTelemetry export over OTLP.")
     providers: dict[Name, Provider] = Field(default_factory=dict, description="API endpoints, by name.")
     targets: dict[Name, Target] = Field(
         default_factory=dict, description="What to probe: a model on a provider, by name."

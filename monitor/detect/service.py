@@ -3,9 +3,11 @@ and write the new state, the incidents and their notifications in one transactio
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,8 +27,8 @@ from monitor.detect.state import is_evidence
 from monitor.logging import error_text
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
-from monitor.store.engine import write_transaction
-from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore
+from monitor.store.engine import is_broken_connection, write_transaction
+from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore, StoredState
 from monitor.store.records import RunRecord, SeriesKey
 
 if TYPE_CHECKING:
@@ -65,6 +67,19 @@ def job_interval(config: Config, job: str) -> timedelta:
 
 
 STATE_WRITE_ATTEMPTS = 8
+# A connection killed under the evaluation (pg_terminate_backend, a failover) is retried on a new one
+# this many times, after these pauses; a database that stays away fails the evaluation as before.
+BROKEN_CONNECTION_PAUSES_S = (0.05, 0.25, 1.0)
+
+
+@dataclass
+class _Attempt:
+    """How far one evaluation got, so a broken connection can be told safe to retry or not."""
+
+    read: StoredState | None = None
+    state: dict[str, Any] | None = None
+    committing: bool = False  # every statement ran: only COMMIT was left, whose outcome may be unknown
+    outcome: tuple[SeriesState, list[Event], float | None] | None = None
 
 
 def incident_change(event: Event, now: datetime, where: dict[str, str] | None = None) -> IncidentChange:
@@ -201,14 +216,38 @@ class DetectionService:
     ) -> None:
         """Evaluate one run; the state is written only if nobody else wrote it meanwhile (compare-and-set
         on `version`), else everything is read again and evaluated afresh."""
-        for _attempt in range(STATE_WRITE_ATTEMPTS):
+        pauses = list(BROKEN_CONNECTION_PAUSES_S)
+        conflicts = 0
+        while conflicts < STATE_WRITE_ATTEMPTS:
+            attempt = _Attempt()
             try:
                 touched: set[uuid.UUID] = set()
-                outcome = await self._evaluate_once(job, run, samples, interval, touched)
+                outcome = await self._evaluate_once(job, run, samples, interval, touched, attempt)
             except StateConflict:
+                conflicts += 1
                 continue
             except IntegrityError:  # another writer created the series' first state row meanwhile
+                conflicts += 1
                 continue
+            except Exception as exc:
+                if not is_broken_connection(exc) or not pauses:
+                    raise
+                # Reads are safe to repeat, and so is a transaction that never got to COMMIT: it rolled
+                # back with its connection. One whose COMMIT was cut may have landed: look first.
+                if attempt.committing and await self._state_landed(run.series, attempt):
+                    self._log.info("detection_commit_confirmed", job=job, target=run.series.target)
+                    outcome = attempt.outcome
+                else:
+                    self._log.info(
+                        "detection_retried",
+                        job=job,
+                        target=run.series.target,
+                        prompt=run.series.prompt,
+                        error=error_text(exc),
+                        committing=attempt.committing,
+                    )
+                    await asyncio.sleep(pauses.pop(0))
+                    continue
             groups.update(touched)
             if outcome is not None:
                 new_state, events, baseline_ms = outcome
@@ -225,6 +264,17 @@ class DetectionService:
                         ratio=event.ratio,
                         error_class=event.error,
                     )
+                    if self._metrics is not None:
+                        self._metrics.observe_incident(
+                            event.action,
+                            series=(run.series.target, run.series.prompt, run.series.location),
+                            kind=event.kind,
+                            severity=event.severity,
+                            baseline_ms=event.baseline_ms,
+                            observed_ms=event.observed_ms,
+                            ratio=event.ratio,
+                            error_class=event.error,
+                        )
                 self._observe(run.series, new_state, events)
                 if self._metrics is not None:
                     rule = self._config.detection.ticket
@@ -238,9 +288,27 @@ class DetectionService:
             return
         raise StateConflict(f"the detector state changed under {STATE_WRITE_ATTEMPTS} attempts in a row")
 
+    async def _state_landed(self, series: SeriesKey, attempt: _Attempt) -> bool:
+        """Whether the cut COMMIT landed: the state row holds what the attempt wrote, one version on."""
+        try:
+            async with self._engine.connect() as connection:
+                series_id = await self._store.series_id(connection, series)
+                stored = await self._store.read_state(connection, series_id) if series_id is not None else None
+        except Exception:
+            return False  # unknown still: the retry's compare-and-set decides
+        expected = attempt.read.version + 1 if attempt.read is not None else 1
+        return stored is not None and stored.version == expected and stored.state == attempt.state
+
     async def _evaluate_once(
-        self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta, groups: set[uuid.UUID]
+        self,
+        job: str,
+        run: RunRecord,
+        samples: Sequence[Sample],
+        interval: timedelta,
+        groups: set[uuid.UUID],
+        attempt: _Attempt | None = None,
     ) -> tuple[SeriesState, list[Event], float | None] | None:
+        attempt = attempt if attempt is not None else _Attempt()
         series = run.series
         detector = self._detector(series.target)
         since = detector.history_since(run.started_at, interval=interval)
@@ -258,11 +326,12 @@ class DetectionService:
             series_id = await self._store.series_id(connection, series)
             if series_id is None:
                 return None
-            read = await self._store.read_state(connection, series_id)
+            read = attempt.read = await self._store.read_state(connection, series_id)
             state = SeriesState.from_json(read.state) if read is not None else SeriesState()
             new_state, events, baseline_ms = detector.evaluate_with_baseline(history, state, point)
             now = datetime.now(UTC)
-            if not await self._store.write_state(connection, series_id, new_state.to_json(), read=read, now=now):
+            attempt.state = new_state.to_json()
+            if not await self._store.write_state(connection, series_id, attempt.state, read=read, now=now):
                 raise StateConflict("the detector state changed since it was read")  # rolls back
             split = server_split(run, records)
             for event in events:
@@ -276,6 +345,8 @@ class DetectionService:
                     await self._outbox.notify(
                         self._notification(job, series, event, incident_id, where), connection=connection
                     )
+            attempt.outcome = (new_state, events, baseline_ms)
+            attempt.committing = True
         return new_state, events, baseline_ms
 
     async def _record_incident(
@@ -357,4 +428,4 @@ class DetectionService:
         for incident in getattr(state, "incidents", {}).values():
             if getattr(incident, "kind", None) == "regression":
                 level = max(level, SEVERITY_LEVEL.get(incident.severity, 0))
-        self._metrics.regression_state.labels(*labels).set(level)
+        self._metrics.observe_regression_state(labels, level)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client.metrics_core import Metric
@@ -50,6 +51,31 @@ class MonitorRegistry(CollectorRegistry):
             yield family
 
 
+class Telemetry(Protocol):
+    """Another destination for what `Metrics` records (OpenTelemetry export, monitor.otel)."""
+
+    def observe_sample(self, sample: Sample, *, provider: str, probe_job: str) -> None: ...
+
+    def observe_baseline(
+        self, series: Sequence[str], *, baseline_ms: float | None, run_median_ms: float | None
+    ) -> None: ...
+
+    def observe_regression_state(self, series: Sequence[str], level: int) -> None: ...
+
+    def observe_incident(
+        self,
+        action: str,
+        *,
+        series: Sequence[str],
+        kind: str,
+        severity: str | None,
+        baseline_ms: float | None,
+        observed_ms: float | None,
+        ratio: float | None,
+        error_class: str | None,
+    ) -> None: ...
+
+
 class Metrics:
     def __init__(
         self,
@@ -57,9 +83,12 @@ class Metrics:
         *,
         location: str = "local",
         ttft_buckets: Sequence[float] = TTFT_BUCKETS,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.registry = registry if registry is not None else MonitorRegistry()
         self.location = location
+        # Recorded alongside the registry, from the same calls, so both say the same of every probe.
+        self.telemetry = telemetry
         r = self.registry
         buckets = tuple(ttft_buckets)
         self.info = Info("ttft_monitor", "ttft-monitor build and placement.", registry=r)
@@ -260,6 +289,8 @@ class Metrics:
     ) -> None:
         if sample.warmup:
             return
+        if self.telemetry is not None:
+            self.telemetry.observe_sample(sample, provider=provider, probe_job=probe_job)
         labels = (sample.target, sample.model, provider, sample.prompt, self.location, probe_job)
         short = (sample.target, sample.prompt, self.location, probe_job)
         ok = sample.ok and sample.ttft_ms is not None
@@ -300,6 +331,38 @@ class Metrics:
             else:
                 good.inc(0)  # the series exists from the first probe, so the ratio is defined
 
+    def observe_regression_state(self, series: Sequence[str], level: int) -> None:
+        """Open regression per series (0 none, 1 ticket, 2 page)."""
+        self.regression_state.labels(*series).set(level)
+        if self.telemetry is not None:
+            self.telemetry.observe_regression_state(series, level)
+
+    def observe_incident(
+        self,
+        action: str,
+        *,
+        series: Sequence[str],
+        kind: str,
+        severity: str | None,
+        baseline_ms: float | None,
+        observed_ms: float | None,
+        ratio: float | None,
+        error_class: str | None,
+    ) -> None:
+        """An incident opened, resolved, ...: no Prometheus series (the gauges above carry the state), but a
+        log record for telemetry that takes them."""
+        if self.telemetry is not None:
+            self.telemetry.observe_incident(
+                action,
+                series=series,
+                kind=kind,
+                severity=severity,
+                baseline_ms=baseline_ms,
+                observed_ms=observed_ms,
+                ratio=ratio,
+                error_class=error_class,
+            )
+
     def observe_baseline(
         self,
         series: Sequence[str],
@@ -314,6 +377,8 @@ class Metrics:
         Without a baseline (too little history) the baseline, band and ratio series are removed rather
         than left at an old value a dashboard would draw as current.
         """
+        if self.telemetry is not None:
+            self.telemetry.observe_baseline(series, baseline_ms=baseline_ms, run_median_ms=run_median_ms)
         if run_median_ms is not None:
             self.run_median.labels(*series).set(run_median_ms / 1000)
         derived = (self.baseline, self.baseline_low, self.baseline_high, self.run_ratio)

@@ -14,6 +14,7 @@ from monitor.alert.metrics import AlertMetrics
 from monitor.config.models import DEFAULT_TTFT_BUCKETS_S
 from monitor.docgen import regenerate
 from monitor.metrics.definitions import Metrics, MonitorRegistry, metric_objects
+from monitor.otel.counters import ExportCounters
 
 BEGIN = "<!-- BEGIN GENERATED METRICS REFERENCE -->"
 END = "<!-- END GENERATED METRICS REFERENCE -->"
@@ -25,9 +26,10 @@ def documented_metrics() -> list[dict[str, Any]]:
     """Every metric the monitor defines: exposed name, type, labels, help, and the names it exposes."""
     metrics = Metrics(MonitorRegistry())
     alert_metrics = AlertMetrics(metrics.registry)
+    export_counters = ExportCounters(metrics.registry)
     out = []
     # prometheus_client keeps these on its metric objects; it has no public accessor for label names.
-    for wrapper in metric_objects([metrics, alert_metrics]):
+    for wrapper in metric_objects([metrics, alert_metrics, export_counters]):
         kind = wrapper._type  # type: ignore[attr-defined]
         base = wrapper._name  # type: ignore[attr-defined]
         exposed = [base + suffix for suffix in SUFFIXES[kind]]

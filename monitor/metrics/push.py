@@ -21,6 +21,7 @@ from prometheus_client.samples import Sample
 from yarl import URL
 
 from monitor.config.models import Config
+from monitor.probe.proxy import ProxyEnvironment, aiohttp_proxy_options, route_for
 from monitor.redact import url_credentials
 from monitor.servertext import capped
 
@@ -99,11 +100,17 @@ async def push_groups(
     location: str,
     jobs: Mapping[str, set[Series]],
     timeout_s: float = PUSH_TIMEOUT_S,
+    proxies: ProxyEnvironment | None = None,
 ) -> list[PushResult]:
-    """PUT each job's group; never raises. Rejections and unreachable gateways are logged."""
+    """PUT each job's group; never raises. Rejections and unreachable gateways are logged.
+
+    The push goes as every outbound request does (monitor.probe.proxy): through HTTP(S)_PROXY unless
+    NO_PROXY or loopback says direct; `proxies` None honours no environment."""
     log = structlog.get_logger()
     base = URL(gateway).with_user(None)  # credentials in the URL stay out of the logs
-    credentials = url_credentials(gateway)
+    proxies = proxies if proxies is not None else ProxyEnvironment()
+    route = route_for(gateway, None, proxies)
+    credentials = [*url_credentials(gateway), *proxies.secrets()]
     results = []
     client_timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=client_timeout) as session:
@@ -112,7 +119,8 @@ async def push_groups(
             path = group_path({"probe_job": probe_job, "location": location})
             url = gateway.rstrip("/") + path
             try:
-                async with session.put(url, data=body, headers={"Content-Type": CONTENT_TYPE_LATEST}) as response:
+                options = aiohttp_proxy_options(route, url, {"Content-Type": CONTENT_TYPE_LATEST})
+                async with session.put(url, data=body, **options) as response:
                     answer = capped((await response.text()).strip(), 500, credentials)
                     status = response.status
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
@@ -129,10 +137,14 @@ async def push_groups(
     return results
 
 
-async def push_once_metrics(config: Config, registry: CollectorRegistry, job_names: Iterable[str]) -> bool:
+async def push_once_metrics(
+    config: Config, registry: CollectorRegistry, job_names: Iterable[str], *, proxies: ProxyEnvironment | None = None
+) -> bool:
     """Push the run's metrics when `metrics.pushgateway` is set; False when any group was not taken."""
     gateway = config.metrics.pushgateway
     if not gateway:
         return True
-    results = await push_groups(gateway, registry, location=config.location, jobs=job_series(config, job_names))
+    results = await push_groups(
+        gateway, registry, location=config.location, jobs=job_series(config, job_names), proxies=proxies
+    )
     return all(result.ok for result in results)

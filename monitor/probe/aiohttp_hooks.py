@@ -10,6 +10,7 @@ Each is explained once, where it is used:
 - `TCPConnector._wrap_create_connection`, with `_loop`, `_local_addr_infos`, `_happy_eyeballs_delay`,
   `_interleave` and `_socket_factory` (`TimedConnector._wrap_create_connection`)
 - `ClientResponse._protocol` (`stamping_protocol`)
+- `BaseConnector.connect` returning the `Connection` with its `protocol` (`TimedConnector.connect`)
 
 pyproject pins the aiohttp range they were checked on; tests/test_aiohttp_contract.py fails,
 naming the hook, when an allowed aiohttp moves one.
@@ -69,6 +70,17 @@ class Stamps:
     conn_end: int | None = None
     reused: bool = False
     sent: int | None = None
+    # The connection's protocol and how many bytes it had received when this request took it, so a
+    # failure can tell whether any byte of the answer arrived (`stale_connection`).
+    protocol: StampingProtocol | None = None
+    received_before: int = 0
+
+    def restart(self) -> None:
+        """Forget the failed attempt's connection and send; the retry's phases are its own."""
+        self.dns_start = self.dns_end = self.conn_start = self.tcp_end = self.conn_end = self.sent = None
+        self.reused = False
+        self.protocol = None
+        self.received_before = 0
 
 
 current_stamps: contextvars.ContextVar[Stamps | None] = contextvars.ContextVar("ttft_probe_stamps", default=None)
@@ -94,6 +106,7 @@ class StampingProtocol(ResponseHandler):
         self._watched: aiohttp.StreamReader | None = None
         self._settled: asyncio.Future[None] | None = None
         self._take: Callable[[bool], None] | None = None
+        self.received = 0  # bytes this connection ever received (`Stamps.received_before`)
         # The connection's socket when it reads with the kernel's arrival stamps (kernel_clock);
         # set by TimedConnector once the connection is made.
         self.kernel_clock: kernel_clock.KernelStampedSocket | None = None
@@ -111,6 +124,7 @@ class StampingProtocol(ResponseHandler):
         else:
             stamp, from_kernel = self._last_stamp, self.kernel_stamped
         self._last_stamp = stamp
+        self.received += len(data)
         before = getattr(self, "_payload", None)
         super().data_received(data)
         # aiohttp hook: `_payload` is the StreamReader of the response being read (None until its
@@ -212,6 +226,17 @@ class TimedConnector(aiohttp.TCPConnector):
         # aiohttp hook: `_factory` makes the protocol of each new connection; ours stamps arrivals.
         self._factory = functools.partial(StampingProtocol, loop=self._loop)  # type: ignore[assignment]
 
+    async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:  # noqa: ASYNC109
+        # aiohttp hook: the session takes every connection, pooled or new, through `connect`, in the
+        # request's task (so `current_stamps` is this request's); the connection's `protocol` is ours.
+        conn = await super().connect(req, traces, timeout)
+        stamps = current_stamps.get()
+        if stamps is not None:
+            protocol = conn.protocol
+            stamps.protocol = protocol if isinstance(protocol, StampingProtocol) else None
+            stamps.received_before = stamps.protocol.received if stamps.protocol is not None else 0
+        return conn
+
     async def close(self, *args: Any, **kwargs: Any) -> None:
         if self._stamping_keeper is not None:
             self._stamping_keeper.close()
@@ -308,6 +333,19 @@ def trace_config() -> aiohttp.TraceConfig:
     config.on_connection_reuseconn.append(reuse)
     config.on_request_chunk_sent.append(chunk_sent)
     return config
+
+
+def stale_connection(stamps: Stamps, exc: BaseException) -> bool:
+    """Whether `exc` is a pooled connection that had been closed under the request: it was reused, broke
+    (closed or reset) before a single byte of the answer arrived. Safe to send again: the server never
+    answered, and a server closing an idle connection has not taken the request."""
+    if not stamps.reused or stamps.protocol is None:
+        return False
+    if isinstance(exc, ClientConnectorError) or not isinstance(
+        exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError
+    ):
+        return False
+    return stamps.protocol.received == stamps.received_before
 
 
 def stamping_protocol(resp: aiohttp.ClientResponse) -> StampingProtocol | None:

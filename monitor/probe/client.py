@@ -16,9 +16,9 @@ import itertools
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import structlog
@@ -32,6 +32,7 @@ from monitor.probe.aiohttp_hooks import (
     aiohttp_supported,
     current_stamps,
     head_arrival,
+    stale_connection,
     stamping_protocol,
     trace_config,
 )
@@ -49,12 +50,14 @@ from monitor.probe.errors import (
     classify_request_error,
     classify_status,
     no_head_message,
+    proxy_refused,
     redirect_message,
     redirect_target,
     server_message,
     timeout_message,
 )
 from monitor.probe.inflate import ACCEPT_ENCODING, Inflater, inflater_for
+from monitor.probe.proxy import aiohttp_proxy_options
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.quantile import quantile
 from monitor.redact import redact
@@ -117,6 +120,29 @@ def _ms(start: int | None, end: int | None) -> float | None:
     return (end - start) / 1e6
 
 
+def _timed_session(*, fresh: bool, kernel_stamps: bool) -> aiohttp.ClientSession:
+    connector = TimedConnector(
+        kernel_stamps=kernel_stamps,
+        limit=0,  # concurrency is capped by the caller, per provider, where it is configured
+        force_close=fresh,
+        use_dns_cache=not fresh,
+        enable_cleanup_closed=False,
+    )
+    # trust_env stays off: the proxy is the endpoint's (monitor.probe.proxy), never the library's guess.
+    return aiohttp.ClientSession(
+        connector=connector,
+        trace_configs=[trace_config()],
+        auto_decompress=False,
+        timeout=aiohttp.ClientTimeout(total=None),
+    )
+
+
+class RequestTracing(Protocol):
+    """Headers that let a traced server join the probe's trace (W3C `traceparent`), per sample."""
+
+    def headers_for(self, sample: Sample) -> Mapping[str, str]: ...
+
+
 class ProbeClient:
     """Owns the HTTP session. `fresh=True` opens a new connection (and DNS lookup) per sample.
 
@@ -124,25 +150,22 @@ class ProbeClient:
     kernel's stamp, not by when the probes' loop read them (probe/kernel_clock.py).
     """
 
-    def __init__(self, *, fresh: bool = False, kernel_stamps: bool = True) -> None:
+    def __init__(
+        self, *, fresh: bool = False, kernel_stamps: bool = True, tracing: RequestTracing | None = None
+    ) -> None:
         self.fresh = fresh
+        self._tracing = tracing
         self._fallback_logged = False
-        connector = TimedConnector(
-            kernel_stamps=kernel_stamps,
-            limit=0,  # concurrency is capped by the caller, per provider, where it is configured
-            force_close=fresh,
-            use_dns_cache=not fresh,
-            enable_cleanup_closed=False,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            trace_configs=[trace_config()],
-            auto_decompress=False,
-            timeout=aiohttp.ClientTimeout(total=None),
-        )
+        self.kernel_stamps = kernel_stamps
+        self._session = _timed_session(fresh=fresh, kernel_stamps=kernel_stamps)
+        # Opened on the first stale pooled connection: a retry must not take another pooled one, which
+        # the server has likely closed at the same moment (its keep-alive timeout ran out for all alike).
+        self._retry: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
         await self._session.close()
+        if self._retry is not None:
+            await self._retry.close()
 
     async def __aenter__(self) -> ProbeClient:
         return self
@@ -160,7 +183,10 @@ class ProbeClient:
             **endpoint.headers,
             **endpoint.flavor.auth_headers(endpoint.api_key),
         }
+        if self._tracing is not None:
+            headers.update(self._tracing.headers_for(sample))
         sample.prompt_chars = len(prompt)
+        sample.via_proxy = endpoint.proxy is not None
         stamps = Stamps()
         token = current_stamps.set(stamps)
         try:
@@ -221,7 +247,7 @@ class ProbeClient:
         stamping: StampingProtocol | None = None
         try:
             async with asyncio.timeout_at(start_loop_time + timeouts.first_token) as deadline:
-                resp = await self._send(endpoint, url, body, headers)
+                resp = await self._send(endpoint, url, body, headers, stamps, sample)
                 stamping = stamping_protocol(resp)
                 sample.timing_path = TimingPath.STAMPED if stamping is not None else TimingPath.TASK_READ
                 headers_at = head_arrival(resp, stamping)
@@ -294,7 +320,13 @@ class ProbeClient:
                     fallback.append(f"{count:,} body bytes arrived without an arrival stamp")
 
     async def _send(
-        self, endpoint: Endpoint, first_url: str, body: bytes, headers: dict[str, str]
+        self,
+        endpoint: Endpoint,
+        first_url: str,
+        body: bytes,
+        headers: dict[str, str],
+        stamps: Stamps,
+        sample: Sample,
     ) -> aiohttp.ClientResponse:
         """POST and return the response once its head is in; 307/308 followed only when the provider says so.
 
@@ -304,13 +336,30 @@ class ProbeClient:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=endpoint.timeouts.connect)
         url: str | URL = first_url
         for hop in range(MAX_REDIRECTS + 1):
-            try:
-                resp = await self._session.post(
-                    url, data=body, headers=headers, ssl=endpoint.ssl, timeout=timeout, allow_redirects=False
-                )
-            except TimeoutError:
-                # aiohttp's own sock_connect timeout; ours surfaces at the caller's `async with` instead.
-                raise Deadline(ErrorClass.TIMEOUT_CONNECT) from None
+            session = self._session
+            while True:
+                try:
+                    resp = await session.post(
+                        url,
+                        data=body,
+                        ssl=endpoint.ssl,
+                        timeout=timeout,
+                        allow_redirects=False,
+                        **aiohttp_proxy_options(endpoint.proxy, str(url), headers),
+                    )
+                    break
+                except TimeoutError:
+                    # aiohttp's own sock_connect timeout; ours surfaces at the caller's `async with` instead.
+                    raise Deadline(ErrorClass.TIMEOUT_CONNECT) from None
+                except aiohttp.ClientError as exc:
+                    # aiohttp repeats only idempotent requests on a pooled connection the server had
+                    # closed (its keep-alive timeout crossing our send); a POST that no byte was
+                    # answered to is safe to send once more, on a fresh connection, timed anew.
+                    if sample.connection_retried or not stale_connection(stamps, exc):
+                        raise
+                    sample.connection_retried = True
+                    stamps.restart()
+                    session = self._retry_session()
             target = redirect_target(resp)
             if not endpoint.follow_redirects or target is None or resp.status not in REPEATING_REDIRECTS:
                 return resp
@@ -319,6 +368,11 @@ class ProbeClient:
             resp.release()
             url = target
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _retry_session(self) -> aiohttp.ClientSession:
+        if self._retry is None:
+            self._retry = _timed_session(fresh=True, kernel_stamps=self.kernel_stamps)
+        return self._retry
 
     def _finish(
         self,
@@ -396,6 +450,9 @@ class ProbeClient:
         secrets = (endpoint.api_key, *endpoint.secrets)
         message = server_message(text, secrets)
         status = resp.status
+        if status == 407 and endpoint.proxy is not None:
+            sample.error, sample.error_message = proxy_refused(status, endpoint.proxy, endpoint.base_url)
+            return
         error = classify_status(status, message)
         sample.error = error
         hint = STATUS_HINTS.get(error, "")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from monitor.config.urls import api_url
 from monitor.probe.apis import ApiFlavor, RequestParams
+from monitor.probe.proxy import ProxyRoute
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,6 +30,8 @@ class Endpoint:
     # Everything else that must never reach a sample: header values, credentials in base_url.
     secrets: tuple[str, ...] = ()
     follow_redirects: bool = False
+    # The forward proxy requests to base_url go through (monitor.probe.proxy.route_for), or None: direct.
+    proxy: ProxyRoute | None = None
 
     @property
     def url(self) -> str:

@@ -21,6 +21,7 @@ from yarl import URL
 
 from monitor.probe.apis import MalformedEvent
 from monitor.probe.endpoint import Endpoint, Timeouts
+from monitor.probe.proxy import ProxyRoute
 from monitor.probe.result import ErrorClass
 from monitor.probe.sse import SSEError
 from monitor.redact import redact
@@ -148,6 +149,19 @@ def redirect_message(resp: aiohttp.ClientResponse, endpoint: Endpoint) -> str:
     return f"{where} after {MAX_REDIRECTS} redirects already followed; point base_url at the final address"
 
 
+def proxy_refused(status: int, proxy: ProxyRoute, host: str) -> tuple[ErrorClass, str]:
+    """The proxy, not the server, answered `status` (a refused CONNECT, or a 407 to a forwarded request)."""
+    if status == 407:
+        return ErrorClass.AUTH, (
+            f"the proxy {proxy.address} ({proxy.source}) wants credentials (HTTP 407); set proxy.username with "
+            "proxy.password_env or proxy.password_file, or the user and password in the proxy URL"
+        )
+    return ErrorClass.CONNECT, (
+        f"the proxy {proxy.address} ({proxy.source}) refused to reach {host} (HTTP {status}); check that it "
+        "allows this host and port, or list the host in proxy.no_proxy / NO_PROXY"
+    )
+
+
 def classify_request_error(exc: aiohttp.ClientError, endpoint: Endpoint) -> tuple[ErrorClass, str]:
     host = endpoint.base_url
     dns_error = getattr(aiohttp, "ClientConnectorDNSError", None)
@@ -161,6 +175,15 @@ def classify_request_error(exc: aiohttp.ClientError, endpoint: Endpoint) -> tupl
         )
     if isinstance(exc, (ClientConnectorSSLError, ClientSSLError)):
         return ErrorClass.TLS, f"TLS handshake with {host} failed; check that the port speaks https"
+    proxy = endpoint.proxy
+    if isinstance(exc, aiohttp.ClientProxyConnectionError) and proxy is not None:
+        reason = exc.os_error.strerror or type(exc.os_error).__name__
+        return ErrorClass.CONNECT, (
+            f"cannot connect to the proxy {proxy.address} ({proxy.source}) for {host}: {reason}; check the "
+            "provider's proxy settings or the environment's HTTPS_PROXY / HTTP_PROXY / NO_PROXY"
+        )
+    if isinstance(exc, aiohttp.ClientHttpProxyError) and proxy is not None:
+        return proxy_refused(exc.status, proxy, host)
     if isinstance(exc, ClientConnectorError):
         reason = exc.os_error.strerror or type(exc.os_error).__name__
         return ErrorClass.CONNECT, f"cannot connect to {host}: {reason}; is the server running on that port?"

@@ -10,6 +10,7 @@ from monitor.config.models import Config
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.endpoint import Endpoint, Timeouts
 from monitor.probe.prompts import PromptSpec
+from monitor.probe.proxy import DIRECT, ProxyEnvironment, route_for
 from monitor.probe.runner import ProbeTarget
 from monitor.probe.settings import PromptProfile, Provider, Target
 from monitor.redact import mask_url, url_credentials
@@ -23,8 +24,9 @@ def ssl_option(*, verify: bool, ca_file: str | None) -> ssl.SSLContext | bool:
     return True
 
 
-def endpoint_for(provider: Provider) -> Endpoint:
+def endpoint_for(provider: Provider, proxies: ProxyEnvironment) -> Endpoint:
     timeouts = provider.timeout_s
+    proxy = route_for(provider.base_url, provider.proxy, proxies)
     return Endpoint(
         base_url=provider.base_url,
         flavor=FLAVORS[provider.api],
@@ -32,8 +34,9 @@ def endpoint_for(provider: Provider) -> Endpoint:
         headers=dict(provider.headers),
         timeouts=Timeouts(connect=timeouts.connect, first_token=timeouts.first_token, total=timeouts.total),
         ssl=ssl_option(verify=provider.tls.verify, ca_file=str(provider.tls.ca_file) if provider.tls.ca_file else None),
-        secrets=provider.secrets(),
+        secrets=(*provider.secrets(), *proxies.secrets()),
         follow_redirects=provider.follow_redirects,
+        proxy=proxy,
     )
 
 
@@ -50,8 +53,9 @@ def request_params(target: Target, *, include_usage: bool) -> RequestParams:
 class Endpoints:
     """One Endpoint per provider, built once: SSL contexts are costly to create per request."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, proxies: ProxyEnvironment) -> None:
         self._config = config
+        self._proxies = proxies
         self._built: dict[str, Endpoint] = {}
 
     def target(self, name: str) -> ProbeTarget:
@@ -59,7 +63,7 @@ class Endpoints:
         provider = self._config.providers[target.provider]
         endpoint = self._built.get(target.provider)
         if endpoint is None:
-            endpoint = self._built[target.provider] = endpoint_for(provider)
+            endpoint = self._built[target.provider] = endpoint_for(provider, self._proxies)
         return ProbeTarget(
             name=name,
             provider=target.provider,
@@ -89,8 +93,10 @@ def adhoc_target(
     timeouts: Timeouts,
     verify: bool = True,
     ca_file: str | None = None,
+    proxies: ProxyEnvironment | None = None,
 ) -> ProbeTarget:
-    secrets = tuple(url_credentials(url))
+    proxies = proxies if proxies is not None else ProxyEnvironment()
+    secrets = (*url_credentials(url), *proxies.secrets())
     endpoint = Endpoint(
         base_url=url.rstrip("/"),
         flavor=FLAVORS[api],
@@ -98,6 +104,7 @@ def adhoc_target(
         timeouts=timeouts,
         ssl=ssl_option(verify=verify, ca_file=ca_file),
         secrets=secrets,
+        proxy=route_for(url, DIRECT, proxies),
     )
     params = RequestParams(
         model=model, max_tokens=max_tokens, temperature=0.0, extra_body=extra_body, include_usage=include_usage

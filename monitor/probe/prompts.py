@@ -73,7 +73,10 @@ def build_text(language: str, chars: int, *, nonce: str | None = None) -> str:
 
 
 def new_nonce() -> str:
-    return uuid.uuid4().hex[:16]
+    # Sixteen decimal digits: most tokenizers split digits alike whatever they are (one a token, or
+    # groups of three), so every nonce costs the same tokens. Hex did not: its runs of letters and
+    # digits came to anywhere from 6 to 16 tokens, a swing of 8% on a prompt of 128.
+    return f"{uuid.uuid4().int % 10**16:016d}"
 
 
 @dataclass(slots=True)
@@ -82,17 +85,44 @@ class Observation:
     tokens: int
 
 
+# A family: prompts one line fits, tokens = chars / chars_per_token + overhead. The same target
+# (one tokenizer, one chat template), language (characters per token) and tools (a tool
+# definition adds its own fixed tokens); prompt size and cache mode do not matter.
+Family = tuple[str, str, bool]
+Fit = tuple[float, float]
+
+
+def line_through(a: Observation, b: Observation) -> Fit | None:
+    """(chars per token, overhead tokens) of the line through two counts, or None when they are
+    too close to tell a slope or the line is implausible (the server counted oddly)."""
+    if abs(a.chars - b.chars) <= 0.02 * max(a.chars, b.chars) or a.tokens == b.tokens:
+        return None
+    slope = (b.tokens - a.tokens) / (b.chars - a.chars)  # tokens per char
+    overhead = b.tokens - slope * b.chars
+    if slope <= 0 or not 0 <= overhead < 0.5 * min(a.tokens, b.tokens):
+        return None
+    return 1 / slope, overhead
+
+
 class Calibration:
     """Characters-per-token per (target, prompt), corrected from the server's reported counts.
 
-    With two observations of different lengths it fits tokens = chars / k + overhead, which
-    absorbs the chat template's fixed tokens; with one it uses the ratio. Either way one reported
-    count is enough to land within a few percent of the target on the next request.
+    A fit is tokens = chars / k + overhead; the overhead is the chat template's fixed tokens, the
+    same for every prompt of a family (one target, language and tool set), and k is the prompt's
+    own (text of one length tokenizes a little differently from another).
+
+    - Counts of two prompts of a family at lengths at least twice apart (the two sizes of a warm-up
+      round) give the family's overhead: then each prompt's k follows from its own last count.
+      The first measured request after one warm-up round of two sizes lands on target.
+    - One prompt alone: two of its counts of different lengths give its line; with one count the
+      overhead is unknown, and the next request can miss by part of the template (136 tokens for
+      128 once, against a template of about 20).
     """
 
     def __init__(self, *, on_update: Callable[[tuple[str, str], float, float], None] | None = None) -> None:
-        self._fits: dict[tuple[str, str], tuple[float, float]] = {}
+        self._fits: dict[tuple[str, str], Fit] = {}
         self._last: dict[tuple[str, str], Observation] = {}
+        self._family_last: dict[Family, dict[tuple[str, str], Observation]] = {}
         self._on_update = on_update
 
     def load(self, key: tuple[str, str], chars_per_token: float, overhead_tokens: float) -> None:
@@ -101,31 +131,61 @@ class Calibration:
     def fit(self, key: tuple[str, str]) -> tuple[float, float] | None:
         return self._fits.get(key)
 
-    def chars_for(self, key: tuple[str, str], tokens: int, language: str) -> int:
+    def chars_for(self, key: tuple[str, str], tokens: int, language: str, *, family: Family | None = None) -> int:
         fit = self._fits.get(key)
+        if fit is None and family is not None:
+            # No count of this prompt yet: its family's overhead with another prompt's k.
+            fit = next((self._fits[k] for k in self._family_last.get(family, {}) if k in self._fits), None)
         if fit is None:
             return max(1, round(tokens * INITIAL_CHARS_PER_TOKEN.get(language, 4.0)))
         cpt, overhead = fit
         return max(1, round((tokens - overhead) * cpt))
 
-    def observe(self, key: tuple[str, str], chars: int, tokens: int | None) -> None:
+    def observe(self, key: tuple[str, str], chars: int, tokens: int | None, *, family: Family | None = None) -> None:
         if not tokens or tokens <= 0 or chars <= 0:
             return
-        last = self._last.get(key)
-        fit: tuple[float, float]
-        if last is not None and abs(last.chars - chars) > 0.02 * chars and last.tokens != tokens:
-            slope = (tokens - last.tokens) / (chars - last.chars)  # tokens per char
-            overhead = tokens - slope * chars
-            plausible = slope > 0 and 0 <= overhead < 0.5 * tokens
-            fit = (1 / slope, overhead) if plausible else (chars / tokens, 0.0)
+        seen = Observation(chars, tokens)
+        members = self._family_last.setdefault(family, {}) if family is not None else {}
+        members[key] = seen
+        overhead = self._family_overhead(members)
+        if overhead is not None:
+            self._refit_family(members, overhead)
+            fit = self._fits[key]
         else:
-            _, overhead = self._fits.get(key, (0.0, 0.0))
-            overhead = min(overhead, 0.5 * tokens)
-            fit = (chars / max(tokens - overhead, 1), overhead)
-        self._fits[key] = fit
-        self._last[key] = Observation(chars, tokens)
+            last = self._last.get(key)
+            line = line_through(last, seen) if last is not None else None
+            if line is not None:
+                fit = line
+            else:
+                _, overhead = self._fits.get(key, (0.0, 0.0))
+                overhead = min(overhead, 0.5 * tokens)
+                fit = (chars / max(tokens - overhead, 1), overhead)
+            self._fits[key] = fit
+        self._last[key] = seen
         if self._on_update is not None:
             self._on_update(key, *fit)
+
+    @staticmethod
+    def _family_overhead(members: dict[tuple[str, str], Observation]) -> float | None:
+        """The template's tokens from the family's shortest and longest last counts, when they are
+        far enough apart that a few tokens of noise (the nonce) barely move the slope."""
+        if len(members) < 2:
+            return None
+        short = min(members.values(), key=lambda o: o.chars)
+        long = max(members.values(), key=lambda o: o.chars)
+        if long.chars < 2 * short.chars:
+            return None
+        line = line_through(short, long)
+        if line is None:
+            # Noise around a template of 0: below zero is implausible, and none is the answer.
+            return 0.0 if long.tokens > short.tokens else None
+        return line[1]
+
+    def _refit_family(self, members: dict[tuple[str, str], Observation], overhead: float) -> None:
+        for member, seen in members.items():
+            tokens = max(seen.tokens - min(overhead, 0.5 * seen.tokens), 1)
+            fit = (seen.chars / tokens, min(overhead, 0.5 * seen.tokens))
+            self._fits[member] = fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +196,10 @@ class PromptSpec:
     cache: str = "bust"
     # Offer one function and require it (tool_choice), so the answer is a tool call.
     tool_call: bool = False
+
+    def family(self, target: str) -> Family:
+        """The prompts of `target` whose counts lie on one line (see `Calibration`)."""
+        return (target, self.language, self.tool_call)
 
 
 class PromptFactory:
@@ -154,15 +218,15 @@ class PromptFactory:
         self._warm_text: dict[tuple[str, str], str] = {}
 
     def text_for(self, target: str, spec: PromptSpec, *, warmup: bool = False) -> str:
-        key = (target, spec.name)
+        key, family = (target, spec.name), spec.family(target)
         if spec.cache != "warm":
-            chars = self.calibration.chars_for(key, spec.tokens, spec.language)
+            chars = self.calibration.chars_for(key, spec.tokens, spec.language, family=family)
             return build_text(spec.language, chars, nonce=new_nonce())
         fixed = self._warm_text.get(key)
         if fixed is not None:
             return fixed
         nonce = self._warm_nonce.setdefault(key, new_nonce())
-        chars = self.calibration.chars_for(key, spec.tokens, spec.language)
+        chars = self.calibration.chars_for(key, spec.tokens, spec.language, family=family)
         text = build_text(spec.language, chars, nonce=nonce)
         if not warmup:
             # Fixed from the first measured request on; warm-up requests follow the calibration.

@@ -109,6 +109,11 @@ class Sample:
     first_token_stamp_exact: bool | None = None
     # With kernel stamps: when the probes' loop read the first token's bytes (monotonic ns). Not stored.
     first_token_read_mono_ns: int | None = None
+    # Sent through a forward proxy (monitor.probe.proxy): dns/connect/tls are then the proxy's, not the server's.
+    via_proxy: bool = False
+    # The first send failed on a reused pooled connection before any byte of the answer (the server had
+    # closed it while idle) and was sent again on a fresh one; every phase is timed from that second send.
+    connection_retried: bool = False
 
     @property
     def ok(self) -> bool:

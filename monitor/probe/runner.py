@@ -89,13 +89,16 @@ async def run_plan(
                 async with gate, limits.get(target.provider):
                     text = prompts.text_for(target.name, spec, warmup=warmup)
                     await client.probe(target.endpoint, params, text, sample)
+                    # Before the slot is free: the request that takes it next is sized with this count.
+                    prompts.calibration.observe(
+                        (target.name, spec.name), len(text), sample.prompt_tokens, family=spec.family(target.name)
+                    )
                 try:
                     if meter is not None:  # outside the slot: waiting for the meter's next wake-up holds up no probe
                         await meter.settle(sample)
                 finally:  # cancelled while settling, the sample is judged on what the meter saw, and kept
                     if meter is not None:
                         meter.judge(sample, bound_ms=self_delay_bound_ms)
-                    prompts.calibration.observe((target.name, spec.name), len(text), sample.prompt_tokens)
                     samples.append(sample)
                     if on_sample is not None:
                         on_sample(sample)

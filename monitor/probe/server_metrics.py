@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from monitor.probe.proxy import ProxyRoute, aiohttp_proxy_options
+
 # Short: the "before" scrape sits in front of the run's first probe.
 SCRAPE_TIMEOUT_S = 2.0
 # Longer: no probe waits on the "after" scrape, and a server busy enough to matter answers slowly
@@ -219,13 +221,13 @@ def server_metrics(before: Snapshot | None, after: Snapshot | None, model: str) 
 
 
 async def scrape(
-    session: aiohttp.ClientSession, url: str, *, timeout_s: float = SCRAPE_TIMEOUT_S
+    session: aiohttp.ClientSession, url: str, *, timeout_s: float = SCRAPE_TIMEOUT_S, proxy: ProxyRoute | None = None
 ) -> dict[str, list[tuple[dict[str, str], float]]] | str:
     """One reading of `url`, or the reason there is none (an error class, safe to log). Never raises
     except on cancellation, and never takes longer than `timeout_s`."""
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.get(url, allow_redirects=False) as response:
+            async with session.get(url, allow_redirects=False, **aiohttp_proxy_options(proxy, url)) as response:
                 if response.status != 200:
                     return f"http_{response.status}"
                 # Chunk by chunk to the end: one read() returns only what has arrived so far, and a

@@ -12,6 +12,7 @@ from pydantic import Field, PrivateAttr, field_serializer, field_validator, mode
 from monitor.config.fields import ConfigModel, EnvName, Headers, UserPath, masked_headers
 from monitor.config.urls import check_http_url
 from monitor.probe.apis import FLAVORS
+from monitor.probe.proxy import ProxySettings
 from monitor.redact import SENSITIVE_HEADERS, mask_url, url_credentials
 
 # The allowed values come from the registry, so a new API flavour is one module and one registry line;
@@ -107,6 +108,9 @@ class Provider(ConfigModel):
         "empty) to store requests waiting and "
         "running, KV-cache usage, prefix-cache hit rate and the server's own TTFT, queue and prefill time.",
     )
+    proxy: ProxySettings = Field(
+        default_factory=ProxySettings, description="Forward proxy for the probes and the server-metrics scrapes."
+    )
 
     _secret: str | None = PrivateAttr(default=None)
     _auth_source: str = PrivateAttr(default="none")
@@ -170,7 +174,13 @@ class Provider(ConfigModel):
         credentials in `base_url` (userinfo, key-like query values) and whatever `${VAR}` put into the
         URL or any header. A literal `X-Debug: true` is no secret: masking it would mask every "true"."""
         credential_headers = [value for name, value in self.headers.items() if name.lower() in SENSITIVE_HEADERS]
-        found = [self._secret, *credential_headers, *url_credentials(self.base_url), *self._from_environment]
+        found = [
+            self._secret,
+            *credential_headers,
+            *url_credentials(self.base_url),
+            *self._from_environment,
+            *self.proxy.secrets(),
+        ]
         return tuple(dict.fromkeys(value for value in found if value))
 
     def display_url(self) -> str:

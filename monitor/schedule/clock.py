@@ -35,9 +35,12 @@ class ClockWatch:
         self._threshold_s = threshold_s
         self._last = read()
 
-    def check(self) -> tuple[float, float] | None:
-        """(the step in seconds, the wall time now) when the wall clock stepped since the last check."""
+    def check(self) -> tuple[float, float, float] | None:
+        """(the step in seconds, the wall time now, the new wall time of the last check) when the wall
+        clock stepped since the last check. The step happened somewhere between the two checks, so the
+        new clock's ticks since the last check's moment fell due unseen."""
         reading = self._read()
         step = wall_clock_step(self._last, reading, self._threshold_s)
+        since = reading[0] - (reading[1] - self._last[1])
         self._last = reading
-        return None if step is None else (step, reading[0])
+        return None if step is None else (step, reading[0], since)

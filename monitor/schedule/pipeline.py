@@ -17,6 +17,7 @@ from monitor.metrics.definitions import Metrics, job_interval_seconds
 from monitor.probe.client import ProbeClient
 from monitor.probe.plan import Endpoints, prompt_spec
 from monitor.probe.prompts import Calibration, PromptFactory
+from monitor.probe.proxy import ProxyEnvironment, route_for
 from monitor.probe.result import Sample
 from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
 from monitor.probe.self_delay import LoopDelayMeter
@@ -59,6 +60,8 @@ SAMPLE_LOG_FIELDS = (
     "connection_reused",
     "self_delay_ms",
     "disturbed",
+    "via_proxy",
+    "connection_retried",
 )
 
 
@@ -85,6 +88,8 @@ class JobContext:
     scrape_session: aiohttp.ClientSession | None = None
     # The probing loop's lateness (`app.ProcessResources`); None: samples leave `self_delay_ms` unset.
     meter: LoopDelayMeter | None = None
+    # The environment's proxy settings, for the scrapes (the endpoints carry their own route already).
+    proxies: ProxyEnvironment = field(default_factory=ProxyEnvironment)
 
 
 @dataclass
@@ -243,6 +248,12 @@ class _ServerReadings:
             for t in plan.targets
             if t.provider in providers and (url := providers[t.provider].server_metrics_url) is not None
         }
+        # A provider's scrape goes the way its probes go: its `proxy:` settings, for its metrics URL.
+        self._proxy_of = {
+            url: route_for(url, providers[t.provider].proxy, ctx.proxies)
+            for t in plan.targets
+            if t.name in self._url_of and (url := self._url_of[t.name])
+        }
         self._model_of = {t.name: t.params.model for t in plan.targets}
         self._provider_of = {t.name: t.provider for t in plan.targets}
         self._session = ctx.scrape_session
@@ -275,7 +286,9 @@ class _ServerReadings:
     async def _read_all(self, *, timeout_s: float = SCRAPE_TIMEOUT_S) -> dict[str, Snapshot]:
         assert self._session is not None
         urls = sorted(set(self._url_of.values()))
-        readings = await asyncio.gather(*(scrape(self._session, url, timeout_s=timeout_s) for url in urls))
+        readings = await asyncio.gather(
+            *(scrape(self._session, url, timeout_s=timeout_s, proxy=self._proxy_of[url]) for url in urls)
+        )
         out: dict[str, Snapshot] = {}
         for url, reading in zip(urls, readings, strict=True):
             if isinstance(reading, str):

@@ -145,12 +145,17 @@ class JobScheduler:
         stepped = self._clock.check()
         if stepped is None:
             return None
-        step, wall = stepped
+        step, wall, since_wall = stepped
         now = datetime.fromtimestamp(wall, UTC)
+        # From the last check's moment on the new clock, not from now: a tick of the new clock that fell
+        # between the step and this check (up to half a second) is due at once, not skipped unseen.
+        since = datetime.fromtimestamp(since_wall, UTC)
         self._accounted.clear()
         for scheduled in self._scheduler.get_jobs():
             if scheduled.next_run_time is not None:
-                self._scheduler.modify_job(scheduled.id, next_run_time=scheduled.trigger.get_next_fire_time(None, now))
+                self._scheduler.modify_job(
+                    scheduled.id, next_run_time=scheduled.trigger.get_next_fire_time(None, since)
+                )
         direction = "forward" if step > 0 else "backward"
         if self._metrics is not None:
             self._metrics.clock_steps.labels(direction).inc()

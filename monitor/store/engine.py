@@ -216,8 +216,30 @@ _CONNECTION_ERRORS = frozenset(
         "TooManyConnectionsError",
         "AdminShutdownError",
         "CrashShutdownError",
+        # asyncpg's "cannot switch to state 12": a statement on a connection whose protocol broke
+        # under it (killed by pg_terminate_backend, a failover); the database, not the data.
+        "InternalClientError",
     }
 )
+# A connection that broke under a statement (it was killed, the server restarted, the network reset
+# it): the statement did not run to completion and the transaction is gone, so a transaction that
+# had not yet sent COMMIT can be run again on a new connection.
+_BROKEN_CONNECTION_ERRORS = frozenset(
+    {"InternalClientError", "ConnectionDoesNotExistError", "AdminShutdownError", "CrashShutdownError"}
+)
+
+
+def is_broken_connection(exc: BaseException) -> bool:
+    """True when `exc` is a connection that broke under a statement, not a refused statement or value."""
+    for item in error_chain(exc):
+        if isinstance(item, ConnectionResetError | BrokenPipeError | ConnectionAbortedError):
+            return True
+        if _names(item) & _BROKEN_CONNECTION_ERRORS or getattr(item, "connection_invalidated", False):
+            return True
+        message = str(item).lower()
+        if "InterfaceError" in _names(item) and "connection" in message and ("closed" in message or "lost" in message):
+            return True
+    return False
 
 
 def is_connection_error(exc: BaseException) -> bool:

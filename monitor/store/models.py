@@ -182,6 +182,10 @@ class SampleRow(Base):
     # migration 0011 and when nothing measured it. `disturbed`: beyond the bound, so no evidence.
     self_delay_ms: Mapped[float | None] = mapped_column(Double)
     disturbed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    # Through a forward proxy (its connect phase is the proxy's), and retried on a fresh connection after
+    # a stale pooled one failed before answering; false before migration 0012.
+    via_proxy: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
+    connection_retried: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
 
 
 class RollupRow(Base):

@@ -66,6 +66,8 @@ SAMPLE_COLUMN_FIELDS: dict[str, str] = {
     "timing_path": "timing_path",
     "self_delay_ms": "self_delay_ms",
     "disturbed": "disturbed",
+    "via_proxy": "via_proxy",
+    "connection_retried": "connection_retried",
 }
 # Sample fields stored elsewhere: once per run or series (target, model, api, prompt), as the row's key
 # (sample_id is the column id) or converted (error, an ErrorClass stored by value).

@@ -1,0 +1,629 @@
+"""The OpenTelemetry SDK side: instruments, OTLP/HTTP exporters, and how export failures are reported.
+
+Nothing here runs an export on the probes' loop. Recording a measurement is a dict lookup in
+ttft-monitor's own aggregation (`aggregate.py`, as cheap as prometheus_client; the SDK's instruments
+cost half a millisecond per probe); a thread of its own exports a snapshot every `export_interval_s`
+through the official OTLP exporter, and spans and log records wait in bounded queues drained by the
+SDK's worker threads. A collector that is away or hung costs those threads at most `timeout_s` per export and
+never a probe: failed exports and dropped items are counted (`ttft_monitor_otel_*`) and logged when
+export starts failing and when it recovers, not at every attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import structlog
+
+try:
+    from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk._logs import LoggerProvider
+    from opentelemetry.sdk._logs.export import BatchLogRecordProcessor, LogRecordExporter, LogRecordExportResult
+    from opentelemetry.sdk.metrics.export import (
+        AggregationTemporality,
+        Gauge,
+        Histogram,
+        HistogramDataPoint,
+        Metric,
+        MetricExportResult,
+        MetricsData,
+        NumberDataPoint,
+        ResourceMetrics,
+        ScopeMetrics,
+        Sum,
+    )
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+    from opentelemetry.trace import SpanKind, Status, StatusCode
+except ImportError as exc:  # the optional extra is missing
+    raise ImportError(
+        "OpenTelemetry export is configured but its packages are not installed: pip install 'ttft-monitor[otel]'"
+    ) from exc
+from prometheus_client import CollectorRegistry
+
+from monitor import __version__
+from monitor.otel import semconv
+from monitor.otel.aggregate import Aggregates, Instrument, Key, Snapshot, key_of
+from monitor.otel.counters import ExportCounters
+from monitor.otel.settings import Resolved
+from monitor.probe.result import Sample
+from monitor.redact import mask_url
+
+# How often a collector that stays away is mentioned again, with the count since the last line.
+FAILING_REMINDER_S = 600.0
+PHASE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+SELF_DELAY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+# The detector's actions (detect.rules.Action) as the events' names say them.
+INCIDENT_ACTIONS = {"open": "opened", "update": "updated", "resolve": "resolved"}
+
+
+class ExportHealth:
+    """Counts each export's outcome and logs when export starts failing, every 10 minutes while it
+    keeps failing, and when it recovers. Called from the SDK's export threads."""
+
+    def __init__(
+        self,
+        counters: ExportCounters,
+        endpoints: Mapping[str, str | None],
+        *,
+        secrets: Sequence[str] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._counters = counters
+        self._where = {s: mask_url(url, secrets) for s, url in endpoints.items() if url is not None}
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._failing: dict[str, tuple[float, int]] = {}  # signal -> (last line's time, failures since)
+        self._log = structlog.get_logger()
+
+    def exported(self, signal: str, ok: bool, items: int) -> None:
+        self._counters.exports.labels(signal, "ok" if ok else "failed").inc()
+        with self._lock:
+            state = self._failing.get(signal)
+            if ok:
+                if state is not None:
+                    del self._failing[signal]
+                    self._log.info("otel_export_recovered", signal=signal, endpoint=self._where.get(signal))
+                return
+            self._counters.dropped.labels(signal).inc(items)
+            now = self._clock()
+            if state is None or now - state[0] >= FAILING_REMINDER_S:
+                failures = 1 if state is None else state[1] + 1
+                self._log.warning(
+                    "otel_export_failed",
+                    signal=signal,
+                    endpoint=self._where.get(signal),
+                    failures=failures,
+                    items=items,
+                    hint="the OTLP receiver refused, did not answer or was unreachable within otel.timeout_s; "
+                    "probing goes on, and cumulative metrics catch up at the next export that goes through",
+                )
+                self._failing[signal] = (now, 0)
+            else:
+                self._failing[signal] = (state[0], state[1] + 1)
+
+    def where(self, signal: str) -> str | None:
+        """The signal's endpoint, fit to log (None: not exported)."""
+        return self._where.get(signal)
+
+    def dropped(self, signal: str, items: int = 1) -> None:
+        self._counters.dropped.labels(signal).inc(items)
+
+
+class _CountedSpanExporter(SpanExporter):
+    def __init__(self, inner: SpanExporter, health: ExportHealth) -> None:
+        self._inner = inner
+        self._health = health
+
+    def export(self, spans: Any) -> SpanExportResult:
+        try:
+            result = self._inner.export(spans)
+        except Exception:
+            result = SpanExportResult.FAILURE
+        self._health.exported("traces", result == SpanExportResult.SUCCESS, len(spans))
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return self._inner.force_flush(timeout_millis)
+
+
+class _CountedLogExporter(LogRecordExporter):
+    def __init__(self, inner: LogRecordExporter, health: ExportHealth) -> None:
+        self._inner = inner
+        self._health = health
+
+    def export(self, batch: Any) -> LogRecordExportResult:
+        try:
+            result = self._inner.export(batch)
+        except Exception:
+            result = LogRecordExportResult.FAILURE
+        self._health.exported("logs", result == LogRecordExportResult.SUCCESS, len(batch))
+        return result
+
+    def shutdown(self) -> None:
+        self._inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return bool(self._inner.force_flush(timeout_millis))
+
+
+def _queue_full(processor: object, size: int) -> bool:
+    # The SDK's batch processors drop the oldest item when their queue is full and only log it; the
+    # queue is a deque on their private `_batch_processor`, read here (len() only) to count the drop.
+    inner = getattr(processor, "_batch_processor", None)
+    queue = getattr(inner, "_queue", None)
+    return queue is not None and len(queue) >= size
+
+
+class _PresetIds(IdGenerator):
+    """Hands the SDK the ids a probe's `traceparent` already announced, so the span a traced server
+    sees as parent is the one exported; random ids otherwise."""
+
+    def __init__(self) -> None:
+        self._random = RandomIdGenerator()
+        self.preset: tuple[int, int] | None = None
+
+    def generate_trace_id(self) -> int:
+        return self.preset[0] if self.preset is not None else self._random.generate_trace_id()
+
+    def generate_span_id(self) -> int:
+        return self.preset[1] if self.preset is not None else self._random.generate_span_id()
+
+
+# Ids handed out but not yet turned into a span, at most: a sample that never reaches `observe_sample`
+# (a cancelled run) must not keep its entry for the life of the process.
+PENDING_TRACES_MAX = 10_000
+
+
+def _ns(at: datetime) -> int:
+    return int(at.timestamp() * 1e9)
+
+
+def quiet_sdk_loggers() -> None:
+    """The exporters log every retry and failure; `ExportHealth` says it once per outage instead.
+
+    Errors in the SDK itself (a bad attribute, a broken instrument) still come through.
+    """
+    logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
+    logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.ERROR)
+
+
+# Series keys kept at most (a reload or a new model adds some; labels are bounded, so this is a backstop).
+SERIES_KEYS_MAX = 10_000
+
+
+@dataclass(frozen=True)
+class _SeriesKeys:
+    attributes: dict[str, Any]
+    base: Key
+    text_tokens: Key
+    unknown_tokens: Key
+    outcome: Key
+    phases: tuple[Key, ...]
+
+
+class OtelTelemetry:
+    """Every probe, detector reading and incident as OpenTelemetry metrics (and spans, log records).
+
+    Built once per process (`app.open_telemetry`) and handed to `Metrics`, which forwards what it
+    records. `close` flushes what is buffered within a bound and stops the SDK's threads.
+    """
+
+    def __init__(
+        self,
+        settings: Resolved,
+        *,
+        registry: CollectorRegistry,
+        location: str,
+        endpoints: Mapping[str, semconv.Endpoint],
+        ttft_buckets_s: Sequence[float],
+    ) -> None:
+        self.settings = settings
+        self.location = location
+        self.configure(endpoints)
+        counters = ExportCounters(registry)
+        counters.start(tuple(s for s, url in settings.endpoints.items() if url is not None))
+        self.health = ExportHealth(counters, settings.endpoints, secrets=settings.secrets)
+        quiet_sdk_loggers()
+        resource = Resource(dict(settings.resource))
+        timeout = settings.timeout_s
+        self._resource = resource
+        self._metric_exporter = OTLPMetricExporter(
+            endpoint=settings.endpoints["metrics"], headers=settings.headers["metrics"], timeout=timeout
+        )
+        self.aggregates = Aggregates(instruments(tuple(ttft_buckets_s)), start_ns=time.time_ns())
+        self._export_lock = threading.Lock()  # one export at a time: the thread's, or the last one at close
+        self._stop = threading.Event()
+        self._exporter_thread = threading.Thread(target=self._export_loop, name="ttft-otel-metrics", daemon=True)
+        self._exporter_thread.start()
+        self._tracer_provider: TracerProvider | None = None
+        self._span_processor: BatchSpanProcessor | None = None
+        if settings.endpoints["traces"] is not None:
+            span_exporter = OTLPSpanExporter(
+                endpoint=settings.endpoints["traces"], headers=settings.headers["traces"], timeout=timeout
+            )
+            self._span_processor = BatchSpanProcessor(
+                _CountedSpanExporter(span_exporter, self.health),
+                max_queue_size=settings.queue_size,
+                max_export_batch_size=min(512, settings.queue_size),
+                export_timeout_millis=timeout * 1000,
+            )
+            self._ids = _PresetIds()
+            self._tracer_provider = TracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
+            self._tracer_provider.add_span_processor(self._span_processor)
+        self._logger_provider: LoggerProvider | None = None
+        self._log_processor: BatchLogRecordProcessor | None = None
+        if settings.endpoints["logs"] is not None:
+            log_exporter = OTLPLogExporter(
+                endpoint=settings.endpoints["logs"], headers=settings.headers["logs"], timeout=timeout
+            )
+            self._log_processor = BatchLogRecordProcessor(
+                _CountedLogExporter(log_exporter, self.health),
+                max_queue_size=settings.queue_size,
+                max_export_batch_size=min(512, settings.queue_size),
+                export_timeout_millis=timeout * 1000,
+            )
+            self._logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
+            self._logger_provider.add_log_record_processor(self._log_processor)
+        self._pending: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._pending_lock = threading.Lock()
+        self._random = RandomIdGenerator()
+        self._closed = False
+
+    @property
+    def tracing(self) -> OtelTelemetry | None:
+        """This object as the probe client's `RequestTracing` when traces are exported, else None."""
+        return self if self._tracer_provider is not None else None
+
+    def headers_for(self, sample: Sample) -> dict[str, str]:
+        """The `traceparent` of the span this sample will be exported as (sampled: the flag is 01)."""
+        trace_id, span_id = self._random.generate_trace_id(), self._random.generate_span_id()
+        with self._pending_lock:
+            self._pending[sample.sample_id] = (trace_id, span_id)
+            while len(self._pending) > PENDING_TRACES_MAX:
+                self._pending.popitem(last=False)
+        return {"traceparent": f"00-{trace_id:032x}-{span_id:016x}-01"}
+
+    def configure(self, endpoints: Mapping[str, semconv.Endpoint]) -> None:
+        """Providers as a reload left them (their API and URL name the provider and server)."""
+        self.endpoints = dict(endpoints)
+        # Parsed once here, not per probe: a URL parse per sample is most of the recording's cost.
+        self._endpoint_attributes = {name: e.attributes() for name, e in self.endpoints.items()}
+        self._keys: dict[tuple[object, ...], _SeriesKeys] = {}
+
+    # ------------------------------------------------------------------ recording (the probes' loop)
+
+    def observe_sample(self, sample: Sample, *, provider: str, probe_job: str) -> None:
+        ids = None
+        if self._tracer_provider is not None:
+            with self._pending_lock:
+                ids = self._pending.pop(sample.sample_id, None)
+        if sample.warmup:
+            return
+        keys = self._keys_for(sample, provider, probe_job)
+        if ids is not None:
+            self._span(sample, keys.attributes, ids)
+        agg = self.aggregates
+        if sample.self_delay_ms is not None:
+            agg.record(semconv.SELF_DELAY, (("ttft_monitor.probe_job", probe_job),), sample.self_delay_ms / 1000)
+        if sample.disturbed:
+            agg.add(semconv.DISTURBED, keys.base, 1)
+            return
+        if sample.total_ms is not None:
+            agg.record(semconv.DURATION, keys.base, sample.total_ms / 1000)
+        if sample.first_event_ms is not None:
+            agg.record(semconv.TIME_TO_FIRST_CHUNK, keys.base, sample.first_event_ms / 1000)
+        usage = sample.prompt_tokens is not None or sample.completion_tokens is not None
+        tokens = keys.text_tokens if usage else keys.unknown_tokens
+        agg.add(semconv.USAGE_INPUT, tokens, sample.prompt_tokens or 0)
+        agg.add(semconv.USAGE_OUTPUT, tokens, sample.completion_tokens or 0)
+        agg.add(semconv.USAGE_CACHE_READ, tokens, sample.cached_tokens or 0)
+        agg.add(semconv.PROBES, keys.outcome, 1)
+        if not sample.ok or sample.ttft_ms is None:
+            return
+        agg.record(semconv.TTFT, keys.base, sample.ttft_ms / 1000)
+        if sample.ttfa_ms is not None:
+            agg.record(semconv.TTFA, keys.base, sample.ttfa_ms / 1000)
+        for (_phase, name), key in zip(semconv.PHASES, keys.phases, strict=True):
+            value = getattr(sample, name)
+            if value is not None:
+                agg.record(semconv.PHASE, key, value / 1000)
+        if sample.decode_tps is not None:
+            agg.set(semconv.DECODE_RATE, keys.base, sample.decode_tps, time.time_ns())
+
+    def _keys_for(self, sample: Sample, provider: str, probe_job: str) -> _SeriesKeys:
+        """A series' attributes and their keys, worked out once and then reused: every label is bounded."""
+        ident = (provider, probe_job, sample.target, sample.model, sample.served_model, sample.prompt, sample.error)
+        keys = self._keys.get(ident)
+        if keys is None:
+            if len(self._keys) >= SERIES_KEYS_MAX:
+                self._keys.clear()
+            genai = semconv.genai_attributes(sample, self._endpoint_attributes.get(provider))
+            attrs = {**genai, **semconv.monitor_attributes(sample, location=self.location, probe_job=probe_job)}
+            keys = self._keys[ident] = _SeriesKeys(
+                attributes=attrs,
+                base=key_of(attrs),
+                text_tokens=key_of({**attrs, "gen_ai.token.modality": "text"}),
+                unknown_tokens=key_of({**attrs, "gen_ai.token.modality": "unknown"}),
+                outcome=key_of({**attrs, "ttft_monitor.outcome": "ok" if sample.ok else "error"}),
+                phases=tuple(key_of({**attrs, "ttft_monitor.phase": phase}) for phase, _ in semconv.PHASES),
+            )
+        return keys
+
+    def _span(self, sample: Sample, attrs: Mapping[str, Any], ids: tuple[int, int]) -> None:
+        """One CLIENT span per probe, made after the fact from the sample's stamps (nothing on the probe's
+        path but the ids): events at each phase's end, the conventions' attributes, the status."""
+        assert self._tracer_provider is not None
+        if sample.sent_at is None:
+            return
+        start = sample.sent_at
+        sent = start + timedelta(milliseconds=sample.setup_ms or 0)
+        span_attrs: dict[str, Any] = {
+            **attrs,
+            "gen_ai.request.stream": True,
+            "ttft_monitor.sample_id": sample.sample_id,
+        }
+        if sample.first_event_ms is not None:
+            span_attrs["gen_ai.response.time_to_first_chunk"] = sample.first_event_ms / 1000
+        for key, value in (
+            ("gen_ai.usage.input_tokens", sample.prompt_tokens),
+            ("gen_ai.usage.output_tokens", sample.completion_tokens),
+            ("gen_ai.usage.cache_read.input_tokens", sample.cached_tokens),
+            ("http.response.status_code", sample.http_status),
+            ("ttft_monitor.request_id", sample.request_id),
+            ("ttft_monitor.time_to_first_token", sample.ttft_ms / 1000 if sample.ttft_ms is not None else None),
+        ):
+            if value is not None:
+                span_attrs[key] = value
+        tracer = self._tracer_provider.get_tracer("ttft-monitor", __version__)
+        name = f"{attrs.get('gen_ai.operation.name', 'chat')} {sample.model}"
+        with self._pending_lock:  # the id generator is shared: one span at a time takes the preset ids
+            self._ids.preset = ids
+            try:
+                span = tracer.start_span(
+                    name, kind=SpanKind.CLIENT, attributes=span_attrs, start_time=_ns(start), record_exception=False
+                )
+            finally:
+                self._ids.preset = None
+        setup_end = start
+        for event, offset_ms in (("dns", sample.dns_ms), ("connect", sample.connect_ms), ("tls", sample.tls_ms)):
+            if offset_ms is not None:
+                setup_end = setup_end + timedelta(milliseconds=offset_ms)
+                span.add_event(event, {"ttft_monitor.duration_ms": offset_ms}, timestamp=_ns(setup_end))
+        span.add_event("request_sent", timestamp=_ns(sent))
+        for event, offset_ms in (
+            ("response_head", sample.ttfb_ms),
+            ("first_event", sample.first_event_ms),
+            ("first_token", sample.ttft_ms),
+            ("first_answer_token", sample.ttfa_ms),
+        ):
+            if offset_ms is not None:
+                span.add_event(event, timestamp=_ns(sent + timedelta(milliseconds=offset_ms)))
+        if sample.error is not None:
+            span.set_status(Status(StatusCode.ERROR, sample.error.value))
+        end = sent + timedelta(milliseconds=sample.total_ms or 0)
+        if self._span_processor is not None and _queue_full(self._span_processor, self.settings.queue_size):
+            self.health.dropped("traces")
+        span.end(end_time=_ns(max(end, start)))
+
+    def observe_baseline(
+        self, series: Sequence[str], *, baseline_ms: float | None, run_median_ms: float | None
+    ) -> None:
+        key = key_of(semconv.detector_attributes(tuple(series), location=self.location))
+        now = time.time_ns()
+        if run_median_ms is not None:
+            self.aggregates.set(semconv.RUN_MEDIAN, key, run_median_ms / 1000, now)
+        if baseline_ms is not None:
+            self.aggregates.set(semconv.BASELINE, key, baseline_ms / 1000, now)
+            if run_median_ms is not None:
+                self.aggregates.set(semconv.RUN_RATIO, key, run_median_ms / baseline_ms, now)
+
+    def observe_regression_state(self, series: Sequence[str], level: int) -> None:
+        key = key_of(semconv.detector_attributes(tuple(series), location=self.location))
+        self.aggregates.set(semconv.REGRESSION_STATE, key, level, time.time_ns())
+
+    def observe_incident(
+        self,
+        action: str,
+        *,
+        series: Sequence[str],
+        kind: str,
+        severity: str | None,
+        baseline_ms: float | None,
+        observed_ms: float | None,
+        ratio: float | None,
+        error_class: str | None,
+        at: datetime | None = None,
+    ) -> None:
+        """An incident opened, updated or resolved, as one log record (event `ttft_monitor.incident.opened`,
+        `.updated`, `.resolved`, `.info`); WARN while it is open, INFO otherwise."""
+        if self._logger_provider is None:
+            return
+        from opentelemetry._logs import SeverityNumber
+
+        action = INCIDENT_ACTIONS.get(action, action)
+
+        attrs: dict[str, Any] = {
+            **semconv.detector_attributes(tuple(series), location=self.location),
+            "ttft_monitor.incident.action": action,
+            "ttft_monitor.incident.kind": kind,
+        }
+        for key, value in (
+            ("ttft_monitor.incident.severity", severity),
+            ("ttft_monitor.incident.baseline_ms", baseline_ms),
+            ("ttft_monitor.incident.observed_ms", observed_ms),
+            ("ttft_monitor.incident.ratio", ratio),
+            ("error.type", error_class),
+        ):
+            if value is not None:
+                attrs[key] = value
+        if self._log_processor is not None and _queue_full(self._log_processor, self.settings.queue_size):
+            self.health.dropped("logs")
+        opened = action in ("opened", "updated")
+        self._logger_provider.get_logger("ttft-monitor", __version__).emit(
+            timestamp=int(at.timestamp() * 1e9) if at is not None else time.time_ns(),
+            severity_number=SeverityNumber.WARN if opened else SeverityNumber.INFO,
+            severity_text="WARN" if opened else "INFO",
+            body=f"{kind} incident {action} on {'/'.join(str(s) for s in series)}",
+            attributes=attrs,
+            event_name=f"ttft_monitor.incident.{action}",
+        )
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _export_loop(self) -> None:
+        while not self._stop.wait(self.settings.export_interval_s):
+            self.export_metrics()
+
+    def export_metrics(self) -> bool:
+        """Send a snapshot of every metric now (blocking, bounded by `otel.timeout_s`); False when it
+        did not go through."""
+        with self._export_lock:
+            snapshot = self.aggregates.snapshot(now_ns=time.time_ns(), delta=self.settings.temporality == "delta")
+            if not snapshot.points():
+                return True
+            data = metrics_data(snapshot, self.aggregates.instruments.values(), self._resource, self.settings)
+            try:
+                result = self._metric_exporter.export(data, timeout_millis=self.settings.timeout_s * 1000)
+            except Exception:  # the exporter's own failure must not end the export thread
+                result = MetricExportResult.FAILURE
+            ok = result == MetricExportResult.SUCCESS
+            self.health.exported("metrics", ok, snapshot.points())
+            return ok
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Export what is left, then stop the threads (blocking: call it in a thread).
+
+        Each signal's last export is bounded by the exporter's timeout (`otel.timeout_s`); when the
+        export thread is still stuck in a hung collector's export, the last one is not tried.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        bound = (timeout_s if timeout_s is not None else self.settings.timeout_s) + 1
+        self._stop.set()
+        self._exporter_thread.join(bound)
+        if not self._exporter_thread.is_alive():
+            self.export_metrics()
+        self._metric_exporter.shutdown()
+        for processor in (self._span_processor, self._log_processor):
+            if processor is not None:
+                processor.shutdown()  # drains its queue; each export bounded by the exporter's timeout
+
+
+def instruments(ttft_buckets: tuple[float, ...]) -> tuple[Instrument, ...]:
+    """Every exported metric: name, kind, unit, meaning and (histograms) bucket boundaries."""
+    genai = semconv.GENAI_SECONDS_BUCKETS
+    return (
+        Instrument(
+            semconv.DURATION,
+            "histogram",
+            "s",
+            "GenAI client inference operation duration: from sending the request to the last byte of the streamed "
+            "response, or to the error.",
+            genai,
+        ),
+        Instrument(
+            semconv.TIME_TO_FIRST_CHUNK,
+            "histogram",
+            "s",
+            "Time to the first event of the response stream (any event: a role-only chunk counts), not the first "
+            "token; see ttft_monitor.time_to_first_token.",
+            genai,
+        ),
+        Instrument(semconv.USAGE_INPUT, "counter", "{token}", "Input (prompt) tokens, as the server reported them."),
+        Instrument(
+            semconv.USAGE_OUTPUT, "counter", "{token}", "Output (completion) tokens, as the server reported them."
+        ),
+        Instrument(semconv.USAGE_CACHE_READ, "counter", "{token}", "Input tokens the server served from its cache."),
+        Instrument(
+            semconv.TTFT,
+            "histogram",
+            "s",
+            "Time to the first generated token (content, reasoning or tool call).",
+            ttft_buckets,
+        ),
+        Instrument(
+            semconv.TTFA,
+            "histogram",
+            "s",
+            "Time to the first visible answer token (after any reasoning).",
+            ttft_buckets,
+        ),
+        Instrument(
+            semconv.PHASE,
+            "histogram",
+            "s",
+            "Phases of a probe by ttft_monitor.phase: dns, connect, tls (fresh connections only), setup (pool wait "
+            "and set-up), response_head, first_event, each from sending the request.",
+            PHASE_BUCKETS_S,
+        ),
+        Instrument(semconv.DECODE_RATE, "gauge", "{token}/s", "Decode rate of the most recent successful probe."),
+        Instrument(semconv.PROBES, "counter", "{probe}", "Probes by ttft_monitor.outcome (ok, error) and error.type."),
+        Instrument(
+            semconv.DISTURBED,
+            "counter",
+            "{probe}",
+            "Probes during which the monitor itself was late beyond probe_self_delay_bound_ms: counted here instead "
+            "of in the timing instruments.",
+        ),
+        Instrument(
+            semconv.SELF_DELAY,
+            "histogram",
+            "s",
+            "How late the monitor itself was around each probe's stamps.",
+            SELF_DELAY_BUCKETS_S,
+        ),
+        Instrument(semconv.BASELINE, "gauge", "s", "The detector's TTFT baseline for the series."),
+        Instrument(semconv.RUN_MEDIAN, "gauge", "s", "Median TTFT of the series' last evaluated run."),
+        Instrument(semconv.RUN_RATIO, "gauge", "1", "The last evaluated run's median TTFT divided by the baseline."),
+        Instrument(semconv.REGRESSION_STATE, "gauge", "1", "Open regression per series: 0 none, 1 ticket, 2 page."),
+    )
+
+
+def metrics_data(
+    snapshot: Snapshot, instruments: Iterable[Instrument], resource: Resource, settings: Resolved
+) -> MetricsData:
+    """A snapshot as the SDK's data model, which the official OTLP exporter encodes and sends."""
+    temporality = AggregationTemporality.DELTA if settings.temporality == "delta" else AggregationTemporality.CUMULATIVE
+    start, end = snapshot.start_ns, snapshot.end_ns
+    metrics: list[Metric] = []
+    for inst in instruments:
+        data: Any
+        if inst.kind == "counter":
+            counters = snapshot.counters.get(inst.name, {})
+            points = [NumberDataPoint(dict(k), start, end, v) for k, v in counters.items()]
+            data = Sum(points, temporality, is_monotonic=True)
+            points_n = len(points)
+        elif inst.kind == "histogram":
+            states = snapshot.histograms.get(inst.name, {})
+            buckets = [
+                HistogramDataPoint(dict(k), start, end, h.count, h.sum, h.counts, inst.bounds, h.min, h.max)
+                for k, h in states.items()
+            ]
+            data = Histogram(buckets, temporality)
+            points_n = len(buckets)
+        else:
+            gauges = snapshot.gauges.get(inst.name, {})
+            points = [NumberDataPoint(dict(k), start, at, v) for k, (v, at) in gauges.items()]
+            data = Gauge(points)
+            points_n = len(points)
+        if points_n:
+            metrics.append(Metric(inst.name, inst.description, inst.unit, data))
+    scope = ScopeMetrics(InstrumentationScope("ttft-monitor", __version__), metrics, "")
+    return MetricsData([ResourceMetrics(resource, [scope], "")])
