@@ -401,6 +401,19 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 WINDOW_TICKET_VARIANTS = {"off": {"cusum": False}, "on": {"cusum+win": True}}
 WINDOW_TICKET_VARIANTS["both"] = {**WINDOW_TICKET_VARIANTS["off"], **WINDOW_TICKET_VARIANTS["on"]}
+# The per-series noise model (`detection.noise_model`, opt-in): off is what ships; on, the CUSUM's threshold
+# is derived from `false_alerts_per_week` unless --set cusum.threshold fixes it.
+NOISE_MODEL_OVERRIDES = {"noise_model": True, "cusum.threshold": None}
+NOISE_MODEL_VARIANTS = {"off": ("",), "on": ("+nm",), "both": ("", "+nm")}
+
+
+def with_noise_model(variants: dict[str, dict[str, Any]], choice: str) -> dict[str, dict[str, Any]]:
+    """Each variant without ("ours") and/or with ("ours+nm") the noise model, scored on the same series."""
+    result: dict[str, dict[str, Any]] = {}
+    for name, overrides in variants.items():
+        for suffix in NOISE_MODEL_VARIANTS[choice]:
+            result[name + suffix] = {**NOISE_MODEL_OVERRIDES, **overrides} if suffix else overrides
+    return result
 
 
 def apply_overrides(rules: Rules, overrides: dict[str, Any]) -> Rules:
@@ -559,6 +572,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="score ours without (off), with (on) or both ways with the ticket window rule opening tickets "
         "beside the CUSUM (default: the rules' own setting)",
     )
+    parser.add_argument(
+        "--noise-model",
+        choices=tuple(NOISE_MODEL_VARIANTS),
+        default="off",
+        help="score ours without the per-series noise model (off: what ships, the default), with it (on: "
+        "'ours+nm', detection.noise_model) or both side by side on the same series",
+    )
     parser.add_argument("--seed", type=int, default=20250106)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument(
@@ -591,6 +611,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             name: {**overrides, "window_tickets": on}
             for name, on in WINDOW_TICKET_VARIANTS[args.window_tickets].items()
         }
+    variants = with_noise_model(variants, args.noise_model)
     print(
         f"runs every {RUN_S // 60} min; false = opened outside a step or the {GRACE_S // 60} min after it; "
         "delays in minutes from the step's start"

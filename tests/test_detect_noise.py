@@ -3,14 +3,18 @@ window, short histories, its stored form and the thresholds derived from it."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
 import pytest
 
 from monitor.detect import noise
-from monitor.detect.detector import SeriesState
+from monitor.detect.detector import Detector, Rules, SeriesState
 from monitor.detect.noise import NoiseModel, estimate, variance_ratio
+from monitor.detect.rules import FIXED_THRESHOLD
+from monitor.detect.settings import Detection
+from tests.test_detect_default_unchanged import make_series
 
 WEEK = 2016  # 5-minute runs
 
@@ -137,3 +141,59 @@ def test_lorden_delay_is_longer_for_smaller_shifts_and_wandering_noise() -> None
     base = noise.lorden_delay_runs(shift=math.log(1.2), long_run_variance=0.09, arl_runs=4032)
     assert noise.lorden_delay_runs(shift=math.log(1.1), long_run_variance=0.09, arl_runs=4032) > base
     assert noise.lorden_delay_runs(shift=math.log(1.2), long_run_variance=0.9, arl_runs=4032) > base
+
+
+# ---------------------------------------------------------------- the detector with the model on (opt-in)
+
+
+def noise_rules(**changes: object) -> Rules:
+    """The rules `detection.noise_model: true` gives (the CUSUM threshold left to be derived)."""
+    return Detection.model_validate({"noise_model": True, **changes}).rules()
+
+
+def test_the_model_is_opt_in_and_the_config_turns_it_on() -> None:
+    off = Detection().rules()
+    assert not off.noise_model and off.cusum is not None and off.cusum.threshold == FIXED_THRESHOLD
+    on = noise_rules()
+    assert on.noise_model and on.cusum is not None and on.cusum.threshold is None
+    fixed = Detection.model_validate({"noise_model": True, "cusum": {"threshold": 12}}).rules()
+    assert fixed.cusum is not None and fixed.cusum.threshold == 12
+
+
+def test_with_the_model_on_evidence_names_the_noise_and_the_threshold_follows_the_rate() -> None:
+    points = make_series(seed=2, days=10, probes=3, phi=0.9)
+    thresholds = {}
+    for rate in (0.1, 2.0):
+        replayer = Detector(noise_rules(false_alerts_per_week=rate)).replayer()
+        events = [event for point in points for event in replayer.feed(point)]
+        opened = [e for e in events if e.kind == "regression" and e.action == "open"]
+        assert opened, rate
+        assert all(e.detail["evidence"].startswith(f"{(e.ratio - 1) * 100:+.0f}% over ") for e in opened)
+        assert all("noise: sd" in e.detail["evidence"] for e in opened)
+        # Against a seasonal baseline the model has been measured (before, during the first days, it is empty).
+        assert [e for e in opened if e.detail["baseline"] == "seasonal" and e.detail["noise"]["sd"] > 0]
+        assert replayer.state.noise is not None and replayer.state.noise.sd > 0
+        thresholds[rate] = replayer._core.threshold
+    assert thresholds[0.1] is not None and thresholds[2.0] is not None
+    assert thresholds[0.1] > thresholds[2.0]
+    assert FIXED_THRESHOLD not in thresholds.values()
+
+
+def test_states_written_with_the_model_on_or_off_load_either_way() -> None:
+    points = make_series(seed=2, days=10, probes=3, phi=0.9)
+    half = len(points) // 2
+    for first, then in ((True, False), (False, True)):
+        rules = {True: noise_rules(), False: Detection().rules()}
+        replayer = Detector(rules[first]).replayer()
+        for point in points[:half]:
+            replayer.feed(point)
+        stored = json.loads(json.dumps(replayer.state.to_json()))
+        assert ("noise" in stored) is first  # off, the state is stored as it was before the model
+        loaded = SeriesState.from_json(stored)
+        assert loaded.to_json() == stored
+        later = Detector(rules[then]).replayer(state=loaded, history=points[:half])
+        for point in points[half:]:
+            later.feed(point)
+        # Turned off, the model is dropped (stale once on again); turned on, it is measured from the history.
+        assert (later.state.noise is not None) is then
+        assert SeriesState.from_json(later.state.to_json()).to_json() == later.state.to_json()

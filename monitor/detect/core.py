@@ -15,7 +15,7 @@ from typing import Any
 from monitor.alert.model import Severity
 from monitor.detect import noise as noise_model
 from monitor.detect.noise import NoiseModel
-from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
+from monitor.detect.rules import FIXED_THRESHOLD, MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
 from monitor.detect.state import Event, Incident, RunPoint, SeriesState
 from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_and_sigma, median_se_factor
 
@@ -387,7 +387,11 @@ class _Core:
             return
         baseline = verdict.baseline
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
-        noise = self.noise = self._noise_model(state, count)
+        # The noise model is opt-in (`detection.noise_model`): without it every rule runs as it did before
+        # the model existed (noise None: no widening, no extra confirmations, the fixed CUSUM threshold).
+        noise = self.noise = self._noise_model(state, count) if rules.noise_model else None
+        if noise is None:
+            state.noise = None  # a model left from when it was on is stale by the time it is turned on again
         confirms = self._confirms
         if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise):
             state.page_streak += 1
@@ -420,13 +424,16 @@ class _Core:
         else:
             state.ticket_streak, state.ticket_since = 0, None
 
-        distance = verdict.recent[-1] - baseline.level
-        noise_model.observe(noise, slow=distance >= self._log_page_ratio, calm=distance < self._log_clear_ratio)
-        needed = noise_model.page_confirmations(noise, rules.page.confirmations, window=verdict.page_window)
+        needed = rules.page.confirmations
+        if noise is not None:
+            distance = verdict.recent[-1] - baseline.level
+            noise_model.observe(noise, slow=distance >= self._log_page_ratio, calm=distance < self._log_clear_ratio)
+            needed = noise_model.page_confirmations(noise, needed, window=verdict.page_window)
         paging = state.page_streak >= needed
         ticketing = state.ticket_streak >= rules.ticket.confirmations
         sequential = self._cusum(state, run, incident, count, fresh, noise) if not (paging or ticketing) else None
-        self._learn(state, noise, incident, baseline, count)
+        if noise is not None:
+            self._learn(state, noise, incident, baseline, count)
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
         if verdict.adapted:
             detail["baseline"] += ", adapted to the incident's level"
@@ -492,7 +499,13 @@ class _Core:
             events.append(_event(incident, "resolve", run.at, detail, resolved=True))
 
     def _cusum(
-        self, state: SeriesState, run: RunPoint, incident: Incident | None, count: int, fresh: bool, noise: NoiseModel
+        self,
+        state: SeriesState,
+        run: RunPoint,
+        incident: Incident | None,
+        count: int,
+        fresh: bool,
+        noise: NoiseModel | None,
     ) -> tuple[float, float, datetime, float] | None:
         """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
 
@@ -510,13 +523,14 @@ class _Core:
         if slot is None or reference is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
-        allowance, bound = reference.allowance, reference.bound
+        allowance, bound, factor = reference.allowance, reference.bound, reference.factor
         value = max(-bound, min(bound, (residual - reference.level) / reference.sigma))
         # In units of g x sigma (g: the long-run variance over the per-run one): for the same false-alert
         # rate, a CUSUM's threshold grows with the noise's long-run variance, not its sigma (the sum
-        # drifts down as fast, but wanders further).
-        scale = noise.long_run
-        threshold = self._threshold(allowance, scale, rule)
+        # drifts down as fast, but wanders further). Without the noise model, g is the reference's
+        # block estimate (factor^2) and the threshold the configured one.
+        scale = noise.long_run if noise is not None else factor * factor
+        threshold = self._threshold(allowance, scale, rule) if noise is not None else self._fixed_threshold(rule)
         mean = reference.mean
         total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
         if total <= 0.0:
@@ -527,7 +541,7 @@ class _Core:
         # Over an excursion's first MIN_EXCURSION_RUNS runs the sum holds at most half the threshold: a
         # burst, however far it went, leaves the rest to be shown by runs after it (fast jumps are the
         # page rule's; a few slow runs that recover are not a moderate shift).
-        if runs < MIN_EXCURSION_RUNS:
+        if noise is not None and runs < MIN_EXCURSION_RUNS:
             total = min(total, threshold / 2.0)
         if total < threshold:
             state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
@@ -545,9 +559,11 @@ class _Core:
     def _runs_since(self, since: datetime, count: int) -> int:
         return max(1, count - bisect_left(self.times, since.timestamp()))
 
-    def _evidence(self, noise: NoiseModel, ratio: float, runs: int) -> dict[str, Any]:
+    def _evidence(self, noise: NoiseModel | None, ratio: float, runs: int) -> dict[str, Any]:
         """The evidence in words and figures: "+38% over 14 runs (noise: sd 0.21, runs correlate for about
-        45 min; equivalent to 4 independent runs)"."""
+        45 min; equivalent to 4 independent runs)". Nothing without the noise model."""
+        if noise is None:
+            return {}
         interval = self.interval_s()
         words = noise_model.describe(noise, interval_s=interval, runs=runs)
         return {
@@ -559,6 +575,11 @@ class _Core:
                 "effective_runs": round(noise.effective_runs(runs), 1),
             },
         }
+
+    def _fixed_threshold(self, rule: Cusum) -> float:
+        """The CUSUM's threshold without the noise model: the configured one (FIXED_THRESHOLD unset)."""
+        self.threshold = rule.threshold if rule.threshold is not None else FIXED_THRESHOLD
+        return self.threshold
 
     def _threshold(self, allowance: float, long_run: float, rule: Cusum) -> float:
         """The CUSUM's threshold for this series: the configured one, or the one that raises its share of
@@ -657,6 +678,20 @@ class _Core:
                 del self._cusum_references[old]
         return result
 
+    def _profile(self, end: int, baseline: _Baseline, bound: float, block: int) -> tuple[float, float]:
+        """The clipped mean and the long-run factor of the reference runs' residuals before run `end`
+        (the window rules' widening without the noise model)."""
+        key = (end, bound, block)
+        cached = self._profile_cache
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        end_s = self.times[min(end, len(self.times) - 1)]
+        low = bisect_left(self.times, end_s - self._level_s)
+        values = [r for r in self._residuals_between(low, end) if r == r]
+        profile = clipped_profile(values, center=baseline.level, sigma=baseline.sigma, bound=bound, block=block)
+        self._profile_cache = (key, profile)
+        return profile
+
     def _window(self, rule: Threshold, count: int) -> int:
         """Runs in `rule`'s window ending at valid run `count` - 1: `window_runs`, stretched back until
         it holds `min_probes` measured requests (at most `longest_window` runs)."""
@@ -679,7 +714,7 @@ class _Core:
         baseline: _Baseline,
         baseline_ms: float,
         window: int,
-        noise: NoiseModel,
+        noise: NoiseModel | None,
     ) -> bool:
         # Cheapest test first: the spread (a MAD) is computed only for windows that are far enough out.
         if distance is None or distance < log_ratio:
@@ -690,6 +725,8 @@ class _Core:
         # but is judged as significant as `window_runs` runs only: load that comes and goes does not
         # average out over the extra runs (bench, AR(1) noise, 1 probe per run: z on the stretched
         # window measured 0.53 false pages a week, on `window_runs` 0.20).
+        if noise is None:
+            return self._confirms_without_model(distance, rule, baseline, window)
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: the series' noise model widens the standard error by sqrt(g(window)).
         if baseline.seasonal:
@@ -711,6 +748,31 @@ class _Core:
             bound=self.rules.cusum.clip if self.rules.cusum is not None else 2.5,
             block=self.rules.trailing_runs // 6,
         )
+        return z / factor >= rule.z_threshold
+
+    def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
+        """The z test without the noise model (`detection.noise_model` off, the default)."""
+        z = baseline.z(distance, min(window, rule.window_runs))
+        cusum = self.rules.cusum
+        if z < rule.z_threshold or cusum is None:
+            return z >= rule.z_threshold
+        # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
+        # noise would: widen the standard error by the long-run factor of the reference's residuals.
+        # Against a trailing baseline, of its own runs, in blocks of a sixth of them (when that is at
+        # least 6 runs: shorter blocks cannot tell load that comes and goes from noise).
+        if baseline.seasonal:
+            _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
+        elif self.rules.trailing_runs < 36:
+            factor = 1.0
+        else:
+            end = baseline.end
+            _mean, factor = clipped_profile(
+                self.logs[max(0, end - self.rules.trailing_runs) : end],
+                center=baseline.level,
+                sigma=baseline.sigma,
+                bound=cusum.clip,
+                block=self.rules.trailing_runs // 6,
+            )
         return z / factor >= rule.z_threshold
 
     def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:

@@ -196,8 +196,7 @@ class SeriesState:
             "cusum": self.cusum,
             "cusum_since": stamp(self.cusum_since),
             "cusum_runs": self.cusum_runs,
-            "noise": self.noise.to_json() if self.noise is not None else None,
-        }
+        } | ({"noise": self.noise.to_json()} if self.noise is not None else {})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SeriesState:
