@@ -18,10 +18,13 @@ naive alert counts as a page.
 
     .venv/bin/python bench/detector.py [--series 40] [--weeks 4] [--rounds 1,3,5]
         [--sigmas 0.1,0.2,0.3,0.4,0.5] [--noise iid,ar1] [--naive] [--jobs 2]
-        [--window-tickets off|on|both] [--set ticket.window_runs=24 --set cusum.threshold=18 ...]
+        [--window-tickets off|on|both] [--noise-model off|on|both]
+        [--set ticket.window_runs=24 --set cusum.threshold=18 ...]
 
 `--window-tickets both` scores our detector twice on the same series: `cusum` (the sequential rule
 opens tickets alone) and `cusum+win` (the ticket window rule opens them too, `window_tickets=True`).
+`--noise-model both` scores it with the per-series noise model off (`ours`, what ships) and on
+(`ours+nm`, `detection.noise_model`, experimental) on the same series; the default is off.
 `--set KEY=VALUE` changes one of our rules (see `Rules` in monitor/detect/detector.py). The full
 table takes about half an hour of CPU; tune with fewer series, weeks, sigmas or rounds.
 docs/detection.md has the results.
@@ -504,10 +507,10 @@ def format_table(
         + " | ".join(f"{_label(s):>5}: recall   med   max bound" for s in STEP_SIZES),
     ]
     markdown = [
-        "| rounds | noise | false/wk (all / no steps) | false pages/wk | "
+        "| rounds | noise | detector | false/wk (all / no steps) | false pages/wk | "
         + " | ".join(f"{_label(s)} (bound)" for s in STEP_SIZES)
         + " | targets missed |",
-        "| --- | --- | --- | --- | " + " | ".join("---" for _ in STEP_SIZES) + " | --- |",
+        "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in STEP_SIZES) + " | --- |",
     ]
     for config, by_name in scores.items():
         rounds, sigma, noise = config
@@ -531,7 +534,7 @@ def format_table(
                 lines.append(f"{'':35}false alerts opened by: {opened_by}")
             missed = targets_missed(config, result, false_alerts_per_week)
             markdown.append(
-                f"| {rounds} | {noise} | {result.false_alerts / result.weeks:.2f} / "
+                f"| {rounds} | {noise} | {name} | {result.false_alerts / result.weeks:.2f} / "
                 f"{result.quiet_alerts / quiet:.2f} | "
                 f"{result.false_pages / result.weeks:.3f} / {result.quiet_pages / quiet:.3f} | "
                 + " | ".join(marks)
