@@ -18,10 +18,13 @@ naive alert counts as a page.
 
     .venv/bin/python bench/detector.py [--series 40] [--weeks 4] [--rounds 1,3,5]
         [--sigmas 0.1,0.2,0.3,0.4,0.5] [--noise iid,ar1] [--naive] [--jobs 2]
-        [--window-tickets off|on|both] [--set ticket.window_runs=24 --set cusum.threshold=18 ...]
+        [--window-tickets off|on|both] [--noise-model off|on|both]
+        [--set ticket.window_runs=24 --set cusum.threshold=18 ...]
 
 `--window-tickets both` scores our detector twice on the same series: `cusum` (the sequential rule
 opens tickets alone) and `cusum+win` (the ticket window rule opens them too, `window_tickets=True`).
+`--noise-model both` scores it with the per-series noise model off (`ours`, what ships) and on
+(`ours+nm`, `detection.noise_model`, experimental) on the same series; the default is off.
 `--set KEY=VALUE` changes one of our rules (see `Rules` in monitor/detect/detector.py). The full
 table takes about half an hour of CPU; tune with fewer series, weeks, sigmas or rounds.
 docs/detection.md has the results.
@@ -45,6 +48,7 @@ from statistics import median
 from typing import Any
 
 from monitor.detect.detector import Cusum, Detector, Rules, RunPoint, Threshold
+from monitor.detect.noise import lorden_delay_runs
 
 RUN_S = 300
 DAY_S = 86400
@@ -101,6 +105,67 @@ def make_steps(rng: random.Random, duration_s: float) -> list[Step]:
         t += length + rng.uniform(1.5, 3.0) * DAY_S
 
 
+# Noise models, by name. Each is sigma 0.3 (or --sigmas) in total per probe: `share` of the variance
+# is shared by the run's probes and wanders over time, the rest is independent per probe.
+#   iid               lognormal per probe
+#   ar1               the old AR(1) row: half the variance AR(1) with phi 0.9
+#   ar:PHI:SHARE      AR(1) with that phi holding that share of the variance (ar:0.97:0.3)
+#   longmem           30% of the variance 1/f-like: six AR(1) processes of equal variance with time
+#                     constants of 1, 4, 16, 64, 256 and 1024 runs (5 min to 3.5 days)
+#   regime            two load levels 4% apart, alternating after exponential stays of mean 3 hours
+#                     (not a regression), on iid noise
+#   bursts            iid noise, and 4 times a day a cluster of 1-3 slow runs (1.5-3x), which recovers
+#   heavy             Student-t (3 degrees of freedom) per probe in log space, same sd
+#   gaps              iid noise, and the monitor misses runs: 3% at random, and twice a week 1-6 hours
+NOISE_MODELS = (
+    "iid",
+    "ar:0.5:0.5",
+    "ar:0.9:0.1",
+    "ar:0.9:0.3",
+    "ar:0.9:0.5",
+    "ar:0.97:0.3",
+    "ar:0.97:0.5",
+    "longmem",
+    "regime",
+    "bursts",
+    "heavy",
+    "gaps",
+)
+LONGMEM_TAUS = (1.0, 4.0, 16.0, 64.0, 256.0, 1024.0)
+# Var(median of r probes) / var(one probe) for normal probes (r = 1..5, exact to 3 digits).
+MEDIAN_VARIANCE = {1: 1.0, 2: 0.5, 3: 0.449, 4: 0.343, 5: 0.287}
+
+
+def shared_processes(noise: str, sigma: float) -> tuple[list[tuple[float, float]], float]:
+    """The AR(1) processes (phi, stationary sd) a run's probes share, and the sd left per probe."""
+    if noise == "ar1":
+        noise = "ar:0.9:0.5"
+    if noise.startswith("ar:"):
+        _, phi, share = noise.split(":")
+        return [(float(phi), sigma * math.sqrt(float(share)))], sigma * math.sqrt(1 - float(share))
+    if noise == "longmem":
+        each = sigma * math.sqrt(0.3 / len(LONGMEM_TAUS))
+        return [(math.exp(-1.0 / tau), each) for tau in LONGMEM_TAUS], sigma * math.sqrt(0.7)
+    return [], sigma
+
+
+def long_run_variance(noise: str, sigma: float, rounds: int) -> float:
+    """The long-run variance (log units^2 per run) of a run median's noise, ignoring spikes and drift:
+    what the Lorden bound column uses. Regime switching adds 0.04^2 / 4 x 2 x mean stay; bursts and gaps
+    add nothing to it (short, or no data)."""
+    processes, probe_sd = shared_processes(noise, sigma)
+    variance = probe_sd**2 * MEDIAN_VARIANCE.get(rounds, math.pi / (2 * rounds))
+    for phi, sd in processes:
+        variance += sd * sd * (1 + phi) / (1 - phi)
+    if noise == "regime":
+        stay_runs = 3 * 3600 / RUN_S
+        variance += (REGIME_GAP / 2) ** 2 * 2 * stay_runs
+    return variance
+
+
+REGIME_GAP = 0.04
+
+
 def make_series(sigma: float, seed: int, *, weeks: float, rounds: int, noise: str, steps: bool) -> Series:
     rng = random.Random(seed)
     duration = weeks * WEEK_S
@@ -110,11 +175,14 @@ def make_series(sigma: float, seed: int, *, weeks: float, rounds: int, noise: st
     drift = 0.0
     drift_sd = 0.03 / math.sqrt(DAY_S / RUN_S)
     revert = RUN_S / (7 * DAY_S)
-    # Half the variance autocorrelated: AR(1) with phi 0.9, its stationary sd sigma / sqrt(2).
-    probe_sd = sigma / math.sqrt(2) if noise == "ar1" else sigma
-    ar_phi = 0.9
-    ar_sd = sigma / math.sqrt(2) * math.sqrt(1 - ar_phi**2) if noise == "ar1" else 0.0
-    load = rng.gauss(0, sigma / math.sqrt(2)) if noise == "ar1" else 0.0
+    processes, probe_sd = shared_processes(noise, sigma)
+    states = [rng.gauss(0, sd) for _, sd in processes]
+    innovations = [sd * math.sqrt(1 - phi * phi) for phi, sd in processes]
+    heavy_scale = probe_sd / math.sqrt(3.0)  # a t with 3 degrees of freedom has variance 3
+    regime = 0.0
+    burst_left = 0
+    burst_factor = 1.0
+    gap_until = -1.0
     times: list[float] = []
     ttfts: list[float | None] = []
     measured: list[int] = []
@@ -123,19 +191,49 @@ def make_series(sigma: float, seed: int, *, weeks: float, rounds: int, noise: st
     for i in range(int(duration // RUN_S)):
         t = i * RUN_S
         drift += -drift * revert + gauss(0, drift_sd)
-        if ar_sd:
-            load = ar_phi * load + gauss(0, ar_sd)
+        load = 0.0
+        for index, (phi, _sd) in enumerate(processes):
+            states[index] = phi * states[index] + gauss(0, innovations[index])
+            load += states[index]
+        if noise == "regime" and rand() < RUN_S / (3 * 3600):
+            regime = REGIME_GAP - regime
+        burst = 1.0
+        if noise == "bursts":
+            if burst_left == 0 and rand() < 4 * RUN_S / DAY_S:
+                burst_left, burst_factor = rng.randint(1, 3), uniform(1.5, 3.0)
+            if burst_left:
+                burst_left -= 1
+                burst = burst_factor
         while step_index < len(step_list) and t >= step_list[step_index].end:
             step_index += 1
         factor = 1.0
         if step_index < len(step_list) and step_list[step_index].start <= t:
             factor = step_list[step_index].factor
-        level = base * (1 + 0.2 * math.sin(2 * math.pi * t / DAY_S + phase)) * math.exp(drift + load) * factor
+        if noise == "gaps":
+            if t < gap_until:
+                continue
+            if rand() < 2 * RUN_S / WEEK_S:
+                gap_until = t + uniform(1, 6) * 3600
+                continue
+            if rand() < 0.03:
+                continue
+        level = (
+            base
+            * (1 + 0.2 * math.sin(2 * math.pi * t / DAY_S + phase))
+            * math.exp(drift + load + regime)
+            * factor
+            * burst
+        )
         probes = []
         for _ in range(rounds):
             if rand() < 0.005:
                 continue
-            value = level * math.exp(gauss(0, probe_sd))
+            if noise == "heavy":
+                chi = sum(gauss(0, 1) ** 2 for _ in range(3)) / 3
+                shock = heavy_scale * gauss(0, 1) / math.sqrt(chi)
+            else:
+                shock = gauss(0, probe_sd)
+            value = level * math.exp(shock)
             if rand() < 0.02:
                 value *= uniform(3, 10)
             probes.append(value)
@@ -306,6 +404,19 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 WINDOW_TICKET_VARIANTS = {"off": {"cusum": False}, "on": {"cusum+win": True}}
 WINDOW_TICKET_VARIANTS["both"] = {**WINDOW_TICKET_VARIANTS["off"], **WINDOW_TICKET_VARIANTS["on"]}
+# The per-series noise model (`detection.noise_model`, opt-in): off is what ships; on, the CUSUM's threshold
+# is derived from `false_alerts_per_week` unless --set cusum.threshold fixes it.
+NOISE_MODEL_OVERRIDES = {"noise_model": True, "cusum.threshold": None}
+NOISE_MODEL_VARIANTS = {"off": ("",), "on": ("+nm",), "both": ("", "+nm")}
+
+
+def with_noise_model(variants: dict[str, dict[str, Any]], choice: str) -> dict[str, dict[str, Any]]:
+    """Each variant without ("ours") and/or with ("ours+nm") the noise model, scored on the same series."""
+    result: dict[str, dict[str, Any]] = {}
+    for name, overrides in variants.items():
+        for suffix in NOISE_MODEL_VARIANTS[choice]:
+            result[name + suffix] = {**NOISE_MODEL_OVERRIDES, **overrides} if suffix else overrides
+    return result
 
 
 def apply_overrides(rules: Rules, overrides: dict[str, Any]) -> Rules:
@@ -331,35 +442,109 @@ def _minutes(values: list[float], pick: Callable[[list[float]], float] = median)
     return f"{pick(values) / 60:5.0f}" if values else "    -"
 
 
-def format_table(scores: dict[Config, dict[str, Score]], series_count: int, quiet_count: int) -> str:
+def bound_minutes(config: Config, factor: float, false_alerts_per_week: float) -> float:
+    """The Lorden bound's delay (minutes) for a step of `factor` on this row's noise at this false-alert rate."""
+    rounds, sigma, noise = config
+    arl = WEEK_S / RUN_S / false_alerts_per_week
+    runs = lorden_delay_runs(
+        shift=math.log(factor), long_run_variance=long_run_variance(noise, sigma, rounds), arl_runs=arl
+    )
+    return runs * RUN_S / 60
+
+
+def targets_missed(config: Config, result: Score, false_alerts_per_week: float) -> list[str]:
+    """The issue's targets (issue 20) this row misses, each with its figure."""
+    rounds, _sigma, noise = config
+    missed = []
+    quiet = result.quiet_alerts / result.quiet_weeks if result.quiet_weeks else 0.0
+    quiet_pages = result.quiet_pages / result.quiet_weeks if result.quiet_weeks else 0.0
+    false, pages = result.false_alerts / result.weeks, result.false_pages / result.weeks
+    if max(false, quiet) > 0.5:
+        missed.append(f"false/wk {false:.2f}/{quiet:.2f}")
+    if max(pages, quiet_pages) > 0.05:
+        missed.append(f"pages/wk {pages:.3f}/{quiet_pages:.3f}")
+    for size, least in ((2.0, 0.97), (1.5, 0.90)):
+        if result.steps[size] and result.caught[size] / result.steps[size] < least:
+            missed.append(f"{_label(size)} {result.caught[size] / result.steps[size]:.0%}")
+    if rounds == 5 and result.delays[2.0] and median(result.delays[2.0]) / 60 > 30:
+        missed.append(f"+100% {median(result.delays[2.0]) / 60:.0f} min")
+    for size in (1.1, 1.2):
+        bound = bound_minutes(config, size, false_alerts_per_week)
+        delays = result.delays[size]
+        if result.steps[size] and (not delays or median(delays) / 60 > 1.5 * bound):
+            shown = f"{median(delays) / 60:.0f}" if delays else "none"
+            missed.append(f"{_label(size)} {shown} > 1.5x{bound:.0f}")
+    if noise == "iid":
+        if result.steps[1.2] and (
+            result.caught[1.2] / result.steps[1.2] < 0.95 or median(result.delays[1.2]) > 3 * 3600
+        ):
+            missed.append("iid +20%")
+        if result.steps[1.1] and result.caught[1.1] / result.steps[1.1] < 0.70:
+            missed.append("iid +10%")
+        if (
+            rounds == 5
+            and result.delays[1.5]
+            and (result.caught[1.5] < result.steps[1.5] or median(result.delays[1.5]) > 3600)
+        ):
+            missed.append("iid +50%")
+        if (
+            rounds == 5
+            and result.delays[2.0]
+            and (result.caught[2.0] < result.steps[2.0] or median(result.delays[2.0]) > 1200)
+        ):
+            missed.append("iid +100%")
+    return missed
+
+
+def format_table(
+    scores: dict[Config, dict[str, Score]], series_count: int, quiet_count: int, false_alerts_per_week: float = 0.5
+) -> str:
     lines = [
         f"{series_count} series with steps and {quiet_count} without per row; false alerts and pages per "
         "series per week (all series, then series without steps); per step size: recall, median and "
-        "longest delay (minutes)",
-        "rounds sigma noise detector   false/wk pages/wk | quiet/wk pages/wk | "
-        + " | ".join(f"{_label(s):>5}: recall   med   max" for s in STEP_SIZES),
+        "longest delay, and the Lorden bound's delay at this false-alert rate (minutes)",
+        "rounds sigma noise       detector   false/wk pages/wk | quiet/wk pages/wk | "
+        + " | ".join(f"{_label(s):>5}: recall   med   max bound" for s in STEP_SIZES),
     ]
-    for (rounds, sigma, noise), by_name in scores.items():
+    markdown = [
+        "| rounds | noise | detector | false/wk (all / no steps) | false pages/wk | "
+        + " | ".join(f"{_label(s)} (bound)" for s in STEP_SIZES)
+        + " | targets missed |",
+        "| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in STEP_SIZES) + " | --- |",
+    ]
+    for config, by_name in scores.items():
+        rounds, sigma, noise = config
         for name, result in by_name.items():
             cells = []
+            marks = []
             for size in STEP_SIZES:
                 recall = result.caught[size] / result.steps[size] if result.steps[size] else math.nan
                 delays = result.delays[size]
-                cells.append(f"       {recall:6.1%} {_minutes(delays)} {_minutes(delays, max)}")
+                bound = bound_minutes(config, size, false_alerts_per_week)
+                cells.append(f"       {recall:6.1%} {_minutes(delays)} {_minutes(delays, max)} {bound:5.0f}")
+                marks.append(f"{recall:.0%} / {_minutes(delays).strip()} ({bound:.0f})")
             quiet = result.quiet_weeks or math.nan
             lines.append(
-                f"{rounds:6d} {sigma:5.1f} {noise:5s} {name:<9} {result.false_alerts / result.weeks:9.2f} "
+                f"{rounds:6d} {sigma:5.1f} {noise:11s} {name:<9} {result.false_alerts / result.weeks:9.2f} "
                 f"{result.false_pages / result.weeks:8.3f} | {result.quiet_alerts / quiet:8.2f} "
                 f"{result.quiet_pages / quiet:8.3f} | " + " | ".join(cells)
             )
             if result.false_by:
                 opened_by = ", ".join(f"{k} {v}" for k, v in result.false_by.most_common())
-                lines.append(f"{'':29}false alerts opened by: {opened_by}")
+                lines.append(f"{'':35}false alerts opened by: {opened_by}")
+            missed = targets_missed(config, result, false_alerts_per_week)
+            markdown.append(
+                f"| {rounds} | {noise} | {name} | {result.false_alerts / result.weeks:.2f} / "
+                f"{result.quiet_alerts / quiet:.2f} | "
+                f"{result.false_pages / result.weeks:.3f} / {result.quiet_pages / quiet:.3f} | "
+                + " | ".join(marks)
+                + f" | {', '.join(missed) or 'none'} |"
+            )
     steps = ", ".join(
         f"{sum(next(iter(v.values())).steps[s] for v in scores.values())} x {_label(s)}" for s in STEP_SIZES
     )
     lines.append(f"steps over all rows: {steps}")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *markdown])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -369,7 +554,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--weeks", type=float, default=4, help="weeks per series (4)")
     parser.add_argument("--rounds", default="1,3,5", help="probes per run, one row each (1,3,5)")
     parser.add_argument("--sigmas", default="0.1,0.2,0.3,0.4,0.5", help="per-probe lognormal sigmas")
-    parser.add_argument("--noise", default="iid,ar1", help="iid, ar1 or both (iid,ar1)")
+    parser.add_argument(
+        "--noise",
+        default="iid,ar1",
+        help=f"noise models, comma-separated, or 'all' ({','.join(NOISE_MODELS)}); ar:PHI:SHARE for any AR(1)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="every noise model, 6 series with steps and 4 without per row, 2 weeks each (a few minutes)",
+    )
     parser.add_argument(
         "--ar1-sigmas", default="0.3", help="sigmas for the ar1 rows (0.3; 'all' for every one of --sigmas)"
     )
@@ -380,6 +574,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="score ours without (off), with (on) or both ways with the ticket window rule opening tickets "
         "beside the CUSUM (default: the rules' own setting)",
+    )
+    parser.add_argument(
+        "--noise-model",
+        choices=tuple(NOISE_MODEL_VARIANTS),
+        default="off",
+        help="score ours without the per-series noise model (off: what ships, the default), with it (on: "
+        "'ours+nm', detection.noise_model) or both side by side on the same series",
     )
     parser.add_argument("--seed", type=int, default=20250106)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
@@ -392,12 +593,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="override a rule of ours, e.g. ticket.window_runs=24 or cusum.threshold=18 (repeatable)",
     )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.noise, args.series, args.weeks, args.sigmas = "all", 6, 2.0, "0.3"
+        args.quiet_series = 4 if args.quiet_series is None else args.quiet_series
     sigmas = [float(s) for s in args.sigmas.split(",")]
     ar_sigmas = sigmas if args.ar1_sigmas == "all" else [float(s) for s in args.ar1_sigmas.split(",")]
     rounds_list = [int(r) for r in args.rounds.split(",")]
-    noises = [n.strip() for n in args.noise.split(",")]
-    if any(n not in ("iid", "ar1") for n in noises):
-        parser.error("--noise takes iid, ar1 or iid,ar1")
+    noises = list(NOISE_MODELS) if args.noise == "all" else [n.strip() for n in args.noise.split(",")]
+    for name in noises:
+        if name not in NOISE_MODELS and name != "ar1" and not name.startswith("ar:"):
+            parser.error(f"--noise: '{name}' is not a noise model (one of {', '.join(NOISE_MODELS)}, or ar:PHI:SHARE)")
     quiet = args.series // 2 if args.quiet_series is None else args.quiet_series
     overrides = dict(args.overrides)
     rules = apply_overrides(Rules(), overrides)
@@ -409,6 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             name: {**overrides, "window_tickets": on}
             for name, on in WINDOW_TICKET_VARIANTS[args.window_tickets].items()
         }
+    variants = with_noise_model(variants, args.noise_model)
     print(
         f"runs every {RUN_S // 60} min; false = opened outside a step or the {GRACE_S // 60} min after it; "
         "delays in minutes from the step's start"
@@ -443,7 +649,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, result in by_name.items():
             totals[config][name].add(result)
     print()
-    print(format_table(totals, args.series, quiet))
+    print(format_table(totals, args.series, quiet, rules.false_alerts_per_week))
     print(f"\n{len(tasks)} series in {time.perf_counter() - started:.0f} s")
     return 0
 

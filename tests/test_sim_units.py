@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from collections.abc import Callable
 
@@ -355,3 +356,32 @@ def test_arrival_stamps_note_the_last_data_and_pass_everything_through() -> None
     assert stamps.last_data_ns(inner) is None
     assert stamps.last_data_ns(None) is None
     assert inner.events == ["made", b"POST / HTTP/1.1\r\n", b"\r\n", "eof", "lost"]
+
+
+def test_ar_noise_is_shared_by_requests_close_in_time_and_forgotten_over_many_steps() -> None:
+    import math as _math
+
+    from monitor.sim.profiles import ModelProfile
+    from monitor.sim.server import Simulator
+
+    now = [0.0]
+    profile = ModelProfile("ar", 200.0, 0.0, 0.3, 50.0, ar_share=1.0, ar_phi=0.9, ar_step_s=1.0)
+    sim = Simulator({"ar": profile}, seed=5, wall_clock=lambda: now[0])
+
+    def logs(step_s: float, count: int) -> list[float]:
+        values = []
+        for _ in range(count):
+            now[0] += step_s
+            values.append(_math.log(sim.noise_factor(sim.profiles["ar"])))
+        return values
+
+    def lag_one(values: list[float]) -> float:
+        mean = sum(values) / len(values)
+        centred = [v - mean for v in values]
+        return sum(a * b for a, b in itertools.pairwise(centred)) / sum(c * c for c in centred)
+
+    close = logs(1.0, 4000)  # one step apart: correlation phi
+    assert abs(lag_one(close) - 0.9) < 0.05
+    assert abs(_math.sqrt(sum(v * v for v in close) / len(close)) - 0.3) < 0.05
+    apart = logs(50.0, 2000)  # fifty steps apart: 0.9^50, independent
+    assert abs(lag_one(apart)) < 0.1

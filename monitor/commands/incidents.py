@@ -176,6 +176,8 @@ def format_table(
             lines.append(f"  where: {item.attribution}")
         if item.summary:
             lines.append(f"  slo: {item.summary}")
+        if item.evidence:
+            lines.append(f"  evidence: {item.evidence}")
         if item.group_id is not None and item.group_size > 1:
             lines.append(f"  group: {str(item.group_id)[:8]}, notified as one with {item.group_size - 1} more")
         lines += _triage_lines(item)

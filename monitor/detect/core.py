@@ -3,6 +3,7 @@ rules applied to each new run. Pure; `Detector` and `Replayer` (detector.py) are
 
 from __future__ import annotations
 
+import itertools
 import math
 from bisect import bisect_left, insort
 from collections import Counter, deque
@@ -12,7 +13,9 @@ from datetime import datetime
 from typing import Any
 
 from monitor.alert.model import Severity
-from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
+from monitor.detect import noise as noise_model
+from monitor.detect.noise import NoiseModel
+from monitor.detect.rules import FIXED_THRESHOLD, MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
 from monitor.detect.state import Event, Incident, RunPoint, SeriesState
 from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_and_sigma, median_se_factor
 
@@ -31,6 +34,12 @@ CUSUM_REFERENCE_S = 3 * 3600.0
 # Floor on the baseline's sigma (log units), so a near-constant series cannot divide by zero.
 SIGMA_FLOOR = 0.01
 UNKNOWN_ERROR = "unknown"
+# The sequential rule opens nothing on an excursion of fewer runs (an hour of 5-minute runs).
+MIN_EXCURSION_RUNS = 12
+# Against a trailing baseline (a series' first days) a window's variance is taken as this many times an
+# independent one's: load that comes and goes cannot be measured yet (bench/detector.py, false pages
+# under AR(1) noise opened in the first 3.5 days).
+TRAILING_G = 2.0
 _UNCACHED = object()
 
 
@@ -65,9 +74,14 @@ class _Baseline:
             self._sigma = max(mad_sigma(self.reference, center=self.level), SIGMA_FLOOR)
         return self._sigma
 
-    def z(self, distance: float, window: int) -> float:
-        """`distance` of a median of `window` runs, in standard errors of (window median - baseline)."""
-        variance = median_se_factor(window) ** 2 + math.pi / (2.0 * len(self.reference)) + self.extra
+    def z(self, distance: float, window: int, noise: NoiseModel | None = None) -> float:
+        """`distance` of a median of `window` runs, in standard errors of (window median - baseline).
+        With a noise model, each median varies g(n) times more than one of n independent runs would: on a
+        series whose load comes and goes, a window must be further out before it counts."""
+        runs = len(self.reference)
+        g_window = noise.g(window) if noise is not None else 1.0
+        g_reference = noise.g(runs) if noise is not None else 1.0
+        variance = median_se_factor(window) ** 2 * g_window + math.pi / (2.0 * runs) * g_reference + self.extra
         return distance / (self.sigma * math.sqrt(variance))
 
 
@@ -129,12 +143,17 @@ class _Core:
         self._keep = rules.history_runs
         self._log_page_ratio = math.log(rules.page.ratio)
         self._log_ticket_ratio = math.log(rules.ticket.ratio)
+        self._log_clear_ratio = math.log(rules.clear_ratio)
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
         self._appended_since_trim = 0
         self.baseline_ms: float | None = None  # what the last stepped run was compared with
         self._cusum_references: dict[int, _CusumReference | None] = {}
         self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
+        self.threshold: float | None = None  # the CUSUM's, for the last stepped run
+        self._thresholds: dict[tuple[float, float, int], float] = {}
+        self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
+        self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
 
     # ------------------------------------------------ data
 
@@ -368,8 +387,13 @@ class _Core:
             return
         baseline = verdict.baseline
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
+        # The noise model is opt-in (`detection.noise_model`): without it every rule runs as it did before
+        # the model existed (noise None: no widening, no extra confirmations, the fixed CUSUM threshold).
+        noise = self.noise = self._noise_model(state, count) if rules.noise_model else None
+        if noise is None:
+            state.noise = None  # a model left from when it was on is stale by the time it is turned on again
         confirms = self._confirms
-        if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window):
+        if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
         else:
@@ -386,7 +410,13 @@ class _Core:
             (rules.cusum is None or rules.window_tickets)
             and fresh
             and confirms(
-                verdict.ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms, verdict.ticket_window
+                verdict.ticket,
+                rules.ticket,
+                self._log_ticket_ratio,
+                baseline,
+                baseline_ms,
+                verdict.ticket_window,
+                noise,
             )
         ):
             state.ticket_streak += 1
@@ -394,9 +424,16 @@ class _Core:
         else:
             state.ticket_streak, state.ticket_since = 0, None
 
-        paging = state.page_streak >= rules.page.confirmations
+        needed = rules.page.confirmations
+        if noise is not None:
+            distance = verdict.recent[-1] - baseline.level
+            noise_model.observe(noise, slow=distance >= self._log_page_ratio, calm=distance < self._log_clear_ratio)
+            needed = noise_model.page_confirmations(noise, needed, window=verdict.page_window)
+        paging = state.page_streak >= needed
         ticketing = state.ticket_streak >= rules.ticket.confirmations
-        sequential = self._cusum(state, run, incident, count, fresh) if not (paging or ticketing) else None
+        sequential = self._cusum(state, run, incident, count, fresh, noise) if not (paging or ticketing) else None
+        if noise is not None:
+            self._learn(state, noise, incident, baseline, count)
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
         if verdict.adapted:
             detail["baseline"] += ", adapted to the incident's level"
@@ -415,6 +452,7 @@ class _Core:
             incident.see(ratio, run.at)
             state.incidents["regression"] = incident
             detail.update(rule="cusum", cusum=round(total, 2))
+            detail.update(self._evidence(noise, ratio, self._runs_since(since, count)))
             events.append(_event(incident, "open", run.at, detail))
         elif incident is None and (paging or ticketing):
             severity: Severity = "page" if paging else "ticket"
@@ -433,14 +471,16 @@ class _Core:
             state.incidents["regression"] = incident
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             window = verdict.page_window if severity == "page" else verdict.ticket_window
-            detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs)), 2)
+            detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs), noise), 2)
+            detail.update(self._evidence(noise, ratio, window))
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
             ratio = math.exp(verdict.page)
             incident.see(ratio, run.at)
             incident.severity = "page"
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
-            detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs)), 2)
+            detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs), noise), 2)
+            detail.update(self._evidence(noise, ratio, verdict.page_window))
             events.append(_event(incident, "update", run.at, detail))
         elif incident is not None:
             incident.see(math.exp(verdict.page), run.at)
@@ -459,7 +499,13 @@ class _Core:
             events.append(_event(incident, "resolve", run.at, detail, resolved=True))
 
     def _cusum(
-        self, state: SeriesState, run: RunPoint, incident: Incident | None, count: int, fresh: bool
+        self,
+        state: SeriesState,
+        run: RunPoint,
+        incident: Incident | None,
+        count: int,
+        fresh: bool,
+        noise: NoiseModel | None,
     ) -> tuple[float, float, datetime, float] | None:
         """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
 
@@ -479,9 +525,12 @@ class _Core:
             return None
         allowance, bound, factor = reference.allowance, reference.bound, reference.factor
         value = max(-bound, min(bound, (residual - reference.level) / reference.sigma))
-        # In units of factor^2 x sigma: for the same false-alert rate, a CUSUM's threshold grows with the
-        # noise's long-run variance, not its sigma (the sum drifts down as fast, but wanders further).
-        scale = factor * factor
+        # In units of g x sigma (g: the long-run variance over the per-run one): for the same false-alert
+        # rate, a CUSUM's threshold grows with the noise's long-run variance, not its sigma (the sum
+        # drifts down as fast, but wanders further). Without the noise model, g is the reference's
+        # block estimate (factor^2) and the threshold the configured one.
+        scale = noise.long_run if noise is not None else factor * factor
+        threshold = self._threshold(allowance, scale, rule) if noise is not None else self._fixed_threshold(rule)
         mean = reference.mean
         total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
         if total <= 0.0:
@@ -489,7 +538,12 @@ class _Core:
             return None
         since = state.cusum_since or run.at
         runs = state.cusum_runs + 1
-        if total < rule.threshold:
+        # Over an excursion's first MIN_EXCURSION_RUNS runs the sum holds at most half the threshold: a
+        # burst, however far it went, leaves the rest to be shown by runs after it (fast jumps are the
+        # page rule's; a few slow runs that recover are not a moderate shift).
+        if noise is not None and runs < MIN_EXCURSION_RUNS:
+            total = min(total, threshold / 2.0)
+        if total < threshold:
             state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
             return None
         # The shift's estimate: the median residual over the excursion (clipped values understate it).
@@ -497,10 +551,103 @@ class _Core:
         ratio = math.exp(median(excursion) - reference.level)
         baseline_ms = math.exp(slot.center + reference.level)
         if baseline_ms * (ratio - 1.0) < rule.min_delta_ms:  # significant, but too small to matter
-            state.cusum, state.cusum_since, state.cusum_runs = rule.threshold, since, runs
+            state.cusum, state.cusum_since, state.cusum_runs = threshold, since, runs
             return None
         state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
         return baseline_ms, ratio, since, total
+
+    def _runs_since(self, since: datetime, count: int) -> int:
+        return max(1, count - bisect_left(self.times, since.timestamp()))
+
+    def _evidence(self, noise: NoiseModel | None, ratio: float, runs: int) -> dict[str, Any]:
+        """The evidence in words and figures: "+38% over 14 runs (noise: sd 0.21, runs correlate for about
+        45 min; equivalent to 4 independent runs)". Nothing without the noise model."""
+        if noise is None:
+            return {}
+        interval = self.interval_s()
+        words = noise_model.describe(noise, interval_s=interval, runs=runs)
+        return {
+            "evidence": f"{(ratio - 1.0) * 100:+.0f}% over {runs} runs ({words})",
+            "noise": {
+                "sd": round(noise.sd, 4),
+                "correlation_minutes": round(noise.correlation_minutes(interval), 1),
+                "long_run": round(noise.long_run, 2),
+                "effective_runs": round(noise.effective_runs(runs), 1),
+            },
+        }
+
+    def _fixed_threshold(self, rule: Cusum) -> float:
+        """The CUSUM's threshold without the noise model: the configured one (FIXED_THRESHOLD unset)."""
+        self.threshold = rule.threshold if rule.threshold is not None else FIXED_THRESHOLD
+        return self.threshold
+
+    def _threshold(self, allowance: float, long_run: float, rule: Cusum) -> float:
+        """The CUSUM's threshold for this series: the configured one, or the one that raises its share of
+        `false_alerts_per_week` at this allowance (in per-run sigmas), long-run variance and run interval."""
+        if rule.threshold is not None:
+            self.threshold = rule.threshold
+            return rule.threshold
+        # Its inputs move slowly (the reference every 3 hours, the fit every 3 hours of runs): computed once
+        # per distinct set, as a bisection per run would double a year's replay.
+        key = (round(allowance, 3), round(math.log(long_run), 2), round(self.interval_s()))
+        derived = self._thresholds.get(key)
+        if derived is None:
+            derived = noise_model.cusum_threshold(
+                false_alerts_per_week=self.rules.false_alerts_per_week,
+                allowance=allowance,
+                long_run=long_run,
+                interval_s=key[2],
+            )
+            if len(self._thresholds) > 256:
+                self._thresholds.clear()
+            self._thresholds[key] = derived
+        # Each run adds at most `clip` / g: MIN_SPIKES slow runs in a row cannot reach it.
+        self.threshold = max(derived, noise_model.MIN_SPIKES * rule.clip / max(long_run, 1.0))
+        return self.threshold
+
+    def interval_s(self) -> float:
+        """The series' run interval: the median spacing of its last valid runs (5 minutes before two)."""
+        key = (len(self.times), self.times[-1] if self.times else 0.0)
+        if self._interval[0] != key:
+            times = self.times[-13:]
+            value = max(1.0, median([b - a for a, b in itertools.pairwise(times)])) if len(times) >= 2 else 300.0
+            self._interval = (key, value)
+        return self._interval[1]
+
+    def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
+        """The series' noise model; one the state does not have yet is measured on the history given."""
+        if state.noise is None:
+            state.noise = noise_model.estimate(self._seed_residuals(count - 1))
+        return state.noise
+
+    def _seed_residuals(self, end: int) -> list[float]:
+        """Residuals of the valid runs before `end` for a first noise model: seasonal residuals where the
+        history has them, each day's minus that day's median (the level moves; the model must not
+        mistake a week's drift for noise)."""
+        values = [r for r in self._residuals_between(0, end) if r == r] if self.rules.seasonal_days else []
+        day = SLOTS_PER_DAY * 2  # runs per day at 5-minute runs
+        if len(values) < day:
+            return []
+        seeded: list[float] = []
+        for low in range(0, len(values), day):
+            chunk = values[low : low + day]
+            level = median(chunk)
+            seeded.extend(v - level for v in chunk)
+        return seeded
+
+    def _learn(
+        self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
+    ) -> None:
+        """Add this run's seasonal residual to the noise model, unless a regression is in it: not while an
+        incident is open or a page is being confirmed. Freezing it whenever a rule gathers evidence
+        would leave out exactly the wander the model is for (the CUSUM climbs on it too); the model's
+        growth cap (noise.py) bounds what a step that slips past every rule can add."""
+        if incident is not None or state.page_streak or state.incidents.get("regression"):
+            return
+        residual = self._residuals[count - 1] if baseline.seasonal else None
+        if residual is None or residual != residual:  # a trailing baseline's residuals carry the daily cycle
+            return
+        noise_model.update(noise, residual - baseline.level)
 
     def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
         """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
@@ -532,7 +679,8 @@ class _Core:
         return result
 
     def _profile(self, end: int, baseline: _Baseline, bound: float, block: int) -> tuple[float, float]:
-        """The clipped mean and the long-run factor of the reference runs' residuals before run `end`."""
+        """The clipped mean and the long-run factor of the reference runs' residuals before run `end`
+        (the window rules' widening without the noise model)."""
         key = (end, bound, block)
         cached = self._profile_cache
         if cached is not None and cached[0] == key:
@@ -566,6 +714,7 @@ class _Core:
         baseline: _Baseline,
         baseline_ms: float,
         window: int,
+        noise: NoiseModel | None,
     ) -> bool:
         # Cheapest test first: the spread (a MAD) is computed only for windows that are far enough out.
         if distance is None or distance < log_ratio:
@@ -576,6 +725,33 @@ class _Core:
         # but is judged as significant as `window_runs` runs only: load that comes and goes does not
         # average out over the extra runs (bench, AR(1) noise, 1 probe per run: z on the stretched
         # window measured 0.53 false pages a week, on `window_runs` 0.20).
+        if noise is None:
+            return self._confirms_without_model(distance, rule, baseline, window)
+        # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
+        # noise would: the series' noise model widens the standard error by sqrt(g(window)).
+        if baseline.seasonal:
+            return baseline.z(distance, min(window, rule.window_runs), noise) >= rule.z_threshold
+        # Against a trailing baseline (the first days), residuals carry the daily cycle, which the model
+        # must not learn as noise: widen by the long-run factor of the trailing window's own runs, in
+        # blocks of a sixth of them (when that is at least 6 runs: shorter blocks cannot tell load that
+        # comes and goes from noise).
+        z = baseline.z(distance, min(window, rule.window_runs))
+        if z < rule.z_threshold or self.rules.trailing_runs < 36:
+            return z >= rule.z_threshold
+        # Until then the series' noise is not known: assume it wanders (TRAILING_G).
+        z /= math.sqrt(TRAILING_G)
+        end = baseline.end
+        _mean, factor = clipped_profile(
+            self.logs[max(0, end - self.rules.trailing_runs) : end],
+            center=baseline.level,
+            sigma=baseline.sigma,
+            bound=self.rules.cusum.clip if self.rules.cusum is not None else 2.5,
+            block=self.rules.trailing_runs // 6,
+        )
+        return z / factor >= rule.z_threshold
+
+    def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
+        """The z test without the noise model (`detection.noise_model` off, the default)."""
         z = baseline.z(distance, min(window, rule.window_runs))
         cusum = self.rules.cusum
         if z < rule.z_threshold or cusum is None:

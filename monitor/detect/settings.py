@@ -12,6 +12,7 @@ from monitor.config.fields import ConfigModel
 from monitor.detect.rules import (
     CUSUM_BOUNDS,
     DEFAULT_RULES,
+    FIXED_THRESHOLD,
     MIN_BASELINE_RUNS,
     RULES_BOUNDS,
     THRESHOLD_BOUNDS,
@@ -70,7 +71,7 @@ class Availability(ConfigModel):
     )
 
 
-_DEFAULT_CUSUM = DEFAULT_RULES.cusum or Cusum(shift_ratio=1.15, threshold=16.0, clip=2.5)
+_DEFAULT_CUSUM = DEFAULT_RULES.cusum or Cusum(shift_ratio=1.15, threshold=FIXED_THRESHOLD, clip=2.5)
 
 
 class SequentialRule(ConfigModel):
@@ -85,11 +86,13 @@ class SequentialRule(ConfigModel):
         **_rule(CUSUM_BOUNDS, "shift_ratio"),
         description="The smallest shift worth a ticket: each run adds its residual minus half of log(shift_ratio).",
     )
-    threshold: float = Field(
-        _DEFAULT_CUSUM.threshold,
+    # None rather than FIXED_THRESHOLD: with `detection.noise_model` on, unset means "derive it".
+    threshold: float | None = Field(
+        None,
         **_rule(CUSUM_BOUNDS, "threshold"),
-        description="A ticket opens when the sum reaches this (in the residuals' long-run sigmas); lower is sooner "
-        "and noisier.",
+        description=f"A ticket opens when the sum reaches this (in the residuals' long-run sigmas); lower is sooner "
+        f"and noisier. Unset (the default): {FIXED_THRESHOLD:g}, or with `detection.noise_model` on, derived per "
+        f"series from `detection.false_alerts_per_week` and the series' measured noise.",
     )
     clip: float = Field(
         _DEFAULT_CUSUM.clip,
@@ -104,7 +107,8 @@ class SequentialRule(ConfigModel):
     block_runs: int = Field(
         _DEFAULT_CUSUM.block_runs,
         **_rule(CUSUM_BOUNDS, "block_runs"),
-        description="Runs per block when measuring how autocorrelated the residuals are.",
+        description="Runs per block when measuring how autocorrelated the residuals are (not read with "
+        "`detection.noise_model` on: the model measures that itself).",
     )
 
 
@@ -189,6 +193,19 @@ class Detection(ConfigModel):
         **_rule(RULES_BOUNDS, "trailing_runs"),
         description=f"Recent runs forming the trailing baseline, used until a seasonal baseline exists (at least "
         f"{MIN_BASELINE_RUNS}: a baseline needs that many runs).",
+    )
+    noise_model: bool = Field(
+        DEFAULT_RULES.noise_model,
+        description="Experimental: measure each series' noise (how much and how long its runs wander together) and "
+        "scale the evidence by it, derive the CUSUM threshold from `false_alerts_per_week`, and add the noise "
+        "to each regression's evidence. Off, detection is unchanged; measured slower on independent noise, "
+        'so off by default (docs/detection.md, "The noise model").',
+    )
+    false_alerts_per_week: float = Field(
+        DEFAULT_RULES.false_alerts_per_week,
+        **_rule(RULES_BOUNDS, "false_alerts_per_week"),
+        description="With `noise_model` on: the false alerts a healthy series may raise per week; the CUSUM's "
+        "threshold is derived from it and each series' measured noise (lower is quieter and slower).",
     )
     page: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["page"]),

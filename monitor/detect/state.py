@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from monitor.alert.model import Severity
+from monitor.detect.noise import NoiseModel
 from monitor.detect.rules import Action, Kind
 
 if TYPE_CHECKING:
@@ -170,6 +171,10 @@ class SeriesState:
     cusum: float = 0.0  # the sequential rule's sum, in long-run sigmas
     cusum_since: datetime | None = None  # the first run of its current excursion above 0
     cusum_runs: int = 0  # runs in that excursion
+    # How noisy and how autocorrelated the residuals are (monitor/detect/noise.py). None: not measured
+    # yet (a new series, or a state stored before the model existed): the detector seeds it from the
+    # history it is given.
+    noise: NoiseModel | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the `detector_state.state` column)."""
@@ -191,7 +196,7 @@ class SeriesState:
             "cusum": self.cusum,
             "cusum_since": stamp(self.cusum_since),
             "cusum_runs": self.cusum_runs,
-        }
+        } | ({"noise": self.noise.to_json()} if self.noise is not None else {})
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SeriesState:
@@ -217,6 +222,7 @@ class SeriesState:
             cusum=float(data.get("cusum", 0.0)),
             cusum_since=moment("cusum_since"),
             cusum_runs=int(data.get("cusum_runs", 0)),
+            noise=NoiseModel.from_json(data["noise"]) if isinstance(data.get("noise"), dict) else None,
         )
 
     def copy(self) -> SeriesState:
@@ -233,4 +239,5 @@ class SeriesState:
             self.cusum,
             self.cusum_since,
             self.cusum_runs,
+            self.noise.copy() if self.noise is not None else None,
         )

@@ -35,7 +35,8 @@ class Faults:
 @dataclass(slots=True)
 class ModelProfile:
     """TTFT = (ttft_base_ms + prefill_ms_per_1k * (uncached + cached_prefill_factor * cached) / 1000)
-    * lognormal(0, noise_sigma); then one token every 1/decode_tps seconds."""
+    * lognormal(0, noise_sigma); then one token every 1/decode_tps seconds. With `ar_share`, that share
+    of the noise's variance is autocorrelated in time (AR(1)) instead of independent per request."""
 
     name: str
     ttft_base_ms: float
@@ -55,6 +56,11 @@ class ModelProfile:
     comment_pings: bool = False
     # Some OpenAI-compatible servers reject `stream_options` with a 400.
     reject_stream_options: bool = False
+    # Load that comes and goes: `ar_share` of noise_sigma's variance is an AR(1) process shared by
+    # every request, with correlation `ar_phi` per `ar_step_s` seconds of wall-clock time (0: none).
+    ar_share: float = 0.0
+    ar_phi: float = 0.9
+    ar_step_s: float = 300.0
 
 
 def default_profiles() -> dict[str, ModelProfile]:
@@ -162,6 +168,9 @@ _PROFILE_RULES: dict[str, Rule] = {
     "answer_tokens": _integer(minimum=1),
     "comment_pings": _boolean,
     "reject_stream_options": _boolean,
+    "ar_share": _number(maximum=1.0),
+    "ar_phi": _number(maximum=0.999),
+    "ar_step_s": _number(exclusive_min=True),
 }
 
 

@@ -15,6 +15,7 @@ GET /sim/requests/{request_id} (timing stamps).
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import signal
 import time
@@ -85,6 +86,7 @@ class Simulator:
         self.rng = random.Random(seed)
         self.profiles: dict[str, ModelProfile] = {}
         self.caches: dict[str, PrefixCache] = {}
+        self._loads: dict[str, tuple[float, float]] = {}  # per model: AR(1) load and when it was read
         self.stamps = StampStore(capacity=stamp_capacity)
         # Not cleared by reset: a real server's counters only grow while it runs.
         self.metrics = SimMetrics()
@@ -94,6 +96,7 @@ class Simulator:
         """Back to the profiles given at start, empty caches, no stamps, the RNG reseeded."""
         self.profiles = {name: copy_profile(profile) for name, profile in self._initial.items()}
         self.caches.clear()
+        self._loads.clear()
         self.stamps.clear()
         self.rng.seed(self.seed)
 
@@ -121,7 +124,20 @@ class Simulator:
     def noise_factor(self, profile: ModelProfile) -> float:
         if profile.noise_sigma <= 0:
             return 1.0
-        return self.rng.lognormvariate(0.0, profile.noise_sigma)
+        share = profile.ar_share
+        if share <= 0:
+            return self.rng.lognormvariate(0.0, profile.noise_sigma)
+        return math.exp(self.rng.gauss(0.0, profile.noise_sigma * math.sqrt(1.0 - share)) + self._load(profile))
+
+    def _load(self, profile: ModelProfile) -> float:
+        """The model's shared AR(1) load (log units), moved on by the wall-clock time since it was last read."""
+        sd = profile.noise_sigma * math.sqrt(profile.ar_share)
+        now = self.wall_clock()
+        level, last = self._loads.get(profile.name, (self.rng.gauss(0.0, sd), now))
+        rho = float(profile.ar_phi ** (max(0.0, now - last) / profile.ar_step_s))
+        level = rho * level + self.rng.gauss(0.0, sd * math.sqrt(max(0.0, 1.0 - rho * rho)))
+        self._loads[profile.name] = (level, now)
+        return level
 
     def draws_error(self, faults: Faults) -> bool:
         return faults.error_rate > 0 and self.rng.random() < faults.error_rate

@@ -52,6 +52,8 @@ class IncidentView:
     group_size: int = 0
     # What an slo_burn incident measured: bad share, windows, burn rate (monitor.detect.burn.describe).
     summary: str | None = None
+    # Why a regression opened, in words and with the series' noise (monitor.detect.noise.describe).
+    evidence: str | None = None
 
     @property
     def state(self) -> str:
@@ -147,6 +149,7 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             cause=_detail(row.details, "cause"),
             attribution=_detail(row.details, "attribution"),
             summary=_detail(row.details, "summary"),
+            evidence=_detail(row.details, "evidence"),
             opened_at=row.opened_at,
             resolved_at=row.resolved_at,
             baseline_ms=row.baseline_ms,

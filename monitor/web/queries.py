@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import itertools
 import math
 import time
 import uuid
@@ -24,6 +25,8 @@ from monitor.detect.attribution import ServerSplit, classify, split_text
 from monitor.detect.burn_service import ALL_PROMPTS
 from monitor.detect.detector import Detector, Rules, RunPoint
 from monitor.detect.figures import figures_of
+from monitor.detect.noise import NoiseModel
+from monitor.detect.noise import describe as describe_noise
 from monitor.quantile import quantile
 from monitor.store.models import (
     AlertDeliveryRow,
@@ -694,7 +697,7 @@ _ROLLUP_FIELDS = tuple(getattr(RollupRow, f.name) for f in fields(HourlyStats))
 
 
 def detector_baselines(
-    detector: Detector, runs: Sequence[RunPoint], *, step_from: datetime
+    detector: Detector, runs: Sequence[RunPoint], *, step_from: datetime, noise: list[NoiseModel | None] | None = None
 ) -> tuple[list[float], list[float | None]]:
     """The baseline the detector compares each run at or after `step_from` with: (times as epoch
     seconds, baselines in ms; None before the series has one). The detector's own code: runs before
@@ -709,7 +712,24 @@ def detector_baselines(
         if run.ttft_ms is not None:
             times.append(run.at.timestamp())
             baselines.append(replayer.baseline_ms)
+    if noise is not None:  # the noise model the detector ends with, for the page
+        noise.append(replayer.state.noise)
     return times, baselines
+
+
+def noise_estimate(model: NoiseModel | None, runs: Sequence[RunPoint]) -> dict[str, Any] | None:
+    """The series' noise model as the detector has it at the last run (monitor/detect/noise.py), for the
+    page beside the baseline band: None until the detector has measured any."""
+    if model is None or model.runs == 0:
+        return None
+    spacing = sorted(b.at.timestamp() - a.at.timestamp() for a, b in itertools.pairwise(runs[-13:]))
+    interval = spacing[len(spacing) // 2] if spacing else 300.0
+    return {
+        "sd": round(model.sd, 4),
+        "correlation_minutes": round(model.correlation_minutes(interval), 1),
+        "long_run": round(model.long_run, 2),
+        "text": describe_noise(model, interval_s=interval, runs=12),
+    }
 
 
 def _baseline_at(times: Sequence[float], baselines: Sequence[float | None], moment: float) -> float | None:
@@ -899,7 +919,9 @@ async def series_points(
             points = hourly_points(in_range, start=start, width_s=width)
             runs = _hour_run_points(hours)
         incidents = await _incidents_of(connection, [series_id], start=start, end=end)
-        times, baselines = detector_baselines(detector, runs, step_from=step_from)
+        models: list[NoiseModel | None] = []
+        times, baselines = detector_baselines(detector, runs, step_from=step_from, noise=models)
+        noise = noise_estimate(models[0] if models else None, runs)
         split = await _where_the_time_went(
             connection,
             series_id,
@@ -925,6 +947,7 @@ async def series_points(
         "resolution": resolution,
         "bucket_s": width,
         "baseline_ms": _round(baseline),
+        "noise": noise,
         "points": points,
         "incidents": incidents,
         "split": split,

@@ -130,6 +130,8 @@
       el("p", { class: "muted" }, `${s.provider} · ${s.model} · ${TTFT.when(data.start)} – ${TTFT.when(data.end)} · `,
         `${data.points.length} points (${data.resolution === "sample" ? "raw samples" : data.resolution === "bucket" ? `${data.bucket_s} s buckets of samples` : "hourly rollups"})`,
         data.baseline_ms !== null ? ` · baseline ${ms(data.baseline_ms)} ms` : "",
+        // The detector's noise model beside the baseline: how far this series wanders, and for how long.
+        data.noise ? ` (${data.noise.text.replace(/; equivalent.*$/, "")})` : "",
         TTFT.csvLink(`/api/v1/series/${encodeURIComponent(id)}/points?${new URLSearchParams(windowFor(range))}`)),
       el("div", { class: "controls" }, Object.keys(RANGES).map((r) =>
         el("button", { type: "button", class: r === range ? "active" : null, onclick: () => { params.set("range", r); history.replaceState(null, "", `?${params}`); load(r); } }, r))),

@@ -1,0 +1,397 @@
+"""A per-series noise model: how far a series' residuals wander, and for how long. Pure.
+
+Residuals (a run's log TTFT minus the baseline it was judged against) of a healthy series are not
+independent: load comes and goes, and the baseline itself is an estimate that is off by the same
+amount for hours. A sum of n such residuals then varies g(n) times more than n independent ones would,
+and every rule must ask for g(n) times more evidence (in variance) before it believes a shift.
+
+The model keeps, online and in a few numbers of the stored state, exponentially weighted estimates
+of the per-run variance and of the variance of block means over `BLOCKS` (6 and 36 runs: half an hour
+and three hours at 5-minute runs), from residuals winsorised against the model's own scale. From
+the two ratios g(6) and g(36) it fits "white noise plus an AR(1) process" (share `w` of the
+variance, coefficient `phi`), which gives g(n) for any n, the long-run variance g(inf) and a
+correlation time to say in words.
+
+Bounded against a regression feeding itself: the caller stops updating while evidence builds or an
+incident is open (`core.py`), and each update can raise a variance by at most a factor
+1 + alpha (WINSOR^2 - 1) (alpha: the update's weight; after the first week 1/2016 per run and
+36/2016 per 3-hour block): a 12-hour step that slips past every rule raises g(36) by at most
+(1 + 36/2016 * 5.25)^4 = 1.45x, and g is never above G_MAX.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+BLOCKS = (6, 36)
+# Updates weigh 1/n until n reaches this many runs (a week of 5-minute runs), then stay at 1/HORIZON.
+HORIZON_RUNS = 2016
+# Residuals and block means are clipped at this many of the model's own standard deviations.
+WINSOR = 2.5
+# g (variance of a mean over that of independent runs) is kept within [1, G_MAX].
+G_MAX = 400.0
+# Until a block size has this many blocks, its ratio is shrunk towards PRIOR_RATIOS: a series whose
+# noise is not known yet is assumed to wander somewhat (a little slower on independent noise for its
+# first day or two, instead of false alerts on correlated noise).
+PRIOR_BLOCKS = 4.0
+PRIOR_RATIOS = (1.2, 2.0)
+# Slow runs (residual above the page ratio) in a row that end within this many runs are a burst.
+BURST_RUNS = 6
+# ... and are followed by this many runs in a row under the clearing ratio.
+RECOVERED = 3
+# A burst's length is remembered, fading by this factor per run (half in about 2.4 days).
+BURST_FADE = 0.9997
+# The horizon of `long_run`: 12 hours of 5-minute runs.
+LONG_RUNS = 144
+# Below this many runs, residuals are not clipped (no scale yet).
+MIN_RUNS = 12
+_PHI_MAX = 0.995
+_PHI_COARSE = (*(i / 40.0 for i in range(1, 40)), _PHI_MAX)
+
+
+@dataclass(slots=True)
+class NoiseModel:
+    """Online estimate of one series' residual scale and autocorrelation (see the module's doc)."""
+
+    runs: int = 0
+    mean: float = 0.0  # of the winsorised residuals (log units)
+    var: float = 0.0  # per run
+    sums: list[float] = field(default_factory=lambda: [0.0] * len(BLOCKS))  # the block being filled
+    counts: list[int] = field(default_factory=lambda: [0] * len(BLOCKS))
+    blocks: list[int] = field(default_factory=lambda: [0] * len(BLOCKS))  # completed blocks
+    block_var: list[float] = field(default_factory=lambda: [0.0] * len(BLOCKS))  # of block means x block size
+    share: float = 0.0  # fitted: the AR(1) share of the variance, 0..1
+    phi: float = 0.0  # fitted: its coefficient per run
+    slow: int = 0  # slow runs in the current streak
+    calm: int = 0  # runs in a row back near the baseline since it
+    burst: float = 0.0  # the longest recent burst of slow runs that recovered, fading
+
+    @property
+    def sd(self) -> float:
+        """The per-run standard deviation of the residuals (log units), 0 before any run."""
+        return math.sqrt(self.var)
+
+    def ratio(self, index: int) -> float:
+        """The measured g of BLOCKS[index], shrunk towards 1 while few blocks are in."""
+        prior = PRIOR_RATIOS[index]
+        if self.var <= 0 or self.blocks[index] == 0:
+            return prior
+        measured = min(G_MAX, max(1.0, self.block_var[index] / self.var))
+        blocks = self.blocks[index]
+        return (blocks * measured + PRIOR_BLOCKS * prior) / (blocks + PRIOR_BLOCKS)
+
+    def g(self, n: float) -> float:
+        """How many times more a mean of n consecutive residuals varies than one of n independent ones."""
+        return _variance_ratio_cached(self.share, self.phi, n)
+
+    @property
+    def long_run(self) -> float:
+        """g over LONG_RUNS runs: the long-run variance over the per-run variance, at the horizon over
+        which the CUSUM adds up evidence (a fit's g(inf) extrapolates from 3-hour blocks far too far)."""
+        return self.g(LONG_RUNS)
+
+    def effective_runs(self, n: int) -> float:
+        """How many independent runs `n` consecutive runs are worth."""
+        return n / self.g(n) if n > 0 else 0.0
+
+    def correlation_minutes(self, interval_s: float) -> float:
+        """The e-folding time of an AR(1) with the same long-run variance: "runs correlate for about"."""
+        ratio = self.long_run
+        if ratio <= 1.0 + 1e-9:
+            return 0.0
+        phi = (ratio - 1.0) / (ratio + 1.0)
+        return -interval_s / math.log(phi) / 60.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "runs": self.runs,
+            "mean": self.mean,
+            "var": self.var,
+            "sums": list(self.sums),
+            "counts": list(self.counts),
+            "blocks": list(self.blocks),
+            "block_var": list(self.block_var),
+            "share": self.share,
+            "phi": self.phi,
+            "slow": self.slow,
+            "calm": self.calm,
+            "burst": self.burst,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NoiseModel:
+        def floats(key: str) -> list[float]:
+            values = [float(v) for v in data.get(key, [])]
+            return values if len(values) == len(BLOCKS) else [0.0] * len(BLOCKS)
+
+        def ints(key: str) -> list[int]:
+            values = [int(v) for v in data.get(key, [])]
+            return values if len(values) == len(BLOCKS) else [0] * len(BLOCKS)
+
+        return cls(
+            runs=int(data.get("runs", 0)),
+            mean=float(data.get("mean", 0.0)),
+            var=max(0.0, float(data.get("var", 0.0))),
+            sums=floats("sums"),
+            counts=ints("counts"),
+            blocks=ints("blocks"),
+            block_var=floats("block_var"),
+            share=min(1.0, max(0.0, float(data.get("share", 0.0)))),
+            phi=min(_PHI_MAX, max(0.0, float(data.get("phi", 0.0)))),
+            slow=max(0, int(data.get("slow", 0))),
+            calm=max(0, int(data.get("calm", 0))),
+            burst=max(0.0, float(data.get("burst", 0.0))),
+        )
+
+    def copy(self) -> NoiseModel:
+        return NoiseModel(
+            self.runs,
+            self.mean,
+            self.var,
+            list(self.sums),
+            list(self.counts),
+            list(self.blocks),
+            list(self.block_var),
+            self.share,
+            self.phi,
+            self.slow,
+            self.calm,
+            self.burst,
+        )
+
+
+def _weight(count: int, horizon: float) -> float:
+    return 1.0 / max(1.0, min(float(count), horizon))
+
+
+def update(model: NoiseModel, residual: float) -> None:
+    """Add one residual (log units) to `model`, in place."""
+    model.runs += 1
+    if model.runs == 1:
+        model.mean = residual
+    sd = model.sd
+    if model.runs > MIN_RUNS and sd > 0:
+        residual = min(model.mean + WINSOR * sd, max(model.mean - WINSOR * sd, residual))
+    alpha = _weight(model.runs, HORIZON_RUNS)
+    deviation = residual - model.mean
+    model.mean += alpha * deviation
+    if model.runs > 1:
+        model.var = (1.0 - alpha) * (model.var + alpha * deviation * deviation)
+    refit = False
+    for index, size in enumerate(BLOCKS):
+        model.sums[index] += residual
+        model.counts[index] += 1
+        if model.counts[index] < size:
+            continue
+        block_mean = model.sums[index] / size
+        model.sums[index], model.counts[index] = 0.0, 0
+        model.blocks[index] += 1
+        # Block means vary as g(size) x var / size; clip the deviation at WINSOR of that.
+        spread = math.sqrt(max(model.block_var[index], model.var) / size)
+        deviation = block_mean - model.mean
+        if model.blocks[index] > PRIOR_BLOCKS and spread > 0:
+            deviation = min(WINSOR * spread, max(-WINSOR * spread, deviation))
+        beta = _weight(model.blocks[index], HORIZON_RUNS / size)
+        sample = size * deviation * deviation
+        model.block_var[index] = (
+            sample if model.blocks[index] == 1 else (1 - beta) * model.block_var[index] + beta * sample
+        )
+        # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
+        refit = refit or index == len(BLOCKS) - 1 or model.blocks[-1] == 0
+    if refit:
+        model.share, model.phi = fit(model.ratio(0), model.ratio(1))
+
+
+def observe(model: NoiseModel, *, slow: bool, calm: bool) -> None:
+    """Follow streaks of slow runs (above the page ratio). A streak followed by RECOVERED runs in a row
+    back near the baseline (`calm`: under the clearing ratio) is a burst if it held at most BURST_RUNS
+    slow runs, and pages must outlast the longest recent one. Called on every run, frozen or not: a
+    regression does not recover, and the runs of a step that hover around the page ratio are not calm,
+    so neither counts as a burst."""
+    model.burst *= BURST_FADE
+    if slow:
+        model.slow += 1
+        model.calm = 0
+        return
+    if not model.slow:
+        return
+    model.calm = model.calm + 1 if calm else 0
+    if model.calm >= RECOVERED:
+        if model.slow <= BURST_RUNS:
+            model.burst = max(model.burst, float(model.slow))
+        model.slow = model.calm = 0
+
+
+def page_confirmations(model: NoiseModel, configured: int, *, window: int, most_extra: int = 2) -> int:
+    """Confirmations a page needs on this series. A burst of L slow runs moves the median of a `window`-run
+    window for L + window - 2m + 1 runs (m = window // 2 + 1 runs make its median), so pages need one more
+    than that for the longest recent burst: at least the configured number, at most `most_extra` above
+    it (so a doubling still pages within 30 minutes at 5-minute runs)."""
+    needed = window // 2 + 1
+    if model.burst < needed:
+        return configured
+    moved = round(model.burst) + window - 2 * needed + 1
+    return max(configured, min(configured + most_extra, moved + 1))
+
+
+def estimate(residuals: Iterable[float]) -> NoiseModel:
+    """A model of these residuals (in time order), as if fed one by one."""
+    model = NoiseModel()
+    for residual in residuals:
+        update(model, residual)
+    return model
+
+
+def ar_ratio(phi: float, n: float) -> float:
+    """g(n) of an AR(1) process with coefficient phi."""
+    if phi <= 0.0:
+        return 1.0
+    limit = (1.0 + phi) / (1.0 - phi)
+    if math.isinf(n):
+        return limit
+    return limit - 2.0 * phi * (1.0 - float(phi**n)) / (n * (1.0 - phi) ** 2)
+
+
+def variance_ratio(share: float, phi: float, n: float) -> float:
+    """g(n) of white noise plus an AR(1) process holding `share` of the variance."""
+    if n <= 1:
+        return 1.0
+    return min(G_MAX, 1.0 - share + share * ar_ratio(phi, n))
+
+
+@functools.lru_cache(maxsize=1024)
+def _variance_ratio_cached(share: float, phi: float, n: float) -> float:
+    # The detector asks for the same few windows (5, 24, 144, the reference's runs) after every run, and
+    # the fit changes every 36 runs: a pure function's cache, not state.
+    return variance_ratio(share, phi, n)
+
+
+def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
+    """(share, phi) of white noise plus AR(1) whose g(BLOCKS[0]) and g(BLOCKS[1]) are closest (in log) to
+    the measured ones; (0, 0) when the long blocks vary no more than independent runs would. A coarse
+    grid of phi, then a fine one around its best point."""
+    if ratio_long <= 1.0:
+        return 0.0, 0.0
+    short, long_ = BLOCKS
+    log_short, log_long = math.log(ratio_short), math.log(ratio_long)
+
+    def error(phi: float) -> tuple[float, float, float]:
+        share = min(1.0, (ratio_long - 1.0) / (ar_ratio(phi, long_) - 1.0))
+        miss = (math.log(variance_ratio(share, phi, short)) - log_short) ** 2 + (
+            math.log(variance_ratio(share, phi, long_)) - log_long
+        ) ** 2
+        return miss, share, phi
+
+    coarse = min(error(phi) for phi in _PHI_COARSE)
+    centre = coarse[2]
+    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
+    best = min([coarse, *(error(phi) for phi in fine)])
+    return best[1], best[2]
+
+
+def describe(model: NoiseModel, *, interval_s: float, runs: int) -> str:
+    """In words, for notices: "noise: sd 0.21, runs correlate for about 45 min; equivalent to 4 independent runs"."""
+    minutes = model.correlation_minutes(interval_s)
+    correlate = f"runs correlate for about {minutes:.0f} min" if minutes >= 1 else "runs look independent"
+    equivalent = model.effective_runs(runs)
+    shown = f"{equivalent:.0f}" if equivalent >= 1.5 else f"{equivalent:.1f}"
+    return f"noise: sd {model.sd:.2f}, {correlate}; equivalent to {shown} independent runs"
+
+
+# The CUSUM's false-alert rate comes out this many times above Siegmund's approximation for a known
+# reference: the reference (a slot's seasonal baseline and a day's level) is itself estimated, and
+# shared by neighbouring runs. Measured with bench/detector.py on independent noise (docs/detection.md).
+REFERENCE_PENALTY = 3.4
+# The CUSUM's threshold is never below this many clipped runs' worth: a burst of half an hour of slow runs,
+# however slow, cannot open a ticket alone (the Gaussian theory does not know about bursts).
+MIN_SPIKES = 6
+# The share of `false_alerts_per_week` the CUSUM may spend; the window rules and pages spend the rest.
+CUSUM_SHARE = 0.5
+WEEK_S = 7 * 86400.0
+
+
+def siegmund_arl(drift: float, threshold: float) -> float:
+    """Runs to an alarm of a one-sided CUSUM (reset at 0) of unit-variance Gaussian increments with
+    mean `drift` (negative on healthy data: the value's mean minus the allowance) and threshold h
+    (Siegmund's approximation, h corrected by 1.166)."""
+    h = threshold + 1.166
+    if abs(drift) < 1e-9:
+        return h * h
+    a = -2.0 * drift * h
+    if a > 700:
+        return math.inf
+    return (math.exp(a) - a - 1.0) / (2.0 * drift * drift)
+
+
+# Gauss-Hermite nodes and weights for the mean over a standard normal (probabilists' form, 7 points).
+_NODES = (
+    -3.750439717725742,
+    -2.366759410734541,
+    -1.154405394739968,
+    0.0,
+    1.154405394739968,
+    2.366759410734541,
+    3.750439717725742,
+)
+_WEIGHTS = (
+    0.000548268855972,
+    0.030757123967586,
+    0.240123178605013,
+    0.457142857142857,
+    0.240123178605013,
+    0.030757123967586,
+    0.000548268855972,
+)
+
+
+def false_alarms_per_run(allowance: float, threshold: float, offset_sd: float) -> float:
+    """The alarm rate of that CUSUM when the reference it measures from is off by a normal amount with sd
+    `offset_sd` (same units), fixed while the sum runs: averaged over the reference's error."""
+    if offset_sd <= 0:
+        return 1.0 / siegmund_arl(-allowance, threshold)
+    return sum(w / siegmund_arl(offset_sd * x - allowance, threshold) for x, w in zip(_NODES, _WEIGHTS, strict=True))
+
+
+def cusum_threshold(
+    *,
+    false_alerts_per_week: float,
+    allowance: float,
+    long_run: float,
+    interval_s: float,
+    reference_variance: float = 0.0,
+) -> float:
+    """The CUSUM threshold, in the detector's units (sums of values / g, g = `long_run`), that raises
+    CUSUM_SHARE of `false_alerts_per_week` on a healthy series of this noise and run interval.
+
+    In long-run sigmas the values have allowance k / sqrt(g) and unit variance, and the sum is a
+    Brownian motion with drift; its threshold h_L there is h_L / sqrt(g) in the detector's units.
+    `reference_variance` (per-run sigmas^2) is how uncertain the level and seasonal baseline the values
+    are measured from are: a reference that is too low by e makes the sum drift down by k - e instead of
+    k, and the rate is averaged over that error."""
+    runs_per_week = WEEK_S / max(interval_s, 1.0)
+    target = CUSUM_SHARE * false_alerts_per_week / runs_per_week / REFERENCE_PENALTY
+    scale = math.sqrt(max(long_run, 1.0))
+    k = allowance / scale
+    offset = math.sqrt(max(reference_variance, 0.0)) / scale
+    low, high = 0.0, 1.0
+    while false_alarms_per_run(k, high, offset) > target and high < 1e6:
+        high *= 2.0
+    for _ in range(24):
+        middle = (low + high) / 2.0
+        if false_alarms_per_run(k, middle, offset) > target:
+            low = middle
+        else:
+            high = middle
+    return high / scale
+
+
+def lorden_delay_runs(*, shift: float, long_run_variance: float, arl_runs: float) -> float:
+    """The smallest worst-case mean delay (runs) any detector can reach for a shift of `shift` (log units)
+    in noise of this long-run variance (log units^2 per run) at this many runs between false alarms:
+    log(ARL) / I, with I = shift^2 / (2 x long-run variance) the information per run (Lorden 1971,
+    asymptotically as ARL grows)."""
+    return math.log(arl_runs) * 2.0 * long_run_variance / (shift * shift)
