@@ -206,3 +206,41 @@ async def test_a_tick_of_the_new_clock_between_the_step_and_its_check_runs_inste
         assert rearmed is not None and abs(rearmed.timestamp() - (wall - 120 + 0.5)) < 0.01, rearmed
     finally:
         scheduler.shutdown()
+
+
+async def test_a_forward_step_first_seen_by_a_tick_does_not_arm_that_tick_again():
+    """The wall clock steps forward (back from two minutes behind) just before a tick, and the loop's
+    timer fires that tick before the half-second check saw the step: the tick is accounted on the new
+    clock and re-arming must not hand the same tick out again (it ran twice, or was counted as
+    skipped because its first run was still going)."""
+    # A fake wall clock against the real monotonic one: two minutes behind until `offset` is cleared.
+    offset = [-120.0]
+    metrics = Metrics()
+    started: list[datetime] = []
+
+    async def slow(_job: Job, tick: datetime) -> None:
+        started.append(tick)
+        await asyncio.sleep(0.3)
+
+    scheduler = JobScheduler(
+        slow, metrics=metrics, clock=ClockWatch(read=lambda: (time.time() + offset[0], time.monotonic()))
+    )
+    scheduler.set_jobs([job("* * * * * *")])  # every second
+    scheduler.start()
+    try:
+        for _ in range(2):
+            await eventually(lambda: len(started) >= 1, 5)
+            # 0.3 s before a second boundary: a last check on the old clock, then the step.
+            await asyncio.sleep(1.7 - time.time() % 1)
+            assert scheduler.check_clock() is None
+            offset[0] = 0.0 if offset[0] else -120.0  # forward, then back again
+            await asyncio.sleep(0.8)  # past the boundary, whose tick sees the step first
+        await asyncio.sleep(0.5)
+        assert len(started) == len(set(started)), started  # no tick handed out twice
+        assert missed(metrics, "alpha", "still_running") == 0
+        assert missed(metrics, "alpha", "coalesced") == 0
+        assert metrics.registry.get_sample_value("ttft_monitor_clock_steps_total", {"direction": "forward"}) == 1
+    finally:
+        scheduler.pause()
+        await eventually(lambda: not scheduler.tasks, 5)
+        scheduler.shutdown()
