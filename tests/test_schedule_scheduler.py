@@ -244,3 +244,28 @@ async def test_a_forward_step_first_seen_by_a_tick_does_not_arm_that_tick_again(
         scheduler.pause()
         await eventually(lambda: not scheduler.tasks, 5)
         scheduler.shutdown()
+
+
+async def test_a_tick_whose_start_came_after_a_forward_step_runs_instead_of_being_counted_missed():
+    """APScheduler reads the wall clock again when the run starts: a step forward between the
+    submission and the start made an on-time tick look minutes late, and it was dropped as misfired."""
+    offset = [0.0]
+    metrics = Metrics()
+    scheduler = JobScheduler(
+        nothing, metrics=metrics, clock=ClockWatch(read=lambda: (time.time() + offset[0], time.monotonic()))
+    )
+    scheduler.set_jobs([job("* * * * * *")])
+    scheduler.start()
+    try:
+        tick = datetime.fromtimestamp(int(time.time()), UTC)
+        scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", [tick]))
+        offset[0] = 120.0  # the step, before the run started
+        scheduler._on_event(JobExecutionEvent(EVENT_JOB_MISSED, "alpha", "default", tick))
+        assert missed(metrics, "alpha", "misfired") == 0
+        assert scheduler.next_run_times()["alpha"] == tick + timedelta(seconds=120)  # the same moment, new clock
+        # Without a step in between, a late start is still a misfire.
+        scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", [tick]))
+        scheduler._on_event(JobExecutionEvent(EVENT_JOB_MISSED, "alpha", "default", tick))
+        assert missed(metrics, "alpha", "misfired") == 1
+    finally:
+        scheduler.shutdown()

@@ -108,6 +108,10 @@ class JobScheduler:
         self._intended: dict[str, datetime] = {}
         # Per job, the last nominal tick the scheduler accounted for (started, skipped or missed).
         self._accounted: dict[str, datetime] = {}
+        # The wall-clock steps seen so far, summed, and its value when each job's tick was submitted:
+        # a step between the submission and the run's start makes the run look late (or early).
+        self._stepped_s = 0.0
+        self._stepped_at_submission: dict[str, float] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._log = structlog.get_logger()
 
@@ -130,6 +134,7 @@ class JobScheduler:
             if name not in wanted:
                 self._scheduler.remove_job(name)
                 self._accounted.pop(name, None)
+                self._stepped_at_submission.pop(name, None)
         for job in jobs:
             old = self._jobs.get(job.name)
             if old is not None and _timing(old) == _timing(job):
@@ -167,6 +172,7 @@ class JobScheduler:
         if stepped is None:
             return None
         step, wall, since_wall = stepped
+        self._stepped_s += step
         now = datetime.fromtimestamp(wall, UTC)
         # From the last check's moment on the new clock, not from now: a tick of the new clock that fell
         # between the step and this check (up to half a second) is due at once, not skipped unseen.
@@ -259,11 +265,32 @@ class JobScheduler:
                 reason="the process or its event loop was held up past these ticks; they ran once, late",
             )
 
+    def _rearm_stepped_miss(self, job_id: str, run_time: datetime) -> bool:
+        """A tick that looked missed only because the wall clock stepped forward between its
+        submission and its start (APScheduler reads the clock again there) runs now; True if so."""
+        self.check_clock()
+        moved = self._stepped_s - self._stepped_at_submission.get(job_id, self._stepped_s)
+        scheduled, job = self._scheduler.get_job(job_id), self._jobs.get(job_id)
+        if not moved or scheduled is None or job is None:
+            return False
+        # The same moment on the new clock, onto the schedule (a step is measured to a few microseconds).
+        moment = nominal_fire_time(job, run_time) + timedelta(seconds=moved)
+        tick = build_trigger(job.schedule, job.timezone, 0).get_next_fire_time(None, moment - timedelta(milliseconds=1))
+        if tick is None or abs(self._clock.wall - tick.timestamp()) > MISFIRE_GRACE_S:
+            return False
+        if scheduled.next_run_time is None or tick < scheduled.next_run_time:
+            self._scheduler.modify_job(job_id, next_run_time=tick)
+        self._log.info("job_run_rearmed_after_clock_step", job=job_id, scheduled=tick.isoformat())
+        return True
+
     def _on_event(self, event: JobEvent) -> None:
         if isinstance(event, JobSubmissionEvent) and event.code == EVENT_JOB_SUBMITTED:
             run_time = max(event.scheduled_run_times)
             self._intended[event.job_id] = run_time
             self._account(event.job_id, run_time)
+            self._stepped_at_submission[event.job_id] = self._stepped_s
+        elif event.code == EVENT_JOB_MISSED and self._rearm_stepped_miss(event.job_id, event.scheduled_run_time):
+            return
         elif event.code == EVENT_JOB_MISSED:
             # Its submission accounted for the ticks before it; this one is the misfire itself.
             self._count_miss(event.job_id, "misfired")
