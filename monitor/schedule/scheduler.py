@@ -76,7 +76,7 @@ def ticks_between(
     return count, first
 
 
-class _SteppedScheduler(AsyncIOScheduler):
+class _SteppedScheduler(AsyncIOScheduler):  # type: ignore[misc]  # APScheduler 3 ships no types: Any
     """Looks at the clocks each time it wakes, before it reads the wall clock to find the due ticks.
 
     Its timer runs on the monotonic clock, so it can wake right after a step that the half-second
