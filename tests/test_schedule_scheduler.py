@@ -206,3 +206,66 @@ async def test_a_tick_of_the_new_clock_between_the_step_and_its_check_runs_inste
         assert rearmed is not None and abs(rearmed.timestamp() - (wall - 120 + 0.5)) < 0.01, rearmed
     finally:
         scheduler.shutdown()
+
+
+async def test_a_forward_step_first_seen_by_a_tick_does_not_arm_that_tick_again():
+    """The wall clock steps forward (back from two minutes behind) just before a tick, and the loop's
+    timer fires that tick before the half-second check saw the step: the tick is accounted on the new
+    clock and re-arming must not hand the same tick out again (it ran twice, or was counted as
+    skipped because its first run was still going)."""
+    # A fake wall clock against the real monotonic one: two minutes behind until `offset` is cleared.
+    offset = [-120.0]
+    metrics = Metrics()
+    started: list[datetime] = []
+
+    async def slow(_job: Job, tick: datetime) -> None:
+        started.append(tick)
+        await asyncio.sleep(0.3)
+
+    scheduler = JobScheduler(
+        slow, metrics=metrics, clock=ClockWatch(read=lambda: (time.time() + offset[0], time.monotonic()))
+    )
+    scheduler.set_jobs([job("* * * * * *")])  # every second
+    scheduler.start()
+    try:
+        for _ in range(2):
+            await eventually(lambda: len(started) >= 1, 5)
+            # 0.3 s before a second boundary: a last check on the old clock, then the step.
+            await asyncio.sleep(1.7 - time.time() % 1)
+            assert scheduler.check_clock() is None
+            offset[0] = 0.0 if offset[0] else -120.0  # forward, then back again
+            await asyncio.sleep(0.8)  # past the boundary, whose tick sees the step first
+        await asyncio.sleep(0.5)
+        assert len(started) == len(set(started)), started  # no tick handed out twice
+        assert missed(metrics, "alpha", "still_running") == 0
+        assert missed(metrics, "alpha", "coalesced") == 0
+        assert metrics.registry.get_sample_value("ttft_monitor_clock_steps_total", {"direction": "forward"}) == 1
+    finally:
+        scheduler.pause()
+        await eventually(lambda: not scheduler.tasks, 5)
+        scheduler.shutdown()
+
+
+async def test_a_tick_whose_start_came_after_a_forward_step_runs_instead_of_being_counted_missed():
+    """APScheduler reads the wall clock again when the run starts: a step forward between the
+    submission and the start made an on-time tick look minutes late, and it was dropped as misfired."""
+    offset = [0.0]
+    metrics = Metrics()
+    scheduler = JobScheduler(
+        nothing, metrics=metrics, clock=ClockWatch(read=lambda: (time.time() + offset[0], time.monotonic()))
+    )
+    scheduler.set_jobs([job("* * * * * *")])
+    scheduler.start()
+    try:
+        tick = datetime.fromtimestamp(int(time.time()), UTC)
+        scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", [tick]))
+        offset[0] = 120.0  # the step, before the run started
+        scheduler._on_event(JobExecutionEvent(EVENT_JOB_MISSED, "alpha", "default", tick))
+        assert missed(metrics, "alpha", "misfired") == 0
+        assert scheduler.next_run_times()["alpha"] == tick + timedelta(seconds=120)  # the same moment, new clock
+        # Without a step in between, a late start is still a misfire.
+        scheduler._on_event(JobSubmissionEvent(EVENT_JOB_SUBMITTED, "alpha", "default", [tick]))
+        scheduler._on_event(JobExecutionEvent(EVENT_JOB_MISSED, "alpha", "default", tick))
+        assert missed(metrics, "alpha", "misfired") == 1
+    finally:
+        scheduler.shutdown()

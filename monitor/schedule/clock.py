@@ -35,6 +35,11 @@ class ClockWatch:
         self._threshold_s = threshold_s
         self._last = read()
 
+    @property
+    def wall(self) -> float:
+        """The wall time of the last check."""
+        return self._last[0]
+
     def check(self) -> tuple[float, float, float] | None:
         """(the step in seconds, the wall time now, the new wall time of the last check) when the wall
         clock stepped since the last check. The step happened somewhere between the two checks, so the

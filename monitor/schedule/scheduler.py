@@ -26,6 +26,7 @@ from apscheduler.events import (
     JobSubmissionEvent,
 )
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
+from apscheduler.schedulers.base import STATE_PAUSED
 from apscheduler.triggers.cron import CronTrigger
 
 from monitor.config.cron import build_trigger
@@ -75,12 +76,31 @@ def ticks_between(
     return count, first
 
 
+class _SteppedScheduler(AsyncIOScheduler):  # type: ignore[misc]  # APScheduler 3 ships no types: Any
+    """Looks at the clocks each time it wakes, before it reads the wall clock to find the due ticks.
+
+    Its timer runs on the monotonic clock, so it can wake right after a step that the half-second
+    check has not seen yet. Re-arming after the due ticks were handed out gave out the tick just
+    submitted a second time (run twice, or counted as skipped because its first run still went).
+    """
+
+    def __init__(self, before_wakeup: Callable[[], object], **options: object) -> None:
+        super().__init__(**options)
+        self._before_wakeup = before_wakeup
+
+    def _process_jobs(self) -> float | None:
+        if self.state != STATE_PAUSED:
+            self._before_wakeup()
+        wait: float | None = super()._process_jobs()
+        return wait
+
+
 class JobScheduler:
     def __init__(self, run_job: RunJob, *, metrics: Metrics | None = None, clock: ClockWatch | None = None) -> None:
         self._run_job = run_job
         self._metrics = metrics
         self._clock = clock or ClockWatch()
-        self._scheduler = AsyncIOScheduler(job_defaults={"misfire_grace_time": MISFIRE_GRACE_S})
+        self._scheduler = _SteppedScheduler(self.check_clock, job_defaults={"misfire_grace_time": MISFIRE_GRACE_S})
         # Its skip and misfire warnings are ours to log (with the job and a reason) and to count.
         logging.getLogger("apscheduler").setLevel(logging.ERROR)
         self._scheduler.add_listener(self._on_event, EVENT_JOB_SUBMITTED | EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
@@ -88,6 +108,10 @@ class JobScheduler:
         self._intended: dict[str, datetime] = {}
         # Per job, the last nominal tick the scheduler accounted for (started, skipped or missed).
         self._accounted: dict[str, datetime] = {}
+        # The wall-clock steps seen so far, summed, and its value when each job's tick was submitted:
+        # a step between the submission and the run's start makes the run look late (or early).
+        self._stepped_s = 0.0
+        self._stepped_at_submission: dict[str, float] = {}
         self.tasks: set[asyncio.Task[None]] = set()
         self._log = structlog.get_logger()
 
@@ -110,6 +134,7 @@ class JobScheduler:
             if name not in wanted:
                 self._scheduler.remove_job(name)
                 self._accounted.pop(name, None)
+                self._stepped_at_submission.pop(name, None)
         for job in jobs:
             old = self._jobs.get(job.name)
             if old is not None and _timing(old) == _timing(job):
@@ -133,19 +158,21 @@ class JobScheduler:
             )
         self._jobs = wanted
 
-    def check_clock(self) -> float | None:
+    def check_clock(self, *, ran: tuple[str, datetime] | None = None) -> float | None:
         """Re-arm the schedule when the wall clock stepped since the last check; the step, or None.
 
         Called every half second from the probes' loop and before each tick is accounted for. Each
         job's next tick is computed again from the new wall time (back: the old one lay ahead by
         the step, and nothing probed until then; forward: the ticks stepped over are not counted
         as folded, they never came), and the last-run times exported are moved by the step, so
-        none lies in the future and none looks fresher than it is.
+        none lies in the future and none looks fresher than it is. `ran` is the job and run time
+        being accounted for when the check comes from a submission: that tick is not armed again.
         """
         stepped = self._clock.check()
         if stepped is None:
             return None
         step, wall, since_wall = stepped
+        self._stepped_s += step
         now = datetime.fromtimestamp(wall, UTC)
         # From the last check's moment on the new clock, not from now: a tick of the new clock that fell
         # between the step and this check (up to half a second) is due at once, not skipped unseen.
@@ -153,8 +180,13 @@ class JobScheduler:
         self._accounted.clear()
         for scheduled in self._scheduler.get_jobs():
             if scheduled.next_run_time is not None:
+                start = since
+                # A run time after now was read on the old clock (a step back between the two reads),
+                # and `since` already lies past it on the new one.
+                if ran is not None and ran[0] == scheduled.id and since <= ran[1] <= now:
+                    start = ran[1] + timedelta(microseconds=1)
                 self._scheduler.modify_job(
-                    scheduled.id, next_run_time=scheduled.trigger.get_next_fire_time(None, since)
+                    scheduled.id, next_run_time=scheduled.trigger.get_next_fire_time(None, start)
                 )
         direction = "forward" if step > 0 else "backward"
         if self._metrics is not None:
@@ -213,7 +245,9 @@ class JobScheduler:
         job = self._jobs.get(job_id)
         if job is None:
             return
-        self.check_clock()  # a forward step is not a stall: its ticks never came
+        # Seen at each wake-up already; this catches a step between that check and the scheduler's
+        # reading of the clock. A forward step is not a stall: its ticks never came.
+        self.check_clock(ran=(job_id, run_time))
         tick = nominal_fire_time(job, run_time)
         previous = self._accounted.get(job_id)
         self._accounted[job_id] = tick
@@ -231,11 +265,32 @@ class JobScheduler:
                 reason="the process or its event loop was held up past these ticks; they ran once, late",
             )
 
+    def _rearm_stepped_miss(self, job_id: str, run_time: datetime) -> bool:
+        """A tick that looked missed only because the wall clock stepped forward between its
+        submission and its start (APScheduler reads the clock again there) runs now; True if so."""
+        self.check_clock()
+        moved = self._stepped_s - self._stepped_at_submission.get(job_id, self._stepped_s)
+        scheduled, job = self._scheduler.get_job(job_id), self._jobs.get(job_id)
+        if not moved or scheduled is None or job is None:
+            return False
+        # The same moment on the new clock, onto the schedule (a step is measured to a few microseconds).
+        moment = nominal_fire_time(job, run_time) + timedelta(seconds=moved)
+        tick = build_trigger(job.schedule, job.timezone, 0).get_next_fire_time(None, moment - timedelta(milliseconds=1))
+        if tick is None or abs(self._clock.wall - tick.timestamp()) > MISFIRE_GRACE_S:
+            return False
+        if scheduled.next_run_time is None or tick < scheduled.next_run_time:
+            self._scheduler.modify_job(job_id, next_run_time=tick)
+        self._log.info("job_run_rearmed_after_clock_step", job=job_id, scheduled=tick.isoformat())
+        return True
+
     def _on_event(self, event: JobEvent) -> None:
         if isinstance(event, JobSubmissionEvent) and event.code == EVENT_JOB_SUBMITTED:
             run_time = max(event.scheduled_run_times)
             self._intended[event.job_id] = run_time
             self._account(event.job_id, run_time)
+            self._stepped_at_submission[event.job_id] = self._stepped_s
+        elif event.code == EVENT_JOB_MISSED and self._rearm_stepped_miss(event.job_id, event.scheduled_run_time):
+            return
         elif event.code == EVENT_JOB_MISSED:
             # Its submission accounted for the ticks before it; this one is the misfire itself.
             self._count_miss(event.job_id, "misfired")
