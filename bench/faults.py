@@ -160,6 +160,16 @@ class Daemon:
     def events(self, name: str) -> int:
         return self.event_names().count(name)
 
+    def last_event(self, name: str) -> dict[str, object]:
+        """The latest log line of event `name`, parsed (empty when there is none)."""
+        last: dict[str, object] = {}
+        for line in self.log.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError, AttributeError):
+                event = json.loads(line)
+                if event.get("event") == name:
+                    last = event
+        return last
+
     def stop(self, sig: int = signal.SIGTERM) -> float:
         started = time.monotonic()
         if self.process.poll() is None:
@@ -438,10 +448,16 @@ class Bench:
         while daemon.events("job_finished") < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         first_runs = daemon.events("job_finished")
-        # Ticks due are counted by the monotonic clock from the first run's tick (the last boundary of the
-        # schedule, found while the wall clock is still true), so a wall-clock step cannot change how many
-        # the schedule owed; the daemon is stopped half a tick after a boundary, so none is ambiguous.
-        anchor = time.monotonic() - time.time() % TICK_S
+        # Ticks due are counted by the monotonic clock from the last finished run's own tick (its start
+        # minus its lag, snapped to the schedule, found while the wall clock is still true), so a
+        # wall-clock step cannot change how many the schedule owed, and a slow first run (a cold start
+        # longer than a tick) does not make the tick it overran look probed; the daemon is stopped half
+        # a tick after a boundary, so none is ambiguous.
+        finished = daemon.last_event("job_finished")
+        took_s = float(finished.get("duration_s", 0.0)) + float(finished.get("lag_ms", 0.0)) / 1000  # type: ignore[arg-type]
+        now_wall, now_mono = time.time(), time.monotonic()
+        tick_wall = round((now_wall - took_s) / TICK_S) * TICK_S
+        anchor = now_mono - (now_wall - tick_wall)
         note = fault(daemon, config)
         time.sleep(2 * TICK_S)
         self._drained([daemon])()
