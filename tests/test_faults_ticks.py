@@ -179,6 +179,9 @@ def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future
         before = finished()
         time.sleep(4)
         after_back = finished() - before
+        coalesced_before = metric(
+            daemon, "ttft_monitor_scheduler_missed_runs_total", probe_job="tick", reason="coalesced"
+        )
         offset.write_text("+3600\n")  # an hour forward ...
         time.sleep(3)
         before = finished()
@@ -194,9 +197,13 @@ def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future
     log = daemon.log_path.read_text()[-3000:]
     assert after_back >= 3, log  # probing went on (0 before: nothing for two minutes)
     assert ahead_after_back <= 0, ahead_after_back  # moved back with the clock, not left in its future
-    assert after_correction >= 2, log
+    # Probing goes on after the hour back (0 before: nothing for an hour). At least one run in 3 s: a
+    # loaded machine's runs may take longer than this every-second schedule.
+    assert after_correction >= 1, log
     assert future <= 0, (future, log)  # was an hour ahead, the staleness alert blind for that hour
     assert steps == {"forward": 1, "backward": 2}, (steps, log)
     sizes = sorted(round(e["step_s"]) for e in daemon.events("clock_step"))
     assert sizes == [-3600, -120, 3720], sizes
-    assert coalesced == 0, log  # the hour stepped over is a step, not a stall
+    # The hour stepped over is a step, not a stall: before, its 3,600 ticks were counted coalesced. A
+    # loaded machine may fold a tick or two of its own meanwhile.
+    assert coalesced - coalesced_before <= 2, log
