@@ -61,6 +61,14 @@ TICK_S = 2
 SKIP_EVENTS = ("job_run_skipped", "job_run_missed", "job_runs_coalesced")
 
 
+def set_fake_offset(path: Path, offset: str) -> None:
+    """Write libfaketime's offset file in one step: it is read at every clock call
+    (FAKETIME_NO_CACHE), and a reader between a truncate and a write sees no offset, a step of its own."""
+    staged = path.with_suffix(".new")
+    staged.write_text(offset)
+    os.replace(staged, path)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -498,7 +506,7 @@ class Bench:
                 "clock-step", 0, 0, 0, 0, note="skipped: libfaketime not installed (apt-get install faketime)"
             )
         offset = folder / "faketime"
-        offset.write_text("+0\n")
+        set_fake_offset(offset, "+0\n")
         env = {
             "LD_PRELOAD": LIBFAKETIME,
             "FAKETIME_TIMESTAMP_FILE": str(offset),
@@ -507,13 +515,13 @@ class Bench:
         }
 
         def fault(daemon: Daemon, config: Path) -> str:
-            offset.write_text("-120\n")
+            set_fake_offset(offset, "-120\n")
             time.sleep(self.seconds)
-            offset.write_text("+0\n")
+            set_fake_offset(offset, "+0\n")
             time.sleep(2 * TICK_S)
-            offset.write_text("+3600\n")
+            set_fake_offset(offset, "+3600\n")
             time.sleep(2 * TICK_S)
-            offset.write_text("+0\n")
+            set_fake_offset(offset, "+0\n")
             time.sleep(1)
             steps = sum(
                 float(line.rsplit(" ", 1)[1])
