@@ -96,9 +96,11 @@ async def test_detection_past_its_budget_is_skipped_loudly_and_the_run_is_still_
     assert upgraded.code == 0, str(upgraded)
     config = load_config(str(path))
     detected: list[str] = []
+    budgets: list[float | None] = []
     detection_s = {"slow": 0.0}
 
-    async def detection(job: str, batch: Batch) -> None:
+    async def detection(job: str, batch: Batch, *, budget_s: float | None = None) -> None:
+        budgets.append(budget_s)
         await asyncio.sleep(detection_s["slow"])
         detected.append(job)
 
@@ -122,6 +124,9 @@ async def test_detection_past_its_budget_is_skipped_loudly_and_the_run_is_still_
         await background.close(5)
     assert detected == ["slow"]
     assert settled_after < 5, settled_after
-    skipped = [e for e in logs if e["event"] == "detection_skipped"]
-    assert len(skipped) == 1 and skipped[0]["error"] == "TimeoutError" and skipped[0]["job"] == "slow", logs
+    assert budgets == [0.5, 0.5]  # the detector is told its budget (it stops itself there)
+    # The hard stop behind it: the budget and as much again to notify, at most.
+    stopped = [e for e in logs if e["event"] == "detection_stopped"]
+    assert len(stopped) == 1 and stopped[0]["error"] == "TimeoutError" and stopped[0]["job"] == "slow", logs
+    assert stopped[0]["batch_runs"] == 1 and stopped[0]["budget_s"] == 0.5, stopped
     assert len(stored_samples(tmp_path)) == 2  # both runs' samples, the undetected one too

@@ -4,9 +4,10 @@ and write the new state, the incidents and their notifications in one transactio
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -126,8 +127,10 @@ class DetectionService:
         *,
         outbox: Outbox | None,
         metrics: Metrics | None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._engine = engine
+        self._clock = clock  # for the batch's budget
         self._repository = repository
         self._outbox = outbox
         self._metrics = metrics
@@ -152,13 +155,24 @@ class DetectionService:
             detector = self._detectors[target] = Detector(self._config.detection.rules(), slo_ms=slo)
         return detector
 
-    async def after_store(self, job: str, batch: Sequence[tuple[RunRecord, Sequence[Sample]]]) -> None:
-        """Evaluate every run of the batch. Never raises: detection trouble must not stop probing."""
+    async def after_store(
+        self, job: str, batch: Sequence[tuple[RunRecord, Sequence[Sample]]], *, budget_s: float | None = None
+    ) -> None:
+        """Evaluate the batch's runs, then notify the groups they changed. Never raises: detection
+        trouble must not stop probing. `budget_s`: how long evaluating may take; the runs left when it
+        is spent (at least one is evaluated) are stored and not evaluated, counted and logged, and the
+        groups the evaluated ones opened are notified all the same (before, a cut batch notified none)."""
         interval = job_interval(self._config, job) if job != "adhoc" else timedelta(minutes=5)
+        deadline = None if budget_s is None else self._clock() + budget_s
         groups: set[uuid.UUID] = set()
-        for run, samples in batch:
+        evaluated = 0
+        for index, (run, samples) in enumerate(batch):
+            if deadline is not None and evaluated and self._clock() > deadline:
+                self._skipped(job, runs=len(batch) - index, evaluated=evaluated, budget_s=budget_s)
+                break
             if not self._evidence(job, run, samples):
                 continue
+            evaluated += 1
             try:
                 await self._evaluate(job, run, samples, interval, groups)
             except Exception as exc:
@@ -186,6 +200,19 @@ class DetectionService:
                 await self._sync_group(job, group_id, at)
             except Exception as exc:
                 self._log.warning("group_notify_failed", job=job, error=error_text(exc))
+
+    def _skipped(self, job: str, *, runs: int, evaluated: int, budget_s: float | None) -> None:
+        self._log.warning(
+            "detection_skipped",
+            job=job,
+            runs=runs,
+            evaluated=evaluated,
+            budget_s=budget_s,
+            reason="the batch's detection budget was spent: these runs are stored and not evaluated; the "
+            "groups the evaluated ones changed are notified, and each series' next run is evaluated",
+        )
+        if self._metrics is not None:
+            self._metrics.detection_skipped_runs.labels(job).inc(runs)
 
     def _evidence(self, job: str, run: RunRecord, samples: Sequence[Sample]) -> bool:
         """Whether the run is evaluated; says so when disturbed samples were left out of it (the run's

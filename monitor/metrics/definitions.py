@@ -206,6 +206,13 @@ class Metrics:
             ("probe_job", "reason"),
             registry=r,
         )
+        self.detection_skipped_runs = Counter(
+            "ttft_monitor_detection_skipped_runs_total",
+            "Stored runs the detector did not evaluate because their batch's detection budget was spent "
+            "(a job of thousands of series on a slow database); each series' next run is evaluated.",
+            ("probe_job",),
+            registry=r,
+        )
         self.clock_steps = Counter(
             "ttft_monitor_clock_steps_total",
             "Steps of the wall clock against the monotonic clock (2 s or more), by direction; the schedule "

@@ -30,7 +30,12 @@ from monitor.probe.server_metrics import (
     scrape,
     server_metrics,
 )
-from monitor.schedule.background import AFTERCARE_TIMEOUT_S, AfterStore
+from monitor.schedule.background import (
+    AFTERCARE_TIMEOUT_S,
+    AfterStore,
+    aftercare_deadline_s,
+    detection_budget_s,
+)
 
 if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
@@ -340,11 +345,12 @@ async def _store(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, st
     if ctx.repository is not None:
         await _save_calibration(ctx, outcome, log)
     if ctx.after_store is not None and str(saved) == "stored":
+        budget_s = detection_budget_s(len(batch), AFTERCARE_TIMEOUT_S)
         try:
-            async with asyncio.timeout(AFTERCARE_TIMEOUT_S):
-                await ctx.after_store(outcome.job, batch)
+            async with asyncio.timeout(aftercare_deadline_s(budget_s)):
+                await ctx.after_store(outcome.job, batch, budget_s=budget_s)
         except TimeoutError:
-            log.warning("detection_skipped", runs=len(batch), error="TimeoutError")
+            log.warning("detection_stopped", batch_runs=len(batch), budget_s=round(budget_s, 1), error="TimeoutError")
 
 
 def _moved_fits(ctx: JobContext, outcome: JobOutcome) -> dict[tuple[str, str], tuple[float, float]]:
