@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor.probe import kernel_clock
+from monitor import kernel_clock
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.result import Sample, TimingPath

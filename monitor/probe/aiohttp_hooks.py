@@ -40,7 +40,7 @@ from aiohttp.client_exceptions import (
 )
 from aiohttp.client_proto import ResponseHandler
 
-from monitor.probe import kernel_clock
+from monitor import kernel_clock
 
 # The aiohttp range these hooks were checked on: pyproject.toml pins the same (a test compares them).
 SUPPORTED_AIOHTTP = ">=3.14,<3.15"

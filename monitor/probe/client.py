@@ -147,7 +147,7 @@ class ProbeClient:
     """Owns the HTTP session. `fresh=True` opens a new connection (and DNS lookup) per sample.
 
     `kernel_stamps` (default on): where the kernel stamps arrivals (Linux), bytes are timed by the
-    kernel's stamp, not by when the probes' loop read them (probe/kernel_clock.py).
+    kernel's stamp, not by when the probes' loop read them (kernel_clock.py).
     """
 
     def __init__(

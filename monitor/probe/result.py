@@ -34,7 +34,7 @@ class ErrorClass(StrEnum):
 class TimingPath(StrEnum):
     """Which clock measured a sample's response: the exact one, or the fallback."""
 
-    # Every byte carries the time the kernel queued it on the socket (probe/kernel_clock.py): what the
+    # Every byte carries the time the kernel queued it on the socket (kernel_clock.py): what the
     # probes' loop was doing meanwhile is not in it.
     KERNEL = "kernel"
     # Every byte carries the time it arrived, stamped in aiohttp's connection protocol (aiohttp_hooks)

@@ -184,7 +184,7 @@ class LoopDelayMeter:
         """How much of the monitor's lateness the sample's TTFT may hold, in ms.
 
         Stamped when the loop read the bytes: all of it, over [sent, last stamp]. Stamped by the
-        kernel (probe/kernel_clock.py): none, if the first token was read on its own (its stamp is its
+        kernel (kernel_clock.py): none, if the first token was read on its own (its stamp is its
         arrival); else at most the stall the loop was in when it read the first token (a read takes
         every packet queued meanwhile under the newest one's stamp, and a loop that was not stalled
         reads a packet as it comes).

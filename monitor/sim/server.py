@@ -27,6 +27,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from monitor.kernel_clock import KernelStampedListener
 from monitor.sim.arrival import ArrivalStamps
 from monitor.sim.cache import PrefixCache, block_hashes
 from monitor.sim.latency import Clock, sleep_until, sleep_until_precisely, token_gap_ns, ttft_ms
@@ -595,9 +596,13 @@ async def start(
     assert server is not None  # set by setup()
     try:
         # Our own listener rather than a TCPSite, so arrivals are stamped before aiohttp parses them.
-        listener = await asyncio.get_running_loop().create_server(
-            app[ARRIVALS].wrap(server), host, port, backlog=backlog
-        )
+        loop = asyncio.get_running_loop()
+        # Requests read with the kernel's arrival stamps where it has them (monitor/kernel_clock.py).
+        stamped = KernelStampedListener.bound(host, port, backlog=backlog)
+        if stamped is not None:
+            listener = await loop.create_server(app[ARRIVALS].wrap(server), sock=stamped, backlog=backlog)
+        else:
+            listener = await loop.create_server(app[ARRIVALS].wrap(server), host, port, backlog=backlog)
     except BaseException:
         await runner.cleanup()
         raise

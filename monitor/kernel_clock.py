@@ -16,6 +16,10 @@ The stamp is on the wall clock (CLOCK_REALTIME); it is moved to the probe's mono
 (`time.perf_counter_ns`) by its age, taken right after the read on both clocks. An age that is
 negative or longer than `MAX_AGE_NS` means the wall clock was stepped in between: that read falls
 back to the read time, and says so (`kernel_stamped` False).
+
+The probe reads its responses this way (`probe/aiohttp_hooks.py`), and the simulator its requests
+(`KernelStampedListener`): a request waiting in the simulator's receive queue while its loop is busy
+is not counted against the monitor when a benchmark subtracts the simulator's own interval.
 """
 
 from __future__ import annotations
@@ -116,3 +120,41 @@ class KernelStampedSocket(socket.socket):
         arrival = monotonic_arrival(wall, now_wall, now_mono) if wall is not None else None
         self.kernel_stamped = arrival is not None
         self.arrival_ns = arrival if arrival is not None else now_mono
+
+
+class KernelStampedListener(socket.socket):
+    """A listening TCP socket whose accepted connections are `KernelStampedSocket`s.
+
+    asyncio accepts with the listener's own `accept` (`loop.create_server(sock=...)`), and
+    `socket.accept` makes a plain socket whatever the listener's class: this one adopts each.
+    """
+
+    def accept(self) -> tuple[socket.socket, object]:
+        conn, address = super().accept()
+        try:
+            return KernelStampedSocket.adopt(conn), address
+        except OSError:
+            return conn, address
+
+    @classmethod
+    def bound(cls, host: str, port: int, *, backlog: int) -> KernelStampedListener | None:
+        """A non-blocking listener on `host`:`port` (a numeric IPv4 or IPv6 address), or None where
+        the kernel has no stamps or `host` is a name (the caller listens the usual way)."""
+        if not supported():
+            return None
+        try:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            socket.inet_pton(family, host)
+        except OSError:
+            return None
+        listener = cls(family, socket.SOCK_STREAM)
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            listener.bind((host, port))
+            listener.listen(backlog)
+            listener.setblocking(False)
+        except OSError:
+            listener.close()
+            raise
+        return listener
