@@ -8,8 +8,9 @@ Prints per checkout: probing and detection time per run, incidents opened, runs 
 
     .venv/bin/python bench/large_job.py [--series 4000] [--checkout /path/to/older/checkout ...]
 
-`BENCH_LARGE_JOB_EVENTS=1` prints the counts of the scenario's log events. `--checkout` runs the same scenario on another checkout of the project (its own `monitor/`, through
+`--checkout` runs the same scenario on another checkout of the project (its own `monitor/`, through
 PYTHONPATH), side by side with this one, for before/after figures in one run.
+`BENCH_LARGE_JOB_EVENTS=1` prints the counts of the scenario's log events.
 """
 
 from __future__ import annotations
