@@ -17,6 +17,13 @@ The stamp is on the wall clock (CLOCK_REALTIME); it is moved to the probe's mono
 negative or longer than `MAX_AGE_NS` means the wall clock was stepped in between: that read falls
 back to the read time, and says so (`kernel_stamped` False).
 
+Departures likewise: the probe's sockets ask for the kernel's transmit stamp of what they send
+(`SO_TIMESTAMPING`, software stamps, reported on the socket's error queue), so the TTFT clock starts
+when the request's last byte left, not when the probe's loop was about to write it: a probe thread
+held between the two (the interpreter's lock taken by the service thread, a busy core) does not
+move the start. A read drains the error queue first (the kernel reports a queued stamp as an error
+event, which would wake the loop until it is read), keeping the latest departure (`departed_ns`).
+
 The probe reads its responses this way (`probe/aiohttp_hooks.py`), and the simulator its requests
 (`KernelStampedListener`): a request waiting in the simulator's receive queue while its loop is busy
 is not counted against the monitor when a benchmark subtracts the simulator's own interval.
@@ -29,10 +36,24 @@ import struct
 import sys
 import time
 
-# Linux's value; CPython's socket module does not export it on every build.
+# Linux's values; CPython's socket module does not export them on every build.
 SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
+SO_TIMESTAMPING: int = getattr(socket, "SO_TIMESTAMPING", 37)
+MSG_ERRQUEUE: int = getattr(socket, "MSG_ERRQUEUE", 0x2000)
+# linux/net_tstamp.h: stamp transmits in software, report software stamps, and queue the stamp
+# alone (not a copy of the bytes sent).
+SOF_TIMESTAMPING_TX_SOFTWARE = 1 << 1
+SOF_TIMESTAMPING_SOFTWARE = 1 << 4
+SOF_TIMESTAMPING_OPT_TSONLY = 1 << 11
+DEPARTURE_FLAGS = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE | SOF_TIMESTAMPING_OPT_TSONLY
 _TIMESPEC = struct.Struct("@qq")
-_ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
+_TIMESTAMPING = struct.Struct("@qqqqqq")  # software, (deprecated), hardware
+_HAS_CMSG = hasattr(socket, "CMSG_SPACE")
+_ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if _HAS_CMSG else 0
+# With departures on, reads also carry an SCM_TIMESTAMPING record beside SCM_TIMESTAMPNS.
+_ANCILLARY_SIZE_BOTH = _ANCILLARY_SIZE + socket.CMSG_SPACE(_TIMESTAMPING.size) if _HAS_CMSG else 0
+# An error-queue message: the stamps and the extended error that says what they are (with an address).
+_ERRQUEUE_ANCILLARY_SIZE = 512
 # Longer than any wait the probe's loop could cause and still report: a step of the wall clock.
 MAX_AGE_NS = 60 * 1_000_000_000
 
@@ -76,6 +97,16 @@ def kernel_wall_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
     return None
 
 
+def departure_wall_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    """The software transmit stamp in an error-queue message's ancillary data, wall-clock nanoseconds."""
+    for level, kind, data in ancdata:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESTAMPING.size:
+            seconds, nanoseconds = _TIMESTAMPING.unpack_from(data)[:2]
+            if seconds or nanoseconds:
+                return int(seconds) * 1_000_000_000 + int(nanoseconds)
+    return None
+
+
 class KernelStampedSocket(socket.socket):
     """A TCP socket whose reads keep the kernel's arrival stamp of what they returned.
 
@@ -85,32 +116,66 @@ class KernelStampedSocket(socket.socket):
     whether the arrival came from the kernel.
     """
 
-    __slots__ = ("arrival_ns", "kernel_stamped", "read_ns")
+    __slots__ = ("_ancillary", "arrival_ns", "departed_ns", "departures", "kernel_stamped", "read_ns")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.arrival_ns = 0
         self.read_ns = 0
         self.kernel_stamped = False
+        self.departures = False  # whether the kernel stamps what this socket sends
+        self.departed_ns: int | None = None  # the latest departure seen, monotonic
+        self._ancillary = _ANCILLARY_SIZE
 
     @classmethod
-    def adopt(cls, sock: socket.socket) -> KernelStampedSocket:
-        """The same connection as `sock` (which is detached), reading with arrival stamps on."""
+    def adopt(cls, sock: socket.socket, *, departures: bool = False) -> KernelStampedSocket:
+        """The same connection as `sock` (which is detached), reading with arrival stamps on, and with
+        `departures`, asking for the kernel's transmit stamps (where it refuses, without them)."""
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # raises before anything is handed over
-        return cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        adopted = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        if departures:
+            try:
+                adopted.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, DEPARTURE_FLAGS)
+            except OSError:
+                return adopted
+            adopted.departures = True
+            adopted._ancillary = _ANCILLARY_SIZE_BOTH
+        return adopted
 
     def recv(self, bufsize: int, flags: int = 0) -> bytes:
-        data, ancdata, _flags, _address = self.recvmsg(bufsize, _ANCILLARY_SIZE, flags)
+        if self.departures:
+            self.drain_departures()
+        data, ancdata, _flags, _address = self.recvmsg(bufsize, self._ancillary, flags)
         self._note(ancdata)
         return data
 
     def recv_into(self, buffer: object, nbytes: int = 0, flags: int = 0) -> int:
+        if self.departures:
+            self.drain_departures()
         view = memoryview(buffer)  # type: ignore[arg-type]
         if nbytes:
             view = view[:nbytes]
-        count, ancdata, _flags, _address = self.recvmsg_into([view], _ANCILLARY_SIZE, flags)
+        count, ancdata, _flags, _address = self.recvmsg_into([view], self._ancillary, flags)
         self._note(ancdata)
         return count
+
+    def drain_departures(self) -> int | None:
+        """Read every transmit stamp waiting on the error queue; returns (and keeps in `departed_ns`)
+        the latest departure on the monotonic clock, or the one kept before when none was waiting."""
+        latest: int | None = None
+        while True:
+            try:
+                _data, ancdata, _flags, _address = self.recvmsg(1, _ERRQUEUE_ANCILLARY_SIZE, MSG_ERRQUEUE)
+            except OSError:  # nothing waiting (EAGAIN: the socket is non-blocking), or no queue at all
+                break
+            wall = departure_wall_ns(ancdata)
+            if wall is not None and (latest is None or wall > latest):
+                latest = wall
+        if latest is not None:
+            departed = monotonic_arrival(latest, time.time_ns(), time.perf_counter_ns())
+            if departed is not None:
+                self.departed_ns = departed
+        return self.departed_ns
 
     def _note(self, ancdata: list[tuple[int, int, bytes]]) -> None:
         now_mono = time.perf_counter_ns()

@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from monitor import kernel_clock
@@ -208,3 +209,85 @@ async def test_a_first_token_read_with_the_next_one_is_not_evidence_when_the_loo
     # Never later than the read, never earlier than the first token's arrival.
     assert sample.ttft_ms is not None and 145 <= sample.ttft_ms < 460, sample.ttft_ms
     assert sample.disturbed is True
+
+
+# --- departures: the clock starts when the request's last byte left --------------------------
+
+
+def holding_the_write(hold_s: float) -> aiohttp.TraceConfig:
+    """A trace hook that holds the probe between its own `sent` stamp (the hook before it) and the
+    write: what the interpreter's lock taken by another thread, or a busy core, does at random."""
+
+    async def hold(_session: object, _context: object, _params: object) -> None:
+        time.sleep(hold_s)  # noqa: ASYNC251 - holding the probe is the point
+
+    config = aiohttp.TraceConfig()
+    config.on_request_chunk_sent.append(hold)
+    config.freeze()
+    return config
+
+
+async def probe_held_before_the_write(url: str, *, hold_s: float, kernel_stamps: bool) -> Sample:
+    endpoint = Endpoint(url, FLAVORS["openai-chat"], timeouts=Timeouts(connect=5, first_token=10, total=20))
+    sample = Sample(target="t", model="m", api="openai-chat", prompt="p", round=1)
+    async with ProbeClient(kernel_stamps=kernel_stamps) as client:
+        await client.probe(endpoint, PARAMS, "warm", Sample("t", "m", "x", "p", 0))  # the connection, once
+        # aiohttp hook: a session's trace configs are `_trace_configs`, read at every request.
+        client._session._trace_configs.append(holding_the_write(hold_s))
+        await client.probe(endpoint, PARAMS, "hi", sample)
+    return sample
+
+
+async def test_a_probe_held_before_its_write_starts_the_clock_when_the_bytes_left(threaded) -> None:
+    server = ThreadedSSE([(0.15, token("a")), (0.3, DONE)])
+    threaded.append(server)
+    sample = await probe_held_before_the_write(server.url, hold_s=0.2, kernel_stamps=True)
+    assert sample.ok, sample.error_message
+    assert sample.departure_stamped is True
+    # The server's 150 ms, not 350: the 200 ms between the probe's stamp and its write are not TTFT.
+    assert sample.ttft_ms is not None and 145 <= sample.ttft_ms < 200, sample.ttft_ms
+
+
+async def test_without_kernel_stamps_a_hold_before_the_write_lands_in_the_ttft(threaded) -> None:
+    server = ThreadedSSE([(0.15, token("a")), (0.3, DONE)])
+    threaded.append(server)
+    sample = await probe_held_before_the_write(server.url, hold_s=0.2, kernel_stamps=False)
+    assert sample.ok, sample.error_message
+    assert sample.departure_stamped is False
+    assert sample.ttft_ms is not None and sample.ttft_ms >= 340, sample.ttft_ms
+
+
+async def test_a_departure_stamp_waiting_on_the_error_queue_does_not_spin_the_loop(threaded) -> None:
+    # The kernel reports a queued transmit stamp as an error event on the socket: unread, it would
+    # wake the loop again and again for the whole wait for the first token (here 400 ms).
+    server = ThreadedSSE([(0.4, token("a")), (0.45, DONE)])
+    threaded.append(server)
+    endpoint = Endpoint(server.url, FLAVORS["openai-chat"], timeouts=Timeouts(connect=5, first_token=10, total=20))
+    async with ProbeClient(kernel_stamps=True) as client:
+        await client.probe(endpoint, PARAMS, "warm", Sample("t", "m", "x", "p", 0))
+        cpu = time.process_time()
+        sample = await client.probe(endpoint, PARAMS, "hi", Sample("t", "m", "x", "p", 1))
+        cpu = time.process_time() - cpu
+    assert sample.ok and sample.departure_stamped, sample.error_message
+    assert cpu < 0.1, f"{cpu * 1000:.0f} ms of CPU while waiting 400 ms for a first token"
+
+
+def test_an_earlier_requests_departure_is_not_taken_for_this_ones() -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    raw = socket.create_connection(listener.getsockname())
+    peer, _ = listener.accept()
+    try:
+        sock = kernel_clock.KernelStampedSocket.adopt(raw, departures=True)
+        assert sock.departures
+        before = time.perf_counter_ns()
+        sock.sendall(b"first request")
+        after = time.perf_counter_ns()
+        time.sleep(0.1)  # read late: the stamp is still the send's
+        departed = sock.drain_departures()
+        assert departed is not None and before <= departed <= after, (before, departed, after)
+        # Nothing new sent: the same departure is kept, and a request stamped after it must not use it.
+        assert sock.drain_departures() == departed
+    finally:
+        peer.close()
+        listener.close()
+        sock.close()

@@ -285,11 +285,12 @@ class TimedConnector(aiohttp.TCPConnector):
 
 
 def _kernel_stamped(sock: Any) -> kernel_clock.KernelStampedSocket | None:
-    """`sock`'s connection, reading with the kernel's arrival stamps; None where the kernel has none."""
+    """`sock`'s connection, reading with the kernel's arrival stamps and asking for its departure
+    stamps; None where the kernel has none."""
     if not kernel_clock.supported() or not isinstance(sock, socket.socket) or sock.type != socket.SOCK_STREAM:
         return None
     try:
-        return kernel_clock.KernelStampedSocket.adopt(sock)
+        return kernel_clock.KernelStampedSocket.adopt(sock, departures=True)
     except OSError:
         return None
 
@@ -346,6 +347,22 @@ def stale_connection(stamps: Stamps, exc: BaseException) -> bool:
     ):
         return False
     return stamps.protocol.received == stamps.received_before
+
+
+def departure(stamps: Stamps, head_at: int | None) -> int | None:
+    """When the request's last byte left, by the kernel's transmit stamp (monotonic ns), or None.
+
+    A stamp before `stamps.sent` (taken just before the last write) is an earlier request's on the
+    same connection, and one after the response's head arrived cannot be this request's: neither is
+    used, and the start stays the probe's own stamp."""
+    protocol = stamps.protocol
+    sock = protocol.kernel_clock if protocol is not None else None
+    if sock is None or not sock.departures or stamps.sent is None:
+        return None
+    departed = sock.drain_departures()
+    if departed is None or departed < stamps.sent or (head_at is not None and departed > head_at):
+        return None
+    return departed
 
 
 def stamping_protocol(resp: aiohttp.ClientResponse) -> StampingProtocol | None:

@@ -31,6 +31,7 @@ from monitor.probe.aiohttp_hooks import (
     TimedConnector,
     aiohttp_supported,
     current_stamps,
+    departure,
     head_arrival,
     stale_connection,
     stamping_protocol,
@@ -311,7 +312,11 @@ class ProbeClient:
             self._finish(sample, endpoint, stamps, headers_at, reader)
             kernel = sample.timing_path is TimingPath.KERNEL and stamping is not None
             if kernel and stamping is not None and reader is not None and reader.token_stamps:
-                sample.first_token_read_mono_ns = stamping.read_at.get(reader.token_stamps[0])
+                first = reader.token_stamps[0]
+                sample.first_token_read_mono_ns = stamping.read_at.get(first)
+                # The read before it found no first token: it arrived after that (else after the send).
+                earlier = [read for stamp, read in stamping.read_at.items() if stamp < first]
+                sample.first_token_unread_since_ns = max(earlier) if earlier else sample.sent_mono_ns
             if sample.timing_path is TimingPath.TASK_READ:
                 if stamping is None:
                     fallback.append("the connection's protocol is not the probe's stamping one: nothing was stamped")
@@ -388,7 +393,12 @@ class ProbeClient:
         first_answer = reader.first_answer if reader is not None else None
         first_tool_call = reader.first_tool_call if reader is not None else None
         done = reader.done if reader is not None else False
-        sent = stamps.sent if stamps.sent is not None else stamps.request_start
+        # The clock starts when the request's last byte left: the kernel's transmit stamp where it
+        # gives one (a probe held between its write and the send does not move it), else the stamp
+        # taken just before the last write.
+        departed = departure(stamps, headers_at)
+        sample.departure_stamped = departed is not None
+        sent = departed if departed is not None else stamps.sent if stamps.sent is not None else stamps.request_start
         sample.sent_mono_ns = sent
         sample.connection_reused = stamps.reused if stamps.conn_start is not None or stamps.reused else None
         if not stamps.reused:

@@ -95,6 +95,9 @@ class Sample:
     error_message: str | None = None
     # The raw monotonic stamp of `sent`, to compare with another process's stamps (benchmarks).
     sent_mono_ns: int | None = None
+    # Whether `sent` is the kernel's transmit stamp of the request's last byte (kernel_clock.py), not
+    # the probe's own stamp before its last write. Not stored.
+    departure_stamped: bool = False
     # None when no response head arrived (nothing was timed from the response).
     timing_path: TimingPath | None = None
     # How late the monitor itself was between `sent` and the last stamp (its event loop's worst lateness,
@@ -109,6 +112,9 @@ class Sample:
     first_token_stamp_exact: bool | None = None
     # With kernel stamps: when the probes' loop read the first token's bytes (monotonic ns). Not stored.
     first_token_read_mono_ns: int | None = None
+    # With kernel stamps: the latest moment the first token is known not to have arrived yet (the read of
+    # the connection before the one that took it, else the send; monotonic ns). Not stored.
+    first_token_unread_since_ns: int | None = None
     # The gaps between consecutive token chunks (ms, in arrival order), for the OpenTelemetry
     # `gen_ai.client.inference.time_per_output_chunk` histogram; the first CHUNK_GAPS_KEPT only, so a
     # long answer costs a bounded list. Not stored: the stored gap_p50/p95/max summarise all of them.

@@ -185,18 +185,25 @@ class LoopDelayMeter:
 
         Stamped when the loop read the bytes: all of it, over [sent, last stamp]. Stamped by the
         kernel (kernel_clock.py): none, if the first token was read on its own (its stamp is its
-        arrival); else at most the stall the loop was in when it read the first token (a read takes
-        every packet queued meanwhile under the newest one's stamp, and a loop that was not stalled
-        reads a packet as it comes).
+        arrival); else at most the stalls between the connection's previous read and the read that
+        took the first token (a read takes every packet queued meanwhile under the newest one's stamp,
+        and a loop that was not stalled reads a packet as it comes).
         """
         read_ns = sample.first_token_read_mono_ns
         if sample.timing_path is not TimingPath.KERNEL or read_ns is None:
             return sample.self_delay_ms
         if sample.first_token_stamp_exact:
             return 0.0
-        # From one interval before the read: a stall that ended just before it (its wake-up ran in
-        # the iteration before the read's) may have held the first token too.
-        return self.max_lateness(read_ns - self.interval_ns, read_ns)
+        # Read together with a later token, the first token may have waited unread since it arrived,
+        # which is some time after the connection's previous read (or the send): a stall anywhere from
+        # there to the read may be in its stamp, even one that ended well before the read (the loop
+        # then works through every socket and timer that fell due meanwhile). Measured under load:
+        # with only the interval before the read looked at, such first tokens were 20-40 ms late and
+        # stayed evidence (bench/isolation.py). From one interval earlier, for a stall whose wake-up
+        # ran in the iteration before.
+        since = sample.first_token_unread_since_ns
+        start = min(since, read_ns) if since is not None else read_ns
+        return self.max_lateness(start - self.interval_ns, read_ns)
 
 
 def _end_ns(sample: Sample) -> int | None:

@@ -431,13 +431,16 @@ class _Routes:
             now = clock()
             if stamp.first_event_write_ns is None:
                 stamp.first_event_write_ns = now
-            if stamp.first_token_write_ns is None:
+            first = stamp.first_token_write_ns is None
+            if first:
                 stamp.first_token_write_ns = now
             if is_answer and stamp.first_answer_write_ns is None:
                 stamp.first_answer_write_ns = now
             stamp.last_token_write_ns = now
             stamp.completion_tokens = i + 1
             await response.write(data)
+            if first:
+                stamp.first_token_sent_ns = clock()
 
         await response.write(wire.closing(finished=job.plan.finished, usage=job.usage))
         if stamp.outcome == "in_progress":

@@ -31,6 +31,10 @@ class Stamp:
     completion_tokens: int = 0
     first_event_write_ns: int | None = None
     first_token_write_ns: int | None = None
+    # When the write of the first token returned: on loopback its bytes are in the client's socket by
+    # then, so the client's arrival lies between this and `first_token_write_ns`; far apart, the
+    # simulator itself was held up in between (a loaded machine), not the client.
+    first_token_sent_ns: int | None = None
     first_answer_write_ns: int | None = None
     last_token_write_ns: int | None = None
     completed_ns: int | None = None

@@ -26,7 +26,14 @@ ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no sched
 # Not stored: process-local monotonic clock values, meaningless after the process ends, and the
 # per-chunk gaps (for OpenTelemetry export; their p50/p95/max are stored).
 UNSTORED_SAMPLE_FIELDS = frozenset(
-    {"sent_mono_ns", "first_token_stamp_exact", "first_token_read_mono_ns", "chunk_gaps_ms"}
+    {
+        "sent_mono_ns",
+        "departure_stamped",
+        "first_token_stamp_exact",
+        "first_token_read_mono_ns",
+        "first_token_unread_since_ns",
+        "chunk_gaps_ms",
+    }
 )
 # The samples table's value columns and the Sample field each is read from, spelled out so that renaming
 # a Sample field cannot change the schema without a migration (tests/test_store_records.py checks that
