@@ -101,7 +101,11 @@ def test_json_says_how_late_the_monitor_itself_was_per_sample(exact_sim: SimProc
     assert all(isinstance(d, float) and d >= 0 for d in delays), delays
     exact = [s["first_token_stamp_exact"] for s in out["samples"]]
     assert all(e is not None for e in exact), exact  # kernel-stamped, several tokens: known either way
-    assert [s["disturbed"] for s in out["samples"]] == [d > 5 and not e for d, e in zip(delays, exact, strict=True)]
+    # A first token stamped on its own is never disturbed; a disturbed sample's monitor was late past
+    # the bound (5 ms). Not the converse: a stall before the first token could have arrived (the
+    # connection's previous read) is in self_delay_ms and not in the TTFT.
+    for delay, own_stamp, disturbed in zip(delays, exact, (s["disturbed"] for s in out["samples"]), strict=True):
+        assert not (own_stamp and disturbed) and (not disturbed or delay > 5), (delay, own_stamp, disturbed)
     [summary] = out["summary"]
     assert summary["disturbed"] == sum(s["disturbed"] for s in out["samples"] if not s["warmup"])
 
