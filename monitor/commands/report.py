@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
 
 from monitor.commands.args import config_arg
 from monitor.commands.common import load_config_or_explain
@@ -18,21 +17,15 @@ from monitor.exitcodes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
 NAME = "report"
 
 
-def register(commands: Any) -> None:
-    report = commands.add_parser(
-        "report",
-        help="the comparison of targets and prompt sizes from the stored history, as HTML, Markdown or JSON",
-        description="TTFT median, p90, n and 95% bootstrap interval per target and prompt, pairwise differences "
-        "and prefill slopes: the numbers of the compare page. HTML is one self-contained file that opens offline.",
-    )
-    config_arg(report)
-    report.add_argument("--since", default="7d", help="how far back, e.g. 24h, 7d, 30d (7d)")
-    report.add_argument("--until", help="end of the window, ISO 8601 with a zone (default: now)")
-    report.add_argument("--target", "-t", action="append", default=[], help="only this target (repeatable)")
-    report.add_argument("--prompt", action="append", default=[], help="only this prompt profile (repeatable)")
-    report.add_argument("--location", action="append", default=[], help="only this location (repeatable)")
-    report.add_argument("--format", "-f", choices=["html", "md", "json"], default="html", help="output (html)")
-    report.add_argument("--output", "-o", help="write to this file (default: standard output)")
+def register(parser: argparse.ArgumentParser) -> None:
+    config_arg(parser)
+    parser.add_argument("--since", default="7d", help="how far back, e.g. 24h, 7d, 30d (7d)")
+    parser.add_argument("--until", help="end of the window, ISO 8601 with a zone (default: now)")
+    parser.add_argument("--target", "-t", action="append", default=[], help="only this target (repeatable)")
+    parser.add_argument("--prompt", action="append", default=[], help="only this prompt profile (repeatable)")
+    parser.add_argument("--location", action="append", default=[], help="only this location (repeatable)")
+    parser.add_argument("--format", "-f", choices=["html", "md", "json"], default="html", help="output (html)")
+    parser.add_argument("--output", "-o", help="write to this file (default: standard output)")
 
 
 def main(args: argparse.Namespace) -> int:
