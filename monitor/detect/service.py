@@ -26,6 +26,7 @@ from monitor.detect.grouping import GROUPED_KINDS, scope
 from monitor.detect.state import is_evidence
 from monitor.logging import error_text
 from monitor.metrics.definitions import Metrics
+from monitor.otel.incident import IncidentReading
 from monitor.probe.result import Sample
 from monitor.store.engine import is_broken_connection, write_transaction
 from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore, StoredState
@@ -267,14 +268,16 @@ class DetectionService:
                     )
                     if self._metrics is not None:
                         self._metrics.observe_incident(
-                            event.action,
-                            series=(run.series.target, run.series.prompt, run.series.location),
-                            kind=event.kind,
-                            severity=event.severity,
-                            baseline_ms=event.baseline_ms,
-                            observed_ms=event.observed_ms,
-                            ratio=event.ratio,
-                            error_class=event.error,
+                            IncidentReading(
+                                event.action,
+                                series=(run.series.target, run.series.prompt, run.series.location),
+                                kind=event.kind,
+                                severity=event.severity,
+                                baseline_ms=event.baseline_ms,
+                                observed_ms=event.observed_ms,
+                                ratio=event.ratio,
+                                error_class=event.error,
+                            )
                         )
                 self._observe(run.series, new_state, events)
                 if self._metrics is not None:
