@@ -7,12 +7,16 @@ database could not be read.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
+from typing import TYPE_CHECKING
 
 from monitor.commands.args import config_arg
-from monitor.commands.common import load_config_or_explain
-from monitor.exitcodes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from monitor.commands.common import load_config_or_explain, run_against_database
+from monitor.exitcodes import EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from monitor.web.queries import CompareDocument
+    from monitor.web.report import ReportFilters
 
 NAME = "report"
 
@@ -31,9 +35,8 @@ def register(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from monitor.store.engine import StoreError, describe_db_error
     from monitor.web.api import BadRequest, parse_duration, parse_time
-    from monitor.web.report import render, report_from_database, unknown_filter
+    from monitor.web.report import ReportFilters, report_from_database
 
     try:
         since = parse_duration(args.since)
@@ -44,16 +47,21 @@ def main(args: argparse.Namespace) -> int:
     config = load_config_or_explain(args.config, sys.stderr)
     if config is None:
         return EXIT_USAGE
-    filters = {"targets": args.target, "prompts": args.prompt, "locations": args.location}
-    try:
-        data = asyncio.run(report_from_database(config.database.url, since=since, now=until, **filters))
-    except StoreError as exc:  # already one line naming the fix (SchemaBehind: `db upgrade`)
-        print(f"ttft-monitor report: {exc}", file=sys.stderr)
-        return EXIT_INFRA
-    except Exception as exc:
-        print(f"ttft-monitor report: {describe_db_error(exc, config.database.url)}", file=sys.stderr)
-        return EXIT_INFRA
-    miss = unknown_filter(data, **filters)
+    filters = ReportFilters(targets=args.target, prompts=args.prompt, locations=args.location)
+
+    async def read_and_write() -> int:
+        data = await report_from_database(config.database.url, since=since, now=until, filters=filters)
+        return _write(data, args, filters)
+
+    return run_against_database(
+        read_and_write(), command="ttft-monitor report", url=config.database.url, err=sys.stderr
+    )
+
+
+def _write(data: CompareDocument, args: argparse.Namespace, filters: ReportFilters) -> int:
+    from monitor.web.report import render, unknown_filter
+
+    miss = unknown_filter(data, filters)
     if miss is not None:
         stored = ", ".join(miss.stored) or "none yet"
         print(
