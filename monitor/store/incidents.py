@@ -13,20 +13,17 @@ from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.store.models import (
+    GROUPS,
+    INCIDENTS,
+    SCOPES,
     SERIES,
     DetectorStateRow,
     IncidentGroupRow,
-    IncidentGroupScopeRow,
     IncidentRow,
     SeriesRow,
-    table_of,
 )
 from monitor.store.records import SeriesKey
 from monitor.store.statements import find_series_id, upsert_insert
-
-SCOPES = table_of(IncidentGroupScopeRow)
-GROUPS = table_of(IncidentGroupRow)
-INCIDENTS = table_of(IncidentRow)
 
 
 @dataclass(frozen=True, slots=True)

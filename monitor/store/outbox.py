@@ -19,12 +19,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
-    AlertDeliveryRow,
-    AlertOutboxRow,
-    IncidentGroupRow,
-    IncidentRow,
-    IncidentTriageRow,
-    table_of,
+    DELIVERIES,
+    GROUPS,
+    INCIDENTS,
+    OUTBOX,
+    TRIAGE,
 )
 from monitor.store.statements import upsert_insert
 
@@ -32,11 +31,6 @@ from monitor.store.statements import upsert_insert
 PENDING, SENT, FAILED, SUPPRESSED, SUPERSEDED = "pending", "sent", "failed", "suppressed", "superseded"
 FINISHED = (SENT, FAILED, SUPPRESSED, SUPERSEDED)
 FIRING_EVENTS = ("firing", "renotify")
-OUTBOX = table_of(AlertOutboxRow)
-DELIVERIES = table_of(AlertDeliveryRow)
-INCIDENTS = table_of(IncidentRow)
-TRIAGE = table_of(IncidentTriageRow)
-GROUPS = table_of(IncidentGroupRow)
 
 
 def _still_firing() -> sa.ColumnElement[bool]:

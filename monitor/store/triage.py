@@ -15,20 +15,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
+    ANNOTATIONS,
+    DETECTOR_STATE,
+    GROUPS,
+    INCIDENTS,
+    OUTBOX,
     SERIES,
-    AnnotationRow,
-    DetectorStateRow,
-    IncidentGroupRow,
-    IncidentRow,
-    IncidentTriageRow,
-    table_of,
+    TRIAGE,
 )
 from monitor.store.statements import upsert_insert
 
-INCIDENTS = table_of(IncidentRow)
-TRIAGE = table_of(IncidentTriageRow)
-ANNOTATIONS = table_of(AnnotationRow)
-DETECTOR_STATE = table_of(DetectorStateRow)
 # The shortest id prefix accepted: `incidents` shows 8 characters.
 MIN_PREFIX = 4
 # How long before an incident began a change marker still counts as a likely cause worth naming.
@@ -236,8 +232,6 @@ class TriageStore:
     @staticmethod
     async def first_firing_payload(connection: AsyncConnection, incident_id: uuid.UUID) -> dict[str, Any] | None:
         """The notification the incident opened with, as the outbox stored it, if it was sent anywhere."""
-        from monitor.store.outbox import OUTBOX
-
         return await connection.scalar(
             sa.select(OUTBOX.c.payload)
             .where(OUTBOX.c.incident_id == incident_id, OUTBOX.c.event == "firing")
@@ -293,7 +287,7 @@ class TriageStore:
     async def labels(self, *, since: datetime | None) -> list[tuple[Any, ...]]:
         """(id, kind, severity, label or None, group id, the group's lead id) of every incident opened
         since `since` (all when None)."""
-        groups = table_of(IncidentGroupRow)
+        groups = GROUPS
         query = sa.select(
             INCIDENTS.c.id,
             INCIDENTS.c.kind,
