@@ -6,7 +6,7 @@ Here, below both, because the metrics forward it to OpenTelemetry without import
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,3 +19,7 @@ class IncidentReading:
     observed_ms: float | None
     ratio: float | None
     error_class: str | None
+
+    def facts(self) -> dict[str, str | float | None]:
+        """All but the action and the series, by name: what the detector's log line adds to the run's."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("action", "series")}
