@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -71,7 +71,7 @@ class ClaimedRow:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One attempt's answer, for `alert_deliveries`."""
+    """One attempt's answer, for `alert_deliveries`: its fields are that table's columns (but the outbox row's id)."""
 
     attempted_at: datetime
     outcome: str
@@ -237,16 +237,7 @@ class OutboxStore:
         changed = await connection.execute(
             sa.update(OUTBOX).where(OUTBOX.c.id == row_id, OUTBOX.c.claimed_by == worker_id).values(**values)
         )
-        await connection.execute(
-            sa.insert(DELIVERIES).values(
-                outbox_id=row_id,
-                attempted_at=delivery.attempted_at,
-                outcome=delivery.outcome,
-                http_status=delivery.http_status,
-                error=delivery.error,
-                duration_ms=delivery.duration_ms,
-            )
-        )
+        await connection.execute(sa.insert(DELIVERIES).values(outbox_id=row_id, **asdict(delivery)))
         return bool(changed.rowcount == 1)
 
     async def pending_count(self) -> int:
