@@ -52,38 +52,29 @@ class ProbeSide:
     last_write: Callable[[], WriteOutcome | None] = lambda: None  # the writer's last database write
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Served:
     """The listener, the dispatcher and housekeeping; `close(grace_s)` stops them in that order of need."""
 
-    def __init__(
-        self,
-        *,
-        runner: web.AppRunner,
-        dispatcher: Dispatcher,
-        transport: Transport,
-        engines: list[AsyncEngine],
-        tasks: list[asyncio.Task[None]],
-        stop: asyncio.Event,
-    ) -> None:
-        self.runner = runner
-        self.dispatcher = dispatcher
-        self._transport = transport
-        self._engines = engines
-        self._tasks = tasks
-        self._stop = stop
+    runner: web.AppRunner
+    dispatcher: Dispatcher
+    transport: Transport
+    engines: list[AsyncEngine]
+    tasks: list[asyncio.Task[None]]
+    stop: asyncio.Event  # set to stop the dispatcher's and housekeeping's tasks
 
     def update_alerts(self, alerts: Alerts) -> None:
         self.dispatcher.update_config(alerts)
 
     async def close(self, grace_s: float) -> None:
         """Deliver what is due within `grace_s`, then close the listener, the session and the engines."""
-        self._stop.set()
-        await finish_tasks(self._tasks, max(0.5, grace_s))
+        self.stop.set()
+        await finish_tasks(self.tasks, max(0.5, grace_s))
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.runner.cleanup(), timeout=3)
         with contextlib.suppress(Exception):
-            await self._transport.close()
-        for engine in self._engines:
+            await self.transport.close()
+        for engine in self.engines:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(engine.dispose(), timeout=2)
 

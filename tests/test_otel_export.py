@@ -293,6 +293,7 @@ def test_incidents_reach_the_collector_as_log_records(tmp_path: Path) -> None:
     from prometheus_client import CollectorRegistry
 
     from monitor.otel.export import OtelTelemetry
+    from monitor.otel.incident import IncidentReading
     from monitor.otel.settings import OtelConfig, resolve
 
     with otlp_receiver() as receiver:
@@ -302,14 +303,16 @@ def test_incidents_reach_the_collector_as_log_records(tmp_path: Path) -> None:
             settings, registry=CollectorRegistry(), location="lab", endpoints={}, ttft_buckets_s=(0.1, 1)
         )
         telemetry.observe_incident(
-            "open",  # the detector's word (detect.rules.Action)
-            series=("fast", "short", "lab"),
-            kind="regression",
-            severity="page",
-            baseline_ms=200.0,
-            observed_ms=520.0,
-            ratio=2.6,
-            error_class=None,
+            IncidentReading(
+                "open",  # the detector's word (detect.rules.Action)
+                series=("fast", "short", "lab"),
+                kind="regression",
+                severity="page",
+                baseline_ms=200.0,
+                observed_ms=520.0,
+                ratio=2.6,
+                error_class=None,
+            )
         )
         telemetry.close()
         logs = receiver.wait_for("logs")

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from monitor.alert.model import Notification
+from monitor.timefmt import iso
 
 KIND_TITLES = {
     "regression": "TTFT regression",
@@ -308,6 +309,19 @@ def series_labels(notification: Notification) -> dict[str, str]:
         "location": n.location,
         "job": n.job,
     }
+
+
+def measurement_fields(notification: Notification) -> dict[str, float | str | None]:
+    """What the detector measured, as the log line and the webhook's JSON both send it."""
+    n = notification
+    return {"baseline_ms": n.baseline_ms, "observed_ms": n.observed_ms, "ratio": n.ratio, "error_class": n.error_class}
+
+
+def window_fields(notification: Notification) -> dict[str, str | None]:
+    """When it began and ended, ISO 8601 to the second (`resolved_at` null while open)."""
+    n = notification
+    resolved_at = None if n.resolved_at is None else iso(n.resolved_at, whole_seconds=True)
+    return {"since": iso(n.since, whole_seconds=True), "resolved_at": resolved_at}
 
 
 def lines(notification: Notification, now: datetime) -> list[str]:

@@ -12,7 +12,7 @@ import logging
 import os
 import sys
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from monitor.commands.args import config_arg
 from monitor.commands.common import load_config_or_explain
@@ -24,14 +24,9 @@ if TYPE_CHECKING:
 NAME = "alert"
 
 
-def register(subparsers: Any) -> None:
-    """Add `alert` (with `test` and `new-secret`) to the CLI's subparsers; `run(args)` executes them."""
-    alert = subparsers.add_parser(
-        "alert",
-        help="alert receivers: send a test notification, make a webhook secret",
-        description="Work with the receivers under alerts.receivers in the config.",
-    )
-    actions = alert.add_subparsers(dest="alert_command", metavar="ACTION")
+def register(parser: argparse.ArgumentParser) -> None:
+    """`alert`'s actions, `test` and `new-secret`; `run(args)` executes them."""
+    actions = parser.add_subparsers(dest="alert_command", metavar="ACTION")
     actions.required = True
     test = actions.add_parser(
         "test",

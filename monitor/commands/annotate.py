@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from monitor.commands.args import config_arg
 from monitor.commands.incidents import by_arg, run_action
@@ -22,17 +22,11 @@ if TYPE_CHECKING:
 NAME = "annotate"
 
 
-def register(subparsers: Any) -> None:
-    annotate = subparsers.add_parser(
-        "annotate",
-        help='record a change marker, e.g. annotate "vLLM upgraded" --target qwen3-8b',
-        description="Store a change marker with the time and an optional target. `incidents` lists markers, "
-        "and a notification of an incident that began within an hour after a matching marker names it.",
-    )
-    annotate.add_argument("text", help="what changed (at most 500 characters)")
-    annotate.add_argument("--target", "-t", help="the target it concerns (default: every target)")
-    by_arg(annotate)
-    config_arg(annotate)
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("text", help="what changed (at most 500 characters)")
+    parser.add_argument("--target", "-t", help="the target it concerns (default: every target)")
+    by_arg(parser)
+    config_arg(parser)
 
 
 def main(args: argparse.Namespace) -> int:

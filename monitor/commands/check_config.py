@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from monitor.commands.args import config_arg, config_path
 
 NAME = "check-config"
 
 
-def register(commands: Any) -> None:
-    check = commands.add_parser("check-config", help="validate the config and show the jobs' next run times")
-    config_arg(check)
+def register(parser: argparse.ArgumentParser) -> None:
+    config_arg(parser)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -24,14 +24,9 @@ def _config_arg(parser: argparse.ArgumentParser) -> None:
     config_arg(parser, note="; its database.url is used")
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `db` and its actions to the CLI's subparsers; `run(args)` executes the parsed command."""
-    db: argparse.ArgumentParser = subparsers.add_parser(
-        "db",
-        help="manage the database schema (migrations)",
-        description="Create, migrate and inspect the database schema named by database.url in the config.",
-    )
-    actions = db.add_subparsers(dest="db_command", metavar="ACTION")
+def register(parser: argparse.ArgumentParser) -> None:
+    """`db`'s actions; `run(args)` executes the parsed command."""
+    actions = parser.add_subparsers(dest="db_command", metavar="ACTION")
     actions.required = True
     upgrade = actions.add_parser(
         "upgrade", help="migrate the schema up to REV (default: head, what this version needs)"
@@ -45,7 +40,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     _config_arg(current)
     check = actions.add_parser("check", help="compare the models with the migrated schema; exit 1 when they differ")
     _config_arg(check)
-    return db
 
 
 def main(args: argparse.Namespace) -> int:

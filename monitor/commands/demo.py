@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
 from monitor.commands.args import non_negative
 
@@ -13,18 +12,13 @@ NAME = "demo"
 _seconds = non_negative("seconds")
 
 
-def register(commands: Any) -> None:
-    demo = commands.add_parser(
-        "demo",
-        help="the simulator and the real daemon, with a regression that opens and resolves (start here)",
-        description="Starts the simulator and `ttft-monitor run` on SQLite in a state directory, probes three "
-        "simulated models every 5 s with a short and a long prompt, prints a live table, makes one model slower "
-        "after a minute so a regression incident opens (the log receiver prints it) and resolves. Ctrl-C stops.",
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--state-dir", default="state/demo", help="where the demo keeps its database (state/demo)")
+    parser.add_argument("--slow-after", type=_seconds, default=60, help="seconds before the slowdown (60)")
+    parser.add_argument("--recover-after", type=_seconds, default=150, help="seconds before recovery (150)")
+    parser.add_argument(
+        "--duration", type=_seconds, default=None, help="stop after this many seconds (default: Ctrl-C)"
     )
-    demo.add_argument("--state-dir", default="state/demo", help="where the demo keeps its database (state/demo)")
-    demo.add_argument("--slow-after", type=_seconds, default=60, help="seconds before the slowdown (60)")
-    demo.add_argument("--recover-after", type=_seconds, default=150, help="seconds before recovery (150)")
-    demo.add_argument("--duration", type=_seconds, default=None, help="stop after this many seconds (default: Ctrl-C)")
 
 
 def main(args: argparse.Namespace) -> int:

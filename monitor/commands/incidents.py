@@ -15,7 +15,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from monitor.commands.args import config_arg, non_negative
 from monitor.commands.common import load_config_or_explain, run_against_database
@@ -38,22 +38,17 @@ _recent_days = non_negative("days")
 _days = non_negative("days", maximum=36500)
 
 
-def register(subparsers: Any) -> None:
-    """Add `incidents` and its actions to the CLI's subparsers; without an action, `incidents` lists them."""
-    incidents = subparsers.add_parser(
-        "incidents",
-        help="list open and recently resolved incidents; ack, resolve, label them; stats",
-        description="List the incidents in the database: open ones first, then those resolved within --days.",
-    )
-    incidents.add_argument("--format", "-f", choices=["table", "json"], default="table", help="output (table)")
-    incidents.add_argument(
+def register(parser: argparse.ArgumentParser) -> None:
+    """`incidents`' options and actions; without an action, `incidents` lists them."""
+    parser.add_argument("--format", "-f", choices=["table", "json"], default="table", help="output (table)")
+    parser.add_argument(
         "--days",
         type=_recent_days,
         default=DEFAULT_RECENT_DAYS,
         help=f"also list incidents resolved in the last DAYS days (default {DEFAULT_RECENT_DAYS:g})",
     )
-    config_arg(incidents)
-    register_incident_actions(incidents)
+    config_arg(parser)
+    register_incident_actions(parser)
 
 
 def by_arg(parser: argparse.ArgumentParser) -> None:

@@ -5,25 +5,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from typing import Any
 
 from monitor.commands.args import config_arg, config_path
 
 NAME = "once"
 
 
-def register(commands: Any) -> None:
-    once = commands.add_parser(
-        "once",
-        help="run the job(s) once, store, push metrics, exit (Kubernetes CronJob)",
-        description=(
-            "Exit status: 0 done, 1 every probe failed, 2 config error, 3 database or spool trouble, "
-            "4 stopped by SIGTERM/SIGINT (what was measured is stored or spooled), "
-            "5 the Pushgateway refused the metrics or could not be reached."
-        ),
-    )
-    config_arg(once)
-    once.add_argument("--job", action="append", default=[], help="only this job (repeatable); default: all")
+def register(parser: argparse.ArgumentParser) -> None:
+    config_arg(parser)
+    parser.add_argument("--job", action="append", default=[], help="only this job (repeatable); default: all")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, TextIO
 from urllib.parse import urlsplit
 
 from monitor.commands.args import DEFAULT_CONFIG_ENV, config_arg, non_negative, positive, whole_number
@@ -43,15 +43,9 @@ def _token_list(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def register(commands: Any) -> None:
-    probe = commands.add_parser(
-        "probe",
-        help="measure TTFT now, ad hoc (no database needed)",
-        description="Stream requests to targets from the config, or to one endpoint given by --url, and "
-        "print TTFT and the phases around it.",
-    )
-    config_arg(probe)
-    what = probe.add_argument_group("what to probe")
+def register(parser: argparse.ArgumentParser) -> None:
+    config_arg(parser)
+    what = parser.add_argument_group("what to probe")
     what.add_argument("--target", "-t", action="append", default=[], help="target from the config (repeatable)")
     what.add_argument("--url", help="one-off endpoint base URL, e.g. http://127.0.0.1:8000/v1")
     what.add_argument(
@@ -65,7 +59,7 @@ def register(commands: Any) -> None:
     what.add_argument("--max-tokens", type=_positive_int, default=64, help="max_tokens for --url (default 64)")
     what.add_argument("--extra-body", help="JSON object merged into the request for --url")
     what.add_argument("--no-usage", action="store_true", help="do not send stream_options.include_usage (for --url)")
-    prompts = probe.add_argument_group("prompts")
+    prompts = parser.add_argument_group("prompts")
     prompts.add_argument("--prompt", action="append", default=[], help="prompt profile from the config (repeatable)")
     prompts.add_argument(
         "--prompt-tokens", type=_token_list, default=[], help="prompt sizes in tokens, e.g. 2000,16000 or 2k,16k"
@@ -76,7 +70,7 @@ def register(commands: Any) -> None:
         choices=["bust", "warm"],
         help="bust (default): a unique nonce first so no prefix cache answers; warm: repeat one prompt",
     )
-    how = probe.add_argument_group("how")
+    how = parser.add_argument_group("how")
     how.add_argument("--rounds", "-n", type=_rounds, default=5, help="measured requests per series (5)")
     how.add_argument("--warmup", type=_warmup, default=1, help="unmeasured requests first (1)")
     how.add_argument("--pause", type=_pause, default=1.0, help="seconds between rounds of a series (1)")

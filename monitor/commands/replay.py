@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, TextIO
+from typing import TextIO
 
 from monitor.commands.args import DEFAULT_CONFIG_ENV
 from monitor.commands.common import load_config_or_explain, run_against_database
@@ -17,37 +17,28 @@ NAME = "replay"
 EXPORT_COMMAND = "ttft-monitor replay --export"
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `replay` to the CLI's subparsers; `run(args)` executes it."""
-    replay: argparse.ArgumentParser = subparsers.add_parser(
-        "replay",
-        help="replay a recorded history through the detector, or export the stored one",
-        description="Print the incidents the detector would have raised over a samples CSV (columns "
-        "timestamp, series, ttft_ms, optional error and run_id), one JSON object per line. With --export, "
-        "write the stored history in that format instead, to tune the detection rules on your own data.",
-    )
-    replay.add_argument("--samples", metavar="FILE.csv", help="the history to replay")
-    replay.add_argument(
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--samples", metavar="FILE.csv", help="the history to replay")
+    parser.add_argument(
         "--config",
         "-c",
         default=None,
         help="config whose `detection` rules (and targets' SLOs) to use; default rules without it. "
         f"With --export: its database (default: ${DEFAULT_CONFIG_ENV}, else ./config.yaml)",
     )
-    replay.add_argument(
+    parser.add_argument(
         "--export",
         nargs="?",
         const="-",
         metavar="FILE.csv",
         help="write every stored sample as a samples CSV to FILE.csv (default: standard output)",
     )
-    replay.add_argument(
+    parser.add_argument(
         "--groups",
         action="store_true",
         help="print the regression groups instead of the incidents (with --config: series grouped by their "
         "target's provider, as `alerts.grouping` says), each with its members and the notifications it would send",
     )
-    return replay
 
 
 def main(args: argparse.Namespace) -> int:

@@ -7,40 +7,36 @@ database could not be read.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
 
 from monitor.commands.args import config_arg
-from monitor.commands.common import load_config_or_explain
-from monitor.exitcodes import EXIT_INFRA, EXIT_OK, EXIT_USAGE
+from monitor.commands.common import load_config_or_explain, run_against_database
+from monitor.exitcodes import EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from monitor.web.queries import CompareDocument
+    from monitor.web.report import ReportFilters
 
 NAME = "report"
 
 
-def register(commands: Any) -> None:
-    report = commands.add_parser(
-        "report",
-        help="the comparison of targets and prompt sizes from the stored history, as HTML, Markdown or JSON",
-        description="TTFT median, p90, n and 95% bootstrap interval per target and prompt, pairwise differences "
-        "and prefill slopes: the numbers of the compare page. HTML is one self-contained file that opens offline.",
-    )
-    config_arg(report)
-    report.add_argument("--since", default="7d", help="how far back, e.g. 24h, 7d, 30d (7d)")
-    report.add_argument("--until", help="end of the window, ISO 8601 with a zone (default: now)")
-    report.add_argument("--target", "-t", action="append", default=[], help="only this target (repeatable)")
-    report.add_argument("--prompt", action="append", default=[], help="only this prompt profile (repeatable)")
-    report.add_argument("--location", action="append", default=[], help="only this location (repeatable)")
-    report.add_argument("--format", "-f", choices=["html", "md", "json"], default="html", help="output (html)")
-    report.add_argument("--output", "-o", help="write to this file (default: standard output)")
+def register(parser: argparse.ArgumentParser) -> None:
+    config_arg(parser)
+    parser.add_argument("--since", default="7d", help="how far back, e.g. 24h, 7d, 30d (7d)")
+    parser.add_argument("--until", help="end of the window, ISO 8601 with a zone (default: now)")
+    parser.add_argument("--target", "-t", action="append", default=[], help="only this target (repeatable)")
+    parser.add_argument("--prompt", action="append", default=[], help="only this prompt profile (repeatable)")
+    parser.add_argument("--location", action="append", default=[], help="only this location (repeatable)")
+    parser.add_argument("--format", "-f", choices=["html", "md", "json"], default="html", help="output (html)")
+    parser.add_argument("--output", "-o", help="write to this file (default: standard output)")
 
 
 def main(args: argparse.Namespace) -> int:
     from datetime import UTC, datetime
 
-    from monitor.store.engine import StoreError, describe_db_error
     from monitor.web.api import BadRequest, parse_duration, parse_time
-    from monitor.web.report import render, report_from_database, unknown_filter
+    from monitor.web.report import ReportFilters, report_from_database
 
     try:
         since = parse_duration(args.since)
@@ -51,16 +47,21 @@ def main(args: argparse.Namespace) -> int:
     config = load_config_or_explain(args.config, sys.stderr)
     if config is None:
         return EXIT_USAGE
-    filters = {"targets": args.target, "prompts": args.prompt, "locations": args.location}
-    try:
-        data = asyncio.run(report_from_database(config.database.url, since=since, now=until, **filters))
-    except StoreError as exc:  # already one line naming the fix (SchemaBehind: `db upgrade`)
-        print(f"ttft-monitor report: {exc}", file=sys.stderr)
-        return EXIT_INFRA
-    except Exception as exc:
-        print(f"ttft-monitor report: {describe_db_error(exc, config.database.url)}", file=sys.stderr)
-        return EXIT_INFRA
-    miss = unknown_filter(data, **filters)
+    filters = ReportFilters(targets=args.target, prompts=args.prompt, locations=args.location)
+
+    async def read_and_write() -> int:
+        data = await report_from_database(config.database.url, since=since, now=until, filters=filters)
+        return _write(data, args, filters)
+
+    return run_against_database(
+        read_and_write(), command="ttft-monitor report", url=config.database.url, err=sys.stderr
+    )
+
+
+def _write(data: CompareDocument, args: argparse.Namespace, filters: ReportFilters) -> int:
+    from monitor.web.report import render, unknown_filter
+
+    miss = unknown_filter(data, filters)
     if miss is not None:
         stored = ", ".join(miss.stored) or "none yet"
         print(

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from typing import Any
 
 from monitor.commands.args import config_arg
 from monitor.commands.common import load_config_or_explain
@@ -17,16 +16,10 @@ from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 NAME = "serve"
 
 
-def register(commands: Any) -> None:
-    serve = commands.add_parser(
-        "serve",
-        help="serve the status pages and JSON API alone, read-only (no probing)",
-        description="Serve the status pages (overview, series, compare, incidents) and /api/v1/ from the config's "
-        "database, read-only, with /healthz and /readyz. `run` serves the same pages on metrics.listen.",
-    )
-    config_arg(serve)
-    serve.add_argument("--listen", default="127.0.0.1:9464", help="HOST:PORT to serve on (127.0.0.1:9464)")
-    serve.add_argument(
+def register(parser: argparse.ArgumentParser) -> None:
+    config_arg(parser)
+    parser.add_argument("--listen", default="127.0.0.1:9464", help="HOST:PORT to serve on (127.0.0.1:9464)")
+    parser.add_argument(
         "--hash-password",
         action="store_true",
         help="read a password on stdin and print its hash for web.basic_password_hash, then exit",

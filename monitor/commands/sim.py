@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Any
 
 from monitor.commands.args import port_number
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
@@ -15,18 +14,12 @@ NAME = "sim"
 SIM_DEFAULT_PORT = 8400
 
 
-def register(commands: Any) -> None:
-    sim = commands.add_parser(
-        "sim",
-        help="serve the built-in LLM API simulator",
-        description="Serve /v1/chat/completions, /v1/completions, /v1/messages and /v1/models with "
-        "realistic latency, a prefix cache and faults on demand (control API under /sim/).",
-    )
-    sim.add_argument("--host", default="127.0.0.1")
-    sim.add_argument("--port", type=port_number, default=SIM_DEFAULT_PORT, help="0 picks a free port")
-    sim.add_argument("--no-noise", action="store_true", help="exact latencies (noise sigma 0)")
-    sim.add_argument("--seed", type=int, help="seed the noise for repeatable runs")
-    sim.add_argument("--api-key-env", help="require the key in this environment variable")
+def register(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=port_number, default=SIM_DEFAULT_PORT, help="0 picks a free port")
+    parser.add_argument("--no-noise", action="store_true", help="exact latencies (noise sigma 0)")
+    parser.add_argument("--seed", type=int, help="seed the noise for repeatable runs")
+    parser.add_argument("--api-key-env", help="require the key in this environment variable")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo, field_serializer, field_validator
 
 from monitor.config.cron import build_trigger, resolve_timezone
 
@@ -103,3 +103,16 @@ class ConfigModel(BaseModel):
             if kind is not None:
                 raise ValueError(f"expected {kind}, got {'true' if value else 'false'}")
         return value
+
+
+class MaskedHeadersModel(ConfigModel):
+    """A section whose `headers` often carry credentials (via ${VAR}): dumps and reprs, which end up in logs,
+    show them masked; the live values stay available as `.headers`."""
+
+    @field_serializer("headers", check_fields=False)
+    def _dump_headers(self, headers: dict[str, str]) -> dict[str, str]:
+        return masked_headers(headers)
+
+    def __repr_args__(self) -> Any:
+        for name, value in super().__repr_args__():
+            yield name, (masked_headers(value) if name == "headers" else value)

@@ -27,6 +27,7 @@ from monitor.detect.grouping import GROUPED_KINDS, scope
 from monitor.detect.state import is_evidence
 from monitor.logging import error_text
 from monitor.metrics.definitions import Metrics
+from monitor.otel.incident import IncidentReading
 from monitor.probe.result import Sample
 from monitor.store.engine import is_broken_connection, write_transaction
 from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore, StoredState
@@ -155,6 +156,10 @@ class DetectionService:
             detector = self._detectors[target] = Detector(self._config.detection.rules(), slo_ms=slo)
         return detector
 
+    def _run_log(self, job: str, run: RunRecord) -> Any:
+        """The log, its lines naming the run's job, target and prompt."""
+        return self._log.bind(job=job, target=run.series.target, prompt=run.series.prompt)
+
     async def after_store(
         self, job: str, batch: Sequence[tuple[RunRecord, Sequence[Sample]]], *, budget_s: float | None = None
     ) -> None:
@@ -176,13 +181,7 @@ class DetectionService:
             try:
                 await self._evaluate(job, run, samples, interval, groups)
             except Exception as exc:
-                self._log.warning(
-                    "detection_failed",
-                    job=job,
-                    target=run.series.target,
-                    prompt=run.series.prompt,
-                    error=error_text(exc),
-                )
+                self._run_log(job, run).warning("detection_failed", error=error_text(exc))
         # Per target rather than per series: after every run of the batch is stored and evaluated.
         await self._burn.after_store(job, batch)
         # The groups this batch changed are notified once it is all in: series of one provider probed
@@ -266,13 +265,8 @@ class DetectionService:
                     self._log.info("detection_commit_confirmed", job=job, target=run.series.target)
                     outcome = attempt.outcome
                 else:
-                    self._log.info(
-                        "detection_retried",
-                        job=job,
-                        target=run.series.target,
-                        prompt=run.series.prompt,
-                        error=error_text(exc),
-                        committing=attempt.committing,
+                    self._run_log(job, run).info(
+                        "detection_retried", error=error_text(exc), committing=attempt.committing
                     )
                     await asyncio.sleep(pauses.pop(0))
                     continue
@@ -280,11 +274,9 @@ class DetectionService:
             if outcome is not None:
                 new_state, events, baseline_ms = outcome
                 for event in events:
-                    self._log.warning(
-                        "incident_" + event.action,
-                        job=job,
-                        target=run.series.target,
-                        prompt=run.series.prompt,
+                    reading = IncidentReading(
+                        event.action,
+                        series=(run.series.target, run.series.prompt, run.series.location),
                         kind=event.kind,
                         severity=event.severity,
                         baseline_ms=event.baseline_ms,
@@ -292,17 +284,9 @@ class DetectionService:
                         ratio=event.ratio,
                         error_class=event.error,
                     )
+                    self._run_log(job, run).warning("incident_" + event.action, **reading.facts())
                     if self._metrics is not None:
-                        self._metrics.observe_incident(
-                            event.action,
-                            series=(run.series.target, run.series.prompt, run.series.location),
-                            kind=event.kind,
-                            severity=event.severity,
-                            baseline_ms=event.baseline_ms,
-                            observed_ms=event.observed_ms,
-                            ratio=event.ratio,
-                            error_class=event.error,
-                        )
+                        self._metrics.observe_incident(reading)
                 self._observe(run.series, new_state, events)
                 if self._metrics is not None:
                     rule = self._config.detection.ticket

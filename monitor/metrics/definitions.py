@@ -23,6 +23,7 @@ from prometheus_client.metrics_core import Metric
 from monitor import __version__
 from monitor.config.cron import build_trigger
 from monitor.config.models import DEFAULT_TTFT_BUCKETS_S, Config
+from monitor.otel.incident import IncidentReading
 from monitor.probe.result import Sample
 
 SERIES_LABELS = ("target", "model", "provider", "prompt", "location")
@@ -66,18 +67,7 @@ class Telemetry(Protocol):
 
     def observe_regression_state(self, series: Sequence[str], level: int) -> None: ...
 
-    def observe_incident(
-        self,
-        action: str,
-        *,
-        series: Sequence[str],
-        kind: str,
-        severity: str | None,
-        baseline_ms: float | None,
-        observed_ms: float | None,
-        ratio: float | None,
-        error_class: str | None,
-    ) -> None: ...
+    def observe_incident(self, reading: IncidentReading) -> None: ...
 
 
 class Metrics:
@@ -354,31 +344,11 @@ class Metrics:
         if self.telemetry is not None:
             self.telemetry.observe_regression_state(series, level)
 
-    def observe_incident(
-        self,
-        action: str,
-        *,
-        series: Sequence[str],
-        kind: str,
-        severity: str | None,
-        baseline_ms: float | None,
-        observed_ms: float | None,
-        ratio: float | None,
-        error_class: str | None,
-    ) -> None:
+    def observe_incident(self, reading: IncidentReading) -> None:
         """An incident opened, resolved, ...: no Prometheus series (the gauges above carry the state), but a
         log record for telemetry that takes them."""
         if self.telemetry is not None:
-            self.telemetry.observe_incident(
-                action,
-                series=series,
-                kind=kind,
-                severity=severity,
-                baseline_ms=baseline_ms,
-                observed_ms=observed_ms,
-                ratio=ratio,
-                error_class=error_class,
-            )
+            self.telemetry.observe_incident(reading)
 
     def observe_baseline(
         self,

@@ -67,6 +67,7 @@ from monitor import __version__
 from monitor.otel import semconv
 from monitor.otel.aggregate import Aggregates, Instrument, Key, Snapshot, key_of
 from monitor.otel.counters import ExportCounters
+from monitor.otel.incident import IncidentReading
 from monitor.otel.settings import Resolved
 from monitor.probe.proxy import ProxyEnvironment, route_for
 from monitor.probe.result import Sample
@@ -555,26 +556,15 @@ class OtelTelemetry:
         key = key_of(semconv.detector_attributes(tuple(series), location=self.location))
         self.aggregates.set(semconv.REGRESSION_STATE, key, level, time.time_ns())
 
-    def observe_incident(
-        self,
-        action: str,
-        *,
-        series: Sequence[str],
-        kind: str,
-        severity: str | None,
-        baseline_ms: float | None,
-        observed_ms: float | None,
-        ratio: float | None,
-        error_class: str | None,
-        at: datetime | None = None,
-    ) -> None:
+    def observe_incident(self, reading: IncidentReading, *, at: datetime | None = None) -> None:
         """An incident opened, updated or resolved, as one log record (event `ttft_monitor.incident.opened`,
         `.updated`, `.resolved`, `.info`); WARN while it is open, INFO otherwise."""
         if self._logger_provider is None:
             return
         from opentelemetry._logs import SeverityNumber
 
-        action = INCIDENT_ACTIONS.get(action, action)
+        action = INCIDENT_ACTIONS.get(reading.action, reading.action)
+        kind, series = reading.kind, reading.series
 
         attrs: dict[str, Any] = {
             **semconv.detector_attributes(tuple(series), location=self.location),
@@ -582,11 +572,11 @@ class OtelTelemetry:
             "ttft_monitor.incident.kind": kind,
         }
         for key, value in (
-            ("ttft_monitor.incident.severity", severity),
-            ("ttft_monitor.incident.baseline_ms", baseline_ms),
-            ("ttft_monitor.incident.observed_ms", observed_ms),
-            ("ttft_monitor.incident.ratio", ratio),
-            ("error.type", error_class),
+            ("ttft_monitor.incident.severity", reading.severity),
+            ("ttft_monitor.incident.baseline_ms", reading.baseline_ms),
+            ("ttft_monitor.incident.observed_ms", reading.observed_ms),
+            ("ttft_monitor.incident.ratio", reading.ratio),
+            ("error.type", reading.error_class),
         ):
             if value is not None:
                 attrs[key] = value

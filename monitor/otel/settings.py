@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 from urllib.parse import unquote, urlsplit
 
-from pydantic import AfterValidator, Field, field_serializer
+from pydantic import AfterValidator, Field
 
-from monitor.config.fields import ConfigModel, Headers, masked_headers
+from monitor.config.fields import Headers, MaskedHeadersModel
 
 SIGNALS = ("metrics", "traces", "logs")
 SUPPORTED_PROTOCOL = "http/protobuf"
@@ -42,7 +42,7 @@ def _check_endpoint(url: str | None) -> str | None:
 Endpoint = Annotated[str | None, AfterValidator(_check_endpoint)]
 
 
-class OtelConfig(ConfigModel):
+class OtelConfig(MaskedHeadersModel):
     """`otel:`: export over OTLP. Off unless `endpoint` or `OTEL_EXPORTER_OTLP_(METRICS_)ENDPOINT` is set."""
 
     endpoint: Endpoint = Field(
@@ -105,15 +105,6 @@ class OtelConfig(ConfigModel):
         description="Spans and log records held for export at most; past it the oldest is dropped and counted "
         "(`ttft_monitor_otel_dropped_total`), so a collector that is away never holds up a probe.",
     )
-
-    # Dumps and reprs end up in logs; the live values stay available as `.headers`.
-    @field_serializer("headers")
-    def _dump_headers(self, headers: dict[str, str]) -> dict[str, str]:
-        return masked_headers(headers)
-
-    def __repr_args__(self) -> Any:
-        for name, value in super().__repr_args__():
-            yield name, (masked_headers(value) if name == "headers" else value)
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,13 @@ def load_event(data: str) -> dict[str, Any]:
     return obj
 
 
+def error_event(info: EventInfo, error: Any) -> EventInfo:
+    """`info` made the API's error event, with the message of `error` (the API's error object or text)."""
+    info.kind = EventKind.ERROR
+    info.error_message = error_text(error)
+    return info
+
+
 def error_text(err: Any) -> str:
     if isinstance(err, dict):
         return str(err.get("message") or err.get("type") or err)

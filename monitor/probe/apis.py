@@ -18,7 +18,7 @@ from monitor.probe.api_base import (
     FixedPath,
     MalformedEvent,
     RequestParams,
-    error_text,
+    error_event,
     load_event,
     merge_extra,
     read_usage,
@@ -51,9 +51,7 @@ class _OpenAIBase(FixedPath):
         obj = load_event(event.data)
         info = EventInfo(served_model=obj.get("model"))
         if "error" in obj:
-            info.kind = EventKind.ERROR
-            info.error_message = error_text(obj["error"])
-            return info
+            return error_event(info, obj["error"])
         read_usage(
             info,
             obj.get("usage"),
@@ -165,8 +163,7 @@ class AnthropicMessages(FixedPath):
         elif kind == "message_stop":
             info.kind = EventKind.DONE
         elif kind == "error":
-            info.kind = EventKind.ERROR
-            info.error_message = error_text(obj.get("error"))
+            error_event(info, obj.get("error"))
         return info
 
 

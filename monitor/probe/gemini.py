@@ -18,7 +18,7 @@ from monitor.probe.api_base import (
     EventKind,
     MalformedEvent,
     RequestParams,
-    error_text,
+    error_event,
     load_event,
     merge_extra,
 )
@@ -54,9 +54,7 @@ class Gemini:
         obj = load_event(event.data)
         info = EventInfo(served_model=obj.get("modelVersion"))
         if "error" in obj:
-            info.kind = EventKind.ERROR
-            info.error_message = error_text(obj["error"])
-            return info
+            return error_event(info, obj["error"])
         usage = obj.get("usageMetadata")
         if isinstance(usage, dict):
             info.prompt_tokens = usage.get("promptTokenCount")

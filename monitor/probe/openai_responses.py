@@ -18,6 +18,7 @@ from monitor.probe.api_base import (
     EventKind,
     FixedPath,
     RequestParams,
+    error_event,
     error_text,
     load_event,
     merge_extra,
@@ -66,8 +67,7 @@ class OpenAIResponses(FixedPath):
         elif kind in _TOOL_CALL:
             info.kind = EventKind.TOOL_CALL if obj.get("delta") else EventKind.OTHER
         elif kind == "error":
-            info.kind = EventKind.ERROR
-            info.error_message = error_text(obj.get("error") or obj)
+            error_event(info, obj.get("error") or obj)
         elif kind in _ENDS or kind in ("response.created", "response.in_progress"):
             response = obj.get("response") or {}
             info.served_model = response.get("model")

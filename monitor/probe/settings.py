@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, PrivateAttr, field_serializer, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from monitor.config.fields import ConfigModel, EnvName, Headers, UserPath, masked_headers
+from monitor.config.fields import ConfigModel, EnvName, Headers, MaskedHeadersModel, UserPath
 from monitor.config.urls import check_http_url
 from monitor.probe.apis import FLAVORS
 from monitor.probe.proxy import ProxySettings
@@ -55,7 +55,7 @@ class Tls(ConfigModel):
         return path
 
 
-class Provider(ConfigModel):
+class Provider(MaskedHeadersModel):
     """An API endpoint and how to reach it. The key itself never lives here; see `secret()`."""
 
     base_url: str = Field(
@@ -186,15 +186,6 @@ class Provider(ConfigModel):
     def display_url(self) -> str:
         """`base_url` fit to print, every secret in it masked."""
         return mask_url(self.base_url, self.secrets())
-
-    # Header values often carry credentials via ${VAR}; the live values stay available as `.headers`.
-    @field_serializer("headers")
-    def _dump_headers(self, headers: dict[str, str]) -> dict[str, str]:
-        return masked_headers(headers)
-
-    def __repr_args__(self) -> Any:
-        for name, value in super().__repr_args__():
-            yield name, (masked_headers(value) if name == "headers" else value)
 
 
 class Params(ConfigModel):

@@ -13,20 +13,17 @@ from sqlalchemy import case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.store.models import (
+    GROUPS,
+    INCIDENTS,
+    SCOPES,
     SERIES,
     DetectorStateRow,
     IncidentGroupRow,
-    IncidentGroupScopeRow,
     IncidentRow,
     SeriesRow,
-    table_of,
 )
-from monitor.store.records import SeriesKey
+from monitor.store.records import SeriesKey, record_from_row
 from monitor.store.statements import find_series_id, upsert_insert
-
-SCOPES = table_of(IncidentGroupScopeRow)
-GROUPS = table_of(IncidentGroupRow)
-INCIDENTS = table_of(IncidentRow)
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,17 +210,7 @@ class GroupStore:
         row = (await connection.execute(select(GROUPS).where(g.id == group_id))).first()
         if row is None:
             return None
-        return GroupRecord(
-            id=row.id,
-            scope=row.scope,
-            kind=row.kind,
-            provider=row.provider,
-            lead_incident_id=row.lead_incident_id,
-            opened_at=row.opened_at,
-            resolved_at=row.resolved_at,
-            notified_members=row.notified_members,
-            notified_severity=row.notified_severity,
-        )
+        return record_from_row(GroupRecord, row)
 
     async def members(self, connection: AsyncConnection, group_id: uuid.UUID) -> list[MemberRecord]:
         i, s = INCIDENTS.c, SERIES.c
@@ -236,22 +223,7 @@ class GroupStore:
             )
         ).all()
         return [
-            MemberRecord(
-                id=row.id,
-                series=SeriesKey(row.target, row.provider, row.model, row.prompt, row.location),
-                severity=row.severity,
-                opened_at=row.opened_at,
-                resolved_at=row.resolved_at,
-                baseline_ms=row.baseline_ms,
-                observed_ms=row.observed_ms,
-                ratio=row.ratio,
-                peak_ratio=row.peak_ratio,
-                peak_at=row.peak_at,
-                error=row.error,
-                details=row.details or {},
-                opened_baseline_ms=row.opened_baseline_ms,
-                opened_observed_ms=row.opened_observed_ms,
-            )
+            record_from_row(MemberRecord, row, series=record_from_row(SeriesKey, row), details=row.details or {})
             for row in rows
         ]
 

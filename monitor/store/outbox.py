@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
@@ -19,12 +19,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
-    AlertDeliveryRow,
-    AlertOutboxRow,
-    IncidentGroupRow,
-    IncidentRow,
-    IncidentTriageRow,
-    table_of,
+    DELIVERIES,
+    GROUPS,
+    INCIDENTS,
+    OUTBOX,
+    TRIAGE,
 )
 from monitor.store.statements import upsert_insert
 
@@ -32,11 +31,6 @@ from monitor.store.statements import upsert_insert
 PENDING, SENT, FAILED, SUPPRESSED, SUPERSEDED = "pending", "sent", "failed", "suppressed", "superseded"
 FINISHED = (SENT, FAILED, SUPPRESSED, SUPERSEDED)
 FIRING_EVENTS = ("firing", "renotify")
-OUTBOX = table_of(AlertOutboxRow)
-DELIVERIES = table_of(AlertDeliveryRow)
-INCIDENTS = table_of(IncidentRow)
-TRIAGE = table_of(IncidentTriageRow)
-GROUPS = table_of(IncidentGroupRow)
 
 
 def _still_firing() -> sa.ColumnElement[bool]:
@@ -77,7 +71,7 @@ class ClaimedRow:
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """One attempt's answer, for `alert_deliveries`."""
+    """One attempt's answer, for `alert_deliveries`: its fields are that table's columns (but the outbox row's id)."""
 
     attempted_at: datetime
     outcome: str
@@ -243,16 +237,7 @@ class OutboxStore:
         changed = await connection.execute(
             sa.update(OUTBOX).where(OUTBOX.c.id == row_id, OUTBOX.c.claimed_by == worker_id).values(**values)
         )
-        await connection.execute(
-            sa.insert(DELIVERIES).values(
-                outbox_id=row_id,
-                attempted_at=delivery.attempted_at,
-                outcome=delivery.outcome,
-                http_status=delivery.http_status,
-                error=delivery.error,
-                duration_ms=delivery.duration_ms,
-            )
-        )
+        await connection.execute(sa.insert(DELIVERIES).values(outbox_id=row_id, **asdict(delivery)))
         return bool(changed.rowcount == 1)
 
     async def pending_count(self) -> int:

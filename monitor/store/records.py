@@ -16,11 +16,16 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.quantile import quantile
 from monitor.servertext import MESSAGE_CAP, TRUNCATED_MARK
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    Record = TypeVar("Record", bound=DataclassInstance)
 
 ADHOC_JOB = "adhoc"  # the job name of `probe --store` runs, which have no scheduled tick
 # Not stored: process-local monotonic clock values, meaningless after the process ends, and the
@@ -467,3 +472,12 @@ def run_from_dict(data: Mapping[str, Any]) -> RunRecord:
         values[name] = datetime.fromisoformat(values[name])
     values["error"] = ErrorClass(values["error"]) if values.get("error") is not None else None
     return RunRecord(**values)
+
+
+def record_from_row(record: type[Record], row: Any, **given: Any) -> Record:
+    """The `record` dataclass of a database row (a SQLAlchemy `Row`) whose columns carry the fields' names.
+    `given` are the fields the row holds no column of that name for (a nested key, a value worked out from
+    others); a defaulted field the row has no column for keeps its default."""
+    columns = row._mapping
+    values = {f.name: columns[f.name] for f in fields(record) if f.name in columns and f.name not in given}
+    return record(**values, **given)

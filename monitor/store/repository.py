@@ -663,40 +663,36 @@ class Repository:
             if len(ids) < batch_size:
                 break
             await asyncio.sleep(0)  # let probes and saves in between
-        ticks = table_of(JobTickRow)
-        deleted_ticks = await self._delete_oldest(
-            ticks, (ticks.c.id,), ticks.c.scheduled_at, ticks.c.scheduled_at < raw_cutoff, batch_size
-        )
-        deleted_rollups = await self._delete_oldest(
-            rollups, (rollups.c.series_id, rollups.c.hour), rollups.c.hour, rollups.c.hour < rollup_cutoff, batch_size
-        )
-        incidents, outbox = table_of(IncidentRow), table_of(AlertOutboxRow)
+        ticks, incidents, outbox = table_of(JobTickRow), table_of(IncidentRow), table_of(AlertOutboxRow)
+        groups, marks = table_of(IncidentGroupRow), table_of(AnnotationRow)
         unreferenced = ~select(outbox.c.id).where(outbox.c.incident_id == incidents.c.id).exists()
-        deleted_incidents = await self._delete_oldest(
-            incidents,
-            (incidents.c.id,),
-            incidents.c.resolved_at,
-            (incidents.c.resolved_at < rollup_cutoff) & unreferenced,
-            batch_size,
-        )
-        groups = table_of(IncidentGroupRow)
         empty = ~select(incidents.c.id).where(incidents.c.group_id == groups.c.id).exists()
-        deleted_groups = await self._delete_oldest(
-            groups, (groups.c.id,), groups.c.resolved_at, (groups.c.resolved_at < rollup_cutoff) & empty, batch_size
+        # Each `PruneResult` field's table: its key, the column that ages it and which rows are old enough,
+        # in this order (groups are pruned once their incidents are).
+        aged: tuple[tuple[str, Table, tuple[Any, ...], Any, Any], ...] = (
+            ("job_ticks", ticks, (ticks.c.id,), ticks.c.scheduled_at, ticks.c.scheduled_at < raw_cutoff),
+            ("rollups", rollups, (rollups.c.series_id, rollups.c.hour), rollups.c.hour, rollups.c.hour < rollup_cutoff),
+            (
+                "incidents",
+                incidents,
+                (incidents.c.id,),
+                incidents.c.resolved_at,
+                (incidents.c.resolved_at < rollup_cutoff) & unreferenced,
+            ),
+            (
+                "incident_groups",
+                groups,
+                (groups.c.id,),
+                groups.c.resolved_at,
+                (groups.c.resolved_at < rollup_cutoff) & empty,
+            ),
+            ("annotations", marks, (marks.c.id,), marks.c.at, marks.c.at < rollup_cutoff),
         )
-        marks = table_of(AnnotationRow)
-        deleted_marks = await self._delete_oldest(
-            marks, (marks.c.id,), marks.c.at, marks.c.at < rollup_cutoff, batch_size
-        )
-        return PruneResult(
-            runs=deleted_runs,
-            samples=deleted_samples,
-            rollups=deleted_rollups,
-            job_ticks=deleted_ticks,
-            incidents=deleted_incidents,
-            incident_groups=deleted_groups,
-            annotations=deleted_marks,
-        )
+        deleted = {
+            name: await self._delete_oldest(table, key, age, condition, batch_size)
+            for name, table, key, age, condition in aged
+        }
+        return PruneResult(runs=deleted_runs, samples=deleted_samples, **deleted)
 
     async def _delete_oldest(self, table: Table, key: Sequence[Any], age: Any, condition: Any, batch_size: int) -> int:
         """Delete the rows matching `condition`, oldest (by `age`) first, `batch_size` per transaction."""

@@ -15,20 +15,17 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
+    ANNOTATIONS,
+    DETECTOR_STATE,
+    GROUPS,
+    INCIDENTS,
+    OUTBOX,
     SERIES,
-    AnnotationRow,
-    DetectorStateRow,
-    IncidentGroupRow,
-    IncidentRow,
-    IncidentTriageRow,
-    table_of,
+    TRIAGE,
 )
+from monitor.store.records import record_from_row
 from monitor.store.statements import upsert_insert
 
-INCIDENTS = table_of(IncidentRow)
-TRIAGE = table_of(IncidentTriageRow)
-ANNOTATIONS = table_of(AnnotationRow)
-DETECTOR_STATE = table_of(DetectorStateRow)
 # The shortest id prefix accepted: `incidents` shows 8 characters.
 MIN_PREFIX = 4
 # How long before an incident began a change marker still counts as a likely cause worth naming.
@@ -147,30 +144,7 @@ class TriageStore:
         if len(rows) > 1:
             raise IncidentLookupError(f"'{given}' matches several incidents; give more of the id")
         row = rows[0]
-        return IncidentFacts(
-            id=row.id,
-            series_id=row.series_id,
-            kind=row.kind,
-            severity=row.severity,
-            opened_at=row.opened_at,
-            resolved_at=row.resolved_at,
-            baseline_ms=row.baseline_ms,
-            observed_ms=row.observed_ms,
-            ratio=row.ratio,
-            error=row.error,
-            peak_ratio=row.peak_ratio,
-            peak_at=row.peak_at,
-            details=row.details,
-            target=row.target,
-            model=row.model,
-            provider=row.provider,
-            prompt=row.prompt,
-            location=row.location,
-            acked_at=row.acked_at,
-            acked_by=row.acked_by,
-            label=row.label,
-            group_id=row.group_id,
-        )
+        return record_from_row(IncidentFacts, row)
 
     @staticmethod
     async def _upsert(connection: AsyncConnection, incident_id: uuid.UUID, values: dict[str, Any]) -> None:
@@ -236,8 +210,6 @@ class TriageStore:
     @staticmethod
     async def first_firing_payload(connection: AsyncConnection, incident_id: uuid.UUID) -> dict[str, Any] | None:
         """The notification the incident opened with, as the outbox stored it, if it was sent anywhere."""
-        from monitor.store.outbox import OUTBOX
-
         return await connection.scalar(
             sa.select(OUTBOX.c.payload)
             .where(OUTBOX.c.incident_id == incident_id, OUTBOX.c.event == "firing")
@@ -278,22 +250,13 @@ class TriageStore:
                 sa.select(TRIAGE).where(TRIAGE.c.incident_id.in_(ids[offset : offset + 500]))
             )
             for row in rows:
-                out[row.incident_id] = TriageRecord(
-                    acked_at=row.acked_at,
-                    acked_by=row.acked_by,
-                    label=row.label,
-                    labelled_at=row.labelled_at,
-                    labelled_by=row.labelled_by,
-                    resolved_at=row.resolved_at,
-                    resolved_by=row.resolved_by,
-                    note=row.note,
-                )
+                out[row.incident_id] = record_from_row(TriageRecord, row)
         return out
 
     async def labels(self, *, since: datetime | None) -> list[tuple[Any, ...]]:
         """(id, kind, severity, label or None, group id, the group's lead id) of every incident opened
         since `since` (all when None)."""
-        groups = table_of(IncidentGroupRow)
+        groups = GROUPS
         query = sa.select(
             INCIDENTS.c.id,
             INCIDENTS.c.kind,

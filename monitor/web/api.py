@@ -33,6 +33,7 @@ from monitor.web.auth import COOKIE, Authenticator, Guard, Outcome, Verdict, cli
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/api/v1"
 PAGES = {"/": "overview.html", "/series": "series.html", "/compare": "compare.html", "/incidents": "incidents.html"}
+PAGE_TEMPLATE = "page.html"
 _CONTENT_TYPES = {".html": "text/html", ".js": "application/javascript", ".css": "text/css", ".txt": "text/plain"}
 # ASCII only: `\d` and float() also take fullwidth and other Unicode digits, and float() takes `1_0`.
 _DURATION = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*(m|h|d|w)\s*", re.ASCII)
@@ -130,9 +131,16 @@ def _respond(
 
 
 def static_files() -> dict[str, bytes]:
-    """Every file of monitor/web/static, read once."""
+    """Every file of monitor/web/static, read once, and the pages made from its one page template."""
     folder = resources.files("monitor.web") / "static"
-    return {item.name: item.read_bytes() for item in folder.iterdir() if item.is_file()}
+    files = {item.name: item.read_bytes() for item in folder.iterdir() if item.is_file()}
+    # The pages differ only in their title and script, so they share one head; the template itself is not served.
+    template = files.pop(PAGE_TEMPLATE).decode("utf-8")
+    for name in PAGES.values():
+        stem = name.removesuffix(".html")
+        page = template.replace("{title}", stem.capitalize()).replace("{script}", f"{stem}.js")
+        files[name] = page.encode("utf-8")
+    return files
 
 
 def _content_type(name: str) -> str:

@@ -92,6 +92,7 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
     import sqlalchemy as sa
 
     from monitor.store.models import IncidentRow, SeriesRow
+    from monitor.store.records import record_from_row
     from monitor.store.triage import ANNOTATION_WINDOW, TriageStore
 
     i = IncidentRow.__table__.c
@@ -136,31 +137,10 @@ async def list_incidents(engine: AsyncEngine, *, now: datetime, recent_days: flo
             count = sa.select(i.group_id, sa.func.count()).where(i.group_id.in_(groups)).group_by(i.group_id)
             sizes = {group: size for group, size in (await connection.execute(count)).all()}
     views = [
-        IncidentView(
-            id=row.id,
-            kind=row.kind,
-            severity=row.severity,
-            target=row.target,
-            model=row.model,
-            provider=row.provider,
-            prompt=row.prompt,
-            location=row.location,
-            job=_detail(row.details, "job"),
-            cause=_detail(row.details, "cause"),
-            attribution=_detail(row.details, "attribution"),
-            summary=_detail(row.details, "summary"),
-            evidence=_detail(row.details, "evidence"),
-            opened_at=row.opened_at,
-            resolved_at=row.resolved_at,
-            baseline_ms=row.baseline_ms,
-            observed_ms=row.observed_ms,
-            ratio=row.ratio,
-            error=row.error,
-            opened_baseline_ms=row.opened_baseline_ms,
-            opened_observed_ms=row.opened_observed_ms,
-            peak_ratio=row.peak_ratio,
-            peak_at=row.peak_at,
-            group_id=row.group_id,
+        record_from_row(
+            IncidentView,
+            row,
+            **{name: _detail(row.details, name) for name in ("job", "cause", "attribution", "summary", "evidence")},
             group_size=sizes.get(row.group_id, 0) if row.group_id is not None else 0,
         )
         for row in rows

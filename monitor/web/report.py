@@ -25,28 +25,26 @@ from monitor.web import queries
 FORMATS = ("html", "md", "json")
 
 
+@dataclass(frozen=True, slots=True)
+class ReportFilters:
+    """Which stored series a report covers: the names asked for (none: every one)."""
+
+    targets: Sequence[str] = ()
+    prompts: Sequence[str] = ()
+    locations: Sequence[str] = ()
+
+
 async def report_from_store(
-    engine: AsyncEngine,
-    *,
-    since: timedelta,
-    now: datetime,
-    targets: Sequence[str] = (),
-    prompts: Sequence[str] = (),
-    locations: Sequence[str] = (),
+    engine: AsyncEngine, *, since: timedelta, now: datetime, filters: ReportFilters
 ) -> queries.CompareDocument:
+    f = filters
     return await queries.compare(
-        engine, start=now - since, end=now, targets=targets, prompts=prompts, locations=locations
+        engine, start=now - since, end=now, targets=f.targets, prompts=f.prompts, locations=f.locations
     )
 
 
 async def report_from_database(
-    url: str,
-    *,
-    since: timedelta,
-    now: datetime,
-    targets: Sequence[str] = (),
-    prompts: Sequence[str] = (),
-    locations: Sequence[str] = (),
+    url: str, *, since: timedelta, now: datetime, filters: ReportFilters
 ) -> queries.CompareDocument:
     """`report_from_store` over an engine of its own (`ttft-monitor report`); StoreError (SchemaBehind names
     `db upgrade`) or the driver's error when the database cannot be read."""
@@ -56,9 +54,7 @@ async def report_from_database(
     engine = create_engine(url)
     try:
         await ensure_current(engine)  # a schema behind or missing names `db upgrade`, not a missing table
-        return await report_from_store(
-            engine, since=since, now=now, targets=targets, prompts=prompts, locations=locations
-        )
+        return await report_from_store(engine, since=since, now=now, filters=filters)
     finally:
         await engine.dispose()
 
@@ -72,17 +68,15 @@ class UnknownNames:
     stored: list[str]
 
 
-def unknown_filter(
-    data: queries.CompareDocument, *, targets: Sequence[str], prompts: Sequence[str], locations: Sequence[str]
-) -> UnknownNames | None:
+def unknown_filter(data: queries.CompareDocument, filters: ReportFilters) -> UnknownNames | None:
     """The first filter of `data` asking for a name no stored series has, else None.
 
     Such a name is a typo, not an empty window: the command says so rather than print an empty report."""
     available = data["available"]
     for kind, asked, stored in (
-        ("target", targets, available["targets"]),
-        ("prompt", prompts, available["prompts"]),
-        ("location", locations, available["locations"]),
+        ("target", filters.targets, available["targets"]),
+        ("prompt", filters.prompts, available["prompts"]),
+        ("location", filters.locations, available["locations"]),
     ):
         unknown = [name for name in asked if name not in stored]
         if unknown:

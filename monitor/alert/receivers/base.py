@@ -125,3 +125,17 @@ def json_code_answer(
         return Answer(outcome, f"error code {code}: {message}".strip())
 
     return check
+
+
+def chat_bot_kind(
+    build: Callable[[Notification, Receiver, datetime], HttpRequest | None],
+    *,
+    code_keys: tuple[str, ...],
+    message_keys: tuple[str, ...],
+    transient_codes: frozenset[int],
+) -> ReceiverKind:
+    """The kind of a chat bot (Feishu, DingTalk, WeCom): a webhook URL, and a 200 answer whose code says
+    whether it took the message (`json_code_answer`)."""
+    return ReceiverKind(
+        build=build, problems=url_problems, check_answer=json_code_answer(code_keys, message_keys, transient_codes)
+    )

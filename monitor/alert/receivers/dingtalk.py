@@ -15,14 +15,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import (
-    Receiver,
-    ReceiverKind,
-    json_code_answer,
-    json_request,
-    require_url,
-    url_problems,
-)
+from monitor.alert.receivers.base import Receiver, chat_bot_kind, json_request, require_url
 from monitor.alert.text import escape_dingtalk, headline, markdown_sections, one_line, truncate, truncate_bytes
 
 # 130101: sending too fast (20 messages a minute per robot).
@@ -68,8 +61,4 @@ def build(notification: Notification, receiver: Receiver, now: datetime) -> Http
     return json_request(url, payload(notification, now), receiver)
 
 
-KIND = ReceiverKind(
-    build=build,
-    problems=url_problems,
-    check_answer=json_code_answer(("errcode",), ("errmsg",), TRANSIENT_CODES),
-)
+KIND = chat_bot_kind(build, code_keys=("errcode",), message_keys=("errmsg",), transient_codes=TRANSIENT_CODES)

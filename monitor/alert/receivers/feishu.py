@@ -14,14 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import (
-    Receiver,
-    ReceiverKind,
-    json_code_answer,
-    json_request,
-    require_url,
-    url_problems,
-)
+from monitor.alert.receivers.base import Receiver, chat_bot_kind, json_request, require_url
 from monitor.alert.text import facts, headline
 
 # 9499: too many requests; 11232: the bot's frequency limit. Everything else will not improve by retrying.
@@ -58,8 +51,6 @@ def build(notification: Notification, receiver: Receiver, now: datetime) -> Http
     return json_request(require_url(receiver), payload(notification, now, receiver.secret()), receiver)
 
 
-KIND = ReceiverKind(
-    build=build,
-    problems=url_problems,
-    check_answer=json_code_answer(("code", "StatusCode"), ("msg", "StatusMessage"), TRANSIENT_CODES),
+KIND = chat_bot_kind(
+    build, code_keys=("code", "StatusCode"), message_keys=("msg", "StatusMessage"), transient_codes=TRANSIENT_CODES
 )

@@ -8,8 +8,7 @@ from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import Receiver, ReceiverKind
-from monitor.alert.text import headline, series_labels
-from monitor.timefmt import iso
+from monitor.alert.text import headline, measurement_fields, series_labels, window_fields
 
 EVENT = "alert_notification"
 
@@ -23,12 +22,8 @@ def fields(notification: Notification, now: datetime) -> dict[str, Any]:
         "severity": n.severity,
         "series": n.series,
         **series_labels(n),
-        "baseline_ms": n.baseline_ms,
-        "observed_ms": n.observed_ms,
-        "ratio": n.ratio,
-        "error_class": n.error_class,
-        "since": iso(n.since, whole_seconds=True),
-        "resolved_at": None if n.resolved_at is None else iso(n.resolved_at, whole_seconds=True),
+        **measurement_fields(n),
+        **window_fields(n),
         "summary": n.summary,
         # Where the time went (monitor.detect.attribution), for regressions of runs with server metrics.
         "cause": n.cause,

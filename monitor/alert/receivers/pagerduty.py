@@ -11,7 +11,7 @@ from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import BuildError, Receiver, ReceiverKind, json_request
-from monitor.alert.text import headline, series_labels, truncate
+from monitor.alert.text import headline, measurement_fields, series_labels, truncate
 from monitor.timefmt import iso
 
 DEFAULT_URL = "https://events.pagerduty.com/v2/enqueue"
@@ -34,10 +34,7 @@ def details(notification: Notification) -> dict[str, Any]:
         "series": n.series,
         **series_labels(n),
         "kind": n.kind,
-        "baseline_ms": n.baseline_ms,
-        "observed_ms": n.observed_ms,
-        "ratio": n.ratio,
-        "error_class": n.error_class,
+        **measurement_fields(n),
         "since": iso(n.since, whole_seconds=True),
         "summary": n.summary,
         "incident_id": str(n.incident_id),

@@ -17,7 +17,7 @@ from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
 from monitor.alert.receivers.base import BuildError, Receiver, ReceiverKind, dumps, post, require_url, url_problems
-from monitor.alert.text import headline, plain_text, series_labels
+from monitor.alert.text import headline, measurement_fields, plain_text, series_labels, window_fields
 from monitor.config.secrets import webhook_secret_key
 from monitor.timefmt import iso
 
@@ -33,13 +33,9 @@ def payload(notification: Notification, now: datetime) -> dict[str, Any]:
             "kind": n.kind,
             "severity": n.severity,
             "repeat": n.repeat,
-            "since": iso(n.since, whole_seconds=True),
-            "resolved_at": None if n.resolved_at is None else iso(n.resolved_at, whole_seconds=True),
+            **window_fields(n),
             "series": series_labels(n),
-            "baseline_ms": n.baseline_ms,
-            "observed_ms": n.observed_ms,
-            "ratio": n.ratio,
-            "error_class": n.error_class,
+            **measurement_fields(n),
             "title": headline(n),
             "summary": n.summary,
             "text": plain_text(n, now),

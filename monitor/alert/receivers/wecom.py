@@ -9,14 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.alert.model import HttpRequest, Notification
-from monitor.alert.receivers.base import (
-    Receiver,
-    ReceiverKind,
-    json_code_answer,
-    json_request,
-    require_url,
-    url_problems,
-)
+from monitor.alert.receivers.base import Receiver, chat_bot_kind, json_request, require_url
 from monitor.alert.text import escape_wecom, markdown_sections, truncate_bytes
 
 # 45009: API frequency limit (20 messages a minute per robot).
@@ -41,8 +34,4 @@ def build(notification: Notification, receiver: Receiver, now: datetime) -> Http
     return json_request(require_url(receiver), payload(notification, now), receiver)
 
 
-KIND = ReceiverKind(
-    build=build,
-    problems=url_problems,
-    check_answer=json_code_answer(("errcode",), ("errmsg",), TRANSIENT_CODES),
-)
+KIND = chat_bot_kind(build, code_keys=("errcode",), message_keys=("errmsg",), transient_codes=TRANSIENT_CODES)

@@ -47,7 +47,31 @@ def _finish_reason(finished: bool) -> str:
     return "stop" if finished else "length"
 
 
-class ChatWire:
+class _OpenAIStream:
+    """What the chat and the completions stream write alike: an answer piece into its event template, the
+    usage chunk (when the request asked for it) before `[DONE]`, a cut answer event, the error event."""
+
+    _header: dict[str, Any]
+    _include_usage: bool
+    _answer: tuple[bytes, bytes]  # the answer event around its piece (`split_template`)
+
+    def answer(self, piece: str) -> bytes:
+        head, tail = self._answer
+        return head + dumps(piece).encode() + tail
+
+    def _ending(self, last: bytes, usage: Usage) -> bytes:
+        if self._include_usage:
+            last += _event({**self._header, "choices": [], "usage": usage_json(usage)})
+        return last + DONE
+
+    def malformed(self) -> bytes:
+        return self._answer[0] + b'"\\u00\n\n'
+
+    def error_event(self) -> bytes:
+        return stream_error_event()
+
+
+class ChatWire(_OpenAIStream):
     """`data: {chat.completion.chunk}` events, as vLLM's OpenAI server writes them."""
 
     def __init__(
@@ -66,7 +90,7 @@ class ChatWire:
         self._tool_started = False
         self._call_id = f"chatcmpl-tool-{chunk_id[-12:]}"
         self._reasoning = split_template(self._delta_event({reasoning_field: slot()}))
-        self._content = split_template(self._delta_event({"content": slot()}))
+        self._answer = split_template(self._delta_event({"content": slot()}))
 
     def _delta_event(self, delta: dict[str, Any]) -> str:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
@@ -85,8 +109,7 @@ class ChatWire:
     def answer(self, piece: str) -> bytes:
         if self._tool_call:
             return self._tool_delta(piece)
-        head, tail = self._content
-        return head + dumps(piece).encode() + tail
+        return super().answer(piece)
 
     def _tool_delta(self, piece: str) -> bytes:
         first = not self._tool_started
@@ -109,25 +132,16 @@ class ChatWire:
             "finish_reason": "tool_calls" if self._tool_call and finished else _finish_reason(finished),
             "stop_reason": None,
         }
-        out = _event({**self._header, "choices": [choice]})
-        if self._include_usage:
-            out += _event({**self._header, "choices": [], "usage": usage_json(usage)})
-        return out + DONE
-
-    def malformed(self) -> bytes:
-        return self._content[0] + b'"\\u00\n\n'
-
-    def error_event(self) -> bytes:
-        return stream_error_event()
+        return self._ending(_event({**self._header, "choices": [choice]}), usage)
 
 
-class CompletionWire:
+class CompletionWire(_OpenAIStream):
     """`data: {text_completion}` events; no role chunk, the first event carries the first token."""
 
     def __init__(self, *, chunk_id: str, created: int, model: str, include_usage: bool) -> None:
         self._header = {"id": chunk_id, "object": "text_completion", "created": created, "model": model}
         self._include_usage = include_usage
-        self._text = split_template(self._choice_event(slot(), None))
+        self._answer = split_template(self._choice_event(slot(), None))
 
     def _choice_event(self, text: str, finish_reason: str | None) -> str:
         choice = {
@@ -148,21 +162,8 @@ class CompletionWire:
     def begin_answer(self) -> bytes:
         return b""
 
-    def answer(self, piece: str) -> bytes:
-        head, tail = self._text
-        return head + dumps(piece).encode() + tail
-
     def closing(self, *, finished: bool, usage: Usage) -> bytes:
-        out = self._choice_event("", _finish_reason(finished)).encode()
-        if self._include_usage:
-            out += _event({**self._header, "choices": [], "usage": usage_json(usage)})
-        return out + DONE
-
-    def malformed(self) -> bytes:
-        return self._text[0] + b'"\\u00\n\n'
-
-    def error_event(self) -> bytes:
-        return stream_error_event()
+        return self._ending(self._choice_event("", _finish_reason(finished)).encode(), usage)
 
 
 def stream_error_event() -> bytes:

@@ -83,6 +83,13 @@ const TTFT = (() => {
       signout);
   }
 
+  // A page's frame in #app: the navigation, with this page marked, and the <main> the page fills (returned).
+  function page(active) {
+    const main = el("main");
+    document.getElementById("app").append(nav(active), main);
+    return main;
+  }
+
   function showError(root, error) {
     root.append(el("p", { class: "error", role: "alert" }, `Could not load: ${error.message || error}`));
   }
@@ -151,5 +158,5 @@ const TTFT = (() => {
 
   function csvLink(url) { return el("a", { href: url + (url.includes("?") ? "&" : "?") + "format=csv", class: "csv" }, "CSV"); }
 
-  return { el, getJSON, ms, pct, when, duration, epoch, incidentFigures, nav, showError, seriesName, sparkline, table, csvLink };
+  return { el, getJSON, ms, pct, when, duration, epoch, incidentFigures, page, showError, seriesName, sparkline, table, csvLink };
 })();

@@ -1,9 +1,7 @@
 "use strict";
 (() => {
   const { el } = TTFT;
-  const app = document.getElementById("app");
-  const main = el("main");
-  app.append(TTFT.nav("Compare"), main);
+  const main = TTFT.page("Compare");
   const params = new URLSearchParams(location.search);
   const since = params.get("since") || "7d";
 

@@ -1,9 +1,7 @@
 "use strict";
 (() => {
   const { el, ms } = TTFT;
-  const app = document.getElementById("app");
-  const main = el("main");
-  app.append(TTFT.nav("Incidents"), main);
+  const main = TTFT.page("Incidents");
   const since = new URLSearchParams(location.search).get("since") || "30d";
 
   function seriesHref(item) {

@@ -1,9 +1,7 @@
 "use strict";
 (() => {
   const { el, ms, pct } = TTFT;
-  const app = document.getElementById("app");
-  const main = el("main");
-  app.append(TTFT.nav("Overview"), main);
+  const main = TTFT.page("Overview");
   const ORDER = ["page", "down", "ticket", "no data", "ok"];
 
   function statusBadge(status) {

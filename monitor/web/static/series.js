@@ -1,9 +1,7 @@
 "use strict";
 (() => {
   const { el, ms } = TTFT;
-  const app = document.getElementById("app");
-  const main = el("main");
-  app.append(TTFT.nav("Series"), main);
+  const main = TTFT.page("Series");
   const params = new URLSearchParams(location.search);
   const RANGES = { "6h": 6 * 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400, "90d": 90 * 86400 };
   const PHASES = [
