@@ -754,6 +754,10 @@ class _Core:
         )
         return z / factor >= rule.z_threshold
 
+    def _streak_end(self, count: int, streak_since: datetime | None) -> int:
+        """Where the runs tested ended for a page streak's first run (`count`, the runs so far, without one)."""
+        return count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
+
     def _jumps(self, verdict: _Verdict, baseline_ms: float, count: int, streak_since: datetime | None) -> bool:
         """The page rule's jump test (noise model on): the page window's median less that of the window
         before it, against how much neighbouring windows of the day before differ (their MAD-sigma). Load
@@ -765,17 +769,19 @@ class _Core:
         distance, window = verdict.page, verdict.page_window
         if distance < self._log_page_ratio or baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
             return False
-        at = count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
-        end = at - window
+        end = self._streak_end(count, streak_since) - window
+        if end <= 0:
+            return False
         # Seasonal residuals where the windows have them (the daily cycle left out), else log TTFTs.
         if baseline.seasonal:
             history = self._residuals_between(max(0, end - noise_model.JUMP_HISTORY_RUNS), end)
         else:
             history = self.logs[max(0, end - noise_model.JUMP_HISTORY_RUNS) : end]
+        before = history[-window:]
         spread = noise_model.jump_spread(history, window)
-        if spread is None:
+        if spread is None or any(math.isnan(value) for value in before):
             return False
-        jump = median(verdict.recent[-window:]) - median(history[-window:])
+        jump = median(verdict.recent[-window:]) - median(before)
         return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
 
     def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
@@ -818,7 +824,7 @@ class _Core:
         longest = min(count, max(page_w, ticket_w, clear_w))
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
         # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
-        at = count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
+        at = self._streak_end(count, streak_since)
         baseline = None
         adapted = False
         slot = self._slot(int(self.times[-1] // SLOT_S)) if rules.seasonal_days else None
