@@ -38,7 +38,9 @@ def write_config(
     metrics_port: int | None = None,
     grace: float = 20,
     location: str = "test",
+    extra: str = "",
 ) -> Path:
+    """The daemon's config for one job probing the simulator; `extra` is YAML appended (more sections)."""
     db_url = db_url or f"sqlite+aiosqlite:///{folder}/ttft.db"
     path = folder / "config.yaml"
     path.write_text(
@@ -70,7 +72,7 @@ jobs:
     rounds: {rounds}
     warmup: 0
     pause_s: 0
-"""
+{extra}"""
     )
     return path
 

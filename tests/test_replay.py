@@ -230,7 +230,38 @@ def test_replay_prints_one_json_object_per_incident(tmp_path: Path) -> None:
         ("api/long/lab", "availability"),
         ("api/short/lab", "availability"),
     ]
-    assert err == "replayed 80 runs of 2 series: 2 incidents\n"
+    assert err == (
+        "api/long/lab: 0.1 days of runs, too few for a weekly alert rate (7 needed; tickets open only after 3.5)\n"
+        "api/short/lab: 0.1 days of runs, too few for a weekly alert rate (7 needed; tickets open only after 3.5)\n"
+        "replayed 80 runs of 2 series: 2 incidents\n"
+    )
+
+
+def test_replay_says_per_series_the_alert_rate_its_history_implies(tmp_path: Path) -> None:
+    # Two weeks of a healthy series with one 3-hour doubling (a page) on day 10: the replay's regression
+    # alerts per week, which on a history without the doubling would be its false-alert rate.
+    rng = random.Random(4)
+    rows = [
+        SampleRow(
+            T0 + i * EVERY,
+            "api/short/lab",
+            400 * (2.0 if 10 * 288 <= i < 10 * 288 + 36 else 1.0) * math.exp(rng.gauss(0, 0.2)),
+        )
+        for i in range(14 * 288)
+    ]
+    path = tmp_path / "weeks.csv"
+    with path.open("w", encoding="utf-8", newline="") as stream:
+        write_samples_csv(rows, stream)
+    code, out, err = run("--samples", str(path))
+    assert code == 0, err
+    regressions = [line for line in map(json.loads, out.splitlines()) if line["kind"] == "regression"]
+    assert "page" in [r["severity"] for r in regressions], out
+    days = 14 - 1 / 288
+    line = err.splitlines()[0]
+    assert line == (
+        f"api/short/lab: {days:.1f} days of runs, {len(regressions)} regression alerts: "
+        f"{len(regressions) / (days / 7):.2f} a week at these settings (on a healthy history, its false-alert rate)"
+    ), err
 
 
 def test_replay_uses_the_configs_rules_and_the_targets_slo(tmp_path: Path) -> None:

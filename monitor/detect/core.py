@@ -393,7 +393,9 @@ class _Core:
         if noise is None:
             state.noise = None  # a model left from when it was on is stale by the time it is turned on again
         confirms = self._confirms
-        if confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise):
+        if confirms(
+            verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise
+        ) or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since)):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
         else:
@@ -428,6 +430,8 @@ class _Core:
         if noise is not None:
             distance = verdict.recent[-1] - baseline.level
             noise_model.observe(noise, slow=distance >= self._log_page_ratio, calm=distance < self._log_clear_ratio)
+            # A burst of up to 3 slow runs holds a 5-run median up for 3 runs: with the jump test beside the
+            # window's, pages need that many and one more, from a series' first burst on.
             needed = noise_model.page_confirmations(noise, needed, window=verdict.page_window)
         paging = state.page_streak >= needed
         ticketing = state.ticket_streak >= rules.ticket.confirmations
@@ -750,6 +754,36 @@ class _Core:
         )
         return z / factor >= rule.z_threshold
 
+    def _streak_end(self, count: int, streak_since: datetime | None) -> int:
+        """Where the runs tested ended for a page streak's first run (`count`, the runs so far, without one)."""
+        return count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
+
+    def _jumps(self, verdict: _Verdict, baseline_ms: float, count: int, streak_since: datetime | None) -> bool:
+        """The page rule's jump test (noise model on): the page window's median less that of the window
+        before it, against how much neighbouring windows of the day before differ (their MAD-sigma). Load
+        that wanders slowly moves neighbours alike, so a doubling stands out within a few runs however far
+        the series wanders from its baseline, and however young its noise model is; the window must still
+        be `page.ratio` and `min_delta_ms` above the baseline. While a streak builds, the window before and
+        the day stay where they were for its first run."""
+        rule, baseline = self.rules.page, verdict.baseline
+        distance, window = verdict.page, verdict.page_window
+        if distance < self._log_page_ratio or baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
+            return False
+        end = self._streak_end(count, streak_since) - window
+        if end <= 0:
+            return False
+        # Seasonal residuals where the windows have them (the daily cycle left out), else log TTFTs.
+        if baseline.seasonal:
+            history = self._residuals_between(max(0, end - noise_model.JUMP_HISTORY_RUNS), end)
+        else:
+            history = self.logs[max(0, end - noise_model.JUMP_HISTORY_RUNS) : end]
+        before = history[-window:]
+        spread = noise_model.jump_spread(history, window)
+        if spread is None or any(math.isnan(value) for value in before):
+            return False
+        jump = median(verdict.recent[-window:]) - median(before)
+        return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
+
     def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
         """The z test without the noise model (`detection.noise_model` off, the default)."""
         z = baseline.z(distance, min(window, rule.window_runs))
@@ -790,7 +824,7 @@ class _Core:
         longest = min(count, max(page_w, ticket_w, clear_w))
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
         # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
-        at = count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
+        at = self._streak_end(count, streak_since)
         baseline = None
         adapted = False
         slot = self._slot(int(self.times[-1] // SLOT_S)) if rules.seasonal_days else None

@@ -23,9 +23,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from monitor.detect.stats import mad_sigma, median
 
 BLOCKS = (6, 36)
 # Updates weigh 1/n until n reaches this many runs (a week of 5-minute runs), then stay at 1/HORIZON.
@@ -236,6 +238,29 @@ def page_confirmations(model: NoiseModel, configured: int, *, window: int, most_
         return configured
     moved = round(model.burst) + window - 2 * needed + 1
     return max(configured, min(configured + most_extra, moved + 1))
+
+
+# The page rule's jump test measures how much neighbouring windows differ on this many runs before them
+# (a day of 5-minute runs), and needs at least this many pairs of neighbours per run of the window (their
+# windows overlap: 8 per run is 4 pairs that do not).
+JUMP_HISTORY_RUNS = 288
+JUMP_PAIRS_PER_RUN = 8
+
+
+def jump_spread(history: Sequence[float], window: int) -> float | None:
+    """The MAD-sigma of the median of each `window` consecutive values less that of the `window` before
+    them, over `history` (in time order; nan where a run has no value); None with fewer than
+    JUMP_PAIRS_PER_RUN x `window` such pairs. Measured, not modelled: whatever the noise (AR, bursts,
+    regimes), it is how far apart neighbouring windows of this series come by chance."""
+    jumps = []
+    for start in range(len(history) - 2 * window + 1):
+        pair = history[start : start + 2 * window]
+        if any(math.isnan(value) for value in pair):
+            continue
+        jumps.append(median(pair[window:]) - median(pair[:window]))
+    if len(jumps) < JUMP_PAIRS_PER_RUN * window:
+        return None
+    return mad_sigma(jumps)
 
 
 def estimate(residuals: Iterable[float]) -> NoiseModel:

@@ -402,6 +402,25 @@ def replay(
 
 # ---------------------------------------------------------------- the command
 
+# A weekly rate needs a week of history; tickets open only from the seasonal baseline's 3.5 days on.
+RATE_MIN_DAYS = 7.0
+
+
+def alert_rate_line(series: str, points: Sequence[RunPoint], regressions: int) -> str:
+    """What a series' history implies at these settings: the regression alerts its replay opened, per
+    week. On a history without a real regression in it, that is the false-alert rate to expect."""
+    days = (points[-1].at - points[0].at).total_seconds() / 86400.0 if points else 0.0
+    if days < RATE_MIN_DAYS:
+        return (
+            f"{series}: {days:.1f} days of runs, too few for a weekly alert rate "
+            f"({RATE_MIN_DAYS:.0f} needed; tickets open only after 3.5)"
+        )
+    rate = regressions / (days / 7.0)
+    return (
+        f"{series}: {days:.1f} days of runs, {regressions} regression alerts: {rate:.2f} a week at these "
+        "settings (on a healthy history, its false-alert rate)"
+    )
+
 
 def replay_main(samples: str, config: Config | None, *, show_groups: bool, stdout: TextIO, stderr: TextIO) -> int:
     """`ttft-monitor replay --samples FILE.csv [--config FILE]`: incidents (or with `show_groups`, the groups)
@@ -452,7 +471,10 @@ def replay_main(samples: str, config: Config | None, *, show_groups: bool, stdou
     alone: list[dict[str, Any]] = []
     count = 0
     found = replay(points, detector_for, provider_of=provider_of, grouping=settings, groups=groups)
+    regressions: Counter[str] = Counter()
     for incident in itertools.chain(found, _burn_incidents(samples, config)):
+        if incident["kind"] == "regression":
+            regressions[incident["series"]] += 1
         if provider_of is not None:
             incident.setdefault("group", None)
             if incident["group"] is None:
@@ -463,6 +485,8 @@ def replay_main(samples: str, config: Config | None, *, show_groups: bool, stdou
     if show_groups:
         for item in [*groups, *alone]:
             stdout.write(json.dumps(item) + "\n")
+    for series in sorted(points):
+        stderr.write(alert_rate_line(series, points[series], regressions.get(series, 0)) + "\n")
     runs = sum(len(p) for p in points.values())
     notified = sum(len(group["notifications"]) for group in groups)
     grouped = f", in {len(groups)} groups ({notified} notifications)" if provider_of is not None else ""
