@@ -140,12 +140,12 @@ class CliResult:
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
     """`ttft-monitor ARGS` as a real child process. Past `timeout` the child is asked (SIGUSR1, see
-    tests/cli_dump.py) where every thread and task waits, then killed, and the test fails with
+    tests/support/cli_dump.py) where every thread and task waits, then killed, and the test fails with
     that and all it printed: a hang seen once in ten runs must say where it was."""
     full_env = {k: v for k, v in os.environ.items() if k != "TTFT_CONFIG"}
     full_env.update(env or {})
     with subprocess.Popen(
-        [sys.executable, "-m", "tests.cli_dump", *args],
+        [sys.executable, "-m", "tests.support.cli_dump", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -185,7 +185,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def skipped_for_postgres(reports: list[Any]) -> int:
     """How many of pytest's skip reports name TTFT_TEST_POSTGRES_URL as their reason. Every way a
-    test skips for it counts (tests/store_fixtures.py's fixtures, a `skipif` mark, a skip in the
+    test skips for it counts (tests/support/store_fixtures.py's fixtures, a `skipif` mark, a skip in the
     body), so the banner's count is what was skipped: it said 154 when 157 were (three marks)."""
     count = 0
     for report in reports:
