@@ -173,10 +173,34 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
     return CliResult(process.returncode, stdout, stderr)
 
 
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "e2e")  # the folders under tests/, each a marker of the same name
+# The markers that start an external peer: each implies `peer`, so `-m 'not peer'` leaves them all out.
+PEERS = ("prometheus", "pushgateway", "alertmanager", "browser", "vllm")
+
+
+def tier(path: Path) -> str | None:
+    """The tier of a test file: the folder under tests/ it lives in."""
+    try:
+        folder = path.resolve().relative_to(TESTS).parts[0]
+    except ValueError:  # a test file outside tests/
+        return None
+    return folder if folder in TIERS else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it must see the markers added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that use the real vLLM run last, in their own order. Its server lives for the session,
+    """Each test carries its tier's marker, and `peer` when it carries a peer's.
+
+    The tests that use the real vLLM run last, in their own order. Its server lives for the session,
     and its engine (both cores busy during the attribution burst) must not slow the timing tests that
     would otherwise follow it alphabetically (the web tests)."""
+    for item in items:
+        folder = tier(item.path)
+        if folder is not None:
+            item.add_marker(folder)
+        if any(item.get_closest_marker(name) for name in PEERS):
+            item.add_marker("peer")
     uses_vllm = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
     if uses_vllm:
         chosen = set(map(id, uses_vllm))

@@ -136,6 +136,7 @@ def sqlite_url(sqlite_template: Path, tmp_path: Path) -> Iterator[str]:
     yield f"sqlite+aiosqlite:///{tmp_path / 'store.db'}"
 
 
+@pytest.mark.alertmanager
 @pytest.mark.timeout(300)  # the first run may install the package
 async def test_alertmanager_shows_our_alert_firing_and_then_resolved(
     alertmanager: RunningAlertmanager, sqlite_url: str

@@ -121,7 +121,6 @@ def test_group_paths_escape_values_the_url_cannot_carry() -> None:
     assert group_path({"location": "lab/1"}) == "/metrics/job/ttft-monitor/location@base64/bGFiLzE="
 
 
-@pytest.mark.slow
 @pytest.mark.pushgateway
 def test_a_two_job_run_keeps_each_jobs_series_in_its_own_group(
     sim: SimProcess, pushgateway: Peer, promtool: Path, tmp_path: Path
@@ -150,7 +149,6 @@ def test_a_two_job_run_keeps_each_jobs_series_in_its_own_group(
     assert promtool_check_metrics(promtool, ours) == ""
 
 
-@pytest.mark.slow
 @pytest.mark.pushgateway
 def test_cronjob_style_runs_of_different_jobs_do_not_overwrite_each_other(
     sim: SimProcess, pushgateway: Peer, tmp_path: Path
@@ -172,7 +170,6 @@ def test_cronjob_style_runs_of_different_jobs_do_not_overwrite_each_other(
     }
 
 
-@pytest.mark.slow
 @pytest.mark.pushgateway
 def test_a_rejected_push_fails_the_run_with_the_gateways_answer_logged(
     sim: SimProcess, pushgateway: Peer, tmp_path: Path
@@ -198,7 +195,6 @@ def test_a_rejected_push_fails_the_run_with_the_gateways_answer_logged(
     assert "ttft_monitor_probes_total" in rejected[0]["answer"]
 
 
-@pytest.mark.slow
 @pytest.mark.pushgateway
 def test_an_unreachable_gateway_fails_the_run(sim: SimProcess, tmp_path: Path) -> None:
     from tests.support.store_fixtures import free_port

@@ -134,7 +134,7 @@ def sim() -> AsyncIterator[SimProcess]:  # type: ignore[misc]
     stop_sim(process)
 
 
-@pytest.mark.slow
+@pytest.mark.realtime
 @pytest.mark.timeout(600)
 async def test_a_slowdown_is_annotated_acked_labelled_resolved_by_hand_and_counted(
     tmp_path: Path, sim: SimProcess, loopback: Loopback

@@ -40,7 +40,7 @@ from monitor.store.repository import Repository
 from tests.conftest import ROOT, SimProcess, run_cli, start_sim, stop_sim
 from tests.support.store_fixtures import free_port, make_samples
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow]
+pytestmark = pytest.mark.browser
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
