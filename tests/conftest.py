@@ -99,6 +99,14 @@ def exact_sim(exact_sim_process: SimProcess) -> SimProcess:
     return exact_sim_process
 
 
+@pytest.fixture
+def sim() -> Iterator[SimProcess]:
+    """A simulator of its own for one test, noise off (a test that changes it leaves no trace)."""
+    process = start_sim("--no-noise")
+    yield process
+    stop_sim(process)
+
+
 @contextmanager
 def silent_listener() -> Iterator[int]:
     """A loopback port that accepts connections and never answers (a hung peer); yields the port."""

@@ -24,7 +24,7 @@ from monitor.alert.dispatcher import Dispatcher
 from monitor.alert.transport import Transport
 from monitor.store.engine import create_engine
 from tests.support.alert_fixtures import alerts, notification, outbox_rows, receiver, resolve_incident, store_incident
-from tests.support.store_fixtures import free_port
+from tests.support.ports import free_port
 
 pytest_plugins = ("tests.support.store_fixtures", "tests.support.alert_fixtures")
 

@@ -32,7 +32,8 @@ from monitor.metrics.server import start_metrics_server
 from monitor.web.api import to_csv, web_routes
 from tests.conftest import ROOT, run_cli
 from tests.support.alert_fixtures import store_incident
-from tests.support.store_fixtures import Backend, free_port
+from tests.support.ports import free_port
+from tests.support.store_fixtures import Backend
 from tests.support.threaded_server import ThreadedServer
 
 pytest_plugins = ("tests.support.store_fixtures",)

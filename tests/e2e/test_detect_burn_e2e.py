@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SimProcess, run_cli
-from tests.e2e.test_daemon import free_port, sim, start_daemon, stop_daemon, wait_ready  # noqa: F401 - sim is a fixture
+from tests.support.daemon import start_daemon, stop_daemon, wait_ready
+from tests.support.ports import free_port
 from tests.support.store_fixtures import Backend
 
 pytest_plugins = ("tests.support.store_fixtures",)
@@ -70,7 +71,7 @@ alerts:
 
 @pytest.mark.timeout(180)
 async def test_a_target_over_its_ttft_objective_pages_by_burn_rate_and_resolves(
-    sim: SimProcess,  # noqa: F811 - the fixture
+    sim: SimProcess,
     backend: Backend,
     tmp_path: Path,
 ) -> None:

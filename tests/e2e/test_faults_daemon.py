@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, SimProcess, start_sim, stop_sim
-from tests.e2e.test_daemon import (
+from tests.support.daemon import (
     Daemon,
     _admin,
     _fresh_postgres_database,

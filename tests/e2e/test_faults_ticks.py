@@ -18,11 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_daemon import (
+from tests.conftest import SimProcess
+from tests.support.daemon import (
     Daemon,
-    SimProcess,
     http_get,
-    sim,  # noqa: F401 - the fixture
     start_daemon,
     stop_daemon,
     upgrade,
@@ -74,7 +73,7 @@ def sleep_until(wall: float) -> None:
         time.sleep(min(left, 0.05) if left > 0.06 else left)
 
 
-def test_sighup_just_before_every_tick_loses_no_tick(sim: SimProcess, tmp_path: Path) -> None:  # noqa: F811
+def test_sighup_just_before_every_tick_loses_no_tick(sim: SimProcess, tmp_path: Path) -> None:
     config = write_config(tmp_path, sim, schedule=EVERY_SECOND)
     upgrade(config)
     daemon = start_daemon(config, tmp_path)
@@ -101,7 +100,7 @@ def test_sighup_just_before_every_tick_loses_no_tick(sim: SimProcess, tmp_path: 
     assert missed == 0
 
 
-def test_a_stalled_process_counts_the_ticks_it_folded(sim: SimProcess, tmp_path: Path) -> None:  # noqa: F811
+def test_a_stalled_process_counts_the_ticks_it_folded(sim: SimProcess, tmp_path: Path) -> None:
     config = write_config(tmp_path, sim, schedule=EVERY_SECOND)
     upgrade(config)
     daemon = start_daemon(config, tmp_path)
@@ -143,7 +142,7 @@ LIBFAKETIME = next(
 
 @pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed (apt-get install faketime)")
 def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future(
-    sim: SimProcess,  # noqa: F811
+    sim: SimProcess,
     tmp_path: Path,
 ) -> None:
     offset = tmp_path / "faketime"

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, SimProcess, run_cli, start_sim, stop_sim
-from tests.e2e.test_daemon import Daemon, start_daemon, stop_daemon
+from tests.support.daemon import Daemon, start_daemon, stop_daemon
+from tests.support.ports import free_port
 from tests.support.prometheus import Peer, http, start_peer, stop_peer
-from tests.support.store_fixtures import free_port
 
 pytest_plugins = ("tests.support.prometheus",)
 

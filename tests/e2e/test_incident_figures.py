@@ -32,7 +32,8 @@ from monitor.store.repository import Repository
 from monitor.web.api import web_routes
 from tests.e2e.test_triage_cli import cli, write_config
 from tests.support.alert_fixtures import store_incident
-from tests.support.store_fixtures import PROVIDERS, T0, Backend, free_port, make_samples
+from tests.support.ports import free_port
+from tests.support.store_fixtures import PROVIDERS, T0, Backend, make_samples
 
 pytest_plugins = ("tests.support.store_fixtures",)
 

@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry, Counter
 from monitor.metrics.server import ListenerLimits, start_metrics_server
 from monitor.web.auth import hash_password
 from tests.conftest import run_cli, start_sim, stop_sim
-from tests.e2e.test_daemon import free_port, start_daemon, stop_daemon, wait_ready, write_config
+from tests.support.daemon import start_daemon, stop_daemon, wait_ready, write_config
+from tests.support.ports import free_port
 
 
 async def _ready() -> tuple[bool, str]:

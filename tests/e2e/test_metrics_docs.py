@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.metrics.docs import documented_metrics, main
 from tests.conftest import ROOT, start_sim, stop_sim
-from tests.e2e.test_daemon import http_get, start_daemon, stop_daemon, upgrade, wait_ready, write_config
+from tests.support.daemon import http_get, start_daemon, stop_daemon, upgrade, wait_ready, write_config
 from tests.support.prometheus import promtool_check_metrics
 
 pytest_plugins = ("tests.support.prometheus",)

@@ -13,10 +13,8 @@ import pytest
 
 from monitor.otel import semconv
 from tests.conftest import SimProcess, run_cli, silent_listener
-from tests.e2e.test_daemon import (
-    free_port,
+from tests.support.daemon import (
     http_get,
-    sim,  # noqa: F401 - the fixture
     sqlite_rows,
     start_daemon,
     stop_daemon,
@@ -25,6 +23,7 @@ from tests.e2e.test_daemon import (
     write_config,
 )
 from tests.support.otlp_receiver import attributes, metrics_by_name, otlp_receiver
+from tests.support.ports import free_port
 
 SECRET = "otlp-s3cret-token-4711"
 
@@ -50,7 +49,7 @@ def last_point(metrics: dict[str, list], name: str):
     return metrics[name][-1]
 
 
-def test_once_exports_genai_metrics_that_match_the_stored_samples(sim: SimProcess, tmp_path: Path) -> None:  # noqa: F811
+def test_once_exports_genai_metrics_that_match_the_stored_samples(sim: SimProcess, tmp_path: Path) -> None:
     with otlp_receiver() as receiver:
         config = tolerant(write_config(tmp_path, sim, rounds=3))
         upgrade(config)
@@ -127,7 +126,7 @@ def test_once_exports_genai_metrics_that_match_the_stored_samples(sim: SimProces
 
 
 def test_the_standard_environment_turns_export_on_and_its_headers_stay_secret(
-    sim: SimProcess,  # noqa: F811
+    sim: SimProcess,
     tmp_path: Path,
 ) -> None:
     with otlp_receiver() as receiver:
@@ -148,7 +147,7 @@ def test_the_standard_environment_turns_export_on_and_its_headers_stay_secret(
 
 
 def test_a_loopback_collector_is_reached_directly_though_a_proxy_is_set(
-    sim: SimProcess,  # noqa: F811
+    sim: SimProcess,
     tmp_path: Path,
 ) -> None:
     # The project's proxy policy (monitor.probe.proxy): loopback is never proxied. The OTLP exporter's
@@ -170,7 +169,7 @@ def median_ttft(folder: Path) -> float:
     return statistics.median(r[0] for r in stored(folder) if r[0] is not None)
 
 
-def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, tmp_path: Path) -> None:  # noqa: F811
+def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, tmp_path: Path) -> None:
     rounds = 5
     off = tmp_path / "off"
     off.mkdir()
@@ -208,7 +207,7 @@ def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, t
     assert took_on < took_off + 3 * (1 + 1) + 2, (took_on, took_off)
 
 
-def test_the_daemon_counts_failed_exports_to_a_dead_collector(sim: SimProcess, tmp_path: Path) -> None:  # noqa: F811
+def test_the_daemon_counts_failed_exports_to_a_dead_collector(sim: SimProcess, tmp_path: Path) -> None:
     dead = free_port()  # nothing listens there
     config = with_otel(
         write_config(tmp_path, sim, schedule="* * * * * */1", rounds=1),

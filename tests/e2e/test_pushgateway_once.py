@@ -197,7 +197,7 @@ def test_a_rejected_push_fails_the_run_with_the_gateways_answer_logged(
 
 @pytest.mark.pushgateway
 def test_an_unreachable_gateway_fails_the_run(sim: SimProcess, tmp_path: Path) -> None:
-    from tests.support.store_fixtures import free_port
+    from tests.support.ports import free_port
 
     config = write_config(tmp_path, sim, f"http://127.0.0.1:{free_port()}")
     result = run_cli("once", "--config", str(config), "--job", "alpha")

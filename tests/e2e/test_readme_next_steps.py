@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, start_sim, stop_sim
-from tests.support.store_fixtures import free_port
+from tests.support.ports import free_port
 
 README = (ROOT / "README.md").read_text()
 KEY = "sk-next-steps-0123456789"  # what the simulator requires and the user exports

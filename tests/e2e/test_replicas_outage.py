@@ -21,13 +21,7 @@ from sqlalchemy.engine import make_url
 
 from monitor.store.engine import create_engine
 from tests.conftest import SimProcess, start_sim, stop_sim
-from tests.e2e.test_daemon import (
-    start_daemon,
-    stop_daemon,
-    upgrade,
-    wait_ready,
-    write_config,
-)
+from tests.support.daemon import start_daemon, stop_daemon, upgrade, wait_ready, write_config
 from tests.support.tcp_proxy import TcpProxy
 
 POSTGRES_ENV = "TTFT_TEST_POSTGRES_URL"

@@ -25,7 +25,8 @@ from monitor.metrics.server import start_metrics_server
 from monitor.store.engine import create_engine
 from monitor.web.api import web_routes
 from tests.conftest import run_cli
-from tests.support.store_fixtures import Backend, free_port
+from tests.support.ports import free_port
+from tests.support.store_fixtures import Backend
 from tests.support.threaded_server import ThreadedServer
 
 pytest_plugins = ("tests.support.store_fixtures",)

@@ -17,7 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_OK, EXIT_USAGE
 from tests.conftest import ROOT
 from tests.support.alert_fixtures import store_incident
-from tests.support.store_fixtures import Backend, free_port
+from tests.support.ports import free_port
+from tests.support.store_fixtures import Backend
 
 pytest_plugins = ("tests.support.store_fixtures", "tests.support.alert_fixtures")
 

@@ -21,7 +21,7 @@ import pytest
 from monitor.exitcodes import EXIT_OK
 from tests.conftest import ROOT, SimProcess, start_sim, stop_sim
 from tests.support.alert_fixtures import Loopback, Received
-from tests.support.store_fixtures import free_port
+from tests.support.ports import free_port
 
 pytest_plugins = ("tests.support.store_fixtures", "tests.support.alert_fixtures")
 

@@ -18,7 +18,8 @@ from monitor.metrics.server import start_metrics_server
 from monitor.store.repository import Repository
 from monitor.web.api import parse_duration, to_csv, web_routes
 from monitor.web.auth import Guard, hash_password, verify_password
-from tests.support.store_fixtures import T0, Backend, free_port, make_batch
+from tests.support.ports import free_port
+from tests.support.store_fixtures import T0, Backend, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
 NOW = T0 + timedelta(hours=2)

@@ -38,7 +38,8 @@ from monitor.store.engine import create_engine
 from monitor.store.records import runs_from_samples
 from monitor.store.repository import Repository
 from tests.conftest import ROOT, SimProcess, run_cli, start_sim, stop_sim
-from tests.support.store_fixtures import free_port, make_samples
+from tests.support.ports import free_port
+from tests.support.store_fixtures import make_samples
 
 pytestmark = pytest.mark.browser
 

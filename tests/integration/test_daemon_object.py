@@ -20,6 +20,7 @@ from monitor.daemon import Daemon, StartupFailed
 from monitor.exitcodes import EXIT_INFRA, EXIT_USAGE
 from monitor.sim import RunningSimulator, Simulator, start
 from monitor.store import migrate
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -56,12 +57,6 @@ class MetricsEndpoint:
             writer.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _write_config(path: Path, folder: Path, sim_url: str, metrics_url: str, *, job: str) -> None:
     path.write_text(
         f"""
@@ -71,7 +66,7 @@ database:
   url: "sqlite+aiosqlite:///{folder}/ttft.db"
   state_dir: "{folder}/state"
 metrics:
-  listen: "127.0.0.1:{_free_port()}"
+  listen: "127.0.0.1:{free_port()}"
 providers:
   sim:
     base_url: "{sim_url}/v1"

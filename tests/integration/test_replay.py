@@ -22,8 +22,9 @@ from monitor.detect.replay import ReplayError, SampleRow, read_samples_csv, repl
 from monitor.probe.result import ErrorClass
 from monitor.store.records import SeriesKey
 from monitor.store.repository import Repository
+from tests.support.ports import free_port
 from tests.support.store_fixtures import T0 as STORE_T0
-from tests.support.store_fixtures import Backend, free_port, make_batch
+from tests.support.store_fixtures import Backend, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
 

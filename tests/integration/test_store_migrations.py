@@ -18,7 +18,8 @@ from monitor.store import migrate
 from monitor.store.engine import DatabaseUnavailable, create_engine
 from monitor.store.models import metadata
 from monitor.store.repository import Repository
-from tests.support.store_fixtures import T0, Backend, free_port, make_batch
+from tests.support.ports import free_port
+from tests.support.store_fixtures import T0, Backend, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
 

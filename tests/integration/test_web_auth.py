@@ -44,7 +44,8 @@ from monitor.web.auth import (
     session_valid,
     verify_password,
 )
-from tests.support.store_fixtures import T0, free_port
+from tests.support.ports import free_port
+from tests.support.store_fixtures import T0
 
 NOW = T0 + timedelta(hours=2)
 PASSWORD = "correct horse"

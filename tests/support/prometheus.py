@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.store_fixtures import free_port
+from tests.support.ports import free_port
 
 PROMETHEUS = Path("/usr/bin/prometheus")
 PROMTOOL = Path("/usr/bin/promtool")

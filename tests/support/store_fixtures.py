@@ -19,7 +19,6 @@ import itertools
 import os
 import random
 import shutil
-import socket
 import sqlite3
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -317,12 +316,6 @@ async def outage(backend: Backend) -> AsyncIterator[Outage]:
         yield Outage(app_url, proxy.cut, proxy.restore)
     finally:
         await proxy.close()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # ---------------------------------------------------------------- realistic samples

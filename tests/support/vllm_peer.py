@@ -33,7 +33,6 @@ import hashlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,6 +45,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+
+from tests.support.ports import free_port
 
 ENV_VARIABLE = "TTFT_VLLM_ENV"
 DEFAULT_ENV = Path("~/.cache/ttft-monitor/vllm-env")
@@ -164,12 +165,6 @@ def prepare(environ: dict[str, str] | os._Environ[str] = os.environ, *, say: Any
         return PreparedPeer(python=python, model=ensure_model(python, venv, say=say))
     except OSError as exc:
         raise PeerUnavailable(f"cannot write {venv} ({exc}); point {ENV_VARIABLE} at a writable directory") from exc
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 CPUS_VARIABLE = "TTFT_VLLM_CPUS"  # e.g. "0", "2-3", or "all" for no pinning (to compare)
