@@ -30,10 +30,10 @@ from monitor.store.models import AlertOutboxRow, IncidentRow
 from monitor.store.records import runs_from_samples
 from monitor.store.repository import Repository
 from monitor.web.api import web_routes
-from tests.e2e.test_triage_cli import cli, write_config
 from tests.support.alert_fixtures import store_incident
 from tests.support.ports import free_port
 from tests.support.store_fixtures import PROVIDERS, T0, Backend, make_samples
+from tests.support.triage import cli, write_config
 
 pytest_plugins = ("tests.support.store_fixtures",)
 

@@ -26,7 +26,7 @@ import yaml
 from monitor.config.cron import build_trigger, next_fire_times
 from monitor.config.loader import load_config
 from tests.conftest import ROOT
-from tests.e2e.test_systemd import parse_cli, shutdown_grace_default
+from tests.support.commands import parse_cli, shutdown_grace_default
 
 K8S = ROOT / "kubernetes"
 # Prometheus Operator custom resources: not in the Kubernetes schema, checked field by field below.

@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import run_cli
-from tests.e2e.test_secrets_planted import KEY, database_text, leaks
 from tests.support.daemon import http_get, start_daemon, stop_daemon, upgrade, wait_ready
 from tests.support.ports import free_port
+from tests.support.secrets import KEY, database_text, leaks
 from tests.support.store_fixtures import Backend
 from tests.support.threaded_server import ThreadedServer
 

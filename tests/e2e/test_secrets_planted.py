@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, quote_plus
+from urllib.parse import quote
 
 import pytest
-import sqlalchemy as sa
 import yaml
 from aiohttp import web
 
@@ -24,34 +22,14 @@ from monitor.probe.plan import Endpoints
 from monitor.probe.proxy import ProxyEnvironment
 from monitor.probe.result import Sample
 from tests.conftest import run_cli
+from tests.support.secrets import KEY, USER, database_text, forms_of, leaks
 from tests.support.store_fixtures import Backend
 from tests.support.threaded_server import ThreadedServer
 
 pytest_plugins = ("tests.support.store_fixtures",)
 
 # '!' and '$' change when URL-encoded; long enough to be masked, shaped like no known key format.
-KEY = "Kx9!q2Zr7$Lm4w8PvT3n"
-USER = "probe-user"
 KEY_ENV = "PLANTED_KEY"
-
-
-def forms_of(secret: str) -> set[str]:
-    """Every form a leak could take; none may appear anywhere."""
-    raw = [secret.encode(), f"{USER}:{secret}".encode(), f"apikey:{secret}".encode()]
-    found = {
-        secret,
-        quote(secret, safe=""),
-        re.sub(r"%[0-9A-F]{2}", lambda escape: escape.group(0).lower(), quote(secret, safe="")),
-        quote_plus(secret),
-    }
-    for value in raw:
-        for encoded in (base64.b64encode(value).decode(), base64.urlsafe_b64encode(value).decode()):
-            found |= {encoded, encoded.rstrip("=")}
-    return found
-
-
-def leaks(text: str) -> list[str]:
-    return sorted(form for form in forms_of(KEY) if form in text)
 
 
 # ---------------------------------------------------------------- the echoing server
@@ -157,24 +135,6 @@ def planted_config(tmp_path: Path, port: int, database_url: str) -> Path:
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     return path
-
-
-async def database_text(url: str) -> str:
-    """Every row of every table, as text."""
-    from monitor.store.engine import create_engine
-
-    engine = create_engine(url)
-    try:
-        async with engine.connect() as connection:
-            metadata = sa.MetaData()
-            await connection.run_sync(metadata.reflect)
-            chunks = []
-            for table in metadata.sorted_tables:
-                rows = (await connection.execute(sa.select(table))).all()
-                chunks += [repr(tuple(row)) for row in rows]
-    finally:
-        await engine.dispose()
-    return "\n".join(chunks)
 
 
 # ---------------------------------------------------------------- the tests

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 
 from monitor.probe.apis import FLAVORS
 from tests.conftest import CliResult, run_cli
-from tests.support.vllm_peer import CPUS_VARIABLE, SERVED_MODEL, VllmServer, engine_cpus
+from tests.support.vllm_peer import CPUS_VARIABLE, SERVED_MODEL, VllmServer, engine_cpus, metric_total
 
 pytest_plugins = ("tests.support.vllm_peer",)
 
@@ -170,16 +169,6 @@ def test_each_api_flavour_measures_the_same_server(vllm_server: VllmServer, api:
             assert sample["decode_tps"] is None, sample
         else:
             assert sample["decode_tps"] > 0, sample
-
-
-_SERIES = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.MULTILINE)
-
-
-def metric_total(text: str, name: str) -> float:
-    """The sum of a metric's value over its label sets, from Prometheus' text format."""
-    values = [float(m.group("value")) for m in _SERIES.finditer(text) if m.group("name") == name]
-    assert values, f"{name} is not in vLLM's /metrics"
-    return sum(values)
 
 
 def test_monitor_ttft_matches_vllms_own_ttft_plus_the_http_stack(

@@ -32,9 +32,8 @@ import sqlalchemy as sa
 from monitor.store.records import SeriesKey
 from monitor.store.repository import Repository
 from tests.conftest import CliResult, run_cli
-from tests.e2e.test_vllm import metric_total
 from tests.support.store_fixtures import Backend
-from tests.support.vllm_peer import MAX_NUM_SEQS, SERVED_MODEL, VllmServer
+from tests.support.vllm_peer import MAX_NUM_SEQS, SERVED_MODEL, VllmServer, metric_total
 
 pytest_plugins = ("tests.support.vllm_peer", "tests.support.store_fixtures")
 # Runs last in the session (tests/conftest.py orders the real-vLLM tests so), and the burst is

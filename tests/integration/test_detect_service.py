@@ -8,98 +8,34 @@ where a test needs a regression.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
-from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
 
-from monitor.alert.model import Notification
-from monitor.alert.outbox import Outbox
 from monitor.alert.text import headline
 from monitor.commands.incidents import format_table
-from monitor.config.models import Config
-from monitor.detect.service import DetectionService
-from monitor.store.models import AlertOutboxRow, DetectorStateRow, IncidentGroupRow, IncidentRow
-from monitor.store.records import RunRecord, runs_from_samples
+from monitor.store.models import DetectorStateRow, IncidentGroupRow, IncidentRow
 from monitor.store.repository import Repository
 from monitor.web.incidents import list_incidents
-from tests.support.store_fixtures import T0, Backend, make_samples
+from tests.support.detection import (
+    HEALTHY,
+    PROVIDER_OF,
+    RECOVERED,
+    SLOW,
+    config,
+    disturbed,
+    notifications,
+    outage,
+    rows,
+    run_ticks,
+    service_on,
+    tick,
+)
+from tests.support.store_fixtures import T0, Backend
 
 pytest_plugins = ("tests.support.store_fixtures",)
-
-PROVIDER_OF = {"a1": "gateway-a", "a2": "gateway-a", "a3": "gateway-a", "b1": "gateway-b"}
-PROMPTS = ("short", "long")
-HEALTHY, SLOW, RECOVERED = 20, 8, 12
-
-
-def config(*, grouping: bool = True, by: str = "provider") -> Config:
-    return Config.model_validate(
-        {
-            "detection": {"min_history_runs": 6, "trailing_runs": 12},
-            "alerts": {
-                "receivers": {"log": {"type": "log"}},
-                "routes": [{"receivers": ["log"]}],
-                "grouping": {"enabled": grouping, "by": by},
-            },
-        }
-    )
-
-
-def tick(
-    index: int, slow: Mapping[str, float], *, location: str = "lab", targets: Iterable[str] = PROVIDER_OF
-) -> list[tuple[RunRecord, list[Any]]]:
-    """One job run over every target and prompt, `slow[target]` times slower."""
-    at = T0 + timedelta(minutes=5 * index)
-    samples = [
-        dataclasses.replace(s, ttft_ms=s.ttft_ms * slow.get(target, 1.0)) if s.ttft_ms is not None else s
-        for target in targets
-        for prompt in PROMPTS
-        for s in make_samples(target, prompt, at=at)
-    ]
-    return runs_from_samples(samples, job="every-5m", location=location, provider_of=PROVIDER_OF)
-
-
-def disturbed(batch: list[tuple[RunRecord, list[Any]]]) -> list[tuple[RunRecord, list[Any]]]:
-    """The batch as the probe records it when the monitor itself was late around every stamp."""
-    samples = [dataclasses.replace(s, disturbed=True, self_delay_ms=250.0) for _run, members in batch for s in members]
-    return runs_from_samples(samples, job="every-5m", location="lab", provider_of=PROVIDER_OF)
-
-
-def outage(slow: Mapping[str, float]) -> list[Mapping[str, float]]:
-    """Healthy, then `slow`, then healthy again: each tick's slow-downs."""
-    return [{}] * HEALTHY + [slow] * SLOW + [{}] * RECOVERED
-
-
-async def run_ticks(
-    engine: AsyncEngine, service: DetectionService, plan: list[Mapping[str, float]], **kwargs: Any
-) -> None:
-    repository = Repository(engine)
-    for index, slow in enumerate(plan):
-        batch = tick(index, slow, **kwargs)
-        await repository.save_runs(batch)
-        await service.after_store("every-5m", batch)
-
-
-def service_on(engine: AsyncEngine, settings: Config) -> DetectionService:
-    outbox = Outbox(engine, settings.alerts)
-    return DetectionService(engine, Repository(engine), settings, outbox=outbox, metrics=None)
-
-
-async def notifications(engine: AsyncEngine) -> list[Notification]:
-    table = AlertOutboxRow.__table__
-    async with engine.connect() as connection:
-        rows = (await connection.execute(sa.select(table.c.payload).order_by(table.c.created_at))).all()
-    return [Notification.from_json(row.payload) for row in rows]
-
-
-async def rows(engine: AsyncEngine, model: Any) -> list[Any]:
-    async with engine.connect() as connection:
-        return list((await connection.execute(sa.select(model.__table__))).all())
 
 
 async def test_a_slow_series_opens_records_notifies_and_resolves_its_incident(backend: Backend) -> None:

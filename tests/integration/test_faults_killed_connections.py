@@ -21,17 +21,7 @@ from structlog.testing import capture_logs
 
 from monitor.store.engine import is_broken_connection, is_connection_error
 from monitor.store.models import DetectorStateRow, IncidentRow
-from tests.integration.test_detect_service import (
-    HEALTHY,
-    RECOVERED,
-    SLOW,
-    config,
-    notifications,
-    outage,
-    rows,
-    run_ticks,
-    service_on,
-)
+from tests.support.detection import HEALTHY, RECOVERED, SLOW, config, notifications, outage, rows, run_ticks, service_on
 from tests.support.store_fixtures import Backend
 
 pytest_plugins = ("tests.support.store_fixtures",)

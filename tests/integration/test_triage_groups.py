@@ -23,7 +23,7 @@ from monitor.store.repository import Repository
 from monitor.store.triage import TriageStore
 from monitor.triage.service import Triage, TriageRefused
 from monitor.triage.stats import Judged, per_notification
-from tests.integration.test_detect_service import HEALTHY, config, notifications, rows, run_ticks, service_on, tick
+from tests.support.detection import HEALTHY, config, notifications, rows, run_ticks, service_on, tick
 from tests.support.store_fixtures import T0, Backend
 
 pytest_plugins = ("tests.support.store_fixtures",)

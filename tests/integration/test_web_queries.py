@@ -605,7 +605,7 @@ async def test_a_grouped_member_says_it_was_notified_as_part_of_its_group(backen
     # One model slow on two prompts: two incidents, one group, one page sent under the lead's id.
     from monitor.alert.dispatcher import Dispatcher
     from monitor.alert.transport import Transport
-    from tests.integration.test_detect_service import config, outage, run_ticks, service_on
+    from tests.support.detection import config, outage, run_ticks, service_on
 
     engine = backend.engine()
     settings = config()

@@ -31,6 +31,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -403,3 +404,13 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+_SERIES = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>\S+)", re.MULTILINE)
+
+
+def metric_total(text: str, name: str) -> float:
+    """The sum of a metric's value over its label sets, from Prometheus' text format."""
+    values = [float(m.group("value")) for m in _SERIES.finditer(text) if m.group("name") == name]
+    assert values, f"{name} is not in vLLM's /metrics"
+    return sum(values)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import random
-import statistics
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -17,57 +14,12 @@ from pydantic import ValidationError
 from monitor.detect.detector import Detector, Event, Rules, RunPoint, SeriesState, Threshold
 from monitor.detect.rules import CUSUM_BOUNDS, RULES_BOUNDS, THRESHOLD_BOUNDS, Bound
 from monitor.detect.settings import Detection
-
-T0 = datetime(2025, 1, 6, tzinfo=UTC)  # a Monday, midnight
-EVERY = timedelta(minutes=5)
-RUNS_PER_DAY = 288
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    start_day: float
-    hours: float
-    factor: float
-
-    def covers(self, day: float) -> bool:
-        return self.start_day <= day < self.start_day + self.hours / 24
-
-
-def series(
-    days: float,
-    *,
-    sigma: float,
-    seed: int,
-    base_ms: float = 400.0,
-    probes: int = 5,
-    spikes: float = 0.0,
-    steps: Sequence[Step] = (),
-) -> list[RunPoint]:
-    """Runs every 5 minutes: the median of `probes` lognormal probes on a +-20% daily cycle, with
-    `spikes` of the probes 3-10x slower, multiplied by any step covering the run."""
-    rng = random.Random(seed)
-    points = []
-    for i in range(round(days * RUNS_PER_DAY)):
-        day = i / RUNS_PER_DAY
-        level = base_ms * (1 + 0.2 * math.sin(2 * math.pi * day))
-        for step in steps:
-            if step.covers(day):
-                level *= step.factor
-        values = [
-            level * math.exp(rng.gauss(0, sigma)) * (rng.uniform(3, 10) if rng.random() < spikes else 1.0)
-            for _ in range(probes)
-        ]
-        points.append(RunPoint(T0 + i * EVERY, statistics.median(values), ok=probes, errors=0))
-    return points
+from tests.support.series import EVERY, RUNS_PER_DAY, T0, Step, at_day, series
 
 
 def replay(points: Sequence[RunPoint], detector: Detector | None = None) -> list[Event]:
     replayer = (detector or Detector()).replayer()
     return [event for point in points for event in replayer.feed(point)]
-
-
-def at_day(day: float) -> datetime:
-    return T0 + timedelta(days=day)
 
 
 # ---------------------------------------------------------------- regressions

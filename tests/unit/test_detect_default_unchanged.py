@@ -11,51 +11,16 @@ Re-record it only from code without the noise model, e.g. main before issue 20 w
 from __future__ import annotations
 
 import json
-import math
-import random
 import sys
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from monitor.detect.detector import Detector, Event, RunPoint, SeriesState
 from monitor.detect.settings import Detection
+from tests.support.series import RUNS_PER_DAY, make_series
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "detect_default_events.json"
-T0 = datetime(2025, 3, 3, tzinfo=UTC)
-EVERY = timedelta(minutes=5)
-RUNS_PER_DAY = 288
-
-
-def make_series(seed: int, *, days: float, probes: int, phi: float) -> list[RunPoint]:
-    """A daily cycle, lognormal probes with half their variance an AR(1) load (so the long-run factor
-    matters), 2% spikes, failed runs, a 3-hour +70% step (a page), a 2-day +20% step (a ticket, the
-    CUSUM's), an hour of failures (availability) and a served-model change."""
-    rng = random.Random(seed)
-    sigma = 0.3
-    load = 0.0
-    innovation = math.sqrt(0.5 * (1 - phi * phi)) * sigma
-    points = []
-    for i in range(round(days * RUNS_PER_DAY)):
-        day = i / RUNS_PER_DAY
-        load = phi * load + rng.gauss(0, innovation)
-        level = 400.0 * (1 + 0.2 * math.sin(2 * math.pi * day)) * math.exp(load)
-        if 9.0 <= day < 9.125:
-            level *= 1.7
-        if 12.0 <= day < 14.0:
-            level *= 1.2
-        at = T0 + i * EVERY
-        model = "m-1" if day < 15.5 else "m-2"
-        if 16.0 <= day < 16.04 or rng.random() < 0.005:
-            points.append(RunPoint(at, None, error="timeout", served_model=model, ok=0, errors=probes))
-            continue
-        values = sorted(
-            level * math.exp(rng.gauss(0, sigma * math.sqrt(0.5))) * (rng.uniform(3, 10) if rng.random() < 0.02 else 1)
-            for _ in range(probes)
-        )
-        points.append(RunPoint(at, values[len(values) // 2], served_model=model, ok=probes, errors=0))
-    return points
 
 
 SERIES = {

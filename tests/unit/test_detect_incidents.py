@@ -9,7 +9,7 @@ from monitor.alert.model import Notification
 from monitor.alert.text import facts, headline
 from monitor.detect.detector import Detector, SeriesState
 from tests.support.alert_fixtures import notification as alert_notification
-from tests.unit.test_detect import Step, at_day, series
+from tests.support.series import Step, at_day, series
 
 
 def test_a_resolve_carries_the_peak_and_the_numbers_at_opening() -> None:

@@ -14,7 +14,7 @@ from monitor.detect.detector import Detector, Rules, SeriesState
 from monitor.detect.noise import NoiseModel, estimate, variance_ratio
 from monitor.detect.rules import FIXED_THRESHOLD
 from monitor.detect.settings import Detection
-from tests.unit.test_detect_default_unchanged import make_series
+from tests.support.series import make_series
 
 WEEK = 2016  # 5-minute runs
 
