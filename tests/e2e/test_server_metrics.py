@@ -25,6 +25,7 @@ from monitor.probe.server_metrics import (
 )
 from monitor.store.records import SERVER_RUN_FIELDS
 from tests.conftest import run_cli, silent_listener, start_sim, stop_sim
+from tests.support.config import build_config, write_yaml
 from tests.support.store_fixtures import Backend
 
 pytest_plugins = ("tests.support.store_fixtures",)
@@ -196,25 +197,16 @@ def _dead_url() -> str:
 
 
 def _config(folder: Path, db_url: str, sim_url: str, metrics_url: str) -> Path:
-    path = folder / "config.yaml"
-    path.write_text(
-        f"""
-location: lab
-database:
-  url: "{db_url}"
-  state_dir: "{folder}/state"
-providers:
-  local:
-    base_url: "{sim_url}/v1"
-    api: openai-chat
-    server_metrics_url: "{metrics_url}"
-targets:
-  fast: {{provider: local, model: qwen3-8b}}
-prompts:
-  short: {{tokens: 128}}
-"""
+    data = build_config(
+        f"{sim_url}/v1",
+        provider="local",
+        provider_settings={"server_metrics_url": metrics_url},
+        targets={"fast": "qwen3-8b"},
+        database_url=db_url,
+        state_dir=folder / "state",
+        location="lab",
     )
-    return path
+    return write_yaml(folder / "config.yaml", data)
 
 
 async def _probe_and_read_run(config: Path, backend: Backend) -> tuple[dict, list[dict], float]:

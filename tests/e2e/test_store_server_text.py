@@ -20,6 +20,7 @@ import sqlalchemy as sa
 
 from monitor.store.records import SERVER_TEXT_LIMITS, TRUNCATED_MARK, UNSTORABLE_REPLACEMENT
 from tests.conftest import run_cli
+from tests.support.config import build_config, write_yaml
 from tests.support.store_fixtures import Backend
 
 pytest_plugins = ("tests.support.store_fixtures",)
@@ -82,28 +83,16 @@ def hostile_server() -> Iterator[str]:
 
 
 def _config(folder: Path, db_url: str, base_url: str) -> Path:
-    path = folder / "config.yaml"
-    targets = "\n".join(
-        f"  {name}: {{provider: hostile, model: {name}}}" for name in ("clean", "dirty", "broken", "long")
+    data = build_config(
+        base_url,
+        provider="hostile",
+        provider_settings={"timeout_s": {"connect": 2, "first_token": 10, "total": 20}},
+        targets={name: name for name in ("clean", "dirty", "broken", "long")},
+        database_url=db_url,
+        state_dir=folder / "state",
+        location="lab",
     )
-    path.write_text(
-        f"""
-location: lab
-database:
-  url: "{db_url}"
-  state_dir: "{folder}/state"
-providers:
-  hostile:
-    base_url: "{base_url}"
-    api: openai-chat
-    timeout_s: {{connect: 2, first_token: 10, total: 20}}
-targets:
-{targets}
-prompts:
-  short: {{tokens: 128}}
-"""
-    )
-    return path
+    return write_yaml(folder / "config.yaml", data)
 
 
 async def test_nul_bytes_and_lone_surrogates_from_a_server_are_stored_not_rejected(

@@ -12,6 +12,7 @@ from monitor.store.repository import Repository
 from monitor.web import queries
 from monitor.web.report import render
 from tests.conftest import SimProcess, run_cli
+from tests.support.config import build_config, write_yaml
 from tests.support.store_fixtures import T0, Backend, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
@@ -19,14 +20,8 @@ SEED_MODELS = ("qwen3-8b", "qwen3-14b", "gpt-4o-mini")
 
 
 def _sim_config(path: Path, sim_url: str, database_url: str = "sqlite+aiosqlite:///unused.db") -> Path:
-    targets = "".join(
-        f"  {name}:\n    provider: sim\n    model: {name}\n    params: {{max_tokens: 4}}\n" for name in SEED_MODELS
-    )
-    path.write_text(
-        f'database:\n  url: "{database_url}"\nproviders:\n  sim:\n    base_url: "{sim_url}/v1"\n    api: openai-chat\n'
-        f"targets:\n{targets}"
-    )
-    return path
+    targets = {name: {"model": name, "params": {"max_tokens": 4}} for name in SEED_MODELS}
+    return write_yaml(path, build_config(f"{sim_url}/v1", targets=targets, database_url=database_url))
 
 
 def test_probe_report_ranks_the_seed_models_by_prefill_slope(tmp_path: Path, exact_sim: SimProcess) -> None:
