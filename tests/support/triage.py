@@ -5,20 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import ROOT
-
-
-@dataclass
-class Result:
-    code: int
-    stdout: str
-    stderr: str
-
-    def __str__(self) -> str:
-        return f"exit {self.code}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+from tests.conftest import ROOT, CliResult
 
 
 def write_config(tmp_path: Path, url: str) -> Path:
@@ -54,7 +43,7 @@ alerts:
     return path
 
 
-def cli(config: Path, *args: str) -> Result:
+def cli(config: Path, *args: str) -> CliResult:
     env = {k: v for k, v in os.environ.items() if k != "TTFT_CONFIG"} | {"USER": "alice"}
     done = subprocess.run(
         [sys.executable, "-m", "monitor", *args, "--config", str(config)],
@@ -64,6 +53,6 @@ def cli(config: Path, *args: str) -> Result:
         text=True,
         timeout=60,
     )
-    result = Result(done.returncode, done.stdout, done.stderr)
+    result = CliResult(done.returncode, done.stdout, done.stderr)
     assert "Traceback" not in done.stderr, result
     return result

@@ -40,19 +40,20 @@ def _guarded() -> pytest.MonkeyPatch:
     return guard
 
 
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+def _refusing() -> Iterator[None]:
+    """A hook wrapper's body: the guard up around the wrapped phase, down after it."""
     guard = _guarded()
     try:
         return (yield)
     finally:
         guard.undo()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    return (yield from _refusing())
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-    guard = _guarded()
-    try:
-        return (yield)
-    finally:
-        guard.undo()
+    return (yield from _refusing())
