@@ -161,6 +161,7 @@ async def _ready() -> tuple[bool, str]:
     return True, "ready"
 
 
+@pytest.mark.realtime
 async def test_every_api_csv_export_quotes_formula_cells(
     tmp_path: Path, injecting: InjectingServer, backend: Backend
 ) -> None:

@@ -157,6 +157,7 @@ def shared_database(tmp_path: Path) -> Iterator[str]:
         _admin(db_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.mark.realtime
 def test_two_daemons_on_one_database_run_every_tick_exactly_once(
     sim: SimProcess, tmp_path: Path, shared_database: str
 ) -> None:

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import run_cli
 
 
+@pytest.mark.realtime
 @pytest.mark.timeout(260)
 def test_the_demo_raises_and_resolves_a_regression(tmp_path: Path) -> None:
     result = run_cli(

@@ -69,6 +69,7 @@ alerts:
     return path
 
 
+@pytest.mark.realtime
 @pytest.mark.timeout(180)
 async def test_a_target_over_its_ttft_objective_pages_by_burn_rate_and_resolves(
     sim: SimProcess,

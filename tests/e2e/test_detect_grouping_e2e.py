@@ -102,7 +102,6 @@ async def run_outage(tmp_path: Path, sim: SimProcess, loopback: Loopback, slowed
     return {"sent": [item.json()["data"] for item in loopback.at("/hook")], "incidents": incidents}
 
 
-@pytest.mark.realtime
 @pytest.mark.timeout(240)
 async def test_slowing_every_model_of_one_provider_pages_once_naming_them(
     tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
@@ -118,7 +117,6 @@ async def test_slowing_every_model_of_one_provider_pages_once_naming_them(
     assert [item["state"] for item in seen["sent"]] == ["firing", "resolved"], titles
 
 
-@pytest.mark.realtime
 @pytest.mark.timeout(240)
 async def test_slowing_one_model_pages_for_that_model_alone(
     tmp_path: Path, exact_sim: SimProcess, loopback: Loopback

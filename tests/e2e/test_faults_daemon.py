@@ -77,6 +77,7 @@ def _skips(daemon: Daemon) -> int:
     return sum(len(daemon.events(name)) for name in ("job_run_skipped", "job_run_missed", "job_runs_coalesced"))
 
 
+@pytest.mark.realtime
 @needs_postgres
 def test_a_blackholed_postgres_skips_no_tick_and_every_run_lands_once_after_recovery(
     sim: SimProcess,
@@ -120,6 +121,7 @@ def test_a_blackholed_postgres_skips_no_tick_and_every_run_lands_once_after_reco
     assert len(versions) == 1 and versions[0] in expected, (versions, runs, skipped_whole, undetected)
 
 
+@pytest.mark.realtime
 def test_sqlite_locked_by_another_process_skips_no_tick(sim: SimProcess, tmp_path: Path) -> None:
     config = write_config(tmp_path, sim)
     upgrade(config)
@@ -166,6 +168,7 @@ def test_sqlite_locked_by_another_process_skips_no_tick(sim: SimProcess, tmp_pat
     assert runs == len(set(intended)) == len(daemon.events("job_finished")) == ticks
 
 
+@pytest.mark.realtime
 @needs_postgres
 def test_sigterm_during_a_database_hang_exits_within_the_grace_and_spools_the_rest(
     sim: SimProcess,
@@ -234,6 +237,7 @@ def _sockets(pid: int) -> int:
     return count
 
 
+@pytest.mark.realtime
 def test_reloads_open_no_new_http_sessions(sim: SimProcess, tmp_path: Path) -> None:
     config = write_config(tmp_path, sim)
     upgrade(config)
@@ -302,6 +306,7 @@ def _requests_running(sim: SimProcess, model: str) -> float:
     return 0.0
 
 
+@pytest.mark.realtime
 def test_once_on_sigterm_gives_an_in_flight_probe_the_grace_and_stores_it(sim: SimProcess, tmp_path: Path) -> None:
     # A CronJob evicted while its probe waits for a slow first token: the probe finishes inside
     # shutdown_grace_s, so its sample is stored, as `run` does on SIGTERM.
@@ -357,6 +362,7 @@ def _database_up(daemon: Daemon) -> float | None:
     return None
 
 
+@pytest.mark.realtime
 @needs_postgres
 def test_a_read_only_database_is_not_ready_says_so_and_stays_down_while_writes_fail(
     sim: SimProcess, tmp_path: Path

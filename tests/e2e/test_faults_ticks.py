@@ -73,6 +73,7 @@ def sleep_until(wall: float) -> None:
         time.sleep(min(left, 0.05) if left > 0.06 else left)
 
 
+@pytest.mark.realtime
 def test_sighup_just_before_every_tick_loses_no_tick(sim: SimProcess, tmp_path: Path) -> None:
     config = write_config(tmp_path, sim, schedule=EVERY_SECOND)
     upgrade(config)
@@ -100,6 +101,7 @@ def test_sighup_just_before_every_tick_loses_no_tick(sim: SimProcess, tmp_path: 
     assert missed == 0
 
 
+@pytest.mark.realtime
 def test_a_stalled_process_counts_the_ticks_it_folded(sim: SimProcess, tmp_path: Path) -> None:
     config = write_config(tmp_path, sim, schedule=EVERY_SECOND)
     upgrade(config)
@@ -140,6 +142,7 @@ LIBFAKETIME = next(
 )
 
 
+@pytest.mark.realtime
 @pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed (apt-get install faketime)")
 def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future(
     sim: SimProcess,

@@ -219,6 +219,7 @@ def wait_for_data(prometheus: Peer, exprs: list[str], timeout: float) -> None:
     raise AssertionError(f"no data within {timeout} s for {missing}")
 
 
+@pytest.mark.realtime
 @pytest.mark.prometheus
 @pytest.mark.timeout(240)
 def test_every_panel_and_rule_expression_parses_and_returns_data(running: tuple[Peer, Daemon]) -> None:

@@ -292,6 +292,7 @@ async def _flood(address: str, kind: str, seconds: float) -> int:
     return made
 
 
+@pytest.mark.realtime
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["wrong_passwords", "heavy_queries", "half_sent_sockets", "metrics_scrapes"])
 def test_stored_ttft_stays_true_while_the_listener_is_hammered(tmp_path: Path, kind: str) -> None:

@@ -169,6 +169,7 @@ def median_ttft(folder: Path) -> float:
     return statistics.median(r[0] for r in stored(folder) if r[0] is not None)
 
 
+@pytest.mark.realtime
 def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, tmp_path: Path) -> None:
     rounds = 5
     off = tmp_path / "off"

@@ -65,6 +65,7 @@ def get(url: str, token: str | None = None) -> tuple[int, str]:
         return 0, ""
 
 
+@pytest.mark.realtime
 @pytest.mark.timeout(200)
 def test_the_readme_next_steps_reach_a_daemon_probing_the_endpoint_and_its_ui(tmp_path: Path) -> None:
     section = next_steps()

@@ -74,6 +74,7 @@ def _drained(daemon_log: Path) -> bool:
     return '"spool_drained"' in daemon_log.read_text()
 
 
+@pytest.mark.realtime
 @pytest.mark.timeout(120)  # two daemons, a 12 s cut and their replays: about 40 s on a busy VM
 def test_two_replicas_through_a_database_cut_store_each_tick_once(
     sim: SimProcess, tmp_path: Path, postgres_database: str

@@ -165,6 +165,7 @@ async def test_a_key_straddling_the_cap_leaves_no_prefix_in_logs_rows_or_the_api
                     assert "r" * 50 in text or "ppp" in text, text
 
 
+@pytest.mark.realtime
 def test_the_log_redactor_caps_after_redacting_so_no_prefix_of_a_secret_is_logged() -> None:
     import io
 

@@ -140,6 +140,7 @@ def planted_config(tmp_path: Path, port: int, database_url: str) -> Path:
 # ---------------------------------------------------------------- the tests
 
 
+@pytest.mark.realtime
 async def test_a_planted_key_appears_in_no_log_row_or_output(
     tmp_path: Path, echo: EchoServer, backend: Backend
 ) -> None:

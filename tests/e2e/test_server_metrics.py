@@ -243,6 +243,7 @@ async def test_a_run_stores_the_servers_own_ttft_beside_the_clients(backend: Bac
     assert 0 <= run["server_prefix_hit_rate"] <= 1
 
 
+@pytest.mark.realtime
 @pytest.mark.parametrize("endpoint", ["dead", "hung"])
 async def test_a_dead_or_hung_metrics_endpoint_leaves_probes_unaffected(
     backend: Backend, sim: str, hung_metrics: str, tmp_path: Path, endpoint: str

@@ -81,6 +81,7 @@ async def test_ack_label_resolve_and_stats_from_the_command_line(
     assert [(r["kind"], r["severity"], r["precision"]) for r in json.loads(result.stdout)][-1] == ("all", "all", 0.5)
 
 
+@pytest.mark.realtime
 async def test_bad_input_and_refusals_exit_with_one_line(tmp_path: Path, backend: Backend, engine: AsyncEngine) -> None:
     incident = await store_incident(engine)
     config = write_config(tmp_path, backend.url)

@@ -23,7 +23,8 @@ pytest_plugins = ("tests.support.vllm_peer",)
 
 # The first test of the session also waits for vLLM to start: tens of seconds on two idle cores,
 # two and a half minutes measured on two cores shared with other work.
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+# realtime: the vLLM server the module shares takes about two minutes to start.
+pytestmark = [pytest.mark.vllm, pytest.mark.realtime, pytest.mark.timeout(600)]
 
 SHORT, LONG = 128, 4000
 CLI_TIMEOUT_S = 240

@@ -40,7 +40,8 @@ pytest_plugins = ("tests.support.vllm_peer", "tests.support.store_fixtures")
 # small: on two shared cores a burst of eight 384-token requests kept the probe waiting 10-15 s.
 # The server keeps to one core (tests/support/vllm_peer.py): before it did, its spinning engine starved
 # every other process during the burst, and `once` took up to 305 s (over this file's 240 s).
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+# realtime: the vLLM server the module shares takes about two minutes to start.
+pytestmark = [pytest.mark.vllm, pytest.mark.realtime, pytest.mark.timeout(600)]
 
 HISTORY_RUNS = 14
 BURST_REQUESTS = MAX_NUM_SEQS + 3  # in flight at once: the rest wait in vLLM's queue

@@ -252,6 +252,7 @@ def _exposed_config(tmp_path: Path, web: str = "") -> Path:
     return path
 
 
+@pytest.mark.realtime
 def test_run_and_serve_refuse_to_serve_beyond_loopback_without_auth(tmp_path: Path) -> None:
     from tests.conftest import run_cli
 

@@ -41,7 +41,8 @@ from tests.conftest import ROOT, SimProcess, run_cli, start_sim, stop_sim
 from tests.support.ports import free_port
 from tests.support.store_fixtures import make_samples
 
-pytestmark = pytest.mark.browser
+# realtime: the demo history the pages are checked on takes a minute or more to build.
+pytestmark = [pytest.mark.browser, pytest.mark.realtime]
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -24,6 +24,7 @@ def _sim_config(path: Path, sim_url: str, database_url: str = "sqlite+aiosqlite:
     return write_yaml(path, build_config(f"{sim_url}/v1", targets=targets, database_url=database_url))
 
 
+@pytest.mark.realtime
 def test_probe_report_ranks_the_seed_models_by_prefill_slope(tmp_path: Path, exact_sim: SimProcess) -> None:
     config = _sim_config(tmp_path / "c.yaml", exact_sim.url)
     report = tmp_path / "adhoc.json"

@@ -70,6 +70,7 @@ class Killer:
             self._kill(conn)
 
 
+@pytest.mark.realtime
 async def test_detection_retries_killed_connections_and_evaluates_every_run_exactly_once(
     postgres_backend: Backend,
 ) -> None:
