@@ -1,4 +1,4 @@
-"""Fixtures for the store suite (tests/test_store_*.py load this with `pytest_plugins`).
+"""Fixtures for the store suite (tests/integration/test_store_*.py and others load this with `pytest_plugins`).
 
 The `backend` fixture runs a test on SQLite and on PostgreSQL. PostgreSQL's address comes from one
 environment variable, TTFT_TEST_POSTGRES_URL (e.g. postgresql+asyncpg://postgres@127.0.0.1:5432/test;
