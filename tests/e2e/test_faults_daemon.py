@@ -268,6 +268,7 @@ def _run_once(config: Path, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+@pytest.mark.realtime
 def test_once_on_sigterm_stores_what_it_measured_logs_one_line_and_exits_4(
     sim: SimProcess,
     tmp_path: Path,

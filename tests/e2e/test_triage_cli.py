@@ -31,6 +31,7 @@ async def engine(backend: Backend) -> AsyncEngine:  # type: ignore[misc]
     await engine.dispose()
 
 
+@pytest.mark.realtime
 async def test_ack_label_resolve_and_stats_from_the_command_line(
     tmp_path: Path, backend: Backend, engine: AsyncEngine
 ) -> None:
