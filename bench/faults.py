@@ -1,7 +1,7 @@
 """Faults against real daemons: what is probed, stored, doubled, skipped, and how fast they stop.
 
 Every scenario runs real `ttft-monitor run` processes on a 2-second schedule against the simulator
-(`ttft-monitor sim`) and the real PostgreSQL behind a real TCP proxy (tests/tcp_proxy.py):
+(`ttft-monitor sim`) and the real PostgreSQL behind a real TCP proxy (tests/support/tcp_proxy.py):
 
 - outage:    PostgreSQL cut (connections reset, new ones refused) for --seconds
 - hang:      PostgreSQL blackholed (connections accept, nothing answers) for --seconds
@@ -55,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.tcp_proxy import TcpProxy  # noqa: E402 - the repository's own proxy
+from tests.support.tcp_proxy import TcpProxy  # noqa: E402 - the repository's own proxy
 
 TICK_S = 2
 SKIP_EVENTS = ("job_run_skipped", "job_run_missed", "job_runs_coalesced")
@@ -563,7 +563,15 @@ class Bench:
         from monitor.alert.outbox import Outbox
         from monitor.alert.transport import Transport
         from monitor.store.engine import create_engine
-        from tests.alert_fixtures import Loopback, Reply, alerts, notification, outbox_rows, receiver, store_incident
+        from tests.support.alert_fixtures import (
+            Loopback,
+            Reply,
+            alerts,
+            notification,
+            outbox_rows,
+            receiver,
+            store_incident,
+        )
 
         # The dispatcher logs in this process: to stderr, so stdout stays the table.
         structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))

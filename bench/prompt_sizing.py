@@ -2,7 +2,7 @@
 
     PYTHONPATH=. ~/.cache/ttft-monitor/vllm-env/bin/python bench/prompt_sizing.py [--runs 15] [--sizes 128,4000]
 
-Runs in the vLLM environment of tests/vllm_peer.py (it has `transformers`; `python -m tests.vllm_peer
+Runs in the vLLM environment of tests/support/vllm_peer.py (it has `transformers`; `python -m tests.support.vllm_peer
 prepare` builds it and the tiny model). The tiny model's byte-level BPE and ChatML template count each
 prompt as vLLM would; the prompts are built and calibrated as in a probe run of those sizes with one
 warm-up round, side by side in one run for: the calibration as shipped, the same with the hex nonce

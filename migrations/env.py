@@ -1,6 +1,6 @@
 """Alembic environment (async). The application passes an open connection in
 `config.attributes["connection"]` (see monitor/store/migrate.py); pytest-alembic passes an engine
-there, async or not (tests/test_store_alembic_checks.py); the alembic command line gives the database
+there, async or not (tests/integration/test_store_alembic_checks.py); the alembic command line gives the database
 with `-x url=...` (see migrations/alembic.ini)."""
 
 from __future__ import annotations

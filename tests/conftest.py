@@ -99,6 +99,14 @@ def exact_sim(exact_sim_process: SimProcess) -> SimProcess:
     return exact_sim_process
 
 
+@pytest.fixture
+def sim() -> Iterator[SimProcess]:
+    """A simulator of its own for one test, noise off (a test that changes it leaves no trace)."""
+    process = start_sim("--no-noise")
+    yield process
+    stop_sim(process)
+
+
 @contextmanager
 def silent_listener() -> Iterator[int]:
     """A loopback port that accepts connections and never answers (a hung peer); yields the port."""
@@ -140,12 +148,12 @@ class CliResult:
 
 def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
     """`ttft-monitor ARGS` as a real child process. Past `timeout` the child is asked (SIGUSR1, see
-    tests/cli_dump.py) where every thread and task waits, then killed, and the test fails with
+    tests/support/cli_dump.py) where every thread and task waits, then killed, and the test fails with
     that and all it printed: a hang seen once in ten runs must say where it was."""
     full_env = {k: v for k, v in os.environ.items() if k != "TTFT_CONFIG"}
     full_env.update(env or {})
     with subprocess.Popen(
-        [sys.executable, "-m", "tests.cli_dump", *args],
+        [sys.executable, "-m", "tests.support.cli_dump", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -173,10 +181,34 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
     return CliResult(process.returncode, stdout, stderr)
 
 
+TESTS = Path(__file__).resolve().parent
+TIERS = ("unit", "integration", "e2e")  # the folders under tests/, each a marker of the same name
+# The markers that start an external peer: each implies `peer`, so `-m 'not peer'` leaves them all out.
+PEERS = ("prometheus", "pushgateway", "alertmanager", "browser", "vllm")
+
+
+def tier(path: Path) -> str | None:
+    """The tier of a test file: the folder under tests/ it lives in."""
+    try:
+        folder = path.resolve().relative_to(TESTS).parts[0]
+    except ValueError:  # a test file outside tests/
+        return None
+    return folder if folder in TIERS else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it must see the markers added here
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that use the real vLLM run last, in their own order. Its server lives for the session,
+    """Each test carries its tier's marker, and `peer` when it carries a peer's.
+
+    The tests that use the real vLLM run last, in their own order. Its server lives for the session,
     and its engine (both cores busy during the attribution burst) must not slow the timing tests that
     would otherwise follow it alphabetically (the web tests)."""
+    for item in items:
+        folder = tier(item.path)
+        if folder is not None:
+            item.add_marker(folder)
+        if any(item.get_closest_marker(name) for name in PEERS):
+            item.add_marker("peer")
     uses_vllm = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
     if uses_vllm:
         chosen = set(map(id, uses_vllm))
@@ -185,7 +217,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def skipped_for_postgres(reports: list[Any]) -> int:
     """How many of pytest's skip reports name TTFT_TEST_POSTGRES_URL as their reason. Every way a
-    test skips for it counts (tests/store_fixtures.py's fixtures, a `skipif` mark, a skip in the
+    test skips for it counts (tests/support/store_fixtures.py's fixtures, a `skipif` mark, a skip in the
     body), so the banner's count is what was skipped: it said 154 when 157 were (three marks)."""
     count = 0
     for report in reports:

@@ -1,7 +1,7 @@
 """Writes kubernetes/prometheusrule.yaml from deploy/prometheus/rules.yaml, so the rules have one source.
 
 python deploy/prometheus/kubernetes.py     # rewrite the PrometheusRule
-python deploy/prometheus/kubernetes.py --check   # exit 1 when it is stale (tests/test_kubernetes.py checks too)
+python deploy/prometheus/kubernetes.py --check   # exit 1 when it is stale (tests/e2e/test_kubernetes.py checks too)
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 PROMETHEUS_RULE = ROOT / "kubernetes" / "prometheusrule.yaml"
 HEADER = """\
 # GENERATED from deploy/prometheus/rules.yaml by `python deploy/prometheus/kubernetes.py`: edit that file,
-# not this one (tests/test_kubernetes.py fails when they differ).
+# not this one (tests/e2e/test_kubernetes.py fails when they differ).
 #
 # For the Prometheus Operator (kube-prometheus-stack). Its Prometheus picks up PrometheusRules whose
 # labels match its ruleSelector: kube-prometheus-stack's default is `release: <the Helm release name>`,

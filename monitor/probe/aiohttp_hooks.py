@@ -12,7 +12,7 @@ Each is explained once, where it is used:
 - `ClientResponse._protocol` (`stamping_protocol`)
 - `BaseConnector.connect` returning the `Connection` with its `protocol` (`TimedConnector.connect`)
 
-pyproject pins the aiohttp range they were checked on; tests/test_aiohttp_contract.py fails,
+pyproject pins the aiohttp range they were checked on; tests/integration/test_aiohttp_contract.py fails,
 naming the hook, when an allowed aiohttp moves one.
 """
 

@@ -219,7 +219,7 @@ class ProbeClient:
                     if supported
                     else f"aiohttp {aiohttp.__version__} is outside the range the hooks were checked on: "
                     f"install aiohttp{SUPPORTED_AIOHTTP} (pyproject.toml pins it); "
-                    "tests/test_aiohttp_contract.py names the hook"
+                    "tests/integration/test_aiohttp_contract.py names the hook"
                 ),
             )
         return sample

@@ -41,7 +41,7 @@ UNSTORED_SAMPLE_FIELDS = frozenset(
     }
 )
 # The samples table's value columns and the Sample field each is read from, spelled out so that renaming
-# a Sample field cannot change the schema without a migration (tests/test_store_records.py checks that
+# a Sample field cannot change the schema without a migration (tests/unit/test_store_records.py checks that
 # every field and every column is accounted for).
 SAMPLE_COLUMN_FIELDS: dict[str, str] = {
     "round": "round",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-# The newest migration under migrations/versions; tests/test_store_schema.py keeps it equal to
+# The newest migration under migrations/versions; tests/unit/test_store_schema.py keeps it equal to
 # alembic's head, so adding a migration without bumping this fails the suite.
 HEAD_REVISION = "0012"
 

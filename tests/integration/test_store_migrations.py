@@ -1,0 +1,361 @@
+"""Migrations on both databases (pytest-alembic's four checks), the start-up gate and `db` commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from monitor.commands import db as cli
+from monitor.store import migrate
+from monitor.store.engine import DatabaseUnavailable, create_engine
+from monitor.store.models import metadata
+from monitor.store.repository import Repository
+from tests.support.ports import free_port
+from tests.support.store_fixtures import T0, Backend, make_batch
+
+pytest_plugins = ("tests.support.store_fixtures",)
+
+RESULT_TABLES = {"series", "runs", "samples", "rollups_hourly", "rollup_pending", "calibration"}
+COORDINATION_TABLES = {
+    "job_ticks",
+    "incidents",
+    "detector_state",
+    "alert_outbox",
+    "alert_deliveries",
+    "incident_groups",
+    "incident_group_scopes",
+}
+TRIAGE_TABLES = {"incident_triage", "annotations"}
+
+
+async def tables(engine: AsyncEngine) -> set[str]:
+    async with engine.connect() as connection:
+        return set(await connection.run_sync(lambda sync: sa.inspect(sync).get_table_names()))
+
+
+def test_the_migrations_have_a_single_head() -> None:
+    assert migrate.heads() == [migrate.head()]
+
+
+async def test_it_upgrades_from_empty_downgrades_to_base_and_upgrades_again(empty_backend: Backend) -> None:
+    engine = empty_backend.engine()
+    try:
+        assert await migrate.current(engine) is None
+        assert await migrate.upgrade(engine) == (None, migrate.head())
+        assert await tables(engine) == RESULT_TABLES | COORDINATION_TABLES | TRIAGE_TABLES | {"alembic_version"}
+        # Every downgrade works, one step at a time.
+        assert await migrate.downgrade(engine, "0001") == (migrate.head(), "0001")
+        assert await tables(engine) == RESULT_TABLES | {"alembic_version"}
+        assert await migrate.downgrade(engine, "base") == ("0001", None)
+        assert await tables(engine) == {"alembic_version"}
+        assert await migrate.upgrade(engine) == (None, migrate.head())
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()
+
+
+async def test_two_processes_upgrading_at_once_both_succeed(empty_backend: Backend) -> None:
+    results = await asyncio.gather(migrate.upgrade(empty_backend.url), migrate.upgrade(empty_backend.url))
+    assert sorted(results, key=str) == sorted([(None, migrate.head()), (migrate.head(), migrate.head())], key=str)
+
+
+async def test_the_models_match_the_migrations(backend: Backend) -> None:
+    assert await migrate.check(backend.url) == []
+
+
+async def test_check_names_a_model_change_without_a_migration(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    changed = sa.MetaData(naming_convention=metadata.naming_convention)
+    for table in metadata.sorted_tables:
+        table.to_metadata(changed)
+    changed.tables["runs"].append_column(sa.Column("region", sa.Text(), nullable=True))
+    monkeypatch.setattr(migrate, "metadata", changed)
+    assert await migrate.check(backend.url) == ["column runs.region: in the models but no migration adds it"]
+
+
+async def test_runs_stored_twice_before_the_unique_tick_are_removed_on_upgrade(empty_backend: Backend) -> None:
+    engine = empty_backend.engine()
+    try:
+        # Today's repository writes today's columns: store at head, then step back to 0002 (the
+        # data stays) and copy every tick's runs as a second replica would have stored them.
+        await migrate.upgrade(engine)
+        first = make_batch(T0)  # one tick, four series
+        adhoc = make_batch(T0, job="adhoc") + make_batch(T0, job="adhoc")
+        await Repository(engine).save_runs(first + adhoc)
+        await migrate.downgrade(engine, "0002")
+        async with engine.begin() as connection:
+            twin_ids = await connection.run_sync(_store_a_twin_of_every_tick_run)
+            await connection.execute(sa.text("DELETE FROM rollup_pending"))
+        await migrate.upgrade(engine)
+        async with engine.connect() as connection:
+            runs = set((await connection.scalars(sa.text("SELECT id FROM runs WHERE job <> 'adhoc'"))).all())
+            adhoc_runs = await connection.scalar(sa.text("SELECT count(*) FROM runs WHERE job = 'adhoc'"))
+            kept_series = await connection.scalar(
+                sa.text("SELECT count(DISTINCT series_id) FROM runs WHERE job <> 'adhoc'")
+            )
+            samples = await connection.scalar(sa.text("SELECT count(*) FROM samples"))
+            orphans = await connection.scalar(
+                sa.text("SELECT count(*) FROM samples WHERE run_id NOT IN (SELECT id FROM runs)")
+            )
+            pending = await connection.scalar(sa.text("SELECT count(*) FROM rollup_pending"))
+        kept = {str(r).replace("-", "") for r in runs}
+        assert len(kept) == 4
+        assert kept <= {run.run_id.hex for run, _ in first} | twin_ids
+        assert len(twin_ids) == 4 and kept_series == 4  # one run left per (series, tick)
+        assert orphans == 0
+        assert adhoc_runs == 8
+        assert samples == (4 + 8) * 6
+        assert pending == 4  # the duplicates' hours are rolled up again
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()
+
+
+async def test_samples_stored_before_0011_read_as_undisturbed_and_new_ones_keep_their_self_delay(
+    empty_backend: Backend,
+) -> None:
+    engine = empty_backend.engine()
+    try:
+        await migrate.upgrade(engine)
+        old = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+        repository = Repository(engine)
+        await repository.save_runs(old)
+        assert await migrate.downgrade(engine, "0010") == (migrate.head(), "0010")
+        async with engine.connect() as connection:
+            columns = await connection.run_sync(
+                lambda sync: {c["name"] for c in sa.inspect(sync).get_columns("samples")}
+            )
+        assert not {"self_delay_ms", "disturbed"} & columns
+        assert await migrate.upgrade(engine) == ("0010", migrate.head())
+        run = old[0][0]
+        [(_, stored)] = await repository.load_runs(run.series, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+        assert {(s.self_delay_ms, s.disturbed) for s in stored} == {(None, False)}
+        new = make_batch(T0 + timedelta(minutes=5), targets=("qwen3-8b",), prompts=("short",))
+        for index, sample in enumerate(new[0][1]):
+            sample.self_delay_ms = 0.25 if index else 48.5
+            sample.disturbed = not index
+        await repository.save_runs(new)
+        loaded = await repository.load_runs(run.series, T0 + timedelta(minutes=4), T0 + timedelta(hours=1))
+        assert [(s.self_delay_ms, s.disturbed) for s in loaded[0][1]] == [
+            (s.self_delay_ms, s.disturbed) for s in new[0][1]
+        ]
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()
+
+
+async def test_rollups_with_raw_runs_left_are_recomputed_with_the_new_columns_after_upgrade(
+    empty_backend: Backend,
+) -> None:
+    engine = empty_backend.engine()
+    repository = Repository(engine)
+    try:
+        await migrate.upgrade(engine)
+        await repository.save_runs(make_batch(T0) + make_batch(T0 + timedelta(hours=1)))
+        assert await repository.rollup(T0 + timedelta(hours=3)) == 8  # four series, two hours
+        await migrate.downgrade(engine, "0006")
+        async with engine.begin() as connection:
+            # An hour whose raw runs retention has deleted: nothing to recompute it from.
+            await connection.execute(
+                sa.text(
+                    "INSERT INTO rollups_hourly (series_id, hour, samples, errors, ttft_p50_ms) "
+                    "SELECT id, :hour, 5, 0, 300.0 FROM series"
+                ),
+                {
+                    "hour": T0 - timedelta(days=40)
+                    if engine.dialect.name == "postgresql"
+                    else "2025-12-01 00:00:00.000000"
+                },
+            )
+        await migrate.upgrade(engine)
+        async with engine.connect() as connection:
+            pending = await connection.scalar(sa.text("SELECT count(*) FROM rollup_pending"))
+        assert pending == 8
+        assert await repository.rollup(T0 + timedelta(hours=3)) == 8
+        async with engine.connect() as connection:
+            filled = (
+                await connection.execute(
+                    sa.text(
+                        "SELECT count(ttft_p10_ms), count(ttfb_ms_p50), count(prompt_tokens_p50), count(*) "
+                        "FROM rollups_hourly"
+                    )
+                )
+            ).one()
+        assert tuple(filled) == (8, 8, 8, 12)
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()
+
+
+def _store_a_twin_of_every_tick_run(connection: sa.Connection) -> set[str]:
+    """Copy each non-ad-hoc run and its samples under new ids; the new run ids, as hex."""
+    meta = sa.MetaData()
+    runs = sa.Table("runs", meta, autoload_with=connection)
+    samples = sa.Table("samples", meta, autoload_with=connection)
+    native = connection.dialect.name == "postgresql"
+
+    def new_id() -> object:
+        return uuid.uuid4() if native else uuid.uuid4().hex
+
+    twins: set[str] = set()
+    for run in connection.execute(sa.select(runs).where(runs.c.job != "adhoc")).mappings().all():
+        twin_id = new_id()
+        twins.add(twin_id.hex if isinstance(twin_id, uuid.UUID) else str(twin_id))
+        connection.execute(runs.insert().values({**run, "id": twin_id}))
+        for sample in connection.execute(sa.select(samples).where(samples.c.run_id == run["id"])).mappings().all():
+            connection.execute(samples.insert().values({**sample, "id": new_id(), "run_id": twin_id}))
+    return twins
+
+
+async def test_the_daemon_refuses_an_empty_schema_naming_the_fix(empty_backend: Backend) -> None:
+    engine = empty_backend.engine()
+    try:
+        with pytest.raises(migrate.SchemaBehind) as caught:
+            await migrate.ensure_current(engine)
+        assert str(caught.value) == (
+            f"the database schema is empty, this version needs {migrate.head()}; run `ttft-monitor db upgrade`"
+        )
+        await migrate.upgrade(engine, "0001")
+        with pytest.raises(migrate.SchemaBehind) as caught:
+            await migrate.ensure_current(engine)
+        assert str(caught.value) == (
+            f"database schema is at 0001, this version needs {migrate.head()}; run `ttft-monitor db upgrade`"
+        )
+        await migrate.upgrade(engine)
+        assert await migrate.ensure_current(engine) == migrate.head()
+    finally:
+        await engine.dispose()
+
+
+async def test_the_daemon_refuses_a_schema_from_a_newer_version(engine: AsyncEngine) -> None:
+    async with engine.begin() as connection:
+        await connection.execute(sa.text("UPDATE alembic_version SET version_num = '0099'"))
+    with pytest.raises(migrate.SchemaBehind, match="migrated by a newer ttft-monitor: upgrade ttft-monitor") as caught:
+        await migrate.ensure_current(engine)
+    assert (caught.value.current, caught.value.newer) == ("0099", True)
+
+
+async def test_an_unreachable_server_is_one_line_naming_host_and_what_to_check() -> None:
+    port = free_port()
+    engine = create_engine(f"postgresql+asyncpg://ttft:s3cret-pw@127.0.0.1:{port}/ttft", connect_timeout_s=2)
+    try:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            await migrate.ensure_current(engine)
+    finally:
+        await engine.dispose()
+    message = str(caught.value)
+    assert message == (
+        f"cannot connect to PostgreSQL at 127.0.0.1:{port}: connection refused; check that the server is running "
+        "and listening there, and the host and port in database.url"
+    )
+
+
+async def test_a_missing_database_says_how_to_create_it(postgres_backend: Backend) -> None:
+    url = sa.make_url(postgres_backend.url).set(database="ttft_no_such_db")
+    with pytest.raises(DatabaseUnavailable, match="database 'ttft_no_such_db' does not exist on PostgreSQL at"):
+        await migrate.current(url)
+
+
+# ---------------------------------------------------------------- `ttft-monitor db ...`
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="ttft-monitor")
+    commands = parser.add_subparsers(dest="command")
+    cli.register(commands)
+    return parser.parse_args(list(argv))
+
+
+def db(*argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.run(parse("db", *argv), stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def config_file(tmp_path: Path, url: str) -> str:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"database:\n  url: {url}\n  state_dir: {tmp_path / 'state'}\n")
+    return str(path)
+
+
+def test_db_commands_upgrade_report_check_and_downgrade(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'db' / 'ttft.db'}"
+    config = config_file(tmp_path, url)
+    head = migrate.head()
+
+    result = db("current", "--config", config)
+    assert result == (
+        0,
+        f"{url}: (empty) - the database schema is empty, this version needs {head}; run `ttft-monitor db upgrade`\n",
+        "",
+    ), result
+    result = db("check", "--config", config)
+    assert result == (
+        1,
+        f"{url}: cannot compare: the database schema is empty, this version needs {head}; run `ttft-monitor db "
+        "upgrade`, then check again\n",
+        "",
+    ), result  # the fix is `db upgrade`: no "write a migration" advice
+
+    assert db("upgrade", "0001", "--config", config) == (0, f"{url}: schema upgraded from (empty) to 0001\n", "")
+    assert db("upgrade", "--config", config) == (0, f"{url}: schema upgraded from 0001 to {head}\n", "")
+    assert db("upgrade", "--config", config) == (0, f"{url}: schema already at {head}\n", "")
+    assert db("current", "--config", config) == (0, f"{url}: {head} (head: up to date)\n", "")
+    assert db("check", "--config", config) == (
+        0,
+        f"{url}: the models match the migrations (schema at {head})\n",
+        "",
+    )
+    assert db("downgrade", "base", "--config", config) == (0, f"{url}: schema downgraded from {head} to (empty)\n", "")
+
+
+def test_db_commands_read_the_config_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TTFT_CONFIG", config_file(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'env.db'}"))
+    code, out, err = db("upgrade")
+    assert code == 0, err
+    assert str(tmp_path / "env.db") in out
+
+
+def test_an_unknown_revision_is_a_usage_error(tmp_path: Path) -> None:
+    config = config_file(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
+    code, out, err = db("upgrade", "0042", "--config", config)
+    assert (code, out) == (2, ""), err
+    assert err.startswith("ttft-monitor db upgrade: Can't locate revision identified by '0042'")
+    assert "Traceback" not in err
+
+
+def test_a_bad_config_is_reported_with_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("database:\n  url: mysql://x\n")
+    code, out, err = db("current", "--config", str(path))
+    assert (code, out) == (2, "")
+    assert "database.url" in err and "not supported" in err
+
+
+def test_an_unreachable_database_is_exit_3_without_the_password(tmp_path: Path) -> None:
+    port = free_port()
+    config = config_file(tmp_path, f"postgresql+asyncpg://ttft:hunter2-secret@127.0.0.1:{port}/ttft")
+    code, out, err = db("upgrade", "--config", config)
+    assert (code, out) == (3, ""), err
+    assert err == (
+        f"ttft-monitor db upgrade: cannot connect to PostgreSQL at 127.0.0.1:{port}: connection refused; check "
+        "that the server is running and listening there, and the host and port in database.url\n"
+    )
+    assert "hunter2" not in out + err
+
+
+def test_outputs_mask_the_password(postgres_backend: Backend, tmp_path: Path) -> None:
+    url = sa.make_url(postgres_backend.url).set(password="not-needed-trust-auth").render_as_string(hide_password=False)
+    code, out, err = db("current", "--config", config_file(tmp_path, url))
+    assert code == 0, err
+    assert "not-needed-trust-auth" not in out + err
+    assert ":***@" in out

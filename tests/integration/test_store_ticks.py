@@ -1,0 +1,115 @@
+"""Tick claims on both databases: racing claimers, stale claims, finishing, and the claim policy."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from monitor.schedule.claims import TickClaims
+from monitor.store.engine import create_engine
+from monitor.store.ticks import TickClaimRepository
+from tests.support.store_fixtures import T0, Backend
+
+pytest_plugins = ("tests.support.store_fixtures",)
+
+TICK = T0 + timedelta(minutes=5)
+
+
+async def rows(engine: AsyncEngine) -> list[dict[str, Any]]:
+    async with engine.connect() as connection:
+        result = await connection.execute(
+            sa.text("SELECT job, location, claimed_by, status, finished_at FROM job_ticks ORDER BY id")
+        )
+        return [dict(row) for row in result.mappings()]
+
+
+@pytest.fixture
+async def engines(backend: Backend) -> Any:
+    """Two engines on one database: two daemons sharing it."""
+    pair = (backend.engine(), backend.engine())
+    yield pair
+    for engine in pair:
+        await engine.dispose()
+
+
+async def test_two_claimers_of_one_tick_exactly_one_wins(engines: tuple[AsyncEngine, AsyncEngine]) -> None:
+    first, second = (TickClaimRepository(engine) for engine in engines)
+    won = await asyncio.gather(
+        first.claim(job="j", scheduled_at=TICK, location="lab", owner="a"),
+        second.claim(job="j", scheduled_at=TICK, location="lab", owner="b"),
+    )
+    assert sorted(won) == [False, True]
+    winner = "a" if won[0] else "b"
+    assert [(r["claimed_by"], r["status"]) for r in await rows(engines[0])] == [(winner, "running")]
+
+
+async def test_eight_racing_claimers_on_two_engines_leave_one_winner(engines: tuple[AsyncEngine, AsyncEngine]) -> None:
+    claimers = [TickClaimRepository(engines[i % 2]) for i in range(8)]
+    won = await asyncio.gather(
+        *(c.claim(job="j", scheduled_at=TICK, location="lab", owner=f"o{i}") for i, c in enumerate(claimers))
+    )
+    assert won.count(True) == 1
+    assert len(await rows(engines[0])) == 1
+
+
+async def test_a_stale_claim_keeps_its_tick_and_the_next_tick_is_won(engines: tuple[AsyncEngine, AsyncEngine]) -> None:
+    crashed, alive = (TickClaimRepository(engine) for engine in engines)
+    # The owner crashed after claiming: no finish ever comes, and the claim stays the record.
+    assert await crashed.claim(job="j", scheduled_at=TICK, location="lab", owner="crashed")
+    assert not await alive.claim(job="j", scheduled_at=TICK, location="lab", owner="alive")
+    assert await alive.claim(job="j", scheduled_at=TICK + timedelta(minutes=1), location="lab", owner="alive")
+    assert [(r["claimed_by"], r["status"], r["finished_at"]) for r in await rows(engines[0])] == [
+        ("crashed", "running", None),
+        ("alive", "running", None),
+    ]
+
+
+async def test_the_same_tick_of_another_job_or_location_is_its_own_claim(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    ticks = TickClaimRepository(engines[0])
+    assert await ticks.claim(job="j", scheduled_at=TICK, location="lab", owner="a")
+    assert await ticks.claim(job="k", scheduled_at=TICK, location="lab", owner="a")
+    assert await ticks.claim(job="j", scheduled_at=TICK, location="edge", owner="a")
+    assert not await ticks.claim(job="j", scheduled_at=TICK, location="lab", owner="a")  # not even its owner twice
+
+
+async def test_finishing_records_the_outcome_on_that_tick_only(engines: tuple[AsyncEngine, AsyncEngine]) -> None:
+    ticks = TickClaimRepository(engines[0])
+    for minute in (0, 1):
+        await ticks.claim(job="j", scheduled_at=TICK + timedelta(minutes=minute), location="lab", owner="a")
+    assert await ticks.finish(job="j", scheduled_at=TICK, location="lab", status="ok", now=TICK + timedelta(seconds=3))
+    assert not await ticks.finish(job="j", scheduled_at=TICK + timedelta(hours=1), location="lab", status="ok")
+    found = await rows(engines[0])
+    assert [r["status"] for r in found] == ["ok", "running"]
+    assert found[0]["finished_at"] is not None and found[1]["finished_at"] is None
+    assert len(found) == 2  # finishing a tick nobody claimed creates no row
+
+
+async def test_the_claim_policy_wins_loses_and_rests_while_the_database_is_away(
+    backend: Backend, tmp_path: Path
+) -> None:
+    engine = backend.engine()
+    try:
+        mine, theirs = TickClaims(engine), TickClaims(engine)
+        assert await mine.try_claim(job="j", scheduled_at=TICK, location="lab", owner="a") is True
+        assert await theirs.try_claim(job="j", scheduled_at=TICK, location="lab", owner="b") is False
+    finally:
+        await engine.dispose()
+    now = [0.0]
+    away = create_engine(f"sqlite+aiosqlite:///{tmp_path}/no/such/dir/ttft.db")
+    try:
+        claims = TickClaims(away, rest_s=10, clock=lambda: now[0])
+        assert await claims.try_claim(job="j", scheduled_at=TICK, location="lab", owner="a") is None
+        assert claims.resting  # no more waits on a database known to be away ...
+        now[0] = 11.0
+        assert not claims.resting  # ... until the rest is over
+    finally:
+        await claims.close()
+        await away.dispose()

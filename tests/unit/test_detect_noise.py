@@ -1,0 +1,246 @@
+"""The per-series noise model (monitor/detect/noise.py): known processes, a step inside the estimation
+window, short histories, its stored form and the thresholds derived from it."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from monitor.detect import noise
+from monitor.detect.detector import Detector, Rules, RunPoint, SeriesState
+from monitor.detect.noise import NoiseModel, estimate, variance_ratio
+from monitor.detect.rules import FIXED_THRESHOLD
+from monitor.detect.settings import Detection
+from tests.support.series import EVERY, RUNS_PER_DAY, T0, make_series
+
+WEEK = 2016  # 5-minute runs
+
+
+def ar_noise(runs: int, *, share: float, phi: float, sd: float = 0.3, seed: int = 1) -> list[float]:
+    """White noise plus an AR(1) process holding `share` of the variance, total sd `sd`."""
+    rng = random.Random(seed)
+    level = rng.gauss(0, math.sqrt(share))
+    innovation = math.sqrt(share * (1 - phi * phi))
+    values = []
+    for _ in range(runs):
+        level = phi * level + rng.gauss(0, innovation)
+        values.append(sd * (level + rng.gauss(0, math.sqrt(1 - share))))
+    return values
+
+
+@pytest.mark.parametrize(
+    ("share", "phi"),
+    [(1.0, 0.9), (0.5, 0.9), (0.3, 0.9), (0.5, 0.97), (0.5, 0.5)],
+)
+def test_it_recovers_an_ar_process_and_its_long_run_variance(share: float, phi: float) -> None:
+    # Two weeks of runs: the long-run variance (g over 12 hours) within 25%, the scale within 5%,
+    # phi within 0.1 where the AR part is a third of the variance or more.
+    model = estimate(ar_noise(2 * WEEK, share=share, phi=phi))
+    truth = variance_ratio(share, phi, noise.LONG_RUNS)
+    assert model.sd == pytest.approx(0.3, rel=0.05)
+    assert model.long_run == pytest.approx(truth, rel=0.25), (model, truth)
+    assert model.phi == pytest.approx(phi, abs=0.1), model
+
+
+def test_independent_noise_reads_as_independent() -> None:
+    model = estimate(ar_noise(2 * WEEK, share=0.0, phi=0.0))
+    assert model.long_run < 1.3
+    assert model.effective_runs(14) > 11
+    assert "runs look independent" in noise.describe(model, interval_s=300, runs=14) or model.long_run > 1
+
+
+def test_a_step_inside_the_window_raises_the_model_at_most_by_its_growth_bound() -> None:
+    # A 12-hour +50% step (0.405 in log units, 1.35 sigma) that no rule froze the model for.
+    model = estimate(ar_noise(2 * WEEK, share=0.5, phi=0.9))
+    before = model.block_var[1]
+    for value in ar_noise(144, share=0.5, phi=0.9, seed=2):
+        noise.update(model, value + math.log(1.5))
+    blocks = 144 // noise.BLOCKS[1]
+    weight = noise.BLOCKS[1] / noise.HORIZON_RUNS
+    bound = (1 + weight * (noise.WINSOR**2 - 1)) ** blocks
+    assert model.block_var[1] <= before * bound
+    assert bound < 1.5  # the bound stated in noise.py's docstring: at most 1.45x
+    # Without the clipping the same step would have been worth far more.
+    unclipped = sum(144 * (math.log(1.5)) ** 2 for _ in range(1)) / before
+    assert unclipped > 2
+
+
+def test_short_histories_give_a_usable_model() -> None:
+    empty = NoiseModel()
+    assert empty.sd == 0.0 and empty.g(5) >= 1.0 and empty.long_run >= 1.0
+    assert noise.describe(empty, interval_s=300, runs=5).startswith("noise: sd 0.00")
+    few = estimate(ar_noise(10, share=0.5, phi=0.9))
+    assert few.sd > 0 and math.isfinite(few.long_run) and few.blocks == [1, 0]
+    day = estimate(ar_noise(288, share=0.5, phi=0.9))
+    assert 1.0 <= day.long_run <= noise.G_MAX
+
+
+def test_the_model_is_stored_with_the_state_and_old_states_load_without_it() -> None:
+    state = SeriesState(noise=estimate(ar_noise(500, share=0.5, phi=0.9)))
+    loaded = SeriesState.from_json(state.to_json())
+    assert loaded.noise == state.noise
+    old = {key: value for key, value in state.to_json().items() if key != "noise"}
+    assert SeriesState.from_json(old).noise is None
+    # A stored model with a wrong shape loads as far as it can, never raising.
+    broken = {**state.to_json(), "noise": {"runs": 3, "sums": [1.0], "phi": 7}}
+    model = SeriesState.from_json(broken).noise
+    assert model is not None and model.sums == [0.0, 0.0] and model.phi < 1
+
+
+def test_the_cusum_threshold_follows_the_false_alert_rate_and_the_noise() -> None:
+    def threshold(rate: float, long_run: float, interval_s: float = 300) -> float:
+        return noise.cusum_threshold(
+            false_alerts_per_week=rate, allowance=0.233, long_run=long_run, interval_s=interval_s
+        )
+
+    # Fewer false alerts a week: a higher threshold; runs every minute: more chances, a higher one too.
+    assert threshold(0.1, 1.0) > threshold(0.5, 1.0) > threshold(2.0, 1.0)
+    assert threshold(0.5, 1.0, interval_s=60) > threshold(0.5, 1.0)
+    # The default calibration: independent noise, one probe per run (k 0.233) gives the measured 16.
+    assert threshold(0.5, 1.0) == pytest.approx(16.0, abs=0.2)
+    # In per-run sigmas (threshold x g), slow wander needs more evidence.
+    assert threshold(0.5, 10.0) * 10 > threshold(0.5, 2.0) * 2 > threshold(0.5, 1.0)
+
+
+def test_a_cusum_of_known_noise_alarms_about_as_siegmund_says() -> None:
+    # Unit normal values, allowance 0.5, threshold 4: Siegmund's ARL is about 336 runs.
+    rng = random.Random(3)
+    alarms, total, runs = 0, 0.0, 200_000
+    for _ in range(runs):
+        total = max(0.0, total + rng.gauss(0, 1) - 0.5)
+        if total >= 4:
+            alarms, total = alarms + 1, 0.0
+    assert runs / alarms == pytest.approx(noise.siegmund_arl(-0.5, 4.0), rel=0.15)
+
+
+def feed(model: NoiseModel, runs: str) -> None:
+    """s: a slow run, c: a calm one, .: neither."""
+    for run in runs:
+        noise.observe(model, slow=run == "s", calm=run == "c")
+
+
+def test_bursts_that_recover_make_pages_wait_longer_but_only_so_much() -> None:
+    model = NoiseModel()
+    assert noise.page_confirmations(model, 2, window=5) == 2
+    feed(model, "ccsssccc")  # three slow runs, then back at the baseline
+    # Three slow runs move a 5-run median for 3 runs: a page needs 4; a 10-run median not at all.
+    assert noise.page_confirmations(model, 2, window=5) == 4
+    assert noise.page_confirmations(model, 2, window=10) == 2
+    step = NoiseModel()
+    feed(step, "ss.s.ss.sss.s.ssss" * 5 + "ccc")  # a step hovering around the page ratio: no burst
+    assert step.burst == 0
+    longer = NoiseModel()
+    feed(longer, "sssssccc")
+    assert noise.page_confirmations(longer, 2, window=5) == 4  # at most 2 above the configured number
+
+
+def test_lorden_delay_is_longer_for_smaller_shifts_and_wandering_noise() -> None:
+    base = noise.lorden_delay_runs(shift=math.log(1.2), long_run_variance=0.09, arl_runs=4032)
+    assert noise.lorden_delay_runs(shift=math.log(1.1), long_run_variance=0.09, arl_runs=4032) > base
+    assert noise.lorden_delay_runs(shift=math.log(1.2), long_run_variance=0.9, arl_runs=4032) > base
+
+
+# ---------------------------------------------------------------- the detector with the model on (opt-in)
+
+
+def noise_rules(**changes: object) -> Rules:
+    """The rules `detection.noise_model: true` gives (the CUSUM threshold left to be derived)."""
+    return Detection.model_validate({"noise_model": True, **changes}).rules()
+
+
+def test_the_model_is_opt_in_and_the_config_turns_it_on() -> None:
+    off = Detection().rules()
+    assert not off.noise_model and off.cusum is not None and off.cusum.threshold == FIXED_THRESHOLD
+    on = noise_rules()
+    assert on.noise_model and on.cusum is not None and on.cusum.threshold is None
+    fixed = Detection.model_validate({"noise_model": True, "cusum": {"threshold": 12}}).rules()
+    assert fixed.cusum is not None and fixed.cusum.threshold == 12
+
+
+def test_with_the_model_on_evidence_names_the_noise_and_the_threshold_follows_the_rate() -> None:
+    points = make_series(seed=2, days=10, probes=3, phi=0.9)
+    thresholds = {}
+    for rate in (0.1, 2.0):
+        replayer = Detector(noise_rules(false_alerts_per_week=rate)).replayer()
+        events = [event for point in points for event in replayer.feed(point)]
+        opened = [e for e in events if e.kind == "regression" and e.action == "open"]
+        assert opened, rate
+        assert all(e.detail["evidence"].startswith(f"{(e.ratio - 1) * 100:+.0f}% over ") for e in opened)
+        assert all("noise: sd" in e.detail["evidence"] for e in opened)
+        # Against a seasonal baseline the model has been measured (before, during the first days, it is empty).
+        assert [e for e in opened if e.detail["baseline"] == "seasonal" and e.detail["noise"]["sd"] > 0]
+        assert replayer.state.noise is not None and replayer.state.noise.sd > 0
+        thresholds[rate] = replayer._core.threshold
+    assert thresholds[0.1] is not None and thresholds[2.0] is not None
+    assert thresholds[0.1] > thresholds[2.0]
+    assert FIXED_THRESHOLD not in thresholds.values()
+
+
+def test_states_written_with_the_model_on_or_off_load_either_way() -> None:
+    points = make_series(seed=2, days=10, probes=3, phi=0.9)
+    half = len(points) // 2
+    for first, then in ((True, False), (False, True)):
+        rules = {True: noise_rules(), False: Detection().rules()}
+        replayer = Detector(rules[first]).replayer()
+        for point in points[:half]:
+            replayer.feed(point)
+        stored = json.loads(json.dumps(replayer.state.to_json()))
+        assert ("noise" in stored) is first  # off, the state is stored as it was before the model
+        loaded = SeriesState.from_json(stored)
+        assert loaded.to_json() == stored
+        later = Detector(rules[then]).replayer(state=loaded, history=points[:half])
+        for point in points[half:]:
+            later.feed(point)
+        # Turned off, the model is dropped (stale once on again); turned on, it is measured from the history.
+        assert (later.state.noise is not None) is then
+        assert SeriesState.from_json(later.state.to_json()).to_json() == later.state.to_json()
+
+
+# ---------------------------------------------------------------- the page rule's jump test
+
+
+def test_neighbouring_windows_of_independent_noise_differ_as_two_medians_do() -> None:
+    spread = noise.jump_spread(ar_noise(WEEK, share=0.0, phi=0.0), 5)
+    assert spread == pytest.approx(0.3 * math.sqrt(2 * math.pi / (2 * 5)), rel=0.15)
+
+
+def test_slow_wander_moves_neighbouring_windows_alike() -> None:
+    # Load that comes and goes over hours (phi 0.97) holding all the variance: windows 5 runs apart
+    # differ far less than the series wanders (sd 0.3).
+    spread = noise.jump_spread(ar_noise(288, share=1.0, phi=0.97), 5)
+    assert spread is not None and spread < 0.15
+
+
+def test_a_jump_needs_enough_neighbours_and_skips_runs_without_a_value() -> None:
+    values = ar_noise(288, share=0.0, phi=0.0)
+    assert noise.jump_spread(values[: 2 * 5 + 8 * 5 - 2], 5) is None
+    assert noise.jump_spread(values[: 2 * 5 + 8 * 5 - 1], 5) is not None
+    holed = [math.nan if i % 10 == 0 else value for i, value in enumerate(values)]
+    assert noise.jump_spread(holed, 5) is None  # every pair of 5-run windows holds a nan
+    assert noise.jump_spread(holed, 4) is not None
+
+
+def test_with_the_model_on_a_doubling_under_slow_wander_pages_within_the_hour() -> None:
+    # Five days of 5-probe runs, half the noise's variance load that wanders for hours (phi 0.97 per
+    # run), then TTFT doubles. Without the jump test the window test pages after 36 runs (3 hours); with
+    # it, after 8: issue 20 wants 6 (30 minutes), and 2 runs go to the window having to be 1.5x a
+    # baseline the load had wandered under, and 2 to the confirmations wander that reads as bursts asks.
+    rng = random.Random(5)
+    wander = ar_noise(5 * RUNS_PER_DAY, share=1.0, phi=0.97, sd=0.3 * math.sqrt(0.5), seed=5)
+    onset = round(4.5 * RUNS_PER_DAY)
+    replayer = Detector(noise_rules()).replayer()
+    paged_after = None
+    for i, load in enumerate(wander):
+        level = 400.0 * math.exp(load) * (2.0 if i >= onset else 1.0)
+        values = sorted(level * math.exp(rng.gauss(0, 0.3 * math.sqrt(0.5))) for _ in range(5))
+        events = replayer.feed(RunPoint(T0 + i * EVERY, values[2], ok=5, errors=0))
+        pages = [e for e in events if e.kind == "regression" and e.severity == "page" and e.action != "resolve"]
+        if i < onset:
+            assert not pages, (i, pages)  # (a ticket may open on such wander: the CUSUM's, not a page)
+        elif pages:
+            paged_after = i - onset + 1
+            break
+    assert paged_after is not None and paged_after <= 8, paged_after
