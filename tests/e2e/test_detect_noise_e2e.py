@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.alert_fixtures import Loopback
 from tests.conftest import SimProcess, start_sim, stop_sim
+from tests.support.alert_fixtures import Loopback
 from tests.support.daemon import Daemon, start_daemon, stop_daemon, upgrade, write_config
 
 pytest_plugins = ("tests.support.alert_fixtures",)

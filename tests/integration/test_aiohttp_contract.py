@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from aiohttp.client_proto import ResponseHandler
 
-from monitor.probe import kernel_clock
+from monitor import kernel_clock
 from monitor.probe.aiohttp_hooks import (
     StampingProtocol,
     Stamps,

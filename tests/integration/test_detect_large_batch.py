@@ -23,8 +23,8 @@ from monitor.schedule.background import AFTERCARE_TIMEOUT_S, aftercare_deadline_
 from monitor.store.models import IncidentRow
 from monitor.store.records import RunRecord, runs_from_samples
 from monitor.store.repository import Repository
-from tests.support.store_fixtures import T0, Backend, make_samples
 from tests.support.detection import config, notifications, rows
+from tests.support.store_fixtures import T0, Backend, make_samples
 
 pytest_plugins = ("tests.support.store_fixtures",)
 pytestmark = pytest.mark.timeout(240)

@@ -375,12 +375,10 @@ def test_replay_pools_a_targets_prompts_per_location_and_reports_one_burn_incide
         "  other: {provider: local, model: m}\n"
         "detection:\n  slo_burn: {keep_firing_minutes: 0}\n"
     )
-    parser = argparse.ArgumentParser(prog="ttft-monitor")
-    cli.register(parser.add_subparsers(dest="command"))
+    parser = argparse.ArgumentParser(prog="ttft-monitor replay")
+    cli.register(parser)
     out, err = io.StringIO(), io.StringIO()
-    code = cli.run(
-        parser.parse_args(["replay", "--samples", str(samples), "--config", str(config)]), stdout=out, stderr=err
-    )
+    code = cli.run(parser.parse_args(["--samples", str(samples), "--config", str(config)]), stdout=out, stderr=err)
     assert code == 0, err.getvalue()
     burns = [line for line in map(json.loads, out.getvalue().splitlines()) if line["kind"] == "slo_burn"]
     assert [(b["series"], b["severity"]) for b in burns] == [("api/*/lab", "page")], burns
