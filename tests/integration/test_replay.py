@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from monitor.cli import build_parser
 from monitor.commands import replay as cli
 from monitor.detect.detector import Detector, RunPoint
 from monitor.detect.export import export_samples, series_names
@@ -209,9 +210,7 @@ def test_a_year_of_five_minute_runs_replays_in_seconds(tmp_path: Path) -> None:
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="ttft-monitor")
-    cli.register(parser.add_subparsers(dest="command"))
-    return parser.parse_args(argv)
+    return build_parser().parse_args(list(argv))  # the real registry, as `ttft-monitor` parses
 
 
 def run(*argv: str) -> tuple[int, str, str]:

@@ -13,6 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from monitor.cli import build_parser
 from monitor.commands import db as cli
 from monitor.store import migrate
 from monitor.store.engine import DatabaseUnavailable, create_engine
@@ -269,10 +270,7 @@ async def test_a_missing_database_says_how_to_create_it(postgres_backend: Backen
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="ttft-monitor")
-    commands = parser.add_subparsers(dest="command")
-    cli.register(commands)
-    return parser.parse_args(list(argv))
+    return build_parser().parse_args(list(argv))  # the real registry, as `ttft-monitor` parses
 
 
 def db(*argv: str) -> tuple[int, str, str]:
