@@ -216,7 +216,14 @@ class KernelStampedListener(socket.socket):
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            listener.bind((host, port))
+            try:
+                listener.bind((host, port))
+            except OSError as exc:
+                # Worded as asyncio's `create_server` words it, so callers report both alike.
+                reason = (exc.strerror or str(exc)).lower()
+                raise OSError(
+                    exc.errno, f"error while attempting to bind on address {(host, port)!r}: {reason}"
+                ) from exc
             listener.listen(backlog)
             listener.setblocking(False)
         except OSError:
