@@ -177,9 +177,10 @@ def call_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
     """`ttft-monitor ARGS` called in this process (`monitor.cli.main`, what `python -m monitor` runs):
     the same exit code, stdout and stderr as `run_cli`, without the ~1.4 s of a new interpreter importing
     the monitor. For what a command says and returns (usage errors, config errors, a report); a test of
-    start-up, exit or signals keeps `run_cli`. Not for `run` or `once` (they freeze the heap for the
-    process), nor inside a running event loop (the commands call asyncio.run). The environment and the
-    logging set-up a command changes are put back afterwards."""
+    start-up, exit or signals keeps `run_cli`. Not for a measuring command that gets to measure (`run`,
+    `once`, `probe`: they freeze the heap for the process; `cli_result` picks), nor inside a running
+    event loop (the commands call asyncio.run). The environment and the logging set-up a command
+    changes are put back afterwards."""
     import contextlib
     import io
     import logging
@@ -207,6 +208,16 @@ def call_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
         root.handlers[:] = saved_handlers
         root.setLevel(saved_level)
     return CliResult(code, stdout.getvalue(), stderr.getvalue())
+
+
+def cli_result(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+    """`ttft-monitor ARGS`: a measuring command as a child process (`run_cli`), any other in-process
+    (`call_cli`), for tests that ask every command the same question."""
+    from monitor.cli import MEASURING_COMMANDS
+
+    if args[0] in MEASURING_COMMANDS:
+        return run_cli(*args, env=env, timeout=timeout)
+    return call_cli(*args, env=env)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
