@@ -173,6 +173,41 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
     return CliResult(process.returncode, stdout, stderr)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that use the real vLLM run last, in their own order. Its server lives for the session,
+    and its engine (both cores busy during the attribution burst) must not slow the timing tests that
+    would otherwise follow it alphabetically (the web tests)."""
+    uses_vllm = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
+    if uses_vllm:
+        chosen = set(map(id, uses_vllm))
+        items[:] = [item for item in items if id(item) not in chosen] + uses_vllm
+
+
+def skipped_for_postgres(reports: list[Any]) -> int:
+    """How many of pytest's skip reports name TTFT_TEST_POSTGRES_URL as their reason. Every way a
+    test skips for it counts (tests/store_fixtures.py's fixtures, a `skipif` mark, a skip in the
+    body), so the banner's count is what was skipped: it said 154 when 157 were (three marks)."""
+    count = 0
+    for report in reports:
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+        count += POSTGRES_ENV in reason
+    return count
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    skipped = skipped_for_postgres(terminalreporter.stats.get("skipped", []))
+    if skipped:
+        terminalreporter.write_sep("!", "POSTGRESQL TESTS SKIPPED", red=True, bold=True)
+        terminalreporter.write_line(
+            f"{skipped} PostgreSQL test(s) skipped: {POSTGRES_ENV} is not set. "
+            f"Set it, e.g. {POSTGRES_ENV}=postgresql+asyncpg://postgres@127.0.0.1:5432/test "
+            "(.ci/run does), to run them against a real PostgreSQL server.",
+            red=True,
+            bold=True,
+        )
+
+
 def call_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
     """`ttft-monitor ARGS` called in this process (`monitor.cli.main`, what `python -m monitor` runs):
     the same exit code, stdout and stderr as `run_cli`, without the ~1.4 s of a new interpreter importing
@@ -218,38 +253,3 @@ def cli_result(*args: str, env: dict[str, str] | None = None, timeout: float = 6
     if args[0] in MEASURING_COMMANDS:
         return run_cli(*args, env=env, timeout=timeout)
     return call_cli(*args, env=env)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The tests that use the real vLLM run last, in their own order. Its server lives for the session,
-    and its engine (both cores busy during the attribution burst) must not slow the timing tests that
-    would otherwise follow it alphabetically (the web tests)."""
-    uses_vllm = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
-    if uses_vllm:
-        chosen = set(map(id, uses_vllm))
-        items[:] = [item for item in items if id(item) not in chosen] + uses_vllm
-
-
-def skipped_for_postgres(reports: list[Any]) -> int:
-    """How many of pytest's skip reports name TTFT_TEST_POSTGRES_URL as their reason. Every way a
-    test skips for it counts (tests/store_fixtures.py's fixtures, a `skipif` mark, a skip in the
-    body), so the banner's count is what was skipped: it said 154 when 157 were (three marks)."""
-    count = 0
-    for report in reports:
-        longrepr = getattr(report, "longrepr", None)
-        reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
-        count += POSTGRES_ENV in reason
-    return count
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    skipped = skipped_for_postgres(terminalreporter.stats.get("skipped", []))
-    if skipped:
-        terminalreporter.write_sep("!", "POSTGRESQL TESTS SKIPPED", red=True, bold=True)
-        terminalreporter.write_line(
-            f"{skipped} PostgreSQL test(s) skipped: {POSTGRES_ENV} is not set. "
-            f"Set it, e.g. {POSTGRES_ENV}=postgresql+asyncpg://postgres@127.0.0.1:5432/test "
-            "(.ci/run does), to run them against a real PostgreSQL server.",
-            red=True,
-            bold=True,
-        )
