@@ -11,7 +11,7 @@ import pytest
 from monitor.store.repository import Repository
 from monitor.web import queries
 from monitor.web.report import render
-from tests.conftest import SimProcess, call_cli, run_cli
+from tests.conftest import SimProcess, run_cli
 from tests.store_fixtures import T0, Backend, make_batch
 
 pytest_plugins = ("tests.store_fixtures",)
@@ -130,5 +130,5 @@ def test_a_hostile_model_name_in_the_markdown_report_is_text_not_an_image() -> N
 def test_report_refuses_bad_options_in_one_line(tmp_path: Path, args: list[str], message: str) -> None:
     config = tmp_path / "c.yaml"
     config.write_text(f'database:\n  url: "sqlite+aiosqlite:///{tmp_path}/x.db"\n')
-    result = call_cli("report", "--config", str(config), *args)
+    result = run_cli("report", "--config", str(config), *args)
     assert result.code == 2 and message in result.stderr and "Traceback" not in result.stderr
