@@ -213,9 +213,12 @@ def call_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
     the same exit code, stdout and stderr as `run_cli`, without the ~1.4 s of a new interpreter importing
     the monitor. For what a command says and returns (usage errors, config errors, a report); a test of
     start-up, exit or signals keeps `run_cli`. Not for a measuring command that gets to measure (`run`,
-    `once`, `probe`: they freeze the heap for the process; `cli_result` picks), nor inside a running
-    event loop (the commands call asyncio.run). The environment and the logging set-up a command
-    changes are put back afterwards."""
+    `once`, `probe`: they freeze the heap for the process; `cli_result` picks). Called from a running
+    event loop (an async test), it runs in a worker thread, since the commands call asyncio.run, and
+    blocks the loop meanwhile, as waiting for a child process did. The environment and the logging
+    set-up a command changes are put back afterwards."""
+    import asyncio
+    import concurrent.futures
     import contextlib
     import io
     import logging
@@ -223,6 +226,14 @@ def call_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
     import structlog
 
     from monitor.cli import main
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1) as worker:
+            return worker.submit(call_cli, *args, env=env).result()
 
     saved_environ, saved_structlog = dict(os.environ), structlog.get_config()
     root = logging.getLogger()
