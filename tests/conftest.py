@@ -238,3 +238,61 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             red=True,
             bold=True,
         )
+
+
+def call_cli(*args: str, env: dict[str, str] | None = None) -> CliResult:
+    """`ttft-monitor ARGS` called in this process (`monitor.cli.main`, what `python -m monitor` runs):
+    the same exit code, stdout and stderr as `run_cli`, without the ~1.4 s of a new interpreter importing
+    the monitor. For what a command says and returns (usage errors, config errors, a report); a test of
+    start-up, exit or signals keeps `run_cli`. Not for a measuring command that gets to measure (`run`,
+    `once`, `probe`: they freeze the heap for the process; `cli_result` picks). Called from a running
+    event loop (an async test), it runs in a worker thread, since the commands call asyncio.run, and
+    blocks the loop meanwhile, as waiting for a child process did. The environment and the logging
+    set-up a command changes are put back afterwards."""
+    import asyncio
+    import concurrent.futures
+    import contextlib
+    import io
+    import logging
+
+    import structlog
+
+    from monitor.cli import main
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        with concurrent.futures.ThreadPoolExecutor(1) as worker:
+            return worker.submit(call_cli, *args, env=env).result()
+
+    saved_environ, saved_structlog = dict(os.environ), structlog.get_config()
+    root = logging.getLogger()
+    saved_handlers, saved_level = root.handlers[:], root.level
+    os.environ.pop("TTFT_CONFIG", None)
+    os.environ.update(env or {})
+    stdout, stderr = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            try:
+                code = main(list(args))
+            except SystemExit as exc:  # argparse: a usage error (2), --help or --version (0)
+                code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_environ)
+        structlog.configure(**saved_structlog)
+        root.handlers[:] = saved_handlers
+        root.setLevel(saved_level)
+    return CliResult(code, stdout.getvalue(), stderr.getvalue())
+
+
+def cli_result(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> CliResult:
+    """`ttft-monitor ARGS`: a measuring command as a child process (`run_cli`), any other in-process
+    (`call_cli`), for tests that ask every command the same question."""
+    from monitor.cli import MEASURING_COMMANDS
+
+    if args[0] in MEASURING_COMMANDS:
+        return run_cli(*args, env=env, timeout=timeout)
+    return call_cli(*args, env=env)

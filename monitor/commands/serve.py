@@ -49,4 +49,4 @@ def main(args: argparse.Namespace) -> int:
     config = load_config_or_explain(args.config, sys.stderr)
     if config is None:
         return EXIT_USAGE
-    return asyncio.run(serve(config, args.listen))
+    return asyncio.run(serve(config, args.listen, out=sys.stderr))  # the stream of this call, not of import time

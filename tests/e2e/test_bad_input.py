@@ -13,7 +13,7 @@ import yaml
 
 from monitor.config.errors import ConfigError
 from monitor.config.loader import MAX_YAML_VALUES, load_config
-from tests.conftest import run_cli
+from tests.conftest import call_cli, run_cli
 
 BASE: dict[str, Any] = {
     "providers": {"p": {"base_url": "http://127.0.0.1:9/v1", "api": "openai-chat"}},
@@ -103,14 +103,14 @@ def test_yaml_infinity_written_by_hand_is_refused(tmp_path: Path) -> None:
     ],
 )
 def test_probe_arguments_are_finite_and_in_range(args: list[str], line: str) -> None:
-    result = run_cli("probe", "--url", "http://127.0.0.1:9/v1", "--model", "m", *args, timeout=20)
+    result = call_cli("probe", "--url", "http://127.0.0.1:9/v1", "--model", "m", *args)
     assert result.code == 2, result
     assert result.stderr == f"ttft-monitor probe: error: {line} (see ttft-monitor probe --help)\n", result
 
 
 @pytest.mark.parametrize("port", ["99999", "-1", "http"])
 def test_sim_refuses_a_port_that_does_not_exist(port: str) -> None:
-    result = run_cli("sim", "--port", port, timeout=20)
+    result = call_cli("sim", "--port", port)
     assert result.code == 2, result
     (line,) = result.stderr.splitlines()
     assert line.startswith("ttft-monitor sim: error: argument --port: "), result
@@ -122,7 +122,7 @@ def test_sim_refuses_a_port_in_use_in_one_line() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run_cli("sim", "--port", str(port), timeout=20)
+        result = call_cli("sim", "--port", str(port))
     assert result.code == 2, result
     assert result.stderr == (
         f"ttft-monitor sim: cannot listen on 127.0.0.1:{port}: error while attempting to bind on address "
@@ -220,7 +220,7 @@ def test_check_config_refuses_a_webhook_secret_the_standard_cannot_verify(
         ("alerts",),
         {"receivers": {"hook": {"type": "webhook", "url": "http://127.0.0.1:9/h", "secret_env": "HOOK_SECRET"}}},
     )
-    result = run_cli("check-config", "--config", str(path), env={"HOOK_SECRET": secret}, timeout=30)
+    result = call_cli("check-config", "--config", str(path), env={"HOOK_SECRET": secret})
     assert result.code == 2, result
     assert result.stderr == f"{path}: alerts.receivers.hook.secret_env: {message}\n", result
     assert secret not in result.stderr + result.stdout
@@ -265,8 +265,8 @@ def test_the_alias_bomb_is_refused_in_milliseconds_and_memory_stays_small(tmp_pa
 @pytest.mark.parametrize("command", [["serve", "--listen", "127.0.0.1:9"], ["report"]])
 def test_serve_and_report_name_the_broken_config_key_and_exit_2(tmp_path: Path, command: list[str]) -> None:
     path = config_with(tmp_path, ("jobs",), 5)
-    result = run_cli(*command, "--config", str(path), timeout=30)
+    result = call_cli(*command, "--config", str(path))
     assert result.code == 2, str(result)
     assert result.stderr.strip() == f"{path}: jobs: expected a list (- item lines, or [a, b]), got 5", str(result)
-    missing = run_cli(*command, "--config", str(tmp_path / "absent.yaml"), timeout=30)
+    missing = call_cli(*command, "--config", str(tmp_path / "absent.yaml"))
     assert missing.code == 2 and "file not found" in missing.stderr, str(missing)

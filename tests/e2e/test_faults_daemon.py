@@ -219,7 +219,9 @@ def test_sigterm_mid_probe_after_the_grace_logs_no_error(sim: SimProcess, tmp_pa
     daemon = start_daemon(config, tmp_path)
     try:
         wait_ready(daemon)
-        time.sleep(3)  # a tick is probing the slow model
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _requests_running(sim, "slow-model") < 1:
+            time.sleep(0.05)  # until a tick is probing the slow model (a fixed 3 s before)
         assert stop_daemon(daemon) == 0
     finally:
         if daemon.process.poll() is None:
@@ -239,7 +241,8 @@ def _sockets(pid: int) -> int:
 
 @pytest.mark.realtime
 def test_reloads_open_no_new_http_sessions(sim: SimProcess, tmp_path: Path) -> None:
-    config = write_config(tmp_path, sim)
+    # Every second: each reload waits for a run of the reloaded job, and the tick's length matters not.
+    config = write_config(tmp_path, sim, schedule="* * * * * *")
     upgrade(config)
     daemon = start_daemon(config, tmp_path)
     try:

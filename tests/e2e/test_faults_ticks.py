@@ -181,34 +181,40 @@ def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future
     def last_run() -> float:
         return metric(daemon, "ttft_monitor_job_last_run_timestamp_seconds", probe_job="tick")
 
+    def runs_since(before: int, *, count: int, within_s: float) -> int:
+        """The runs finished since `before` was read, once there are `count` of them or `within_s` has
+        passed: a quick machine does not wait out the window, a loaded one gets all of it."""
+        deadline = time.monotonic() + within_s
+        while finished() - before < count and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return finished() - before
+
     try:
-        wait_ready(daemon)
+        wait_ready(daemon, timeout=60)  # libfaketime's every clock call slows a loaded machine's start-up
         daemon.wait_for("job_finished", count=2)
         set_fake_offset(offset, "-120\n")  # two minutes back: the next tick lay two minutes ahead
-        time.sleep(1)
-        ahead_after_back = last_run() - (time.time() - 120)
-        before = finished()
-        time.sleep(4)
-        after_back = finished() - before
+        ahead_after_back = settled(lambda: last_run() - (time.time() - 120))
+        after_back = runs_since(finished(), count=2, within_s=4)
         coalesced_before = metric(
             daemon, "ttft_monitor_scheduler_missed_runs_total", probe_job="tick", reason="coalesced"
         )
         set_fake_offset(offset, "+3600\n")  # an hour forward ...
-        time.sleep(3)
+        daemon.wait_for("clock_step", count=2)
+        ran_ahead = runs_since(finished(), count=1, within_s=4)  # a run stamped an hour ahead, to be corrected
         before = finished()
         set_fake_offset(offset, "+0\n")  # ... and corrected: an hour back
-        time.sleep(1)
-        future = last_run() - time.time()
-        time.sleep(3)
-        after_correction = finished() - before
+        future = settled(lambda: last_run() - time.time())
+        after_correction = runs_since(before, count=1, within_s=4)
+        daemon.wait_for("clock_step", count=3)
         steps = {d: metric(daemon, "ttft_monitor_clock_steps_total", direction=d) for d in ("forward", "backward")}
         coalesced = metric(daemon, "ttft_monitor_scheduler_missed_runs_total", probe_job="tick", reason="coalesced")
     finally:
         assert stop_daemon(daemon) == 0
     log = daemon.log_path.read_text()[-3000:]
     assert after_back >= 2, log  # probing went on (0 before: nothing for two minutes)
+    assert ran_ahead >= 1, log
     assert ahead_after_back <= 0, ahead_after_back  # moved back with the clock, not left in its future
-    # Probing goes on after the hour back (0 before: nothing for an hour). At least one run in 3 s: a
+    # Probing goes on after the hour back (0 before: nothing for an hour). At least one run in 4 s: a
     # loaded machine's runs may take longer than this every-second schedule.
     assert after_correction >= 1, log
     assert future <= 0, (future, log)  # was an hour ahead, the staleness alert blind for that hour

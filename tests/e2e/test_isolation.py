@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from monitor.metrics.server import ListenerLimits, start_metrics_server
 from monitor.web.auth import hash_password
-from tests.conftest import run_cli, start_sim, stop_sim
+from tests.conftest import call_cli, start_sim, stop_sim
 from tests.support.daemon import start_daemon, stop_daemon, wait_ready, write_config
 from tests.support.ports import free_port
 
@@ -303,13 +303,15 @@ def test_stored_ttft_stays_true_while_the_listener_is_hammered(tmp_path: Path, k
     daemon = None
     try:
         config = _hostile_config(tmp_path, sim)
-        assert run_cli("db", "upgrade", "--config", str(config)).code == 0
+        assert call_cli("db", "upgrade", "--config", str(config)).code == 0
         daemon = start_daemon(config, tmp_path)
         wait_ready(daemon)
         daemon.wait_for("job_finished", count=2, timeout=30)
         address = daemon.metrics_url.removeprefix("http://")
         load_started = time.time()
-        made = asyncio.run(_flood(address, kind, seconds=10))
+        # 5 s of load: with kernel stamps on both ends the overhead is ~0.1 ms, so five runs under load
+        # (each with its samples) show a stored TTFT pulled away from the simulator's as 10 s did.
+        made = asyncio.run(_flood(address, kind, seconds=5))
         load_ended = time.time()
         assert made > 30, f"the load did not reach the listener ({made} requests)"
         time.sleep(2.5)
@@ -331,7 +333,7 @@ def test_stored_ttft_stays_true_while_the_listener_is_hammered(tmp_path: Path, k
             overheads.append(ttft_ms - (record["first_token_write_ns"] - record["received_ns"]) / 1e6)
             at = _epoch(intended)
             during += load_started <= at <= load_ended
-        assert during >= 8, f"only {during} runs during the load"
+        assert during >= 4, f"only {during} runs during the load"  # of the 5 due in it
         overheads.sort()
         median = overheads[len(overheads) // 2]
         assert median < 3.0, overheads

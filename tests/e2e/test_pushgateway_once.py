@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.metrics.push import belongs_to_job, group_path
-from tests.conftest import SimProcess, run_cli, start_sim, stop_sim
+from tests.conftest import SimProcess, call_cli, run_cli, start_sim, stop_sim
 from tests.support.prometheus import Peer, http, promtool_check_metrics
 
 pytest_plugins = ("tests.support.prometheus",)
@@ -67,7 +67,7 @@ jobs:
     warmup: 0
 """
     )
-    upgraded = run_cli("db", "upgrade", "--config", str(path))
+    upgraded = call_cli("db", "upgrade", "--config", str(path))  # in-process: `once` is what runs as a child
     assert upgraded.code == 0, str(upgraded)
     return path
 

@@ -75,7 +75,7 @@ def _drained(daemon_log: Path) -> bool:
 
 
 @pytest.mark.realtime
-@pytest.mark.timeout(120)  # two daemons, a 12 s cut and their replays: about 40 s on a busy VM
+@pytest.mark.timeout(120)  # two daemons, a cut of six ticks and their replays: about 40 s on a busy VM
 def test_two_replicas_through_a_database_cut_store_each_tick_once(
     sim: SimProcess, tmp_path: Path, postgres_database: str
 ) -> None:
@@ -89,21 +89,30 @@ def test_two_replicas_through_a_database_cut_store_each_tick_once(
             configs.append(write_config(folder, sim, db_url=through_proxy, schedule="* * * * * *", location="lab"))
         upgrade(configs[0])
         daemons = [start_daemon(config, folder, folder.name) for config, folder in zip(configs, folders, strict=True)]
+
+        def spooled_runs() -> list[int]:
+            return [sum(e["runs"] for e in d.events("results_spooled")) for d in daemons]
+
         try:
             for daemon in daemons:
                 wait_ready(daemon)
-            time.sleep(3)
+                daemon.wait_for("job_finished", count=2)
             proxy.set_mode("cut")
-            time.sleep(12)
+            # Until each replica has spooled six runs (a fixed 12 s before): the first may be of a tick it
+            # claimed just before the cut, the others of ticks nobody could claim.
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline and min(spooled_runs()) < 6:
+                time.sleep(0.2)
             proxy.set_mode("pass")
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and not all(_drained(d.log_path) for d in daemons):
                 time.sleep(0.5)
-            time.sleep(3)
+            for daemon in daemons:  # a tick more from each after its replay
+                daemon.wait_for("job_finished", count=len(daemon.events("job_finished")) + 1)
         finally:
             codes = [stop_daemon(daemon) for daemon in daemons]
         assert codes == [0, 0]
-        spooled = [sum(e["runs"] for e in d.events("results_spooled")) for d in daemons]
+        spooled = spooled_runs()
         drained = [sum(e["runs"] for e in d.events("spool_drained")) for d in daemons]
         probed = [len(d.events("job_finished")) for d in daemons]
 

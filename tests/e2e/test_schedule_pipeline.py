@@ -15,7 +15,7 @@ from monitor.config.loader import load_config
 from monitor.probe.result import Sample
 from monitor.schedule.pipeline import execute, plan_for_job
 from monitor.store.records import Batch
-from tests.conftest import SimProcess, run_cli
+from tests.conftest import SimProcess, call_cli
 
 
 def write_config(folder: Path, sim: SimProcess) -> Path:
@@ -54,7 +54,7 @@ async def test_a_cancelled_run_still_stores_the_samples_it_took(
     tmp_path: Path, exact_sim: SimProcess, background: bool
 ) -> None:
     path = write_config(tmp_path, exact_sim)
-    upgraded = await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))
+    upgraded = await asyncio.to_thread(call_cli, "db", "upgrade", "--config", str(path))
     assert upgraded.code == 0, str(upgraded)
     config = load_config(str(path))
     taken: list[Sample] = []
@@ -92,7 +92,7 @@ async def test_detection_past_its_budget_is_skipped_loudly_and_the_run_is_still_
     within the budget detection runs to its end: `once` gives it longer than the daemon does."""
     path = write_config(tmp_path, exact_sim)
     path.write_text(path.read_text().replace("rounds: 200", "rounds: 1"))
-    upgraded = await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))
+    upgraded = await asyncio.to_thread(call_cli, "db", "upgrade", "--config", str(path))
     assert upgraded.code == 0, str(upgraded)
     config = load_config(str(path))
     detected: list[str] = []

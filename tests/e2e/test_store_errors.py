@@ -20,7 +20,7 @@ from monitor.store.engine import (
     is_bad_data,
     is_connection_error,
 )
-from tests.conftest import run_cli
+from tests.conftest import cli_result
 
 PG = "postgresql+asyncpg://ttft:pa55word-x@db.internal:6432/ttft"
 
@@ -186,7 +186,7 @@ STORE_COMMANDS = [
 def test_a_sqlite_directory_that_cannot_be_created_exits_3_in_one_line(tmp_path: Path, command: list[str]) -> None:
     (tmp_path / "a-file").write_text("")
     config = cli_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'a-file' / 'ttft.db'}")
-    result = run_cli(*command, "--config", str(config), timeout=60)
+    result = cli_result(*command, "--config", str(config))
     assert result.code == 3, str(result)
     assert "a-file" in result.stderr and "Traceback" not in result.stdout + result.stderr, str(result)
 
@@ -194,7 +194,7 @@ def test_a_sqlite_directory_that_cannot_be_created_exits_3_in_one_line(tmp_path:
 @pytest.mark.parametrize("command", STORE_COMMANDS, ids=lambda command: command[0])
 def test_a_sqlite_path_that_is_a_directory_exits_3_without_a_traceback(tmp_path: Path, command: list[str]) -> None:
     config = cli_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path}")
-    result = run_cli(*command, "--config", str(config), timeout=60)
+    result = cli_result(*command, "--config", str(config))
     assert result.code == 3, str(result)
     assert f"cannot open SQLite database {tmp_path}" in result.stderr, str(result)
     assert "Traceback" not in result.stdout + result.stderr, str(result)
@@ -213,7 +213,7 @@ READER_COMMANDS = [
 def test_a_database_never_upgraded_names_db_upgrade_for_every_reader(tmp_path: Path, command: list[str]) -> None:
     # report, replay --export and serve answered "no such table: series" (serve even said ready).
     config = cli_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'ttft.db'}")
-    result = run_cli(*command, "--config", str(config), timeout=60)
+    result = cli_result(*command, "--config", str(config))
     assert result.code == 3, str(result)
     assert "the database schema is empty" in result.stderr and "run `ttft-monitor db upgrade`" in result.stderr, str(
         result
@@ -225,7 +225,7 @@ def test_a_database_never_upgraded_names_db_upgrade_for_every_reader(tmp_path: P
 def test_a_file_that_is_not_a_sqlite_database_is_named_with_the_fix(tmp_path: Path, command: list[str]) -> None:
     (tmp_path / "ttft.db").write_bytes(bytes(range(256)) * 64)
     config = cli_config(tmp_path, f"sqlite+aiosqlite:///{tmp_path / 'ttft.db'}")
-    result = run_cli(*command, "--config", str(config), timeout=60)
+    result = cli_result(*command, "--config", str(config))
     assert result.code == 3, str(result)
     assert f"SQLite database {tmp_path / 'ttft.db'} is not a SQLite database" in result.stderr, str(result)
     assert "Traceback" not in result.stdout + result.stderr, str(result)

@@ -63,7 +63,9 @@ prompts:
   short: {{tokens: 256}}
 jobs:
   - name: e2e
-    schedule: "*/5 * * * * *"
+    # Every 2 s: the detector counts runs (a baseline, then a window of slow ones), not seconds; a slowed
+    # run (3 rounds of ~1.3 s) outlasts its tick, and the next tick waits.
+    schedule: "*/2 * * * * *"
     targets: [mini]
     prompts: [short]
     rounds: 3

@@ -254,17 +254,17 @@ def _exposed_config(tmp_path: Path, web: str = "") -> Path:
 
 @pytest.mark.realtime
 def test_run_and_serve_refuse_to_serve_beyond_loopback_without_auth(tmp_path: Path) -> None:
-    from tests.conftest import run_cli
+    from tests.conftest import call_cli, cli_result
 
     config = _exposed_config(tmp_path)
-    upgraded = run_cli("db", "upgrade", "--config", str(config))
+    upgraded = call_cli("db", "upgrade", "--config", str(config))
     assert upgraded.code == 0, str(upgraded)
     for args in (
         ("run", "--config", str(config)),
         ("serve", "--config", str(config), "--listen", f"0.0.0.0:{free_port()}"),
         ("serve", "--config", str(config), "--listen", f"[::]:{free_port()}"),
     ):
-        result = run_cli(*args)
+        result = cli_result(*args)  # `run` as a child, `serve`'s refusal in-process
         assert result.code == 2, str(result)
         (line,) = result.stderr.strip().splitlines()
         assert line.startswith(f"ttft-monitor {args[0]}: ") and "reachable beyond this machine" in line, line

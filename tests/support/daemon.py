@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import ROOT, SimProcess, run_cli
+from tests.conftest import ROOT, SimProcess, call_cli
 from tests.support.ports import free_port
 
 
@@ -154,7 +154,9 @@ def sqlite_rows(folder: Path, query: str) -> list[tuple]:
 
 
 def upgrade(config: Path) -> None:
-    result = run_cli("db", "upgrade", "--config", str(config))
+    """`ttft-monitor db upgrade` in-process: ~25 daemon tests call it first, and a child interpreter
+    (~1.4 s of start-up each) tests nothing they assert."""
+    result = call_cli("db", "upgrade", "--config", str(config))
     assert result.code == 0, str(result)
 
 
