@@ -23,7 +23,7 @@ from monitor.commands.alert import alert_test
 from monitor.commands.incidents import format_table
 from monitor.config.loader import load_config
 from monitor.store.engine import create_engine
-from monitor.store.models import IncidentRow
+from monitor.store.models import IncidentRow, table_of
 from monitor.web.incidents import list_incidents
 from tests.conftest import ROOT
 from tests.support.alert_fixtures import Loopback, Reply, resolve_incident, standard_webhook_problem, store_incident
@@ -233,7 +233,7 @@ async def test_incidents_lists_open_ones_first_then_the_recently_resolved(
         )
         await resolve_incident(engine, recent, now - timedelta(hours=3))
         # It peaked at 2.4x and cleared at 1.05x: the list shows the peak and the numbers at opening.
-        table_ = IncidentRow.__table__
+        table_ = table_of(IncidentRow)
         async with engine.begin() as connection:
             await connection.execute(
                 sa.update(table_)

@@ -8,6 +8,7 @@ import re
 import statistics
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -68,7 +69,8 @@ def test_once_exports_genai_metrics_that_match_the_stored_samples(sim: SimProces
     assert all(r.headers.get("x-api-key") == SECRET for r in requests)
     assert SECRET not in result.stdout + result.stderr
 
-    rows = stored(tmp_path)
+    # Three probes of a healthy simulator: every stored field is set (a None would fail the sums below).
+    rows = cast(list[tuple[float, float, float, int]], stored(tmp_path))
     assert len(rows) == 3
     metrics = metrics_by_name(requests)
     resource = attributes(requests[-1].message.resource_metrics[0].resource.attributes)

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from monitor.store.records import SERVER_TEXT_LIMITS, TRUNCATED_MARK, UNSTORABLE_REPLACEMENT
+from monitor.servertext import TRUNCATED_MARK
+from monitor.store.records import SERVER_TEXT_LIMITS, UNSTORABLE_REPLACEMENT
 from tests.conftest import run_cli
 from tests.support.config import build_config, write_yaml
 from tests.support.store_fixtures import Backend

@@ -29,7 +29,8 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from monitor.store.records import SeriesKey
+from monitor.probe.result import Sample
+from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.repository import Repository
 from tests.conftest import CliResult, run_cli
 from tests.support.store_fixtures import Backend
@@ -130,7 +131,7 @@ async def copy_back_in_time(backend: Backend, count: int) -> None:
         repository = Repository(engine)
         (run,) = await repository.last_runs(SERIES, 1)
         rng = random.Random(14)
-        copies = []
+        copies: list[tuple[RunRecord, list[Sample]]] = []
         for i in range(1, count + 1):
             shift, wobble = timedelta(minutes=5 * i), rng.uniform(0.95, 1.05)
             assert run.ttft_p50_ms is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -84,11 +85,15 @@ async def test_report_has_the_numbers_of_the_compare_view(backend: Backend, tmp_
 
 def test_report_escapes_names_in_every_format() -> None:
     evil = '<script>alert("x")</script>\'"'
-    data = {
-        "start": "a",
-        "end": "b",
-        **queries.compare_values([(evil, evil, "p", 100.0, 10.0), (evil, evil, "p", 120.0, 20.0)]),
-    }
+    # Rendering reads no filters or available names, so the document leaves them out (hence the cast).
+    data = cast(
+        queries.CompareDocument,
+        {
+            "start": "a",
+            "end": "b",
+            **queries.compare_values([(evil, evil, "p", 100.0, 10.0), (evil, evil, "p", 120.0, 20.0)]),
+        },
+    )
     page = render(data, "html")
     assert "<script>alert" not in page
     assert evil not in render(data, "md")
@@ -100,7 +105,8 @@ def test_a_hostile_model_name_in_the_markdown_report_is_text_not_an_image() -> N
     image, html_tag = "![x](http://evil.example/x.png)", "<img src=x onerror=alert(1)>"
     rows = [("qwen3-8b", image, "short|long", 100.0, 10.0), ("qwen3-8b", image, "short|long", 120.0, 20.0)]
     rows += [(html_tag, "gpt-4o-mini", "short|long", 300.0, 10.0), (html_tag, "gpt-4o-mini", "short|long", 320.0, 20.0)]
-    text = render({"start": "a", "end": "b", **queries.compare_values(rows)}, "md", title="TTFT **comparison**")
+    document = cast(queries.CompareDocument, {"start": "a", "end": "b", **queries.compare_values(rows)})  # as above
+    text = render(document, "md", title="TTFT **comparison**")
     lines = text.splitlines()
     assert lines[0] == r"# TTFT \*\*comparison\*\*"
     assert r"| qwen3-8b | \![x\]\(http://evil.example/x.png) | short\|long | 15 | 2 | 110 | 100 – 120 | 118 |" in lines

@@ -36,7 +36,7 @@ from monitor.alert.text import (
 )
 from monitor.alert.transport import Transport
 from monitor.config.models import Config
-from monitor.store.models import SeriesRow
+from monitor.store.models import SeriesRow, table_of
 from monitor.triage.service import Triage
 from tests.support.alert_fixtures import (
     INCIDENT,
@@ -370,7 +370,7 @@ async def test_a_hand_resolve_with_a_hostile_note_reaches_dingtalk_and_wecom_as_
     try:
         incident = await store_incident(engine, target=EVIL_TARGET)
         async with engine.begin() as connection:
-            await connection.execute(sa.update(SeriesRow.__table__).values(model=EVIL_MODEL))
+            await connection.execute(sa.update(table_of(SeriesRow)).values(model=EVIL_MODEL))
         firing = hostile(incident_id=incident, state="firing", resolved_at=None, summary="Median TTFT 3.01x.")
         await Outbox(engine, config).notify(firing.with_changes(observed_ms=1234.0, ratio=3.01), now=T0)
         triage = Triage(engine, Config().model_copy(update={"alerts": config}), clock=lambda: NOW)

@@ -20,7 +20,7 @@ from monitor.alert.metrics import AlertMetrics
 from monitor.alert.outbox import Enqueued, Outbox
 from monitor.alert.settings import Alerts, Route, Silence
 from monitor.alert.transport import Transport
-from monitor.store.models import IncidentRow
+from monitor.store.models import IncidentRow, table_of
 from tests.support.alert_fixtures import (
     T0,
     Loopback,
@@ -490,7 +490,7 @@ async def test_an_open_incident_is_renotified_every_interval_until_it_resolves(
             await d.dispatch_due(T0)
             assert await d.renotify_due(T0 + timedelta(minutes=59)) == 0
             async with engine.begin() as connection:
-                table = IncidentRow.__table__
+                table = table_of(IncidentRow)
                 await connection.execute(sa.update(table).where(table.c.id == incident).values(observed_ms=2000.0))
             # Two daemons see the reminder due at the same moment: it is enqueued once.
             added = await asyncio.gather(*(x.renotify_due(T0 + timedelta(minutes=61)) for x in (d, other)))

@@ -330,7 +330,7 @@ async def test_a_body_longer_than_the_read_buffer_is_read_to_the_end(serve) -> N
     # ~600 KiB, past aiohttp's high-water mark (2 x read_bufsize): a body left unread there would pause
     # the socket and never end; every token must still be counted and stamped as it came.
     tokens = 3000
-    script: Script = [(0, ROLE)] + [(0, content("x" * 150))] * tokens + [(0, DONE)]
+    script: Script = [(0.0, ROLE)] + [(0.0, content("x" * 150))] * tokens + [(0.0, DONE)]
     sample = await probe(await serve(streaming_handler(script)))
     assert sample.ok, sample.error_message
     assert sample.token_events == tokens
@@ -340,7 +340,7 @@ async def test_a_body_longer_than_the_read_buffer_is_read_to_the_end(serve) -> N
 async def test_an_error_event_deep_in_a_long_body_is_seen_before_the_body_ends(serve) -> None:
     # The body is parsed as it piles up, so an error event 200 KiB in ends the probe although the
     # server then hangs with the connection open.
-    script: Script = [(0, ROLE)] + [(0, content("y" * 150))] * 1000
+    script: Script = [(0.0, ROLE)] + [(0.0, content("y" * 150))] * 1000
     script += [(0, chunk(None, error={"message": "engine died"})), (0, content("z" * 40_000)), (3, DONE)]
     sample = await probe(await serve(streaming_handler(script)))
     assert sample.error is ErrorClass.STREAM_ERROR

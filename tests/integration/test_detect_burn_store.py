@@ -8,13 +8,14 @@ import asyncio
 import dataclasses
 import random
 from collections.abc import Sequence
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, cast
 
 import pytest
 from sqlalchemy import func, select
 
 from monitor.alert.model import Notification
+from monitor.alert.outbox import Outbox
 from monitor.config.models import Config
 from monitor.detect.burn import BurnPolicy, BurnRule, Probe, is_good, window_counts
 from monitor.detect.burn_service import BurnService, count_windows
@@ -153,7 +154,8 @@ async def test_a_burning_target_opens_one_page_per_location_raises_and_resolves(
     outbox = RecordingOutbox()
     try:
         repository = Repository(engine)
-        service = DetectionService(engine, repository, config, outbox=outbox, metrics=None)
+        # The service only calls notify(), which this records (hence the cast).
+        service = DetectionService(engine, repository, config, outbox=cast(Outbox, outbox), metrics=None)
         for i in range(100):
             # 2 hours fine, 1 hour 6% slow (a ticket), 1 hour 60% slow (a page), then fine again.
             slow = 0.0 if i < 24 else 0.06 if i < 36 else 0.6 if i < 48 else 0.0
@@ -249,7 +251,9 @@ async def test_an_incident_stays_open_for_keep_firing_and_keeps_what_it_measured
     assert [s[0] for s in states] == ["firing", "resolved"], states
     # The last slow run starts at minute 145; the 5-minute window is clean from minute 150 (or 155, when
     # the next run started a fraction of a second earlier in its minute): resolved 15 minutes after.
-    assert timedelta(minutes=160) <= outbox.sent[1].resolved_at - T0 < timedelta(minutes=171)
+    resolved_at = outbox.sent[1].resolved_at
+    assert resolved_at is not None  # a resolved notification says when
+    assert timedelta(minutes=160) <= resolved_at - T0 < timedelta(minutes=171)
     kept = summaries[31]  # minute 155: quiet, still open, and still saying what it measured when it last fired
     assert kept is not None and kept.resolved_at is None
     assert kept.details["summary"].endswith("burning 50x (page at 14.4x over 1 h and 5 min; 100% in the last 5 min)")
@@ -290,9 +294,11 @@ async def test_a_burn_incident_resolved_by_hand_reopens_only_once_fresh_probes_s
                         await connection.execute(select(IncidentRow.id).where(IncidentRow.resolved_at.is_(None)))
                     ).one()
                 moment = T0 + timedelta(minutes=5 * i, seconds=30)
-                await Triage(engine, config, clock=lambda moment=moment: moment).resolve(
-                    str(row.id), by="alice", note=None
-                )
+
+                def clock(moment: datetime = moment) -> datetime:
+                    return moment
+
+                await Triage(engine, config, clock=clock).resolve(str(row.id), by="alice", note=None)
             async with engine.connect() as connection:
                 count = await connection.scalar(
                     select(func.count()).select_from(IncidentRow).where(IncidentRow.kind == "slo_burn")

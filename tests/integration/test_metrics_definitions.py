@@ -184,6 +184,7 @@ async def test_the_baseline_band_median_and_ratio_are_exported_after_every_evalu
             (run, _samples) = batch[0]
             value = functools.partial(metrics.registry.get_sample_value, labels=labels)
             median = value("ttft_monitor_run_ttft_median_seconds")
+            assert run.ttft_p50_ms is not None and median is not None, index  # every made run succeeds
             assert median == pytest.approx(run.ttft_p50_ms / 1000), index
             baseline = value("ttft_monitor_baseline_ttft_seconds")
             low, high = (
@@ -196,6 +197,7 @@ async def test_the_baseline_band_median_and_ratio_are_exported_after_every_evalu
                 assert not seen, f"run {index} lost the baseline"
                 continue
             assert ratio == pytest.approx(median / baseline)
+            assert low is not None and high is not None, index  # a baseline always has its band
             expected = baseline_band_ms(baseline * 1000, ticket_ratio=1.12, ticket_min_delta_ms=30)
             assert (low * 1000, high * 1000) == pytest.approx(expected)
             assert value("ttft_monitor_regression_state") == 0

@@ -117,7 +117,7 @@ def test_no_proxy_entries_match_as_curl_and_go_match_them(host: str, entries: li
     ],
 )
 def test_a_bad_proxy_section_is_one_line_naming_the_key_and_the_fix(
-    tmp_path: Path, proxy: dict[str, str], message: str
+    tmp_path: Path, proxy: dict[str, object], message: str
 ) -> None:
     path = write_config(tmp_path, "http://127.0.0.1:1/v1", proxy)
     with pytest.raises(ConfigError) as caught:
@@ -193,7 +193,7 @@ async def test_a_probe_through_a_configured_proxy_with_a_password_says_so_and_ke
 ) -> None:
     port = await serve(sse_handler())
     async with ForwardProxy(hosts={"llm.proxied.test": ("127.0.0.1", port)}, credentials=("monitor", PASSWORD)) as fp:
-        proxy = {"url": fp.url, "username": "monitor", "password_env": "PROXY_PASSWORD"}
+        proxy: dict[str, object] = {"url": fp.url, "username": "monitor", "password_env": "PROXY_PASSWORD"}
         path = write_config(tmp_path, f"http://llm.proxied.test:{port}/v1", proxy)
         samples = await probe_config(path, {"PROXY_PASSWORD": PASSWORD}, rounds=2)
         wrong = await probe_config(path, {"PROXY_PASSWORD": "not-the-password"})

@@ -156,7 +156,7 @@ async def test_both_replicas_runs_of_a_tick_in_one_batch_store_one(engine: Async
 
 async def test_other_jobs_and_ad_hoc_runs_at_the_same_time_are_each_their_own(engine: AsyncEngine) -> None:
     repository = Repository(engine)
-    one = dict(targets=("qwen3-8b",), prompts=("short",))
+    one: dict[str, Any] = dict(targets=("qwen3-8b",), prompts=("short",))
     # Two jobs probing one series at one scheduled time are two runs.
     await repository.save_runs(make_batch(T0, job="every-5m", **one) + make_batch(T0, job="hourly", **one))
     # `probe --store` runs are never a second run of a tick, even when their times coincide.

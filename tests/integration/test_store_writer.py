@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
@@ -47,9 +48,10 @@ class RecordingRepository(Repository):
         super().__init__(engine)
         self.committed: list[Any] = []
 
-    async def save_runs(self, batch: Sequence[tuple[RunRecord, Sequence[Sample]]]) -> None:
-        await super().save_runs(batch)
+    async def save_runs(self, batch: Sequence[tuple[RunRecord, Sequence[Sample]]]) -> frozenset[uuid.UUID]:
+        inserted = await super().save_runs(batch)
         self.committed.extend(run.run_id for run, _ in batch)
+        return inserted
 
 
 async def stored_sample_ids(url: str) -> list[str]:
@@ -223,8 +225,9 @@ async def test_a_save_cancelled_mid_write_is_spooled(backend: Backend, tmp_path:
     spool = Spool(tmp_path / "spool", max_bytes=10**8, on_event=Events())
 
     class SlowRepository(Repository):
-        async def save_runs(self, batch: Sequence[tuple[RunRecord, Sequence[Sample]]]) -> None:
+        async def save_runs(self, batch: Sequence[tuple[RunRecord, Sequence[Sample]]]) -> frozenset[uuid.UUID]:
             await asyncio.sleep(10)
+            return frozenset()
 
     writer = ResultWriter(SlowRepository(engine), spool, on_event=Events())
     task = asyncio.create_task(writer.save(make_batch()))

@@ -18,7 +18,7 @@ from monitor.alert.settings import Alerts
 from monitor.alert.transport import Transport
 from monitor.commands.incidents import format_table
 from monitor.config.models import Config
-from monitor.store.models import DetectorStateRow, IncidentRow
+from monitor.store.models import DetectorStateRow, IncidentRow, table_of
 from monitor.store.triage import IncidentLookupError, TriageStore, prefix_bounds
 from monitor.triage.service import Triage, TriageRefused
 from monitor.triage.stats import PrecisionRow, format_precision, precision_table
@@ -191,7 +191,7 @@ async def test_a_manual_resolve_closes_it_stores_the_note_notifies_and_the_detec
 ) -> None:
     config = hook(loopback)
     incident = await store_incident(engine)
-    state_table = DetectorStateRow.__table__
+    state_table = table_of(DetectorStateRow)
     async with engine.begin() as connection:
         series_id = await connection.scalar(sa.select(IncidentRow.series_id).where(IncidentRow.id == incident))
         detector_state = {"version": 1, "page_streak": 3, "incidents": {"regression": {"x": 1}, "slo": {"y": 2}}}
@@ -357,7 +357,7 @@ async def test_after_a_manual_resolve_the_detector_leaves_the_closed_incident_al
     from tests.support.store_fixtures import make_batch
 
     engine = backend.engine()
-    table = IncidentRow.__table__
+    table = table_of(IncidentRow)
     try:
         repository = Repository(engine)
         service = DetectionService(engine, repository, Config(), outbox=None, metrics=None)

@@ -18,7 +18,14 @@ from monitor.alert.outbox import Outbox
 from monitor.alert.text import headline
 from monitor.alert.transport import Transport
 from monitor.config.models import Config
-from monitor.store.models import AlertOutboxRow, AnnotationRow, IncidentGroupRow, IncidentRow, IncidentTriageRow
+from monitor.store.models import (
+    AlertOutboxRow,
+    AnnotationRow,
+    IncidentGroupRow,
+    IncidentRow,
+    IncidentTriageRow,
+    table_of,
+)
 from monitor.store.repository import Repository
 from monitor.store.triage import TriageStore
 from monitor.triage.service import Triage, TriageRefused
@@ -126,7 +133,7 @@ async def test_retention_takes_resolved_groups_triage_and_old_change_markers(bac
         await triage.annotate("vLLM upgraded", target=None, by="alice")
         for incident in incidents:
             await triage.resolve(str(incident.id), by="alice", note=None)
-        outbox = AlertOutboxRow.__table__
+        outbox = table_of(AlertOutboxRow)
         async with engine.begin() as connection:  # the dispatcher's own retention has run
             await connection.execute(sa.delete(outbox))
         repository = Repository(engine)
@@ -205,7 +212,7 @@ async def test_a_group_whose_members_were_all_closed_elsewhere_is_resolved_at_th
     try:
         setup = settings()
         _incidents, page = await mid_outage(engine, setup)
-        incidents = IncidentRow.__table__
+        incidents = table_of(IncidentRow)
         async with engine.begin() as connection:
             await connection.execute(sa.update(incidents).values(resolved_at=NOW))
         service = service_on(engine, setup)
@@ -230,7 +237,7 @@ async def test_the_page_can_be_acknowledged_by_its_id_after_the_lead_recovered(b
         _incidents, page = await mid_outage(engine, setup)
         async with engine.begin() as connection:
             await connection.execute(
-                sa.update(IncidentRow.__table__).where(IncidentRow.id == page.incident_id).values(resolved_at=NOW)
+                sa.update(table_of(IncidentRow)).where(IncidentRow.id == page.incident_id).values(resolved_at=NOW)
             )
         acked = await Triage(engine, setup, clock=lambda: NOW).ack(str(page.incident_id), by="alice")
         async with Transport() as transport:

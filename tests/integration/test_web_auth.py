@@ -388,7 +388,9 @@ def test_the_success_cache_expires_and_holds_no_password() -> None:
     cache.add("ops", PASSWORD, 0)
     assert cache.hit("ops", PASSWORD, 9) and not cache.hit("ops", PASSWORD, 10)
     assert not cache.hit("ops", "other", 0)
-    cache.add("a", "1", 0), cache.add("b", "2", 0), cache.add("c", "3", 0)
+    cache.add("a", "1", 0)
+    cache.add("b", "2", 0)
+    cache.add("c", "3", 0)
     assert not cache.hit("a", "1", 0) and cache.hit("c", "3", 0)
     assert PASSWORD.encode() not in b"".join(cache._expiry)
 

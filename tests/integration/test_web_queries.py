@@ -6,6 +6,7 @@ import dataclasses
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import cast
 
 import pytest
 import sqlalchemy as sa
@@ -16,6 +17,7 @@ from monitor.quantile import quantile
 from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, RunRow, SeriesRow, table_of
 from monitor.store.records import SeriesKey, floor_hour, runs_from_samples
 from monitor.store.repository import Repository
+from monitor.timefmt import iso
 from monitor.web import queries, report, stats
 from tests.support.store_fixtures import PROVIDERS, T0, Backend, make_batch, make_samples
 
@@ -25,14 +27,28 @@ pytest_plugins = ("tests.support.store_fixtures",)
 # ---------------------------------------------------------------- pure parts
 
 
+def median_of(values: list[float]) -> float:
+    """The median of a sample known not to be empty (quantile's None means no values)."""
+    median = quantile(values, 0.5)
+    assert median is not None
+    return median
+
+
+def interval_of(sorted_values: list[float]) -> tuple[float, float]:
+    """The median's interval of a sample known not to be empty (None means no values)."""
+    interval = stats.median_interval(sorted_values)
+    assert interval is not None
+    return interval
+
+
 def test_the_median_interval_contains_the_median_and_narrows_with_more_data() -> None:
     rng = random.Random(1)
     small = sorted(rng.gauss(500, 50) for _ in range(20))
     large = sorted(rng.gauss(500, 50) for _ in range(2000))
-    low_s, high_s = stats.median_interval(small)
-    low_l, high_l = stats.median_interval(large)
-    assert low_s <= quantile(small, 0.5) <= high_s
-    assert low_l <= quantile(large, 0.5) <= high_l
+    low_s, high_s = interval_of(small)
+    low_l, high_l = interval_of(large)
+    assert low_s <= median_of(small) <= high_s
+    assert low_l <= median_of(large) <= high_l
     assert high_l - low_l < (high_s - low_s) / 3
 
 
@@ -40,11 +56,11 @@ def test_the_median_interval_contains_the_median_and_narrows_with_more_data() ->
 def test_the_exact_bootstrap_agrees_with_resampling(n: int) -> None:
     rng = random.Random(n)
     values = sorted(rng.lognormvariate(6, 0.4) for _ in range(n))
-    medians = sorted(quantile(sorted(rng.choices(values, k=n)), 0.5) for _ in range(4000))
+    medians = sorted(median_of(sorted(rng.choices(values, k=n))) for _ in range(4000))
     mean = sum(medians) / len(medians)
     resampled_variance = sum((m - mean) ** 2 for m in medians) / len(medians)
     assert stats.median_variance(values) == pytest.approx(resampled_variance, rel=0.25)
-    low, high = stats.median_interval(values)
+    low, high = interval_of(values)
     assert low == pytest.approx(medians[100], rel=0.05) and high == pytest.approx(medians[3899], rel=0.05)
 
 
@@ -94,6 +110,7 @@ def test_a_slope_needs_two_prompt_sizes_and_a_significant_fit(points: list[tuple
 
 def test_a_target_measured_at_one_prompt_size_is_listed_unranked_with_the_reason() -> None:
     rng = random.Random(9)
+    rows: list[tuple[str, str, str, float, float | None]]
     rows = [(t, t, f"p{n}", 80 + slope * n + rng.gauss(0, 5), n) for t, slope in (("a", 0.05), ("b", 0.1))
             for n in (256, 2048, 8192) for _ in range(5)]  # fmt: skip
     rows += [("c", "c", "short", ttft, tokens) for tokens, ttft in _one_size(rng)]
@@ -103,7 +120,9 @@ def test_a_target_measured_at_one_prompt_size_is_listed_unranked_with_the_reason
     assert (c["ms_per_1k_tokens"], c["intercept_ms"], c["prompt_sizes"]) == (None, None, 1)
     assert c["reason"].startswith("measured at one prompt size")
     assert slopes[0]["ci_low"] < slopes[0]["ms_per_1k_tokens"] < slopes[0]["ci_high"]
-    text = report.render_markdown({"start": "s", "end": "e", "cells": [], "pairs": [], "slopes": slopes}, title="t")
+    # Rendering reads no filters or available names, so the document leaves them out (hence the cast).
+    document = cast(queries.CompareDocument, {"start": "s", "end": "e", "cells": [], "pairs": [], "slopes": slopes})
+    text = report.render_markdown(document, title="t")
     assert "| – | c | c | n/a: measured at one prompt size (254 tokens); a slope needs two or more |" in text
     assert "| 1 | a | a | " in text and "| 2 | b | b | " in text
 
@@ -226,7 +245,7 @@ async def test_the_last_run_is_found_for_series_quiet_in_the_last_hour_and_those
             .join(RunRow, RunRow.series_id == SeriesRow.id)
             .group_by(SeriesRow.target, SeriesRow.prompt)
         )
-        expected = {(target, prompt): queries.iso(at) for target, prompt, at in starts}
+        expected = {(target, prompt): iso(at) for target, prompt, at in starts}
     assert last == expected and len(last) == 4
     assert last[("qwen3-8b", "short")].startswith(recent.strftime("%Y-%m-%dT%H:%M"))
     await repository.engine.dispose()
@@ -262,9 +281,11 @@ async def test_points_say_how_late_the_monitor_was_and_which_samples_were_distur
         series_id = await connection.scalar(sa.text("SELECT id FROM series WHERE target='qwen3-8b' AND prompt='short'"))
     end = T0 + timedelta(hours=1)
     raw = await queries.series_points(repository.engine, series_id, start=T0, end=end)
-    assert [(p["self_delay_ms"], p["disturbed"]) for p in raw["points"]] == [
-        (round(s.self_delay_ms, 2), s.disturbed) for s in measured
-    ]
+    expected = []
+    for s in measured:
+        assert s.self_delay_ms is not None  # make_batch stamps how late each sample was sent
+        expected.append((round(s.self_delay_ms, 2), s.disturbed))
+    assert [(p["self_delay_ms"], p["disturbed"]) for p in raw["points"]] == expected
     folded = await queries.series_points(repository.engine, series_id, start=T0, end=end, max_points=1)
     assert [p["disturbed"] for p in folded["points"]] == [1]
     await repository.engine.dispose()
@@ -398,7 +419,7 @@ async def test_the_series_view_says_where_the_time_went(backend: Backend, server
     end = T0 + timedelta(hours=4)
     view = await queries.series_points(repository.engine, series_id, start=end - timedelta(hours=6), end=end)
     split = view["split"]
-    assert split["client_ttft_ms"] == 600.0 and split["since"] == queries.iso(end - timedelta(hours=1))
+    assert split["client_ttft_ms"] == 600.0 and split["since"] == iso(end - timedelta(hours=1))
     assert said in split["text"]
     if server_slower:
         assert split["cause"] == "server_queue" and split["text"].endswith(
@@ -413,13 +434,13 @@ async def test_the_series_view_says_where_the_time_went(backend: Backend, server
             sa.insert(table_of(IncidentRow)).values(
                 id=uuid.uuid4(), series_id=series_id, kind="regression", severity="page", opened_at=opened,
                 baseline_ms=231.0, observed_ms=600.0, ratio=2.6, updated_at=opened,
-                details={"since": queries.iso(T0 + timedelta(hours=3))},
+                details={"since": iso(T0 + timedelta(hours=3))},
             )
         )  # fmt: skip
     during = (await queries.series_points(repository.engine, series_id, start=end - timedelta(hours=6), end=end))[
         "split"
     ]
-    assert during["incident_id"] is not None and during["since"] == queries.iso(T0 + timedelta(hours=3))
+    assert during["incident_id"] is not None and during["since"] == iso(T0 + timedelta(hours=3))
     assert during["client_baseline_ms"] == 231.0 and "(baseline 231)" in during["text"]
     await repository.engine.dispose()
 
@@ -480,14 +501,14 @@ async def test_compare_on_the_database_matches_the_pure_function(backend: Backen
 
 async def test_a_compare_over_more_runs_than_one_request_may_read_is_refused_naming_the_fix(backend: Backend) -> None:
     repository = await _store(backend, hours=1)
-    window = {"start": T0, "end": T0 + timedelta(hours=1)}
+    start, end = T0, T0 + timedelta(hours=1)
     try:
-        runs = 0
         async with repository.engine.connect() as connection:
             runs = await connection.scalar(sa.select(sa.func.count()).select_from(RunRow.__table__))
+        assert runs is not None  # count(*) always answers one row
         with pytest.raises(queries.TooBroad, match=r"more than the 5 one request may read; narrow it: a shorter since"):
-            await queries.compare(repository.engine, **window, max_runs=5)
-        answered = await queries.compare(repository.engine, **window, max_runs=runs)
+            await queries.compare(repository.engine, start=start, end=end, max_runs=5)
+        answered = await queries.compare(repository.engine, start=start, end=end, max_runs=runs)
         assert answered["cells"]
     finally:
         await repository.engine.dispose()

@@ -49,6 +49,7 @@ def responses_body(prompt: str) -> dict[str, Any]:
 def post_raw(server: VllmServer, path: str, body: dict[str, Any]) -> bytes:
     """The response body as sent (http.client only undoes the chunked transfer coding)."""
     url = urllib.parse.urlsplit(server.v1 + path)
+    assert url.hostname is not None  # server.v1 is an http://host:port URL
     connection = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
     try:
         connection.request("POST", url.path, json.dumps(body), {"Content-Type": "application/json"})

@@ -30,7 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from monitor.alert.model import Notification
 from monitor.alert.settings import Alerts, Receiver
 from monitor.store.engine import WRITE_OPTION, create_engine
-from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, SeriesRow
+from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, SeriesRow, table_of
 from tests.support.store_fixtures import BACKENDS, Backend, PostgresServer, _skip_without_postgres
 
 T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
@@ -286,7 +286,7 @@ async def store_incident(
 ) -> uuid.UUID:
     """An open incident (and its series) as the detector stores it."""
     incident_id = incident_id or uuid.uuid4()
-    series = SeriesRow.__table__
+    series = table_of(SeriesRow)
     find = sa.select(series.c.id).where(series.c.target == target, series.c.prompt == prompt)
     async with write(engine) as connection:
         series_id = await connection.scalar(find)
@@ -298,7 +298,7 @@ async def store_incident(
             )
             series_id = await connection.scalar(find)
         await connection.execute(
-            sa.insert(IncidentRow.__table__).values(
+            sa.insert(table_of(IncidentRow)).values(
                 id=incident_id,
                 series_id=series_id,
                 kind=kind,
@@ -317,7 +317,7 @@ async def store_incident(
 
 
 async def resolve_incident(engine: AsyncEngine, incident_id: uuid.UUID, at: datetime) -> None:
-    table = IncidentRow.__table__
+    table = table_of(IncidentRow)
     async with write(engine) as connection:
         await connection.execute(
             sa.update(table).where(table.c.id == incident_id).values(resolved_at=at, updated_at=at)
@@ -325,12 +325,12 @@ async def resolve_incident(engine: AsyncEngine, incident_id: uuid.UUID, at: date
 
 
 async def outbox_rows(engine: AsyncEngine) -> list[Any]:
-    table = AlertOutboxRow.__table__
+    table = table_of(AlertOutboxRow)
     async with engine.connect() as connection:
         return list((await connection.execute(sa.select(table).order_by(table.c.created_at, table.c.receiver))).all())
 
 
 async def deliveries(engine: AsyncEngine) -> list[Any]:
-    table = AlertDeliveryRow.__table__
+    table = table_of(AlertDeliveryRow)
     async with engine.connect() as connection:
         return list((await connection.execute(sa.select(table).order_by(table.c.id))).all())

@@ -79,13 +79,16 @@ def test_a_burst_of_spikes_cannot_push_it_over() -> None:
     points = single_probe_runs(9, seed=21, sigma=0.1)
     # Three runs in a row 10x slower: each counts as at most `clip` sigmas.
     burst = round(8.5 * RUNS_PER_DAY)
-    points[burst : burst + 3] = [RunPoint(p.at, p.ttft_ms * 10) for p in points[burst : burst + 3]]
+    for i in range(burst, burst + 3):
+        ttft_ms = points[i].ttft_ms
+        assert ttft_ms is not None  # these generated runs all succeed
+        points[i] = RunPoint(points[i].at, ttft_ms * 10)
     detector = Detector()
     replayer = detector.replayer()
     for point in points[: burst + 3]:
         assert not [e for e in replayer.feed(point) if e.kind == "regression"]
     rule = detector.rules.cusum
-    assert rule is not None
+    assert rule is not None and rule.threshold is not None
     assert replayer.state.cusum <= 3 * rule.clip + 1.0 < rule.threshold
 
 

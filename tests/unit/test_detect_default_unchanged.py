@@ -14,7 +14,7 @@ import json
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from monitor.detect.detector import Detector, Event, RunPoint, SeriesState
 from monitor.detect.settings import Detection
@@ -23,7 +23,16 @@ from tests.support.series import RUNS_PER_DAY, make_series
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "detect_default_events.json"
 
 
-SERIES = {
+class SeriesSpec(TypedDict):
+    """make_series's arguments."""
+
+    seed: int
+    days: float
+    probes: int
+    phi: float
+
+
+SERIES: dict[str, SeriesSpec] = {
     "iid-1-probe": {"seed": 1, "days": 18, "probes": 1, "phi": 0.0},
     "ar-3-probes": {"seed": 2, "days": 18, "probes": 3, "phi": 0.9},
     "ar-5-probes": {"seed": 3, "days": 18, "probes": 5, "phi": 0.97},

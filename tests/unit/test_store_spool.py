@@ -251,6 +251,7 @@ def test_a_disturbed_sample_keeps_its_self_delay_through_the_spool(tmp_path: Pat
     with Spool(tmp_path, max_bytes=10**7) as spool:
         [entry] = spool.peek(10)
     assert entry.samples == samples
+    assert entry.samples is not None  # equal to the list just spooled
     assert [(s.self_delay_ms, s.disturbed) for s in entry.samples[:2]] == [(51.25, True), (0.125, False)]
 
 
