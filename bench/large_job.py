@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from daemon import ROOT, start_sim  # the simulator as bench/daemon.py starts it
 
 # The scenario, run inside the checkout under test (so it imports that checkout's monitor/).
 SCENARIO = r"""
@@ -158,23 +159,6 @@ class Hook:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
 
 
-def start_sim() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "sim", "--port", "0", "--no-noise"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    url = next((w for w in line.split() if w.startswith("http://127.0.0.1:")), None)
-    if url is None:
-        proc.kill()
-        raise SystemExit(f"the simulator did not start: {line!r}")
-    return proc, url.rstrip("/.,")
-
-
 def run_scenario(checkout: Path, args: argparse.Namespace, sim: str) -> dict:
     hook = Hook()
     with tempfile.TemporaryDirectory() as tmp:
@@ -203,11 +187,6 @@ def run_scenario(checkout: Path, args: argparse.Namespace, sim: str) -> dict:
     if os.environ.get("BENCH_LARGE_JOB_EVENTS"):
         print(out.get("events"), file=sys.stderr)
     return out
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[len(ordered) // 2] if ordered else float("nan")
 
 
 def main() -> None:
@@ -241,7 +220,7 @@ def main() -> None:
             sent = ", ".join(f"{n['state']}:{n['members']}@{slow_run(n['at'])}" for n in out["sent"]) or "none"
             skipped = ", ".join(f"{r}/{e}" for r, e in out["skipped"]) or "-"
             print(
-                f"{str(checkout)[-40:]:40} {median(out['probe_s']):11.1f} "
+                f"{str(checkout)[-40:]:40} {statistics.median_high(out['probe_s']):11.1f} "
                 f"{' '.join(f'{s:.1f}' for s in slow_detect):>25} {out['incidents']:9d} {skipped:>18} "
                 f"{out['stopped']:10d} {sent:>30}"
             )

@@ -88,23 +88,24 @@ def monotonic_arrival(kernel_wall_ns: int, now_wall_ns: int, now_mono_ns: int) -
     return now_mono_ns - age
 
 
-def kernel_wall_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
-    """The SCM_TIMESTAMPNS stamp in a `recvmsg` answer's ancillary data, in wall-clock nanoseconds."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+def _first_stamp_ns(ancdata: list[tuple[int, int, bytes]], kind: int, size: int) -> int | None:
+    """The first timespec of the `kind` record (at least `size` bytes) in ancillary data, in ns."""
+    for level, got, data in ancdata:
+        if level == socket.SOL_SOCKET and got == kind and len(data) >= size:
             seconds, nanoseconds = _TIMESPEC.unpack_from(data)
             return int(seconds) * 1_000_000_000 + int(nanoseconds)
     return None
 
 
+def kernel_wall_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
+    """The SCM_TIMESTAMPNS stamp in a `recvmsg` answer's ancillary data, in wall-clock nanoseconds."""
+    return _first_stamp_ns(ancdata, SO_TIMESTAMPNS, _TIMESPEC.size)
+
+
 def departure_wall_ns(ancdata: list[tuple[int, int, bytes]]) -> int | None:
-    """The software transmit stamp in an error-queue message's ancillary data, wall-clock nanoseconds."""
-    for level, kind, data in ancdata:
-        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPING and len(data) >= _TIMESTAMPING.size:
-            seconds, nanoseconds = _TIMESTAMPING.unpack_from(data)[:2]
-            if seconds or nanoseconds:
-                return int(seconds) * 1_000_000_000 + int(nanoseconds)
-    return None
+    """The software transmit stamp in an error-queue message's ancillary data, wall-clock nanoseconds
+    (SCM_TIMESTAMPING's first timespec; zero when the kernel took none)."""
+    return _first_stamp_ns(ancdata, SO_TIMESTAMPING, _TIMESTAMPING.size) or None
 
 
 class KernelStampedSocket(socket.socket):
