@@ -499,13 +499,15 @@ async def test_without_the_stamping_protocol_the_task_reads_and_keeps_the_deadli
     assert warning["fix"].startswith(f"aiohttp {aiohttp.__version__} is inside the supported range"), warning
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "protocol"])
 @pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
 @pytest.mark.parametrize("fresh", [False, True], ids=["reused", "fresh"])
 async def test_every_sample_is_stamped_on_fresh_and_reused_connections_plain_and_tls(
-    serve, self_signed, fresh: bool, tls: bool
+    serve, self_signed, fresh: bool, tls: bool, kernel: bool
 ) -> None:
     # Tokens apart from the head, so the body's end comes in its own read: on a connection that is not
-    # kept, aiohttp releases and closes it inside that very read.
+    # kept, aiohttp releases and closes it inside that very read. Both clocks: the kernel's stamps, and
+    # the protocol's own (where the kernel keeps none), which is where fresh samples lost theirs.
     cert, key = self_signed
     server_ctx = None
     if tls:
@@ -515,10 +517,10 @@ async def test_every_sample_is_stamped_on_fresh_and_reused_connections_plain_and
     url = await serve(streaming_handler(script), ssl_context=server_ctx)
     trust: ssl.SSLContext | bool = ssl.create_default_context(cafile=str(cert)) if tls else True
     with capture_logs() as logs:
-        async with ProbeClient(fresh=fresh) as client:
+        async with ProbeClient(fresh=fresh, kernel_stamps=kernel) as client:
             samples = [await probe(url, client=client, ssl_option=trust) for _ in range(4)]
     assert all(s.ok for s in samples), [s.error_message for s in samples]
-    assert [s.timing_path for s in samples] == [TimingPath.KERNEL] * 4
+    assert [s.timing_path for s in samples] == [TimingPath.KERNEL if kernel else TimingPath.STAMPED] * 4
     assert [s.connection_reused for s in samples] == ([False] * 4 if fresh else [False, True, True, True])
     assert all(s.ttft_ms is not None and 50 <= s.ttft_ms < 1000 for s in samples)
     if tls:  # each new connection's handshake is measured: every sample's when fresh, the first's else
