@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.support.vllm_peer import ENV_VARIABLE, engine_cpus
+from tests.support.vllm_peer import ENV_VARIABLE, MODEL_BUILDER, builder_command, engine_cpus
 
 # tests/e2e/test_vllm.py's tests, counted by hand: what is skipped or deselected there, all of them.
 VLLM_TESTS = 9
@@ -58,3 +58,17 @@ def test_the_server_gets_the_lowest_core_and_leaves_the_rest_or_shares_a_lone_co
     assert engine_cpus({0, 1, 2, 3}, "0,3") == {0, 3}
     with pytest.raises(ValueError, match="cores \\[7\\] are not available here"):
         engine_cpus({0, 1}, "1,7")
+
+
+def test_the_tiny_model_builder_imports_the_standard_library_not_its_neighbours(tmp_path: Path) -> None:
+    # The builder is a script in tests/support/, beside modules named as the standard library's; run as
+    # the peer runs it, a neighbour of the script never stands in for a standard module.
+    assert (MODEL_BUILDER.parent / "secrets.py").exists()  # the neighbour that broke the build
+    (tmp_path / "secrets.py").write_text("raise ImportError('the neighbour, not the standard library')\n")
+    script = tmp_path / "builder.py"
+    script.write_text("import secrets, sys\nprint(secrets.__file__)\nopen(sys.argv[1], 'w').close()\n")
+    done = subprocess.run(
+        builder_command(Path(sys.executable), script, tmp_path / "out"), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert Path(done.stdout.strip()).parent != tmp_path and (tmp_path / "out").exists(), done.stdout

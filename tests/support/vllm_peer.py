@@ -142,6 +142,13 @@ def ensure_environment(venv: Path, *, say: Any = print) -> Path:
     return python
 
 
+def builder_command(python: Path, builder: Path, out: Path) -> list[str]:
+    """The command that builds the tiny model into `out`. `-P`: a script's own folder goes first on
+    sys.path, and tests/support/ has modules named as the standard library's (`secrets`), which the
+    builder's imports would then load instead (it failed so on a fresh clone: every vLLM test skipped)."""
+    return [str(python), "-P", str(builder), str(out)]
+
+
 def ensure_model(python: Path, venv: Path, *, say: Any = print) -> Path:
     """The tiny model's directory, built once per version of the builder."""
     digest = hashlib.sha256(MODEL_BUILDER.read_bytes()).hexdigest()[:12]
@@ -154,7 +161,7 @@ def ensure_model(python: Path, venv: Path, *, say: Any = print) -> Path:
         say(f"vLLM peer: building the tiny model in {model}")
         partial = model.with_name(digest + ".partial")
         shutil.rmtree(partial, ignore_errors=True)
-        _run([str(python), str(MODEL_BUILDER), str(partial)], timeout=600, what="building the tiny model")
+        _run(builder_command(python, MODEL_BUILDER, partial), timeout=600, what="building the tiny model")
         partial.rename(model)
     return model
 
