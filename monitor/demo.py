@@ -6,6 +6,7 @@ receiver); only the schedule and the detection history are shortened so the stor
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,6 +18,7 @@ import sys
 import time
 import urllib.request
 from collections import defaultdict, deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,6 +28,11 @@ from monitor.exitcodes import EXIT_USAGE
 TARGETS = ("qwen3-8b", "qwen3-14b", "gpt-4o-mini")
 SLOWED = "qwen3-14b"
 SLOW_FACTOR = 2.5
+# The detector's trailing baseline in the demo (its config's `trailing_runs`). The slowdown waits until
+# the slowed model has this many runs: a slowdown inside that window becomes part of the baseline it is
+# measured against, and no page opens (replayed on a demo's own history: losing 3 of the 9 runs before
+# a slowdown at 45 s, as a slow start on a busy machine does, and it never paged).
+BASELINE_RUNS = 12
 
 
 def _free_port(preferred: int) -> int:
@@ -75,7 +82,7 @@ jobs:
 detection:
   # Production defaults want hours of history and 5-minute runs; the demo has a minute of 5-second runs.
   min_history_runs: 6
-  trailing_runs: 12
+  trailing_runs: {BASELINE_RUNS}
 alerts:
   base_url: "http://127.0.0.1:{metrics_port}/series"
   receivers:
@@ -196,6 +203,7 @@ def run_demo(
     config_path = state_dir / "demo.yaml"
     config_path.write_text(demo_config(sim_url, state_dir.resolve(), metrics_port))
     daemon: subprocess.Popen[str] | None = None
+    died: int | None = None
     stop = False
 
     def on_signal(_signum: int, _frame: Any) -> None:
@@ -227,11 +235,12 @@ def run_demo(
             f"(short and long prompts)\n  status pages: http://127.0.0.1:{metrics_port}/\n"
             f"  metrics: http://127.0.0.1:{metrics_port}/metrics   "
             f"config: {config_path}   database: {state_dir / 'demo.db'}\n"
-            f"  in {slow_after_s:.0f} s {SLOWED} gets {SLOW_FACTOR}x slower; in {recover_after_s:.0f} s it recovers. "
+            f"  {slow_after_s:.0f} s after the first probe {SLOWED} gets {SLOW_FACTOR}x slower (once it has "
+            f"{BASELINE_RUNS} runs of history); {recover_after_s - slow_after_s:.0f} s later it recovers. "
             "Ctrl-C stops.\n"
         )
         out.flush()
-        _follow(
+        ended = _follow(
             daemon,
             sim_url,
             out,
@@ -240,6 +249,11 @@ def run_demo(
             duration_s=duration_s,
             should_stop=lambda: stop,
         )
+        # A daemon that exited on its own (a port taken, a database it cannot open) ends the demo with
+        # its status; its one line naming the fix is on the screen already.
+        if ended:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                died = daemon.wait(timeout=10)  # its output ended: it is exiting
     finally:
         if daemon is not None and daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
@@ -249,9 +263,49 @@ def run_demo(
                 daemon.kill()
         sim_proc.terminate()
         sim_proc.wait(timeout=10)
+        for pipe in (sim_proc.stdout, daemon.stdout if daemon is not None else None):
+            if pipe is not None:
+                pipe.close()
         signal.signal(signal.SIGINT, previous)
         out.write("ttft-monitor demo: stopped\n")
-    return 0
+    return died or 0
+
+
+@dataclass
+class Story:
+    """When the demo slows its model and lets it recover. Its clock starts at the first probe, not at the
+    daemon's launch: the start-up (seconds on a busy machine) would otherwise eat the history the detector
+    needs before the slowdown; and the slowdown waits for `BASELINE_RUNS` runs of the slowed model."""
+
+    slow_after_s: float
+    recover_after_s: float
+    started: float | None = None  # monotonic time of the first probe sample
+    runs: int = 0  # the slowed model's runs so far (its short prompt's first rounds: one a run)
+    slowed_at: float | None = None  # on the story's clock
+    recovered: bool = False
+
+    def saw_sample(self, event: dict[str, Any], now: float) -> None:
+        if self.started is None:
+            self.started = now
+        if event.get("target") == SLOWED and event.get("prompt") == "short" and event.get("round") == 1:
+            self.runs += 1
+
+    def elapsed(self, now: float) -> float:
+        return 0.0 if self.started is None else now - self.started
+
+    def slow_due(self, now: float) -> bool:
+        return (
+            self.started is not None
+            and self.slowed_at is None
+            and self.elapsed(now) >= self.slow_after_s
+            and self.runs >= BASELINE_RUNS
+        )
+
+    def recover_due(self, now: float) -> bool:
+        # Slowed for as long as asked, however long the slowdown waited for its history.
+        if self.slowed_at is None or self.recovered:
+            return False
+        return self.elapsed(now) >= max(self.recover_after_s, self.slowed_at + self.recover_after_s - self.slow_after_s)
 
 
 def _follow(
@@ -263,20 +317,22 @@ def _follow(
     recover_after_s: float,
     duration_s: float | None,
     should_stop: Any,
-) -> None:
+) -> bool:
+    """Tells the story while the daemon runs; whether the daemon ended on its own (its output ended)."""
     import selectors
 
     assert daemon.stdout is not None
     table = LiveTable(out)
-    started = time.monotonic()
-    slowed = recovered = False
+    story = Story(slow_after_s=slow_after_s, recover_after_s=recover_after_s)
     selector = selectors.DefaultSelector()
     selector.register(daemon.stdout, selectors.EVENT_READ)
+    launched = time.monotonic()
     while not should_stop() and daemon.poll() is None:
-        elapsed = time.monotonic() - started
-        if duration_s is not None and elapsed > duration_s:
+        now = time.monotonic()
+        if duration_s is not None and now - launched > duration_s:
             break
-        if not slowed and elapsed >= slow_after_s:
+        elapsed = story.elapsed(now)
+        if story.slow_due(now):
             profile = json.load(urllib.request.urlopen(f"{sim_url}/sim/models", timeout=5))["models"][SLOWED]
             _post(
                 f"{sim_url}/sim/models/{SLOWED}",
@@ -286,17 +342,17 @@ def _follow(
                 },
             )
             table.note(f"\n>>> {elapsed:.0f} s: made {SLOWED} {SLOW_FACTOR}x slower (simulated regression)\n")
-            slowed = True
-        if slowed and not recovered and elapsed >= recover_after_s:
+            story.slowed_at = elapsed
+        if story.recover_due(now):
             _post(f"{sim_url}/sim/reset", {})
             table.note(f"\n>>> {elapsed:.0f} s: {SLOWED} is back to normal\n")
-            recovered = True
+            story.recovered = True
         if not selector.select(timeout=0.5):
             table.maybe_draw(elapsed)
             continue
         line = daemon.stdout.readline()
         if not line:
-            break
+            return True
         try:
             event = json.loads(line)
         except ValueError:
@@ -304,6 +360,7 @@ def _follow(
             continue
         name = event.get("event")
         if name == "probe_sample":
+            story.saw_sample(event, time.monotonic())
             table.add(event)
         elif name == ALERT_LOG_EVENT:
             table.note(f"\n!!! {event.get('summary') or event.get('message') or json.dumps(event)}\n")
@@ -311,3 +368,4 @@ def _follow(
             details = {k: v for k, v in event.items() if k not in ("event", "level", "timestamp")}
             table.note(f"  [{event.get('level')}] {name}: {json.dumps(details)[:300]}\n")
         table.maybe_draw(elapsed)
+    return daemon.poll() is not None

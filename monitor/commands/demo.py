@@ -14,8 +14,18 @@ _seconds = non_negative("seconds")
 
 def register(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--state-dir", default="state/demo", help="where the demo keeps its database (state/demo)")
-    parser.add_argument("--slow-after", type=_seconds, default=60, help="seconds before the slowdown (60)")
-    parser.add_argument("--recover-after", type=_seconds, default=150, help="seconds before recovery (150)")
+    parser.add_argument(
+        "--slow-after",
+        type=_seconds,
+        default=60,
+        help="seconds from the first probe to the slowdown (60; it waits for 12 runs of history)",
+    )
+    parser.add_argument(
+        "--recover-after",
+        type=_seconds,
+        default=150,
+        help="seconds from the first probe to the recovery (150; at least as long slowed as these two ask)",
+    )
     parser.add_argument(
         "--duration", type=_seconds, default=None, help="stop after this many seconds (default: Ctrl-C)"
     )

@@ -56,7 +56,7 @@ def run_demo_until(tmp_path: Path, line: str, *, within_s: float) -> CliResult:
     a quiet machine and could cut the story short on a loaded one; `within_s` is only the cap."""
     errors = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed below; an unread pipe could fill up
     process = subprocess.Popen(
-        [sys.executable, "-m", "monitor", "demo", "--state-dir", str(tmp_path / "demo"), "--slow-after", "45",
+        [sys.executable, "-m", "monitor", "demo", "--state-dir", str(tmp_path / "demo"), "--slow-after", "60",
          "--recover-after", "120", "--duration", f"{within_s:g}"],
         stdout=subprocess.PIPE, stderr=errors, text=True, cwd=ROOT,
         env={**{k: v for k, v in os.environ.items() if k != "TTFT_CONFIG"}, "PYTHONUNBUFFERED": "1"},
@@ -82,3 +82,27 @@ def run_demo_until(tmp_path: Path, line: str, *, within_s: float) -> CliResult:
         stderr = errors.read()
         errors.close()
     return CliResult(code, "".join(lines), stderr)
+
+
+def test_a_daemon_that_cannot_start_ends_the_demo_with_its_status_and_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two demos started together both find 9464 free, and the second daemon cannot bind it: the demo
+    # said "stopped" and exited 0. Here the port the demo picks is taken before its daemon binds it.
+    import io
+    import socket
+
+    from monitor import demo
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        pick = demo._free_port
+        monkeypatch.setattr(demo, "_free_port", lambda preferred: port if preferred == 9464 else pick(preferred))
+        out = io.StringIO()
+        started = time.monotonic()
+        code = demo.run_demo(state_dir=tmp_path / "demo", slow_after_s=60, recover_after_s=150, duration_s=60, out=out)
+    assert code == 3, out.getvalue()
+    assert time.monotonic() - started < 30, out.getvalue()  # not the whole --duration
+    assert f"cannot listen on 127.0.0.1:{port}" in out.getvalue() and "stop what uses that port" in out.getvalue()
