@@ -107,9 +107,12 @@ def test_once_exports_genai_metrics_that_match_the_stored_samples(sim: SimProces
     assert gaps.sum == pytest.approx(decode_s, rel=1e-6, abs=1e-9)
     assert attributes(gaps.attributes)["gen_ai.request.model"] == "gpt-4o-mini"
 
+    # The whole operation from the request's start, set-up included: its span's duration (the conventions).
     (duration,) = last_point(metrics, semconv.DURATION).histogram.data_points
     assert duration.count == 3
-    assert duration.sum == pytest.approx(sum(r[2] for r in rows) / 1000, rel=1e-9)
+    whole = sqlite_rows(tmp_path, "select setup_ms, total_ms from samples")
+    assert all(setup is not None and setup > 0 for setup, _ in whole), whole
+    assert duration.sum == pytest.approx(sum(setup + total for setup, total in whole) / 1000, rel=1e-9)
 
     ttft = last_point(metrics, semconv.TTFT)
     (ttft_point,) = ttft.histogram.data_points
@@ -266,9 +269,15 @@ jobs:
         assert result.code == 0, str(result)
         sent = [h["traceparent"] for h in receiver.chat_headers]
         traces = receiver.of("traces")
+        metrics = metrics_by_name(receiver.of("metrics"))
     spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
     spans = [span for span in spans if span.kind == span.SPAN_KIND_CLIENT]  # the run's span aside (the next test)
     assert len(sent) == len(spans) == 2
+    # The conventions: the duration metric equals the span's duration (to the microsecond of the span's stamps).
+    (duration,) = last_point(metrics, semconv.DURATION).histogram.data_points
+    span_s = sum((span.end_time_unix_nano - span.start_time_unix_nano) / 1e9 for span in spans)
+    assert duration.count == 2
+    assert abs(duration.sum - span_s) < 2 * 2e-6, (duration.sum, span_s)
     rows = sqlite_rows(tmp_path, "select ttft_ms, first_event_ms, total_ms from samples order by sent_at")
     by_id = {(span.trace_id.hex(), span.span_id.hex()): span for span in spans}
     for traceparent in sent:
