@@ -5,7 +5,10 @@ hung collector neither delays a probe nor loses a sample, and header secrets nev
 from __future__ import annotations
 
 import re
+import signal
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import cast
@@ -13,7 +16,7 @@ from typing import cast
 import pytest
 
 from monitor.otel import semconv
-from tests.conftest import SimProcess, run_cli, silent_listener
+from tests.conftest import ROOT, SimProcess, run_cli, silent_listener
 from tests.support.daemon import (
     http_get,
     sqlite_rows,
@@ -427,3 +430,76 @@ def test_runs_that_never_end_are_forgotten_beyond_the_cap(tmp_path: Path) -> Non
     spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
     (run_span,) = spans  # the oldest run was forgotten when the cap was passed; the newest one ended
     assert attributes(run_span.attributes)["ttft_monitor.run.intended_at"] == runs[-1].intended_at.isoformat()
+
+
+@pytest.mark.realtime
+def test_once_stopped_by_sigterm_mid_run_exports_what_it_measured(sim: SimProcess, tmp_path: Path) -> None:
+    # A CronJob evicted halfway through its run: the probes stored are the probes exported, and the run
+    # (cut short) still closes its span over them, before `once` exits.
+    sim.post("/sim/models/slow-model", {"ttft_base_ms": 400, "prefill_ms_per_1k": 0, "decode_tps": 50})
+    with otlp_receiver() as receiver:
+        config = tolerant(write_config(tmp_path, sim, model="slow-model", rounds=20, grace=5))
+        upgrade(config)
+        with_otel(config, f'otel: {{endpoint: "{receiver.url}", traces: true}}\n')  # metrics every 60 s
+        log = tmp_path / "once.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "monitor", "once", "--config", str(config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and log.read_text().count('"probe_sample"') < 2:
+                time.sleep(0.05)
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        requests = receiver.of("metrics")
+        traces = receiver.of("traces")
+    text = log.read_text()
+    assert code == 4, text[-3000:]
+    rows = cast(list[tuple[float, float, float, int]], stored(tmp_path))
+    assert 2 <= len(rows) < 20, rows
+    assert requests, "once exited on SIGTERM without exporting its metrics"
+    metrics = metrics_by_name(requests)
+    (ttft,) = last_point(metrics, semconv.TTFT).histogram.data_points
+    assert ttft.count == len(rows)
+    assert ttft.sum == pytest.approx(sum(r[0] for r in rows) / 1000, rel=1e-9)
+    spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    (run,) = [span for span in spans if span.name == "ttft_monitor.run tick"]
+    assert attributes(run.attributes)["ttft_monitor.run.probes"] == len(rows)
+    assert len([span for span in spans if span.kind == span.SPAN_KIND_CLIENT]) == len(rows)
+
+
+def test_without_traces_a_probe_carries_no_traceparent_and_no_span_is_sent(tmp_path: Path) -> None:
+    with otlp_receiver() as receiver:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            f"""
+database:
+  url: "sqlite+aiosqlite:///{tmp_path}/ttft.db"
+  state_dir: "{tmp_path}/state"
+probe_self_delay_bound_ms: 1000
+providers:
+  standin: {{base_url: "{receiver.url}/v1", api: openai-chat}}
+targets:
+  t: {{provider: standin, model: stand-in, params: {{max_tokens: 4}}}}
+prompts:
+  short: {{tokens: 128}}
+jobs:
+  - {{name: j, schedule: "*/5 * * * *", targets: [t], prompts: [short], rounds: 2, warmup: 0, pause_s: 0}}
+otel: {{endpoint: "{receiver.url}"}}
+"""
+        )
+        upgrade(config)
+        result = run_cli("once", "--config", str(config))
+        assert result.code == 0, str(result)
+        headers = receiver.chat_headers
+        assert receiver.of("metrics")  # export is on, metrics only
+        assert not receiver.of("traces")
+    assert len(headers) == 2
+    assert all("traceparent" not in {name.lower() for name in h} for h in headers), headers
