@@ -4,12 +4,14 @@ hung collector neither delays a probe nor loses a sample, and header secrets nev
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -178,8 +180,22 @@ def median_ttft(folder: Path) -> float:
     return statistics.median(r[0] for r in stored(folder) if r[0] is not None)
 
 
+@contextlib.contextmanager
+def collector_away(kind: str) -> Iterator[int]:
+    """A collector that is away: `hung` accepts and never answers, `dead` refuses (nothing listens)."""
+    if kind == "hung":
+        with silent_listener() as port:
+            yield port
+    else:
+        yield free_port()
+
+
 @pytest.mark.realtime
-def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, tmp_path: Path) -> None:
+@pytest.mark.timeout(180)  # two `once` runs of five probes and their exits, on a loaded machine
+@pytest.mark.parametrize("kind", ["hung", "dead"])
+def test_a_collector_that_is_away_delays_no_probe_and_loses_no_sample(
+    sim: SimProcess, tmp_path: Path, kind: str
+) -> None:
     rounds = 5
     off = tmp_path / "off"
     off.mkdir()
@@ -192,13 +208,14 @@ def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, t
 
     on = tmp_path / "on"
     on.mkdir()
-    with silent_listener() as port:
+    with collector_away(kind) as port:
         config_on = with_otel(
             tolerant(write_config(on, sim, rounds=rounds)),
             f"""otel:
   endpoint: "http://127.0.0.1:{port}"
   timeout_s: 1
   export_interval_s: 0.2
+  traces: true
   headers: {{x-api-key: "{SECRET}"}}
 """,
         )
@@ -209,7 +226,7 @@ def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, t
     assert result_on.code == 0, str(result_on)
     assert len(stored(on)) == len(stored(off)) == rounds
     # The simulator without noise answers alike each time: an export the probe waited on would add its
-    # 1 s timeout to the TTFT; the margin is for the shared machine's own jitter.
+    # 1 s timeout (hung) or its retries (dead) to the TTFT; the margin is for the shared machine's jitter.
     assert abs(median_ttft(on) - median_ttft(off)) < 50, (median_ttft(on), median_ttft(off))
     assert "otel_export_failed" in result_on.stdout
     assert SECRET not in result_on.stdout + result_on.stderr
