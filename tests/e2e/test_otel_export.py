@@ -28,7 +28,7 @@ from tests.support.daemon import (
     wait_ready,
     write_config,
 )
-from tests.support.otlp_receiver import attributes, metrics_by_name, otlp_receiver
+from tests.support.otlp_receiver import REQUEST_ID_PREFIX, attributes, metrics_by_name, otlp_receiver
 from tests.support.ports import free_port
 
 SECRET = "otlp-s3cret-token-4711"
@@ -293,6 +293,9 @@ jobs:
     spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
     spans = [span for span in spans if span.kind == span.SPAN_KIND_CLIENT]  # the run's span aside (the next test)
     assert len(sent) == len(spans) == 2
+    assert sorted(attributes(s.attributes)["ttft_monitor.request_id"] for s in spans) == [
+        f"{REQUEST_ID_PREFIX}{n}" for n in (1, 2)
+    ]
     # The conventions: the duration metric equals the span's duration (to the microsecond of the span's stamps).
     (duration,) = last_point(metrics, semconv.DURATION).histogram.data_points
     span_s = sum((span.end_time_unix_nano - span.start_time_unix_nano) / 1e9 for span in spans)
@@ -311,6 +314,8 @@ jobs:
         assert attrs["gen_ai.provider.name"] == "openai"
         assert attrs["gen_ai.response.model"] == "stand-in"
         assert attrs["gen_ai.usage.input_tokens"] == 7
+        assert attrs["ttft_monitor.request_id"].startswith(REQUEST_ID_PREFIX)  # the server's id, to join its logs
+        assert attrs["ttft_monitor.sample_id"]
         events = {event.name: event.time_unix_nano for event in span.events}
         assert {"request_sent", "response_head", "first_event", "first_token", "first_answer_token"} <= set(events)
         # The first chunk (role only) comes before the first token: the mapping docs/opentelemetry.md states.
