@@ -9,7 +9,8 @@ first request arriving at the simulator, both on CLOCK_MONOTONIC).
 
 `--otel` runs the daemon with OpenTelemetry export off, metrics only and metrics with traces (to a
 loopback OTLP/HTTP receiver, metrics every second), and both towards a collector that accepts and
-never answers, in turn, `--pairs` times, and prints each mode's medians side by side.
+never answers (hung) and one whose port refuses (dead), in turn, `--pairs` times, and prints each
+mode's medians side by side.
 """
 
 from __future__ import annotations
@@ -237,7 +238,7 @@ def bench_daemon(sim: str, args: argparse.Namespace, folder: Path, *, otel: str 
 
 
 def bench_otel(sim: str, args: argparse.Namespace, folder: Path) -> None:
-    """Export off, metrics only, metrics and traces, and both towards a hung collector, in turn,
+    """Export off, metrics only, metrics and traces, and both towards a hung and a dead collector, in turn,
     `args.pairs` times; medians side by side. Metrics go out every second (the default is 60 s)."""
     keys = ("probes_per_s", "overhead_p50_ms", "overhead_p99_ms", "loop_lag_p99_s", "rss_mb")
     with otlp_sink() as sink, hung_collector() as hung:
@@ -246,6 +247,7 @@ def bench_otel(sim: str, args: argparse.Namespace, folder: Path) -> None:
             "metrics": f'{{endpoint: "{sink}", export_interval_s: 1, timeout_s: 2}}',
             "traces": f'{{endpoint: "{sink}", export_interval_s: 1, timeout_s: 2, traces: true}}',
             "hung": f'{{endpoint: "{hung}", export_interval_s: 1, timeout_s: 2, traces: true}}',
+            "dead": f'{{endpoint: "http://127.0.0.1:{free_port()}", export_interval_s: 1, timeout_s: 2, traces: true}}',
         }
         results: dict[str, list[dict]] = {mode: [] for mode in modes}
         for index in range(args.pairs):
@@ -253,11 +255,13 @@ def bench_otel(sim: str, args: argparse.Namespace, folder: Path) -> None:
                 where = folder / f"{mode}-{index}"
                 where.mkdir()
                 results[mode].append(bench_daemon(sim, args, where, otel=otel))
-    print(f"  {'median of ' + str(args.pairs):18s} " + "".join(f"{mode:>10s}" for mode in results) + "  metrics/off")
+    heading = "".join(f"{mode:>10s}" for mode in results) + "  metrics/off  hung/off  dead/off"
+    print(f"  {'median of ' + str(args.pairs):18s} " + heading)
     for key in keys:
         medians = {m: statistics.median(r[key] for r in runs if r[key] is not None) for m, runs in results.items()}
-        ratio = medians["metrics"] / medians["off"] if medians["off"] else float("nan")
-        print(f"  {key:18s} " + "".join(f"{medians[m]:10.3f}" for m in results) + f"  {ratio:.3f}")
+        ratios = [medians[m] / medians["off"] if medians["off"] else float("nan") for m in ("metrics", "hung", "dead")]
+        row = "".join(f"{medians[m]:10.3f}" for m in results) + "".join(f"  {r:9.3f}" for r in ratios)
+        print(f"  {key:18s} " + row)
 
 
 def bench_once_startup(sim: str, folder: Path, runs: int = 7) -> list[float]:
@@ -288,7 +292,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="schedule period in seconds")
     parser.add_argument("--once-only", action="store_true", help="only measure `once` start-up")
     parser.add_argument(
-        "--otel", action="store_true", help="compare OpenTelemetry export off / metrics / traces / hung collector"
+        "--otel", action="store_true", help="compare OpenTelemetry export off / metrics / traces / collector away"
     )
     parser.add_argument("--pairs", type=int, default=2, help="with --otel: how many times to run each mode")
     args = parser.parse_args()

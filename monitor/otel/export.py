@@ -391,20 +391,24 @@ class OtelTelemetry:
         agg = self.aggregates
         if sample.self_delay_ms is not None:
             agg.record(semconv.SELF_DELAY, (("ttft_monitor.probe_job", probe_job),), sample.self_delay_ms / 1000)
-        if sample.disturbed:
-            agg.add(semconv.DISTURBED, keys.base, 1)
-            return
-        if sample.total_ms is not None:
-            agg.record(semconv.DURATION, keys.base, sample.total_ms / 1000)
-        if sample.first_event_ms is not None:
-            agg.record(semconv.TIME_TO_FIRST_CHUNK, keys.base, sample.first_event_ms / 1000)
-        if sample.ok:  # a cut-off stream's gaps end at the failure; the conventions time successful output
-            agg.record_many(semconv.TIME_PER_OUTPUT_CHUNK, keys.base, sample.chunk_gaps_ms, scale=1e-3)
+        # Tokens were spent whether or not the monitor was late around the probe: the conventions count
+        # every operation's usage, failed ones included; only the timings need an undisturbed probe.
         usage = sample.prompt_tokens is not None or sample.completion_tokens is not None
         tokens = keys.text_tokens if usage else keys.unknown_tokens
         agg.add(semconv.USAGE_INPUT, tokens, sample.prompt_tokens or 0)
         agg.add(semconv.USAGE_OUTPUT, tokens, sample.completion_tokens or 0)
         agg.add(semconv.USAGE_CACHE_READ, tokens, sample.cached_tokens or 0)
+        if sample.disturbed:
+            agg.add(semconv.DISTURBED, keys.base, 1)
+            return
+        if sample.total_ms is not None:
+            # From the request's start (pool wait and connection set-up included) to its end: the CLIENT
+            # span's duration, which the conventions ask the metric to equal.
+            agg.record(semconv.DURATION, keys.base, ((sample.setup_ms or 0) + sample.total_ms) / 1000)
+        if sample.first_event_ms is not None:
+            agg.record(semconv.TIME_TO_FIRST_CHUNK, keys.base, sample.first_event_ms / 1000)
+        if sample.ok:  # a cut-off stream's gaps end at the failure; the conventions time successful output
+            agg.record_many(semconv.TIME_PER_OUTPUT_CHUNK, keys.base, sample.chunk_gaps_ms, scale=1e-3)
         agg.add(semconv.PROBES, keys.outcome, 1)
         if not sample.ok or sample.ttft_ms is None:
             return
@@ -643,8 +647,8 @@ def instruments(ttft_buckets: tuple[float, ...]) -> tuple[Instrument, ...]:
             semconv.DURATION,
             "histogram",
             "s",
-            "GenAI client inference operation duration: from sending the request to the last byte of the streamed "
-            "response, or to the error.",
+            "GenAI client inference operation duration: from the request's start (connection set-up included) to "
+            "the last byte of the streamed response, or to the error; the probe span's duration.",
             genai,
         ),
         Instrument(

@@ -4,16 +4,21 @@ hung collector neither delays a probe nor loses a sample, and header secrets nev
 
 from __future__ import annotations
 
+import contextlib
 import re
+import signal
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
 import pytest
 
 from monitor.otel import semconv
-from tests.conftest import SimProcess, run_cli, silent_listener
+from tests.conftest import ROOT, SimProcess, run_cli, silent_listener
 from tests.support.daemon import (
     http_get,
     sqlite_rows,
@@ -23,7 +28,7 @@ from tests.support.daemon import (
     wait_ready,
     write_config,
 )
-from tests.support.otlp_receiver import attributes, metrics_by_name, otlp_receiver
+from tests.support.otlp_receiver import REQUEST_ID_PREFIX, attributes, metrics_by_name, otlp_receiver
 from tests.support.ports import free_port
 
 SECRET = "otlp-s3cret-token-4711"
@@ -107,9 +112,12 @@ def test_once_exports_genai_metrics_that_match_the_stored_samples(sim: SimProces
     assert gaps.sum == pytest.approx(decode_s, rel=1e-6, abs=1e-9)
     assert attributes(gaps.attributes)["gen_ai.request.model"] == "gpt-4o-mini"
 
+    # The whole operation from the request's start, set-up included: its span's duration (the conventions).
     (duration,) = last_point(metrics, semconv.DURATION).histogram.data_points
     assert duration.count == 3
-    assert duration.sum == pytest.approx(sum(r[2] for r in rows) / 1000, rel=1e-9)
+    whole = sqlite_rows(tmp_path, "select setup_ms, total_ms from samples")
+    assert all(setup is not None and setup > 0 for setup, _ in whole), whole
+    assert duration.sum == pytest.approx(sum(setup + total for setup, total in whole) / 1000, rel=1e-9)
 
     ttft = last_point(metrics, semconv.TTFT)
     (ttft_point,) = ttft.histogram.data_points
@@ -172,8 +180,22 @@ def median_ttft(folder: Path) -> float:
     return statistics.median(r[0] for r in stored(folder) if r[0] is not None)
 
 
+@contextlib.contextmanager
+def collector_away(kind: str) -> Iterator[int]:
+    """A collector that is away: `hung` accepts and never answers, `dead` refuses (nothing listens)."""
+    if kind == "hung":
+        with silent_listener() as port:
+            yield port
+    else:
+        yield free_port()
+
+
 @pytest.mark.realtime
-def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, tmp_path: Path) -> None:
+@pytest.mark.timeout(180)  # two `once` runs of five probes and their exits, on a loaded machine
+@pytest.mark.parametrize("kind", ["hung", "dead"])
+def test_a_collector_that_is_away_delays_no_probe_and_loses_no_sample(
+    sim: SimProcess, tmp_path: Path, kind: str
+) -> None:
     rounds = 5
     off = tmp_path / "off"
     off.mkdir()
@@ -186,13 +208,14 @@ def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, t
 
     on = tmp_path / "on"
     on.mkdir()
-    with silent_listener() as port:
+    with collector_away(kind) as port:
         config_on = with_otel(
             tolerant(write_config(on, sim, rounds=rounds)),
             f"""otel:
   endpoint: "http://127.0.0.1:{port}"
   timeout_s: 1
   export_interval_s: 0.2
+  traces: true
   headers: {{x-api-key: "{SECRET}"}}
 """,
         )
@@ -203,7 +226,7 @@ def test_a_hung_collector_delays_no_probe_and_loses_no_sample(sim: SimProcess, t
     assert result_on.code == 0, str(result_on)
     assert len(stored(on)) == len(stored(off)) == rounds
     # The simulator without noise answers alike each time: an export the probe waited on would add its
-    # 1 s timeout to the TTFT; the margin is for the shared machine's own jitter.
+    # 1 s timeout (hung) or its retries (dead) to the TTFT; the margin is for the shared machine's jitter.
     assert abs(median_ttft(on) - median_ttft(off)) < 50, (median_ttft(on), median_ttft(off))
     assert "otel_export_failed" in result_on.stdout
     assert SECRET not in result_on.stdout + result_on.stderr
@@ -266,9 +289,18 @@ jobs:
         assert result.code == 0, str(result)
         sent = [h["traceparent"] for h in receiver.chat_headers]
         traces = receiver.of("traces")
+        metrics = metrics_by_name(receiver.of("metrics"))
     spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
     spans = [span for span in spans if span.kind == span.SPAN_KIND_CLIENT]  # the run's span aside (the next test)
     assert len(sent) == len(spans) == 2
+    assert sorted(attributes(s.attributes)["ttft_monitor.request_id"] for s in spans) == [
+        f"{REQUEST_ID_PREFIX}{n}" for n in (1, 2)
+    ]
+    # The conventions: the duration metric equals the span's duration (to the microsecond of the span's stamps).
+    (duration,) = last_point(metrics, semconv.DURATION).histogram.data_points
+    span_s = sum((span.end_time_unix_nano - span.start_time_unix_nano) / 1e9 for span in spans)
+    assert duration.count == 2
+    assert abs(duration.sum - span_s) < 2 * 2e-6, (duration.sum, span_s)
     rows = sqlite_rows(tmp_path, "select ttft_ms, first_event_ms, total_ms from samples order by sent_at")
     by_id = {(span.trace_id.hex(), span.span_id.hex()): span for span in spans}
     for traceparent in sent:
@@ -282,6 +314,8 @@ jobs:
         assert attrs["gen_ai.provider.name"] == "openai"
         assert attrs["gen_ai.response.model"] == "stand-in"
         assert attrs["gen_ai.usage.input_tokens"] == 7
+        assert attrs["ttft_monitor.request_id"].startswith(REQUEST_ID_PREFIX)  # the server's id, to join its logs
+        assert attrs["ttft_monitor.sample_id"]
         events = {event.name: event.time_unix_nano for event in span.events}
         assert {"request_sent", "response_head", "first_event", "first_token", "first_answer_token"} <= set(events)
         # The first chunk (role only) comes before the first token: the mapping docs/opentelemetry.md states.
@@ -418,3 +452,76 @@ def test_runs_that_never_end_are_forgotten_beyond_the_cap(tmp_path: Path) -> Non
     spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
     (run_span,) = spans  # the oldest run was forgotten when the cap was passed; the newest one ended
     assert attributes(run_span.attributes)["ttft_monitor.run.intended_at"] == runs[-1].intended_at.isoformat()
+
+
+@pytest.mark.realtime
+def test_once_stopped_by_sigterm_mid_run_exports_what_it_measured(sim: SimProcess, tmp_path: Path) -> None:
+    # A CronJob evicted halfway through its run: the probes stored are the probes exported, and the run
+    # (cut short) still closes its span over them, before `once` exits.
+    sim.post("/sim/models/slow-model", {"ttft_base_ms": 400, "prefill_ms_per_1k": 0, "decode_tps": 50})
+    with otlp_receiver() as receiver:
+        config = tolerant(write_config(tmp_path, sim, model="slow-model", rounds=20, grace=5))
+        upgrade(config)
+        with_otel(config, f'otel: {{endpoint: "{receiver.url}", traces: true}}\n')  # metrics every 60 s
+        log = tmp_path / "once.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "monitor", "once", "--config", str(config)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and log.read_text().count('"probe_sample"') < 2:
+                time.sleep(0.05)
+            process.send_signal(signal.SIGTERM)
+            code = process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+        requests = receiver.of("metrics")
+        traces = receiver.of("traces")
+    text = log.read_text()
+    assert code == 4, text[-3000:]
+    rows = cast(list[tuple[float, float, float, int]], stored(tmp_path))
+    assert 2 <= len(rows) < 20, rows
+    assert requests, "once exited on SIGTERM without exporting its metrics"
+    metrics = metrics_by_name(requests)
+    (ttft,) = last_point(metrics, semconv.TTFT).histogram.data_points
+    assert ttft.count == len(rows)
+    assert ttft.sum == pytest.approx(sum(r[0] for r in rows) / 1000, rel=1e-9)
+    spans = [span for r in traces for rs in r.message.resource_spans for ss in rs.scope_spans for span in ss.spans]
+    (run,) = [span for span in spans if span.name == "ttft_monitor.run tick"]
+    assert attributes(run.attributes)["ttft_monitor.run.probes"] == len(rows)
+    assert len([span for span in spans if span.kind == span.SPAN_KIND_CLIENT]) == len(rows)
+
+
+def test_without_traces_a_probe_carries_no_traceparent_and_no_span_is_sent(tmp_path: Path) -> None:
+    with otlp_receiver() as receiver:
+        config = tmp_path / "config.yaml"
+        config.write_text(
+            f"""
+database:
+  url: "sqlite+aiosqlite:///{tmp_path}/ttft.db"
+  state_dir: "{tmp_path}/state"
+probe_self_delay_bound_ms: 1000
+providers:
+  standin: {{base_url: "{receiver.url}/v1", api: openai-chat}}
+targets:
+  t: {{provider: standin, model: stand-in, params: {{max_tokens: 4}}}}
+prompts:
+  short: {{tokens: 128}}
+jobs:
+  - {{name: j, schedule: "*/5 * * * *", targets: [t], prompts: [short], rounds: 2, warmup: 0, pause_s: 0}}
+otel: {{endpoint: "{receiver.url}"}}
+"""
+        )
+        upgrade(config)
+        result = run_cli("once", "--config", str(config))
+        assert result.code == 0, str(result)
+        headers = receiver.chat_headers
+        assert receiver.of("metrics")  # export is on, metrics only
+        assert not receiver.of("traces")
+    assert len(headers) == 2
+    assert all("traceparent" not in {name.lower() for name in h} for h in headers), headers

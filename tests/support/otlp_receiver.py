@@ -27,6 +27,7 @@ MESSAGES: dict[str, type[Message]] = {
 }
 
 
+REQUEST_ID_PREFIX = "req-standin-"
 _CHUNK = '{"id":"c1","object":"chat.completion.chunk","model":"stand-in","choices":[{"index":0,%s}]%s}'
 CHAT_EVENTS = (
     _CHUNK % ('"delta":{"role":"assistant"}', ""),
@@ -111,7 +112,11 @@ def otlp_receiver() -> Iterator[Receiver]:
         receiver: Receiver = holder["receiver"]
         with receiver.lock:
             receiver.chat_headers.append(dict(request.headers))
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        # The server's own request id, which a probe's span carries (`ttft_monitor.request_id`).
+        number = len(receiver.chat_headers)
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "x-request-id": f"{REQUEST_ID_PREFIX}{number}"}
+        )
         await response.prepare(request)
         for event in CHAT_EVENTS:
             await response.write(f"data: {event}\n\n".encode())

@@ -242,3 +242,18 @@ def test_otlp_sessions_follow_the_proxy_policy() -> None:
     assert otlp_session("http://[::1]:4318/v1/metrics", environment).proxies == {}
     assert otlp_session("http://otel.lan:4318/v1/metrics", environment).proxies == {}
     assert otlp_session("http://collector.example:4318/v1/metrics", ProxyEnvironment()).proxies == {}
+
+
+def test_every_exported_instrument_is_in_the_docs_table_with_its_kind_and_unit() -> None:
+    from monitor.otel.export import instruments
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "opentelemetry.md").read_text()
+    section = text.split("## What is exported", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    for inst in instruments((0.1, 1.0)):
+        # A row may list siblings after the first full name: `ttft_monitor.detector.baseline`, `.run_median`.
+        leaf = "`." + inst.name.rsplit(".", 1)[1] + "`"
+        row = next((r for r in rows if f"`{inst.name}`" in r or (leaf in r and inst.name.rsplit(".", 1)[0] in r)), None)
+        assert row is not None, f"{inst.name} is exported but not in docs/opentelemetry.md, 'What is exported'"
+        kind = {"counter": "counter", "histogram": "histogram", "gauge": "gauge"}[inst.kind]
+        assert kind in row and f"`{inst.unit}`" in row, (inst.name, inst.kind, inst.unit, row)
