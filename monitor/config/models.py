@@ -102,6 +102,16 @@ class MetricsSettings(ConfigModel):
         "long prompts on busy gateways.",
     )
 
+    per_series: Literal["full", "summary", "off"] = Field(
+        "full",
+        description="What `/metrics` exposes per probe series (target x prompt x location x job): `full`, the "
+        "TTFT and TTFA histograms with their buckets and every other series (about 60 series each); `summary`, "
+        "those two as `_sum` and `_count` only, without buckets (about 18: averages, the SLO, probe-error and "
+        "regression alerts work, the quantile rules and panels stay empty); `off`, nothing labelled by target "
+        "(the job, scheduler and process series only; regressions page through `alerting`). Counts per mode: "
+        "docs/metrics.md.",
+    )
+
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, address: str) -> str:
