@@ -49,7 +49,9 @@ def filled(mode: PerSeries, *, targets: int, prompts: int) -> Metrics:
                     setup_ms=0.0,
                     decode_tps=35.0 + t % 40,
                 )
-                metrics.observe_sample(sample, provider="gateway", probe_job="ttft", slo_ttft_ms=1500, slo_objective=0.99)
+                metrics.observe_sample(
+                    sample, provider="gateway", probe_job="ttft", slo_ttft_ms=1500, slo_objective=0.99
+                )
             series = (target, prompt, "eu-west-1")
             metrics.observe_baseline(
                 series, baseline_ms=400.0 + t % 300, run_median_ms=420.0, ticket_ratio=1.5, ticket_min_delta_ms=50
