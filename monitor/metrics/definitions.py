@@ -112,42 +112,51 @@ class Metrics:
         self.per_series: PerSeries = per_series
         # `off`: the metrics labelled by target are not registered and not fed (telemetry still is).
         r = self.registry
-        rs = r if per_series != "off" else None
+        series_registry = r if per_series != "off" else None
         buckets = tuple(ttft_buckets)
         self.info = Info("ttft_monitor", "ttft-monitor build and placement.", registry=r)
         self.info.info({"version": __version__, "location": location})
         self.ttft = self._distribution(
-            "ttft_monitor_ttft_seconds", "Time to first generated token (content, reasoning or tool call).", buckets, rs
+            "ttft_monitor_ttft_seconds",
+            "Time to first generated token (content, reasoning or tool call).",
+            buckets,
+            series_registry,
         )
         self.ttft_last = Gauge(
-            "ttft_monitor_ttft_last_seconds", "TTFT of the most recent successful probe.", PROBE_LABELS, registry=rs
+            "ttft_monitor_ttft_last_seconds",
+            "TTFT of the most recent successful probe.",
+            PROBE_LABELS,
+            registry=series_registry,
         )
         self.ttfa = self._distribution(
-            "ttft_monitor_ttfa_seconds", "Time to the first visible answer token (after any reasoning).", buckets, rs
+            "ttft_monitor_ttfa_seconds",
+            "Time to the first visible answer token (after any reasoning).",
+            buckets,
+            series_registry,
         )
         self.ttfb = Gauge(
             "ttft_monitor_ttfb_last_seconds",
             "Time to the response head (status and headers) of the most recent successful probe.",
             PROBE_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.setup = Gauge(
             "ttft_monitor_setup_last_seconds",
             "Connection set-up (DNS, TCP, TLS) of the most recent successful probe; 0 on a reused connection.",
             PROBE_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.decode_rate = Gauge(
             "ttft_monitor_decode_tokens_per_second",
             "Decode rate of the most recent successful probe.",
             PROBE_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.probes = Counter(
             "ttft_monitor_probes_total",
             "Probes by outcome (ok, error) and error class (none when ok).",
             ("target", "prompt", "location", "probe_job", "outcome", "error_class"),
-            registry=rs,
+            registry=series_registry,
         )
         self.disturbed = Counter(
             "ttft_monitor_disturbed_samples_total",
@@ -155,7 +164,7 @@ class Metrics:
             "event loop, a starved CPU): counted here instead of in the TTFT, probe and SLO metrics, as "
             "detection leaves them out too. Labels as `ttft_monitor_probes_total`.",
             ("target", "prompt", "location", "probe_job", "outcome", "error_class"),
-            registry=rs,
+            registry=series_registry,
         )
         self.self_delay = Histogram(
             "ttft_monitor_probe_self_delay_seconds",
@@ -169,25 +178,25 @@ class Metrics:
             "ttft_monitor_slo_probes_total",
             "Probes of targets with a per-probe TTFT objective (`slo.ttft_ms`), failed ones included.",
             ("target", "prompt", "location", "probe_job"),
-            registry=rs,
+            registry=series_registry,
         )
         self.slo_good = Counter(
             "ttft_monitor_slo_good_probes_total",
             "Probes that succeeded within their target's `slo.ttft_ms`.",
             ("target", "prompt", "location", "probe_job"),
-            registry=rs,
+            registry=series_registry,
         )
         self.slo_objective = Gauge(
             "ttft_monitor_slo_objective_ratio",
             "Share of probes that should be good (`slo.objective`); 1 minus it is the error budget.",
             ("target",),
-            registry=rs,
+            registry=series_registry,
         )
         self.slo_threshold = Gauge(
             "ttft_monitor_slo_ttft_threshold_seconds",
             "The per-probe TTFT objective (`slo.ttft_ms`).",
             ("target",),
-            registry=rs,
+            registry=series_registry,
         )
         self.job_last_run = Gauge(
             "ttft_monitor_job_last_run_timestamp_seconds",
@@ -249,38 +258,38 @@ class Metrics:
             "ttft_monitor_baseline_ttft_seconds",
             "The detector's TTFT baseline for the series, as of its last evaluated run.",
             DETECTOR_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.baseline_low = Gauge(
             "ttft_monitor_baseline_band_low_seconds",
             "Lower edge of the baseline's normal band: baseline / ticket.ratio.",
             DETECTOR_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.baseline_high = Gauge(
             "ttft_monitor_baseline_band_high_seconds",
             "Upper edge of the normal band: above max(baseline x ticket.ratio, baseline + ticket.min_delta_ms) "
             "a run counts towards a ticket.",
             DETECTOR_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.run_median = Gauge(
             "ttft_monitor_run_ttft_median_seconds",
             "Median TTFT of the series' last evaluated run.",
             DETECTOR_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.run_ratio = Gauge(
             "ttft_monitor_run_ttft_ratio",
             "The last evaluated run's median TTFT divided by the baseline.",
             DETECTOR_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.regression_state = Gauge(
             "ttft_monitor_regression_state",
             "Open regression per series: 0 none, 1 ticket, 2 page.",
             DETECTOR_LABELS,
-            registry=rs,
+            registry=series_registry,
         )
         self.database_up = Gauge(
             "ttft_monitor_database_up", "1 when the last database operation succeeded.", registry=r
