@@ -170,8 +170,15 @@ def render(registry: Collector) -> bytes:
     lines = _Lines()
     out: list[str] = []
     for collector in _collectors(registry):
-        if isinstance(collector, MetricWrapperBase) and lines.wrapper(collector, out):
-            continue
+        if isinstance(collector, MetricWrapperBase):
+            part: list[str] = []
+            try:
+                done = lines.wrapper(collector, part)
+            except (AttributeError, KeyError):  # a prometheus_client that keeps its values elsewhere
+                done = False
+            if done:
+                out.extend(part)
+                continue
         families: Iterable[Metric] = collector.collect()
         if isinstance(registry, MonitorRegistry):
             families = registry.without_created(families)

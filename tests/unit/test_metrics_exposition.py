@@ -10,6 +10,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from monitor.alert.metrics import AlertMetrics
+from monitor.metrics import exposition
 from monitor.metrics.definitions import PER_SERIES_MODES, Metrics, MonitorRegistry, PerSeries
 from monitor.metrics.docs import series_per_probe_series
 from monitor.metrics.exposition import render
@@ -115,3 +116,13 @@ def test_summary_mode_keeps_sum_and_count_under_the_histograms_names_and_off_mod
     assert "ttft_monitor_ttft_seconds" not in off
     assert 'ttft_monitor_job_runs_total{probe_job="j",result="ok"} 0.0' in off
     assert "ttft_monitor_alert_outbox_pending 3.0" in off
+
+
+def test_metric_objects_it_cannot_read_are_rendered_through_collect(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = filled("full").registry
+
+    def moved(*_args: object) -> bool:
+        raise AttributeError("'Counter' object has no attribute '_metrics'")  # a later prometheus_client
+
+    monkeypatch.setattr(exposition._Lines, "wrapper", moved)
+    assert render(registry) == generate_latest(registry)
