@@ -6,6 +6,7 @@ from the simulator's stamps), peak RSS, and `ttft-monitor once` start-up (proces
 first request arriving at the simulator, both on CLOCK_MONOTONIC).
 
     .venv/bin/python bench/daemon.py [--series 500] [--seconds 60] [--every 5]
+    .venv/bin/python bench/daemon.py --once-only --once-against ../main   # `once` start-up beside another checkout
 
 `--otel` runs the daemon with OpenTelemetry export off, metrics only and metrics with traces (to a
 loopback OTLP/HTTP receiver, metrics every second), and both towards a collector that accepts and
@@ -28,7 +29,7 @@ import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -264,7 +265,13 @@ def bench_otel(sim: str, args: argparse.Namespace, folder: Path) -> None:
         print(f"  {key:18s} " + row)
 
 
-def bench_once_startup(sim: str, folder: Path, runs: int = 7) -> list[float]:
+def bench_once_startup(sim: str, folder: Path, runs: int = 7, checkouts: Sequence[Path] = (ROOT,)) -> list[list[float]]:
+    """Seconds from starting `once` to its first request at the simulator, per checkout (each run with
+    that checkout first on PYTHONPATH), the checkouts taking turns so that the load is shared alike.
+
+    Bytecode is compiled by a first run that is not counted (into a cache of its own per checkout), as
+    pip compiles it in the image: PYTHONDONTWRITEBYTECODE in the environment would otherwise make every
+    run compile the whole package from source (a third of a second)."""
     config = folder / "once.yaml"
     config.write_text(
         f'database: {{url: "sqlite+aiosqlite:///{folder}/once.db", state_dir: "{folder}/state-once"}}\n'
@@ -274,14 +281,27 @@ def bench_once_startup(sim: str, folder: Path, runs: int = 7) -> list[float]:
         'jobs: [{name: once, schedule: "0 * * * *", targets: [one], prompts: [p], rounds: 1, warmup: 0}]\n'
     )
     run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
-    exe = str(Path(sys.executable).parent / "ttft-monitor")
-    out = []
-    for _ in range(runs):
-        started = time.perf_counter_ns()
-        done = subprocess.run([exe, "once", "--config", str(config)], capture_output=True, text=True, cwd=ROOT)
-        sample = next(json.loads(line) for line in done.stdout.splitlines() if '"probe_sample"' in line)
-        rec = get_json(f"{sim}/sim/requests/{sample['request_id']}")
-        out.append((rec["received_ns"] - started) / 1e9)
+    out: list[list[float]] = [[] for _ in checkouts]
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    envs = [
+        {**base, "PYTHONPATH": str(checkout), "PYTHONPYCACHEPREFIX": str(folder / f"pycache-{i}")}
+        for i, checkout in enumerate(checkouts)
+    ]
+    for run_ in range(runs + 1):
+        for i, checkout in enumerate(checkouts):
+            env = envs[i]
+            started = time.perf_counter_ns()
+            done = subprocess.run(
+                [sys.executable, "-m", "monitor", "once", "--config", str(config)],
+                capture_output=True,
+                text=True,
+                cwd=checkout,
+                env=env,
+            )
+            sample = next(json.loads(line) for line in done.stdout.splitlines() if '"probe_sample"' in line)
+            rec = get_json(f"{sim}/sim/requests/{sample['request_id']}")
+            if run_:  # the first compiled the bytecode
+                out[i].append((rec["received_ns"] - started) / 1e9)
     return out
 
 
@@ -291,6 +311,14 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--every", type=int, default=10, help="schedule period in seconds")
     parser.add_argument("--once-only", action="store_true", help="only measure `once` start-up")
+    parser.add_argument(
+        "--once-against",
+        action="append",
+        default=[],
+        metavar="CHECKOUT",
+        help="also measure `once` start-up of another checkout (say, a worktree of main), runs taking turns",
+    )
+    parser.add_argument("--once-runs", type=int, default=7, help="`once` start-ups measured per checkout")
     parser.add_argument(
         "--otel", action="store_true", help="compare OpenTelemetry export off / metrics / traces / collector away"
     )
@@ -316,12 +344,15 @@ def main() -> None:
                 result = bench_daemon(sim, args, folder)
                 for key, value in result.items():
                     print(f"  {key:18s} {value if not isinstance(value, float) else round(value, 3)}")
-            startup = bench_once_startup(sim, folder)
-            print(
-                f"once start-up (process start -> first request at the server), s: median "
-                f"{statistics.median(startup):.3f}  all {[round(s, 3) for s in startup]}"
-            )
-            print("targets: >= 50 probes/s, overhead p99 < 5 ms, RSS < 200 MB, once start-up < 1.5 s")
+            checkouts = [ROOT, *(Path(p).resolve() for p in args.once_against)]
+            startups = bench_once_startup(sim, folder, runs=args.once_runs, checkouts=checkouts)
+            for checkout, startup in zip(checkouts, startups, strict=True):
+                print(
+                    f"once start-up (process start -> first request at the server), s: median "
+                    f"{statistics.median(startup):.3f}  all {[round(s, 3) for s in startup]}  ({checkout})"
+                )
+            print(f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            print("targets: >= 50 probes/s, overhead p99 < 5 ms, RSS < 100 MB, once start-up < 0.5 s")
     finally:
         sim_proc.terminate()
         sim_proc.wait(timeout=10)

@@ -243,7 +243,11 @@ class Daemon:
             raise StartupFailed(EXIT_USAGE, "otel_config_invalid", f"{self.command}: {exc}", error=str(exc)) from None
         self._stack.push_async_callback(close_telemetry, telemetry)  # first in, so closed last: after the runs
         metrics = self.metrics = Metrics(
-            registry, location=config.location, ttft_buckets=config.metrics.ttft_buckets_s, telemetry=telemetry
+            registry,
+            location=config.location,
+            ttft_buckets=config.metrics.ttft_buckets_s,
+            telemetry=telemetry,
+            per_series=config.metrics.per_series,
         )
         stack = self._stack
         # A CronJob's run is short: it waits less for a database that is not there yet.

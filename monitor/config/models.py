@@ -102,10 +102,26 @@ class MetricsSettings(ConfigModel):
         "long prompts on busy gateways.",
     )
 
+    per_series: Literal["full", "summary", "off"] = Field(
+        "full",
+        description="What `/metrics` exposes per probe series (target x prompt x location x job): `full`, the "
+        "TTFT and TTFA histograms with their buckets and every other series (64 series each); `summary`, those "
+        "two as a summary of `_sum` and `_count` under the same names, without buckets (20: averages and the "
+        "SLO, probe-error and regression alerts work; the quantile rules and panels stay empty); `off`, nothing "
+        "labelled by target (job, scheduler and process series only; regressions page through `alerting`). "
+        "docs/metrics.md counts them.",
+    )
+
     @field_validator("listen")
     @classmethod
     def _check_listen(cls, address: str) -> str:
         return check_listen_address(address)
+
+    @field_validator("per_series", mode="before")
+    @classmethod
+    def _read_off(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false: what the user wrote is the mode `off`.
+        return "off" if value is False else value
 
     @field_validator("pushgateway")
     @classmethod

@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Literal, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary
 from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from monitor import __version__
 from monitor.config.cron import build_trigger
@@ -35,6 +36,9 @@ TTFT_BUCKETS = DEFAULT_TTFT_BUCKETS_S
 # first run that fails or is missed (a series born at 1 shows no increase).
 JOB_RESULTS = ("ok", "failed", "error", "skipped_claimed")
 MISSED_REASONS = ("misfired", "coalesced", "still_running")
+# `metrics.per_series`: how much each probe series (target x prompt x location x job) exposes.
+PerSeries = Literal["full", "summary", "off"]
+PER_SERIES_MODES: tuple[PerSeries, ...] = ("full", "summary", "off")
 
 
 class MonitorRegistry(CollectorRegistry):
@@ -45,11 +49,32 @@ class MonitorRegistry(CollectorRegistry):
     with the registry, so other registries in the same process are untouched.
     """
 
-    def collect(self) -> Iterator[Metric]:
-        for family in super().collect():
+    def __init__(self) -> None:
+        super().__init__()
+        # In registration order, which is the order collect() yields them in.
+        self._collectors: list[Collector] = []
+
+    def register(self, collector: Collector) -> None:
+        super().register(collector)
+        self._collectors.append(collector)
+
+    def unregister(self, collector: Collector) -> None:
+        super().unregister(collector)
+        self._collectors.remove(collector)
+
+    def collectors(self) -> list[Collector]:
+        """What was registered, for monitor.metrics.exposition's renderer."""
+        return list(self._collectors)
+
+    @staticmethod
+    def without_created(families: Iterable[Metric]) -> Iterator[Metric]:
+        for family in families:
             if any(sample.name.endswith("_created") for sample in family.samples):
                 family.samples = [s for s in family.samples if not s.name.endswith("_created")]
             yield family
+
+    def collect(self) -> Iterator[Metric]:
+        return self.without_created(super().collect())
 
 
 class Telemetry(Protocol):
@@ -78,55 +103,60 @@ class Metrics:
         location: str = "local",
         ttft_buckets: Sequence[float] = TTFT_BUCKETS,
         telemetry: Telemetry | None = None,
+        per_series: PerSeries = "full",
     ) -> None:
         self.registry = registry if registry is not None else MonitorRegistry()
         self.location = location
         # Recorded alongside the registry, from the same calls, so both say the same of every probe.
         self.telemetry = telemetry
+        self.per_series: PerSeries = per_series
+        # `off`: the metrics labelled by target are not registered and not fed (telemetry still is).
         r = self.registry
+        series_registry = r if per_series != "off" else None
         buckets = tuple(ttft_buckets)
         self.info = Info("ttft_monitor", "ttft-monitor build and placement.", registry=r)
         self.info.info({"version": __version__, "location": location})
-        self.ttft = Histogram(
+        self.ttft = self._distribution(
             "ttft_monitor_ttft_seconds",
             "Time to first generated token (content, reasoning or tool call).",
-            PROBE_LABELS,
-            buckets=buckets,
-            registry=r,
+            buckets,
+            series_registry,
         )
         self.ttft_last = Gauge(
-            "ttft_monitor_ttft_last_seconds", "TTFT of the most recent successful probe.", PROBE_LABELS, registry=r
+            "ttft_monitor_ttft_last_seconds",
+            "TTFT of the most recent successful probe.",
+            PROBE_LABELS,
+            registry=series_registry,
         )
-        self.ttfa = Histogram(
+        self.ttfa = self._distribution(
             "ttft_monitor_ttfa_seconds",
             "Time to the first visible answer token (after any reasoning).",
-            PROBE_LABELS,
-            buckets=buckets,
-            registry=r,
+            buckets,
+            series_registry,
         )
         self.ttfb = Gauge(
             "ttft_monitor_ttfb_last_seconds",
             "Time to the response head (status and headers) of the most recent successful probe.",
             PROBE_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.setup = Gauge(
             "ttft_monitor_setup_last_seconds",
             "Connection set-up (DNS, TCP, TLS) of the most recent successful probe; 0 on a reused connection.",
             PROBE_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.decode_rate = Gauge(
             "ttft_monitor_decode_tokens_per_second",
             "Decode rate of the most recent successful probe.",
             PROBE_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.probes = Counter(
             "ttft_monitor_probes_total",
             "Probes by outcome (ok, error) and error class (none when ok).",
             ("target", "prompt", "location", "probe_job", "outcome", "error_class"),
-            registry=r,
+            registry=series_registry,
         )
         self.disturbed = Counter(
             "ttft_monitor_disturbed_samples_total",
@@ -134,7 +164,7 @@ class Metrics:
             "event loop, a starved CPU): counted here instead of in the TTFT, probe and SLO metrics, as "
             "detection leaves them out too. Labels as `ttft_monitor_probes_total`.",
             ("target", "prompt", "location", "probe_job", "outcome", "error_class"),
-            registry=r,
+            registry=series_registry,
         )
         self.self_delay = Histogram(
             "ttft_monitor_probe_self_delay_seconds",
@@ -148,25 +178,25 @@ class Metrics:
             "ttft_monitor_slo_probes_total",
             "Probes of targets with a per-probe TTFT objective (`slo.ttft_ms`), failed ones included.",
             ("target", "prompt", "location", "probe_job"),
-            registry=r,
+            registry=series_registry,
         )
         self.slo_good = Counter(
             "ttft_monitor_slo_good_probes_total",
             "Probes that succeeded within their target's `slo.ttft_ms`.",
             ("target", "prompt", "location", "probe_job"),
-            registry=r,
+            registry=series_registry,
         )
         self.slo_objective = Gauge(
             "ttft_monitor_slo_objective_ratio",
             "Share of probes that should be good (`slo.objective`); 1 minus it is the error budget.",
             ("target",),
-            registry=r,
+            registry=series_registry,
         )
         self.slo_threshold = Gauge(
             "ttft_monitor_slo_ttft_threshold_seconds",
             "The per-probe TTFT objective (`slo.ttft_ms`).",
             ("target",),
-            registry=r,
+            registry=series_registry,
         )
         self.job_last_run = Gauge(
             "ttft_monitor_job_last_run_timestamp_seconds",
@@ -228,42 +258,51 @@ class Metrics:
             "ttft_monitor_baseline_ttft_seconds",
             "The detector's TTFT baseline for the series, as of its last evaluated run.",
             DETECTOR_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.baseline_low = Gauge(
             "ttft_monitor_baseline_band_low_seconds",
             "Lower edge of the baseline's normal band: baseline / ticket.ratio.",
             DETECTOR_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.baseline_high = Gauge(
             "ttft_monitor_baseline_band_high_seconds",
             "Upper edge of the normal band: above max(baseline x ticket.ratio, baseline + ticket.min_delta_ms) "
             "a run counts towards a ticket.",
             DETECTOR_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.run_median = Gauge(
             "ttft_monitor_run_ttft_median_seconds",
             "Median TTFT of the series' last evaluated run.",
             DETECTOR_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.run_ratio = Gauge(
             "ttft_monitor_run_ttft_ratio",
             "The last evaluated run's median TTFT divided by the baseline.",
             DETECTOR_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.regression_state = Gauge(
             "ttft_monitor_regression_state",
             "Open regression per series: 0 none, 1 ticket, 2 page.",
             DETECTOR_LABELS,
-            registry=r,
+            registry=series_registry,
         )
         self.database_up = Gauge(
             "ttft_monitor_database_up", "1 when the last database operation succeeded.", registry=r
         )
+
+    def _distribution(
+        self, name: str, documentation: str, buckets: tuple[float, ...], registry: CollectorRegistry | None
+    ) -> Histogram | Summary:
+        """A histogram with `buckets`, or (`per_series: summary`) a summary without quantiles: the same
+        `_sum` and `_count` under the same names, in 2 series instead of len(buckets) + 3."""
+        if self.per_series == "summary":
+            return Summary(name, documentation, PROBE_LABELS, registry=registry)
+        return Histogram(name, documentation, PROBE_LABELS, buckets=buckets, registry=registry)
 
     def shift_job_last_run(self, step_s: float, *, now: float) -> None:
         """Move the last-run times by a wall-clock step, never past `now`: after a step back, a time
@@ -298,11 +337,13 @@ class Metrics:
             return
         if self.telemetry is not None:
             self.telemetry.observe_sample(sample, provider=provider, probe_job=probe_job)
+        if sample.self_delay_ms is not None:
+            self.self_delay.labels(probe_job).observe(sample.self_delay_ms / 1000)
+        if self.per_series == "off":
+            return
         labels = (sample.target, sample.model, provider, sample.prompt, self.location, probe_job)
         short = (sample.target, sample.prompt, self.location, probe_job)
         ok = sample.ok and sample.ttft_ms is not None
-        if sample.self_delay_ms is not None:
-            self.self_delay.labels(probe_job).observe(sample.self_delay_ms / 1000)
         disturbed = self.disturbed.labels(*short, "ok", "none")  # exists at zero from the first probe
         if sample.disturbed:
             # No evidence about the target: kept out of what dashboards and alert rules read.
@@ -340,7 +381,8 @@ class Metrics:
 
     def observe_regression_state(self, series: Sequence[str], level: int) -> None:
         """Open regression per series (0 none, 1 ticket, 2 page)."""
-        self.regression_state.labels(*series).set(level)
+        if self.per_series != "off":
+            self.regression_state.labels(*series).set(level)
         if self.telemetry is not None:
             self.telemetry.observe_regression_state(series, level)
 
@@ -366,6 +408,8 @@ class Metrics:
         """
         if self.telemetry is not None:
             self.telemetry.observe_baseline(series, baseline_ms=baseline_ms, run_median_ms=run_median_ms)
+        if self.per_series == "off":
+            return
         if run_median_ms is not None:
             self.run_median.labels(*series).set(run_median_ms / 1000)
         derived = (self.baseline, self.baseline_low, self.baseline_high, self.run_ratio)

@@ -13,8 +13,10 @@ from typing import Any
 from monitor.alert.metrics import AlertMetrics
 from monitor.config.models import DEFAULT_TTFT_BUCKETS_S
 from monitor.docgen import regenerate
-from monitor.metrics.definitions import Metrics, MonitorRegistry, metric_objects
+from monitor.metrics.definitions import PER_SERIES_MODES, Metrics, MonitorRegistry, PerSeries, metric_objects
+from monitor.metrics.exposition import render
 from monitor.otel.counters import ExportCounters
+from monitor.probe.result import Sample
 
 BEGIN = "<!-- BEGIN GENERATED METRICS REFERENCE -->"
 END = "<!-- END GENERATED METRICS REFERENCE -->"
@@ -48,6 +50,20 @@ def documented_metrics() -> list[dict[str, Any]]:
     return sorted(out, key=lambda m: m["name"])
 
 
+def series_per_probe_series(mode: PerSeries) -> int:
+    """The series `/metrics` holds for one probe series (one target, prompt, location and job) that has
+    succeeded, has a target SLO and detector state, counted from a rendering (failures add one
+    `ttft_monitor_probes_total` series per error class seen)."""
+    metrics = Metrics(MonitorRegistry(), location="here", per_series=mode)
+    probe = Sample(target="t", model="m", api="a", prompt="p", round=0, ttft_ms=1, ttfa_ms=1, ttfb_ms=1, setup_ms=0)
+    probe.decode_tps = 1
+    metrics.observe_sample(probe, provider="x", probe_job="j", slo_ttft_ms=1, slo_objective=0.9)
+    series = ("t", "p", "here")
+    metrics.observe_baseline(series, baseline_ms=1, run_median_ms=1, ticket_ratio=1.5, ticket_min_delta_ms=1)
+    metrics.observe_regression_state(series, 0)
+    return sum(1 for line in render(metrics.registry).decode().splitlines() if 'target="t"' in line)
+
+
 def render_reference() -> str:
     lines = [
         BEGIN,
@@ -62,6 +78,14 @@ def render_reference() -> str:
     lines += [
         "",
         f"Default TTFT and TTFA histogram bucket bounds (`metrics.ttft_buckets_s`), in seconds: {bounds}.",
+        "",
+        "Series per probe series (one target, prompt, location and job; a target SLO and detector state "
+        "included: four fewer without an SLO, one more per error class seen), by `metrics.per_series`, with "
+        "the default buckets:",
+        "",
+        "| `metrics.per_series` | series per probe series |",
+        "| --- | --- |",
+        *(f"| `{mode}` | {series_per_probe_series(mode)} |" for mode in PER_SERIES_MODES),
         "",
         END,
     ]

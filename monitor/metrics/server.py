@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import structlog
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
+
+from monitor.metrics.exposition import render
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -130,7 +132,7 @@ class _RenderedMetrics:
             if time.monotonic() < self._fresh_until:
                 return self._body
             started = time.monotonic()
-            self._body = await asyncio.to_thread(generate_latest, self._registry)
+            self._body = await asyncio.to_thread(render, self._registry)
             took = time.monotonic() - started
             self._fresh_until = time.monotonic() + max(self._min_reuse_s, self._reuse_factor * took)
             return self._body

@@ -560,3 +560,17 @@ def test_every_registered_api_flavour_and_receiver_kind_is_accepted_by_the_confi
     for name in KINDS:
         assert Receiver.model_construct(type=name).type == name
         assert name in str(Receiver.model_json_schema()["properties"]["type"])
+
+
+@pytest.mark.parametrize(
+    ("written", "mode"), [("full", "full"), ("summary", "summary"), ("off", "off"), ("'off'", "off")]
+)
+def test_metrics_per_series_reads_each_mode_and_a_bare_yaml_off(written: str, mode: str) -> None:
+    text = yaml.safe_dump(base(), sort_keys=False) + f"metrics:\n  per_series: {written}\n"
+    assert load_config(write(text), environ={}).metrics.per_series == mode
+
+
+def test_metrics_per_series_names_the_modes_for_anything_else() -> None:
+    text = yaml.safe_dump(base(), sort_keys=False) + "metrics:\n  per_series: true\n"
+    (problem,) = problems(text)
+    assert problem == "config.yaml: metrics.per_series: true is not one of full, summary, off", problem
