@@ -58,6 +58,8 @@ SAMPLE_LOG_FIELDS = (
     "prompt_tokens",
     "cached_tokens",
     "completion_tokens",
+    "reasoning_tokens",
+    "reasoning_tokens_estimated",
     "served_model",
     "request_id",
     "http_status",
