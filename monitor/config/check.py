@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
+from monitor.config.cost import Seen, project, render_projection
 from monitor.config.cron import next_fire_times
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
@@ -17,14 +18,19 @@ NEXT_RUNS_SHOWN = 3
 
 
 def check_config(
-    path: str | Path, *, environ: Mapping[str, str] | None = None, now: datetime | None = None
+    path: str | Path,
+    *,
+    environ: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+    seen: Mapping[tuple[str, str], Seen] | None = None,
 ) -> tuple[int, str]:
-    """(0, summary) when the config at `path` is usable, else (2, one line per problem)."""
+    """(0, summary) when the config at `path` is usable, else (2, one line per problem). `seen`: the tokens per
+    probe a database holds, by (target, prompt), for the cost projection."""
     try:
         config = load_config(path, environ=environ)
     except ConfigError as exc:
         return EXIT_USAGE, str(exc)
-    return EXIT_OK, render_summary(config, path=str(path), now=now or datetime.now(UTC))
+    return EXIT_OK, render_summary(config, path=str(path), now=now or datetime.now(UTC), seen=seen)
 
 
 def unprotected_listen(config: Config, listen: str | None = None, *, key: str = "metrics.listen") -> str | None:
@@ -45,7 +51,9 @@ def unprotected_listen(config: Config, listen: str | None = None, *, key: str = 
     )
 
 
-def render_summary(config: Config, *, path: str, now: datetime) -> str:
+def render_summary(
+    config: Config, *, path: str, now: datetime, seen: Mapping[tuple[str, str], Seen] | None = None
+) -> str:
     """A human-readable account of `config`; secrets appear only as where they come from."""
     db = config.database
     lines = [
@@ -84,6 +92,8 @@ def render_summary(config: Config, *, path: str, now: datetime) -> str:
     for name, receiver in receivers.items():
         lines.append(f"  {name}: {receiver.type}")
     lines.append(f"web: {_web_summary(config)}")
+    if config.jobs:
+        lines += render_projection(project(config, seen))
     problem = unprotected_listen(config)
     if problem:
         lines.append(f"warning: `run` will refuse to start: {problem}")
