@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -15,6 +15,8 @@ from monitor.config.urls import is_loopback, mask_password
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 
 NEXT_RUNS_SHOWN = 3
+# Reads what a database holds for the projection (the command's edge does the I/O): (seen, where from).
+History = Callable[[Config], tuple[Mapping[tuple[str, str], Seen], str]]
 
 
 def check_config(
@@ -22,15 +24,18 @@ def check_config(
     *,
     environ: Mapping[str, str] | None = None,
     now: datetime | None = None,
-    seen: Mapping[tuple[str, str], Seen] | None = None,
+    history: History | None = None,
 ) -> tuple[int, str]:
-    """(0, summary) when the config at `path` is usable, else (2, one line per problem). `seen`: the tokens per
-    probe a database holds, by (target, prompt), for the cost projection."""
+    """(0, summary) when the config at `path` is usable, else (2, one line per problem). `history` reads the
+    tokens per probe a database holds, by (target, prompt), for the cost projection, with a line on where
+    they came from."""
     try:
         config = load_config(path, environ=environ)
     except ConfigError as exc:
         return EXIT_USAGE, str(exc)
-    return EXIT_OK, render_summary(config, path=str(path), now=now or datetime.now(UTC), seen=seen)
+    seen, note = history(config) if history is not None and config.jobs else ({}, None)
+    summary = render_summary(config, path=str(path), now=now or datetime.now(UTC), seen=seen)
+    return EXIT_OK, summary if note is None else f"{summary}\n  {note}"
 
 
 def unprotected_listen(config: Config, listen: str | None = None, *, key: str = "metrics.listen") -> str | None:

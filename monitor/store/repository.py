@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import Executable
 
+from monitor.config.cost import Seen
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
@@ -453,6 +454,40 @@ class Repository:
         async with self._read() as connection:
             rows = await connection.execute(select(*columns).order_by(*columns))
             return [SeriesKey(*row) for row in rows]
+
+    async def tokens_seen(self, location: str, since: datetime) -> dict[tuple[str, str], Seen]:
+        """The mean tokens per successful probe since `since` at `location`, by (target, prompt), warm-ups
+        included (they cost the same): what the cost projection uses once history exists."""
+        samples, runs, series = SAMPLES.c, RUNS.c, SERIES.c
+        statement = (
+            select(
+                series.target,
+                series.prompt,
+                func.count(),
+                func.avg(samples.prompt_tokens),
+                func.avg(samples.cached_tokens),
+                func.avg(samples.completion_tokens),
+                func.avg(samples.reasoning_tokens),
+            )
+            .select_from(SAMPLES.join(RUNS, runs.id == samples.run_id).join(SERIES, series.id == runs.series_id))
+            .where(
+                series.location == location,
+                samples.error.is_(None),
+                samples.completion_tokens.is_not(None),
+                runs.started_at >= since,
+            )
+            .group_by(series.target, series.prompt)
+        )
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+
+        def number(value: Any) -> float | None:
+            return None if value is None else float(value)
+
+        return {
+            (target, prompt): Seen(int(count), number(p), number(c), number(o), number(r))
+            for target, prompt, count, p, c, o, r in rows
+        }
 
     async def _series_id(self, connection: AsyncConnection, series: SeriesKey) -> int | None:
         known = self._series_ids.get(series)

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from monitor.exitcodes import EXIT_USAGE
-from tests.conftest import run_cli
+from tests.conftest import SimProcess, run_cli
 from tests.support.config import build_config, write_yaml
 
 
@@ -54,3 +54,34 @@ def test_a_config_projected_over_its_budget_is_refused_at_load_with_exit_2(tmp_p
             f"{path}: budget.jobs.j.cost: job 'j' projects 52.70 USD per month, over the budget of 50.00 USD: "
             "j 52.70 (144 runs/day x 8 requests, 55,296,000 tokens)"
         ) in result.stderr, str(result)
+
+
+def test_once_history_exists_the_projection_uses_the_output_and_reasoning_seen_per_probe(
+    sim: SimProcess, tmp_path: Path
+) -> None:
+    data = build_config(
+        sim.v1,
+        provider_settings={"prices": {"input": 1.0, "output": 4.0, "reasoning": 8.0}},
+        targets={"thinker": "qwen3-8b"},
+        database_url=f"sqlite+aiosqlite:///{tmp_path}/ttft.db",
+        state_dir=tmp_path / "state",
+    )
+    data["jobs"] = [{"name": "j", "schedule": "*/10 * * * *", "targets": ["thinker"], "prompts": ["short"]}]
+    path = write_yaml(tmp_path / "config.yaml", data)
+    before = run_cli("check-config", "--config", str(path))
+    assert "thinker x short: per day 165,888 tokens" in before.stdout, str(before)  # 144 x 6 x (128 + 64)
+    assert run_cli("db", "upgrade", "--config", str(path)).code == 0
+    stored = run_cli(
+        "probe", "--config", str(path), "--store", "--prompt", "short", "-n", "3", "--warmup", "0", "--pause", "0"
+    )
+    assert stored.code == 0, str(stored)
+
+    result = run_cli("check-config", "--config", str(path))
+    assert result.code == 0, str(result)
+    # The simulated Qwen3 thinks 40 tokens and answers 24 within max_tokens 64 (estimated from the stream):
+    # 144 runs x 6 requests (5 rounds + 1 warm-up) x 40 reasoning and x 24 output a day.
+    assert "output 20,736, reasoning 34,560)" in result.stdout, str(result)
+    assert "(seen in 3 samples)" in result.stdout, str(result)
+    assert "history: 3 samples of 1 target x prompt pairs over the last 7 days" in result.stdout, str(result)
+    unread = run_cli("check-config", "--config", str(path), "--no-history")
+    assert "(from max_tokens)" in unread.stdout and "history:" not in unread.stdout, str(unread)
