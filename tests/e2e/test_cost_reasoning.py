@@ -4,6 +4,7 @@ SQLite and PostgreSQL, reported by the API where it counts them and estimated fr
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -58,3 +59,34 @@ async def test_reasoning_tokens_are_stored_reported_or_estimated_on_both_databas
         ("responses", 64, 40, False),
     }
     assert len(rows) == 8
+
+
+def test_probe_prints_what_its_run_cost_from_the_tokens_the_server_reported(sim: SimProcess, tmp_path: Path) -> None:
+    data = build_config(
+        sim.v1,
+        provider_settings={"prices": {"input": 1.0, "output": 4.0, "reasoning": 8.0, "currency": "EUR"}},
+        targets={"thinker": "qwen3-8b", "plain": "gpt-4o-mini"},
+    )
+    data["providers"]["free"] = {"base_url": sim.v1, "api": "openai-chat"}
+    data["targets"]["unpriced"] = {"provider": "free", "model": "gpt-4o-mini"}
+    config = write_yaml(tmp_path / "config.yaml", data)
+    args = ["probe", "--config", str(config), "-n", "2", "--warmup", "1", "--pause", "0", "--prompt", "short"]
+    args += ["-t", "thinker", "-t", "plain", "-t", "unpriced", "-f", "json"]
+    result = run_cli(*args)
+    assert result.code == 0, str(result)
+    samples = json.loads(result.stdout)["samples"]
+    assert len(samples) == 9  # warm-ups are paid for too
+    prompt = sum(s["prompt_tokens"] for s in samples)
+    priced = [s for s in samples if s["target"] != "unpriced"]
+    # thinker: 40 reasoning (estimated) + 24 answer; plain: 48 answer, no reasoning.
+    assert {(s["target"], s["completion_tokens"], s["reasoning_tokens"]) for s in samples} == {
+        ("thinker", 64, 40),
+        ("plain", 48, 0),
+        ("unpriced", 48, 0),
+    }
+    cost = (sum(s["prompt_tokens"] for s in priced) + 4 * (3 * 24 + 3 * 48) + 8 * 3 * 40) / 1e6
+    expected = (
+        f"cost of this run: {prompt + 3 * 64 + 6 * 48:,} tokens (input {prompt:,}, cached 0, output {3 * 24 + 6 * 48:,}, "
+        f"reasoning 120); {cost:.4f} EUR (no prices for unpriced; reasoning estimated from the stream in 3 samples)"
+    )
+    assert expected in result.stderr, str(result)
