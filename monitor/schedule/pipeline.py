@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import structlog
 
+from monitor.config.cost import prices_for
 from monitor.config.models import Config, Job
 from monitor.metrics.definitions import Metrics, job_interval_seconds
 from monitor.probe.client import ProbeClient
@@ -164,6 +165,7 @@ async def execute(
     log = structlog.get_logger().bind(job=job)
     provider_of = {t.name: t.provider for t in plan.targets}
     slo_of = {name: spec.slo for name, spec in ctx.config.targets.items()}
+    prices_of = {name: prices_for(ctx.config, name) for name in ctx.config.targets}
     clock_start = time.perf_counter()
     if ctx.metrics is not None:
         ctx.metrics.start_job_series(job)
@@ -178,6 +180,7 @@ async def execute(
                 probe_job=job,
                 slo_ttft_ms=slo.ttft_ms if slo is not None else None,
                 slo_objective=slo.objective if slo is not None else None,
+                prices=prices_of.get(sample.target),
             )
         log.info("probe_sample", target=sample.target, prompt=sample.prompt, **_sample_event(sample))
         if on_sample is not None:

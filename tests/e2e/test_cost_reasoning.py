@@ -86,7 +86,8 @@ def test_probe_prints_what_its_run_cost_from_the_tokens_the_server_reported(sim:
     }
     cost = (sum(s["prompt_tokens"] for s in priced) + 4 * (3 * 24 + 3 * 48) + 8 * 3 * 40) / 1e6
     expected = (
-        f"cost of this run: {prompt + 3 * 64 + 6 * 48:,} tokens (input {prompt:,}, cached 0, output {3 * 24 + 6 * 48:,}, "
-        f"reasoning 120); {cost:.4f} EUR (no prices for unpriced; reasoning estimated from the stream in 3 samples)"
+        f"cost of this run: {prompt + 3 * 64 + 6 * 48:,} tokens (input {prompt:,}, cached 0, "
+        f"output {3 * 24 + 6 * 48:,}, reasoning 120); {cost:.4f} EUR "
+        "(no prices for unpriced; reasoning estimated from the stream in 3 samples)"
     )
     assert expected in result.stderr, str(result)

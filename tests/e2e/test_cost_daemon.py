@@ -1,0 +1,43 @@
+"""The daemon counts what its probes spend: tokens by kind and the estimated cost per target, on /metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import SimProcess
+from tests.support.daemon import http_get, start_daemon, stop_daemon, upgrade, wait_ready, write_config
+
+PRICES = "{input: 1.0, cached_input: 0.5, output: 4.0, reasoning: 8.0, currency: EUR}"
+
+
+def test_the_daemon_counts_tokens_by_kind_and_their_cost_per_target(sim: SimProcess, tmp_path: Path) -> None:
+    # Qwen3 thinks first: with max_tokens 4 every token is reasoning (estimated from the stream: vLLM-shaped).
+    config = write_config(tmp_path, sim, model="qwen3-8b")
+    text = config.read_text().replace(
+        "    params: {max_tokens: 4}", f"    params: {{max_tokens: 4}}\n    prices: {PRICES}"
+    )
+    config.write_text(text)
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        daemon.wait_for("job_finished", count=2, timeout=30)
+        status, body = http_get(daemon.metrics_url + "/metrics")
+        assert status == 200
+    finally:
+        assert stop_daemon(daemon) == 0
+    families = {f.name: f.samples for f in text_string_to_metric_families(body)}
+    tokens = {s.labels["kind"]: s.value for s in families["ttft_monitor_tokens"] if s.name.endswith("_total")}
+    assert {s.labels["target"] for s in families["ttft_monitor_tokens"]} == {"fast"}
+    probes = sum(s.value for s in families["ttft_monitor_probes"] if s.name.endswith("_total"))
+    assert probes >= 2
+    assert tokens["reasoning"] == 4 * probes and tokens["output"] == 0
+    assert tokens["input"] >= 256 * probes and tokens["cached"] == 0  # cache: bust
+    [cost] = [s for s in families["ttft_monitor_estimated_cost"] if s.name.endswith("_total")]
+    assert cost.labels == {"target": "fast", "location": "test", "probe_job": "tick", "currency": "EUR"}
+    assert cost.value == pytest.approx((tokens["input"] * 1.0 + tokens["reasoning"] * 8.0) / 1e6)
+    samples = daemon.events("probe_sample")
+    assert all(s["reasoning_tokens"] == 4 and s["reasoning_tokens_estimated"] for s in samples), samples
