@@ -61,3 +61,50 @@ def spend_line(spend: Spend) -> str:
     if spend.estimated:
         notes.append(f"reasoning estimated from the stream in {spend.estimated} samples")
     return line + (f" ({'; '.join(notes)})" if notes else "")
+
+
+# A change in what each probe generates this large is the model's behaviour, not noise: a model that
+# starts reasoning goes from about a dozen tokens a probe to hundreds (12 -> 950 in a public report).
+REASONING_JUMP_RATIO = 4.0
+REASONING_JUMP_MIN_TOKENS = 100
+
+
+@dataclass(frozen=True, slots=True)
+class PerProbe:
+    """The median tokens one successful probe of a target and prompt generated in a run."""
+
+    completion: float
+    reasoning: float
+
+
+def per_probe(samples: Iterable[Sample]) -> dict[tuple[str, str], PerProbe]:
+    """By (target, prompt): the medians over a run's successful samples that carry a completion count."""
+    from monitor.quantile import quantile
+
+    grouped: dict[tuple[str, str], list[Sample]] = {}
+    for sample in samples:
+        if sample.ok and sample.completion_tokens is not None:
+            grouped.setdefault((sample.target, sample.prompt), []).append(sample)
+    out = {}
+    for key, group in grouped.items():
+        completion = quantile([float(s.completion_tokens or 0) for s in group], 0.5)
+        reasoning = quantile([float(s.reasoning_tokens or 0) for s in group], 0.5)
+        if completion is not None:
+            out[key] = PerProbe(completion, reasoning or 0.0)
+    return out
+
+
+def token_jumps(
+    before: dict[tuple[str, str], PerProbe], after: dict[tuple[str, str], PerProbe]
+) -> list[tuple[tuple[str, str], PerProbe, PerProbe]]:
+    """The series whose tokens per probe grew at least REASONING_JUMP_RATIO-fold and by at least
+    REASONING_JUMP_MIN_TOKENS from one run to the next: "the model now reasons" (or answers at length)."""
+    jumps = []
+    for key, now in after.items():
+        was = before.get(key)
+        if was is None:
+            continue
+        grew = now.completion - was.completion
+        if grew >= REASONING_JUMP_MIN_TOKENS and now.completion >= REASONING_JUMP_RATIO * max(was.completion, 1.0):
+            jumps.append((key, was, now))
+    return jumps

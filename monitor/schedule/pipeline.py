@@ -31,6 +31,7 @@ from monitor.probe.server_metrics import (
     scrape,
     server_metrics,
 )
+from monitor.probe.spend import PerProbe, per_probe, token_jumps
 from monitor.schedule.background import (
     AFTERCARE_TIMEOUT_S,
     AfterStore,
@@ -99,6 +100,8 @@ class JobContext:
     meter: LoopDelayMeter | None = None
     # The environment's proxy settings, for the scrapes (the endpoints carry their own route already).
     proxies: ProxyEnvironment = field(default_factory=ProxyEnvironment)
+    # Tokens per probe in each series' last run, to log a jump ("the model now reasons", monitor.probe.spend).
+    tokens_per_probe: dict[tuple[str, str], PerProbe] = field(default_factory=dict)
 
 
 @dataclass
@@ -206,6 +209,7 @@ async def execute(
                 current_run.reset(run_token)
             run_over = True
             _run_ended(ctx, outcome)
+            _watch_tokens(ctx, outcome, log)
             outcome.server = await readings.over_the_run()
     except asyncio.CancelledError:
         outcome.cancelled = True
@@ -233,6 +237,23 @@ async def execute(
         lag_ms=round((started - outcome.intended_at).total_seconds() * 1000, 1),
     )
     return outcome
+
+
+def _watch_tokens(ctx: JobContext, outcome: JobOutcome, log: FilteringBoundLogger) -> None:
+    """Log, once per jump, a series whose tokens per probe jumped since its last run: a model that started
+    reasoning costs many times what it did, and its TTFT now includes the thinking."""
+    now = per_probe(outcome.samples)
+    for (target, prompt), was, grown in token_jumps(ctx.tokens_per_probe, now):
+        log.warning(
+            "model_now_reasons",
+            target=target,
+            prompt=prompt,
+            completion_tokens_before=was.completion,
+            completion_tokens_after=grown.completion,
+            reasoning_tokens_before=was.reasoning,
+            reasoning_tokens_after=grown.reasoning,
+        )
+    ctx.tokens_per_probe.update(now)
 
 
 def _run_ended(ctx: JobContext, outcome: JobOutcome) -> None:

@@ -41,3 +41,25 @@ def test_the_daemon_counts_tokens_by_kind_and_their_cost_per_target(sim: SimProc
     assert cost.value == pytest.approx((tokens["input"] * 1.0 + tokens["reasoning"] * 8.0) / 1e6)
     samples = daemon.events("probe_sample")
     assert all(s["reasoning_tokens"] == 4 and s["reasoning_tokens_estimated"] for s in samples), samples
+
+
+def test_a_model_that_starts_reasoning_is_logged_once_as_an_event(sim: SimProcess, tmp_path: Path) -> None:
+    sim.post("/sim/models/gpt-4o-mini", {"decode_tps": 5000})
+    config = write_config(tmp_path, sim)
+    config.write_text(config.read_text().replace("params: {max_tokens: 4}", "params: {max_tokens: 1000}"))
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        daemon.wait_for("job_finished", count=2, timeout=30)
+        # The provider turns reasoning on behind the same model name: 48 tokens a probe become 948.
+        sim.post("/sim/models/gpt-4o-mini", {"reasoning_tokens": 900, "thinks_by_default": True})
+        [event] = daemon.wait_for("model_now_reasons", timeout=30)
+        finished = len(daemon.events("job_finished"))
+        daemon.wait_for("job_finished", count=finished + 2, timeout=30)
+    finally:
+        assert stop_daemon(daemon) == 0
+    assert len(daemon.events("model_now_reasons")) == 1  # a jump, not every run after it
+    assert event["target"] == "fast" and event["prompt"] == "short"
+    assert event["completion_tokens_before"] == 48 and event["completion_tokens_after"] == 948
+    assert event["reasoning_tokens_before"] == 0 and event["reasoning_tokens_after"] == 900

@@ -155,3 +155,22 @@ def test_a_budget_within_the_projection_loads_and_needs_a_limit(tmp_path: Path) 
     assert budget_problems(config) == []
     with pytest.raises(ConfigError, match=r"budget.total: a budget needs `cost` \(with prices\), `tokens` or both"):
         load_config(write(tmp_path, hand_config(budget={"total": {"per": "day"}})))
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "jumped"),
+    [
+        (12, 950, True),  # the public report's health check
+        (48, 448, True),
+        (48, 60, False),  # noise
+        (300, 1100, False),  # grew by less than 4x
+        (10, 90, False),  # 9x, but fewer than 100 tokens more
+        (0, 120, True),
+    ],
+)
+def test_a_jump_in_tokens_per_probe_is_told_from_noise(before: int, after: int, jumped: bool) -> None:
+    from monitor.probe.spend import PerProbe, token_jumps
+
+    key = ("t", "short")
+    found = token_jumps({key: PerProbe(before, 0)}, {key: PerProbe(after, after - 10), ("new", "p"): PerProbe(999, 0)})
+    assert [k for k, _, _ in found] == ([key] if jumped else [])
