@@ -10,7 +10,7 @@ projection exceeds a budget (`budget_problems`); `check-config` prints the proje
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -408,3 +408,80 @@ def _period_lines(per_day: Tokens, cost_per_day: Mapping[str, float], *, unprice
     if unpriced:
         lines.append(f"{indent}(no prices for {', '.join(unpriced)}: in tokens only)")
     return lines
+
+
+# ---------------------------------------------------------------- budgets at run time
+
+# The spend of the last hour, or less right after a start, is what "on course" extrapolates: recent enough
+# that a model which started reasoning shows at once; at least a few runs' worth before judging.
+COURSE_WINDOW_S = 3600.0
+COURSE_MIN_SPAN_S = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class Course:
+    """Where one budget is heading at the rate actually spent: the period's figures at that rate."""
+
+    path: str  # `jobs.ttft`, `providers.openai`, `total`: the budget's key under `budget`
+    label: str
+    per: str
+    tokens: float
+    cost: float | None  # None without a cost limit
+    currency: str
+    ratio: float  # projected / limit, the larger of tokens and cost
+    over: bool
+
+    def message(self, limit: BudgetLimit) -> str:
+        figures = [f"{tokens_text(self.tokens)} tokens"]
+        limits = []
+        if limit.tokens is not None:
+            limits.append(f"{tokens_text(limit.tokens)} tokens")
+        if self.cost is not None and limit.cost is not None:
+            figures.append(f"{money_text(self.cost)} {self.currency}")
+            limits.append(f"{money_text(limit.cost)} {self.currency}")
+        return (
+            f"budget.{self.path}: {self.label} is on course to spend {' and '.join(figures)} per {self.per} at the "
+            f"rate of the last hour, over its budget of {' and '.join(limits)} (a model that started reasoning, a "
+            "longer prompt?); see ttft_monitor_tokens_total and `check-config`"
+        )
+
+
+def budget_course(
+    config: Config, spent: Mapping[tuple[str, str], Tokens], *, span_s: float
+) -> list[tuple[Course, BudgetLimit]]:
+    """Each budget's course from `spent`, the tokens by (job, target) of the last `span_s` seconds, extrapolated
+    to the budget's period; empty when the span is too short to judge."""
+    if span_s < COURSE_MIN_SPAN_S:
+        return []
+    budget = config.budget
+    scopes: list[tuple[str, str, BudgetLimit, Callable[[str, str], bool]]] = []
+    if budget.total is not None:
+        scopes.append(("total", "all jobs together", budget.total, lambda job, target: True))
+    for name, limit in budget.providers.items():
+
+        def at_provider(job: str, target: str, name: str = name) -> bool:
+            spec = config.targets.get(target)
+            return spec is not None and spec.provider == name
+
+        scopes.append((f"providers.{name}", f"provider '{name}'", limit, at_provider))
+    for name, limit in budget.jobs.items():
+
+        def in_job(job: str, target: str, name: str = name) -> bool:
+            return job == name
+
+        scopes.append((f"jobs.{name}", f"job '{name}'", limit, in_job))
+    out = []
+    for path, label, limit, chosen in scopes:
+        factor = PERIOD_DAYS[limit.per] * 86400 / span_s
+        mine = [(target, tokens) for (job, target), tokens in spent.items() if chosen(job, target)]
+        tokens = sum(t.total for _, t in mine) * factor
+        ratios = [tokens / limit.tokens] if limit.tokens is not None else []
+        cost = None
+        if limit.cost is not None:
+            priced = [(prices_for(config, target), t) for target, t in mine if target in config.targets]
+            cost = sum(cost_of(t, p) for p, t in priced if p is not None and p.currency == limit.currency) * factor
+            ratios.append(cost / limit.cost)
+        ratio = max(ratios, default=0.0)
+        course = Course(path, label, limit.per, tokens, cost, limit.currency, ratio, ratio > 1.0)
+        out.append((course, limit))
+    return out

@@ -165,6 +165,14 @@ class Metrics:
             ("target", "location", "probe_job", "currency"),
             registry=r,
         )
+        self.budget_course = Gauge(
+            "ttft_monitor_budget_course_ratio",
+            "Where each `budget` is heading at the rate the last hour spent: the period's projected tokens or "
+            "cost over the limit (the larger); above 1 it is on course to exceed, and one notification goes out "
+            "per budget and period. `budget` is its key under `budget:` (`total`, `jobs.NAME`, `providers.NAME`).",
+            ("budget", "per"),
+            registry=r,
+        )
         self.slo_probes = Counter(
             "ttft_monitor_slo_probes_total",
             "Probes of targets with a per-probe TTFT objective (`slo.ttft_ms`), failed ones included.",

@@ -63,3 +63,46 @@ def test_a_model_that_starts_reasoning_is_logged_once_as_an_event(sim: SimProces
     assert event["target"] == "fast" and event["prompt"] == "short"
     assert event["completion_tokens_before"] == 48 and event["completion_tokens_after"] == 948
     assert event["reasoning_tokens_before"] == 0 and event["reasoning_tokens_after"] == 900
+
+
+ALERTS = """
+budget:
+  jobs:
+    tick: {per: day, tokens: 20000000}
+alerts:
+  receivers:
+    console: {type: log}
+  routes:
+    - receivers: [console]
+"""
+
+
+@pytest.mark.realtime
+@pytest.mark.timeout(120)
+def test_a_budget_crossed_at_run_time_notifies_once_and_shows_its_course(sim: SimProcess, tmp_path: Path) -> None:
+    # The schedule asks for 43,200 runs a day of 256 + 4 tokens (11.2M, inside the budget of 20M), but the request
+    # lets the model go past max_tokens (extra_body, as max_completion_tokens would) and it reasons 900 tokens.
+    sim.post("/sim/models/gpt-4o-mini", {"decode_tps": 5000, "reasoning_tokens": 900, "thinks_by_default": True})
+    config = write_config(tmp_path, sim, extra=ALERTS)
+    text = config.read_text().replace(
+        "params: {max_tokens: 4}", "params: {max_tokens: 4, extra_body: {max_tokens: 1000}}"
+    )
+    config.write_text(text)
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        [warning] = daemon.wait_for("budget_on_course_to_exceed", timeout=60)
+        [notice] = daemon.wait_for("alert_notification", timeout=30)
+        runs = len(daemon.events("job_finished"))
+        daemon.wait_for("job_finished", count=runs + 3, timeout=30)
+        _, body = http_get(daemon.metrics_url + "/metrics")
+    finally:
+        assert stop_daemon(daemon) == 0
+    assert warning["budget"] == "jobs.tick" and warning["ratio"] > 1
+    assert len(daemon.events("alert_notification")) == 1  # once, though every later run is over too
+    assert len(daemon.events("budget_on_course_to_exceed")) == 1
+    assert "budget.jobs.tick: job 'tick' is on course to spend" in str(notice), notice
+    families = {f.name: f.samples for f in text_string_to_metric_families(body)}
+    [course] = families["ttft_monitor_budget_course_ratio"]
+    assert course.labels == {"budget": "jobs.tick", "per": "day"} and course.value > 1

@@ -174,3 +174,33 @@ def test_a_jump_in_tokens_per_probe_is_told_from_noise(before: int, after: int, 
     key = ("t", "short")
     found = token_jumps({key: PerProbe(before, 0)}, {key: PerProbe(after, after - 10), ("new", "p"): PerProbe(999, 0)})
     assert [k for k, _, _ in found] == ([key] if jumped else [])
+
+
+def test_a_budget_s_course_extrapolates_the_spend_seen_to_its_period() -> None:
+    from monitor.config.cost import budget_course
+
+    config = Config.model_validate(
+        hand_config(budget={"jobs": {"j": {"per": "day", "cost": 100, "tokens": 10_000_000}}, "total": {"tokens": 1}})
+    )
+    # 10 minutes of 1,000 prompt and 977 output tokens (950 reasoning) a request, 60 requests.
+    spent = {("j", "a"): Tokens(input=60_000, cached=0, output=1_620, reasoning=57_000), ("other", "a"): Tokens(5)}
+    assert budget_course(config, spent, span_s=10) == []  # too short to judge
+    courses = {course.path: course for course, _ in budget_course(config, spent, span_s=600)}
+    job = courses["jobs.j"]
+    assert job.tokens == pytest.approx(118_620 * 144)  # a day is 144 ten-minute spans
+    assert job.cost == pytest.approx((60_000 * 1 + 1_620 * 4 + 57_000 * 8) / 1e6 * 144)  # 75.26 USD
+    assert job.ratio == pytest.approx(118_620 * 144 / 10_000_000) and job.over
+    assert courses["total"].tokens == pytest.approx((118_620 + 5) * 144 * 30) and courses["total"].over
+
+
+def test_a_budget_notice_is_one_per_budget_and_period() -> None:
+    from datetime import UTC, datetime
+
+    from monitor.detect.budget_service import notice_id
+
+    morning, evening = datetime(2026, 12, 2, 8, tzinfo=UTC), datetime(2026, 12, 2, 20, tzinfo=UTC)
+    tomorrow = datetime(2026, 12, 3, 8, tzinfo=UTC)
+    assert notice_id("lab", "jobs.j", "day", morning) == notice_id("lab", "jobs.j", "day", evening)
+    assert notice_id("lab", "jobs.j", "day", morning) != notice_id("lab", "jobs.j", "day", tomorrow)
+    assert notice_id("lab", "jobs.j", "month", morning) == notice_id("lab", "jobs.j", "month", tomorrow)
+    assert notice_id("lab", "jobs.j", "day", morning) != notice_id("lab", "total", "day", morning)
