@@ -23,6 +23,7 @@ from monitor.probe.apis import FLAVORS
 if TYPE_CHECKING:
     from monitor.adhoc import ProbeOptions
     from monitor.probe.result import Sample
+    from monitor.probe.settings import Prices
 
 NAME = "probe"
 
@@ -199,8 +200,10 @@ def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ:
 
     from monitor.adhoc import StoreTrouble, UsageError, prepare, probe_once
     from monitor.app import InfrastructureError
+    from monitor.config.cost import prices_for
     from monitor.config.errors import ConfigError
     from monitor.probe.report import render_csv, render_json, render_table, summarize
+    from monitor.probe.spend import run_spend, spend_line
 
     env = dict(os.environ if environ is None else environ)
     try:
@@ -212,6 +215,12 @@ def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ:
         stderr.write(f"ttft-monitor probe: {exc}\n")
         return EXIT_USAGE
     plan = prepared.plan
+    config = prepared.config
+
+    def prices_of(target: str) -> Prices | None:
+        # A --url target is not in the config: it has no prices.
+        return prices_for(config, target) if config is not None and target in config.targets else None
+
     progress = Progress(len(plan.targets) * len(plan.prompts) * (options.rounds + options.warmup), stderr)
     try:
         samples = asyncio.run(
@@ -240,6 +249,8 @@ def run_probe(options: ProbeOptions, *, stdout: TextIO, stderr: TextIO, environ:
         stdout.write(render_csv(samples))
     else:
         stdout.write(render_table(rows, show_setup=options.connection == "fresh") + "\n")
+    # What the run spent: under the table, and on stderr beside JSON and CSV so their output stays data.
+    (stdout if options.output_format == "table" else stderr).write(spend_line(run_spend(samples, prices_of)) + "\n")
     if options.report_path:
         from monitor.web.report import write_probe_report
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
+from monitor.config.cost import Seen, project, render_projection
 from monitor.config.cron import next_fire_times
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
@@ -14,17 +15,27 @@ from monitor.config.urls import is_loopback, mask_password
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 
 NEXT_RUNS_SHOWN = 3
+# Reads what a database holds for the projection (the command's edge does the I/O): (seen, where from).
+History = Callable[[Config], tuple[Mapping[tuple[str, str], Seen], str]]
 
 
 def check_config(
-    path: str | Path, *, environ: Mapping[str, str] | None = None, now: datetime | None = None
+    path: str | Path,
+    *,
+    environ: Mapping[str, str] | None = None,
+    now: datetime | None = None,
+    history: History | None = None,
 ) -> tuple[int, str]:
-    """(0, summary) when the config at `path` is usable, else (2, one line per problem)."""
+    """(0, summary) when the config at `path` is usable, else (2, one line per problem). `history` reads the
+    tokens per probe a database holds, by (target, prompt), for the cost projection, with a line on where
+    they came from."""
     try:
         config = load_config(path, environ=environ)
     except ConfigError as exc:
         return EXIT_USAGE, str(exc)
-    return EXIT_OK, render_summary(config, path=str(path), now=now or datetime.now(UTC))
+    seen, note = history(config) if history is not None and config.jobs else ({}, None)
+    summary = render_summary(config, path=str(path), now=now or datetime.now(UTC), seen=seen)
+    return EXIT_OK, summary if note is None else f"{summary}\n  {note}"
 
 
 def unprotected_listen(config: Config, listen: str | None = None, *, key: str = "metrics.listen") -> str | None:
@@ -45,7 +56,9 @@ def unprotected_listen(config: Config, listen: str | None = None, *, key: str = 
     )
 
 
-def render_summary(config: Config, *, path: str, now: datetime) -> str:
+def render_summary(
+    config: Config, *, path: str, now: datetime, seen: Mapping[tuple[str, str], Seen] | None = None
+) -> str:
     """A human-readable account of `config`; secrets appear only as where they come from."""
     db = config.database
     lines = [
@@ -84,6 +97,8 @@ def render_summary(config: Config, *, path: str, now: datetime) -> str:
     for name, receiver in receivers.items():
         lines.append(f"  {name}: {receiver.type}")
     lines.append(f"web: {_web_summary(config)}")
+    if config.jobs:
+        lines += render_projection(project(config, seen))
     problem = unprotected_listen(config)
     if problem:
         lines.append(f"warning: `run` will refuse to start: {problem}")

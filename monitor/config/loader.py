@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import yaml
 from pydantic import ValidationError
 
+from monitor.config.cost import budget_problems
 from monitor.config.errors import ConfigError, ConfigIssue
 from monitor.config.expand import expand_env
 from monitor.config.fields import ENV_NAME_PATTERN
@@ -64,6 +65,9 @@ def load_config(path: str | Path, *, environ: Mapping[str, str] | None = None) -
     problems = literal_credential_problems(raw) + expansion.problems
     problems += [(loc, msg) for loc, msg in derived if not any(loc[: len(bad)] == bad for bad in unexpanded)]
 
+    if not problems and config is not None:
+        # Only a config valid in every other way is projected: the projection reads its jobs and prices.
+        problems = budget_problems(config)
     if problems or config is None:
         order = document_order(data)
         problems = sorted(dict.fromkeys(problems), key=lambda problem: _position(problem[0], order))

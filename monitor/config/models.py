@@ -190,6 +190,36 @@ class Job(ConfigModel):
         return build_trigger(self.schedule, self.timezone, self.jitter_s)
 
 
+# ---------------------------------------------------------------- budget
+
+
+class BudgetLimit(ConfigModel):
+    per: Literal["day", "month"] = Field("month", description="The period the limit is for; a month is 30 days.")
+    cost: float | None = Field(
+        None, gt=0, description="Most the probes may cost in the period, in `currency` (needs `prices`)."
+    )
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$", description="ISO 4217 code of `cost`.")
+    tokens: int | None = Field(
+        None, ge=1, description="Most tokens (input, output and reasoning together) the probes may spend in the period."
+    )
+
+    @model_validator(mode="after")
+    def _check_some_limit(self) -> BudgetLimit:
+        if self.cost is None and self.tokens is None:
+            raise ValueError("a budget needs `cost` (with prices), `tokens` or both, e.g. `cost: 20`")
+        return self
+
+
+class Budget(ConfigModel):
+    """Limits on what probing spends (docs/cost.md): a config whose projection exceeds one is refused."""
+
+    total: BudgetLimit | None = Field(None, description="A limit on every job together.")
+    providers: dict[Name, BudgetLimit] = Field(
+        default_factory=dict, description="Limits on what the jobs spend at one provider, by provider name."
+    )
+    jobs: dict[Name, BudgetLimit] = Field(default_factory=dict, description="Limits on one job, by job name.")
+
+
 # ---------------------------------------------------------------- web
 
 
@@ -266,6 +296,7 @@ class Config(ConfigModel):
     detection: Detection = Field(default_factory=Detection, description="Regression detection.")
     alerts: Alerts = Field(default_factory=Alerts, description="Where incidents are sent.")
     web: Web = Field(default_factory=Web, description="Status pages and JSON API.")
+    budget: Budget = Field(default_factory=Budget, description="Limits on what probing costs (docs/cost.md).")
     probe_self_delay_bound_ms: float = Field(
         5,
         gt=0,

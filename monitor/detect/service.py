@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
 from monitor.detect.attribution import ServerSplit, classify, server_split, split_text
+from monitor.detect.budget_service import BudgetService
 from monitor.detect.burn_service import BurnService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
 from monitor.detect.figures import figures_of
@@ -139,6 +140,7 @@ class DetectionService:
         self._groups = GroupStore()
         self._log = structlog.get_logger()
         self._burn = BurnService(engine, config, outbox=outbox)
+        self._budget = BudgetService(repository, config, outbox=outbox, metrics=metrics)
         self._notifier = GroupNotifier(config, outbox=outbox)
         self.update_config(config)
 
@@ -146,6 +148,7 @@ class DetectionService:
         self._config = config
         self._detectors: dict[str, Detector] = {}
         self._burn.update_config(config)
+        self._budget.update_config(config)
         self._notifier.update_config(config)
 
     def _detector(self, target: str) -> Detector:
@@ -184,6 +187,7 @@ class DetectionService:
                 self._run_log(job, run).warning("detection_failed", error=error_text(exc))
         # Per target rather than per series: after every run of the batch is stored and evaluated.
         await self._burn.after_store(job, batch)
+        await self._budget.after_store(job)
         # The groups this batch changed are notified once it is all in: series of one provider probed
         # in one run open together, and go out as one notification.
         if not batch:

@@ -22,10 +22,13 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from monitor import __version__
+from monitor.config.cost import cost_of
 from monitor.config.cron import build_trigger
 from monitor.config.models import DEFAULT_TTFT_BUCKETS_S, Config
 from monitor.otel.incident import IncidentReading
 from monitor.probe.result import Sample
+from monitor.probe.settings import Prices
+from monitor.probe.spend import sample_tokens
 
 SERIES_LABELS = ("target", "model", "provider", "prompt", "location")
 PROBE_LABELS = (*SERIES_LABELS, "probe_job")
@@ -35,6 +38,8 @@ TTFT_BUCKETS = DEFAULT_TTFT_BUCKETS_S
 # The values of `result` and `reason`, created at zero for each job so rate() and increase() see the
 # first run that fails or is missed (a series born at 1 shows no increase).
 JOB_RESULTS = ("ok", "failed", "error", "skipped_claimed")
+# Kinds of `ttft_monitor_tokens_total`; they do not overlap, so their sum is every token spent.
+TOKEN_KINDS = ("input", "cached", "output", "reasoning")
 MISSED_REASONS = ("misfired", "coalesced", "still_running")
 # `metrics.per_series`: how much each probe series (target x prompt x location x job) exposes.
 PerSeries = Literal["full", "summary", "off"]
@@ -172,6 +177,30 @@ class Metrics:
             "between sending the request and the last stamp).",
             ("probe_job",),
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            registry=r,
+        )
+        self.tokens = Counter(
+            "ttft_monitor_tokens_total",
+            "Tokens the probes spent, warm-ups included, as the servers reported them, by kind: `input` (prompt "
+            "tokens not served from the cache), `cached` (prompt tokens from the cache), `output` (visible "
+            "answer), `reasoning` (hidden thinking, estimated from the stream where the API does not count it). "
+            "The kinds do not overlap.",
+            ("target", "location", "probe_job", "kind"),
+            registry=r,
+        )
+        self.cost = Counter(
+            "ttft_monitor_estimated_cost_total",
+            "What the probes cost, warm-ups included, at the target's `prices` (per million tokens of each "
+            "kind), in `currency`; targets without prices are not counted.",
+            ("target", "location", "probe_job", "currency"),
+            registry=r,
+        )
+        self.budget_course = Gauge(
+            "ttft_monitor_budget_course_ratio",
+            "Where each `budget` is heading at the rate the last hour spent: the period's projected tokens or "
+            "cost over the limit (the larger); above 1 it is on course to exceed, and one notification goes out "
+            "per budget and period. `budget` is its key under `budget:` (`total`, `jobs.NAME`, `providers.NAME`).",
+            ("budget", "per"),
             registry=r,
         )
         self.slo_probes = Counter(
@@ -332,7 +361,9 @@ class Metrics:
         probe_job: str = "adhoc",
         slo_ttft_ms: float | None = None,
         slo_objective: float | None = None,
+        prices: Prices | None = None,
     ) -> None:
+        self._count_spend(sample, probe_job, prices)
         if sample.warmup:
             return
         if self.telemetry is not None:
@@ -378,6 +409,19 @@ class Metrics:
                 good.inc()
             else:
                 good.inc(0)  # the series exists from the first probe, so the ratio is defined
+
+    def _count_spend(self, sample: Sample, probe_job: str, prices: Prices | None) -> None:
+        # Every request is paid for: warm-ups, disturbed and failed ones too.
+        tokens = sample_tokens(sample)
+        by_kind = dict(
+            zip(
+                TOKEN_KINDS, (tokens.input - tokens.cached, tokens.cached, tokens.output, tokens.reasoning), strict=True
+            )
+        )
+        for kind, count in by_kind.items():
+            self.tokens.labels(sample.target, self.location, probe_job, kind).inc(max(count, 0.0))
+        if prices is not None:
+            self.cost.labels(sample.target, self.location, probe_job, prices.currency).inc(cost_of(tokens, prices))
 
     def observe_regression_state(self, series: Sequence[str], level: int) -> None:
         """Open regression per series (0 none, 1 ticket, 2 page)."""

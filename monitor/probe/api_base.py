@@ -30,6 +30,8 @@ class EventInfo:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    # Hidden reasoning tokens as the API counts them (part of completion_tokens), when it does.
+    reasoning_tokens: int | None = None
     error_message: str | None = None
     finished: bool = False  # this event also ends the stream (APIs without a separate end marker)
 
@@ -101,9 +103,10 @@ def error_text(err: Any) -> str:
     return str(err)
 
 
-def read_usage(info: EventInfo, usage: Any, *, prompt: str, completion: str, details: str) -> None:
+def read_usage(info: EventInfo, usage: Any, *, prompt: str, completion: str, details: str, output_details: str) -> None:
     """Token counts from an OpenAI-style usage object into `info`; the two OpenAI APIs name the same counts
-    differently (`prompt_tokens` in Chat Completions, `input_tokens` in Responses), hence the keys."""
+    differently (`prompt_tokens` and `completion_tokens_details` in Chat Completions, `input_tokens` and
+    `output_tokens_details` in Responses), hence the keys."""
     if not isinstance(usage, dict):
         return
     info.prompt_tokens = usage.get(prompt)
@@ -111,6 +114,9 @@ def read_usage(info: EventInfo, usage: Any, *, prompt: str, completion: str, det
     cached = usage.get(details)
     if isinstance(cached, dict):
         info.cached_tokens = cached.get("cached_tokens")
+    output = usage.get(output_details)
+    if isinstance(output, dict) and isinstance(output.get("reasoning_tokens"), int):
+        info.reasoning_tokens = output["reasoning_tokens"]
 
 
 def merge_extra(body: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

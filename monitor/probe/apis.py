@@ -58,6 +58,7 @@ class _OpenAIBase(FixedPath):
             prompt="prompt_tokens",
             completion="completion_tokens",
             details="prompt_tokens_details",
+            output_details="completion_tokens_details",
         )
         choices = obj.get("choices")
         if choices:

@@ -57,6 +57,15 @@ def stamped_pieces(
     return pieces
 
 
+def estimated_reasoning_tokens(*, reasoning_events: int, token_events: int, completion_tokens: int | None) -> int:
+    """Reasoning tokens when the API does not count them (Anthropic, vLLM): the reasoning events' share
+    of the output the server counted, since a server may pack several tokens into one event; without a
+    count, one token per event."""
+    if completion_tokens is None or token_events <= 0:
+        return reasoning_events
+    return round(completion_tokens * reasoning_events / token_events)
+
+
 class EventReader:
     """Turns stamped body bytes into the sample's token times: SSE parsing and per-API classification.
 
@@ -70,6 +79,7 @@ class EventReader:
         self.secrets = secrets
         self.parser = SSEParser()
         self.token_stamps: list[int] = []
+        self.reasoning_events = 0  # token events on the reasoning channel, for an estimate of its tokens
         self.first_event: int | None = None
         self.first_answer: int | None = None
         self.first_tool_call: int | None = None
@@ -98,9 +108,13 @@ class EventReader:
                 sample.cached_tokens = info.cached_tokens
             if info.completion_tokens is not None:
                 sample.completion_tokens = info.completion_tokens
+            if info.reasoning_tokens is not None:
+                sample.reasoning_tokens = info.reasoning_tokens
             kind = info.kind
             if kind is EventKind.ANSWER or kind is EventKind.REASONING or kind is EventKind.TOOL_CALL:
                 self.token_stamps.append(arrived)
+                if kind is EventKind.REASONING:
+                    self.reasoning_events += 1
                 if kind is not EventKind.REASONING and self.first_answer is None:
                     self.first_answer = arrived
                 if kind is EventKind.TOOL_CALL and self.first_tool_call is None:

@@ -38,7 +38,7 @@ from monitor.probe.aiohttp_hooks import (
     trace_config,
 )
 from monitor.probe.apis import RequestParams
-from monitor.probe.body import Body, EventReader
+from monitor.probe.body import Body, EventReader, estimated_reasoning_tokens
 from monitor.probe.endpoint import Endpoint, Timeouts
 from monitor.probe.errors import (
     BAD_BODY,
@@ -419,6 +419,13 @@ class ProbeClient:
             sample.ttfa_ms = _ms(sent, first_answer)
             sample.first_tool_call_ms = _ms(sent, first_tool_call)
             sample.token_events = len(token_stamps)
+            if sample.reasoning_tokens is None and reader is not None:
+                sample.reasoning_tokens = estimated_reasoning_tokens(
+                    reasoning_events=reader.reasoning_events,
+                    token_events=len(token_stamps),
+                    completion_tokens=sample.completion_tokens,
+                )
+                sample.reasoning_tokens_estimated = True
             if len(token_stamps) > 1:
                 gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
                 sample.chunk_gaps_ms = tuple(gaps[:CHUNK_GAPS_KEPT])  # before sorting: in arrival order

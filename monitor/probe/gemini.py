@@ -63,6 +63,8 @@ class Gemini:
                 info.completion_tokens = (usage.get("candidatesTokenCount") or 0) + (
                     usage.get("thoughtsTokenCount") or 0
                 )
+                # Gemini leaves thoughtsTokenCount out when the model did not think: that is a count of 0.
+                info.reasoning_tokens = usage.get("thoughtsTokenCount") or 0
         candidates = obj.get("candidates")
         if not candidates:
             blocked = (obj.get("promptFeedback") or {}).get("blockReason")

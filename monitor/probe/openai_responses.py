@@ -77,6 +77,7 @@ class OpenAIResponses(FixedPath):
                 prompt="input_tokens",
                 completion="output_tokens",
                 details="input_tokens_details",
+                output_details="output_tokens_details",
             )
             if kind == "response.completed":
                 info.kind = EventKind.DONE

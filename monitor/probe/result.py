@@ -80,6 +80,10 @@ class Sample:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None
+    # Hidden reasoning tokens (part of completion_tokens): as the API reports them, else estimated from the
+    # stream's reasoning events (`reasoning_tokens_estimated`); None when neither could say (no tokens).
+    reasoning_tokens: int | None = None
+    reasoning_tokens_estimated: bool = False
     prompt_tokens_target: int | None = None
     prompt_chars: int | None = None
     served_model: str | None = None

@@ -24,6 +24,29 @@ else:
     ApiName = Literal[tuple(FLAVORS)]
 
 
+class Prices(ConfigModel):
+    """What a provider charges, per million tokens; without it costs are reported in tokens only."""
+
+    input: float = Field(ge=0, description="Price of a million prompt (input) tokens that were not cached.")
+    cached_input: float | None = Field(
+        None, ge=0, description="Price of a million prompt tokens served from the provider's cache; default `input`."
+    )
+    output: float = Field(ge=0, description="Price of a million visible output tokens.")
+    reasoning: float | None = Field(
+        None,
+        ge=0,
+        description="Price of a million hidden reasoning tokens (counted inside the output); default `output`, "
+        "which is what OpenAI, Anthropic and Google charge for them.",
+    )
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$", description="ISO 4217 code of the prices, e.g. `USD` or `EUR`.")
+
+    def per_token(self) -> tuple[float, float, float, float]:
+        """(input, cached input, output, reasoning) per single token."""
+        cached = self.input if self.cached_input is None else self.cached_input
+        reasoning = self.output if self.reasoning is None else self.reasoning
+        return self.input / 1e6, cached / 1e6, self.output / 1e6, reasoning / 1e6
+
+
 class TimeoutSettings(ConfigModel):
     connect: float = Field(10, gt=0, le=3600, description="Seconds allowed for DNS, TCP and TLS set-up.")
     first_token: float = Field(
@@ -110,6 +133,11 @@ class Provider(MaskedHeadersModel):
     )
     proxy: ProxySettings = Field(
         default_factory=ProxySettings, description="Forward proxy for the probes and the server-metrics scrapes."
+    )
+    prices: Prices | None = Field(
+        None,
+        description="What the provider charges (docs/cost.md): `check-config` then projects the cost of the "
+        "schedule, `probe` prints what its run cost and the metrics count it. A target's own `prices` replace these.",
     )
 
     _secret: str | None = PrivateAttr(default=None)
@@ -238,6 +266,9 @@ class Target(ConfigModel):
     model: str = Field(description="Model name sent in the request, exactly as the API expects it.")
     params: Params = Field(default_factory=Params, description="Request parameters.")
     slo: Slo = Field(default_factory=Slo, description="Objectives for this target.")
+    prices: Prices | None = Field(
+        None, description="This model's prices, replacing its provider's `prices` (all of them, not key by key)."
+    )
 
 
 class PromptProfile(ConfigModel):

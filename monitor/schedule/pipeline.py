@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 import structlog
 
+from monitor.config.cost import prices_for
 from monitor.config.models import Config, Job
 from monitor.metrics.definitions import Metrics, job_interval_seconds
 from monitor.probe.client import ProbeClient
@@ -30,6 +31,7 @@ from monitor.probe.server_metrics import (
     scrape,
     server_metrics,
 )
+from monitor.probe.spend import PerProbe, per_probe, token_jumps
 from monitor.schedule.background import (
     AFTERCARE_TIMEOUT_S,
     AfterStore,
@@ -58,6 +60,8 @@ SAMPLE_LOG_FIELDS = (
     "prompt_tokens",
     "cached_tokens",
     "completion_tokens",
+    "reasoning_tokens",
+    "reasoning_tokens_estimated",
     "served_model",
     "request_id",
     "http_status",
@@ -96,6 +100,8 @@ class JobContext:
     meter: LoopDelayMeter | None = None
     # The environment's proxy settings, for the scrapes (the endpoints carry their own route already).
     proxies: ProxyEnvironment = field(default_factory=ProxyEnvironment)
+    # Tokens per probe in each series' last run, to log a jump ("the model now reasons", monitor.probe.spend).
+    tokens_per_probe: dict[tuple[str, str], PerProbe] = field(default_factory=dict)
 
 
 @dataclass
@@ -162,6 +168,7 @@ async def execute(
     log = structlog.get_logger().bind(job=job)
     provider_of = {t.name: t.provider for t in plan.targets}
     slo_of = {name: spec.slo for name, spec in ctx.config.targets.items()}
+    prices_of = {name: prices_for(ctx.config, name) for name in ctx.config.targets}
     clock_start = time.perf_counter()
     if ctx.metrics is not None:
         ctx.metrics.start_job_series(job)
@@ -176,6 +183,7 @@ async def execute(
                 probe_job=job,
                 slo_ttft_ms=slo.ttft_ms if slo is not None else None,
                 slo_objective=slo.objective if slo is not None else None,
+                prices=prices_of.get(sample.target),
             )
         log.info("probe_sample", target=sample.target, prompt=sample.prompt, **_sample_event(sample))
         if on_sample is not None:
@@ -201,6 +209,7 @@ async def execute(
                 current_run.reset(run_token)
             run_over = True
             _run_ended(ctx, outcome)
+            _watch_tokens(ctx, outcome, log)
             outcome.server = await readings.over_the_run()
     except asyncio.CancelledError:
         outcome.cancelled = True
@@ -228,6 +237,23 @@ async def execute(
         lag_ms=round((started - outcome.intended_at).total_seconds() * 1000, 1),
     )
     return outcome
+
+
+def _watch_tokens(ctx: JobContext, outcome: JobOutcome, log: FilteringBoundLogger) -> None:
+    """Log, once per jump, a series whose tokens per probe jumped since its last run: a model that started
+    reasoning costs many times what it did, and its TTFT now includes the thinking."""
+    now = per_probe(outcome.samples)
+    for (target, prompt), was, grown in token_jumps(ctx.tokens_per_probe, now):
+        log.warning(
+            "model_now_reasons",
+            target=target,
+            prompt=prompt,
+            completion_tokens_before=was.completion,
+            completion_tokens_after=grown.completion,
+            reasoning_tokens_before=was.reasoning,
+            reasoning_tokens_after=grown.reasoning,
+        )
+    ctx.tokens_per_probe.update(now)
 
 
 def _run_ended(ctx: JobContext, outcome: JobOutcome) -> None:

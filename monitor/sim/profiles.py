@@ -45,6 +45,9 @@ class ModelProfile:
     decode_tps: float
     reasoning_tokens: int = 0
     reasoning_field: str = "reasoning_content"
+    # Whether the chat and completions usage carries completion_tokens_details.reasoning_tokens (OpenAI
+    # does, vLLM does not); Responses and Gemini always count reasoning, Anthropic never separately.
+    reports_reasoning_tokens: bool = False
     cached_prefill_factor: float = 0.0
     faults: Faults = field(default_factory=Faults)
     # Whether the model thinks when the request does not say: Qwen3 does (it must be turned
@@ -163,6 +166,7 @@ _PROFILE_RULES: dict[str, Rule] = {
     "decode_tps": _number(exclusive_min=True),
     "reasoning_tokens": _integer(),
     "reasoning_field": _choice("reasoning_content", "reasoning"),
+    "reports_reasoning_tokens": _boolean,
     "cached_prefill_factor": _number(),
     "thinks_by_default": _boolean,
     "answer_tokens": _integer(minimum=1),

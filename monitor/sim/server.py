@@ -316,7 +316,12 @@ class _Routes:
             profile=profile,
             stamp=stamp,
             plan=plan,
-            usage=Usage(prompt_tokens=len(tokens), cached_tokens=cached, completion_tokens=plan.completion_tokens),
+            usage=Usage(
+                prompt_tokens=len(tokens),
+                cached_tokens=cached,
+                completion_tokens=plan.completion_tokens,
+                reasoning_tokens=len(plan.reasoning) if profile.reports_reasoning_tokens else None,
+            ),
             thinking=thinking,
             created=int(sim.wall_clock()),
             first_token_ns=received_ns + round(ttft * 1_000_000),

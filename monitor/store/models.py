@@ -163,6 +163,10 @@ class SampleRow(Base):
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
     completion_tokens: Mapped[int | None] = mapped_column(Integer)
     cached_tokens: Mapped[int | None] = mapped_column(Integer)
+    # Hidden reasoning tokens (part of completion_tokens), reported by the API or estimated from the
+    # stream (`reasoning_tokens_estimated`); null before migration 0013.
+    reasoning_tokens: Mapped[int | None] = mapped_column(Integer)
+    reasoning_tokens_estimated: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     prompt_tokens_target: Mapped[int | None] = mapped_column(Integer)
     prompt_chars: Mapped[int | None] = mapped_column(Integer)
     served_model: Mapped[str | None] = mapped_column(Text)

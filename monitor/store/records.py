@@ -67,6 +67,8 @@ SAMPLE_COLUMN_FIELDS: dict[str, str] = {
     "prompt_tokens": "prompt_tokens",
     "completion_tokens": "completion_tokens",
     "cached_tokens": "cached_tokens",
+    "reasoning_tokens": "reasoning_tokens",
+    "reasoning_tokens_estimated": "reasoning_tokens_estimated",
     "prompt_tokens_target": "prompt_tokens_target",
     "prompt_chars": "prompt_chars",
     "served_model": "served_model",

@@ -23,6 +23,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import Executable
 
+from monitor.config.cost import Seen, Tokens
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
@@ -453,6 +454,76 @@ class Repository:
         async with self._read() as connection:
             rows = await connection.execute(select(*columns).order_by(*columns))
             return [SeriesKey(*row) for row in rows]
+
+    async def tokens_seen(self, location: str, since: datetime) -> dict[tuple[str, str], Seen]:
+        """The mean tokens per successful probe since `since` at `location`, by (target, prompt), warm-ups
+        included (they cost the same): what the cost projection uses once history exists."""
+        samples, runs, series = SAMPLES.c, RUNS.c, SERIES.c
+        statement = (
+            select(
+                series.target,
+                series.prompt,
+                func.count(),
+                func.avg(samples.prompt_tokens),
+                func.avg(samples.cached_tokens),
+                func.avg(samples.completion_tokens),
+                func.avg(samples.reasoning_tokens),
+            )
+            .select_from(SAMPLES.join(RUNS, runs.id == samples.run_id).join(SERIES, series.id == runs.series_id))
+            .where(
+                series.location == location,
+                samples.error.is_(None),
+                samples.completion_tokens.is_not(None),
+                runs.started_at >= since,
+            )
+            .group_by(series.target, series.prompt)
+        )
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+
+        def number(value: Any) -> float | None:
+            return None if value is None else float(value)
+
+        return {
+            (target, prompt): Seen(int(count), number(p), number(c), number(o), number(r))
+            for target, prompt, count, p, c, o, r in rows
+        }
+
+    async def tokens_spent(
+        self, location: str, since: datetime
+    ) -> tuple[dict[tuple[str, str], Tokens], datetime | None]:
+        """The tokens every request since `since` at `location` spent, by (job, target), warm-ups and failures
+        included, and when the first of those runs started (None: none)."""
+        samples, runs, series = SAMPLES.c, RUNS.c, SERIES.c
+        statement = (
+            select(
+                runs.job,
+                series.target,
+                func.sum(samples.prompt_tokens),
+                func.sum(samples.cached_tokens),
+                func.sum(samples.completion_tokens),
+                func.sum(samples.reasoning_tokens),
+                func.min(runs.started_at),
+            )
+            .select_from(SAMPLES.join(RUNS, runs.id == samples.run_id).join(SERIES, series.id == runs.series_id))
+            .where(series.location == location, runs.started_at >= since)
+            .group_by(runs.job, series.target)
+        )
+        async with self._read() as connection:
+            rows = (await connection.execute(statement)).all()
+        out: dict[tuple[str, str], Tokens] = {}
+        first: datetime | None = None
+        for job, target, prompt, cached, completion, reasoning, started in rows:
+            completion, reasoning = float(completion or 0), float(reasoning or 0)
+            out[job, target] = Tokens(
+                float(prompt or 0), float(cached or 0), max(completion - reasoning, 0.0), reasoning
+            )
+            if isinstance(started, str):  # an aggregate SQLite hands back as text
+                started = datetime.fromisoformat(started)
+            if started.tzinfo is None:
+                started = started.replace(tzinfo=UTC)
+            first = started if first is None or started < first else first
+        return out, first
 
     async def _series_id(self, connection: AsyncConnection, series: SeriesKey) -> int | None:
         known = self._series_ids.get(series)

@@ -208,3 +208,24 @@ async def test_the_baseline_band_median_and_ratio_are_exported_after_every_evalu
         assert len({baseline for baseline, _ in seen}) > 1
     finally:
         await engine.dispose()
+
+
+def test_tokens_are_counted_by_kind_and_priced_per_target_warm_ups_and_failures_included() -> None:
+    from monitor.probe.settings import Prices
+
+    samples = make_samples("qwen3-8b", "short", rounds=3, warmup=1, errors={2: ErrorClass.SERVER_ERROR})
+    for sample in samples:
+        sample.prompt_tokens, sample.cached_tokens = 1000, 200
+        sample.completion_tokens, sample.reasoning_tokens = 64, 40
+    metrics = Metrics(location="lab")
+    prices = Prices(input=1.0, cached_input=0.5, output=4.0, reasoning=8.0, currency="EUR")
+    for sample in samples:
+        metrics.observe_sample(sample, provider="vllm", probe_job="every-5m", prices=prices)
+    metrics.observe_sample(samples[0], provider="free", probe_job="every-5m")  # no prices: tokens only
+    scraped = families(metrics.registry)
+    tokens = {labels["kind"]: v for _, labels, v in scraped["ttft_monitor_tokens"]}
+    # 4 priced requests (1 warm-up, one failed after its usage came) and one unpriced: 5 x each count.
+    assert tokens == {"input": 5 * 800, "cached": 5 * 200, "output": 5 * 24, "reasoning": 5 * 40}
+    [(_, labels, cost)] = scraped["ttft_monitor_estimated_cost"]
+    assert labels == {"target": "qwen3-8b", "location": "lab", "probe_job": "every-5m", "currency": "EUR"}
+    assert cost == pytest.approx(4 * (800 * 1 + 200 * 0.5 + 24 * 4 + 40 * 8) / 1e6)

@@ -357,3 +357,30 @@ def test_outputs_mask_the_password(postgres_backend: Backend, tmp_path: Path) ->
     assert code == 0, err
     assert "not-needed-trust-auth" not in out + err
     assert ":***@" in out
+
+
+async def test_samples_stored_before_0013_have_no_reasoning_count_and_new_ones_keep_theirs(
+    empty_backend: Backend,
+) -> None:
+    engine = empty_backend.engine()
+    try:
+        await migrate.upgrade(engine)
+        repository = Repository(engine)
+        old = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+        await repository.save_runs(old)
+        assert await migrate.downgrade(engine, "0012") == (migrate.head(), "0012")
+        assert await migrate.upgrade(engine) == ("0012", migrate.head())
+        series = old[0][0].series
+        [(_, stored)] = await repository.load_runs(series, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+        assert {(s.reasoning_tokens, s.reasoning_tokens_estimated) for s in stored} == {(None, False)}
+        new = make_batch(T0 + timedelta(minutes=5), targets=("qwen3-8b",), prompts=("short",))
+        for index, sample in enumerate(new[0][1]):
+            sample.reasoning_tokens, sample.reasoning_tokens_estimated = 950 + index, bool(index % 2)
+        await repository.save_runs(new)
+        loaded = await repository.load_runs(series, T0 + timedelta(minutes=4), T0 + timedelta(hours=1))
+        assert [(s.reasoning_tokens, s.reasoning_tokens_estimated) for s in loaded[0][1]] == [
+            (950 + index, bool(index % 2)) for index in range(len(new[0][1]))
+        ]
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()

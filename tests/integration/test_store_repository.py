@@ -413,3 +413,34 @@ def assert_same(actual: HourlyStats, wanted: HourlyStats) -> None:
     for name, value in dataclasses.asdict(wanted).items():
         expected = pytest.approx(value, rel=1e-12) if isinstance(value, float) else value
         assert getattr(actual, name) == expected, name
+
+
+async def test_the_tokens_seen_and_spent_are_summed_per_series_on_both_databases(backend: Backend) -> None:
+    from monitor.config.cost import Tokens
+
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        batch = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+        for sample in batch[0][1]:
+            sample.error, sample.prompt_tokens, sample.cached_tokens = None, 1000, 100
+            sample.completion_tokens, sample.reasoning_tokens = 64, 40
+        await repository.save_runs(batch)
+        run, samples = batch[0]
+        location = run.series.location
+        seen = await repository.tokens_seen(location, T0 - timedelta(hours=1))
+        assert list(seen) == [("qwen3-8b", "short")]
+        got = seen["qwen3-8b", "short"]
+        assert (got.samples, got.prompt_tokens, got.completion_tokens, got.reasoning_tokens) == (
+            len(samples),
+            1000,
+            64,
+            40,
+        )
+        spent, first = await repository.tokens_spent(location, T0 - timedelta(hours=1))
+        n = len(samples)
+        assert spent == {(run.job, "qwen3-8b"): Tokens(1000 * n, 100 * n, 24 * n, 40 * n)}
+        assert first == run.started_at
+        assert await repository.tokens_spent(location, T0 + timedelta(hours=1)) == ({}, None)
+    finally:
+        await engine.dispose()

@@ -388,6 +388,8 @@ def make_samples(
             self_delay_ms=0.1 + 0.05 * index,  # not drawn from rng: that would move every later draw
             via_proxy=index == 1,
             connection_retried=index == 3,
+            reasoning_tokens=None if error else 12,
+            reasoning_tokens_estimated=index == 2,
         )
         out.append(sample)
     return out

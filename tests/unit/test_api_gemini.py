@@ -65,6 +65,7 @@ CASES = [
             prompt_tokens=2100,
             cached_tokens=2048,
             completion_tokens=39,
+            reasoning_tokens=30,
             finished=True,
         ),
     ),

@@ -144,7 +144,14 @@ CASES = [
     (
         "completed",
         {"type": "response.completed", "response": response("completed", usage=USAGE), "sequence_number": 8},
-        EventInfo(EventKind.DONE, served_model=SERVED, prompt_tokens=2006, completion_tokens=12, cached_tokens=1920),
+        EventInfo(
+            EventKind.DONE,
+            served_model=SERVED,
+            prompt_tokens=2006,
+            completion_tokens=12,
+            cached_tokens=1920,
+            reasoning_tokens=0,
+        ),
     ),
     (
         "incomplete at max_output_tokens",
@@ -153,7 +160,14 @@ CASES = [
             "response": response("incomplete", incomplete_details={"reason": "max_output_tokens"}, usage=USAGE),
             "sequence_number": 8,
         },
-        EventInfo(EventKind.DONE, served_model=SERVED, prompt_tokens=2006, completion_tokens=12, cached_tokens=1920),
+        EventInfo(
+            EventKind.DONE,
+            served_model=SERVED,
+            prompt_tokens=2006,
+            completion_tokens=12,
+            cached_tokens=1920,
+            reasoning_tokens=0,
+        ),
     ),
     (
         "incomplete for another reason",

@@ -160,7 +160,8 @@ def test_it_rejects_an_unknown_prompt_and_an_unknown_provider() -> None:
             lambda d: d.update(job=[]),
             "config.yaml: job: unknown key 'job'; did you mean 'jobs'? "
             "(allowed: location, database, metrics, otel, "
-            "providers, targets, prompts, jobs, detection, alerts, web, probe_self_delay_bound_ms, shutdown_grace_s)",
+            "providers, targets, prompts, jobs, detection, alerts, web, budget, probe_self_delay_bound_ms, "
+            "shutdown_grace_s)",
         ),
         (
             lambda d: d["jobs"][1].update(schedul="* * * * *"),

@@ -42,6 +42,9 @@ class Usage:
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
+    # Written as completion_tokens_details.reasoning_tokens by the chat and completions wires when not
+    # None (OpenAI does; vLLM does not, so a client must estimate them from the stream).
+    reasoning_tokens: int | None = None
 
 
 class StreamWire(Protocol):

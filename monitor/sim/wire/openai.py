@@ -35,12 +35,15 @@ def _event(obj: Any) -> bytes:
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "prompt_tokens": usage.prompt_tokens,
         "total_tokens": usage.prompt_tokens + usage.completion_tokens,
         "completion_tokens": usage.completion_tokens,
         "prompt_tokens_details": {"cached_tokens": usage.cached_tokens},
     }
+    if usage.reasoning_tokens is not None:
+        out["completion_tokens_details"] = {"reasoning_tokens": usage.reasoning_tokens}
+    return out
 
 
 def _finish_reason(finished: bool) -> str:

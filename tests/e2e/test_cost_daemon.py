@@ -1,0 +1,108 @@
+"""The daemon counts what its probes spend: tokens by kind and the estimated cost per target, on /metrics."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import SimProcess
+from tests.support.daemon import http_get, start_daemon, stop_daemon, upgrade, wait_ready, write_config
+
+PRICES = "{input: 1.0, cached_input: 0.5, output: 4.0, reasoning: 8.0, currency: EUR}"
+
+
+def test_the_daemon_counts_tokens_by_kind_and_their_cost_per_target(sim: SimProcess, tmp_path: Path) -> None:
+    # Qwen3 thinks first: with max_tokens 4 every token is reasoning (estimated from the stream: vLLM-shaped).
+    config = write_config(tmp_path, sim, model="qwen3-8b")
+    text = config.read_text().replace(
+        "    params: {max_tokens: 4}", f"    params: {{max_tokens: 4}}\n    prices: {PRICES}"
+    )
+    config.write_text(text)
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        daemon.wait_for("job_finished", count=2, timeout=30)
+        status, body = http_get(daemon.metrics_url + "/metrics")
+        assert status == 200
+    finally:
+        assert stop_daemon(daemon) == 0
+    families = {f.name: f.samples for f in text_string_to_metric_families(body)}
+    tokens = {s.labels["kind"]: s.value for s in families["ttft_monitor_tokens"] if s.name.endswith("_total")}
+    assert {s.labels["target"] for s in families["ttft_monitor_tokens"]} == {"fast"}
+    probes = sum(s.value for s in families["ttft_monitor_probes"] if s.name.endswith("_total"))
+    assert probes >= 2
+    assert tokens["reasoning"] == 4 * probes and tokens["output"] == 0
+    assert tokens["input"] >= 256 * probes and tokens["cached"] == 0  # cache: bust
+    [cost] = [s for s in families["ttft_monitor_estimated_cost"] if s.name.endswith("_total")]
+    assert cost.labels == {"target": "fast", "location": "test", "probe_job": "tick", "currency": "EUR"}
+    assert cost.value == pytest.approx((tokens["input"] * 1.0 + tokens["reasoning"] * 8.0) / 1e6)
+    samples = daemon.events("probe_sample")
+    assert all(s["reasoning_tokens"] == 4 and s["reasoning_tokens_estimated"] for s in samples), samples
+
+
+def test_a_model_that_starts_reasoning_is_logged_once_as_an_event(sim: SimProcess, tmp_path: Path) -> None:
+    sim.post("/sim/models/gpt-4o-mini", {"decode_tps": 5000})
+    config = write_config(tmp_path, sim)
+    config.write_text(config.read_text().replace("params: {max_tokens: 4}", "params: {max_tokens: 1000}"))
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        daemon.wait_for("job_finished", count=2, timeout=30)
+        # The provider turns reasoning on behind the same model name: 48 tokens a probe become 948.
+        sim.post("/sim/models/gpt-4o-mini", {"reasoning_tokens": 900, "thinks_by_default": True})
+        [event] = daemon.wait_for("model_now_reasons", timeout=30)
+        finished = len(daemon.events("job_finished"))
+        daemon.wait_for("job_finished", count=finished + 2, timeout=30)
+    finally:
+        assert stop_daemon(daemon) == 0
+    assert len(daemon.events("model_now_reasons")) == 1  # a jump, not every run after it
+    assert event["target"] == "fast" and event["prompt"] == "short"
+    assert event["completion_tokens_before"] == 48 and event["completion_tokens_after"] == 948
+    assert event["reasoning_tokens_before"] == 0 and event["reasoning_tokens_after"] == 900
+
+
+ALERTS = """
+budget:
+  jobs:
+    tick: {per: day, tokens: 20000000}
+alerts:
+  receivers:
+    console: {type: log}
+  routes:
+    - receivers: [console]
+"""
+
+
+@pytest.mark.realtime
+@pytest.mark.timeout(120)
+def test_a_budget_crossed_at_run_time_notifies_once_and_shows_its_course(sim: SimProcess, tmp_path: Path) -> None:
+    # The schedule asks for 43,200 runs a day of 256 + 4 tokens (11.2M, inside the budget of 20M), but the request
+    # lets the model go past max_tokens (extra_body, as max_completion_tokens would) and it reasons 900 tokens.
+    sim.post("/sim/models/gpt-4o-mini", {"decode_tps": 5000, "reasoning_tokens": 900, "thinks_by_default": True})
+    config = write_config(tmp_path, sim, extra=ALERTS)
+    text = config.read_text().replace(
+        "params: {max_tokens: 4}", "params: {max_tokens: 4, extra_body: {max_tokens: 1000}}"
+    )
+    config.write_text(text)
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        [warning] = daemon.wait_for("budget_on_course_to_exceed", timeout=60)
+        [notice] = daemon.wait_for("alert_notification", timeout=30)
+        runs = len(daemon.events("job_finished"))
+        daemon.wait_for("job_finished", count=runs + 3, timeout=30)
+        _, body = http_get(daemon.metrics_url + "/metrics")
+    finally:
+        assert stop_daemon(daemon) == 0
+    assert warning["budget"] == "jobs.tick" and warning["ratio"] > 1
+    assert len(daemon.events("alert_notification")) == 1  # once, though every later run is over too
+    assert len(daemon.events("budget_on_course_to_exceed")) == 1
+    assert "budget.jobs.tick: job 'tick' is on course to spend" in str(notice), notice
+    families = {f.name: f.samples for f in text_string_to_metric_families(body)}
+    [course] = families["ttft_monitor_budget_course_ratio"]
+    assert course.labels == {"budget": "jobs.tick", "per": "day"} and course.value > 1
