@@ -46,17 +46,19 @@ from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH, EXIT_USAGE
 from monitor.logging import Redactor, error_text
-from monitor.metrics.definitions import Metrics, MonitorRegistry
+from monitor.metrics.definitions import Metrics, MonitorRegistry, job_interval_seconds
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
-from monitor.schedule.claims import TickClaims
+from monitor.schedule.claims import TAKE_OVER_DELAY_S, TickClaims
 from monitor.schedule.pipeline import JobOutcome, execute, plan_for_job
+from monitor.schedule.shards import shard_key, shard_series
 from monitor.service_loop import ServiceLoop, favour_waiting_threads
 from monitor.store.engine import display_url
 from monitor.tasks import finish_tasks
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+    from structlog.typing import FilteringBoundLogger
 
     from monitor.alert.metrics import AlertMetrics
     from monitor.otel.export import OtelTelemetry
@@ -500,8 +502,10 @@ class Daemon:
 
     async def _run_tick(self, job: Job, intended: datetime) -> None:
         log = structlog.get_logger().bind(job=job.name)
-        context, location = self.context, self.config.location
-        metrics = self.metrics
+        if job.shards > 1:
+            await self._run_shared_tick(job, intended, log)
+            return
+        location = self.config.location
         claims = self.claims
         was_resting = claims.resting
         claimed = await claims.try_claim(job=job.name, scheduled_at=intended, location=location, owner=self.owner)
@@ -511,13 +515,73 @@ class Daemon:
             log.warning("tick_claim_failed", scheduled=intended.isoformat(), action="probing unclaimed")
         if claimed is False:
             log.info("tick_claimed_elsewhere", scheduled=intended.isoformat())
-            metrics.job_runs.labels(job.name, "skipped_claimed").inc()
+            self.metrics.job_runs.labels(job.name, "skipped_claimed").inc()
             return
+        await self._probe(job, intended, log, claim_keys=[job.name])
+
+    async def _run_shared_tick(self, job: Job, intended: datetime, log: FilteringBoundLogger) -> None:
+        """A job split into shards (`jobs[].shards`): probe this replica's share of its series, then
+        the shards nobody claimed once the others had their turn (schedule/claims.py)."""
+        location, claims, shards = self.config.location, self.claims, job.shards
+        was_resting = claims.resting
+        share = await claims.try_claim_share(
+            job=job.name, shards=shards, scheduled_at=intended, location=location, owner=self.owner
+        )
+        if share is None:
+            if not was_resting:
+                log.warning("tick_claim_failed", scheduled=intended.isoformat(), action="probing every shard unclaimed")
+            await self._probe(job, intended, log, claim_keys=[])
+            return
+        mine, replicas = share
+        log.info("shards_claimed", scheduled=intended.isoformat(), shards=mine, of=shards, replicas=len(replicas))
+        interval = job_interval_seconds(self.config, job.name) or TAKE_OVER_DELAY_S * 2
+        delay = min(job.jitter_s + TAKE_OVER_DELAY_S, interval / 2)
+
+        async def take_over() -> list[int]:
+            await asyncio.sleep(delay)
+            won = await claims.try_take_over(
+                job=job.name,
+                shards=shards,
+                scheduled_at=intended,
+                location=location,
+                owner=self.owner,
+                replicas=replicas,
+            )
+            if won:
+                log.info("shards_taken_over", scheduled=intended.isoformat(), shards=won, of=shards)
+                await self._probe_shards(job, intended, log, won)
+            return won
+
+        async with asyncio.TaskGroup() as group:
+            if mine:
+                group.create_task(self._probe_shards(job, intended, log, mine))
+            later = group.create_task(take_over())
+        if not mine and not later.result():
+            log.info("tick_claimed_elsewhere", scheduled=intended.isoformat(), shards=shards)
+            self.metrics.job_runs.labels(job.name, "skipped_claimed").inc()
+
+    async def _probe_shards(self, job: Job, intended: datetime, log: FilteringBoundLogger, shards: list[int]) -> None:
+        series = frozenset().union(*(shard_series(job.targets, job.prompts, s, job.shards) for s in shards))
+        keys = [shard_key(job.name, s, job.shards) for s in shards]
+        with structlog.contextvars.bound_contextvars(scheduled=intended.isoformat(), shards=shards):
+            await self._probe(job, intended, log, claim_keys=keys, series=series)
+
+    async def _probe(
+        self,
+        job: Job,
+        intended: datetime,
+        log: FilteringBoundLogger,
+        *,
+        claim_keys: list[str],
+        series: frozenset[tuple[str, str]] | None = None,
+    ) -> None:
+        """Run the job (or `series` of it) for the tick, then record how it ended on the claims it holds."""
+        context, metrics, claims = self.context, self.metrics, self.claims
         try:
             outcome = await execute(
                 context,
                 job=job.name,
-                plan=plan_for_job(context, job),
+                plan=plan_for_job(context, job, series=series),
                 connection=job.connection,
                 intended_at=intended,
             )
@@ -527,9 +591,11 @@ class Daemon:
             return
         result = "ok" if outcome.ok else "failed"
         metrics.job_runs.labels(job.name, result).inc()
-        if not claims.resting:
+        for key in claim_keys:
+            if claims.resting:
+                break
             task = asyncio.create_task(
-                claims.try_finish(job=job.name, scheduled_at=intended, location=location, status=result)
+                claims.try_finish(job=key, scheduled_at=intended, location=self.config.location, status=result)
             )
             self._bookkeeping.add(task)
             task.add_done_callback(self._bookkeeping.discard)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.store.models import JobTickRow, table_of
 from monitor.store.statements import upsert_insert
 
 RUNNING = "running"
+PRESENT = "present"  # a replica's row for a tick of a sharded job (schedule/shards.py)
 
 
 class TickClaimRepository:
@@ -38,6 +39,48 @@ class TickClaimRepository:
         async with self._engine.begin() as connection:
             result = await connection.execute(statement)
         return result.rowcount == 1
+
+    async def announce(
+        self,
+        *,
+        key: str,
+        prefix: str,
+        scheduled_at: datetime,
+        location: str,
+        owner: str,
+        now: datetime | None = None,
+    ) -> set[str]:
+        """Record `owner` as present at this tick (`key`), then return every replica present at this
+        tick or the one before it (rows under `prefix`), itself included.
+
+        The tick before counts so that a replica that died is still expected for one more tick (its
+        shards are then taken over) and one that joined is counted by replicas firing a little earlier.
+        """
+        statement = self._insert.values(
+            job=key,
+            scheduled_at=scheduled_at,
+            location=location,
+            claimed_by=owner,
+            claimed_at=now or datetime.now(UTC),
+            status=PRESENT,
+        ).on_conflict_do_nothing(index_elements=["job", "scheduled_at", "location"])
+        ours = (JobTickRow.job.startswith(prefix, autoescape=True), JobTickRow.location == location)
+        before = select(func.max(JobTickRow.scheduled_at)).where(*ours, JobTickRow.scheduled_at < scheduled_at)
+        present = select(JobTickRow.claimed_by).where(
+            *ours, (JobTickRow.scheduled_at == scheduled_at) | (JobTickRow.scheduled_at == before.scalar_subquery())
+        )
+        async with self._engine.begin() as connection:
+            await connection.execute(statement)
+            owners = (await connection.execute(present)).scalars().all()
+        return {*owners, owner}
+
+    async def claimed(self, *, keys: list[str], scheduled_at: datetime, location: str) -> set[str]:
+        """Which of these ticks' keys are claimed already (by anyone)."""
+        statement = select(JobTickRow.job).where(
+            JobTickRow.job.in_(keys), JobTickRow.scheduled_at == scheduled_at, JobTickRow.location == location
+        )
+        async with self._engine.connect() as connection:
+            return set((await connection.execute(statement)).scalars().all())
 
     async def finish(
         self, *, job: str, scheduled_at: datetime, location: str, status: str, now: datetime | None = None
