@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +49,7 @@ from monitor.logging import Redactor, error_text
 from monitor.metrics.definitions import Metrics, MonitorRegistry, job_interval_seconds
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
-from monitor.schedule.claims import TAKE_OVER_DELAY_S, TickClaims
+from monitor.schedule.claims import TAKE_OVER_DELAY_S, TickClaims, lease_s
 from monitor.schedule.pipeline import JobOutcome, execute, plan_for_job
 from monitor.schedule.shards import shard_key, shard_series
 from monitor.service_loop import ServiceLoop, favour_waiting_threads
@@ -521,7 +521,8 @@ class Daemon:
 
     async def _run_shared_tick(self, job: Job, intended: datetime, log: FilteringBoundLogger) -> None:
         """A job split into shards (`jobs[].shards`): probe this replica's share of its series, then
-        the shards nobody claimed once the others had their turn (schedule/claims.py)."""
+        the shards nobody claimed once the others had their turn, then those whose replica stopped
+        renewing its claim (it died mid-tick), until half an interval after the tick (schedule/claims.py)."""
         location, claims, shards = self.config.location, self.claims, job.shards
         was_resting = claims.resting
         share = await claims.try_claim_share(
@@ -534,11 +535,15 @@ class Daemon:
             return
         mine, replicas = share
         log.info("shards_claimed", scheduled=intended.isoformat(), shards=mine, of=shards, replicas=len(replicas))
-        interval = job_interval_seconds(self.config, job.name) or TAKE_OVER_DELAY_S * 2
-        delay = min(job.jitter_s + TAKE_OVER_DELAY_S, interval / 2)
+        interval = job_interval_seconds(self.config, job.name) or TAKE_OVER_DELAY_S * 4
+        lease = lease_s(interval)
+        # The last moment a take-over may start: later, its probes would be recorded far from their tick.
+        until = intended + timedelta(seconds=interval / 2)
+        keys = [shard_key(job.name, shard, shards) for shard in range(shards)]
+        took: list[int] = []
 
-        async def take_over() -> list[int]:
-            await asyncio.sleep(delay)
+        async def take_over(group: asyncio.TaskGroup) -> None:
+            await asyncio.sleep(min(job.jitter_s + TAKE_OVER_DELAY_S, interval / 2))
             won = await claims.try_take_over(
                 job=job.name,
                 shards=shards,
@@ -548,23 +553,64 @@ class Daemon:
                 replicas=replicas,
             )
             if won:
-                log.info("shards_taken_over", scheduled=intended.isoformat(), shards=won, of=shards)
-                await self._probe_shards(job, intended, log, won)
-            return won
+                took.extend(won)
+                log.info("shards_taken_over", scheduled=intended.isoformat(), shards=won, of=shards, reason="unclaimed")
+                group.create_task(self._probe_shards(job, intended, log, won, lease=lease))
+            seen: dict[str, tuple[str, datetime]] = {}
+            while datetime.now(UTC) < until:
+                running = await claims.try_running(keys=keys, scheduled_at=intended, location=location)
+                if running is None:
+                    return
+                others = {key: was for key, was in running.items() if was[0] != self.owner}
+                if not others:
+                    return  # every shard of the tick finished, or is this replica's
+                for key, was in others.items():
+                    if seen.get(key) != was:
+                        continue
+                    if await claims.try_take_over_stale(
+                        key=key, scheduled_at=intended, location=location, owner=self.owner, was=was
+                    ):
+                        shard = keys.index(key)
+                        took.append(shard)
+                        log.info(
+                            "shards_taken_over",
+                            scheduled=intended.isoformat(),
+                            shards=[shard],
+                            of=shards,
+                            reason="not renewed",
+                            was=was[0],
+                        )
+                        group.create_task(self._probe_shards(job, intended, log, [shard], lease=lease))
+                seen = others
+                await asyncio.sleep(lease)
 
         async with asyncio.TaskGroup() as group:
             if mine:
-                group.create_task(self._probe_shards(job, intended, log, mine))
-            later = group.create_task(take_over())
-        if not mine and not later.result():
+                group.create_task(self._probe_shards(job, intended, log, mine, lease=lease))
+            group.create_task(take_over(group))
+        if not mine and not took:
             log.info("tick_claimed_elsewhere", scheduled=intended.isoformat(), shards=shards)
             self.metrics.job_runs.labels(job.name, "skipped_claimed").inc()
 
-    async def _probe_shards(self, job: Job, intended: datetime, log: FilteringBoundLogger, shards: list[int]) -> None:
+    async def _probe_shards(
+        self, job: Job, intended: datetime, log: FilteringBoundLogger, shards: list[int], *, lease: float
+    ) -> None:
+        """Probe these shards' series, renewing their claims until they are finished."""
+        claims, location = self.claims, self.config.location
         series = frozenset().union(*(shard_series(job.targets, job.prompts, s, job.shards) for s in shards))
         keys = [shard_key(job.name, s, job.shards) for s in shards]
-        with structlog.contextvars.bound_contextvars(scheduled=intended.isoformat(), shards=shards):
-            await self._probe(job, intended, log, claim_keys=keys, series=series)
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(lease / 3)
+                await claims.try_renew(keys=keys, scheduled_at=intended, location=location, owner=self.owner)
+
+        renewing = asyncio.create_task(renew())
+        try:
+            with structlog.contextvars.bound_contextvars(scheduled=intended.isoformat(), shards=shards):
+                await self._probe(job, intended, log, claim_keys=keys, series=series, finish_now=True)
+        finally:
+            renewing.cancel()
 
     async def _probe(
         self,
@@ -574,8 +620,10 @@ class Daemon:
         *,
         claim_keys: list[str],
         series: frozenset[tuple[str, str]] | None = None,
+        finish_now: bool = False,
     ) -> None:
-        """Run the job (or `series` of it) for the tick, then record how it ended on the claims it holds."""
+        """Run the job (or `series` of it) for the tick, then record how it ended on the claims it holds
+        (off the tick's task, or before returning with `finish_now`)."""
         context, metrics, claims = self.context, self.metrics, self.claims
         try:
             outcome = await execute(
@@ -591,6 +639,10 @@ class Daemon:
             return
         result = "ok" if outcome.ok else "failed"
         metrics.job_runs.labels(job.name, result).inc()
+        if finish_now:  # while its lease is still renewed, so no other replica takes it over meanwhile
+            for key in claim_keys:
+                await claims.try_finish(job=key, scheduled_at=intended, location=self.config.location, status=result)
+            return
         for key in claim_keys:
             if claims.resting:
                 break

@@ -13,9 +13,12 @@ database known to be away). Replicas then probe the same tick; the store keeps o
 A job with `shards: N` is claimed per shard of its series (`schedule/shards.py`): each replica
 records itself present at the tick, takes its share among the replicas present at this tick or the
 one before (`try_claim_share`), and after the others had their turn takes over the shards nobody
-claimed (`try_take_over`: a replica that died, or one that is late). A replica that joins or dies
-changes the share from the next tick on. The same bounded wait and rest apply: when the share cannot
-be claimed, every shard is probed, as an unclaimed tick is.
+claimed (`try_take_over`: a replica that died, or one that is late). While it probes, a replica
+renews its claims (`try_renew`, every third of `lease_s`); a claim another replica sees unrenewed
+for a whole lease is taken over (`try_take_over_stale`) and its series probed, so a replica killed
+mid-tick leaves no hole. A replica that joins or dies changes the share from the next tick on.
+The same bounded wait and rest apply: when the share cannot be claimed, every shard is probed, as
+an unclaimed tick is.
 """
 
 from __future__ import annotations
@@ -39,6 +42,16 @@ FINISH_TIMEOUT_S = 5.0
 # A sharded tick's shards that nobody claimed this long after the tick (plus the job's jitter, at most
 # half its interval) are taken over: the replicas firing with it have claimed their share by then.
 TAKE_OVER_DELAY_S = 2.0
+# A replica renews its running shard claims every third of the lease; a claim not renewed for a whole
+# lease, as seen by another replica on its own clock, is taken over (its replica died mid-tick). A
+# quarter of the job's interval, within these bounds: long enough for a loop stall not to lose a
+# claim, short enough that the take-over's probes still start within half an interval of the tick.
+LEASE_MIN_S = 2.0
+LEASE_MAX_S = 15.0
+
+
+def lease_s(interval_s: float) -> float:
+    return min(LEASE_MAX_S, max(LEASE_MIN_S, interval_s / 4))
 
 
 class TickClaims:
@@ -127,6 +140,31 @@ class TickClaims:
             )
         )
         return won or []
+
+    async def try_renew(self, *, keys: list[str], scheduled_at: datetime, location: str, owner: str) -> None:
+        """Renew this replica's running shard claims (their lease); bounded, skipped while resting."""
+        if self.resting:
+            return
+        await self._bounded(self._ticks.renew(keys=keys, scheduled_at=scheduled_at, location=location, owner=owner))
+
+    async def try_running(
+        self, *, keys: list[str], scheduled_at: datetime, location: str
+    ) -> dict[str, tuple[str, datetime]] | None:
+        """The running claims of these keys with their owner and last stamp; None: not known now."""
+        if self.resting:
+            return None
+        return await self._bounded(self._ticks.running(keys=keys, scheduled_at=scheduled_at, location=location))
+
+    async def try_take_over_stale(
+        self, *, key: str, scheduled_at: datetime, location: str, owner: str, was: tuple[str, datetime]
+    ) -> bool:
+        """Take a claim that was not renewed since it was seen as `was`; False when another did, or unknown."""
+        if self.resting:
+            return False
+        won = await self._bounded(
+            self._ticks.take_over(key=key, scheduled_at=scheduled_at, location=location, owner=owner, was=was)
+        )
+        return bool(won)
 
     async def _bounded(self, work: Awaitable[T]) -> T | None:
         """`work`'s result, or None when it failed or did not end within the claim timeout (then rest)."""

@@ -82,6 +82,68 @@ class TickClaimRepository:
         async with self._engine.connect() as connection:
             return set((await connection.execute(statement)).scalars().all())
 
+    async def renew(
+        self, *, keys: list[str], scheduled_at: datetime, location: str, owner: str, now: datetime | None = None
+    ) -> int:
+        """Stamp `owner`'s running claims of these keys anew (its lease); how many it still holds."""
+        statement = (
+            update(JobTickRow)
+            .where(
+                JobTickRow.job.in_(keys),
+                JobTickRow.scheduled_at == scheduled_at,
+                JobTickRow.location == location,
+                JobTickRow.claimed_by == owner,
+                JobTickRow.status == RUNNING,
+            )
+            .values(claimed_at=now or datetime.now(UTC))
+        )
+        async with self._engine.begin() as connection:
+            result = await connection.execute(statement)
+        return result.rowcount
+
+    async def running(
+        self, *, keys: list[str], scheduled_at: datetime, location: str
+    ) -> dict[str, tuple[str, datetime]]:
+        """The claims of these keys still running: key -> (owner, its last stamp)."""
+        statement = select(JobTickRow.job, JobTickRow.claimed_by, JobTickRow.claimed_at).where(
+            JobTickRow.job.in_(keys),
+            JobTickRow.scheduled_at == scheduled_at,
+            JobTickRow.location == location,
+            JobTickRow.status == RUNNING,
+        )
+        async with self._engine.connect() as connection:
+            rows = (await connection.execute(statement)).all()
+        return {key: (owner, stamp) for key, owner, stamp in rows}
+
+    async def take_over(
+        self,
+        *,
+        key: str,
+        scheduled_at: datetime,
+        location: str,
+        owner: str,
+        was: tuple[str, datetime],
+        now: datetime | None = None,
+    ) -> bool:
+        """Take a running claim whose owner and stamp are still `was` (its owner stopped renewing it);
+        True for the one taker that changed it, whatever the clocks of the machines say."""
+        was_owner, was_stamp = was
+        statement = (
+            update(JobTickRow)
+            .where(
+                JobTickRow.job == key,
+                JobTickRow.scheduled_at == scheduled_at,
+                JobTickRow.location == location,
+                JobTickRow.claimed_by == was_owner,
+                JobTickRow.claimed_at == was_stamp,
+                JobTickRow.status == RUNNING,
+            )
+            .values(claimed_by=owner, claimed_at=now or datetime.now(UTC))
+        )
+        async with self._engine.begin() as connection:
+            result = await connection.execute(statement)
+        return result.rowcount == 1
+
     async def finish(
         self, *, job: str, scheduled_at: datetime, location: str, status: str, now: datetime | None = None
     ) -> bool:

@@ -174,6 +174,37 @@ async def test_the_shards_of_a_replica_that_died_are_taken_over_then_shared_out(
     assert ((await share(a, "a", after))[0], (await share(b, "b", after))[0]) == ([0, 2, 4], [1, 3, 5])
 
 
+async def test_a_claim_not_renewed_is_taken_over_once_and_a_renewed_one_is_not(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    dying, alive = TickClaims(engines[0]), TickClaims(engines[1])
+    survivors = [TickClaims(engines[i % 2]) for i in range(4)]
+    keys = ["big/shard-0-of-2", "big/shard-1-of-2"]
+    for key, (owner, claims) in zip(keys, (("dying", dying), ("alive", alive)), strict=True):
+        assert await claims.claim(job=key, scheduled_at=TICK, location="lab", owner=owner)
+    seen = await survivors[0].try_running(keys=keys, scheduled_at=TICK, location="lab")
+    assert seen is not None and {k: owner for k, (owner, _) in seen.items()} == {keys[0]: "dying", keys[1]: "alive"}
+    await asyncio.sleep(0.01)  # a stamp later than the one seen, on any clock resolution
+    await alive.try_renew(keys=[keys[1]], scheduled_at=TICK, location="lab", owner="alive")
+    now = await survivors[0].try_running(keys=keys, scheduled_at=TICK, location="lab")
+    assert now is not None and now[keys[0]] == seen[keys[0]] and now[keys[1]] != seen[keys[1]]
+    # Four survivors race for the claim that was not renewed: one gets it. The renewed one stays.
+    won = await asyncio.gather(
+        *(
+            s.try_take_over_stale(key=keys[0], scheduled_at=TICK, location="lab", owner=f"s{i}", was=seen[keys[0]])
+            for i, s in enumerate(survivors)
+        )
+    )
+    assert won.count(True) == 1
+    assert not await survivors[0].try_take_over_stale(
+        key=keys[1], scheduled_at=TICK, location="lab", owner="s0", was=seen[keys[1]]
+    )
+    # A finished claim is not running, so nobody watches or takes it.
+    await alive.try_finish(job=keys[1], scheduled_at=TICK, location="lab", status="ok")
+    left = await survivors[0].try_running(keys=keys, scheduled_at=TICK, location="lab")
+    assert left is not None and list(left) == [keys[0]] and left[keys[0]][0] == f"s{won.index(True)}"
+
+
 async def test_replicas_of_another_location_or_a_job_whose_name_is_a_pattern_are_not_counted(
     engines: tuple[AsyncEngine, AsyncEngine],
 ) -> None:
