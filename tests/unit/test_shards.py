@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from monitor.schedule.claims import lease_s
 from monitor.schedule.shards import (
     job_series,
     preferred_shards,
@@ -68,3 +69,11 @@ def test_claim_keys_carry_the_shard_and_the_replica_and_no_job_name_holds_them()
     assert replica_key("ttft", "host:1:ab") == "ttft/replica/host:1:ab"
     assert replica_key("ttft", "x").startswith(replica_prefix("ttft"))
     assert not shard_key("ttft", 0, 2).startswith(replica_prefix("ttft"))
+
+
+@pytest.mark.parametrize(
+    ("interval_s", "lease"),
+    [(1, 2.0), (8, 2.0), (12, 3.0), (60, 15.0), (300, 15.0)],
+)
+def test_a_claims_lease_is_a_quarter_of_the_interval_within_its_bounds(interval_s: float, lease: float) -> None:
+    assert lease_s(interval_s) == lease
