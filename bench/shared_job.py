@@ -4,9 +4,10 @@ Each daemon is a real `ttft-monitor run` against the simulator (bench/daemon.py'
 series in one job every EVERY seconds, one request each). Both set-ups run in turn, `--pairs` times,
 each on a fresh database, in one run so their figures are side by side; the script prints the
 medians: probes completed per second by all daemons together over `--seconds` from the moment all
-are ready (offer more than one daemon manages, so this is its capacity), the share that succeeded,
-ticks skipped because the previous one was still running, and the event-loop lag p99 of the
-busiest daemon.
+are ready (a tick still running when the next is due skips that one, so this is in steps of whole
+ticks), how long a tick took from its scheduled time to its last run's end and the series per
+second that makes (the capacity, not rounded to ticks), the share that succeeded, ticks skipped,
+and the event-loop lag p99 of the busiest daemon.
 
     .venv/bin/python bench/shared_job.py --postgres postgresql+asyncpg://postgres@127.0.0.1:5432/test \\
         [--series 1000] [--every 5] [--seconds 40] [--pairs 2] [--shards 6]
@@ -32,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from daemon import (  # bench/daemon.py: the same simulator, config and daemon as the one-daemon bench
+    PROMPT_SIZES,
     free_port,
     histogram_quantile,
     post,
@@ -110,8 +112,26 @@ def bench_setup(sim: str, args: argparse.Namespace, folder: Path, *, daemons: in
     samples = [
         e for e in events if e.get("event") == "probe_sample" and start <= datetime.fromisoformat(e["timestamp"]) < end
     ]
+    # How long each tick took to be probed, from its scheduled time to the last of its runs ending,
+    # whichever daemons probed it: what one daemon or the three can do, not rounded to whole ticks.
+    done: dict[datetime, datetime] = {}
+    for e in events:
+        if e.get("event") != "job_finished":
+            continue
+        ended = datetime.fromisoformat(e["timestamp"])
+        if "scheduled" in e:
+            tick = datetime.fromisoformat(e["scheduled"])
+        else:  # one daemon, no shards: the tick is when it started, less its lag
+            started = ended.timestamp() - e["duration_s"] - e["lag_ms"] / 1000
+            tick = datetime.fromtimestamp(round(started / args.every) * args.every, UTC)
+        if start <= tick < end:
+            done[tick] = max(done.get(tick, ended), ended)
+    tick_s = statistics.median((ended - tick).total_seconds() for tick, ended in done.items()) if done else float("nan")
+    series_n = max(1, args.series // len(PROMPT_SIZES)) * len(PROMPT_SIZES)
     return {
         "probes_per_s": len(samples) / (end - start).total_seconds(),
+        "tick_s": tick_s,
+        "series_per_tick_s": series_n / tick_s,
         "ok": sum(1 for s in samples if s.get("error") is None) / max(1, len(samples)),
         "skipped_ticks": sum(1 for e in events if e.get("event") == "job_run_skipped"),
         "lag_p99_s_worst": max(lags),
