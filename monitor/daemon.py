@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,17 +46,19 @@ from monitor.config.loader import load_config
 from monitor.config.models import Config, Job
 from monitor.exitcodes import EXIT_FAILED, EXIT_INFRA, EXIT_INTERRUPTED, EXIT_OK, EXIT_PUSH, EXIT_USAGE
 from monitor.logging import Redactor, error_text
-from monitor.metrics.definitions import Metrics, MonitorRegistry
+from monitor.metrics.definitions import Metrics, MonitorRegistry, job_interval_seconds
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
-from monitor.schedule.claims import TickClaims
+from monitor.schedule.claims import TAKE_OVER_DELAY_S, TickClaims, lease_s
 from monitor.schedule.pipeline import JobOutcome, execute, plan_for_job
+from monitor.schedule.shards import shard_key, shard_series
 from monitor.service_loop import ServiceLoop, favour_waiting_threads
 from monitor.store.engine import display_url
 from monitor.tasks import finish_tasks
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+    from structlog.typing import FilteringBoundLogger
 
     from monitor.alert.metrics import AlertMetrics
     from monitor.otel.export import OtelTelemetry
@@ -504,8 +506,10 @@ class Daemon:
 
     async def _run_tick(self, job: Job, intended: datetime) -> None:
         log = structlog.get_logger().bind(job=job.name)
-        context, location = self.context, self.config.location
-        metrics = self.metrics
+        if job.shards > 1:
+            await self._run_shared_tick(job, intended, log)
+            return
+        location = self.config.location
         claims = self.claims
         was_resting = claims.resting
         claimed = await claims.try_claim(job=job.name, scheduled_at=intended, location=location, owner=self.owner)
@@ -515,13 +519,121 @@ class Daemon:
             log.warning("tick_claim_failed", scheduled=intended.isoformat(), action="probing unclaimed")
         if claimed is False:
             log.info("tick_claimed_elsewhere", scheduled=intended.isoformat())
-            metrics.job_runs.labels(job.name, "skipped_claimed").inc()
+            self.metrics.job_runs.labels(job.name, "skipped_claimed").inc()
             return
+        await self._probe(job, intended, log, claim_keys=[job.name])
+
+    async def _run_shared_tick(self, job: Job, intended: datetime, log: FilteringBoundLogger) -> None:
+        """A job split into shards (`jobs[].shards`): probe this replica's share of its series, then
+        the shards nobody claimed once the others had their turn, then those whose replica stopped
+        renewing its claim (it died mid-tick), until half an interval after the tick (schedule/claims.py)."""
+        location, claims, shards = self.config.location, self.claims, job.shards
+        was_resting = claims.resting
+        share = await claims.try_claim_share(
+            job=job.name, shards=shards, scheduled_at=intended, location=location, owner=self.owner
+        )
+        if share is None:
+            if not was_resting:
+                log.warning("tick_claim_failed", scheduled=intended.isoformat(), action="probing every shard unclaimed")
+            await self._probe(job, intended, log, claim_keys=[])
+            return
+        mine, replicas = share
+        log.info("shards_claimed", scheduled=intended.isoformat(), shards=mine, of=shards, replicas=len(replicas))
+        interval = job_interval_seconds(self.config, job.name) or TAKE_OVER_DELAY_S * 4
+        lease = lease_s(interval)
+        # The last moment a take-over may start: later, its probes would be recorded far from their tick.
+        until = intended + timedelta(seconds=interval / 2)
+        keys = [shard_key(job.name, shard, shards) for shard in range(shards)]
+        took: list[int] = []
+
+        async def take_over(group: asyncio.TaskGroup) -> None:
+            await asyncio.sleep(min(job.jitter_s + TAKE_OVER_DELAY_S, interval / 2))
+            won = await claims.try_take_over(
+                job=job.name,
+                shards=shards,
+                scheduled_at=intended,
+                location=location,
+                owner=self.owner,
+                replicas=replicas,
+            )
+            if won:
+                took.extend(won)
+                log.info("shards_taken_over", scheduled=intended.isoformat(), shards=won, of=shards, reason="unclaimed")
+                group.create_task(self._probe_shards(job, intended, log, won, lease=lease))
+            seen: dict[str, tuple[str, datetime]] = {}
+            while datetime.now(UTC) < until:
+                running = await claims.try_running(keys=keys, scheduled_at=intended, location=location)
+                if running is None:
+                    return
+                others = {key: was for key, was in running.items() if was[0] != self.owner}
+                if not others:
+                    return  # every shard of the tick finished, or is this replica's
+                for key, was in others.items():
+                    if seen.get(key) != was:
+                        continue
+                    if await claims.try_take_over_stale(
+                        key=key, scheduled_at=intended, location=location, owner=self.owner, was=was
+                    ):
+                        shard = keys.index(key)
+                        took.append(shard)
+                        log.info(
+                            "shards_taken_over",
+                            scheduled=intended.isoformat(),
+                            shards=[shard],
+                            of=shards,
+                            reason="not renewed",
+                            was=was[0],
+                        )
+                        group.create_task(self._probe_shards(job, intended, log, [shard], lease=lease))
+                seen = others
+                await asyncio.sleep(lease)
+
+        async with asyncio.TaskGroup() as group:
+            if mine:
+                group.create_task(self._probe_shards(job, intended, log, mine, lease=lease))
+            group.create_task(take_over(group))
+        if not mine and not took:
+            log.info("tick_claimed_elsewhere", scheduled=intended.isoformat(), shards=shards)
+            self.metrics.job_runs.labels(job.name, "skipped_claimed").inc()
+
+    async def _probe_shards(
+        self, job: Job, intended: datetime, log: FilteringBoundLogger, shards: list[int], *, lease: float
+    ) -> None:
+        """Probe these shards' series, renewing their claims until they are finished."""
+        claims, location = self.claims, self.config.location
+        series = frozenset().union(*(shard_series(job.targets, job.prompts, s, job.shards) for s in shards))
+        keys = [shard_key(job.name, s, job.shards) for s in shards]
+
+        async def renew() -> None:
+            while True:
+                await asyncio.sleep(lease / 3)
+                await claims.try_renew(keys=keys, scheduled_at=intended, location=location, owner=self.owner)
+
+        renewing = asyncio.create_task(renew())
+        try:
+            with structlog.contextvars.bound_contextvars(scheduled=intended.isoformat(), shards=shards):
+                await self._probe(job, intended, log, claim_keys=keys, series=series, finish_now=True)
+        finally:
+            renewing.cancel()
+
+    async def _probe(
+        self,
+        job: Job,
+        intended: datetime,
+        log: FilteringBoundLogger,
+        *,
+        claim_keys: list[str],
+        series: frozenset[tuple[str, str]] | None = None,
+        finish_now: bool = False,
+    ) -> None:
+        """Run the job (or `series` of it) for the tick, then record how it ended on the claims it holds
+        (off the tick's task, or before returning with `finish_now`)."""
+        context, metrics, claims = self.context, self.metrics, self.claims
         try:
             outcome = await execute(
                 context,
                 job=job.name,
-                plan=plan_for_job(context, job),
+                plan=plan_for_job(context, job, series=series),
                 connection=job.connection,
                 intended_at=intended,
             )
@@ -531,9 +643,15 @@ class Daemon:
             return
         result = "ok" if outcome.ok else "failed"
         metrics.job_runs.labels(job.name, result).inc()
-        if not claims.resting:
+        if finish_now:  # while its lease is still renewed, so no other replica takes it over meanwhile
+            for key in claim_keys:
+                await claims.try_finish(job=key, scheduled_at=intended, location=self.config.location, status=result)
+            return
+        for key in claim_keys:
+            if claims.resting:
+                break
             task = asyncio.create_task(
-                claims.try_finish(job=job.name, scheduled_at=intended, location=location, status=result)
+                claims.try_finish(job=key, scheduled_at=intended, location=self.config.location, status=result)
             )
             self._bookkeeping.add(task)
             task.add_done_callback(self._bookkeeping.discard)

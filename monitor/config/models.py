@@ -172,10 +172,31 @@ class Job(ConfigModel):
         "a new one per request (includes DNS/TCP/TLS).",
     )
 
+    shards: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Split the job's series (targets x prompts) into this many shards that the replicas of one "
+        "location (daemons sharing the database, same `location`) claim apart each tick, so a large job is probed "
+        "by several daemons; each series is still probed once per tick. 1: one replica probes the whole tick. "
+        "At most the job's number of series; give every replica the same jobs (docs/deploy.md, "
+        '"A job shared by several daemons").',
+    )
+
     @field_validator("name")
     @classmethod
     def _check_job_name(cls, name: str) -> str:
         return check_name(name)
+
+    @model_validator(mode="after")
+    def _check_shards(self) -> Job:
+        series = len(self.targets) * len(self.prompts)
+        if self.shards > series:
+            raise ValueError(
+                f"shards: {self.shards} is more than the job's {series} series (targets x prompts); "
+                f"use at most {series}"
+            )
+        return self
 
     @field_validator("targets", "prompts")
     @classmethod

@@ -33,6 +33,8 @@ class RunPlan:
     pause_s: float = 1.0
     # Requests in flight at once across the whole run. 1 keeps probes from distorting each other.
     concurrency: int = 1
+    # Only these (target, prompt) series; None: every one. A replica's shards of a job (jobs[].shards).
+    series: frozenset[tuple[str, str]] | None = None
 
 
 class ProviderLimits:
@@ -106,5 +108,6 @@ async def run_plan(
     async with asyncio.TaskGroup() as group:
         for target in plan.targets:
             for spec in plan.prompts:
-                group.create_task(series(target, spec))
+                if plan.series is None or (target.name, spec.name) in plan.series:
+                    group.create_task(series(target, spec))
     return samples

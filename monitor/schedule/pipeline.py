@@ -131,10 +131,14 @@ class JobOutcome:
         return sum(1 for s in self.measured if not s.ok)
 
 
-def plan_for_job(ctx: JobContext, job: Job) -> RunPlan:
+def plan_for_job(ctx: JobContext, job: Job, *, series: frozenset[tuple[str, str]] | None = None) -> RunPlan:
+    """The job's run; with `series` (a replica's shards of it) only those, and only their targets
+    (whose servers' metrics are then scraped)."""
     config = ctx.config
+    targets = job.targets if series is None else [t for t in job.targets if any(t == s[0] for s in series)]
     return RunPlan(
-        targets=ctx.endpoints.targets(job.targets),
+        series=series,
+        targets=ctx.endpoints.targets(targets),
         prompts=tuple(prompt_spec(name, config.prompts[name]) for name in job.prompts),
         rounds=job.rounds,
         warmup=job.warmup,

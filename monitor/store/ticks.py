@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.store.models import JobTickRow, table_of
 from monitor.store.statements import upsert_insert
 
 RUNNING = "running"
+PRESENT = "present"  # a replica's row for a tick of a sharded job (schedule/shards.py)
 
 
 class TickClaimRepository:
@@ -35,6 +36,110 @@ class TickClaimRepository:
             claimed_at=now or datetime.now(UTC),
             status=RUNNING,
         ).on_conflict_do_nothing(index_elements=["job", "scheduled_at", "location"])
+        async with self._engine.begin() as connection:
+            result = await connection.execute(statement)
+        return result.rowcount == 1
+
+    async def announce(
+        self,
+        *,
+        key: str,
+        prefix: str,
+        scheduled_at: datetime,
+        location: str,
+        owner: str,
+        now: datetime | None = None,
+    ) -> set[str]:
+        """Record `owner` as present at this tick (`key`), then return every replica present at this
+        tick or the one before it (rows under `prefix`), itself included.
+
+        The tick before counts so that a replica that died is still expected for one more tick (its
+        shards are then taken over) and one that joined is counted by replicas firing a little earlier.
+        """
+        statement = self._insert.values(
+            job=key,
+            scheduled_at=scheduled_at,
+            location=location,
+            claimed_by=owner,
+            claimed_at=now or datetime.now(UTC),
+            status=PRESENT,
+        ).on_conflict_do_nothing(index_elements=["job", "scheduled_at", "location"])
+        ours = (JobTickRow.job.startswith(prefix, autoescape=True), JobTickRow.location == location)
+        before = select(func.max(JobTickRow.scheduled_at)).where(*ours, JobTickRow.scheduled_at < scheduled_at)
+        present = select(JobTickRow.claimed_by).where(
+            *ours, (JobTickRow.scheduled_at == scheduled_at) | (JobTickRow.scheduled_at == before.scalar_subquery())
+        )
+        async with self._engine.begin() as connection:
+            await connection.execute(statement)
+            owners = (await connection.execute(present)).scalars().all()
+        return {*owners, owner}
+
+    async def claimed(self, *, keys: list[str], scheduled_at: datetime, location: str) -> set[str]:
+        """Which of these ticks' keys are claimed already (by anyone)."""
+        statement = select(JobTickRow.job).where(
+            JobTickRow.job.in_(keys), JobTickRow.scheduled_at == scheduled_at, JobTickRow.location == location
+        )
+        async with self._engine.connect() as connection:
+            return set((await connection.execute(statement)).scalars().all())
+
+    async def renew(
+        self, *, keys: list[str], scheduled_at: datetime, location: str, owner: str, now: datetime | None = None
+    ) -> int:
+        """Stamp `owner`'s running claims of these keys anew (its lease); how many it still holds."""
+        statement = (
+            update(JobTickRow)
+            .where(
+                JobTickRow.job.in_(keys),
+                JobTickRow.scheduled_at == scheduled_at,
+                JobTickRow.location == location,
+                JobTickRow.claimed_by == owner,
+                JobTickRow.status == RUNNING,
+            )
+            .values(claimed_at=now or datetime.now(UTC))
+        )
+        async with self._engine.begin() as connection:
+            result = await connection.execute(statement)
+        return result.rowcount
+
+    async def running(
+        self, *, keys: list[str], scheduled_at: datetime, location: str
+    ) -> dict[str, tuple[str, datetime]]:
+        """The claims of these keys still running: key -> (owner, its last stamp)."""
+        statement = select(JobTickRow.job, JobTickRow.claimed_by, JobTickRow.claimed_at).where(
+            JobTickRow.job.in_(keys),
+            JobTickRow.scheduled_at == scheduled_at,
+            JobTickRow.location == location,
+            JobTickRow.status == RUNNING,
+        )
+        async with self._engine.connect() as connection:
+            rows = (await connection.execute(statement)).all()
+        return {key: (owner, stamp) for key, owner, stamp in rows}
+
+    async def take_over(
+        self,
+        *,
+        key: str,
+        scheduled_at: datetime,
+        location: str,
+        owner: str,
+        was: tuple[str, datetime],
+        now: datetime | None = None,
+    ) -> bool:
+        """Take a running claim whose owner and stamp are still `was` (its owner stopped renewing it);
+        True for the one taker that changed it, whatever the clocks of the machines say."""
+        was_owner, was_stamp = was
+        statement = (
+            update(JobTickRow)
+            .where(
+                JobTickRow.job == key,
+                JobTickRow.scheduled_at == scheduled_at,
+                JobTickRow.location == location,
+                JobTickRow.claimed_by == was_owner,
+                JobTickRow.claimed_at == was_stamp,
+                JobTickRow.status == RUNNING,
+            )
+            .values(claimed_by=owner, claimed_at=now or datetime.now(UTC))
+        )
         async with self._engine.begin() as connection:
             result = await connection.execute(statement)
         return result.rowcount == 1

@@ -113,3 +113,119 @@ async def test_the_claim_policy_wins_loses_and_rests_while_the_database_is_away(
     finally:
         await claims.close()
         await away.dispose()
+
+
+# ---------------------------------------------------------------- a job split into shards (jobs[].shards)
+
+SHARDS = 6
+
+
+async def share(claims: TickClaims, owner: str, tick: Any = TICK) -> tuple[list[int], set[str]]:
+    got = await claims.try_claim_share(job="big", shards=SHARDS, scheduled_at=tick, location="lab", owner=owner)
+    assert got is not None
+    return got
+
+
+async def test_three_replicas_present_at_a_tick_split_its_shards_once_each(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    replicas = {owner: TickClaims(engines[i % 2]) for i, owner in enumerate("abc")}
+    # The tick before: each announces itself (a replica sees only those that came before it).
+    before = TICK - timedelta(minutes=1)
+    for owner, claims in replicas.items():
+        await share(claims, owner, before)
+    # This tick, all three are known to all three, and they race: the shards split 2-2-2, once each.
+    shares = await asyncio.gather(*(share(claims, owner) for owner, claims in replicas.items()))
+    won = {owner: mine for owner, (mine, _) in zip(replicas, shares, strict=True)}
+    assert won == {"a": [0, 3], "b": [1, 4], "c": [2, 5]}
+    assert all(seen == {"a", "b", "c"} for _, seen in shares)
+    found = [r for r in await rows(engines[0]) if r["job"].startswith("big/shard-")]
+    assert len(found) == 2 * SHARDS  # both ticks, each shard once
+    # Nothing is left to take over.
+    assert (
+        await replicas["a"].try_take_over(
+            job="big", shards=SHARDS, scheduled_at=TICK, location="lab", owner="a", replicas={"a", "b", "c"}
+        )
+        == []
+    )
+
+
+async def test_the_shards_of_a_replica_that_died_are_taken_over_then_shared_out(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    a, b, dead = TickClaims(engines[0]), TickClaims(engines[1]), TickClaims(engines[0])
+    for owner, claims in (("a", a), ("b", b), ("dead", dead)):
+        await share(claims, owner, TICK - timedelta(minutes=1))
+    # "dead" was present at the tick before but says nothing at this one: its shards go unclaimed...
+    (mine_a, seen_a), (mine_b, seen_b) = await share(a, "a"), await share(b, "b")
+    assert (mine_a, mine_b) == ([0, 3], [1, 4])
+    assert "dead" in seen_a
+    # ...until a survivor takes them over after the others' turn; the other survivor finds none left.
+    taken = await a.try_take_over(
+        job="big", shards=SHARDS, scheduled_at=TICK, location="lab", owner="a", replicas=seen_a
+    )
+    assert taken == [2, 5]
+    assert (
+        await b.try_take_over(job="big", shards=SHARDS, scheduled_at=TICK, location="lab", owner="b", replicas=seen_b)
+        == []
+    )
+    # The tick after, "dead" is no longer expected: two replicas split the six shards three each.
+    after = TICK + timedelta(minutes=1)
+    assert ((await share(a, "a", after))[0], (await share(b, "b", after))[0]) == ([0, 2, 4], [1, 3, 5])
+
+
+async def test_a_claim_not_renewed_is_taken_over_once_and_a_renewed_one_is_not(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    dying, alive = TickClaims(engines[0]), TickClaims(engines[1])
+    survivors = [TickClaims(engines[i % 2]) for i in range(4)]
+    keys = ["big/shard-0-of-2", "big/shard-1-of-2"]
+    for key, (owner, claims) in zip(keys, (("dying", dying), ("alive", alive)), strict=True):
+        assert await claims.claim(job=key, scheduled_at=TICK, location="lab", owner=owner)
+    seen = await survivors[0].try_running(keys=keys, scheduled_at=TICK, location="lab")
+    assert seen is not None and {k: owner for k, (owner, _) in seen.items()} == {keys[0]: "dying", keys[1]: "alive"}
+    await asyncio.sleep(0.01)  # a stamp later than the one seen, on any clock resolution
+    await alive.try_renew(keys=[keys[1]], scheduled_at=TICK, location="lab", owner="alive")
+    now = await survivors[0].try_running(keys=keys, scheduled_at=TICK, location="lab")
+    assert now is not None and now[keys[0]] == seen[keys[0]] and now[keys[1]] != seen[keys[1]]
+    # Four survivors race for the claim that was not renewed: one gets it. The renewed one stays.
+    won = await asyncio.gather(
+        *(
+            s.try_take_over_stale(key=keys[0], scheduled_at=TICK, location="lab", owner=f"s{i}", was=seen[keys[0]])
+            for i, s in enumerate(survivors)
+        )
+    )
+    assert won.count(True) == 1
+    assert not await survivors[0].try_take_over_stale(
+        key=keys[1], scheduled_at=TICK, location="lab", owner="s0", was=seen[keys[1]]
+    )
+    # A finished claim is not running, so nobody watches or takes it.
+    await alive.try_finish(job=keys[1], scheduled_at=TICK, location="lab", status="ok")
+    left = await survivors[0].try_running(keys=keys, scheduled_at=TICK, location="lab")
+    assert left is not None and list(left) == [keys[0]] and left[keys[0]][0] == f"s{won.index(True)}"
+
+
+async def test_replicas_of_another_location_or_a_job_whose_name_is_a_pattern_are_not_counted(
+    engines: tuple[AsyncEngine, AsyncEngine],
+) -> None:
+    claims = TickClaims(engines[0])
+    assert await share(claims, "a") == (list(range(SHARDS)), {"a"})
+    other = await claims.try_claim_share(job="big", shards=SHARDS, scheduled_at=TICK, location="edge", owner="x")
+    lookalike = await claims.try_claim_share(job="b_g", shards=SHARDS, scheduled_at=TICK, location="lab", owner="y")
+    assert other == (list(range(SHARDS)), {"x"})
+    assert lookalike == (list(range(SHARDS)), {"y"})  # `_` is no wildcard: big's replica "a" is not counted
+
+
+async def test_a_share_that_cannot_be_claimed_says_so_and_rests(tmp_path: Path) -> None:
+    away = create_engine(f"sqlite+aiosqlite:///{tmp_path}/no/such/dir/ttft.db")
+    try:
+        claims = TickClaims(away, rest_s=10)
+        assert await claims.try_claim_share(job="big", shards=3, scheduled_at=TICK, location="lab", owner="a") is None
+        assert claims.resting
+        taken = await claims.try_take_over(
+            job="big", shards=3, scheduled_at=TICK, location="lab", owner="a", replicas={"a", "b"}
+        )
+        assert taken == []
+    finally:
+        await claims.close()
+        await away.dispose()

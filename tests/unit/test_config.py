@@ -166,7 +166,7 @@ def test_it_rejects_an_unknown_prompt_and_an_unknown_provider() -> None:
         (
             lambda d: d["jobs"][1].update(schedul="* * * * *"),
             "config.yaml: jobs[1].schedul: unknown key 'schedul'; did you mean 'schedule'? (allowed: name, "
-            "schedule, timezone, jitter_s, targets, prompts, rounds, warmup, pause_s, connection)",
+            "schedule, timezone, jitter_s, targets, prompts, rounds, warmup, pause_s, connection, shards)",
         ),
         (
             lambda d: d["providers"]["sim"].update(timeout_s={"conect": 5}),
@@ -197,6 +197,18 @@ def test_it_rejects_a_bad_cron_expression() -> None:
         "config.yaml: jobs[0].schedule: '*/5 * *' is not a cron expression "
         "(expected 5 fields: minute hour day month weekday, or 6 with seconds first)"
     ]
+
+
+def test_a_job_splits_into_at_most_as_many_shards_as_it_has_series() -> None:
+    data = base()
+    data["jobs"][0].update(targets=["qwen3-8b", "qwen3-14b"], shards=2)
+    assert load_config(write(data), environ={}).jobs[0].shards == 2
+    data["jobs"][0]["shards"] = 3
+    assert problems(data) == [
+        "config.yaml: jobs[0]: shards: 3 is more than the job's 2 series (targets x prompts); use at most 2"
+    ]
+    data["jobs"][0]["shards"] = 0
+    assert problems(data) == ["config.yaml: jobs[0].shards: must be >= 1, got 0"]
 
 
 def test_it_rejects_an_unknown_timezone() -> None:
