@@ -226,6 +226,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return parallel.workers(os.cpu_count())
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") == "loadgroup":
+        return parallel.GroupScheduling(config, log)
+    return None
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout: waiting for the lock is no test time
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     """A `solo` test runs while no other worker runs a test (tests/support/parallel.py)."""

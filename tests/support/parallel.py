@@ -18,14 +18,16 @@ With `-n 0` (or a plain serial run) nothing here changes anything.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 SOLO = "solo"
 VLLM_GROUP = "vllm"
@@ -51,13 +53,24 @@ def group_of(item: pytest.Item) -> str | None:
 
 
 def assign_groups(items: list[pytest.Item]) -> None:
-    """Mark each test with its group (unless it names one itself) and put the long groups first."""
+    """Mark each test with its group (unless it names one itself), put the long groups first, and
+    write the groups where the controller's scheduler (`GroupScheduling`) reads them."""
+    groups: dict[str, str] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        group = group_of(item)
-        if group is not None:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is None:
+            group = group_of(item)
+            if group is None:
+                continue
             item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
+        else:
+            groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    folder = run_folder()
+    if folder is not None:  # every worker writes the same; the rename makes each write whole
+        written = folder / f"groups.{os.getpid()}.json"
+        written.write_text(json.dumps(groups), encoding="utf-8")
+        os.replace(written, folder / "groups.json")
 
     def rank(item: pytest.Item) -> int:
         mark = item.get_closest_marker("xdist_group")
@@ -93,6 +106,26 @@ def open_run_folder(config: pytest.Config) -> Path | None:
     folder = Path(tempfile.mkdtemp(prefix="ttft-tests-"))
     os.environ[RUN_FOLDER] = str(folder)
     return folder
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scheduling by scope, each scope being a test's group (`assign_groups`), or the test alone.
+
+    xdist's own `loadgroup` finds a group in a suffix it appends to `item._nodeid`, which pytest 9.2
+    no longer reads: every test would be scheduled alone, and each worker would start its own vLLM.
+    The controller collects nothing, so the workers write the groups down as they collect, before
+    they report their collection, and this reads them when the first scope is asked for."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:
+            folder = run_folder()
+            path = None if folder is None else folder / "groups.json"
+            self._groups = json.loads(path.read_text(encoding="utf-8")) if path and path.exists() else {}
+        return self._groups.get(nodeid, nodeid)
 
 
 class SoloLock:
