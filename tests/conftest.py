@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import IO, Any
 
 import pytest
+
+from tests.support import banners, parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 POSTGRES_ENV = "TTFT_TEST_POSTGRES_URL"
@@ -197,10 +200,11 @@ def tier(path: Path) -> str | None:
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: it must see the markers added here
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test carries its tier's marker, and `peer` when it carries a peer's.
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test carries its tier's marker, and `peer` when it carries a peer's; in a parallel run,
+    its group (tests/support/parallel.py).
 
-    The tests that use the real vLLM run last, in their own order. Its server lives for the session,
+    In a serial run the tests that use the real vLLM run last, in their own order. Its server lives for the session,
     and its engine (both cores busy during the attribution burst) must not slow the timing tests that
     would otherwise follow it alphabetically (the web tests)."""
     for item in items:
@@ -209,10 +213,51 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(folder)
         if any(item.get_closest_marker(name) for name in PEERS):
             item.add_marker("peer")
+    if parallel.in_worker(config):
+        parallel.assign_groups(items)
+        return
     uses_vllm = [item for item in items if "vllm_server" in getattr(item, "fixturenames", ())]
     if uses_vllm:
         chosen = set(map(id, uses_vllm))
         items[:] = [item for item in items if id(item) not in chosen] + uses_vllm
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return parallel.workers(os.cpu_count())
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") == "loadgroup":
+        return parallel.GroupScheduling(config, log)
+    return None
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout: waiting for the lock is no test time
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    """A `solo` test runs while no other worker runs a test (tests/support/parallel.py)."""
+    lock = item.config.stash.get(SOLO_LOCK, None)
+    if lock is None:
+        yield
+        return
+    with lock.held(alone=item.get_closest_marker(parallel.SOLO) is not None):
+        yield
+
+
+SOLO_LOCK = pytest.StashKey["parallel.SoloLock | None"]()
+
+
+RUN_FOLDER = pytest.StashKey["Path | None"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[RUN_FOLDER] = parallel.open_run_folder(config)
+    config.stash[SOLO_LOCK] = parallel.solo_lock(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = config.stash.get(RUN_FOLDER, None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def skipped_for_postgres(reports: list[Any]) -> int:
@@ -228,6 +273,7 @@ def skipped_for_postgres(reports: list[Any]) -> int:
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
+    banners.write(terminalreporter)
     skipped = skipped_for_postgres(terminalreporter.stats.get("skipped", []))
     if skipped:
         terminalreporter.write_sep("!", "POSTGRESQL TESTS SKIPPED", red=True, bold=True)

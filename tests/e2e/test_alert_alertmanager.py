@@ -6,7 +6,6 @@ possible the test is skipped, and the terminal summary says so loudly.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -23,13 +22,13 @@ import pytest
 from monitor.alert.dispatcher import Dispatcher
 from monitor.alert.transport import Transport
 from monitor.store.engine import create_engine
+from tests.support import apt, banners
 from tests.support.alert_fixtures import alerts, notification, outbox_rows, receiver, resolve_incident, store_incident
 from tests.support.ports import free_port
 
 pytest_plugins = ("tests.support.store_fixtures", "tests.support.alert_fixtures")
 
 BINARY = Path("/usr/bin/prometheus-alertmanager")
-_SKIPPED: list[str] = []
 CONFIG = """\
 route:
   receiver: blackhole
@@ -39,37 +38,13 @@ receivers:
 """
 
 
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _SKIPPED:
-        terminalreporter.write_sep("!", "ALERTMANAGER TEST SKIPPED", red=True, bold=True)
-        for reason in _SKIPPED:
-            terminalreporter.write_line(reason, red=True, bold=True)
-
-
-def _install() -> str | None:
-    """Install prometheus-alertmanager with apt-get; the reason when that is impossible."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available"
-    if os.geteuid() != 0:
-        return "not root, so apt-get cannot install it (run `apt-get install -y prometheus-alertmanager`)"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "prometheus-alertmanager"]
-    for attempt in range(2):
-        if attempt:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=180, check=False)
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240, check=False)
-        if done.returncode == 0 and BINARY.exists():
-            return None
-    return f"apt-get install prometheus-alertmanager failed: {done.stderr.strip()[-300:]}"
-
-
 @pytest.fixture(scope="session")
 def alertmanager_binary() -> Path:
     if not BINARY.exists():
-        reason = _install()
+        reason = apt.install("prometheus-alertmanager", BINARY)
         if reason is not None:
             message = f"the Alertmanager test was skipped: {BINARY} is missing and {reason}"
-            _SKIPPED.append(message)
+            banners.add("ALERTMANAGER TEST SKIPPED", message)
             pytest.skip(message)
     return BINARY
 

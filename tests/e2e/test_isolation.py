@@ -27,6 +27,9 @@ from tests.conftest import call_cli, start_sim, stop_sim
 from tests.support.daemon import start_daemon, stop_daemon, wait_ready, write_config
 from tests.support.ports import free_port
 
+# Its figures are times within milliseconds: it runs while no other test runs.
+pytestmark = pytest.mark.solo
+
 
 async def _ready() -> tuple[bool, str]:
     return True, "ready"

@@ -22,6 +22,7 @@ def probe_json(sim: SimProcess, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 @pytest.mark.realtime
 @pytest.mark.parametrize("thinking", [True, False], ids=["reasoning-on", "reasoning-off"])
 def test_ttft_matches_the_simulators_configured_ttft_within_1ms(exact_sim: SimProcess, thinking: bool) -> None:

@@ -18,6 +18,9 @@ from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
 from monitor.probe.self_delay import LoopDelayMeter, is_disturbed
 from tests.conftest import SimProcess
 
+# Its figures are times within milliseconds: it runs while no other test runs.
+pytestmark = pytest.mark.solo
+
 MS = 1_000_000
 
 # Wake-ups as (woke at, late by), in ms; then windows [start, end] and the worst lateness overlapping them.

@@ -30,6 +30,9 @@ from monitor.store.models import IncidentRow, SampleRow
 from tests.conftest import SimProcess, run_cli
 from tests.support.alert_fixtures import Loopback
 
+# Its figures are times within milliseconds: it runs while no other test runs.
+pytestmark = pytest.mark.solo
+
 pytest_plugins = ("tests.support.store_fixtures", "tests.support.alert_fixtures")
 
 HEALTHY, OVERLOADED = 18, 7

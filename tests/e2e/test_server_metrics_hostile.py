@@ -247,6 +247,7 @@ async def test_a_page_in_many_small_chunks_is_read_to_its_end(metrics_server: Me
     assert reading["vllm:num_requests_waiting"] == [({"model_name": "m"}, 7.0)]
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 async def test_a_huge_page_is_refused_without_holding_the_event_loop(metrics_server: MetricsServer) -> None:
     # Valid samples all the way: refused for its size alone, after reading no more than the limit.
     line = b'vllm:num_requests_waiting{model_name="m"} 1\n'
@@ -255,6 +256,7 @@ async def test_a_huge_page_is_refused_without_holding_the_event_loop(metrics_ser
     assert reading == "too_large"
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 async def test_a_large_page_under_the_limit_never_holds_the_event_loop_long(metrics_server: MetricsServer) -> None:
     # 6 MB of a real page's kind of samples: parsing it whole held the loop (and so the stamps of
     # every probe in flight) for over a second.

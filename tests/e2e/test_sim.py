@@ -632,6 +632,7 @@ async def test_faults_apply_to_non_streamed_requests(client: aiohttp.ClientSessi
         await post(client, "/v1/chat/completions", body)
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 async def test_the_drip_fault_spaces_tokens_by_the_gap(client: aiohttp.ClientSession) -> None:
     await configure(client, "plain", {"faults": {"drip_gap_ms": 30}})
     arrivals = []
@@ -648,6 +649,7 @@ async def test_the_drip_fault_spaces_tokens_by_the_gap(client: aiohttp.ClientSes
     assert 90 <= since_scheduled_first_token_ms(stamp, "last_token_write_ns") < 110
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 async def test_tokens_follow_the_decode_rate(client: aiohttp.ClientSession) -> None:
     await configure(client, "plain", {"decode_tps": 100, "answer_tokens": 11})
     response, _ = await post(client, "/v1/chat/completions", chat_body("plain", max_tokens=11))
@@ -810,6 +812,7 @@ async def test_errors_are_stamped_too(client: aiohttp.ClientSession) -> None:
     assert (stamp["status"], stamp["outcome"], stamp["first_token_write_ns"]) == (404, "error", None)
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 async def test_without_noise_the_first_token_arrives_on_time(client: aiohttp.ClientSession) -> None:
     await configure(client, "plain", {"ttft_base_ms": 40})
     await post(client, "/v1/chat/completions", chat_body("plain", max_tokens=1))  # warm the connection

@@ -22,6 +22,7 @@ import pytest
 from monitor.config.loader import load_config
 from monitor.systemd_notify import Notifier, socket_address, watchdog_interval
 from tests.conftest import ROOT
+from tests.support import apt
 from tests.support.commands import parse_cli, shutdown_grace_default
 
 UNIT = ROOT / "systemd" / "ttft-monitor.service"
@@ -294,29 +295,11 @@ def test_each_commented_credential_pairs_with_its_file_variable() -> None:
 # ---------------------------------------------------------------- systemd-analyze verify
 
 
-def _install_systemd() -> str:
-    """Installs Debian's systemd package; '' on success, else why it could not be done."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available (not a Debian-like system)"
-    if os.geteuid() != 0:
-        return "not root, so apt-get cannot install packages"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "--no-install-recommends", "systemd"]
-    try:
-        done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=600)
-        if done.returncode != 0:  # maybe stale package lists
-            subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=300)
-            done = subprocess.run(install, capture_output=True, text=True, env=env, timeout=600)
-    except subprocess.TimeoutExpired:
-        return "apt-get timed out"
-    return "" if done.returncode == 0 else f"apt-get failed: {done.stderr.strip()[-400:]}"
-
-
 @pytest.fixture(scope="session")
 def systemd_analyze() -> str:
     found = shutil.which("systemd-analyze")
     if found is None:
-        why = _install_systemd()
+        why = apt.install("systemd", "systemd-analyze")
         found = shutil.which("systemd-analyze")
         if found is None:
             pytest.skip(

@@ -17,6 +17,7 @@ import pytest
 
 from monitor.probe.apis import FLAVORS
 from tests.conftest import CliResult, run_cli
+from tests.support.banners import SummaryLines
 from tests.support.vllm_peer import CPUS_VARIABLE, SERVED_MODEL, VllmServer, engine_cpus, metric_total
 
 pytest_plugins = ("tests.support.vllm_peer",)
@@ -109,7 +110,7 @@ def bust_run(vllm_server: VllmServer) -> dict[str, Any]:
     )
 
 
-def test_with_cache_bust_ttft_grows_with_the_prompt(bust_run: dict[str, Any], vllm_figures: list[str]) -> None:
+def test_with_cache_bust_ttft_grows_with_the_prompt(bust_run: dict[str, Any], vllm_figures: SummaryLines) -> None:
     short, long = median_ttft(measured(bust_run, f"{SHORT}tok")), median_ttft(measured(bust_run, f"{LONG}tok"))
     vllm_figures.append(
         f"TTFT median, cache bust, 3 chat requests each: {SHORT} tokens {short:.1f} ms, {LONG} {long:.1f} ms"
@@ -127,7 +128,7 @@ def test_with_cache_bust_prompts_are_on_target_and_nothing_is_cached(bust_run: d
 
 
 def test_with_cache_warm_the_prefix_cache_answers_and_ttft_drops(
-    vllm_server: VllmServer, bust_run: dict[str, Any], vllm_figures: list[str]
+    vllm_server: VllmServer, bust_run: dict[str, Any], vllm_figures: SummaryLines
 ) -> None:
     warm = measured(
         probe(
@@ -173,7 +174,7 @@ def test_each_api_flavour_measures_the_same_server(vllm_server: VllmServer, api:
 
 
 def test_monitor_ttft_matches_vllms_own_ttft_plus_the_http_stack(
-    vllm_server: VllmServer, vllm_figures: list[str]
+    vllm_server: VllmServer, vllm_figures: SummaryLines
 ) -> None:
     requests, prompt_tokens = 4, 1000
     ttft_metric = "vllm:time_to_first_token_seconds"

@@ -33,6 +33,7 @@ from monitor.probe.result import Sample
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.repository import Repository
 from tests.conftest import CliResult, run_cli
+from tests.support.banners import SummaryLines
 from tests.support.store_fixtures import Backend
 from tests.support.vllm_peer import MAX_NUM_SEQS, SERVED_MODEL, VllmServer, metric_total
 
@@ -228,7 +229,7 @@ def incidents(config: Path) -> tuple[str, list[dict[str, Any]]]:
 
 
 async def test_a_burst_queues_on_vllm_and_the_regression_says_so_a_quiet_run_does_not(
-    vllm_server: VllmServer, backend: Backend, tmp_path: Path, vllm_figures: list[str]
+    vllm_server: VllmServer, backend: Backend, tmp_path: Path, vllm_figures: SummaryLines
 ) -> None:
     config = tmp_path / "config.yaml"
     config.write_text(config_text(vllm_server, tmp_path, backend.url))

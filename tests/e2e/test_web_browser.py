@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from monitor.store.engine import create_engine
 from monitor.store.records import runs_from_samples
 from monitor.store.repository import Repository
 from tests.conftest import ROOT, SimProcess, run_cli, start_sim, stop_sim
+from tests.support import apt, banners
 from tests.support.ports import free_port
 from tests.support.store_fixtures import make_samples
 
@@ -54,43 +54,17 @@ SLOWED = "qwen3-14b"
 EVIL_TARGET = "<script>window.__pwned=1</script>\"q'"
 EVIL_MESSAGE = '<img src=x onerror="window.__pwned=2"><script>window.__pwned=3</script>\'"'
 TOKEN = "browser-test-token"
-_SKIPPED: list[str] = []
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _SKIPPED:
-        terminalreporter.write_sep("!", "BROWSER TESTS SKIPPED", red=True, bold=True)
-        for reason in _SKIPPED:
-            terminalreporter.write_line(reason, red=True, bold=True)
 
 
 def _skip(reason: str) -> None:
-    _SKIPPED.append(reason)
+    banners.add("BROWSER TESTS SKIPPED", reason)
     pytest.skip(reason)
-
-
-def _install_chromium() -> str | None:
-    """Install Debian's chromium with apt-get; the reason when that is impossible."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available"
-    if os.geteuid() != 0:
-        return "not root, so apt-get cannot install it (run `apt-get install -y chromium`)"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
-    done = None
-    for attempt in range(2):
-        if attempt:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=300, check=False)
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=False)
-        if done.returncode == 0 and CHROMIUM.exists():
-            return None
-    return f"apt-get install chromium failed: {done.stderr.strip()[-300:] if done else ''}"
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
-        reason = _install_chromium()
+        reason = apt.install("chromium", CHROMIUM)
         if reason is not None:
             _skip(f"the browser tests were skipped: {CHROMIUM} is missing and {reason}")
     try:
@@ -614,6 +588,7 @@ def realistic(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterato
             server.stderr.close()
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 @pytest.mark.timeout(600)
 def test_each_page_is_usable_in_under_a_second_on_a_realistic_history(browser: Any, realistic: str) -> None:
     """Best of three visits per page: one visit stalled by another process on a shared machine says

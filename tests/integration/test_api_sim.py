@@ -14,6 +14,9 @@ from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.result import ErrorClass, Sample
 from monitor.sim import ModelProfile, RunningSimulator, Simulator, start
 
+# Its figures are times within milliseconds: it runs while no other test runs.
+pytestmark = pytest.mark.solo
+
 ALL_APIS = ["openai-chat", "openai-completions", "anthropic-messages", "openai-responses", "gemini"]
 # The path prefix each API's base_url carries on the simulator, as on the real service.
 VERSION = {"gemini": "/v1beta"}

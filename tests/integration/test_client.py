@@ -25,6 +25,9 @@ from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 
+# Its figures are times within milliseconds: it runs while no other test runs.
+pytestmark = pytest.mark.solo
+
 Script = list[tuple[float, bytes]]  # (sleep seconds before, bytes to write)
 SECRET = "sk-test-abcdefghijklmnopqrstuvwxyz0123"
 

@@ -28,7 +28,10 @@ from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.result import Sample, TimingPath
 from monitor.probe.self_delay import LoopDelayMeter
 
-pytestmark = pytest.mark.skipif(not kernel_clock.supported(), reason="kernel arrival stamps are Linux's")
+pytestmark = [
+    pytest.mark.skipif(not kernel_clock.supported(), reason="kernel arrival stamps are Linux's"),
+    pytest.mark.solo,  # its figures are times within milliseconds: it runs while no other test runs
+]
 
 HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
 ROLE = b'data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'

@@ -187,6 +187,7 @@ def test_an_incident_still_open_at_the_end_has_no_resolution() -> None:
     assert incidents[0]["baseline_ms"] == pytest.approx(100.0)
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 def test_a_year_of_five_minute_runs_replays_in_seconds(tmp_path: Path) -> None:
     rng = random.Random(9)
     rows = (

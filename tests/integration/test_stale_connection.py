@@ -23,6 +23,9 @@ from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.result import ErrorClass, Sample
 
+# Its figures are times within milliseconds: it runs while no other test runs.
+pytestmark = pytest.mark.solo
+
 KEEP_ALIVE_S = 0.3  # the server's keep-alive timeout, and the pause between rounds
 HOLD_S = 0.2  # how long the stale attempt hangs before the close arrives: must not count in TTFT
 TTFT_S = 0.05

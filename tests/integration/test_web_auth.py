@@ -116,6 +116,7 @@ async def loop_lag_while(work: Callable[[], Any], *, every_s: float = 0.005) -> 
 # ---------------------------------------------------------------- basic auth under a flood
 
 
+@pytest.mark.solo  # a time bound: it runs while no other test runs
 async def test_a_flood_of_wrong_passwords_leaves_the_event_loop_responsive(tmp_path: Path) -> None:
     # A limit high enough that every request reaches scrypt: the point here is where the hashing runs.
     counting = CountingVerify()

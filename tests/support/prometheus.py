@@ -7,8 +7,6 @@ PYTEST_DONT_REWRITE: the test modules import helpers from here before `pytest_pl
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 import urllib.error
@@ -16,53 +14,26 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.support import apt, banners
 from tests.support.ports import free_port
 
 PROMETHEUS = Path("/usr/bin/prometheus")
 PROMTOOL = Path("/usr/bin/promtool")
 PUSHGATEWAY = Path("/usr/bin/prometheus-pushgateway")
 PACKAGES = {PROMETHEUS: "prometheus", PROMTOOL: "prometheus", PUSHGATEWAY: "prometheus-pushgateway"}
-_SKIPPED: list[str] = []
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _SKIPPED:
-        terminalreporter.write_sep("!", "PROMETHEUS TESTS SKIPPED", red=True, bold=True)
-        for reason in sorted(set(_SKIPPED)):
-            terminalreporter.write_line(reason, red=True, bold=True)
-
-
-def _install(package: str, binary: Path) -> str | None:
-    """Install `package` with apt-get; the reason when that is impossible."""
-    if shutil.which("apt-get") is None:
-        return "apt-get is not available"
-    if os.geteuid() != 0:
-        return f"not root, so apt-get cannot install it (run `apt-get install -y {package}`)"
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    command = ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]
-    done = None
-    for attempt in range(2):
-        if attempt:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=180, check=False)
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
-        if done.returncode == 0 and binary.exists():
-            return None
-    assert done is not None
-    return f"apt-get install {package} failed: {done.stderr.strip()[-300:]}"
 
 
 def require(binary: Path) -> Path:
     """`binary`, installed from its Debian package when missing; skips the test when that fails."""
     if not binary.exists():
         package = PACKAGES[binary]
-        reason = _install(package, binary)
+        reason = apt.install(package, binary)
         if reason is not None:
             message = f"a Prometheus test was skipped: {binary} is missing and {reason}"
-            _SKIPPED.append(message)
+            banners.add("PROMETHEUS TESTS SKIPPED", message)
             pytest.skip(message)
     return binary
 

@@ -47,6 +47,7 @@ from typing import IO, Any
 
 import pytest
 
+from tests.support import banners
 from tests.support.ports import free_port
 
 ENV_VARIABLE = "TTFT_VLLM_ENV"
@@ -321,8 +322,6 @@ def start_server(
 # --- pytest plugin -----------------------------------------------------------------------------
 
 _PREPARED = pytest.StashKey[PreparedPeer | str]()
-_SKIPPED = pytest.StashKey[str]()
-_FIGURES = pytest.StashKey[list[str]]()
 
 
 def _prepare_for_session(config: pytest.Config) -> PreparedPeer | str:
@@ -348,23 +347,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         _prepare_for_session(session.config)
 
 
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    figures = config.stash.get(_FIGURES, [])
-    if figures:
-        terminalreporter.write_sep("=", "monitor against a real vLLM")
-        for line in figures:
-            terminalreporter.write_line(line)
-    skipped = config.stash.get(_SKIPPED, None)
-    if skipped:
-        terminalreporter.write_sep("!", "VLLM TESTS SKIPPED", red=True, bold=True)
-        terminalreporter.write_line(f"Every test against a real vLLM was skipped. {skipped}", red=True, bold=True)
-
-
 @pytest.fixture(scope="session")
 def vllm_peer(request: pytest.FixtureRequest) -> PreparedPeer:
     prepared = _prepare_for_session(request.config)
     if isinstance(prepared, str):
-        request.config.stash[_SKIPPED] = prepared
+        banners.add("VLLM TESTS SKIPPED", f"Every test against a real vLLM was skipped. {prepared}")
         pytest.skip(prepared)
     return prepared
 
@@ -377,9 +364,9 @@ def vllm_server(vllm_peer: PreparedPeer, tmp_path_factory: pytest.TempPathFactor
 
 
 @pytest.fixture
-def vllm_figures(request: pytest.FixtureRequest) -> list[str]:
+def vllm_figures() -> banners.SummaryLines:
     """Lines for the session's summary: the figures measured against vLLM."""
-    return request.config.stash.setdefault(_FIGURES, [])
+    return banners.SummaryLines("monitor against a real vLLM")
 
 
 # --- command -----------------------------------------------------------------------------------

@@ -1,0 +1,168 @@
+"""How the suite runs in parallel (pytest-xdist, `-n auto --dist loadgroup` in pyproject.toml).
+
+Most of the suite waits: on child processes starting, on daemons' ticks, on real peers. Run serially it
+kept under one core busy for 24 minutes, so several workers share the two cores well. Two things must
+hold for that to be safe, and this module makes them hold:
+
+- **Tests that share an expensive set-up run in one worker.** A test using a module-, class- or
+  package-scoped fixture (a browser, a daemon kept for a file) is grouped with the rest of its file, so
+  that set-up happens once; the tests of the real vLLM are one group, so one server starts. Every other
+  test is scheduled on its own.
+- **Tests that measure time run alone.** A test marked `solo` (a TTFT within a few milliseconds, an
+  event loop's lag) runs while no other test runs: it takes a lock exclusively that every other test
+  holds shared. A turnstile in front of the lock keeps the stream of shared holders from starving it.
+
+With `-n 0` (or a plain serial run) nothing here changes anything.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+from xdist.scheduler import LoadScopeScheduling
+
+SOLO = "solo"
+VLLM_GROUP = "vllm"
+# Fixture scopes that make a file's tests share state or an expensive set-up.
+SHARED_SCOPES = frozenset({"module", "class", "package"})
+# Groups started first: they take longest, so they must not be the tail of the run.
+LONG_GROUPS = (VLLM_GROUP, "tests/e2e/test_web_browser.py")
+
+
+def group_of(item: pytest.Item) -> str | None:
+    """The xdist group a test must run in, or None to schedule it on its own."""
+    names = getattr(item, "fixturenames", ())
+    if "vllm_server" in names:
+        return VLLM_GROUP
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for name in names:
+        definitions = info.name2fixturedefs.get(name, ())
+        if any(definition.scope in SHARED_SCOPES for definition in definitions):
+            return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def assign_groups(items: list[pytest.Item]) -> None:
+    """Mark each test with its group (unless it names one itself), put the long groups first, and
+    write the groups where the controller's scheduler (`GroupScheduling`) reads them."""
+    groups: dict[str, str] = {}
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is None:
+            group = group_of(item)
+            if group is None:
+                continue
+            item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
+        else:
+            groups[item.nodeid] = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    folder = run_folder()
+    if folder is not None:  # every worker writes the same; the rename makes each write whole
+        written = folder / f"groups.{os.getpid()}.json"
+        written.write_text(json.dumps(groups), encoding="utf-8")
+        os.replace(written, folder / "groups.json")
+
+    def rank(item: pytest.Item) -> int:
+        mark = item.get_closest_marker("xdist_group")
+        name = mark.args[0] if mark is not None and mark.args else None
+        return LONG_GROUPS.index(name) if name in LONG_GROUPS else len(LONG_GROUPS)
+
+    items.sort(key=rank)  # stable: the order within each rank is the collection's
+
+
+RUN_FOLDER = "TTFT_TEST_RUN_FOLDER"  # set by the process that starts the run; its workers inherit it
+
+
+def in_worker(config: pytest.Config | None = None) -> bool:
+    """Whether this process is an xdist worker: by its config when there is one (a worker's carries
+    `workerinput`; the environment may be inherited, by a pytest that a test starts), else by the
+    environment xdist sets."""
+    if config is not None:
+        return hasattr(config, "workerinput")
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def run_folder() -> Path | None:
+    """The folder the run's processes share (lock files, summary lines), or None outside a run."""
+    folder = os.environ.get(RUN_FOLDER)
+    return Path(folder) if folder else None
+
+
+def open_run_folder(config: pytest.Config) -> Path | None:
+    """In the process that starts the run (xdist's controller or a serial run): a new shared folder,
+    named in the environment that the workers it starts inherit. None in a worker."""
+    if in_worker(config):
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="ttft-tests-"))
+    os.environ[RUN_FOLDER] = str(folder)
+    return folder
+
+
+class GroupScheduling(LoadScopeScheduling):
+    """xdist's scheduling by scope, each scope being a test's group (`assign_groups`), or the test alone.
+
+    xdist's own `loadgroup` finds a group in a suffix it appends to `item._nodeid`, which pytest 9.2
+    no longer reads: every test would be scheduled alone, and each worker would start its own vLLM.
+    The controller collects nothing, so the workers write the groups down as they collect, before
+    they report their collection, and this reads them when the first scope is asked for."""
+
+    def __init__(self, config: pytest.Config, log: Any = None) -> None:
+        super().__init__(config, log)
+        self._groups: dict[str, str] | None = None
+
+    def _split_scope(self, nodeid: str) -> str:
+        if self._groups is None:
+            folder = run_folder()
+            path = None if folder is None else folder / "groups.json"
+            self._groups = json.loads(path.read_text(encoding="utf-8")) if path and path.exists() else {}
+        return self._groups.get(nodeid, nodeid)
+
+
+class SoloLock:
+    """A readers-writer lock shared by the workers of one run, through two lock files."""
+
+    def __init__(self, folder: Path) -> None:
+        self._turnstile: IO[bytes] = open(folder / "solo.turnstile", "ab")  # noqa: SIM115 - kept for the worker's life
+        self._room: IO[bytes] = open(folder / "solo.room", "ab")  # noqa: SIM115
+
+    @contextmanager
+    def held(self, alone: bool) -> Iterator[None]:
+        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(self._room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            if not alone:
+                fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(self._room, fcntl.LOCK_UN)
+            if alone:
+                fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+
+
+def solo_lock(config: pytest.Config) -> SoloLock | None:
+    """The run's lock in an xdist worker; None in a serial run."""
+    folder = run_folder()
+    if folder is None or not in_worker(config):
+        return None
+    return SoloLock(folder)
+
+
+def workers(cpus: int | None) -> int:
+    """How many workers `-n auto` starts: twice the cores, as the suite mostly waits, and at least two.
+    TTFT_TEST_WORKERS overrides it."""
+    chosen = os.environ.get("TTFT_TEST_WORKERS")
+    if chosen:
+        return int(chosen)
+    return max(2, 2 * (cpus or 1))
