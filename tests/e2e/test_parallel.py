@@ -54,10 +54,10 @@ def test_groups_stay_in_one_worker_others_spread_and_a_solo_test_runs_alone(tmp_
     (folder / "test_cases.py").write_text(CASES)
     log = tmp_path / "log.jsonl"
     environment = {**os.environ, "PARALLEL_LOG": str(log), "PYTHONPATH": str(ROOT)}
+    pytest_args = ["-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-n", "3", "--dist", "loadgroup"]
+    options = ["-o", "markers=solo", "-o", "asyncio_default_fixture_loop_scope=function"]
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.conftest", "-n", "3"]
-        + ["--dist", "loadgroup", "-o", "markers=solo", "-o", "asyncio_default_fixture_loop_scope=function"]
-        + [str(folder)],
+        [sys.executable, "-m", "pytest", *pytest_args, *options, str(folder)],
         capture_output=True,
         text=True,
         env=environment,

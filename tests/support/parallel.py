@@ -108,7 +108,7 @@ def open_run_folder(config: pytest.Config) -> Path | None:
     return folder
 
 
-class GroupScheduling(LoadScopeScheduling):
+class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]  # xdist ships no types
     """xdist's scheduling by scope, each scope being a test's group (`assign_groups`), or the test alone.
 
     xdist's own `loadgroup` finds a group in a suffix it appends to `item._nodeid`, which pytest 9.2
