@@ -233,13 +233,15 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)  # outside pytest-timeout: waiting for the lock is no test time
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """A `solo` test runs while no other worker runs a test (tests/support/parallel.py)."""
     lock = item.config.stash.get(SOLO_LOCK, None)
     if lock is None:
         yield
         return
-    with lock.held(alone=item.get_closest_marker(parallel.SOLO) is not None):
+    alone = item.get_closest_marker(parallel.SOLO) is not None
+    alone_next = nextitem is not None and nextitem.get_closest_marker(parallel.SOLO) is not None
+    with lock.held(alone, alone_next):
         yield
 
 

@@ -30,26 +30,29 @@ import pytest
 from xdist.scheduler import LoadScopeScheduling
 
 SOLO = "solo"
+SOLO_GROUP = "solo"  # the solo tests that share no fixture with their file: one worker runs them in a row
 VLLM_GROUP = "vllm"
 # Fixture scopes that make a file's tests share state or an expensive set-up.
 SHARED_SCOPES = frozenset({"module", "class", "package"})
 # Groups started first: they take longest, so they must not be the tail of the run.
-LONG_GROUPS = (VLLM_GROUP, "tests/e2e/test_web_browser.py")
+LONG_GROUPS = (SOLO_GROUP, VLLM_GROUP, "tests/e2e/test_web_browser.py")
 
 
 def group_of(item: pytest.Item) -> str | None:
-    """The xdist group a test must run in, or None to schedule it on its own."""
+    """The xdist group a test must run in, or None to schedule it on its own.
+
+    The solo tests go to one group, run first and in a row, so that the others wait for them once,
+    not once per solo test (each would wait for every other worker's test in progress to end)."""
     names = getattr(item, "fixturenames", ())
     if "vllm_server" in names:
         return VLLM_GROUP
     info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return None
-    for name in names:
-        definitions = info.name2fixturedefs.get(name, ())
-        if any(definition.scope in SHARED_SCOPES for definition in definitions):
-            return item.nodeid.split("::", 1)[0]
-    return None
+    if info is not None:
+        for name in names:
+            definitions = info.name2fixturedefs.get(name, ())
+            if any(definition.scope in SHARED_SCOPES for definition in definitions):
+                return item.nodeid.split("::", 1)[0]
+    return SOLO_GROUP if item.get_closest_marker(SOLO) is not None else None
 
 
 def assign_groups(items: list[pytest.Item]) -> None:
@@ -135,20 +138,27 @@ class SoloLock:
         self._turnstile: IO[bytes] = open(folder / "solo.turnstile", "ab")  # noqa: SIM115 - kept for the worker's life
         self._room: IO[bytes] = open(folder / "solo.room", "ab")  # noqa: SIM115
 
+        self._alone = False  # held exclusively, from one solo test to the next
+
     @contextmanager
-    def held(self, alone: bool) -> Iterator[None]:
-        fcntl.flock(self._turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(self._room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        finally:
-            if not alone:
-                fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+    def held(self, alone: bool, alone_next: bool) -> Iterator[None]:
+        """Held for one test; exclusively when `alone`, and kept so when the next test is solo too."""
+        if not (alone and self._alone):
+            fcntl.flock(self._turnstile, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self._room, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+            finally:
+                if not alone:
+                    fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+            self._alone = alone
         try:
             yield
         finally:
-            fcntl.flock(self._room, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+            if not (alone and alone_next):
+                fcntl.flock(self._room, fcntl.LOCK_UN)
+                if alone:
+                    fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+                self._alone = False
 
 
 def solo_lock(config: pytest.Config) -> SoloLock | None:
