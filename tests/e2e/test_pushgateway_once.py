@@ -3,16 +3,19 @@ group, a rejected push fails the run, and the pushed exposition passes `promtool
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor.metrics.push import belongs_to_job, group_path
 from tests.conftest import SimProcess, call_cli, run_cli, start_sim, stop_sim
+from tests.support.forward_proxy import ForwardProxy
 from tests.support.prometheus import Peer, http, promtool_check_metrics
 
 pytest_plugins = ("tests.support.prometheus",)
@@ -203,3 +206,23 @@ def test_an_unreachable_gateway_fails_the_run(sim: SimProcess, tmp_path: Path) -
     result = run_cli("once", "--config", str(config), "--job", "alpha")
     assert result.code == 5, str(result)
     assert "pushgateway_unreachable" in result.stdout
+
+
+@pytest.mark.pushgateway
+async def test_once_pushes_through_the_environment_proxy_while_its_loopback_probes_go_direct(
+    sim: SimProcess, pushgateway: Peer, tmp_path: Path
+) -> None:
+    # A host behind an egress proxy: the gateway's name resolves only through the proxy. Before, the
+    # push ignored HTTP_PROXY (pushgateway_unreachable, exit 5) while alert delivery honoured it.
+    port = urlsplit(pushgateway.url).port
+    assert port is not None
+    gateway = f"http://push.proxied.test:{port}"
+    async with ForwardProxy(hosts={"push.proxied.test": ("127.0.0.1", port)}) as proxy:
+        config = write_config(tmp_path, sim, gateway, location="behind-proxy")
+        env = {"HTTP_PROXY": proxy.url, "http_proxy": proxy.url, "NO_PROXY": "", "no_proxy": ""}
+        # In a worker thread: the proxy serves on this loop while the child runs.
+        result = await asyncio.to_thread(run_cli, "once", "--config", str(config), "--job", "alpha", env=env)
+    assert result.code == 0, str(result)
+    assert ("alpha", "behind-proxy") in groups(pushgateway)
+    # Only the push went through the proxy: the simulator is on loopback, which is never proxied.
+    assert [(r.method, r.target.split("/metrics/", 1)[0]) for r in proxy.requests] == [("PUT", gateway)]

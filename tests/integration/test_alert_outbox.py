@@ -14,6 +14,7 @@ import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.testing import capture_logs
 
 from monitor.alert.dispatcher import Dispatcher, RetryPolicy
 from monitor.alert.metrics import AlertMetrics
@@ -704,3 +705,59 @@ async def test_a_database_cut_right_after_the_receiver_answered_does_not_send_it
     assert len(loopback.at("/hook")) == 1
     assert (row.status, row.attempts, row.claimed_by) == ("sent", 1, None)
     assert [a.outcome for a in attempts] == ["ok"]
+
+
+async def test_a_stop_while_a_sent_outcome_waits_for_the_database_keeps_the_claim_and_a_restart_does_not_resend(
+    backend: Backend,
+    loopback: Loopback,
+    outage,  # type: ignore[no-untyped-def]
+) -> None:
+    # The receiver answered 2xx, the database went away before the answer was written, and the daemon
+    # is stopped (SIGTERM) before it comes back. Giving the claim back would have the next start send
+    # the page again at once; the claim is kept, and nothing else needs giving back.
+    config = alerts({"hook": receiver("webhook", loopback.url("/hook"), timeout_s=1)})
+    setup = backend.engine()
+    try:
+        incident = await store_incident(setup)
+        await Outbox(setup, config).notify(notification(incident_id=incident))
+    finally:
+        await setup.dispose()
+    from monitor.store.engine import create_engine
+
+    cuts: list[asyncio.Task[None]] = []
+
+    def cut_as_it_arrives(_item: object) -> None:
+        if not cuts:
+            cuts.append(asyncio.get_running_loop().create_task(outage.cut()))
+
+    loopback.verify("/hook", cut_as_it_arrives)
+    loopback.script("/hook", Reply(200, "ok", delay_s=0.2))  # answered once the database is gone
+    engine = create_engine(outage.app_url, sqlite_busy_timeout_ms=outage.sqlite_busy_timeout_ms)
+    stop = asyncio.Event()
+    try:
+        async with Transport() as transport:
+            with capture_logs() as logs:
+                stopped = dispatcher(engine, config, transport, claim_margin_s=30)  # claim: 1 s + 30 s
+                task = asyncio.create_task(stopped.run(stop, grace_s=1))
+                await loopback.wait_for(1, seconds=5)
+                await asyncio.gather(*cuts)
+                deadline = time.monotonic() + 10
+                while not any(e["event"] == "alert_record_retry" for e in logs):
+                    assert time.monotonic() < deadline, logs
+                    await asyncio.sleep(0.05)
+                stop.set()
+                await asyncio.wait_for(task, timeout=10)
+            await outage.restore()
+            (row,) = await outbox_rows(engine)
+            restarted = dispatcher(engine, config, transport)
+            at_restart = await restarted.dispatch_due()
+    finally:
+        await engine.dispose()
+    events = [e["event"] for e in logs]
+    assert len(loopback.at("/hook")) == 1
+    assert at_restart.attempted == 0
+    assert (row.status, row.attempts, row.claimed_by) == ("pending", 0, stopped.worker_id)
+    (unrecorded,) = [e for e in logs if e["event"] == "alert_outcome_unrecorded"]
+    assert unrecorded["rows"] == 1
+    # Nothing else was in flight, so nothing was given back: no write to a database known to be away.
+    assert "alert_release_failed" not in events, events
