@@ -105,8 +105,8 @@ class MetricsSettings(ConfigModel):
     per_series: Literal["full", "summary", "off"] = Field(
         "full",
         description="What `/metrics` exposes per probe series (target x prompt x location x job): `full`, the "
-        "TTFT and TTFA histograms with their buckets and every other series (64 series each); `summary`, those "
-        "two as a summary of `_sum` and `_count` under the same names, without buckets (20: averages and the "
+        "TTFT and TTFA histograms with their buckets and every other series (68 series each); `summary`, those "
+        "two as a summary of `_sum` and `_count` under the same names, without buckets (24: averages and the "
         "SLO, probe-error and regression alerts work; the quantile rules and panels stay empty); `off`, nothing "
         "labelled by target (job, scheduler and process series only; regressions page through `alerting`). "
         "docs/metrics.md counts them.",

@@ -186,14 +186,14 @@ class Metrics:
             "answer), `reasoning` (hidden thinking, estimated from the stream where the API does not count it). "
             "The kinds do not overlap.",
             ("target", "location", "probe_job", "kind"),
-            registry=r,
+            registry=series_registry,
         )
         self.cost = Counter(
             "ttft_monitor_estimated_cost_total",
             "What the probes cost, warm-ups included, at the target's `prices` (per million tokens of each "
             "kind), in `currency`; targets without prices are not counted.",
             ("target", "location", "probe_job", "currency"),
-            registry=r,
+            registry=series_registry,
         )
         self.budget_course = Gauge(
             "ttft_monitor_budget_course_ratio",
@@ -412,6 +412,8 @@ class Metrics:
 
     def _count_spend(self, sample: Sample, probe_job: str, prices: Prices | None) -> None:
         # Every request is paid for: warm-ups, disturbed and failed ones too.
+        if self.per_series == "off":  # labelled by target: not registered in that mode
+            return
         tokens = sample_tokens(sample)
         by_kind = dict(
             zip(

@@ -56,6 +56,7 @@ def test_the_daemons_metrics_hold_what_its_per_series_mode_says(sim: SimProcess,
         "ttft_monitor_decode_tokens_per_second",
         "ttft_monitor_probes_total",
         "ttft_monitor_disturbed_samples_total",
+        "ttft_monitor_tokens_total",
     }
     # The detector's, once it has evaluated a stored run (no baseline yet after two runs).
     detector = {"ttft_monitor_run_ttft_median_seconds", "ttft_monitor_regression_state"}

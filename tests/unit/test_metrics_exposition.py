@@ -99,7 +99,7 @@ def test_unregistered_metrics_leave_the_rendering() -> None:
     assert render(registry) == generate_latest(registry)
 
 
-@pytest.mark.parametrize(("mode", "per_probe_series"), [("full", 64), ("summary", 20), ("off", 0)])
+@pytest.mark.parametrize(("mode", "per_probe_series"), [("full", 68), ("summary", 24), ("off", 0)])
 def test_each_mode_exposes_the_documented_series_per_probe_series(mode: PerSeries, per_probe_series: int) -> None:
     assert series_per_probe_series(mode) == per_probe_series
 
