@@ -16,6 +16,7 @@ def silent_server() -> Iterator[int]:
         yield port
 
 
+@pytest.mark.solo  # a 4 s bound on start-up to the hang: it runs while no other test runs
 @pytest.mark.realtime
 def test_a_command_past_its_timeout_is_killed_and_says_where_it_waited(tmp_path: Path, silent_server: int) -> None:
     config = tmp_path / "config.yaml"
