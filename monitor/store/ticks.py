@@ -8,6 +8,7 @@ database is away) is the scheduler's: monitor/schedule/claims.py.
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -24,18 +25,24 @@ class TickClaimRepository:
         self._engine = engine
         self._insert = upsert_insert(engine, table_of(JobTickRow))
 
-    async def claim(
-        self, *, job: str, scheduled_at: datetime, location: str, owner: str, now: datetime | None = None
-    ) -> bool:
-        """True when `owner` won the tick; False when a claim for it already exists (whoever made it)."""
-        statement = self._insert.values(
+    def _claim(
+        self, job: str, scheduled_at: datetime, location: str, owner: str, now: datetime | None, status: str
+    ) -> Any:
+        """The insert of one claim row, which does nothing when that job, tick and location has one."""
+        return self._insert.values(
             job=job,
             scheduled_at=scheduled_at,
             location=location,
             claimed_by=owner,
             claimed_at=now or datetime.now(UTC),
-            status=RUNNING,
+            status=status,
         ).on_conflict_do_nothing(index_elements=["job", "scheduled_at", "location"])
+
+    async def claim(
+        self, *, job: str, scheduled_at: datetime, location: str, owner: str, now: datetime | None = None
+    ) -> bool:
+        """True when `owner` won the tick; False when a claim for it already exists (whoever made it)."""
+        statement = self._claim(job, scheduled_at, location, owner, now, RUNNING)
         async with self._engine.begin() as connection:
             result = await connection.execute(statement)
         return result.rowcount == 1
@@ -56,14 +63,7 @@ class TickClaimRepository:
         The tick before counts so that a replica that died is still expected for one more tick (its
         shards are then taken over) and one that joined is counted by replicas firing a little earlier.
         """
-        statement = self._insert.values(
-            job=key,
-            scheduled_at=scheduled_at,
-            location=location,
-            claimed_by=owner,
-            claimed_at=now or datetime.now(UTC),
-            status=PRESENT,
-        ).on_conflict_do_nothing(index_elements=["job", "scheduled_at", "location"])
+        statement = self._claim(key, scheduled_at, location, owner, now, PRESENT)
         ours = (JobTickRow.job.startswith(prefix, autoescape=True), JobTickRow.location == location)
         before = select(func.max(JobTickRow.scheduled_at)).where(*ours, JobTickRow.scheduled_at < scheduled_at)
         present = select(JobTickRow.claimed_by).where(
