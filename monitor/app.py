@@ -198,7 +198,7 @@ async def close_telemetry(telemetry: OtelTelemetry | None) -> None:
     signal: a collector that is away delays exit by that bound, never past it."""
     if telemetry is None:
         return
-    bound = 3 * (telemetry.settings.timeout_s + 1)
+    bound = telemetry.settings.close_bound_s + 1
     try:
         await asyncio.wait_for(asyncio.to_thread(telemetry.close), timeout=bound)
     except TimeoutError:  # its threads are daemons: the process does not wait for them

@@ -2,10 +2,11 @@
 
 Nothing here runs an export on the probes' loop. Recording a measurement is a dict lookup in
 ttft-monitor's own aggregation (`aggregate.py`, as cheap as prometheus_client; the SDK's instruments
-cost half a millisecond per probe); a thread of its own exports a snapshot every `export_interval_s`
-through the official OTLP exporter, and spans and log records wait in bounded queues drained by the
-SDK's worker threads. A collector that is away or hung costs those threads at most `timeout_s` per export and
-never a probe: failed exports and dropped items are counted (`ttft_monitor_otel_*`) and logged when
+cost half a millisecond per probe); a thread of its own takes a snapshot every `export_interval_s` and
+hands it to a child process that encodes and sends it through the official OTLP exporter (encoder.py),
+and spans and log records wait in bounded queues drained by the SDK's worker threads. A collector that
+is away or hung costs those threads (and the child) at most the export timeout per export, and never
+a probe: failed exports and dropped items are counted (`ttft_monitor_otel_*`) and logged when
 export starts failing and when it recovers, not at every attempt.
 """
 
@@ -67,6 +68,7 @@ from monitor import __version__
 from monitor.otel import semconv
 from monitor.otel.aggregate import Aggregates, Instrument, Key, Snapshot, key_of
 from monitor.otel.counters import ExportCounters
+from monitor.otel.encoder import EncoderProcess, EncoderSpec
 from monitor.otel.incident import IncidentReading
 from monitor.otel.settings import Resolved
 from monitor.probe.proxy import ProxyEnvironment, route_for
@@ -278,6 +280,7 @@ class OtelTelemetry:
         endpoints: Mapping[str, semconv.Endpoint],
         ttft_buckets_s: Sequence[float],
         proxies: ProxyEnvironment | None = None,
+        encoder_options: Mapping[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         proxies = proxies if proxies is not None else ProxyEnvironment()
@@ -288,33 +291,42 @@ class OtelTelemetry:
         self.health = ExportHealth(counters, settings.endpoints, secrets=settings.secrets)
         quiet_sdk_loggers()
         resource = Resource(dict(settings.resource))
-        timeout = settings.timeout_s
         self._resource = resource
-        self._metric_exporter = OTLPMetricExporter(
-            endpoint=settings.endpoints["metrics"],
-            headers=settings.headers["metrics"],
-            timeout=timeout,
-            session=otlp_session(settings.endpoints["metrics"], proxies),
-        )
         self.aggregates = Aggregates(instruments(tuple(ttft_buckets_s)), start_ns=time.time_ns())
         self._export_lock = threading.Lock()  # one export at a time: the thread's, or the last one at close
         self._stop = threading.Event()
-        self._exporter_thread = threading.Thread(target=self._export_loop, name="ttft-otel-metrics", daemon=True)
-        self._exporter_thread.start()
+        self._metric_exporter: OTLPMetricExporter | None = None
+        self._encoder: EncoderProcess | None = None
+        self._exporter_thread: threading.Thread | None = None
+        if settings.endpoints["metrics"] is not None:
+            self._metric_exporter = OTLPMetricExporter(
+                endpoint=settings.endpoints["metrics"],
+                headers=settings.headers["metrics"],
+                timeout=settings.timeout_for("metrics"),
+                session=otlp_session(settings.endpoints["metrics"], proxies),
+            )
+            # Periodic exports are encoded in a child process (otel/encoder.py): encoding holds the GIL
+            # for tens of milliseconds, which the probes' loop would pay in its stamps.
+            self._encoder = EncoderProcess(
+                EncoderSpec(settings, tuple(self.aggregates.instruments.values()), proxies),
+                **(encoder_options or {}),
+            )
+            self._exporter_thread = threading.Thread(target=self._export_loop, name="ttft-otel-metrics", daemon=True)
+            self._exporter_thread.start()
         self._tracer_provider: TracerProvider | None = None
         self._span_processor: BatchSpanProcessor | None = None
         if settings.endpoints["traces"] is not None:
             span_exporter = OTLPSpanExporter(
                 endpoint=settings.endpoints["traces"],
                 headers=settings.headers["traces"],
-                timeout=timeout,
+                timeout=settings.timeout_for("traces"),
                 session=otlp_session(settings.endpoints["traces"], proxies),
             )
             self._span_processor = BatchSpanProcessor(
                 _CountedSpanExporter(span_exporter, self.health),
                 max_queue_size=settings.queue_size,
                 max_export_batch_size=min(512, settings.queue_size),
-                export_timeout_millis=timeout * 1000,
+                export_timeout_millis=settings.timeout_for("traces") * 1000,
             )
             self._ids = _PresetIds()
             self._tracer_provider = TracerProvider(resource=resource, id_generator=self._ids, shutdown_on_exit=False)
@@ -325,14 +337,14 @@ class OtelTelemetry:
             log_exporter = OTLPLogExporter(
                 endpoint=settings.endpoints["logs"],
                 headers=settings.headers["logs"],
-                timeout=timeout,
+                timeout=settings.timeout_for("logs"),
                 session=otlp_session(settings.endpoints["logs"], proxies),
             )
             self._log_processor = BatchLogRecordProcessor(
                 _CountedLogExporter(log_exporter, self.health),
                 max_queue_size=settings.queue_size,
                 max_export_batch_size=min(512, settings.queue_size),
-                export_timeout_millis=timeout * 1000,
+                export_timeout_millis=settings.timeout_for("logs") * 1000,
             )
             self._logger_provider = LoggerProvider(resource=resource, shutdown_on_exit=False)
             self._logger_provider.add_log_record_processor(self._log_processor)
@@ -598,45 +610,64 @@ class OtelTelemetry:
 
     # ------------------------------------------------------------------ lifecycle
 
+    @property
+    def encoder_pid(self) -> int | None:
+        """The export child's pid while one runs (otel/encoder.py)."""
+        return self._encoder.pid if self._encoder is not None else None
+
     def _export_loop(self) -> None:
         while not self._stop.wait(self.settings.export_interval_s):
-            self.export_metrics()
+            self.export_metrics(in_child=True)
 
-    def export_metrics(self) -> bool:
-        """Send a snapshot of every metric now (blocking, bounded by `otel.timeout_s`); False when it
-        did not go through."""
+    def export_metrics(self, *, in_child: bool = False) -> bool:
+        """Send a snapshot of every metric now (blocking, bounded by the metrics' export timeout); False
+        when it did not go through. `in_child`: encoded and sent by the export child, this process only
+        snapshots and pickles; in this process when there is no child to do it."""
+        if self._metric_exporter is None:
+            return True
         with self._export_lock:
             snapshot = self.aggregates.snapshot(now_ns=time.time_ns(), delta=self.settings.temporality == "delta")
             if not snapshot.points():
                 return True
-            data = metrics_data(snapshot, self.aggregates.instruments.values(), self._resource, self.settings)
-            try:
-                result = self._metric_exporter.export(data, timeout_millis=self.settings.timeout_s * 1000)
-            except Exception:  # the exporter's own failure must not end the export thread
-                result = MetricExportResult.FAILURE
-            ok = result == MetricExportResult.SUCCESS
+            ok = self._encoder.export(snapshot) if in_child and self._encoder is not None else None
+            if ok is None:
+                data = metrics_data(snapshot, self.aggregates.instruments.values(), self._resource, self.settings)
+                try:
+                    result = self._metric_exporter.export(
+                        data, timeout_millis=self.settings.timeout_for("metrics") * 1000
+                    )
+                except Exception:  # the exporter's own failure must not end the export thread
+                    result = MetricExportResult.FAILURE
+                ok = result == MetricExportResult.SUCCESS
             self.health.exported("metrics", ok, snapshot.points())
             return ok
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Export what is left, then stop the threads (blocking: call it in a thread).
+        """Export what is left, then stop the threads and the export child (blocking: call it in a thread).
 
-        Each signal's last export is bounded by the exporter's timeout (`otel.timeout_s`); when the
-        export thread is still stuck in a hung collector's export, the last one is not tried.
+        Each signal's last export is bounded by its exporter's timeout; when the export thread is still
+        stuck in a hung collector's export, the last metric export is not tried.
         """
         if self._closed:
             return
         self._closed = True
-        bound = (timeout_s if timeout_s is not None else self.settings.timeout_s) + 1
         self._stop.set()
-        self._exporter_thread.join(bound)
-        if not self._exporter_thread.is_alive():
-            self.export_metrics()
-        self._metric_exporter.shutdown()
+        if self._exporter_thread is not None and self._metric_exporter is not None:
+            bound = (timeout_s if timeout_s is not None else self.settings.timeout_for("metrics")) + 1
+            if self._encoder is not None:
+                bound += self._encoder.answer_bound_s
+            self._exporter_thread.join(bound)
+            if not self._exporter_thread.is_alive():
+                if self._encoder is not None:
+                    self._encoder.close()
+                self.export_metrics()  # the last one in this process: no child to start at exit
+            self._metric_exporter.shutdown()
         for processor in (self._span_processor, self._log_processor):
             if processor is not None:
                 # Drains its queue; each export bounded by the exporter's timeout (the SDK leaves it unannotated).
                 processor.shutdown()  # type: ignore[no-untyped-call]
+        if self._encoder is not None:
+            self._encoder.close()
 
 
 def instruments(ttft_buckets: tuple[float, ...]) -> tuple[Instrument, ...]:

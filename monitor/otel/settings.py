@@ -119,10 +119,21 @@ class Resolved:
     resource: dict[str, str]
     queue_size: int
     secrets: tuple[str, ...] = field(default=())
+    # Per signal, from OTEL_EXPORTER_OTLP_{SIGNAL}_TIMEOUT; `timeout_s` for the others.
+    signal_timeouts_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def on(self) -> bool:
-        return self.endpoints["metrics"] is not None
+        return any(url is not None for url in self.endpoints.values())
+
+    def timeout_for(self, signal: str) -> float:
+        """Seconds allowed per export request of `signal`."""
+        return self.signal_timeouts_s.get(signal, self.timeout_s)
+
+    @property
+    def close_bound_s(self) -> float:
+        """How long the last exports may take at exit: each exported signal's timeout, one after the other."""
+        return sum(self.timeout_for(s) for s, url in self.endpoints.items() if url is not None) + 1
 
 
 def parse_key_values(text: str, *, variable: str) -> dict[str, str]:
@@ -227,9 +238,26 @@ def resolve(
         endpoints["traces"] = None
     if not config.logs:
         endpoints["logs"] = None
-    if endpoints["metrics"] is None:
+    for signal in SIGNALS:
+        # OTEL_{METRICS,TRACES,LOGS}_EXPORTER: `none` turns a signal off, `otlp` (the default) keeps it.
+        variable = f"OTEL_{signal.upper()}_EXPORTER"
+        chosen = [e.strip().lower() for e in (_env(environ, variable) or "otlp").split(",") if e.strip()]
+        if chosen == ["none"]:
+            endpoints[signal] = None
+        elif any(e != "otlp" for e in chosen):
+            raise OtelSettingsError(
+                f"{variable}={_env(environ, variable)!r}: ttft-monitor exports over OTLP only; set it to otlp, "
+                "or to none to turn that signal off"
+            )
+    if not any(url is not None for url in endpoints.values()):
         return None
     timeout = config.timeout_s or _millis(environ, "OTEL_EXPORTER_OTLP_TIMEOUT") or DEFAULT_TIMEOUT_S
+    signal_timeouts: dict[str, float] = {}
+    if config.timeout_s is None:  # the config's timeout is for every signal
+        for signal in SIGNALS:
+            own_timeout = _millis(environ, f"OTEL_EXPORTER_OTLP_{signal.upper()}_TIMEOUT")
+            if own_timeout is not None:
+                signal_timeouts[signal] = own_timeout
     interval = config.export_interval_s or _millis(environ, "OTEL_METRIC_EXPORT_INTERVAL") or DEFAULT_EXPORT_INTERVAL_S
     preference = (_env(environ, "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE") or "cumulative").lower()
     temporality = config.temporality or ("delta" if preference in ("delta", "lowmemory") else "cumulative")
@@ -251,6 +279,7 @@ def resolve(
         resource=resource,
         queue_size=config.queue_size,
         secrets=tuple(sorted(secret_values)),
+        signal_timeouts_s=signal_timeouts,
     )
 
 

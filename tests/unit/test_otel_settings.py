@@ -38,8 +38,17 @@ BASE = "http://collector:4318"
             None,
             None,
         ),
-        # Only logs or traces configured in the environment: metrics carry export, so it stays off.
-        ({}, {"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://l:1/v1/logs"}, None, None, None),
+        # Only logs configured in the environment: incidents are exported, metrics are not.
+        ({}, {"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://l:1/v1/logs"}, None, None, "http://l:1/v1/logs"),
+        # OTEL_{SIGNAL}_EXPORTER=none turns that signal off; otlp is the default and keeps it.
+        (
+            {"endpoint": BASE, "traces": True},
+            {"OTEL_METRICS_EXPORTER": "none", "OTEL_TRACES_EXPORTER": "otlp"},
+            None,
+            f"{BASE}/v1/traces",
+            f"{BASE}/v1/logs",
+        ),
+        ({"endpoint": BASE}, {"OTEL_METRICS_EXPORTER": "none", "OTEL_LOGS_EXPORTER": "none"}, None, None, None),
         ({"endpoint": BASE}, {"OTEL_SDK_DISABLED": "true"}, None, None, None),
     ],
 )
@@ -47,11 +56,32 @@ def test_export_is_on_where_an_endpoint_is_set(
     config: dict, environ: dict, metrics: str | None, traces: str | None, logs: str | None
 ) -> None:
     resolved = resolve(OtelConfig(**config), environ)
-    if metrics is None:
+    if metrics is None and traces is None and logs is None:
         assert resolved is None
         return
-    assert resolved is not None
+    assert resolved is not None and resolved.on
     assert resolved.endpoints == {"metrics": metrics, "traces": traces, "logs": logs}
+
+
+def test_each_signal_takes_its_own_timeout_from_the_environment_and_the_config_wins_for_all() -> None:
+    environ = {"OTEL_EXPORTER_OTLP_TIMEOUT": "4000", "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "1500"}
+    resolved = resolve(OtelConfig(endpoint=BASE, traces=True), environ)
+    assert resolved is not None
+    assert (resolved.timeout_for("metrics"), resolved.timeout_for("traces"), resolved.timeout_for("logs")) == (
+        1.5,
+        4.0,
+        4.0,
+    )
+    assert resolved.close_bound_s == 1.5 + 4.0 + 4.0 + 1
+    configured = resolve(OtelConfig(endpoint=BASE, timeout_s=2), environ)
+    assert configured is not None and configured.timeout_for("metrics") == 2.0 == configured.timeout_for("logs")
+    with pytest.raises(OtelSettingsError, match="OTEL_EXPORTER_OTLP_LOGS_TIMEOUT"):
+        resolve(OtelConfig(endpoint=BASE), {"OTEL_EXPORTER_OTLP_LOGS_TIMEOUT": "soon"})
+
+
+def test_an_exporter_other_than_otlp_or_none_is_refused_by_name() -> None:
+    with pytest.raises(OtelSettingsError, match=r"OTEL_METRICS_EXPORTER='prometheus'.*otlp.*none"):
+        resolve(OtelConfig(endpoint=BASE), {"OTEL_METRICS_EXPORTER": "prometheus"})
 
 
 def test_headers_merge_config_over_per_signal_over_general_and_all_are_secrets() -> None:
