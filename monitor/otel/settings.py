@@ -70,7 +70,8 @@ class OtelConfig(MaskedHeadersModel):
         None,
         gt=0,
         le=300,
-        description="Seconds allowed per export request. Unset: `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds, "
+        description="Seconds allowed per export request, for every signal. Unset: each signal's "
+        "`OTEL_EXPORTER_OTLP_{METRICS,TRACES,LOGS}_TIMEOUT`, then `OTEL_EXPORTER_OTLP_TIMEOUT` (milliseconds, "
         "as the specification says), else 10.",
     )
     export_interval_s: float | None = Field(
