@@ -19,7 +19,7 @@ KIND_TITLES = {
     "availability": "Availability incident",
     "slo": "TTFT SLO breach",
     "slo_burn": "TTFT SLO burn rate",
-    "model_changed": "Served model changed",
+    "model_changed": "Model changed",
     "test": "Test notification",
 }
 

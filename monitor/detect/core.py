@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any
 
 from monitor.alert.model import Severity
+from monitor.detect import identity
 from monitor.detect import noise as noise_model
 from monitor.detect.noise import NoiseModel
 from monitor.detect.rules import FIXED_THRESHOLD, MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
@@ -154,6 +155,7 @@ class _Core:
         self._thresholds: dict[tuple[float, float, int], float] = {}
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
+        self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
 
     # ------------------------------------------------ data
 
@@ -310,29 +312,38 @@ class _Core:
 
     def step(self, state: SeriesState, run: RunPoint) -> list[Event]:
         """Append `run`, evaluate it, update `state` in place; the events it caused."""
+        self.epoch_started = None
         self.append(run)
         if run.ttft_ms is not None and self.rules.seasonal_days:
             self._eager_from = min(self._eager_from, len(self.times) - 1)
             self._residuals[-1] = self._residual(len(self.times) - 1)
         events: list[Event] = []
         self._availability(state, run, events)
-        if run.ttft_ms is not None:
+        change = identity.observe(state, run)
+        if change is not None:
+            # Another model answers now: what it does is compared with a baseline of its own, from here.
+            events.append(change.event(run.at))
+            self._start_epoch(state, change.since, run.at, events)
+        elif run.ttft_ms is not None:
             self._regression(state, run, events)
             self._slo(state, run, events)
-        if run.served_model is not None:
-            if state.served_model is not None and run.served_model != state.served_model:
-                events.append(
-                    Event(
-                        kind="model_changed",
-                        action="info",
-                        severity="info",
-                        at=run.at,
-                        opened_at=run.at,
-                        detail={"from": state.served_model, "to": run.served_model},
-                    )
-                )
-            state.served_model = run.served_model
         return events
+
+    def _start_epoch(self, state: SeriesState, since: datetime, at: datetime, events: list[Event]) -> None:
+        """A new baseline epoch from `since`: open latency incidents resolve (they measured the model
+        before), the confirmation streaks and the sequential sum start again, and the noise model is
+        learnt anew. The caller drops the runs before `since` from the history (`epoch_since`)."""
+        for kind in ("regression", "slo"):
+            incident = state.incidents.pop(kind, None)
+            if incident is not None:
+                events.append(_event(incident, "resolve", at, {"reason": "model_changed"}, resolved=True))
+        state.page_streak = state.ticket_streak = state.slo_streak = 0
+        state.page_since = state.ticket_since = state.slo_since = None
+        state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+        state.noise = None
+        state.resolved_at = at
+        state.epoch_since = since
+        self.epoch_started = since
 
     # ------------------------------------------------ availability
 

@@ -25,7 +25,9 @@ medians and MADs, never means, on the median TTFT of each run:
   after `consecutive_failures` error-free runs, and once the rate is under its limit if it fired.
 * SLO: the median over the ticket window above the target's `ttft_p50_ms` for `ticket.confirmations`
   runs opens a ticket; it resolves under ttft_p50_ms / clear_ratio.
-* Model change: an `info` event when the model name the server reports changes.
+* Model change: an `info` event when the model name the server reports changes, or its fingerprint
+  (confirmed on two runs in a row; detect/identity.py); a new baseline epoch starts there: open latency
+  incidents resolve and only the runs since count as history.
 
 `Detector.evaluate` takes the history and the state and returns the new state with the events; a
 `Replayer` feeds a long series through the same code incrementally, with the same results.
@@ -33,6 +35,7 @@ medians and MADs, never means, on the median TTFT of each run:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
@@ -90,8 +93,10 @@ class Detector:
     ) -> tuple[SeriesState, list[Event], float | None]:
         """`evaluate`, plus the baseline (ms) `run` was compared with: None until the series has one."""
         core = _Core(self.rules, self.slo_ms)
+        epoch = state.epoch_since
         for point in history:
-            core.append(point)
+            if epoch is None or point.at >= epoch:  # a new model's runs are compared among themselves
+                core.append(point)
         new_state = state.copy()
         events = core.step(new_state, run)
         return new_state, events, core.baseline_ms
@@ -101,6 +106,10 @@ class Detector:
         return Replayer(self, state=state, history=history)
 
 
+# Runs a replayer keeps to rebuild from when an epoch starts: more than identity.FINGERPRINT_CONFIRM_RUNS.
+EPOCH_LOOKBACK_RUNS = 8
+
+
 class Replayer:
     """Feeds runs one by one through the same code as `Detector.evaluate`, keeping the history in a
     rolling structure instead of rebuilding it per run: a year of 5-minute runs takes seconds."""
@@ -108,14 +117,29 @@ class Replayer:
     def __init__(
         self, detector: Detector, *, state: SeriesState | None = None, history: Iterable[RunPoint] = ()
     ) -> None:
-        self._core = _Core(detector.rules, detector.slo_ms)
-        for point in history:
-            self._core.append(point)
+        self._detector = detector
         self.state = state.copy() if state is not None else SeriesState()
+        self._core = _Core(detector.rules, detector.slo_ms)
+        epoch = self.state.epoch_since
+        # The last runs, for a new epoch that begins a run or two back (a confirmed fingerprint).
+        self._recent: deque[RunPoint] = deque(maxlen=EPOCH_LOOKBACK_RUNS)
+        for point in history:
+            if epoch is None or point.at >= epoch:
+                self._core.append(point)
+                self._recent.append(point)
 
     def feed(self, run: RunPoint) -> list[Event]:
         """Evaluate the next run (later than every run before it); the events it causes."""
-        return self._core.step(self.state, run)
+        events = self._core.step(self.state, run)
+        self._recent.append(run)
+        since = self._core.epoch_started
+        if since is not None:  # as `evaluate` would next time: only the epoch's runs are history
+            core = _Core(self._detector.rules, self._detector.slo_ms)
+            for point in self._recent:
+                if point.at >= since:
+                    core.append(point)
+            self._core = core
+        return events
 
     @property
     def baseline_ms(self) -> float | None:

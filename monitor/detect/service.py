@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
+from monitor.detect import identity
 from monitor.detect.attribution import ServerSplit, classify, server_split, split_text
 from monitor.detect.budget_service import BudgetService
 from monitor.detect.burn_service import BurnService
@@ -33,6 +34,7 @@ from monitor.probe.result import Sample
 from monitor.store.engine import is_broken_connection, write_transaction
 from monitor.store.incidents import GroupStore, IncidentChange, IncidentStore, StoredState
 from monitor.store.records import RunRecord, SeriesKey
+from monitor.store.triage import TriageStore
 
 if TYPE_CHECKING:
     from monitor.alert.outbox import Outbox
@@ -334,10 +336,14 @@ class DetectionService:
             for r in records
             if r.run_id != run.run_id and r.started_at < run.started_at and is_evidence(r)
         ]
-        served = Counter(
-            s.served_model for s in samples if s.served_model and not s.warmup and not s.disturbed
-        ).most_common(1)
-        point = point_from_run(run, served_model=served[0][0] if served else None)
+        measured = [s for s in samples if not s.warmup and not s.disturbed]
+        served = Counter(s.served_model for s in measured if s.served_model).most_common(1)
+        fingerprint = Counter(s.fingerprint for s in measured if s.fingerprint).most_common(1)
+        point = point_from_run(
+            run,
+            served_model=served[0][0] if served else None,
+            fingerprint=fingerprint[0][0] if fingerprint else None,
+        )
         async with write_transaction(self._engine) as connection:
             series_id = await self._store.series_id(connection, series)
             if series_id is None:
@@ -352,18 +358,31 @@ class DetectionService:
             split = server_split(run, records)
             for event in events:
                 where = _where(event, split)
+                # A target's series all see its model change: one marker and one notification stand for all.
+                fresh = event.kind != "model_changed" or await self._mark_change(connection, series, event)
                 incident_id = await self._record_incident(connection, series_id, event, now, where)
                 group_id = await self._group(connection, series, series_id, event, incident_id)
                 if group_id is not None:
                     groups.add(group_id)  # notified as a group once the batch is in (`_sync_group`)
                     continue
-                if self._outbox is not None:
+                if self._outbox is not None and fresh:
                     await self._outbox.notify(
                         self._notification(job, series, event, incident_id, where), connection=connection
                     )
             attempt.outcome = (new_state, events, baseline_ms)
             attempt.committing = True
         return new_state, events, baseline_ms
+
+    async def _mark_change(self, connection: AsyncConnection, series: SeriesKey, event: Event) -> bool:
+        """A change marker on the target's charts where the new model's epoch begins, once per target;
+        True when this series' event added it (and so is the one notified)."""
+        since = event.detail.get("epoch_since")
+        at = datetime.fromisoformat(since) if isinstance(since, str) else event.at
+        text = identity.describe(event.detail, series.model)
+        if not await TriageStore.mark_change(connection, text, target=series.target, at=at):
+            return False
+        self._log.info("model_change_marked", target=series.target, at=at.isoformat(), text=text)
+        return True
 
     async def _record_incident(
         self,
@@ -432,6 +451,7 @@ class DetectionService:
             peak_at=figures.peak_at,
             opened_baseline_ms=figures.opened_baseline_ms,
             opened_observed_ms=figures.opened_observed_ms,
+            summary=identity.describe(event.detail, series.model) if event.kind == "model_changed" else "",
             cause=where["cause"] if where else None,
             attribution=where["attribution"] if where else "",
         )

@@ -30,6 +30,7 @@ class RunPoint:
     served_model: str | None = None
     ok: int | None = None
     errors: int | None = None
+    fingerprint: str | None = None  # OpenAI's system_fingerprint, the run's most common
 
     def __post_init__(self) -> None:
         if self.at.utcoffset() is None:
@@ -54,7 +55,7 @@ def is_evidence(record: RunRecord) -> bool:
     return record.rounds == 0 or record.ok + record.errors > 0
 
 
-def point_from_run(record: RunRecord, *, served_model: str | None = None) -> RunPoint:
+def point_from_run(record: RunRecord, *, served_model: str | None = None, fingerprint: str | None = None) -> RunPoint:
     """The detector's view of a stored run."""
     return RunPoint(
         at=record.started_at,
@@ -63,6 +64,7 @@ def point_from_run(record: RunRecord, *, served_model: str | None = None) -> Run
         served_model=served_model,
         ok=record.ok,
         errors=record.errors,
+        fingerprint=fingerprint,
     )
 
 
@@ -175,6 +177,13 @@ class SeriesState:
     # yet (a new series, or a state stored before the model existed): the detector seeds it from the
     # history it is given.
     noise: NoiseModel | None = None
+    # Which model answered (detect/identity.py): the fingerprint last confirmed, a different one seen
+    # on the last runs (value, first run) and on how many in a row; and where the current baseline
+    # epoch began (None: the series' whole history counts).
+    fingerprint: str | None = None
+    fingerprint_pending: tuple[str, datetime] | None = None
+    fingerprint_pending_runs: int = 0
+    epoch_since: datetime | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the `detector_state.state` column)."""
@@ -182,21 +191,36 @@ class SeriesState:
         def stamp(moment: datetime | None) -> str | None:
             return moment.isoformat() if moment is not None else None
 
-        return {
-            "version": STATE_VERSION,
-            "page_streak": self.page_streak,
-            "page_since": stamp(self.page_since),
-            "ticket_streak": self.ticket_streak,
-            "ticket_since": stamp(self.ticket_since),
-            "slo_streak": self.slo_streak,
-            "slo_since": stamp(self.slo_since),
-            "resolved_at": stamp(self.resolved_at),
-            "served_model": self.served_model,
-            "incidents": {kind: incident.to_json() for kind, incident in sorted(self.incidents.items())},
-            "cusum": self.cusum,
-            "cusum_since": stamp(self.cusum_since),
-            "cusum_runs": self.cusum_runs,
-        } | ({"noise": self.noise.to_json()} if self.noise is not None else {})
+        return (
+            {
+                "version": STATE_VERSION,
+                "page_streak": self.page_streak,
+                "page_since": stamp(self.page_since),
+                "ticket_streak": self.ticket_streak,
+                "ticket_since": stamp(self.ticket_since),
+                "slo_streak": self.slo_streak,
+                "slo_since": stamp(self.slo_since),
+                "resolved_at": stamp(self.resolved_at),
+                "served_model": self.served_model,
+                "incidents": {kind: incident.to_json() for kind, incident in sorted(self.incidents.items())},
+                "cusum": self.cusum,
+                "cusum_since": stamp(self.cusum_since),
+                "cusum_runs": self.cusum_runs,
+            }
+            | ({"noise": self.noise.to_json()} if self.noise is not None else {})
+            | self._identity_json()
+        )
+
+    def _identity_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.fingerprint is not None:
+            out["fingerprint"] = self.fingerprint
+        if self.fingerprint_pending is not None:
+            value, first = self.fingerprint_pending
+            out["fingerprint_pending"] = [value, first.isoformat(), self.fingerprint_pending_runs]
+        if self.epoch_since is not None:
+            out["epoch_since"] = self.epoch_since.isoformat()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SeriesState:
@@ -223,6 +247,14 @@ class SeriesState:
             cusum_since=moment("cusum_since"),
             cusum_runs=int(data.get("cusum_runs", 0)),
             noise=NoiseModel.from_json(data["noise"]) if isinstance(data.get("noise"), dict) else None,
+            fingerprint=data.get("fingerprint"),
+            fingerprint_pending=(
+                (str(pending[0]), datetime.fromisoformat(pending[1]))
+                if isinstance(pending := data.get("fingerprint_pending"), list)
+                else None
+            ),
+            fingerprint_pending_runs=int(pending[2]) if isinstance(pending, list) else 0,
+            epoch_since=moment("epoch_since"),
         )
 
     def copy(self) -> SeriesState:
@@ -240,4 +272,8 @@ class SeriesState:
             self.cusum_since,
             self.cusum_runs,
             self.noise.copy() if self.noise is not None else None,
+            self.fingerprint,
+            self.fingerprint_pending,
+            self.fingerprint_pending_runs,
+            self.epoch_since,
         )

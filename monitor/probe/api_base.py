@@ -27,6 +27,8 @@ class EventKind(Enum):
 class EventInfo:
     kind: EventKind = EventKind.OTHER
     served_model: str | None = None
+    # OpenAI's `system_fingerprint`: the backend configuration that answered (None where not sent).
+    fingerprint: str | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     cached_tokens: int | None = None

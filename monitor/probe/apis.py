@@ -49,7 +49,10 @@ class _OpenAIBase(FixedPath):
         if event.data.strip() == "[DONE]":
             return EventInfo(EventKind.DONE)
         obj = load_event(event.data)
-        info = EventInfo(served_model=obj.get("model"))
+        fingerprint = obj.get("system_fingerprint")
+        info = EventInfo(
+            served_model=obj.get("model"), fingerprint=fingerprint if isinstance(fingerprint, str) else None
+        )
         if "error" in obj:
             return error_event(info, obj["error"])
         read_usage(

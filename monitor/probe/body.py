@@ -102,6 +102,8 @@ class EventReader:
                 ) from exc
             if info.served_model:
                 sample.served_model = info.served_model
+            if info.fingerprint:
+                sample.fingerprint = info.fingerprint
             if info.prompt_tokens is not None:
                 sample.prompt_tokens = info.prompt_tokens
             if info.cached_tokens is not None:

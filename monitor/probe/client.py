@@ -73,6 +73,7 @@ __all__ = ["Endpoint", "ProbeClient", "Timeouts"]
 SERVER_TEXT_FIELDS = {
     "error_message": MESSAGE_CAP,
     "served_model": SERVER_TEXT_CAP,
+    "fingerprint": SERVER_TEXT_CAP,
     "request_id": SERVER_TEXT_CAP,
     "retry_after": SERVER_TEXT_CAP,
     "server_timing": SERVER_TEXT_CAP,

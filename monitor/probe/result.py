@@ -87,6 +87,8 @@ class Sample:
     prompt_tokens_target: int | None = None
     prompt_chars: int | None = None
     served_model: str | None = None
+    # What the API says about the configuration that answered (OpenAI's `system_fingerprint`).
+    fingerprint: str | None = None
     request_id: str | None = None
     http_status: int | None = None
     # What the server says about itself, when it does (response headers, capped in length).

@@ -63,6 +63,7 @@ SAMPLE_LOG_FIELDS = (
     "reasoning_tokens",
     "reasoning_tokens_estimated",
     "served_model",
+    "fingerprint",
     "request_id",
     "http_status",
     "error",

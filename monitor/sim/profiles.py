@@ -64,6 +64,11 @@ class ModelProfile:
     ar_share: float = 0.0
     ar_phi: float = 0.9
     ar_step_s: float = 300.0
+    # What the server says it is: `served_as` is the model name it reports (an alias moved to other
+    # weights), None: the requested one; `system_fingerprint` rides on every OpenAI chat and
+    # completions chunk (OpenAI's backend configuration), None: left out, as vLLM does.
+    served_as: str | None = None
+    system_fingerprint: str | None = None
 
 
 def default_profiles() -> dict[str, ModelProfile]:
@@ -134,6 +139,12 @@ def _optional(rule: Rule) -> Rule:
     return check
 
 
+def _text(path: str, value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > 200:
+        raise ProfileError(f"{path}: expected a string of 1 to 200 characters, got {value!r}")
+    return value
+
+
 def _boolean(path: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ProfileError(f"{path}: expected true or false, got {value!r}")
@@ -175,6 +186,8 @@ _PROFILE_RULES: dict[str, Rule] = {
     "ar_share": _number(maximum=1.0),
     "ar_phi": _number(maximum=0.999),
     "ar_step_s": _number(exclusive_min=True),
+    "served_as": _optional(_text),
+    "system_fingerprint": _optional(_text),
 }
 
 

@@ -170,7 +170,8 @@ class _Job:
         return Generation(
             request_id=self.stamp.request_id,
             created=self.created,
-            model=self.body.model,
+            model=self.profile.served_as or self.body.model,
+            fingerprint=self.profile.system_fingerprint,
             thinking=self.thinking,
             tool_call=self.body.tool_call,
             include_usage=self.body.include_usage,

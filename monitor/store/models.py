@@ -170,6 +170,8 @@ class SampleRow(Base):
     prompt_tokens_target: Mapped[int | None] = mapped_column(Integer)
     prompt_chars: Mapped[int | None] = mapped_column(Integer)
     served_model: Mapped[str | None] = mapped_column(Text)
+    # OpenAI's system_fingerprint (the backend configuration that answered); null before migration 0014.
+    fingerprint: Mapped[str | None] = mapped_column(Text)
     request_id: Mapped[str | None] = mapped_column(Text)
     http_status: Mapped[int | None] = mapped_column(Integer)
     server_processing_ms: Mapped[float | None] = mapped_column(Double)

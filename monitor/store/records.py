@@ -72,6 +72,7 @@ SAMPLE_COLUMN_FIELDS: dict[str, str] = {
     "prompt_tokens_target": "prompt_tokens_target",
     "prompt_chars": "prompt_chars",
     "served_model": "served_model",
+    "fingerprint": "fingerprint",
     "request_id": "request_id",
     "http_status": "http_status",
     "server_processing_ms": "server_processing_ms",
@@ -94,9 +95,10 @@ SAMPLE_FIELDS_STORED_APART = frozenset({"target", "model", "api", "prompt", "sam
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 UNSTORABLE_REPLACEMENT = "\ufffd"
 # Caps, in characters, on text a server chooses; longer values are cut and end with TRUNCATED_MARK.
-SERVER_TEXT_LIMITS = {"served_model": 256, "request_id": 256, "error_message": MESSAGE_CAP}
-_SERVED_MODEL_LIMIT, _REQUEST_ID_LIMIT, _ERROR_MESSAGE_LIMIT = (
+SERVER_TEXT_LIMITS = {"served_model": 256, "fingerprint": 256, "request_id": 256, "error_message": MESSAGE_CAP}
+_SERVED_MODEL_LIMIT, _FINGERPRINT_LIMIT, _REQUEST_ID_LIMIT, _ERROR_MESSAGE_LIMIT = (
     SERVER_TEXT_LIMITS["served_model"],
+    SERVER_TEXT_LIMITS["fingerprint"],
     SERVER_TEXT_LIMITS["request_id"],
     SERVER_TEXT_LIMITS["error_message"],
 )
@@ -227,16 +229,17 @@ def storable_sample(sample: Sample) -> Sample:
     """`sample` with the text a server chose storable (see `storable_text`); the same object when it
     already is.
 
-    Servers choose `served_model`, `request_id` and `error_message` (a 500 body, an error event): one
+    Servers choose `served_model`, `fingerprint`, `request_id` and `error_message` (a 500 body, an error event): one
     NUL byte in them must not make the database refuse the run and every other sample with it.
     (Target, model, API and prompt come from the config and are checked once per run.)
     """
     if (
         _storable_as_is(sample.served_model, _SERVED_MODEL_LIMIT)
+        and _storable_as_is(sample.fingerprint, _FINGERPRINT_LIMIT)
         and _storable_as_is(sample.request_id, _REQUEST_ID_LIMIT)
         and _storable_as_is(sample.error_message, _ERROR_MESSAGE_LIMIT)
     ):
-        return sample  # this runs for every sample stored: the common case costs three checks
+        return sample  # this runs for every sample stored: the common case costs four checks
     changes: dict[str, Any] = {}
     for name, limit in SERVER_TEXT_LIMITS.items():
         value = getattr(sample, name)

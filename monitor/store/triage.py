@@ -30,6 +30,8 @@ from monitor.store.statements import upsert_insert
 MIN_PREFIX = 4
 # How long before an incident began a change marker still counts as a likely cause worth naming.
 ANNOTATION_WINDOW = timedelta(hours=1)
+# `created_by` of the markers the detector adds itself (a model change), not a person's `annotate`.
+AUTOMATIC_MARKER = "ttft-monitor"
 
 
 class IncidentLookupError(Exception):
@@ -284,6 +286,30 @@ class TriageStore:
                 sa.insert(ANNOTATIONS).values(id=item.id, at=item.at, text=text, target=target, created_by=by)
             )
         return item
+
+    @staticmethod
+    async def mark_change(
+        connection: AsyncConnection, text: str, *, target: str, at: datetime, within: timedelta = timedelta(hours=1)
+    ) -> bool:
+        """An automatic change marker (the detector saw another model answer), once: a target's several
+        series see the same change, so a marker with the same text for the target within `within` of
+        `at` stands for all. True when this call added it."""
+        existing = await connection.execute(
+            sa.select(ANNOTATIONS.c.id)
+            .where(
+                ANNOTATIONS.c.target == target,
+                ANNOTATIONS.c.text == text,
+                ANNOTATIONS.c.at >= at - within,
+                ANNOTATIONS.c.at <= at + within,
+            )
+            .limit(1)
+        )
+        if existing.first() is not None:
+            return False
+        await connection.execute(
+            sa.insert(ANNOTATIONS).values(id=uuid.uuid4(), at=at, text=text, target=target, created_by=AUTOMATIC_MARKER)
+        )
+        return True
 
     @staticmethod
     async def annotations_between(

@@ -384,3 +384,29 @@ async def test_samples_stored_before_0013_have_no_reasoning_count_and_new_ones_k
         assert await migrate.check(engine) == []
     finally:
         await engine.dispose()
+
+
+async def test_samples_stored_before_0014_have_no_fingerprint_and_new_ones_keep_theirs(empty_backend: Backend) -> None:
+    engine = empty_backend.engine()
+    try:
+        await migrate.upgrade(engine)
+        repository = Repository(engine)
+        old = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+        await repository.save_runs(old)
+        assert await migrate.downgrade(engine, "0013") == (migrate.head(), "0013")
+        assert await migrate.upgrade(engine) == ("0013", migrate.head())
+        series = old[0][0].series
+        [(_, stored)] = await repository.load_runs(series, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+        assert {s.fingerprint for s in stored} == {None}
+        new = make_batch(T0 + timedelta(minutes=5), targets=("qwen3-8b",), prompts=("short",))
+        for index, sample in enumerate(new[0][1]):
+            # A hostile server's fingerprint: NUL and far too long; stored cleaned and capped.
+            sample.fingerprint = "fp_a1" if index else "fp\x00" + "b" * 400
+        await repository.save_runs(new)
+        loaded = await repository.load_runs(series, T0 + timedelta(minutes=4), T0 + timedelta(hours=1))
+        prints = [s.fingerprint for s in loaded[0][1]]
+        assert prints[1:] == ["fp_a1"] * (len(prints) - 1)
+        assert prints[0] is not None and prints[0].startswith("fp\ufffdbbb") and len(prints[0]) <= 256
+        assert await migrate.check(engine) == []
+    finally:
+        await engine.dispose()

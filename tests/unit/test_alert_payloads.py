@@ -77,7 +77,7 @@ def test_the_text_says_what_regressed_by_how_much_since_when_and_where_to_look()
         ),
         (
             {"kind": "model_changed", "state": "info", "severity": "info", "observed_ms": None},
-            "[INFO] Served model changed on qwen3-8b / short @ fra-dc1",
+            "[INFO] Model changed on qwen3-8b / short @ fra-dc1",
         ),
     ],
 )

@@ -216,8 +216,87 @@ def test_a_change_of_the_served_model_is_an_info_event() -> None:
     points = [RunPoint(T0 + i * EVERY, 100.0, served_model=m) for i, m in enumerate(models)]
     events = replay(points)
     assert [(e.kind, e.action, e.severity, e.at, e.detail) for e in events] == [
-        ("model_changed", "info", "info", T0 + 3 * EVERY, {"from": "qwen3-8b", "to": "qwen3-8b-awq"})
+        (
+            "model_changed",
+            "info",
+            "info",
+            T0 + 3 * EVERY,
+            {"from": "qwen3-8b", "to": "qwen3-8b-awq", "epoch_since": (T0 + 3 * EVERY).isoformat()},
+        )
     ]
+
+
+def with_fingerprints(points: Sequence[RunPoint], fingerprint_at: Any) -> list[RunPoint]:
+    return [dataclasses.replace(p, fingerprint=fingerprint_at(i)) for i, p in enumerate(points)]
+
+
+def test_fingerprints_that_alternate_are_no_change_and_one_seen_twice_in_a_row_is() -> None:
+    flat = [RunPoint(T0 + i * EVERY, 100.0) for i in range(12)]
+    alternating = with_fingerprints(flat, lambda i: "fp_a" if i % 2 else "fp_b")
+    assert replay(alternating) == []
+    once = with_fingerprints(flat, lambda i: "fp_b" if i == 5 else "fp_a")  # one backend answered once
+    assert replay(once) == []
+    changed = with_fingerprints(flat, lambda i: "fp_a" if i < 6 else "fp_b")
+    events = replay(changed)
+    assert [(e.kind, e.action, e.at, e.detail) for e in events] == [
+        (
+            "model_changed",
+            "info",
+            T0 + 7 * EVERY,  # confirmed on its second run
+            {"fingerprint_from": "fp_a", "fingerprint_to": "fp_b", "epoch_since": (T0 + 6 * EVERY).isoformat()},
+        )
+    ]
+
+
+def test_a_slowdown_that_comes_with_another_model_is_a_change_and_a_new_baseline_not_a_regression() -> None:
+    steps = [Step(4.0, 48, 2.0)]  # doubles on day 4 and stays so
+    points = series(6, sigma=0.2, seed=21, steps=steps)
+    # Without a word from the server, a doubling is a regression (paged).
+    assert ("regression", "open", "page") in [(e.kind, e.action, e.severity) for e in replay(points)]
+    swapped = with_fingerprints(points, lambda i: "fp_a" if i < 4 * RUNS_PER_DAY else "fp_b")
+    events = replay(swapped)
+    assert [(e.kind, e.action) for e in events] == [("model_changed", "info")]
+    assert events[0].at == at_day(4) + EVERY and events[0].detail["epoch_since"] == at_day(4).isoformat()
+    # The service's path (evaluate on a history window) agrees with the replayer, run by run.
+    detector, state, seen = Detector(), SeriesState(), []
+    for index in range(4 * RUNS_PER_DAY - 3, 5 * RUNS_PER_DAY):
+        run = swapped[index]
+        history = [p for p in swapped[:index] if p.at >= detector.history_since(run.at)]
+        state, new = detector.evaluate(history, state, run)
+        seen.extend(new)
+    assert [(e.kind, e.action, e.at) for e in seen] == [(e.kind, e.action, e.at) for e in events]
+    assert state.epoch_since == at_day(4) and state.fingerprint == "fp_b"
+    # The new model's own slowdown is still a regression, against the new model's baseline.
+    later = series(8, sigma=0.2, seed=21, steps=[Step(4.0, 96, 2.0), Step(6.5, 24, 1.8)])
+    relapsed = with_fingerprints(later, lambda i: "fp_a" if i < 4 * RUNS_PER_DAY else "fp_b")
+    after = replay(relapsed)
+    assert (after[0].kind, after[0].action) == ("model_changed", "info")
+    opened = [e for e in after if (e.kind, e.action) == ("regression", "open")]
+    assert opened and all(at_day(6.5) <= e.at < at_day(7) for e in opened), opened
+
+
+def test_a_regression_open_when_the_model_changes_resolves_with_the_change_as_its_reason() -> None:
+    points = series(5, sigma=0.2, seed=22, steps=[Step(3.0, 48, 2.5)])
+    change = 3 * RUNS_PER_DAY + 36  # three hours into the slowdown: paged by then
+    swapped = [dataclasses.replace(p, served_model="m-1" if i < change else "m-2") for i, p in enumerate(points)]
+    events = replay(swapped)
+    actions = [(e.kind, e.action) for e in events]
+    assert actions[:1] == [("regression", "open")] and ("model_changed", "info") in actions
+    closing = events[actions.index(("model_changed", "info")) + 1]
+    assert (closing.kind, closing.action, closing.detail["reason"]) == ("regression", "resolve", "model_changed")
+    assert closing.at == swapped[change].at
+    assert not any(e.kind == "regression" and e.at > closing.at for e in events)
+
+
+def test_the_identity_state_survives_its_json() -> None:
+    flat = [RunPoint(T0 + i * EVERY, 100.0, fingerprint="fp_a" if i < 3 else "fp_b") for i in range(4)]
+    replayer = Detector().replayer()
+    for point in flat:
+        replayer.feed(point)
+    assert replayer.state.fingerprint_pending == ("fp_b", T0 + 3 * EVERY)
+    restored = SeriesState.from_json(json.loads(json.dumps(replayer.state.to_json())))
+    assert restored == replayer.state
+    assert restored.copy() == restored
 
 
 # ---------------------------------------------------------------- state and restarts

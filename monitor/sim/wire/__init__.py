@@ -100,6 +100,7 @@ class Generation:
     reasoning_field: str
     plan: OutputPlan
     usage: Usage
+    fingerprint: str | None = None  # OpenAI's system_fingerprint, when the model's profile sets one
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,8 +86,11 @@ class ChatWire(_OpenAIStream):
         reasoning_field: str,
         include_usage: bool,
         tool_call: bool = False,
+        fingerprint: str | None = None,
     ) -> None:
         self._header = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model}
+        if fingerprint is not None:
+            self._header["system_fingerprint"] = fingerprint
         self._include_usage = include_usage
         self._tool_call = tool_call
         self._tool_started = False
@@ -141,8 +144,12 @@ class ChatWire(_OpenAIStream):
 class CompletionWire(_OpenAIStream):
     """`data: {text_completion}` events; no role chunk, the first event carries the first token."""
 
-    def __init__(self, *, chunk_id: str, created: int, model: str, include_usage: bool) -> None:
+    def __init__(
+        self, *, chunk_id: str, created: int, model: str, include_usage: bool, fingerprint: str | None = None
+    ) -> None:
         self._header = {"id": chunk_id, "object": "text_completion", "created": created, "model": model}
+        if fingerprint is not None:
+            self._header["system_fingerprint"] = fingerprint
         self._include_usage = include_usage
         self._answer = split_template(self._choice_event(slot(), None))
 
@@ -321,6 +328,7 @@ CHAT = Flavour(
         reasoning_field=g.reasoning_field,
         include_usage=g.include_usage,
         tool_call=g.tool_call,
+        fingerprint=g.fingerprint,
     ),
     whole=lambda g: chat_response(
         chunk_id=f"chatcmpl-{g.request_id}",
@@ -338,7 +346,11 @@ COMPLETIONS = Flavour(
     family=FAMILY,
     parse=lambda body, _route: parse_completions(body),
     stream=lambda g: CompletionWire(
-        chunk_id=f"cmpl-{g.request_id}", created=g.created, model=g.model, include_usage=g.include_usage
+        chunk_id=f"cmpl-{g.request_id}",
+        created=g.created,
+        model=g.model,
+        include_usage=g.include_usage,
+        fingerprint=g.fingerprint,
     ),
     whole=lambda g: completion_response(
         chunk_id=f"cmpl-{g.request_id}", created=g.created, model=g.model, plan=g.plan, usage=g.usage

@@ -1,0 +1,146 @@
+"""Which model answered, end to end: the simulator reports a system_fingerprint, the real pipeline probes,
+stores (the fingerprint per sample), detects and delivers to a webhook on loopback.
+
+When the weights behind an unchanged model id change (the fingerprint moves) and TTFT doubles with
+them, that is one change marker and one notification ("model behind qwen3-8b changed: fingerprint
+fp_a1 -> fp_b7"), a new baseline epoch, and no regression incident; the same doubling with the
+fingerprint unchanged pages (tests/e2e/test_detect_grouping_e2e.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+from monitor.app import attach_detection, build_context, open_store
+from monitor.config.loader import load_config
+from monitor.schedule.pipeline import execute, plan_for_job
+from monitor.store.models import AnnotationRow, IncidentRow, SampleRow
+from tests.conftest import SimProcess, run_cli
+from tests.support.alert_fixtures import Loopback
+from tests.support.config import build_config, write_yaml
+
+pytest_plugins = ("tests.support.store_fixtures", "tests.support.alert_fixtures")
+
+BEFORE, AFTER = 16, 10
+FAST = {"ttft_base_ms": 30.0, "prefill_ms_per_1k": 5.0}
+
+
+def write_config(folder: Path, sim: SimProcess, hook: str) -> Path:
+    path = folder / "config.yaml"
+    path.write_text(
+        f"""
+location: lab
+database:
+  url: "sqlite+aiosqlite:///{folder}/ttft.db"
+  state_dir: "{folder}/state"
+providers:
+  gateway: {{base_url: "{sim.v1}", api: openai-chat}}
+targets:
+  qwen3-8b: {{provider: gateway, model: qwen3-8b, params: {{max_tokens: 2}}}}
+prompts:
+  short: {{tokens: 128}}
+  long: {{tokens: 512}}
+jobs:
+  - name: every-5m
+    schedule: "*/5 * * * *"
+    targets: [qwen3-8b]
+    prompts: [short, long]
+    rounds: 2
+    warmup: 0
+    pause_s: 0
+detection:
+  min_history_runs: 6
+  trailing_runs: 12
+  page: {{min_delta_ms: 10}}
+alerts:
+  receivers:
+    hook: {{type: webhook, url: "{hook}"}}
+  routes:
+    - receivers: [hook]
+      severities: [page, ticket, info]  # model changes are info: routed where a route takes them
+"""
+    )
+    return path
+
+
+async def run_with_change(tmp_path: Path, sim: SimProcess, loopback: Loopback, *, swap: bool) -> dict[str, Any]:
+    path = write_config(tmp_path, sim, loopback.url("/hook"))
+    upgraded = await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))
+    assert upgraded.code == 0, str(upgraded)
+    config = load_config(str(path))
+    async with AsyncExitStack() as stack:
+        store = await open_store(config, metrics=None)
+        stack.callback(store.spool.close)
+        stack.push_async_callback(store.engine.dispose)
+        context = await build_context(config, stack, store=store, metrics=None)
+        dispatcher, _service = await attach_detection(context, store, stack, metrics=None)
+        plan = plan_for_job(context, config.jobs[0])
+        sim.post("/sim/models/qwen3-8b", {**FAST, "system_fingerprint": "fp_a1"})
+        for index in range(BEFORE + AFTER):
+            if index == BEFORE:  # twice as slow from here; with `swap`, because other weights answer
+                slower = {name: value * 2 for name, value in FAST.items()}
+                sim.post("/sim/models/qwen3-8b", {**slower, "system_fingerprint": "fp_b7" if swap else "fp_a1"})
+            await execute(context, job="every-5m", plan=plan)
+            await dispatcher.dispatch_due()
+        async with store.engine.connect() as connection:
+            incidents = (await connection.execute(sa.select(IncidentRow.kind, IncidentRow.details))).all()
+            marks = (await connection.execute(sa.select(AnnotationRow.text, AnnotationRow.created_by))).all()
+            prints = (await connection.execute(sa.select(SampleRow.fingerprint))).scalars().all()
+    return {
+        "sent": [item.json()["data"] for item in loopback.at("/hook")],
+        "incidents": incidents,
+        "marks": marks,
+        "fingerprints": prints,
+    }
+
+
+@pytest.mark.timeout(240)
+async def test_other_weights_behind_the_same_model_id_are_one_marker_one_notice_and_no_regression(
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
+) -> None:
+    seen = await run_with_change(tmp_path, exact_sim, loopback, swap=True)
+    # Every sample keeps the fingerprint its server reported.
+    assert sorted(set(seen["fingerprints"])) == ["fp_a1", "fp_b7"]
+    assert len(seen["fingerprints"]) == (BEFORE + AFTER) * 2 * 2
+    kinds = sorted(kind for kind, _details in seen["incidents"])
+    assert kinds == ["model_changed", "model_changed"], kinds  # both series saw it; no regression
+    text = "model behind qwen3-8b changed: fingerprint fp_a1 -> fp_b7; a new baseline starts here"
+    assert seen["marks"] == [(text, "ttft-monitor")]
+    titles = [item["title"] for item in seen["sent"]]
+    assert len(seen["sent"]) == 1, titles
+    (notice,) = seen["sent"]
+    assert notice["state"] == "info" and notice["kind"] == "model_changed", notice
+    assert text in str(notice), notice
+
+
+@pytest.mark.timeout(240)
+async def test_the_same_slowdown_with_the_same_fingerprint_is_a_regression(
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
+) -> None:
+    seen = await run_with_change(tmp_path, exact_sim, loopback, swap=False)
+    kinds = {kind for kind, _details in seen["incidents"]}
+    assert kinds == {"regression"}, seen["incidents"]
+    assert seen["marks"] == []
+    assert [item["state"] for item in seen["sent"]][:1] == ["firing"]
+
+
+def test_probe_reports_the_model_and_fingerprint_the_server_said_answered(
+    exact_sim: SimProcess, tmp_path: Path
+) -> None:
+    exact_sim.post("/sim/models/gpt-4o-mini", {"served_as": "gpt-4o-mini-2024-07-18", "system_fingerprint": "fp_44"})
+    config = write_yaml(tmp_path / "config.yaml", build_config(exact_sim.v1, targets={"mini": "gpt-4o-mini"}))
+    result = run_cli("probe", "--config", str(config), "-t", "mini", "-n", "2", "--warmup", "0", "-f", "json")
+    assert result.code == 0, str(result)
+    samples = json.loads(result.stdout)["samples"]
+    assert {(s["served_model"], s["fingerprint"]) for s in samples} == {("gpt-4o-mini-2024-07-18", "fp_44")}
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        exact_sim.post("/sim/models/gpt-4o-mini", {"system_fingerprint": ""})
+    assert refused.value.code == 400 and "system_fingerprint" in refused.value.read().decode()
