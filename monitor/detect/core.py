@@ -41,6 +41,9 @@ MIN_EXCURSION_RUNS = 12
 # independent one's: load that comes and goes cannot be measured yet (bench/detector.py, false pages
 # under AR(1) noise opened in the first 3.5 days).
 TRAILING_G = 2.0
+# How far above the baseline (a share of log(page.ratio)) a run must itself be to extend a page streak
+# (noise model off): a burst that is over breaks it (`_Core._run_is_slow`).
+PAGE_RUN_SHARE = 1.0
 _UNCACHED = object()
 
 
@@ -404,8 +407,9 @@ class _Core:
         if noise is None:
             state.noise = None  # a model left from when it was on is stale by the time it is turned on again
         confirms = self._confirms
-        if confirms(
-            verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise
+        if (
+            confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise)
+            and (noise is not None or self._run_is_slow(verdict))
         ) or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since)):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
@@ -764,6 +768,15 @@ class _Core:
             block=self.rules.trailing_runs // 6,
         )
         return z / factor >= rule.z_threshold
+
+    def _run_is_slow(self, verdict: _Verdict) -> bool:
+        """Whether the run itself is at least halfway (in log) to the page ratio above the baseline.
+
+        A page window's median stays high for as many runs as the window is long after a burst of slow
+        runs ends (a window of 5 holding a burst of 3), so the window alone confirms a burst as often as
+        a regression; a run that is itself back near the baseline breaks the streak. A step keeps its
+        runs slow: doublings page as fast as before (bench/detector.py `bursts`, docs/detection.md)."""
+        return verdict.recent[-1] - verdict.baseline.level >= PAGE_RUN_SHARE * self._log_page_ratio
 
     def _streak_end(self, count: int, streak_since: datetime | None) -> int:
         """Where the runs tested ended for a page streak's first run (`count`, the runs so far, without one)."""

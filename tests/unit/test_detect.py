@@ -211,6 +211,18 @@ def test_an_slo_breach_opens_a_ticket_and_clears_under_the_objective() -> None:
     assert resolved.at > T0 + 40 * EVERY
 
 
+def test_a_burst_of_slow_runs_that_recovers_is_no_page_and_a_doubling_still_pages_within_20_minutes() -> None:
+    # Three runs (15 minutes) 2.5x slower: a window of 5 runs holds them for three runs after they began,
+    # so its median alone confirms a burst as a page; the runs after it are back to normal.
+    bursts = [Step(3.0 + day / 3, 0.24, 2.5) for day in range(6)]  # 3 runs each (0.24 h: no rounding into a 4th)
+    points = series(6, sigma=0.2, seed=23, probes=5, steps=bursts)
+    assert [e for e in replay(points) if e.severity == "page"] == []
+    doubled = series(4, sigma=0.2, seed=23, probes=5, steps=[Step(3.0, 24, 2.0)])
+    opened = [e for e in replay(doubled) if (e.kind, e.action) == ("regression", "open")]
+    assert opened and opened[0].severity == "page"
+    assert opened[0].at - at_day(3.0) <= timedelta(minutes=20)
+
+
 def test_a_change_of_the_served_model_is_an_info_event() -> None:
     models = ["qwen3-8b", "qwen3-8b", None, "qwen3-8b-awq", "qwen3-8b-awq"]
     points = [RunPoint(T0 + i * EVERY, 100.0, served_model=m) for i, m in enumerate(models)]

@@ -3,8 +3,9 @@ what it was before the model existed. Seeded series go through `Replayer` and `D
 default rules, and every event and the final stored state are compared with a golden file recorded from
 main's detector, before the model (tests/golden/detect_default_events.json).
 
-Re-recorded on 2026-12-03, deliberately, when a served-model change began a new baseline epoch (issue 24:
-the series' change on day 15.5 now resolves and restarts the baseline; the days before are unchanged).
+Re-recorded on 2026-12-03, deliberately, twice: when a served-model change began a new baseline epoch
+(issue 24: the series' change on day 15.5 resolves and restarts the baseline), and when a page streak came
+to need the run itself at the page ratio (issue 20: a burst that is over breaks it; `_Core._run_is_slow`).
 Otherwise re-record it only from code without the noise model, e.g. main before issue 20 was merged:
     PYTHONPATH=/path/to/main python tests/unit/test_detect_default_unchanged.py --write
 (run as a script, this file imports nothing from the tests package, so `monitor` is the one on PYTHONPATH).
