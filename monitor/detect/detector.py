@@ -106,7 +106,7 @@ class Detector:
         return Replayer(self, state=state, history=history)
 
 
-# Runs a replayer keeps to rebuild from when an epoch starts: more than identity.FINGERPRINT_CONFIRM_RUNS.
+# Runs a replayer keeps to rebuild from when an epoch starts: more than identity.CONFIRM_RUNS.
 EPOCH_LOOKBACK_RUNS = 8
 
 

@@ -8,9 +8,12 @@ runs after it with a baseline of their own instead of the one before.
 What counts:
 * the served model name (the response's `model`, Anthropic's and Gemini's version fields): a change
   counts at once, as it always has: a server names its model deliberately;
-* OpenAI's `system_fingerprint`: a change counts once the new value is seen on `FINGERPRINT_CONFIRM_RUNS`
-  runs in a row. Fingerprints of one model alternate between backends (a, b, a, b): that never
-  confirms, and is no change.
+* OpenAI's `system_fingerprint`: a change counts once the new value is seen on `CONFIRM_RUNS` runs in
+  a row. Fingerprints of one model alternate between backends (a, b, a, b): that never confirms, and
+  is no change.
+* the canary's answer hash (monitor/probe/canary.py), the same way; and an answer that varies on
+  every run (3 different in the last 4) is "not deterministic" (`canary_unstable`), ignored until
+  its answers agree again, never a change.
 """
 
 from __future__ import annotations
@@ -21,7 +24,11 @@ from typing import Any
 
 from monitor.detect.state import Event, RunPoint, SeriesState
 
-FINGERPRINT_CONFIRM_RUNS = 2
+# A new fingerprint or canary answer counts once seen on this many runs in a row.
+CONFIRM_RUNS = 2
+# A canary whose last CANARY_RECENT answers hold UNSTABLE_DISTINCT different ones is not deterministic.
+CANARY_RECENT = 4
+UNSTABLE_DISTINCT = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +40,8 @@ class IdentityChange:
     served_to: str | None = None
     fingerprint_from: str | None = None
     fingerprint_to: str | None = None
+    canary_from: str | None = None
+    canary_to: str | None = None
 
     def detail(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -40,11 +49,56 @@ class IdentityChange:
             out["from"], out["to"] = self.served_from, self.served_to
         if self.fingerprint_to is not None:
             out["fingerprint_from"], out["fingerprint_to"] = self.fingerprint_from, self.fingerprint_to
+        if self.canary_to is not None:
+            out["canary_from"], out["canary_to"] = self.canary_from, self.canary_to
         out["epoch_since"] = self.since.isoformat()
         return out
 
     def event(self, at: datetime) -> Event:
         return Event(kind="model_changed", action="info", severity="info", at=at, opened_at=at, detail=self.detail())
+
+
+def _confirmed(state: SeriesState, what: str, value: str, at: datetime) -> tuple[str | None, datetime] | None:
+    """Feed one run's `value` of `what` (fingerprint, canary) to its confirmation; (before, since) when
+    a new value is confirmed (seen on CONFIRM_RUNS runs in a row), since its first run."""
+    known = getattr(state, what)
+    pending: tuple[str, datetime] | None = getattr(state, f"{what}_pending")
+    if known is None or value == known:
+        setattr(state, what, value)
+        setattr(state, f"{what}_pending", None)
+        setattr(state, f"{what}_pending_runs", 0)
+        return None
+    if pending is not None and pending[0] == value:
+        runs = getattr(state, f"{what}_pending_runs") + 1
+    else:
+        pending, runs = (value, at), 1
+    if runs < CONFIRM_RUNS:
+        setattr(state, f"{what}_pending", pending)
+        setattr(state, f"{what}_pending_runs", runs)
+        return None
+    setattr(state, what, value)
+    setattr(state, f"{what}_pending", None)
+    setattr(state, f"{what}_pending_runs", 0)
+    return known, pending[1]
+
+
+def _canary_stable(state: SeriesState, value: str) -> bool:
+    """Keep the canary's last hashes; False while they vary too much to mean anything (not deterministic:
+    UNSTABLE_DISTINCT different answers in the last CANARY_RECENT runs). It becomes stable again once
+    they agree, with the answer they agree on as the known one."""
+    recent = state.canary_recent
+    recent.append(value)
+    del recent[:-CANARY_RECENT]
+    if len(set(recent)) >= UNSTABLE_DISTINCT:
+        state.canary_unstable = True
+        state.canary, state.canary_pending, state.canary_pending_runs = None, None, 0
+        return False
+    if state.canary_unstable:
+        if len(recent) < CANARY_RECENT or len(set(recent)) != 1:
+            return False
+        state.canary_unstable = False
+        state.canary = value
+    return True
 
 
 def observe(state: SeriesState, run: RunPoint) -> IdentityChange | None:
@@ -55,30 +109,29 @@ def observe(state: SeriesState, run: RunPoint) -> IdentityChange | None:
         if state.served_model is not None and run.served_model != state.served_model:
             served_from, served_to = state.served_model, run.served_model
         state.served_model = run.served_model
-    fingerprint_from = fingerprint_to = None
-    value = run.fingerprint
-    if value is not None:
-        known = state.fingerprint
-        if known is None or value == known:
-            state.fingerprint, state.fingerprint_pending, state.fingerprint_pending_runs = value, None, 0
-        else:
-            if state.fingerprint_pending is not None and state.fingerprint_pending[0] == value:
-                state.fingerprint_pending_runs += 1
-            else:
-                state.fingerprint_pending, state.fingerprint_pending_runs = (value, run.at), 1
-            pending_since = state.fingerprint_pending[1]
-            if state.fingerprint_pending_runs >= FINGERPRINT_CONFIRM_RUNS:
-                fingerprint_from, fingerprint_to = known, value
-                since = min(since, pending_since)
-                state.fingerprint, state.fingerprint_pending, state.fingerprint_pending_runs = value, None, 0
-    if served_to is None and fingerprint_to is None:
+    changes: dict[str, tuple[str | None, str]] = {}
+    if run.fingerprint is not None:
+        found = _confirmed(state, "fingerprint", run.fingerprint, run.at)
+        if found is not None:
+            changes["fingerprint"] = (found[0], run.fingerprint)
+            since = min(since, found[1])
+    if run.canary is not None and _canary_stable(state, run.canary):
+        found = _confirmed(state, "canary", run.canary, run.at)
+        if found is not None:
+            changes["canary"] = (found[0], run.canary)
+            since = min(since, found[1])
+    if served_to is None and not changes:
         return None
+    fingerprint = changes.get("fingerprint", (None, None))
+    canary = changes.get("canary", (None, None))
     return IdentityChange(
         since=since,
         served_from=served_from,
         served_to=served_to,
-        fingerprint_from=fingerprint_from,
-        fingerprint_to=fingerprint_to,
+        fingerprint_from=fingerprint[0],
+        fingerprint_to=fingerprint[1],
+        canary_from=canary[0],
+        canary_to=canary[1],
     )
 
 
@@ -89,5 +142,7 @@ def describe(detail: dict[str, Any], model: str) -> str:
         parts.append(f"served model {detail.get('from')} -> {detail['to']}")
     if detail.get("fingerprint_to") is not None:
         parts.append(f"fingerprint {detail.get('fingerprint_from')} -> {detail['fingerprint_to']}")
+    if detail.get("canary_to") is not None:
+        parts.append("canary answer changed")
     what = ", ".join(parts) if parts else "changed"
     return f"model behind {model} changed: {what}; a new baseline starts here"

@@ -351,6 +351,14 @@ class DetectionService:
             read = attempt.read = await self._store.read_state(connection, series_id)
             state = SeriesState.from_json(read.state) if read is not None else SeriesState()
             new_state, events, baseline_ms = detector.evaluate_with_baseline(history, state, point)
+            if new_state.canary_unstable and not state.canary_unstable:
+                self._log.warning(
+                    "canary_not_deterministic",
+                    target=series.target,
+                    prompt=series.prompt,
+                    hint="the canary's answer differs from run to run, so it cannot tell a model change; it is "
+                    "ignored until its answers agree again (a shorter prompt with one right answer, or a seed, helps)",
+                )
             now = datetime.now(UTC)
             attempt.state = new_state.to_json()
             if not await self._store.write_state(connection, series_id, attempt.state, read=read, now=now):

@@ -31,6 +31,7 @@ class RunPoint:
     ok: int | None = None
     errors: int | None = None
     fingerprint: str | None = None  # OpenAI's system_fingerprint, the run's most common
+    canary: str | None = None  # the hash of the target's canary answer after the run
 
     def __post_init__(self) -> None:
         if self.at.utcoffset() is None:
@@ -65,6 +66,7 @@ def point_from_run(record: RunRecord, *, served_model: str | None = None, finger
         ok=record.ok,
         errors=record.errors,
         fingerprint=fingerprint,
+        canary=record.canary,
     )
 
 
@@ -184,6 +186,13 @@ class SeriesState:
     fingerprint_pending: tuple[str, datetime] | None = None
     fingerprint_pending_runs: int = 0
     epoch_since: datetime | None = None
+    # The same for the canary's answer hash, with its last hashes (to tell an answer that varies on
+    # every run, `canary_unstable`, from one that changed).
+    canary: str | None = None
+    canary_pending: tuple[str, datetime] | None = None
+    canary_pending_runs: int = 0
+    canary_recent: list[str] = field(default_factory=list)
+    canary_unstable: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the `detector_state.state` column)."""
@@ -220,6 +229,13 @@ class SeriesState:
             out["fingerprint_pending"] = [value, first.isoformat(), self.fingerprint_pending_runs]
         if self.epoch_since is not None:
             out["epoch_since"] = self.epoch_since.isoformat()
+        if self.canary is not None or self.canary_recent:
+            out["canary"] = self.canary
+            out["canary_recent"] = list(self.canary_recent)
+            out["canary_unstable"] = self.canary_unstable
+        if self.canary_pending is not None:
+            value, first = self.canary_pending
+            out["canary_pending"] = [value, first.isoformat(), self.canary_pending_runs]
         return out
 
     @classmethod
@@ -255,6 +271,15 @@ class SeriesState:
             ),
             fingerprint_pending_runs=int(pending[2]) if isinstance(pending, list) else 0,
             epoch_since=moment("epoch_since"),
+            canary=data.get("canary"),
+            canary_pending=(
+                (str(canary_pending[0]), datetime.fromisoformat(canary_pending[1]))
+                if isinstance(canary_pending := data.get("canary_pending"), list)
+                else None
+            ),
+            canary_pending_runs=int(canary_pending[2]) if isinstance(canary_pending, list) else 0,
+            canary_recent=[str(v) for v in data.get("canary_recent") or []],
+            canary_unstable=bool(data.get("canary_unstable", False)),
         )
 
     def copy(self) -> SeriesState:
@@ -276,4 +301,9 @@ class SeriesState:
             self.fingerprint_pending,
             self.fingerprint_pending_runs,
             self.epoch_since,
+            self.canary,
+            self.canary_pending,
+            self.canary_pending_runs,
+            list(self.canary_recent),
+            self.canary_unstable,
         )

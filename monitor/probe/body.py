@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import time
 from collections.abc import Sequence
 
@@ -23,6 +24,12 @@ from monitor.probe.inflate import Inflater
 from monitor.probe.result import ErrorClass, Sample
 from monitor.probe.sse import SSEParser
 from monitor.servertext import SERVER_TEXT_CAP, capped
+
+# The data of each answer event of the request being read, when it is a canary's (monitor/probe/canary.py
+# sets it around its request); None, and nothing kept, for every measured probe.
+current_answer: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "ttft_monitor_canary_answer", default=None
+)
 
 # A body is parsed once it has arrived, once this much is waiting (well below aiohttp's read-buffer
 # high-water mark, 2 x read_bufsize, where it pauses the socket), and at least this often, so an
@@ -85,6 +92,7 @@ class EventReader:
         self.first_tool_call: int | None = None
         self.done = False
         self.stopped = False  # an error event ended the stream; later bytes are ignored
+        self.answer = current_answer.get()  # a canary's: its answer events' data, else None
 
     def feed(self, arrived: int, data: bytes) -> None:
         if self.stopped:
@@ -121,6 +129,8 @@ class EventReader:
                     self.first_answer = arrived
                 if kind is EventKind.TOOL_CALL and self.first_tool_call is None:
                     self.first_tool_call = arrived
+                if kind is EventKind.ANSWER and self.answer is not None:
+                    self.answer.append(event.data)
             elif kind is EventKind.DONE:
                 self.done = True
             if info.finished:

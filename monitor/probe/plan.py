@@ -69,6 +69,7 @@ class Endpoints:
             provider=target.provider,
             endpoint=endpoint,
             params=request_params(target, include_usage=provider.include_usage),
+            canary=target.canary,
         )
 
     def targets(self, names: Iterable[str]) -> tuple[ProbeTarget, ...]:

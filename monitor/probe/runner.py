@@ -14,6 +14,7 @@ from monitor.probe.endpoint import Endpoint
 from monitor.probe.prompts import PromptFactory, PromptSpec
 from monitor.probe.result import Sample
 from monitor.probe.self_delay import LoopDelayMeter
+from monitor.probe.settings import Canary
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,7 @@ class ProbeTarget:
     provider: str
     endpoint: Endpoint
     params: RequestParams
+    canary: Canary | None = None  # the target's deterministic canary (monitor/probe/canary.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -261,6 +261,25 @@ class Slo(ConfigModel):
         return self
 
 
+DEFAULT_CANARY_PROMPT = "Reply with exactly one word, in lower case: ready"
+
+
+class Canary(ConfigModel):
+    """A fixed short request each run, answered at temperature 0: the hash of its answer is stored per
+    run, and a change of it says other weights answer (detect/identity.py)."""
+
+    prompt: str = Field(
+        DEFAULT_CANARY_PROMPT,
+        min_length=1,
+        max_length=2000,
+        description="The canary's prompt: short, with one right answer, so the same model gives the same reply.",
+    )
+    max_tokens: int = Field(8, ge=1, le=256, description="Most tokens of its answer: the first few tell models apart.")
+    seed: int | None = Field(
+        1234, description="Sent as `seed` where the API takes one (OpenAI chat and completions); null: not sent."
+    )
+
+
 class Target(ConfigModel):
     provider: str = Field(description="Name of a provider defined under `providers:`.")
     model: str = Field(description="Model name sent in the request, exactly as the API expects it.")
@@ -268,6 +287,12 @@ class Target(ConfigModel):
     slo: Slo = Field(default_factory=Slo, description="Objectives for this target.")
     prices: Prices | None = Field(
         None, description="This model's prices, replacing its provider's `prices` (all of them, not key by key)."
+    )
+    canary: Canary | None = Field(
+        None,
+        description="A deterministic canary request after each run's probes (`{}` for the defaults): a change "
+        "of its answer is a model change (a marker, a notification, a new baseline); answers that vary on "
+        "every run are reported as not deterministic. Not measured, and its tokens are spent every run.",
     )
 
 

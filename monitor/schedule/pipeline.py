@@ -21,7 +21,7 @@ from monitor.probe.prompts import Calibration, PromptFactory
 from monitor.probe.proxy import ProxyEnvironment, route_for
 from monitor.probe.result import Sample
 from monitor.probe.run import RunKey, current_run
-from monitor.probe.runner import ProviderLimits, RunPlan, run_plan
+from monitor.probe.runner import ProbeTarget, ProviderLimits, RunPlan, run_plan
 from monitor.probe.self_delay import LoopDelayMeter
 from monitor.probe.server_metrics import (
     AFTER_SCRAPE_TIMEOUT_S,
@@ -118,6 +118,8 @@ class JobOutcome:
     saved: asyncio.Future[str] | None = None
     # By target: what its server's own metrics said over the run (providers with server_metrics_url).
     server: dict[str, ServerMetrics] = field(default_factory=dict)
+    # By target: the hash of its canary's answer after the run (targets with `canary`; None: it failed).
+    canary: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def measured(self) -> list[Sample]:
@@ -216,6 +218,7 @@ async def execute(
             _run_ended(ctx, outcome)
             _watch_tokens(ctx, outcome, log)
             outcome.server = await readings.over_the_run()
+            outcome.canary = await _ask_canaries(ctx, plan, connection, log)
     except asyncio.CancelledError:
         outcome.cancelled = True
         if not run_over:  # cancelled while probing: its run still ends, with what it took
@@ -242,6 +245,33 @@ async def execute(
         lag_ms=round((started - outcome.intended_at).total_seconds() * 1000, 1),
     )
     return outcome
+
+
+async def _ask_canaries(
+    ctx: JobContext, plan: RunPlan, connection: str, log: FilteringBoundLogger
+) -> dict[str, str | None]:
+    """Each canary target's answer hash, asked after the run's probes (so none queues ahead of one),
+    within its provider's concurrency cap. A failed canary is None: no evidence either way."""
+    from monitor.probe.canary import ask
+
+    targets = [t for t in plan.targets if t.canary is not None]
+    if not targets:
+        return {}
+
+    async def one(target: ProbeTarget) -> tuple[str, str | None]:
+        async with ctx.limits.get(target.provider):
+            answer = await ask(ctx.clients[connection], target)
+        if answer.digest is None:
+            log.warning(
+                "canary_failed",
+                target=target.name,
+                error=answer.error or "empty answer",
+                hint="no answer to compare this run; an empty one is usually a reasoning model that spent "
+                "canary.max_tokens thinking: turn thinking off in params.extra_body or raise canary.max_tokens",
+            )
+        return target.name, answer.digest
+
+    return dict(await asyncio.gather(*(one(t) for t in targets)))
 
 
 def _watch_tokens(ctx: JobContext, outcome: JobOutcome, log: FilteringBoundLogger) -> None:
@@ -271,6 +301,8 @@ def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) ->
     from monitor.store.records import runs_from_samples
 
     batch = runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
+    if outcome.canary:
+        batch = [(replace(run, canary=outcome.canary.get(run.series.target)), samples) for run, samples in batch]
     if not outcome.server:
         return batch
     return [

@@ -44,12 +44,14 @@ def _repeated(text: str, count: int) -> tuple[str, ...]:
     return tuple(islice(chain(once, chain.from_iterable(repeat(again))), count))
 
 
-def plan_output(*, reasoning_tokens: int, answer_tokens: int, max_tokens: int) -> OutputPlan:
+def plan_output(
+    *, reasoning_tokens: int, answer_tokens: int, max_tokens: int, answer_text: str = ANSWER_TEXT
+) -> OutputPlan:
     """Reasoning first, then the answer; both count against `max_tokens`, as in vLLM."""
     reasoning = min(reasoning_tokens, max_tokens)
     answer = min(answer_tokens, max_tokens - reasoning)
     return OutputPlan(
         reasoning=_repeated(REASONING_TEXT, reasoning),
-        answer=_repeated(ANSWER_TEXT, answer),
+        answer=_repeated(answer_text, answer),
         finished=reasoning_tokens + answer_tokens <= max_tokens,
     )

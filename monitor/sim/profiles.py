@@ -69,6 +69,9 @@ class ModelProfile:
     # completions chunk (OpenAI's backend configuration), None: left out, as vLLM does.
     served_as: str | None = None
     system_fingerprint: str | None = None
+    # What it answers (None: the canned text), the same every time unless `answer_varies`.
+    answer_text: str | None = None
+    answer_varies: bool = False
 
 
 def default_profiles() -> dict[str, ModelProfile]:
@@ -188,6 +191,8 @@ _PROFILE_RULES: dict[str, Rule] = {
     "ar_step_s": _number(exclusive_min=True),
     "served_as": _optional(_text),
     "system_fingerprint": _optional(_text),
+    "answer_text": _optional(_text),
+    "answer_varies": _boolean,
 }
 
 

@@ -33,7 +33,7 @@ from monitor.sim.cache import PrefixCache, block_hashes
 from monitor.sim.latency import Clock, sleep_until, sleep_until_precisely, token_gap_ns, ttft_ms
 from monitor.sim.metrics import SimMetrics
 from monitor.sim.parse import BadRequest, SimRequest, load_json
-from monitor.sim.plan import OutputPlan, plan_output
+from monitor.sim.plan import ANSWER_TEXT, OutputPlan, plan_output
 from monitor.sim.profiles import (
     Faults,
     ModelProfile,
@@ -289,10 +289,14 @@ class _Routes:
         cache = sim.cache(body.model)
         cached = cache.cached_tokens(hashes)
         thinking = sim.thinks(profile, body)
+        answer_text = profile.answer_text or ANSWER_TEXT
+        if profile.answer_varies:  # a model that never answers the same twice: a word of its own first
+            answer_text = f"{self.sim.rng.randrange(10**6)} {answer_text}"
         plan = plan_output(
             reasoning_tokens=profile.reasoning_tokens if thinking else 0,
             answer_tokens=profile.answer_tokens,
             max_tokens=body.max_tokens,
+            answer_text=answer_text,
         )
         ttft = ttft_ms(
             profile,

@@ -128,6 +128,8 @@ class RunRow(Base):
     server_ttft_ms: Mapped[float | None] = mapped_column(Double)
     server_queue_ms: Mapped[float | None] = mapped_column(Double)
     server_prefill_ms: Mapped[float | None] = mapped_column(Double)
+    # The hash of the target's canary answer (monitor/probe/canary.py); null without one, and before 0014.
+    canary: Mapped[str | None] = mapped_column(String(32))
 
 
 class SampleRow(Base):

@@ -155,12 +155,16 @@ class RunRecord:
     server_ttft_ms: float | None = None
     server_queue_ms: float | None = None
     server_prefill_ms: float | None = None
+    # The hash of the target's canary answer after the run (monitor/probe/canary.py); None: no canary.
+    canary: str | None = None
 
 
 SERVER_RUN_FIELDS = (
     "server_waiting", "server_running", "server_kv_cache_usage", "server_prefix_hit_rate",
     "server_ttft_ms", "server_queue_ms", "server_prefill_ms",
 )  # fmt: skip
+# Run fields that say which model answered, stored as they are.
+IDENTITY_RUN_FIELDS = ("canary",)
 
 
 # Runs with their samples: what is written, spooled and replayed together.

@@ -43,6 +43,7 @@ from monitor.store.models import (
     table_of,
 )
 from monitor.store.records import (
+    IDENTITY_RUN_FIELDS,
     ROLLUP_RUN_MEDIANS,
     ROLLUP_SAMPLE_MEDIANS,
     SAMPLE_COLUMN_FIELDS,
@@ -105,6 +106,7 @@ def _run_row(run: RunRecord, series_id: int) -> dict[str, Any]:
         "prompt_tokens_p50": run.prompt_tokens_p50,
         "error": run.error.value if run.error is not None else None,
         **{name: getattr(run, name) for name in SERVER_RUN_FIELDS},
+        **{name: getattr(run, name) for name in IDENTITY_RUN_FIELDS},
     }
 
 
@@ -229,7 +231,7 @@ _ROLLUPS_BETWEEN = (
 _RUN_COPY = (
     "id", "series_id", "job", "api", "intended_at", "started_at", "finished_at", "rounds", "warmup", "ok", "errors",
     "ttft_p50_ms", "ttft_min_ms", "ttft_max_ms", "ttfa_p50_ms", "decode_tps_p50", "prompt_tokens_p50", "error",
-    *SERVER_RUN_FIELDS,
+    *SERVER_RUN_FIELDS, *IDENTITY_RUN_FIELDS,
 )  # fmt: skip
 _SAMPLE_COPY = ("id", "run_id", *SAMPLE_COLUMN_FIELDS, "error")
 _sample_values = attrgetter(*SAMPLE_COLUMN_FIELDS.values())

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from structlog.testing import capture_logs
 
 from monitor.app import attach_detection, build_context, open_store
 from monitor.config.loader import load_config
 from monitor.schedule.pipeline import execute, plan_for_job
-from monitor.store.models import AnnotationRow, IncidentRow, SampleRow
+from monitor.store.models import AnnotationRow, IncidentRow, RunRow, SampleRow
 from tests.conftest import SimProcess, run_cli
 from tests.support.alert_fixtures import Loopback
 from tests.support.config import build_config, write_yaml
@@ -33,7 +34,7 @@ BEFORE, AFTER = 16, 10
 FAST = {"ttft_base_ms": 30.0, "prefill_ms_per_1k": 5.0}
 
 
-def write_config(folder: Path, sim: SimProcess, hook: str) -> Path:
+def write_config(folder: Path, sim: SimProcess, hook: str, *, canary: bool = False) -> Path:
     path = folder / "config.yaml"
     path.write_text(
         f"""
@@ -44,7 +45,7 @@ database:
 providers:
   gateway: {{base_url: "{sim.v1}", api: openai-chat}}
 targets:
-  qwen3-8b: {{provider: gateway, model: qwen3-8b, params: {{max_tokens: 2}}}}
+  qwen3-8b: {{provider: gateway, model: qwen3-8b, params: {{max_tokens: 2}}{", canary: {}" if canary else ""}}}
 prompts:
   short: {{tokens: 128}}
   long: {{tokens: 512}}
@@ -71,8 +72,13 @@ alerts:
     return path
 
 
-async def run_with_change(tmp_path: Path, sim: SimProcess, loopback: Loopback, *, swap: bool) -> dict[str, Any]:
-    path = write_config(tmp_path, sim, loopback.url("/hook"))
+async def run_with_change(
+    tmp_path: Path, sim: SimProcess, loopback: Loopback, *, swap: bool, canary: str | None = None
+) -> dict[str, Any]:
+    """Healthy runs, then twice as slow; with `swap` the fingerprint changes with it. With `canary`
+    (`changes`, `varies`) the target has a canary and the fingerprint stays: its answer changes with
+    the slowdown, or differs on every run."""
+    path = write_config(tmp_path, sim, loopback.url("/hook"), canary=canary is not None)
     upgraded = await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))
     assert upgraded.code == 0, str(upgraded)
     config = load_config(str(path))
@@ -83,18 +89,33 @@ async def run_with_change(tmp_path: Path, sim: SimProcess, loopback: Loopback, *
         context = await build_context(config, stack, store=store, metrics=None)
         dispatcher, _service = await attach_detection(context, store, stack, metrics=None)
         plan = plan_for_job(context, config.jobs[0])
-        sim.post("/sim/models/qwen3-8b", {**FAST, "system_fingerprint": "fp_a1"})
+        sim.post(
+            "/sim/models/qwen3-8b",
+            {
+                **FAST,
+                "system_fingerprint": "fp_a1",
+                "answer_text": "ready",
+                "answer_varies": canary == "varies",
+                "thinks_by_default": False,  # a canary of 8 tokens would be all reasoning otherwise
+            },
+        )
         for index in range(BEFORE + AFTER):
             if index == BEFORE:  # twice as slow from here; with `swap`, because other weights answer
                 slower = {name: value * 2 for name, value in FAST.items()}
-                sim.post("/sim/models/qwen3-8b", {**slower, "system_fingerprint": "fp_b7" if swap else "fp_a1"})
+                answer = "Ready." if canary == "changes" else "ready"
+                sim.post(
+                    "/sim/models/qwen3-8b",
+                    {**slower, "system_fingerprint": "fp_b7" if swap else "fp_a1", "answer_text": answer},
+                )
             await execute(context, job="every-5m", plan=plan)
             await dispatcher.dispatch_due()
         async with store.engine.connect() as connection:
             incidents = (await connection.execute(sa.select(IncidentRow.kind, IncidentRow.details))).all()
             marks = (await connection.execute(sa.select(AnnotationRow.text, AnnotationRow.created_by))).all()
             prints = (await connection.execute(sa.select(SampleRow.fingerprint))).scalars().all()
+            canaries = (await connection.execute(sa.select(RunRow.canary))).scalars().all()
     return {
+        "canaries": canaries,
         "sent": [item.json()["data"] for item in loopback.at("/hook")],
         "incidents": incidents,
         "marks": marks,
@@ -144,3 +165,31 @@ def test_probe_reports_the_model_and_fingerprint_the_server_said_answered(
     with pytest.raises(urllib.error.HTTPError) as refused:
         exact_sim.post("/sim/models/gpt-4o-mini", {"system_fingerprint": ""})
     assert refused.value.code == 400 and "system_fingerprint" in refused.value.read().decode()
+
+
+@pytest.mark.timeout(240)
+async def test_a_canary_whose_answer_changes_is_a_model_change_even_with_the_same_fingerprint(
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
+) -> None:
+    seen = await run_with_change(tmp_path, exact_sim, loopback, swap=False, canary="changes")
+    # One hash per run of each series (both prompts' runs carry their target's), two answers in all.
+    assert len(seen["canaries"]) == (BEFORE + AFTER) * 2 and None not in seen["canaries"]
+    assert len(set(seen["canaries"])) == 2
+    assert sorted(kind for kind, _ in seen["incidents"]) == ["model_changed", "model_changed"], seen["incidents"]
+    assert seen["marks"] == [
+        ("model behind qwen3-8b changed: canary answer changed; a new baseline starts here", "ttft-monitor")
+    ]
+    assert [item["state"] for item in seen["sent"]] == ["info"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_canary_that_never_answers_the_same_is_no_change_and_the_slowdown_still_pages(
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
+) -> None:
+    with capture_logs() as logged:
+        seen = await run_with_change(tmp_path, exact_sim, loopback, swap=False, canary="varies")
+    assert len(set(seen["canaries"])) > BEFORE  # a different answer nearly every run
+    assert {kind for kind, _ in seen["incidents"]} == {"regression"}, seen["incidents"]
+    assert seen["marks"] == []
+    flagged = [e for e in logged if e["event"] == "canary_not_deterministic"]
+    assert {e["prompt"] for e in flagged} == {"short", "long"} and len(flagged) == 2

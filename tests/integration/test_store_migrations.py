@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import io
 import uuid
 from datetime import timedelta
@@ -398,12 +399,16 @@ async def test_samples_stored_before_0014_have_no_fingerprint_and_new_ones_keep_
         series = old[0][0].series
         [(_, stored)] = await repository.load_runs(series, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
         assert {s.fingerprint for s in stored} == {None}
+        [(old_run, _)] = await repository.load_runs(series, T0 - timedelta(hours=1), T0 + timedelta(minutes=1))
+        assert old_run.canary is None
         new = make_batch(T0 + timedelta(minutes=5), targets=("qwen3-8b",), prompts=("short",))
         for index, sample in enumerate(new[0][1]):
             # A hostile server's fingerprint: NUL and far too long; stored cleaned and capped.
             sample.fingerprint = "fp_a1" if index else "fp\x00" + "b" * 400
+        new = [(dataclasses.replace(run, canary="0123456789abcdef"), samples) for run, samples in new]
         await repository.save_runs(new)
         loaded = await repository.load_runs(series, T0 + timedelta(minutes=4), T0 + timedelta(hours=1))
+        assert loaded[0][0].canary == "0123456789abcdef"
         prints = [s.fingerprint for s in loaded[0][1]]
         assert prints[1:] == ["fp_a1"] * (len(prints) - 1)
         assert prints[0] is not None and prints[0].startswith("fp\ufffdbbb") and len(prints[0]) <= 256

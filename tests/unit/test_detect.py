@@ -452,3 +452,27 @@ def test_without_a_seasonal_baseline_a_short_history_never_reads_a_negative_slic
             continue
         tested = max(verdict.page_window, verdict.ticket_window if verdict.ticket is not None else 0)
         assert 0 <= verdict.baseline.end <= count - tested, (count, verdict.baseline.end)
+
+
+def test_a_canary_answer_that_changes_and_stays_is_a_model_change_and_one_that_varies_is_not() -> None:
+    flat = [RunPoint(T0 + i * EVERY, 100.0) for i in range(14)]
+    changed = [dataclasses.replace(p, canary="c-1" if i < 7 else "c-2") for i, p in enumerate(flat)]
+    events = replay(changed)
+    assert [(e.kind, e.at, e.detail) for e in events] == [
+        (
+            "model_changed",
+            T0 + 8 * EVERY,
+            {"canary_from": "c-1", "canary_to": "c-2", "epoch_since": (T0 + 7 * EVERY).isoformat()},
+        )
+    ]
+    # An answer that differs on every run (a model that samples anyway): no change, ever; flagged.
+    varying = [dataclasses.replace(p, canary=f"v-{i}") for i, p in enumerate(flat)]
+    replayer = Detector().replayer()
+    assert [e for p in varying for e in replayer.feed(p)] == []
+    assert replayer.state.canary_unstable and replayer.state.canary is None
+    # Once its answers agree again it is trusted again, from the answer they agree on (no event for that).
+    settled = [dataclasses.replace(p, at=T0 + (20 + i) * EVERY, canary="s-1") for i, p in enumerate(flat[:6])]
+    assert [e for p in settled for e in replayer.feed(p)] == []
+    assert not replayer.state.canary_unstable and replayer.state.canary == "s-1"
+    restored = SeriesState.from_json(json.loads(json.dumps(replayer.state.to_json())))
+    assert restored == replayer.state

@@ -1,5 +1,6 @@
-"""samples keep the configuration the API says answered (fingerprint: OpenAI's system_fingerprint), so a
-change behind an unchanged model id is seen (a change marker and a new baseline epoch)
+"""which model answered: samples keep the configuration the API says answered (fingerprint: OpenAI's
+system_fingerprint) and runs the hash of their target's canary answer (canary), so a change behind an
+unchanged model id is seen (a change marker and a new baseline epoch)
 
 Revision ID: 0014
 Revises: 0013
@@ -23,8 +24,12 @@ def upgrade() -> None:
     # A nullable column without a default: PostgreSQL and SQLite add it without rewriting the table.
     with op.batch_alter_table("samples") as batch:
         batch.add_column(sa.Column("fingerprint", sa.Text(), nullable=True))
+    with op.batch_alter_table("runs") as batch:
+        batch.add_column(sa.Column("canary", sa.String(32), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("runs") as batch:
+        batch.drop_column("canary")
     with op.batch_alter_table("samples") as batch:
         batch.drop_column("fingerprint")
