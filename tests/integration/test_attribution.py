@@ -110,10 +110,10 @@ def test_split_text(split: ServerSplit | None, expected: str | None) -> None:
 def _run(minutes: int, **server: float | None) -> RunRecord:
     at = datetime(2026, 12, 1, tzinfo=UTC) + timedelta(minutes=minutes)
     series = SeriesKey("t", "p", "m", "short", "lab")
-    return RunRecord(
+    run = RunRecord(
         uuid.uuid4(), "j", series, "openai-chat", at, at, at, 5, 0, 5, 0, 400, 390, 410, None, None, None, None,
-        **server,
     )  # fmt: skip
+    return dataclasses.replace(run, **server)
 
 
 def test_server_split_takes_baselines_as_history_medians() -> None:
