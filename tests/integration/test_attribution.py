@@ -6,6 +6,7 @@ import dataclasses
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -107,7 +108,7 @@ def test_split_text(split: ServerSplit | None, expected: str | None) -> None:
     assert split_text(950, 400, split) == expected
 
 
-def _run(minutes: int, **server: float | None) -> RunRecord:
+def _run(minutes: int, **server: Any) -> RunRecord:  # server_* fields, floats or None
     at = datetime(2026, 12, 1, tzinfo=UTC) + timedelta(minutes=minutes)
     series = SeriesKey("t", "p", "m", "short", "lab")
     run = RunRecord(
