@@ -333,7 +333,7 @@ class Daemon:
         # runs queue behind them in the spool, so the order holds.
         self._earlier = asyncio.create_task(store.writer.drain())
         self._tasks = [self._earlier]
-        freeze_heap()
+        freeze_heap(collect=False)  # a burst is short: its start-up garbage may stay
 
     async def run_burst(self) -> list[JobOutcome]:
         """Burst mode: run the selected jobs once, now, and store what they measured (detection included).
