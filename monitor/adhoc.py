@@ -199,7 +199,7 @@ async def probe_once(
             stack.push_async_callback(opened.engine.dispose)
         context = await build_context(config or Config(), stack, store=opened, metrics=None)
         context.limits = limits
-        freeze_heap()
+        freeze_heap(collect=False)  # an ad hoc run is short: its start-up garbage may stay
         outcome = await execute(context, job=ADHOC_JOB, plan=plan, connection=connection, on_sample=on_sample)
         if opened is not None and opened.spool.depth:
             raise StoreTrouble(

@@ -49,9 +49,7 @@ from monitor.logging import Redactor, error_text
 from monitor.metrics.definitions import Metrics, MonitorRegistry, job_interval_seconds
 from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
-from monitor.schedule.claims import TAKE_OVER_DELAY_S, TickClaims, lease_s
 from monitor.schedule.pipeline import JobOutcome, execute, plan_for_job
-from monitor.schedule.shards import shard_key, shard_series
 from monitor.service_loop import ServiceLoop, favour_waiting_threads
 from monitor.store.engine import display_url
 from monitor.tasks import finish_tasks
@@ -276,6 +274,8 @@ class Daemon:
         self.detection = attach_detection_service(context, store, outbox=self.outbox, metrics=metrics)
         self.background = self._background_started = start_background_store(context, store)
         self.context = context
+        from monitor.schedule.claims import TickClaims  # `run`'s alone: `once` starts without it
+
         self.claims = TickClaims(store.engine)
         freeze_heap()
 
@@ -333,7 +333,7 @@ class Daemon:
         # runs queue behind them in the spool, so the order holds.
         self._earlier = asyncio.create_task(store.writer.drain())
         self._tasks = [self._earlier]
-        freeze_heap()
+        freeze_heap(collect=False)  # a burst is short: its start-up garbage may stay
 
     async def run_burst(self) -> list[JobOutcome]:
         """Burst mode: run the selected jobs once, now, and store what they measured (detection included).
@@ -527,6 +527,9 @@ class Daemon:
         """A job split into shards (`jobs[].shards`): probe this replica's share of its series, then
         the shards nobody claimed once the others had their turn, then those whose replica stopped
         renewing its claim (it died mid-tick), until half an interval after the tick (schedule/claims.py)."""
+        from monitor.schedule.claims import TAKE_OVER_DELAY_S, lease_s
+        from monitor.schedule.shards import shard_key
+
         location, claims, shards = self.config.location, self.claims, job.shards
         was_resting = claims.resting
         share = await claims.try_claim_share(
@@ -600,6 +603,8 @@ class Daemon:
         self, job: Job, intended: datetime, log: FilteringBoundLogger, shards: list[int], *, lease: float
     ) -> None:
         """Probe these shards' series, renewing their claims until they are finished."""
+        from monitor.schedule.shards import shard_key, shard_series
+
         claims, location = self.claims, self.config.location
         series = frozenset().union(*(shard_series(job.targets, job.prompts, s, job.shards) for s in shards))
         keys = [shard_key(job.name, s, job.shards) for s in shards]

@@ -277,6 +277,9 @@ def _scopes(config: Config, jobs: Sequence[JobProjection]) -> tuple[list[_Scope]
 def budget_problems(config: Config, jobs: Sequence[JobProjection] | None = None) -> list[tuple[Loc, str]]:
     """Each budget the projection exceeds (or cannot be checked against), with the key path of the budget,
     naming the jobs and their figures."""
+    budget = config.budget
+    if budget.total is None and not budget.providers and not budget.jobs:
+        return []  # nothing to check: no projection (each job's cron walked over a year, ~10 ms)
     jobs = project(config) if jobs is None else jobs
     scopes, problems = _scopes(config, jobs)
     for scope in scopes:
