@@ -204,6 +204,15 @@ def costs(series: Iterable[SeriesProjection]) -> dict[str, float]:
     return out
 
 
+def canary_prompt_tokens(prompt: str) -> int:
+    """A canary's input tokens, from above: about 4 characters a token, and a chat template's wrapping."""
+    return -(-len(prompt) // 4) + CHAT_TEMPLATE_TOKENS
+
+
+# Tokens a chat template adds around a short message (role markers, a system line): an upper bound.
+CHAT_TEMPLATE_TOKENS = 16
+
+
 def project(config: Config, seen: Mapping[tuple[str, str], Seen] | None = None) -> list[JobProjection]:
     """Every job's tokens and cost per day; `seen` by (target, prompt) replaces the schedule's upper bound."""
     seen = seen or {}
@@ -233,6 +242,22 @@ def project(config: Config, seen: Mapping[tuple[str, str], Seen] | None = None) 
                         cost_per_day=cost_of(tokens, prices) if prices is not None else None,
                         currency=prices.currency if prices is not None else None,
                         seen=history.samples if history is not None and history.completion_tokens is not None else 0,
+                    )
+                )
+            if target.canary is not None:  # one short request per run after the probes (monitor/probe/canary.py)
+                canary = Tokens(
+                    input=float(canary_prompt_tokens(target.canary.prompt)), output=float(target.canary.max_tokens)
+                ).scaled(per_day)
+                series.append(
+                    SeriesProjection(
+                        target=target_name,
+                        provider=target.provider,
+                        prompt="canary",
+                        requests_per_run=1,
+                        per_day=canary,
+                        cost_per_day=cost_of(canary, prices) if prices is not None else None,
+                        currency=prices.currency if prices is not None else None,
+                        seen=0,
                     )
                 )
         jobs.append(JobProjection(name=job.name, runs_per_day=per_day, series=tuple(series)))

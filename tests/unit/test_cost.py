@@ -74,6 +74,17 @@ def test_the_projection_matches_a_hand_computation() -> None:
     assert job.per_day.total == 1_843_200
 
 
+def test_a_canary_costs_one_short_request_per_target_and_run() -> None:
+    data = hand_config()
+    data["targets"]["a"]["canary"] = {"prompt": "x" * 40, "max_tokens": 8}
+    [job] = project(Config.model_validate(data))
+    canary = job.series[-1]
+    assert (canary.prompt, canary.requests_per_run) == ("canary", 1)
+    # 144 runs a day, one request each: 40 characters ~ 10 tokens + 16 of the chat template in, 8 out.
+    assert canary.per_day == Tokens(input=144 * 26, cached=0, output=144 * 8, reasoning=0)
+    assert canary.cost_per_day == pytest.approx((144 * 26 * 1.0 + 144 * 8 * 4.0) / 1e6)
+
+
 def test_history_replaces_max_tokens_with_the_output_and_reasoning_seen_per_probe() -> None:
     # The public report's probe: 977 output tokens, 950 of them reasoning.
     seen = {("a", "short"): Seen(50, prompt_tokens=1010, cached_tokens=0, completion_tokens=977, reasoning_tokens=950)}
