@@ -278,6 +278,13 @@ class Canary(ConfigModel):
     seed: int | None = Field(
         1234, description="Sent as `seed` where the API takes one (OpenAI chat and completions); null: not sent."
     )
+    timeout_s: float = Field(
+        20.0,
+        gt=0,
+        le=300,
+        description="Seconds the canary may take: the run is stored after it, so a hung canary must not hold "
+        "it for the provider's whole timeout. Past it the run has no canary answer (`canary_failed`).",
+    )
 
 
 class Target(ConfigModel):

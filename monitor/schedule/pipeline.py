@@ -252,15 +252,21 @@ async def _ask_canaries(
 ) -> dict[str, str | None]:
     """Each canary target's answer hash, asked after the run's probes (so none queues ahead of one),
     within its provider's concurrency cap. A failed canary is None: no evidence either way."""
-    from monitor.probe.canary import ask
+    from monitor.probe.canary import CanaryAnswer, ask
 
     targets = [t for t in plan.targets if t.canary is not None]
     if not targets:
         return {}
 
     async def one(target: ProbeTarget) -> tuple[str, str | None]:
-        async with ctx.limits.get(target.provider):
-            answer = await ask(ctx.clients[connection], target)
+        assert target.canary is not None
+        try:
+            async with asyncio.timeout(target.canary.timeout_s), ctx.limits.get(target.provider):
+                answer = await ask(ctx.clients[connection], target)
+        except TimeoutError:
+            answer = CanaryAnswer(
+                target.name, None, f"no answer within canary.timeout_s ({target.canary.timeout_s:g} s)"
+            )
         if answer.digest is None:
             log.warning(
                 "canary_failed",

@@ -193,3 +193,32 @@ async def test_a_canary_that_never_answers_the_same_is_no_change_and_the_slowdow
     assert seen["marks"] == []
     flagged = [e for e in logged if e["event"] == "canary_not_deterministic"]
     assert {e["prompt"] for e in flagged} == {"short", "long"} and len(flagged) == 2
+
+
+@pytest.mark.timeout(120)
+async def test_a_canary_that_hangs_is_cut_at_its_timeout_and_the_run_is_stored_without_it(
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
+) -> None:
+    path = write_config(tmp_path, exact_sim, loopback.url("/hook"), canary=True)
+    text = path.read_text().replace("canary: {}", "canary: {max_tokens: 32, timeout_s: 1}")
+    path.write_text(text)
+    assert (await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))).code == 0
+    # Tokens drip 400 ms apart: a probe's 2 take under a second, the canary's 32 would take 13 s.
+    exact_sim.post("/sim/models/qwen3-8b", {**FAST, "thinks_by_default": False, "faults": {"drip_gap_ms": 400}})
+    config = load_config(str(path))
+    async with AsyncExitStack() as stack:
+        store = await open_store(config, metrics=None)
+        stack.callback(store.spool.close)
+        stack.push_async_callback(store.engine.dispose)
+        context = await build_context(config, stack, store=store, metrics=None)
+        plan = plan_for_job(context, config.jobs[0])
+        with capture_logs() as logged:
+            started = asyncio.get_running_loop().time()
+            outcome = await execute(context, job="every-5m", plan=plan)
+            took = asyncio.get_running_loop().time() - started
+        async with store.engine.connect() as connection:
+            canaries = (await connection.execute(sa.select(RunRow.canary))).scalars().all()
+    assert outcome.ok == 4 and canaries == [None, None]
+    failed = [e for e in logged if e["event"] == "canary_failed"]
+    assert [e["error"] for e in failed] == ["no answer within canary.timeout_s (1 s)"]
+    assert took < 8, took  # the probes' time and the canary's bound, not the canary's 13 s
