@@ -28,7 +28,7 @@ notifications sent and received):
                       its 2xx is recorded (the outbox's dispatcher, in this process)
 
     TTFT_TEST_POSTGRES_URL=postgresql+asyncpg://postgres@127.0.0.1:5432/test \\
-        .venv/bin/python bench/faults.py [--seconds 60] [--only hang,sigterm]
+        .venv/bin/python bench/faults.py [--seconds 60] [--only hang,sigterm] [--keep]
 """
 
 from __future__ import annotations
@@ -643,6 +643,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=60.0, help="length of each fault (default 60)")
     parser.add_argument("--only", default=",".join(SCENARIOS + ACCOUNTED), help="comma-separated scenarios")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work directory (configs, daemon logs) and print its path"
+    )
     args = parser.parse_args()
     postgres = os.environ.get("TTFT_TEST_POSTGRES_URL")
     if not postgres:
@@ -682,7 +685,10 @@ def main() -> None:
         for a in accounted:
             counts = f"{a.due} | {a.probed} | {a.stored} | {a.missed} | {a.sent} | {a.received}"
             print(f"| {a.scenario} | {counts} | {a.note} |")
-    shutil.rmtree(work, ignore_errors=True)
+    if args.keep:
+        print(f"\nwork directory kept: {work}", file=sys.stderr)
+    else:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
