@@ -127,7 +127,7 @@ def main() -> None:
             runs = int(rows[0]["runs"])
             spread = ", ".join(f"{float(r['cpu']):.2f}" for r in rows)
             print(
-                f"  {str(checkout):<24} {cpu:6.2f} s CPU  {runs / cpu:9,.0f} runs/s  ({spread}; "
+                f"  {checkout!s:<24} {cpu:6.2f} s CPU  {runs / cpu:9,.0f} runs/s  ({spread}; "
                 f"{runs:,} runs, {rows[0]['events']} events, digest {rows[0]['digest']})"
             )
     print(f"load {os.getloadavg()[0]:.2f}")

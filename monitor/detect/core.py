@@ -18,7 +18,14 @@ from monitor.detect import noise as noise_model
 from monitor.detect.noise import NoiseModel
 from monitor.detect.rules import FIXED_THRESHOLD, MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
 from monitor.detect.state import Event, Incident, RunPoint, SeriesState
-from monitor.detect.stats import clipped_profile, cusum_step, mad_sigma, median, median_and_sigma, median_se_factor
+from monitor.detect.stats import (
+    clipped_profile,
+    cusum_step,
+    mad_sigma_sorted,
+    median,
+    median_and_sigma,
+    median_se_factor,
+)
 
 DAY_S = 86400.0
 # Seasonal baselines are computed per slot of this many seconds and cached; a run is compared with
@@ -75,7 +82,8 @@ class _Baseline:
     @property
     def sigma(self) -> float:
         if self._sigma is None:
-            self._sigma = max(mad_sigma(self.reference, center=self.level), SIGMA_FLOOR)
+            # `reference` is sorted: a selection, not a sort of its deviations (stats.mad_sigma_sorted).
+            self._sigma = max(mad_sigma_sorted(self.reference, center=self.level), SIGMA_FLOOR)
         return self._sigma
 
     def z(self, distance: float, window: int, noise: NoiseModel | None = None) -> float:

@@ -25,6 +25,7 @@ import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from monitor.detect.stats import mad_sigma, median
@@ -252,12 +253,18 @@ def jump_spread(history: Sequence[float], window: int) -> float | None:
     them, over `history` (in time order; nan where a run has no value); None with fewer than
     JUMP_PAIRS_PER_RUN x `window` such pairs. Measured, not modelled: whatever the noise (AR, bursts,
     regimes), it is how far apart neighbouring windows of this series come by chance."""
-    jumps = []
-    for start in range(len(history) - 2 * window + 1):
-        pair = history[start : start + 2 * window]
-        if any(math.isnan(value) for value in pair):
-            continue
-        jumps.append(median(pair[window:]) - median(pair[:window]))
+    # Each window's median once (a pair is the windows at `start` and `start + window`), and nans
+    # counted by prefix sums, not searched for in every pair: the page rule asks this on every slow run.
+    nans = [0, *accumulate(map(math.isnan, history))]
+    medians = [
+        median(history[start : start + window]) if nans[start + window] == nans[start] else math.nan
+        for start in range(len(history) - window + 1)
+    ]
+    jumps = [
+        medians[start + window] - medians[start]
+        for start in range(len(history) - 2 * window + 1)
+        if nans[start + 2 * window] == nans[start]
+    ]
     if len(jumps) < JUMP_PAIRS_PER_RUN * window:
         return None
     return mad_sigma(jumps)
