@@ -110,7 +110,7 @@ class _CusumReference:
     factor: float
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made per run, and a frozen one's __init__ costs twice as much
 class _Verdict:
     """Log distances from the baseline of the medians over each window."""
 
@@ -167,6 +167,7 @@ class _Core:
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
+        self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
 
     # ------------------------------------------------ data
 
@@ -325,9 +326,14 @@ class _Core:
         """Append `run`, evaluate it, update `state` in place; the events it caused."""
         self.epoch_started = None
         self.append(run)
+        # The run's seasonal slot, looked up once: the verdict and the sequential rule compare with it too.
+        slot = None
         if run.ttft_ms is not None and self.rules.seasonal_days:
-            self._eager_from = min(self._eager_from, len(self.times) - 1)
-            self._residuals[-1] = self._residual(len(self.times) - 1)
+            index = len(self.times) - 1
+            self._eager_from = min(self._eager_from, index)
+            slot = self._slot(int(self.times[index] // SLOT_S))
+            self._residuals[-1] = self.logs[index] - slot.center if slot is not None else math.nan
+        self._run_slot = slot
         events: list[Event] = []
         self._availability(state, run, events)
         change = identity.observe(state, run)
@@ -545,7 +551,7 @@ class _Core:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
         start = count - 1 if state.cusum_since is None else bisect_left(self.times, state.cusum_since.timestamp())
-        slot = self._slot(int(self.times[count - 1] // SLOT_S))
+        slot = self._run_slot
         reference = self._cusum_reference(start, rule) if slot is not None else None
         if slot is None or reference is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
@@ -689,7 +695,7 @@ class _Core:
         high = bisect_left(self.times, end_s)
         result = None
         if high > low and self.times[low] <= end_s - self._level_s / 2:
-            values = [r for r in self._residuals_between(low, high) if r == r]
+            values = _valid(self._residuals_between(low, high))
             if len(values) >= max(MIN_BASELINE_RUNS, (high - low) // 2):
                 level, sigma = median_and_sigma(values)
                 sigma = max(sigma, SIGMA_FLOOR)
@@ -714,7 +720,7 @@ class _Core:
             return cached[1]
         end_s = self.times[min(end, len(self.times) - 1)]
         low = bisect_left(self.times, end_s - self._level_s)
-        values = [r for r in self._residuals_between(low, end) if r == r]
+        values = _valid(self._residuals_between(low, end))
         profile = clipped_profile(values, center=baseline.level, sigma=baseline.sigma, bound=bound, block=block)
         self._profile_cache = (key, profile)
         return profile
@@ -859,7 +865,7 @@ class _Core:
         at = self._streak_end(count, streak_since)
         baseline = None
         adapted = False
-        slot = self._slot(int(self.times[-1] // SLOT_S)) if rules.seasonal_days else None
+        slot = self._run_slot
         if slot is not None:
             recent = self._residuals_between(count - longest, count)
             total = sum(recent)
@@ -954,6 +960,13 @@ def _lookback_s(rules: Rules) -> float:
     if not rules.seasonal_days:
         return 0.0
     return rules.level_hours * 3600.0 + rules.seasonal_days * DAY_S + rules.seasonal_window_minutes * 60.0 + 2 * SLOT_S
+
+
+def _valid(residuals: list[float]) -> list[float]:
+    """The residuals that are not nan (runs whose slot has a seasonal baseline). Nearly always all of a
+    day's: a sum (in C) finds that out in a fifth of the time a filtering comprehension takes."""
+    total = sum(residuals)
+    return residuals if total == total else [r for r in residuals if r == r]
 
 
 def _dominant_error(runs: Iterable[tuple[int, int, str | None]]) -> str:
