@@ -230,8 +230,11 @@ class _Core:
             return cached  # type: ignore[return-value]
         days: list[float] = []
         count = 0
+        known = self._window_medians
         for day in range(1, self.rules.seasonal_days + 1):
-            found = self._window_median(slot - day * SLOTS_PER_DAY)
+            # All but the day before are known (each served the slot a day earlier): looked up here.
+            key = slot - day * SLOTS_PER_DAY
+            found = known[key] if key in known else self._window_median(key)
             if found is not None:
                 days.append(found[0])
                 count += found[1]
@@ -275,15 +278,20 @@ class _Core:
             self._reference_range = (low, high)
             return self._reference_sorted
         data = self._reference_sorted
+        # The cached range's residuals were computed when they were added: plain slices on this once-a-run
+        # path, after computing those of runs loaded as history that come in now.
+        if cached_high < min(high, self._eager_from):
+            self._residuals_between(cached_high, high)
+        residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None in these ranges
         if high > cached_high:
-            for value in self._residuals_between(cached_high, high):
+            for value in residuals[cached_high:high]:
                 if value == value:
                     insort(data, value)
         elif high < cached_high:
-            for value in self._residuals_between(high, cached_high):
+            for value in residuals[high:cached_high]:
                 if value == value:
                     del data[bisect_left(data, value)]
-        for value in self._residuals_between(cached_low, low):
+        for value in residuals[cached_low:low]:
             if value == value:
                 del data[bisect_left(data, value)]
         self._reference_range = (low, high)

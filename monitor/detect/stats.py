@@ -68,9 +68,10 @@ def mad_sigma_sorted(data: Sequence[float], *, center: float) -> float:
 
 
 def median_and_sigma(values: Sequence[float]) -> tuple[float, float]:
-    """(median, MAD-sigma) with one sort for the median."""
-    mid = median(values)
-    return mid, MAD_TO_SIGMA * median([abs(v - mid) for v in values])
+    """(median, MAD-sigma) with one sort: the MAD is a selection from the sorted values (mad_sigma_sorted)."""
+    data = sorted(values)
+    mid = median(data, presorted=True)
+    return mid, mad_sigma_sorted(data, center=mid)
 
 
 def median_se_factor(n: int) -> float:
