@@ -263,9 +263,10 @@ class _Core:
         """Residuals of valid runs low..high-1 (nan where their slot has no seasonal baseline). Runs
         loaded as history get theirs when first asked for; runs stepped through, when appended."""
         residuals = self._residuals
-        for index in range(low, min(high, self._eager_from)):
-            if residuals[index] is None:
-                residuals[index] = self._residual(index)
+        if low < self._eager_from:  # else every one is computed: a plain slice (asked several times a run)
+            for index in range(low, min(high, self._eager_from)):
+                if residuals[index] is None:
+                    residuals[index] = self._residual(index)
         return residuals[low:high]  # type: ignore[return-value]
 
     def _reference(self, low: int, high: int) -> list[float]:
@@ -741,6 +742,8 @@ class _Core:
             return runs
         probes = self.probes
         held = sum(probes[count - runs : count])
+        if held >= rule.min_probes:  # the usual case: no stretching, so no limit to work out
+            return runs
         limit = min(rule.longest_window, count)
         while held < rule.min_probes and runs < limit:
             runs += 1
