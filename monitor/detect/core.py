@@ -167,6 +167,8 @@ class _Core:
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
+        self._jump_key: tuple[int, bool] = (0, False)  # the window and source of the kept jump-test medians
+        self._jump_cache: dict[int, float] = {}
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
 
     # ------------------------------------------------ data
@@ -204,6 +206,7 @@ class _Core:
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
         if drop > 0:
             self._profile_cache = None
+            self._jump_cache = {}  # keyed by index
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             low, high = self._reference_range
@@ -822,16 +825,29 @@ class _Core:
         if end <= 0:
             return False
         # Seasonal residuals where the windows have them (the daily cycle left out), else log TTFTs.
-        if baseline.seasonal:
-            history = self._residuals_between(max(0, end - noise_model.JUMP_HISTORY_RUNS), end)
-        else:
-            history = self.logs[max(0, end - noise_model.JUMP_HISTORY_RUNS) : end]
+        low = max(0, end - noise_model.JUMP_HISTORY_RUNS)
+        history = self._residuals_between(low, end) if baseline.seasonal else self.logs[low:end]
         before = history[-window:]
-        spread = noise_model.jump_spread(history, window)
+        spread = noise_model.jump_spread(history, window, self._jump_medians(history, low, window, baseline.seasonal))
         if spread is None or any(math.isnan(value) for value in before):
             return False
         jump = median(verdict.recent[-window:]) - median(before)
         return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
+
+    def _jump_medians(self, history: list[float], low: int, window: int, seasonal: bool) -> list[float]:
+        """noise.window_medians of `history` (runs low.. of the residuals, or of the log TTFTs). The jump
+        test asks for them on every slow run, the day before shifted by a run or so: each window's median
+        is kept by its first run's index (the data at an index never changes until a trim moves them)."""
+        if self._jump_key != (window, seasonal) or len(self._jump_cache) > 4 * noise_model.JUMP_HISTORY_RUNS:
+            self._jump_key, self._jump_cache = (window, seasonal), {}
+        cache = self._jump_cache
+        out = []
+        for start in range(low, low + len(history) - window + 1):
+            value = cache.get(start)
+            if value is None:
+                value = cache[start] = noise_model.window_median(history[start - low : start - low + window])
+            out.append(value)
+        return out
 
     def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
         """The z test without the noise model (`detection.noise_model` off, the default)."""

@@ -10,7 +10,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monitor.detect import noise
+from monitor.detect.core import _Core
+from monitor.detect.rules import Rules
 from monitor.detect.stats import mad_sigma, mad_sigma_sorted, median
+from tests.support.series import make_series
 
 # Few distinct values as well as many, so ties and deviations of zero come up.
 _VALUES = st.lists(
@@ -57,3 +60,24 @@ def test_the_jump_spread_is_every_pair_of_neighbouring_windows_medians(
             jumps.append(median(pair[window:]) - median(pair[:window]))
     expected = mad_sigma(jumps) if len(jumps) >= noise.JUMP_PAIRS_PER_RUN * window else None
     assert noise.jump_spread(values, window) == expected
+
+
+def test_the_jump_tests_kept_window_medians_are_those_of_the_history_asked_for() -> None:
+    # A core loaded with four days of a series with failed runs (nan residuals), asked as the jump test
+    # asks: the day before a run, sliding by one run or more, backwards, with another window, seasonal
+    # residuals or log TTFTs.
+    core = _Core(Rules(noise_model=True), None)
+    for point in make_series(2, days=4, probes=3, phi=0.9):
+        core.append(point)
+    count = len(core.logs)
+    asked = [(end, 5, True) for end in range(count - 60, count)]
+    asked += [(count - 200, 5, True), (count - 3, 5, True), (count - 2, 6, True), (count - 1, 5, False)]
+    asked += [(end, 5, False) for end in range(count - 40, count, 3)]
+    for end, window, seasonal in asked:
+        low = max(0, end - noise.JUMP_HISTORY_RUNS)
+        history = core._residuals_between(low, end) if seasonal else core.logs[low:end]
+        kept = core._jump_medians(history, low, window, seasonal)
+        expected = noise.window_medians(history, window)
+        assert len(kept) == len(expected)
+        assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(kept, expected, strict=True))
+        assert noise.jump_spread(history, window, kept) == noise.jump_spread(history, window)
