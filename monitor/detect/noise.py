@@ -25,6 +25,7 @@ import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any
 
 from monitor.detect.stats import mad_sigma, median
@@ -247,20 +248,36 @@ JUMP_HISTORY_RUNS = 288
 JUMP_PAIRS_PER_RUN = 8
 
 
-def jump_spread(history: Sequence[float], window: int) -> float | None:
+def jump_spread(history: Sequence[float], window: int, medians: Sequence[float] | None = None) -> float | None:
     """The MAD-sigma of the median of each `window` consecutive values less that of the `window` before
     them, over `history` (in time order; nan where a run has no value); None with fewer than
     JUMP_PAIRS_PER_RUN x `window` such pairs. Measured, not modelled: whatever the noise (AR, bursts,
-    regimes), it is how far apart neighbouring windows of this series come by chance."""
-    jumps = []
-    for start in range(len(history) - 2 * window + 1):
-        pair = history[start : start + 2 * window]
-        if any(math.isnan(value) for value in pair):
-            continue
-        jumps.append(median(pair[window:]) - median(pair[:window]))
+    regimes), it is how far apart neighbouring windows of this series come by chance.
+
+    `medians`, when the caller keeps them: `window_medians(history, window)`."""
+    # Each window's median once (a pair is the windows at `start` and `start + window`), and nans
+    # counted by prefix sums, not searched for in every pair: the page rule asks this on every slow run.
+    nans = [0, *accumulate(map(math.isnan, history))]
+    if medians is None:
+        medians = window_medians(history, window)
+    jumps = [
+        medians[start + window] - medians[start]
+        for start in range(len(history) - 2 * window + 1)
+        if nans[start + 2 * window] == nans[start]
+    ]
     if len(jumps) < JUMP_PAIRS_PER_RUN * window:
         return None
     return mad_sigma(jumps)
+
+
+def window_medians(history: Sequence[float], window: int) -> list[float]:
+    """The median of each `window` consecutive values of `history`; nan for a window holding a nan."""
+    return [window_median(history[low : low + window]) for low in range(len(history) - window + 1)]
+
+
+def window_median(values: Sequence[float]) -> float:
+    """The median of `values`; nan when one is nan."""
+    return math.nan if any(map(math.isnan, values)) else median(values)
 
 
 def estimate(residuals: Iterable[float]) -> NoiseModel:
