@@ -375,6 +375,7 @@ def make_samples(
             prompt_tokens_target=512,
             prompt_chars=2150 + rng.randrange(0, 40),
             served_model="Qwen/Qwen3-8B-AWQ",
+            fingerprint="fp_44709d6fcb",
             request_id=f"req-{uuid.UUID(int=rng.getrandbits(128)).hex[:12]}",
             http_status=(503 if error is ErrorClass.SERVER_ERROR else 200) if error else 200,
             server_processing_ms=None if error else round(ttft * 0.9, 3),
