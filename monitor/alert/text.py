@@ -20,6 +20,7 @@ KIND_TITLES = {
     "slo": "TTFT SLO breach",
     "slo_burn": "TTFT SLO burn rate",
     "model_changed": "Model changed",
+    "tokens_jump": "Tokens per probe jumped",
     "test": "Test notification",
 }
 

@@ -348,6 +348,9 @@ class _Core:
         self._run_slot = slot
         events: list[Event] = []
         self._availability(state, run, events)
+        jumped = identity.tokens_jump(state, run)
+        if jumped is not None:
+            events.append(jumped)
         change = identity.observe(state, run)
         if change is not None:
             # Another model answers now: what it does is compared with a baseline of its own, from here.

@@ -135,6 +135,42 @@ def observe(state: SeriesState, run: RunPoint) -> IdentityChange | None:
     )
 
 
+# Tokens per probe that grew at least this many times, and by at least this many: "the model now reasons"
+# (as monitor.probe.spend logs it per run).
+TOKENS_JUMP_RATIO = 4.0
+TOKENS_JUMP_MIN = 100
+
+
+def tokens_jump(state: SeriesState, run: RunPoint) -> Event | None:
+    """An `info` event when the run's output tokens per probe jumped from the last run's (12 -> 950: a model
+    that now reasons costs many times what it did, and its first answer token comes after the thinking).
+    No new epoch: the same model, answering differently; its latency rules judge what that does."""
+    if run.output_tokens is None:
+        return None
+    was, was_reasoning = state.output_tokens, state.reasoning_tokens
+    state.output_tokens, state.reasoning_tokens = run.output_tokens, run.reasoning_tokens
+    if was is None:
+        return None
+    grew = run.output_tokens - was
+    if grew < TOKENS_JUMP_MIN or run.output_tokens < TOKENS_JUMP_RATIO * max(was, 1.0):
+        return None
+    detail: dict[str, Any] = {"tokens_from": was, "tokens_to": run.output_tokens}
+    if run.reasoning_tokens is not None:
+        detail["reasoning_from"], detail["reasoning_to"] = was_reasoning, run.reasoning_tokens
+    return Event(kind="tokens_jump", action="info", severity="info", at=run.at, opened_at=run.at, detail=detail)
+
+
+def describe_tokens(detail: dict[str, Any], model: str) -> str:
+    """`output tokens per probe of qwen3-8b jumped 12 -> 950 (reasoning 0 -> 940): the model now reasons`."""
+    text = f"output tokens per probe of {model} jumped {detail['tokens_from']:g} -> {detail['tokens_to']:g}"
+    reasoning_to = detail.get("reasoning_to")
+    if reasoning_to is not None:
+        text += f" (reasoning {detail.get('reasoning_from') or 0:g} -> {reasoning_to:g})"
+        if reasoning_to >= 0.5 * detail["tokens_to"]:
+            return text + ": the model now reasons"
+    return text
+
+
 def describe(detail: dict[str, Any], model: str) -> str:
     """`model behind gpt-4o-mini changed: fp_a1 -> fp_b7`, for notifications and markers."""
     parts = []

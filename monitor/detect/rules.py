@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Literal, TypedDict
 if TYPE_CHECKING:
     from monitor.detect.settings import Detection, SeverityRule
 
-Kind = Literal["regression", "availability", "slo", "model_changed"]
+Kind = Literal["regression", "availability", "slo", "model_changed", "tokens_jump"]
 Action = Literal["open", "update", "resolve", "info"]
 
 # A trailing baseline needs at least this many runs to be trusted.

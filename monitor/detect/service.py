@@ -4,11 +4,12 @@ and write the new state, the incidents and their notifications in one transactio
 from __future__ import annotations
 
 import asyncio
+import statistics
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -116,6 +117,16 @@ def incident_change(event: Event, now: datetime, where: dict[str, str] | None = 
     return IncidentChange(
         kind=event.kind, severity=event.severity, opened_at=event.opened_at, resolved_at=resolved_at, values=values
     )
+
+
+# Events that also leave a change marker on the target's charts, once per target (`_mark_change`).
+MARKED_KINDS = frozenset({"model_changed", "tokens_jump"})
+
+
+def _marker_text(event: Event, model: str) -> str:
+    if event.kind == "tokens_jump":
+        return identity.describe_tokens(event.detail, model)
+    return identity.describe(event.detail, model)
 
 
 class StateConflict(Exception):
@@ -344,6 +355,13 @@ class DetectionService:
             served_model=served[0][0] if served else None,
             fingerprint=fingerprint[0][0] if fingerprint else None,
         )
+        answered = [s for s in measured if s.ok and s.completion_tokens is not None]
+        if answered:
+            point = replace(
+                point,
+                output_tokens=statistics.median(float(s.completion_tokens or 0) for s in answered),
+                reasoning_tokens=statistics.median(float(s.reasoning_tokens or 0) for s in answered),
+            )
         async with write_transaction(self._engine) as connection:
             series_id = await self._store.series_id(connection, series)
             if series_id is None:
@@ -367,7 +385,7 @@ class DetectionService:
             for event in events:
                 where = _where(event, split)
                 # A target's series all see its model change: one marker and one notification stand for all.
-                fresh = event.kind != "model_changed" or await self._mark_change(connection, series, event)
+                fresh = event.kind not in MARKED_KINDS or await self._mark_change(connection, series, event)
                 incident_id = await self._record_incident(connection, series_id, event, now, where)
                 group_id = await self._group(connection, series, series_id, event, incident_id)
                 if group_id is not None:
@@ -386,7 +404,7 @@ class DetectionService:
         True when this series' event added it (and so is the one notified)."""
         since = event.detail.get("epoch_since")
         at = datetime.fromisoformat(since) if isinstance(since, str) else event.at
-        text = identity.describe(event.detail, series.model)
+        text = _marker_text(event, series.model)
         if not await TriageStore.mark_change(connection, text, target=series.target, at=at):
             return False
         self._log.info("model_change_marked", target=series.target, at=at.isoformat(), text=text)
@@ -459,7 +477,7 @@ class DetectionService:
             peak_at=figures.peak_at,
             opened_baseline_ms=figures.opened_baseline_ms,
             opened_observed_ms=figures.opened_observed_ms,
-            summary=identity.describe(event.detail, series.model) if event.kind == "model_changed" else "",
+            summary=_marker_text(event, series.model) if event.kind in MARKED_KINDS else "",
             cause=where["cause"] if where else None,
             attribution=where["attribution"] if where else "",
         )

@@ -32,6 +32,9 @@ class RunPoint:
     errors: int | None = None
     fingerprint: str | None = None  # OpenAI's system_fingerprint, the run's most common
     canary: str | None = None  # the hash of the target's canary answer after the run
+    # Median output tokens per measured probe (reasoning included), and the reasoning among them.
+    output_tokens: float | None = None
+    reasoning_tokens: float | None = None
 
     def __post_init__(self) -> None:
         if self.at.utcoffset() is None:
@@ -193,6 +196,9 @@ class SeriesState:
     canary_pending_runs: int = 0
     canary_recent: list[str] = field(default_factory=list)
     canary_unstable: bool = False
+    # The last run's median output and reasoning tokens per probe (detect/identity.py `tokens_jump`).
+    output_tokens: float | None = None
+    reasoning_tokens: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the `detector_state.state` column)."""
@@ -236,6 +242,8 @@ class SeriesState:
         if self.canary_pending is not None:
             value, first = self.canary_pending
             out["canary_pending"] = [value, first.isoformat(), self.canary_pending_runs]
+        if self.output_tokens is not None:
+            out["output_tokens"], out["reasoning_tokens"] = self.output_tokens, self.reasoning_tokens
         return out
 
     @classmethod
@@ -280,6 +288,8 @@ class SeriesState:
             canary_pending_runs=int(canary_pending[2]) if isinstance(canary_pending, list) else 0,
             canary_recent=[str(v) for v in data.get("canary_recent") or []],
             canary_unstable=bool(data.get("canary_unstable", False)),
+            output_tokens=data.get("output_tokens"),
+            reasoning_tokens=data.get("reasoning_tokens"),
         )
 
     def copy(self) -> SeriesState:
@@ -306,4 +316,6 @@ class SeriesState:
             self.canary_pending_runs,
             list(self.canary_recent),
             self.canary_unstable,
+            self.output_tokens,
+            self.reasoning_tokens,
         )

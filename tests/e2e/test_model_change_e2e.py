@@ -222,3 +222,38 @@ async def test_a_canary_that_hangs_is_cut_at_its_timeout_and_the_run_is_stored_w
     failed = [e for e in logged if e["event"] == "canary_failed"]
     assert [e["error"] for e in failed] == ["no answer within canary.timeout_s (1 s)"]
     assert took < 8, took  # the probes' time and the canary's bound, not the canary's 13 s
+
+
+@pytest.mark.timeout(120)
+async def test_a_model_that_starts_reasoning_is_one_marker_and_one_notice(
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
+) -> None:
+    path = write_config(tmp_path, exact_sim, loopback.url("/hook"))
+    path.write_text(path.read_text().replace("params: {max_tokens: 2}", "params: {max_tokens: 512}"))
+    assert (await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))).code == 0
+    exact_sim.post(
+        "/sim/models/qwen3-8b",
+        {"ttft_base_ms": 20.0, "prefill_ms_per_1k": 5.0, "decode_tps": 5000.0, "answer_tokens": 12},
+    )
+    config = load_config(str(path))
+    async with AsyncExitStack() as stack:
+        store = await open_store(config, metrics=None)
+        stack.callback(store.spool.close)
+        stack.push_async_callback(store.engine.dispose)
+        context = await build_context(config, stack, store=store, metrics=None)
+        dispatcher, _service = await attach_detection(context, store, stack, metrics=None)
+        plan = plan_for_job(context, config.jobs[0])
+        for index in range(4):
+            # From the third run it thinks 400 tokens before its 12-token answer (a provider's default moved).
+            thinks = index >= 2
+            exact_sim.post("/sim/models/qwen3-8b", {"thinks_by_default": thinks, "reasoning_tokens": 400})
+            await execute(context, job="every-5m", plan=plan)
+            await dispatcher.dispatch_due()
+        async with store.engine.connect() as connection:
+            incidents = (await connection.execute(sa.select(IncidentRow.kind))).scalars().all()
+            marks = (await connection.execute(sa.select(AnnotationRow.text))).scalars().all()
+    assert sorted(incidents) == ["tokens_jump", "tokens_jump"], incidents  # both prompts' series
+    assert marks == ["output tokens per probe of qwen3-8b jumped 12 -> 412 (reasoning 0 -> 400): the model now reasons"]
+    sent = [item.json()["data"] for item in loopback.at("/hook")]
+    assert [(n["kind"], n["state"]) for n in sent] == [("tokens_jump", "info")], sent
+    assert marks[0] in str(sent[0])

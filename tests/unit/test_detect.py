@@ -476,3 +476,25 @@ def test_a_canary_answer_that_changes_and_stays_is_a_model_change_and_one_that_v
     assert not replayer.state.canary_unstable and replayer.state.canary == "s-1"
     restored = SeriesState.from_json(json.loads(json.dumps(replayer.state.to_json())))
     assert restored == replayer.state
+
+
+def test_output_tokens_per_probe_that_jump_are_an_event_and_a_drift_is_not() -> None:
+    tokens = [12, 12, 14, 13, 950, 950, 40]
+    points = [
+        RunPoint(T0 + i * EVERY, 100.0, output_tokens=float(n), reasoning_tokens=float(n - 12 if n > 100 else 0))
+        for i, n in enumerate(tokens)
+    ]
+    events = replay(points)
+    assert [(e.kind, e.action, e.at, e.detail) for e in events] == [
+        (
+            "tokens_jump",
+            "info",
+            T0 + 4 * EVERY,
+            {"tokens_from": 13.0, "tokens_to": 950.0, "reasoning_from": 0.0, "reasoning_to": 938.0},
+        )
+    ]
+    from monitor.detect.identity import describe_tokens
+
+    assert describe_tokens(events[0].detail, "qwen3-8b") == (
+        "output tokens per probe of qwen3-8b jumped 13 -> 950 (reasoning 0 -> 938): the model now reasons"
+    )

@@ -27,6 +27,7 @@ ALERT_NAMES = {
     "slo": "TTFTSLOBreach",
     "slo_burn": "TTFTSLOBurnRate",
     "model_changed": "TTFTModelChanged",
+    "tokens_jump": "TTFTTokensPerProbeJumped",
     "test": "TTFTMonitorTest",
 }
 
