@@ -47,6 +47,9 @@ _INSTRUCTION = {
 }
 # First guesses before any server has reported a count (typical BPE tokenizers).
 INITIAL_CHARS_PER_TOKEN = {"en": 4.2, "zh": 1.4}
+# No tokenizer packs more characters than this into a token of these prompts: a server whose usage says
+# 10 tokens for every prompt would otherwise grow the prompt 12.8 times a run, to megabytes in five.
+MAX_CHARS_PER_TOKEN = 16.0
 
 
 def build_text(language: str, chars: int, *, nonce: str | None = None) -> str:
@@ -139,7 +142,7 @@ class Calibration:
         if fit is None:
             return max(1, round(tokens * INITIAL_CHARS_PER_TOKEN.get(language, 4.0)))
         cpt, overhead = fit
-        return max(1, round((tokens - overhead) * cpt))
+        return max(1, round((tokens - overhead) * min(cpt, MAX_CHARS_PER_TOKEN)))
 
     def observe(self, key: tuple[str, str], chars: int, tokens: int | None, *, family: Family | None = None) -> None:
         if not tokens or tokens <= 0 or chars <= 0:
