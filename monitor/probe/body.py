@@ -108,7 +108,7 @@ class EventReader:
                 raise MalformedEvent(
                     f"event of an unexpected shape ({type(exc).__name__}): {{quote}}", quote=event.data
                 ) from exc
-            if info.served_model:
+            if info.served_model and isinstance(info.served_model, str):  # `"model": 123` is no name
                 sample.served_model = info.served_model
             if info.fingerprint:
                 sample.fingerprint = info.fingerprint
