@@ -110,6 +110,14 @@ def observe(state: SeriesState, run: RunPoint) -> IdentityChange | None:
             served_from, served_to = state.served_model, run.served_model
         state.served_model = run.served_model
     changes: dict[str, tuple[str | None, str]] = {}
+    if served_to is not None:
+        # Another model by name: the fingerprint and canary answer it brings are the new model's, confirmed
+        # by the name itself. Left to their own confirmation they would be a second change a run later.
+        if run.fingerprint is not None:
+            _adopt(state, "fingerprint", run.fingerprint, changes)
+        if run.canary is not None and _canary_stable(state, run.canary):
+            _adopt(state, "canary", run.canary, changes)
+        return IdentityChange(since=since, served_from=served_from, served_to=served_to, **_fields(changes))
     if run.fingerprint is not None:
         found = _confirmed(state, "fingerprint", run.fingerprint, run.at)
         if found is not None:
@@ -120,19 +128,30 @@ def observe(state: SeriesState, run: RunPoint) -> IdentityChange | None:
         if found is not None:
             changes["canary"] = (found[0], run.canary)
             since = min(since, found[1])
-    if served_to is None and not changes:
+    if not changes:
         return None
+    return IdentityChange(since=since, **_fields(changes))
+
+
+def _adopt(state: SeriesState, what: str, value: str, changes: dict[str, tuple[str | None, str]]) -> None:
+    """Take `value` as the known `what` at once (the served model changed with it); a change when it differs."""
+    known = getattr(state, what)
+    setattr(state, what, value)
+    setattr(state, f"{what}_pending", None)
+    setattr(state, f"{what}_pending_runs", 0)
+    if known is not None and known != value:
+        changes[what] = (known, value)
+
+
+def _fields(changes: dict[str, tuple[str | None, str]]) -> dict[str, str | None]:
     fingerprint = changes.get("fingerprint", (None, None))
     canary = changes.get("canary", (None, None))
-    return IdentityChange(
-        since=since,
-        served_from=served_from,
-        served_to=served_to,
-        fingerprint_from=fingerprint[0],
-        fingerprint_to=fingerprint[1],
-        canary_from=canary[0],
-        canary_to=canary[1],
-    )
+    return {
+        "fingerprint_from": fingerprint[0],
+        "fingerprint_to": fingerprint[1],
+        "canary_from": canary[0],
+        "canary_to": canary[1],
+    }
 
 
 # Tokens per probe that grew at least this many times, and by at least this many: "the model now reasons"

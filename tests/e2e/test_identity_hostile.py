@@ -185,3 +185,26 @@ async def test_a_server_that_reports_the_same_few_prompt_tokens_does_not_grow_th
     ]
     # 128 tokens is some 540 characters of English; a few times that at most, however wrong the counts.
     assert max(server.prompt_chars) <= 128 * 16, server.prompt_chars
+
+
+@pytest.mark.timeout(120)
+async def test_an_alias_moved_with_its_fingerprint_is_one_change_not_two(
+    tmp_path: Path, server: HostileServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenAI moves `gpt-4o` to new weights: the served model and the fingerprint change in the same run.
+    The name counts at once and the fingerprint once confirmed: a run later, that was a second change
+    (a second marker and notice, and the new epoch reset again)."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    path = write_config(tmp_path, server.port)
+
+    def before() -> None:
+        server.model, server.fingerprint = "gpt-4o-2024-08-06", "fp_a"
+
+    def after() -> None:
+        server.model, server.fingerprint = "gpt-4o-2024-11-20", "fp_b"
+
+    seen = await _runs(path, [before] * 7 + [after] * 4)
+    assert seen["marks"] == [
+        "model behind m changed: served model gpt-4o-2024-08-06 -> gpt-4o-2024-11-20, fingerprint fp_a -> fp_b; "
+        "a new baseline starts here"
+    ]
