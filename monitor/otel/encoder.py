@@ -148,6 +148,7 @@ class EncoderProcess:
             )
             assert child.stdin is not None
             write_frame(child.stdin, self._spec)
+            os.set_blocking(child.stdin.fileno(), False)  # snapshots are written within a deadline (_exchange)
         except (OSError, ValueError) as exc:
             if child is not None and child.poll() is None:
                 child.kill()
@@ -161,25 +162,30 @@ class EncoderProcess:
         """The child's answer (False also when it was killed for not answering); `_DIED` when it ended
         (or its pipe broke) before answering."""
         assert child.stdin is not None and child.stdout is not None
+        margin = self._answer_margin_s + (0.0 if self._answered else self._start_margin_s)
+        bound = self._spec.settings.timeout_for("metrics") + margin
+        deadline = time.monotonic() + bound
+        # Written within the same bound: a snapshot larger than the pipe holds would block on a wedged child.
+        data = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)
+        frame = memoryview(_LENGTH.pack(len(data)) + data)
+        fd_in = child.stdin.fileno()
         try:
-            write_frame(child.stdin, snapshot)
-        except (BrokenPipeError, OSError):
+            while frame:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return self._wedged(child, bound)
+                _, writable, _ = select.select([], [fd_in], [], left)
+                if writable:
+                    with contextlib.suppress(BlockingIOError):
+                        frame = frame[os.write(fd_in, frame) :]
+        except OSError:  # BrokenPipeError: it ended
             self._stopped(child)
             return _DIED
-        margin = self._answer_margin_s + (0.0 if self._answered else self._start_margin_s)
-        deadline = time.monotonic() + self._spec.settings.timeout_for("metrics") + margin
         fd = child.stdout.fileno()
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                self._log.warning(
-                    "otel_encoder_killed",
-                    pid=child.pid,
-                    after_s=round(self._spec.settings.timeout_for("metrics") + margin, 1),
-                    hint="the export child did not answer within the export timeout; a new one takes the next export",
-                )
-                self._kill(child)
-                return False
+                return self._wedged(child, bound)
             ready, _, _ = select.select([fd], [], [], left)
             if ready:
                 break
@@ -189,6 +195,16 @@ class EncoderProcess:
             return _DIED
         self._answered = True
         return answer == OK
+
+    def _wedged(self, child: subprocess.Popen[bytes], bound: float) -> bool:
+        self._log.warning(
+            "otel_encoder_killed",
+            pid=child.pid,
+            after_s=round(bound, 1),
+            hint="the export child did not answer within the export timeout; a new one takes the next export",
+        )
+        self._kill(child)
+        return False
 
     def _give_up(self, why: str) -> None:
         self._unavailable = True
