@@ -112,14 +112,14 @@ class EventReader:
                 sample.served_model = info.served_model
             if info.fingerprint:
                 sample.fingerprint = info.fingerprint
-            if info.prompt_tokens is not None:
-                sample.prompt_tokens = info.prompt_tokens
-            if info.cached_tokens is not None:
-                sample.cached_tokens = info.cached_tokens
-            if info.completion_tokens is not None:
-                sample.completion_tokens = info.completion_tokens
-            if info.reasoning_tokens is not None:
-                sample.reasoning_tokens = info.reasoning_tokens
+            if (count := _count(info.prompt_tokens)) is not None:
+                sample.prompt_tokens = count
+            if (count := _count(info.cached_tokens)) is not None:
+                sample.cached_tokens = count
+            if (count := _count(info.completion_tokens)) is not None:
+                sample.completion_tokens = count
+            if (count := _count(info.reasoning_tokens)) is not None:
+                sample.reasoning_tokens = count
             kind = info.kind
             if kind is EventKind.ANSWER or kind is EventKind.REASONING or kind is EventKind.TOOL_CALL:
                 self.token_stamps.append(arrived)
@@ -298,3 +298,13 @@ class Body:
             self.task_read = True
             self.unstamped_bytes += len(chunk)
             self.feed(time.perf_counter_ns(), chunk)
+
+
+def _count(value: object) -> int | None:
+    """A token count as the server said it, when it is one: `"12"`, `{"n": 12}`, `-5` or `2.5` is none
+    (the calibration, the store and the detector do arithmetic on it), nor is 1e300; `12.0` is 12."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not value.is_integer():
+        return None
+    return int(value) if 0 <= value < 2**31 else None  # the store's columns are 32-bit

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from monitor.app import attach_detection, build_context, open_store
 from monitor.config.loader import load_config
@@ -47,6 +48,7 @@ class HostileServer(ThreadedServer):
         self.canary_prompts: list[str] = []
         self.prompt_tokens: int | None = None  # reported for every prompt, whatever its length; None: about right
         self.prompt_chars: list[int] = []
+        self.usage: dict[str, Any] = {}  # overrides of the usage object's counts
         self.canary_started = asyncio.Event()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -59,7 +61,9 @@ class HostileServer(ThreadedServer):
         content = body["messages"][0]["content"]
         self.prompt_chars.append(len(content))
         prompt_tokens = len(content) // 4 if self.prompt_tokens is None else self.prompt_tokens
-        events.append({**chunk, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2}})
+        events.append(
+            {**chunk, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, **self.usage}}
+        )
         return web.Response(body=_sse(*events), content_type="text/event-stream")
 
     async def _canary(self, request: web.Request) -> web.StreamResponse:
@@ -208,3 +212,32 @@ async def test_an_alias_moved_with_its_fingerprint_is_one_change_not_two(
         "model behind m changed: served model gpt-4o-2024-08-06 -> gpt-4o-2024-11-20, fingerprint fp_a -> fp_b; "
         "a new baseline starts here"
     ]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "count",
+    ["12", {"n": 12}, [12], -5, 2.5, True, 1e300],
+    ids=["text", "object", "list", "neg", "frac", "bool", "huge"],
+)
+@pytest.mark.parametrize("field", ["prompt_tokens", "completion_tokens"])
+async def test_usage_counts_that_are_not_counts_keep_the_run(
+    tmp_path: Path, server: HostileServer, field: str, count: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    path = write_config(tmp_path, server.port)
+
+    def normal() -> None:
+        server.usage = {}
+
+    def hostile() -> None:
+        server.usage = {field: count}
+
+    with capture_logs() as logged:
+        seen = await _runs(path, [normal, hostile, hostile, normal])
+    assert all(isinstance(o, JobOutcome) for o in seen["outcomes"]), [
+        o for o in seen["outcomes"] if not isinstance(o, JobOutcome)
+    ]
+    assert len(seen["samples"]) == 8
+    failures = [e for e in logged if e.get("log_level") in ("error", "critical") or "exc_info" in e]
+    assert failures == [], failures
