@@ -179,9 +179,14 @@ def tokens_jump(state: SeriesState, run: RunPoint) -> Event | None:
     return Event(kind="tokens_jump", action="info", severity="info", at=run.at, opened_at=run.at, detail=detail)
 
 
+def tokens_jump_prefix(model: str) -> str:
+    """How every tokens_jump marker of `model` begins, whatever its figures."""
+    return f"output tokens per probe of {model} jumped"
+
+
 def describe_tokens(detail: dict[str, Any], model: str) -> str:
     """`output tokens per probe of qwen3-8b jumped 12 -> 950 (reasoning 0 -> 940): the model now reasons`."""
-    text = f"output tokens per probe of {model} jumped {detail['tokens_from']:g} -> {detail['tokens_to']:g}"
+    text = f"{tokens_jump_prefix(model)} {detail['tokens_from']:g} -> {detail['tokens_to']:g}"
     reasoning_to = detail.get("reasoning_to")
     if reasoning_to is not None:
         text += f" (reasoning {detail.get('reasoning_from') or 0:g} -> {reasoning_to:g})"

@@ -405,7 +405,9 @@ class DetectionService:
         since = event.detail.get("epoch_since")
         at = datetime.fromisoformat(since) if isinstance(since, str) else event.at
         text = _marker_text(event, series.model)
-        if not await TriageStore.mark_change(connection, text, target=series.target, at=at):
+        # Each prompt's series jumps by its own figures; the target's first marker stands for them all.
+        same = identity.tokens_jump_prefix(series.model) if event.kind == "tokens_jump" else None
+        if not await TriageStore.mark_change(connection, text, target=series.target, at=at, same=same):
             return False
         self._log.info("model_change_marked", target=series.target, at=at.isoformat(), text=text)
         return True

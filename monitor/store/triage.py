@@ -289,16 +289,24 @@ class TriageStore:
 
     @staticmethod
     async def mark_change(
-        connection: AsyncConnection, text: str, *, target: str, at: datetime, within: timedelta = timedelta(hours=1)
+        connection: AsyncConnection,
+        text: str,
+        *,
+        target: str,
+        at: datetime,
+        within: timedelta = timedelta(hours=1),
+        same: str | None = None,
     ) -> bool:
         """An automatic change marker (the detector saw another model answer), once: a target's several
         series see the same change, so a marker with the same text for the target within `within` of
-        `at` stands for all. True when this call added it."""
+        `at` stands for all; with `same`, any marker whose text starts with it (the series' figures
+        differ: each prompt's tokens jump by its own). True when this call added it."""
+        match = ANNOTATIONS.c.text == text if same is None else ANNOTATIONS.c.text.startswith(same, autoescape=True)
         existing = await connection.execute(
             sa.select(ANNOTATIONS.c.id)
             .where(
                 ANNOTATIONS.c.target == target,
-                ANNOTATIONS.c.text == text,
+                match,
                 ANNOTATIONS.c.at >= at - within,
                 ANNOTATIONS.c.at <= at + within,
             )

@@ -49,6 +49,7 @@ class HostileServer(ThreadedServer):
         self.prompt_tokens: int | None = None  # reported for every prompt, whatever its length; None: about right
         self.prompt_chars: list[int] = []
         self.usage: dict[str, Any] = {}  # overrides of the usage object's counts
+        self.reasons = 0  # > 0: completion tokens are this plus a few more the longer the prompt
         self.canary_started = asyncio.Event()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
@@ -61,9 +62,9 @@ class HostileServer(ThreadedServer):
         content = body["messages"][0]["content"]
         self.prompt_chars.append(len(content))
         prompt_tokens = len(content) // 4 if self.prompt_tokens is None else self.prompt_tokens
-        events.append(
-            {**chunk, "choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 2, **self.usage}}
-        )
+        completion = 2 if not self.reasons else self.reasons + len(content) // 100
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion, **self.usage}
+        events.append({**chunk, "choices": [], "usage": usage})
         return web.Response(body=_sse(*events), content_type="text/event-stream")
 
     async def _canary(self, request: web.Request) -> web.StreamResponse:
@@ -82,7 +83,7 @@ class HostileServer(ThreadedServer):
         return web.Response(body=_sse(event), content_type="text/event-stream")
 
 
-def write_config(folder: Path, port: int, *, canary: str = "{}") -> Path:
+def write_config(folder: Path, port: int, *, canary: str = "{}", prompts: str = "[short]") -> Path:
     path = folder / "config.yaml"
     path.write_text(
         f"""
@@ -101,11 +102,12 @@ targets:
   t: {{provider: hostile, model: m, params: {{max_tokens: 2}}, canary: {canary}}}
 prompts:
   short: {{tokens: 128}}
+  long: {{tokens: 512}}
 jobs:
   - name: every-5m
     schedule: "*/5 * * * *"
     targets: [t]
-    prompts: [short]
+    prompts: {prompts}
     rounds: 2
     warmup: 0
     pause_s: 0
@@ -241,3 +243,23 @@ async def test_usage_counts_that_are_not_counts_keep_the_run(
     assert len(seen["samples"]) == 8
     failures = [e for e in logged if e.get("log_level") in ("error", "critical") or "exc_info" in e]
     assert failures == [], failures
+
+
+@pytest.mark.timeout(120)
+async def test_a_model_that_starts_reasoning_is_one_marker_though_each_prompt_reasons_its_own_length(
+    tmp_path: Path, server: HostileServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Thinking runs longer for a longer prompt: the short prompt's series jumps 2 -> 405, the long one's
+    2 -> 421. It is one change of the target: one marker (and one notice), not one per prompt."""
+    monkeypatch.setenv(KEY_ENV, KEY)
+    path = write_config(tmp_path, server.port, prompts="[short, long]")
+
+    def answers() -> None:
+        server.reasons = 0
+
+    def reasons() -> None:
+        server.reasons = 400
+
+    seen = await _runs(path, [answers, answers, reasons, reasons])
+    assert len(seen["marks"]) == 1, seen["marks"]
+    assert seen["marks"][0].startswith("output tokens per probe of m jumped 2 -> 4"), seen["marks"]
