@@ -188,7 +188,7 @@ def describe_tokens(detail: dict[str, Any], model: str) -> str:
     """`output tokens per probe of qwen3-8b jumped 12 -> 950 (reasoning 0 -> 940): the model now reasons`."""
     text = f"{tokens_jump_prefix(model)} {detail['tokens_from']:g} -> {detail['tokens_to']:g}"
     reasoning_to = detail.get("reasoning_to")
-    if reasoning_to is not None:
+    if reasoning_to:  # 0: none reported or estimated, nothing to say ("reasoning 0 -> 0")
         text += f" (reasoning {detail.get('reasoning_from') or 0:g} -> {reasoning_to:g})"
         if reasoning_to >= 0.5 * detail["tokens_to"]:
             return text + ": the model now reasons"
