@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +16,9 @@ import sqlalchemy as sa
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from monitor.app import attach_detection, build_context, open_store
-from monitor.config.loader import load_config
-from monitor.schedule.pipeline import JobOutcome, execute, plan_for_job
+from monitor.schedule.pipeline import JobOutcome, execute
 from monitor.store.models import AnnotationRow, RunRow, SampleRow
-from tests.conftest import run_cli
+from tests.support.pipeline import job_pipeline
 from tests.support.secrets import KEY
 from tests.support.threaded_server import ThreadedServer
 
@@ -134,28 +131,20 @@ def server() -> Any:
 
 async def _runs(path: Path, steps: list[Any]) -> dict[str, Any]:
     """Execute one run per step (each step a callable that sets the server up first); what was stored."""
-    assert (await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))).code == 0
-    config = load_config(str(path))
     outcomes: list[JobOutcome | BaseException] = []
-    async with AsyncExitStack() as stack:
-        store = await open_store(config, metrics=None)
-        stack.callback(store.spool.close)
-        stack.push_async_callback(store.engine.dispose)
-        context = await build_context(config, stack, store=store, metrics=None)
-        dispatcher, _service = await attach_detection(context, store, stack, metrics=None)
-        plan = plan_for_job(context, config.jobs[0])
+    async with job_pipeline(path) as pipeline:
         for step in steps:
             step()
             try:
-                outcomes.append(await execute(context, job="every-5m", plan=plan))
+                outcomes.append(await execute(pipeline.context, job="every-5m", plan=pipeline.plan))
             except Exception as exc:  # what broke is the finding
                 outcomes.append(exc)
-            await dispatcher.dispatch_due()
-        async with store.engine.connect() as connection:
+            await pipeline.dispatcher.dispatch_due()
+        async with pipeline.store.engine.connect() as connection:
             runs = (await connection.execute(sa.select(RunRow.canary))).scalars().all()
             samples = (await connection.execute(sa.select(SampleRow.served_model, SampleRow.fingerprint))).all()
             marks = (await connection.execute(sa.select(AnnotationRow.text))).scalars().all()
-    return {"outcomes": outcomes, "runs": runs, "samples": samples, "marks": marks, "url": config.database.url}
+    return {"outcomes": outcomes, "runs": runs, "samples": samples, "marks": marks, "url": pipeline.config.database.url}
 
 
 @pytest.mark.timeout(120)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.error
-from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +19,12 @@ import pytest
 import sqlalchemy as sa
 from structlog.testing import capture_logs
 
-from monitor.app import attach_detection, build_context, open_store
-from monitor.config.loader import load_config
-from monitor.schedule.pipeline import execute, plan_for_job
+from monitor.schedule.pipeline import execute
 from monitor.store.models import AnnotationRow, IncidentRow, RunRow, SampleRow
 from tests.conftest import SimProcess, run_cli
 from tests.support.alert_fixtures import Loopback
 from tests.support.config import build_config, write_yaml
+from tests.support.pipeline import job_pipeline
 
 pytest_plugins = ("tests.support.store_fixtures", "tests.support.alert_fixtures")
 
@@ -79,16 +77,7 @@ async def run_with_change(
     (`changes`, `varies`) the target has a canary and the fingerprint stays: its answer changes with
     the slowdown, or differs on every run."""
     path = write_config(tmp_path, sim, loopback.url("/hook"), canary=canary is not None)
-    upgraded = await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))
-    assert upgraded.code == 0, str(upgraded)
-    config = load_config(str(path))
-    async with AsyncExitStack() as stack:
-        store = await open_store(config, metrics=None)
-        stack.callback(store.spool.close)
-        stack.push_async_callback(store.engine.dispose)
-        context = await build_context(config, stack, store=store, metrics=None)
-        dispatcher, _service = await attach_detection(context, store, stack, metrics=None)
-        plan = plan_for_job(context, config.jobs[0])
+    async with job_pipeline(path) as pipeline:
         sim.post(
             "/sim/models/qwen3-8b",
             {
@@ -107,9 +96,9 @@ async def run_with_change(
                     "/sim/models/qwen3-8b",
                     {**slower, "system_fingerprint": "fp_b7" if swap else "fp_a1", "answer_text": answer},
                 )
-            await execute(context, job="every-5m", plan=plan)
-            await dispatcher.dispatch_due()
-        async with store.engine.connect() as connection:
+            await execute(pipeline.context, job="every-5m", plan=pipeline.plan)
+            await pipeline.dispatcher.dispatch_due()
+        async with pipeline.store.engine.connect() as connection:
             incidents = (await connection.execute(sa.select(IncidentRow.kind, IncidentRow.details))).all()
             marks = (await connection.execute(sa.select(AnnotationRow.text, AnnotationRow.created_by))).all()
             prints = (await connection.execute(sa.select(SampleRow.fingerprint))).scalars().all()
@@ -202,21 +191,14 @@ async def test_a_canary_that_hangs_is_cut_at_its_timeout_and_the_run_is_stored_w
     path = write_config(tmp_path, exact_sim, loopback.url("/hook"), canary=True)
     text = path.read_text().replace("canary: {}", "canary: {max_tokens: 32, timeout_s: 1}")
     path.write_text(text)
-    assert (await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))).code == 0
     # Tokens drip 400 ms apart: a probe's 2 take under a second, the canary's 32 would take 13 s.
     exact_sim.post("/sim/models/qwen3-8b", {**FAST, "thinks_by_default": False, "faults": {"drip_gap_ms": 400}})
-    config = load_config(str(path))
-    async with AsyncExitStack() as stack:
-        store = await open_store(config, metrics=None)
-        stack.callback(store.spool.close)
-        stack.push_async_callback(store.engine.dispose)
-        context = await build_context(config, stack, store=store, metrics=None)
-        plan = plan_for_job(context, config.jobs[0])
+    async with job_pipeline(path, detection=False) as pipeline:
         with capture_logs() as logged:
             started = asyncio.get_running_loop().time()
-            outcome = await execute(context, job="every-5m", plan=plan)
+            outcome = await execute(pipeline.context, job="every-5m", plan=pipeline.plan)
             took = asyncio.get_running_loop().time() - started
-        async with store.engine.connect() as connection:
+        async with pipeline.store.engine.connect() as connection:
             canaries = (await connection.execute(sa.select(RunRow.canary))).scalars().all()
     assert outcome.ok == 4 and canaries == [None, None]
     failed = [e for e in logged if e["event"] == "canary_failed"]
@@ -230,26 +212,18 @@ async def test_a_model_that_starts_reasoning_is_one_marker_and_one_notice(
 ) -> None:
     path = write_config(tmp_path, exact_sim, loopback.url("/hook"))
     path.write_text(path.read_text().replace("params: {max_tokens: 2}", "params: {max_tokens: 512}"))
-    assert (await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))).code == 0
     exact_sim.post(
         "/sim/models/qwen3-8b",
         {"ttft_base_ms": 20.0, "prefill_ms_per_1k": 5.0, "decode_tps": 5000.0, "answer_tokens": 12},
     )
-    config = load_config(str(path))
-    async with AsyncExitStack() as stack:
-        store = await open_store(config, metrics=None)
-        stack.callback(store.spool.close)
-        stack.push_async_callback(store.engine.dispose)
-        context = await build_context(config, stack, store=store, metrics=None)
-        dispatcher, _service = await attach_detection(context, store, stack, metrics=None)
-        plan = plan_for_job(context, config.jobs[0])
+    async with job_pipeline(path) as pipeline:
         for index in range(4):
             # From the third run it thinks 400 tokens before its 12-token answer (a provider's default moved).
             thinks = index >= 2
             exact_sim.post("/sim/models/qwen3-8b", {"thinks_by_default": thinks, "reasoning_tokens": 400})
-            await execute(context, job="every-5m", plan=plan)
-            await dispatcher.dispatch_due()
-        async with store.engine.connect() as connection:
+            await execute(pipeline.context, job="every-5m", plan=pipeline.plan)
+            await pipeline.dispatcher.dispatch_due()
+        async with pipeline.store.engine.connect() as connection:
             incidents = (await connection.execute(sa.select(IncidentRow.kind))).scalars().all()
             marks = (await connection.execute(sa.select(AnnotationRow.text))).scalars().all()
     assert sorted(incidents) == ["tokens_jump", "tokens_jump"], incidents  # both prompts' series
