@@ -7,6 +7,7 @@ receiver); only the schedule and the detection history are shortened so the stor
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections import defaultdict, deque
@@ -33,6 +35,50 @@ SLOW_FACTOR = 2.5
 # measured against, and no page opens (replayed on a demo's own history: losing 3 of the 9 runs before
 # a slowdown at 45 s, as a slow start on a busy machine does, and it never paged).
 BASELINE_RUNS = 12
+
+
+# Two demos started together (a second terminal, parallel tests) both found 9464 free, and the second's
+# daemon could not bind it. A demo holds this lock from choosing its ports until
+# its daemon listens, so the next one finds them taken and picks others.
+PORTS_LOCK = Path(tempfile.gettempdir()) / "ttft-monitor-demo.ports.lock"
+PORTS_LOCK_WAIT_S = 60.0  # past it the demo goes on unlocked: a port taken meanwhile is named by its daemon
+
+
+class PortsLock:
+    """The lock above, taken on creation and released once (`release`), or on exit, whatever ends it."""
+
+    def __init__(self, path: Path = PORTS_LOCK, wait_s: float = PORTS_LOCK_WAIT_S) -> None:
+        self._handle: IO[str] | None
+        try:
+            self._handle = open(path, "a")  # noqa: SIM115 - held until `release`
+        except OSError:  # another user's lock file, a read-only /tmp: no lock, as before
+            self._handle = None
+            return
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(self._handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError:
+                if time.monotonic() >= deadline:
+                    return
+                time.sleep(0.1)
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing drops the flock
+            self._handle = None
+
+
+def _wait_listening(daemon: subprocess.Popen[str], port: int, within_s: float = 60.0) -> None:
+    """Until the daemon accepts connections on `port`, exits, or `within_s` passes."""
+    deadline = time.monotonic() + within_s
+    while daemon.poll() is None and time.monotonic() < deadline:
+        with socket.socket() as sock:
+            sock.settimeout(0.5)
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
 
 
 def _free_port(preferred: int) -> int:
@@ -102,7 +148,9 @@ def _start_sim(port: int) -> tuple[subprocess.Popen[str], str]:
     match = re.search(r"(http://127\.0\.0\.1:\d+)", line)
     if match is None:
         proc.kill()
-        raise RuntimeError(f"the simulator did not start on port {port}")
+        proc.wait()
+        proc.stdout.close()
+        raise RuntimeError(f"the simulator did not start on port {port} (`ttft-monitor sim --port {port}` says why)")
     return proc, match.group(1)
 
 
@@ -198,7 +246,14 @@ def run_demo(
     if state_dir.exists():
         shutil.rmtree(state_dir)
     state_dir.mkdir(parents=True)
-    sim_proc, sim_url = _start_sim(_free_port(8400))
+    ports = PortsLock()
+    try:
+        # Any free port, not the simulator's 8400: `probe --with-sim` uses a server it finds there, and
+        # the demo's would vanish under it when the demo ends (and its slowed model is no baseline).
+        sim_proc, sim_url = _start_sim(0)
+    except BaseException:
+        ports.release()
+        raise
     metrics_port = _free_port(9464)
     config_path = state_dir / "demo.yaml"
     config_path.write_text(demo_config(sim_url, state_dir.resolve(), metrics_port))
@@ -230,6 +285,8 @@ def run_demo(
             env=env,
             preexec_fn=os.setpgrp,  # Ctrl-C goes to the demo, which stops the daemon with SIGTERM
         )
+        _wait_listening(daemon, metrics_port)
+        ports.release()
         out.write(
             f"ttft-monitor demo: simulator at {sim_url}, daemon probing {', '.join(TARGETS)} every 5 s "
             f"(short and long prompts)\n  status pages: http://127.0.0.1:{metrics_port}/\n"
@@ -255,6 +312,7 @@ def run_demo(
             with contextlib.suppress(subprocess.TimeoutExpired):
                 died = daemon.wait(timeout=10)  # its output ended: it is exiting
     finally:
+        ports.release()
         if daemon is not None and daemon.poll() is None:
             daemon.send_signal(signal.SIGTERM)
             try:

@@ -89,6 +89,11 @@ async def test_a_target_over_its_ttft_objective_pages_by_burn_rate_and_resolves(
         sim.post("/sim/models/burner", FAST)
         resolved = daemon.wait_for("incident_resolve", timeout=40)
         notices = daemon.wait_for("alert_notification", count=2, timeout=30)
+        # Fast runs past the resolve, for the replay below: it dates a run by its first request, the daemon
+        # by the run's start, so a slow run on the edge of the short window can hold the replayed page
+        # one run longer (seen under a loaded CI: the history ended on the daemon's resolving run).
+        finished = len(daemon.events("job_finished"))
+        daemon.wait_for("job_finished", count=finished + 4, timeout=30)
     finally:
         assert stop_daemon(daemon) == 0
     assert [(e["kind"], e["severity"], e["target"]) for e in opened] == [("slo_burn", "page", "burner")]
