@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from monitor.app import proxy_environment
 from monitor.config.loader import load_config
 from monitor.config.models import Config
+from monitor.config.series import cache_pairs, series_prompts
 from monitor.probe.endpoint import Timeouts
 from monitor.probe.plan import Endpoints, adhoc_target, prompt_spec
 from monitor.probe.prompts import PromptSpec
@@ -132,10 +133,12 @@ def build_prompts(options: ProbeOptions, config: Config | None) -> list[PromptSp
         if config is None or name not in config.prompts:
             known = ", ".join(sorted(config.prompts)) if config else "none (no config)"
             raise UsageError(f"--prompt: unknown prompt profile '{name}' (known: {known})")
-        spec = prompt_spec(name, config.prompts[name])
-        if options.cache:
-            spec = dataclasses.replace(spec, cache=options.cache)
-        specs.append(spec)
+        if options.cache:  # asked for one cache mode: that one, a `cache: both` prompt included
+            specs.append(dataclasses.replace(prompt_spec(name, config.prompts[name]), cache=options.cache))
+            continue
+        twins = cache_pairs(config.prompts)
+        for measured, profile in series_prompts(config.prompts, [name]):
+            specs.append(prompt_spec(measured, profile, primed=measured in twins))
     tokens = options.prompt_tokens or ([] if specs else [512])
     for count in tokens:
         specs.append(PromptSpec(f"{count}tok", count, options.language, options.cache or "bust"))

@@ -21,6 +21,7 @@ KIND_TITLES = {
     "slo_burn": "TTFT SLO burn rate",
     "model_changed": "Model changed",
     "tokens_jump": "Tokens per probe jumped",
+    "cache_stopped": "Prompt cache stopped working",
     "test": "Test notification",
 }
 
@@ -104,6 +105,9 @@ def short_measurement(notification: Notification) -> str:
         if n.state == "resolved":
             return f"back under, peaked at {fmt_ratio(n.peak_ratio)}" if n.peak_ratio is not None else "back under"
         return f"burning the error budget {fmt_ratio(n.ratio)}" if n.ratio is not None else ""
+    if n.kind == "cache_stopped":  # ratio: the cache speed-up over cold; the summary has the figures
+        verb = "works again, speed-up" if n.state == "resolved" else "speed-up over cold"
+        return f"{verb} {fmt_ratio(n.ratio)}" if n.ratio is not None else ""
     if n.observed_ms is None:
         return ""
     if n.baseline_ms is None:

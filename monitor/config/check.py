@@ -11,6 +11,7 @@ from monitor.config.cron import next_fire_times
 from monitor.config.errors import ConfigError
 from monitor.config.loader import load_config
 from monitor.config.models import Config
+from monitor.config.series import warm_twin
 from monitor.config.urls import is_loopback, mask_password
 from monitor.exitcodes import EXIT_OK, EXIT_USAGE
 
@@ -77,7 +78,8 @@ def render_summary(
         lines.append(f"  {name}: model {target.model} on {target.provider}, max_tokens {target.params.max_tokens}")
     lines.append(f"prompts ({len(config.prompts)}):")
     for name, prompt in config.prompts.items():
-        lines.append(f"  {name}: {prompt.tokens} tokens, {prompt.language}, cache {prompt.cache}")
+        twin = f" (series {name}, busted, and {warm_twin(name)}, warm)" if prompt.cache == "both" else ""
+        lines.append(f"  {name}: {prompt.tokens} tokens, {prompt.language}, cache {prompt.cache}{twin}")
     lines.append(f"jobs ({len(config.jobs)}):")
     for job in config.jobs:
         jitter = f", jitter up to {job.jitter_s:g} s" if job.jitter_s else ""

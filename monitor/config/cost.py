@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 from monitor.config.cron import build_trigger
+from monitor.config.series import cache_pairs, series_prompts
 
 if TYPE_CHECKING:
     from monitor.config.models import BudgetLimit, Config
@@ -225,11 +226,10 @@ def project(config: Config, seen: Mapping[tuple[str, str], Seen] | None = None) 
             if target is None:
                 continue
             prices = prices_for(config, target_name)
-            for prompt_name in job.prompts:
-                prompt = config.prompts.get(prompt_name)
-                if prompt is None:
-                    continue
-                requests = job.rounds + job.warmup
+            twins = cache_pairs(config.prompts)
+            for prompt_name, prompt in series_prompts(config.prompts, job.prompts):
+                # A warm twin gets one warm-up of its own when the job has none (PromptSpec.primed).
+                requests = job.rounds + (max(job.warmup, 1) if prompt_name in twins else job.warmup)
                 history = seen.get((target_name, prompt_name))
                 tokens = run_tokens(target, prompt, requests, history).scaled(per_day)
                 series.append(

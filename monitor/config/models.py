@@ -22,6 +22,7 @@ from monitor.alert.settings import Alerts
 from monitor.config.cron import build_trigger
 from monitor.config.fields import ConfigModel, CronExpression, EnvName, Name, TimezoneName, UserPath, check_name
 from monitor.config.references import reference_problems
+from monitor.config.series import cache_pairs
 from monitor.config.urls import check_database_url, check_http_url, check_listen_address, mask_password
 from monitor.detect.settings import Detection
 from monitor.otel.settings import OtelConfig
@@ -348,6 +349,16 @@ class Config(ConfigModel):
                 f"detection.slo_burn's longest window ({longest / 1440:g} days): raise raw_days to at least "
                 f"{math.ceil(longest / 1440)} or shorten the window"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_warm_twins_are_free(self) -> Config:
+        for twin, name in cache_pairs(self.prompts).items():
+            if twin in self.prompts:
+                raise ValueError(
+                    f"prompts.{twin}: that name is the warm series of prompts.{name} (cache: both); rename "
+                    f"prompts.{twin}, or set prompts.{name}.cache to bust or warm"
+                )
         return self
 
     @model_validator(mode="after")

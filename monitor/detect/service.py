@@ -23,6 +23,7 @@ from monitor.detect import identity
 from monitor.detect.attribution import ServerSplit, classify, server_split, split_text
 from monitor.detect.budget_service import BudgetService
 from monitor.detect.burn_service import BurnService
+from monitor.detect.cache_service import CacheService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
 from monitor.detect.figures import figures_of
 from monitor.detect.group_notify import GroupNotifier
@@ -154,6 +155,7 @@ class DetectionService:
         self._log = structlog.get_logger()
         self._burn = BurnService(engine, config, outbox=outbox)
         self._budget = BudgetService(repository, config, outbox=outbox, metrics=metrics)
+        self._cache = CacheService(engine, repository, config, outbox=outbox, metrics=metrics)
         self._notifier = GroupNotifier(config, outbox=outbox)
         self.update_config(config)
 
@@ -162,6 +164,7 @@ class DetectionService:
         self._detectors: dict[str, Detector] = {}
         self._burn.update_config(config)
         self._budget.update_config(config)
+        self._cache.update_config(config)
         self._notifier.update_config(config)
 
     def _detector(self, target: str) -> Detector:
@@ -187,10 +190,21 @@ class DetectionService:
         deadline = None if budget_s is None else self._clock() + budget_s
         groups: set[uuid.UUID] = set()
         evaluated = 0
+        # First the prompt cache's pairs: a warm run that found no cache is the cache's incident, not
+        # evidence of a TTFT regression of the warm path (one cause, one incident).
+        cacheless = await self._cache.after_store(job, batch, interval=interval)
         for index, (run, samples) in enumerate(batch):
             if deadline is not None and evaluated and self._clock() > deadline:
                 self._skipped(job, runs=len(batch) - index, evaluated=evaluated, budget_s=budget_s)
                 break
+            if run.series in cacheless:
+                self._run_log(job, run).info(
+                    "detection_skipped_cacheless",
+                    run_id=str(run.run_id),
+                    reason="the warm probes found no prompt cache: the cache's incident (cache_stopped), not "
+                    "evidence of a TTFT regression",
+                )
+                continue
             if not self._evidence(job, run, samples):
                 continue
             evaluated += 1

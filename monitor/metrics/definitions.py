@@ -314,6 +314,26 @@ class Metrics:
             DETECTOR_LABELS,
             registry=series_registry,
         )
+        self.cache_speedup = Gauge(
+            "ttft_monitor_cache_speedup_ratio",
+            "For a `cache: both` prompt: the last run's median cold (busted) TTFT over its median warm TTFT; "
+            "`prompt` is the busted prompt's name.",
+            DETECTOR_LABELS,
+            registry=series_registry,
+        )
+        self.cache_cached_share = Gauge(
+            "ttft_monitor_cache_cached_share_ratio",
+            "For a `cache: both` prompt: the share of the warm probes' prompt tokens the server reported "
+            "served from its prefix cache in the last run (absent when the API reports no cached tokens).",
+            DETECTOR_LABELS,
+            registry=series_registry,
+        )
+        self.cache_state = Gauge(
+            "ttft_monitor_cache_stopped_state",
+            "For a `cache: both` prompt: 1 while a `cache_stopped` incident is open, else 0.",
+            DETECTOR_LABELS,
+            registry=series_registry,
+        )
         self.regression_state = Gauge(
             "ttft_monitor_regression_state",
             "Open regression per series: 0 none, 1 ticket, 2 page.",
@@ -473,6 +493,21 @@ class Metrics:
         else:
             with contextlib.suppress(KeyError):
                 self.run_ratio.remove(*series)
+
+    def observe_cache(
+        self, series: Sequence[str], *, speedup: float | None, cached_share: float | None, stopped: bool
+    ) -> None:
+        """A `cache: both` pair after its latest run (`series`: target, busted prompt, location); a figure
+        the run did not give is removed, not left at an old value."""
+        if self.per_series == "off":
+            return
+        for gauge, value in ((self.cache_speedup, speedup), (self.cache_cached_share, cached_share)):
+            if value is None:
+                with contextlib.suppress(KeyError):
+                    gauge.remove(*series)
+            else:
+                gauge.labels(*series).set(value)
+        self.cache_state.labels(*series).set(1 if stopped else 0)
 
 
 def baseline_band_ms(baseline_ms: float, *, ticket_ratio: float, ticket_min_delta_ms: float) -> tuple[float, float]:

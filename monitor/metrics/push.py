@@ -21,6 +21,7 @@ from prometheus_client.samples import Sample
 from yarl import URL
 
 from monitor.config.models import Config
+from monitor.config.series import series_prompts
 from monitor.probe.proxy import ProxyEnvironment, aiohttp_proxy_options, route_for
 from monitor.redact import url_credentials
 from monitor.servertext import capped
@@ -37,7 +38,8 @@ def job_series(config: Config, job_names: Iterable[str]) -> dict[str, set[Series
     out: dict[str, set[Series]] = {}
     for name in job_names:
         job = config.job(name)
-        out[name] = {(target, prompt) for target in job.targets for prompt in job.prompts}
+        prompts = [prompt for prompt, _profile in series_prompts(config.prompts, job.prompts)]
+        out[name] = {(target, prompt) for target in job.targets for prompt in prompts}
     return out
 
 

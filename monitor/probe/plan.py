@@ -76,9 +76,14 @@ class Endpoints:
         return tuple(self.target(name) for name in names)
 
 
-def prompt_spec(name: str, profile: PromptProfile) -> PromptSpec:
+def prompt_spec(name: str, profile: PromptProfile, *, primed: bool = False) -> PromptSpec:
     return PromptSpec(
-        name=name, tokens=profile.tokens, language=profile.language, cache=profile.cache, tool_call=profile.tool_call
+        name=name,
+        tokens=profile.tokens,
+        language=profile.language,
+        cache=profile.cache,
+        tool_call=profile.tool_call,
+        primed=primed,
     )
 
 

@@ -199,6 +199,9 @@ class PromptSpec:
     cache: str = "bust"
     # Offer one function and require it (tool_choice), so the answer is a tool call.
     tool_call: bool = False
+    # The warm twin of a `cache: both` prompt: with no warm-up rounds in the job it gets one, unmeasured,
+    # so its first measured request finds the prefix cached and every measured one is warm.
+    primed: bool = False
 
     def family(self, target: str) -> Family:
         """The prompts of `target` whose counts lie on one line (see `Calibration`)."""

@@ -74,11 +74,12 @@ async def run_plan(
 
     async def series(target: ProbeTarget, spec: PromptSpec) -> None:
         params = replace(target.params, force_tool_call=True) if spec.tool_call else target.params
-        total = plan.warmup + plan.rounds
+        warmups = max(plan.warmup, 1) if spec.primed else plan.warmup
+        total = warmups + plan.rounds
         for index in range(total):
             if index:
                 await asyncio.sleep(plan.pause_s)
-            warmup = index < plan.warmup
+            warmup = index < warmups
             sample = Sample(
                 target=target.name,
                 model=target.params.model,

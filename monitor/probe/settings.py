@@ -310,11 +310,14 @@ class PromptProfile(ConfigModel):
         description="Approximate prompt length in tokens (128 to 131072); TTFT grows with it.",
     )
     language: Literal["en", "zh"] = Field("en", description="Language of the generated prompt text.")
-    cache: Literal["bust", "warm"] = Field(
+    cache: Literal["bust", "warm", "both"] = Field(
         "bust",
         description="`bust` makes every prompt unique so prefix caches cannot help (cold TTFT); "
         "`warm` repeats "
-        "it so they can (cached TTFT).",
+        "it so they can (cached TTFT); `both` probes the two side by side in every run, as two series (the "
+        "prompt's own name, busted, and `NAME.warm`), and watches the pair: the cache speed-up (cold / warm "
+        "TTFT) and the share of prompt tokens served from the cache, with a `cache_stopped` incident when the "
+        "cache stops working (docs/detection.md).",
     )
     tool_call: bool = Field(
         False,

@@ -14,6 +14,7 @@ import structlog
 
 from monitor.config.cost import prices_for
 from monitor.config.models import Config, Job
+from monitor.config.series import cache_pairs, series_prompts, warm_twin
 from monitor.metrics.definitions import Metrics, job_interval_seconds
 from monitor.probe.client import ProbeClient
 from monitor.probe.plan import Endpoints, prompt_spec
@@ -139,15 +140,19 @@ def plan_for_job(ctx: JobContext, job: Job, *, series: frozenset[tuple[str, str]
     (whose servers' metrics are then scraped)."""
     config = ctx.config
     targets = job.targets if series is None else [t for t in job.targets if any(t == s[0] for s in series)]
+    measured = series_prompts(config.prompts, job.prompts)
+    twins = cache_pairs(config.prompts)
+    if series is not None:  # a shard holding a `cache: both` prompt probes its warm twin too, in the same run
+        series = series | {(target, warm_twin(prompt)) for target, prompt in series}
     return RunPlan(
         series=series,
         targets=ctx.endpoints.targets(targets),
-        prompts=tuple(prompt_spec(name, config.prompts[name]) for name in job.prompts),
+        prompts=tuple(prompt_spec(name, profile, primed=name in twins) for name, profile in measured),
         rounds=job.rounds,
         warmup=job.warmup,
         pause_s=job.pause_s,
         # Per-provider max_concurrency is the cap; the job itself does not add another.
-        concurrency=max(1, len(job.targets) * len(job.prompts)),
+        concurrency=max(1, len(job.targets) * len(measured)),
     )
 
 

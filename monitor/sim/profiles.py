@@ -49,6 +49,9 @@ class ModelProfile:
     # does, vLLM does not); Responses and Gemini always count reasoning, Anthropic never separately.
     reports_reasoning_tokens: bool = False
     cached_prefill_factor: float = 0.0
+    # False: the model's prefix cache is off (vLLM's --no-enable-prefix-caching, a provider's cache
+    # broken): nothing is served from it or kept in it, and usage reports no cached tokens.
+    prefix_cache: bool = True
     faults: Faults = field(default_factory=Faults)
     # Whether the model thinks when the request does not say: Qwen3 does (it must be turned
     # off with chat_template_kwargs.enable_thinking=false), Anthropic models do not.
@@ -182,6 +185,7 @@ _PROFILE_RULES: dict[str, Rule] = {
     "reasoning_field": _choice("reasoning_content", "reasoning"),
     "reports_reasoning_tokens": _boolean,
     "cached_prefill_factor": _number(),
+    "prefix_cache": _boolean,
     "thinks_by_default": _boolean,
     "answer_tokens": _integer(minimum=1),
     "comment_pings": _boolean,

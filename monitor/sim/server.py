@@ -287,7 +287,7 @@ class _Routes:
         tokens = tokenize(body.prompt)
         hashes = block_hashes(tokens)
         cache = sim.cache(body.model)
-        cached = cache.cached_tokens(hashes)
+        cached = cache.cached_tokens(hashes) if profile.prefix_cache else 0
         thinking = sim.thinks(profile, body)
         answer_text = profile.answer_text or ANSWER_TEXT
         if profile.answer_varies:  # a model that never answers the same twice: a word of its own first
@@ -310,7 +310,8 @@ class _Routes:
         metrics, model = sim.metrics, body.model
 
         def prefilled() -> None:
-            cache.insert(hashes)
+            if profile.prefix_cache:
+                cache.insert(hashes)
             metrics.first_token(model, (sim.clock() - received_ns) / 1e9)
 
         stamp.reasoning = thinking

@@ -329,9 +329,14 @@ def web_routes(
             locations=request.query.getall("location", []),
         )
         table = request.query.get("table", "cells")
-        tables = {"cells": result["cells"], "pairs": result["pairs"], "slopes": result["slopes"]}
+        tables = {
+            "cells": result["cells"],
+            "pairs": result["pairs"],
+            "slopes": result["slopes"],
+            "cache": result["cache"],
+        }
         if table not in tables:
-            raise BadRequest(f"table={table!r} is not known; use cells, pairs or slopes")
+            raise BadRequest(f"table={table!r} is not known; use cells, pairs, slopes or cache")
         return _respond(request, result, tables[table], f"compare-{table}")
 
     routes = [web.get(path, guarded(page(name), api=False)) for path, name in PAGES.items()]

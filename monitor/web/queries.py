@@ -13,7 +13,7 @@ import math
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, cast
@@ -21,8 +21,10 @@ from typing import Any, TypedDict, cast
 from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from monitor.config.series import WARM_TWIN_SUFFIX, warm_twin
 from monitor.detect.attribution import ServerSplit, classify, split_text
 from monitor.detect.burn_service import ALL_PROMPTS
+from monitor.detect.cache_health import PairRun
 from monitor.detect.detector import Detector, Rules, RunPoint
 from monitor.detect.figures import figures_of
 from monitor.detect.noise import NoiseModel
@@ -919,6 +921,7 @@ async def series_points(
             points = hourly_points(in_range, start=start, width_s=width)
             runs = _hour_run_points(hours)
         incidents = await _incidents_of(connection, [series_id], start=start, end=end)
+        cache = await cache_view(connection, info, start=start, end=end)
         models: list[NoiseModel | None] = []
         times, baselines = detector_baselines(detector, runs, step_from=step_from, noise=models)
         noise = noise_estimate(models[0] if models else None, runs)
@@ -948,9 +951,93 @@ async def series_points(
         "bucket_s": width,
         "baseline_ms": _round(baseline),
         "noise": noise,
+        "cache": cache,
         "points": points,
         "incidents": incidents,
         "split": split,
+    }
+
+
+# The cache view reads at most this many runs of a pair (a week of 5-minute runs): it is per run.
+MAX_CACHE_RUNS = 2016
+
+
+async def cache_view(
+    connection: AsyncConnection, info: SeriesInfo, *, start: datetime, end: datetime
+) -> dict[str, Any] | None:
+    """For a series of a `cache: both` pair (`NAME` or `NAME.warm`, both stored): per run of the pair in
+    [start, end), the cache speed-up (cold / warm TTFT median) and the share of the warm prompt's tokens
+    served from the cache, with their medians; None for any other series. The last MAX_CACHE_RUNS runs."""
+    if info.prompt.endswith(WARM_TWIN_SUFFIX):
+        cold_prompt, warm_prompt = info.prompt[: -len(WARM_TWIN_SUFFIX)], info.prompt
+    else:
+        cold_prompt, warm_prompt = info.prompt, warm_twin(info.prompt)
+    siblings = {
+        row.prompt: row.id
+        for row in await connection.execute(
+            select(SeriesRow.id, SeriesRow.prompt).where(
+                SeriesRow.target == info.target,
+                SeriesRow.provider == info.provider,
+                SeriesRow.model == info.model,
+                SeriesRow.location == info.location,
+                SeriesRow.prompt.in_([cold_prompt, warm_prompt]),
+            )
+        )
+    }
+    if cold_prompt not in siblings or warm_prompt not in siblings:
+        return None
+    window = (
+        RunRow.started_at >= type_coerce(start, UtcDateTime()),
+        RunRow.started_at < type_coerce(end, UtcDateTime()),
+    )
+    runs = (
+        await connection.execute(
+            select(RunRow.id, RunRow.series_id, RunRow.intended_at, RunRow.ttft_p50_ms)
+            .where(RunRow.series_id.in_([siblings[cold_prompt], siblings[warm_prompt]]), *window)
+            .order_by(RunRow.started_at.desc())
+            .limit(2 * MAX_CACHE_RUNS)
+        )
+    ).all()
+    cold = {_aware(r.intended_at): r.ttft_p50_ms for r in runs if r.series_id == siblings[cold_prompt]}
+    warm = [r for r in runs if r.series_id == siblings[warm_prompt]]
+    tokens: dict[Any, tuple[list[float], list[float]]] = {r.id: ([], []) for r in warm}
+    if warm:
+        rows = await connection.execute(
+            select(SampleRow.run_id, SampleRow.cached_tokens, SampleRow.prompt_tokens).where(
+                SampleRow.run_id.in_(list(tokens)),
+                SampleRow.warmup.is_(False),
+                SampleRow.disturbed.is_(False),
+                SampleRow.error.is_(None),
+            )
+        )
+        for run_id, cached, prompt in rows:
+            if cached is not None:
+                tokens[run_id][0].append(float(cached))
+            if prompt is not None:
+                tokens[run_id][1].append(float(prompt))
+    pairs = [
+        PairRun(
+            at=_aware(r.intended_at),
+            cold_ms=cold.get(_aware(r.intended_at)),
+            warm_ms=r.ttft_p50_ms,
+            warm_cached_tokens=_median(tokens[r.id][0]),
+            warm_prompt_tokens=_median(tokens[r.id][1]),
+        )
+        for r in reversed(warm)
+    ]
+    speedups = [p.speedup for p in pairs if p.speedup is not None]
+    shares = [p.cached_share for p in pairs if p.cached_share is not None]
+    return {
+        "cold_prompt": cold_prompt,
+        "warm_prompt": warm_prompt,
+        "cold_series_id": siblings[cold_prompt],
+        "warm_series_id": siblings[warm_prompt],
+        "runs": len(pairs),
+        "speedup_p50": _round(_median(speedups), 2),
+        "cached_share_p50": _round(_median(shares), 3),
+        "points": [
+            {"t": iso(p.at), "speedup": _round(p.speedup, 2), "cached_share": _round(p.cached_share, 3)} for p in pairs
+        ],
     }
 
 
@@ -1108,6 +1195,7 @@ class CompareValues(TypedDict):
     cells: list[dict[str, Any]]
     pairs: list[dict[str, Any]]
     slopes: list[dict[str, Any]]
+    cache: list[dict[str, Any]]
 
 
 class CompareDocument(CompareValues):
@@ -1134,7 +1222,8 @@ def compare_values(
         models[target] = model
         if prompt_tokens is not None:
             tokens[(target, prompt)].append(prompt_tokens)
-            slope_points[target].append((prompt_tokens, ttft))
+            if not prompt.endswith(WARM_TWIN_SUFFIX):  # cached prefill is no point on the prefill line
+                slope_points[target].append((prompt_tokens, ttft))
     return _compare_cells(cells, tokens, models, slope_points)
 
 
@@ -1209,7 +1298,33 @@ def _compare_cells(
                 "reason": fit.reason,
             }
         )
-    return {"cells": table, "pairs": pairs, "slopes": slopes}
+    return {"cells": table, "pairs": pairs, "slopes": slopes, "cache": cache_speedups(sorted_cells)}
+
+
+def cache_speedups(cells: Mapping[tuple[str, str], Sequence[float]]) -> list[dict[str, Any]]:
+    """Per `cache: both` pair among the cells (`NAME` and `NAME.warm` of one target): the median busted
+    TTFT over the median warm one, the prompt cache's speed-up."""
+    out = []
+    for (target, prompt), warm in sorted(cells.items()):
+        if not prompt.endswith(WARM_TWIN_SUFFIX):
+            continue
+        cold = cells.get((target, prompt[: -len(WARM_TWIN_SUFFIX)]))
+        if not cold or not warm:
+            continue
+        cold_ms, warm_ms = _median(list(cold)), _median(list(warm))
+        speedup = cold_ms / warm_ms if cold_ms and warm_ms else None
+        out.append(
+            {
+                "target": target,
+                "prompt": prompt[: -len(WARM_TWIN_SUFFIX)],
+                "cold_median_ms": _round(cold_ms),
+                "warm_median_ms": _round(warm_ms),
+                "speedup": _round(speedup),
+                "cold_n": len(cold),
+                "warm_n": len(warm),
+            }
+        )
+    return out
 
 
 async def compare(
@@ -1248,7 +1363,8 @@ async def compare(
         cells[cell].extend(ttfts)
         counted = [(n, ttft) for n, ttft in zip(tokens_of, ttfts, strict=True) if n is not None]
         tokens[cell].extend(n for n, _ in counted)
-        slope_points[info.target].extend(counted)
+        if not info.prompt.endswith(WARM_TWIN_SUFFIX):  # a warm twin's cached prefill is not the prefill line
+            slope_points[info.target].extend(counted)
     available = [(info.target, info.prompt, info.location) for info in series.values()]
     result = _compare_cells(cells, tokens, models, slope_points)
     return {
@@ -1263,6 +1379,7 @@ async def compare(
         "cells": result["cells"],
         "pairs": result["pairs"],
         "slopes": result["slopes"],
+        "cache": result["cache"],
     }
 
 

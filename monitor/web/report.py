@@ -170,6 +170,20 @@ def render_markdown(data: queries.CompareDocument, *, title: str) -> str:
             f"| {rank} | {_cell(s['target'])} | {_cell(s['model'])} | {slope} | "
             f"{_ms(s['intercept_ms'])} | {s['points']} |"
         )
+    if data.get("cache"):
+        lines += [
+            "",
+            "## Prompt cache (`cache: both`: busted against warm probes)",
+            "",
+            "| target | prompt | busted median | warm median | speed-up | n busted / warm |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for c in data["cache"]:
+            speedup = "–" if c["speedup"] is None else f"{c['speedup']:.2f}x"
+            lines.append(
+                f"| {_cell(c['target'])} | {_cell(c['prompt'])} | {_ms(c['cold_median_ms'])} | "
+                f"{_ms(c['warm_median_ms'])} | {speedup} | {c['cold_n']} / {c['warm_n']} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -28,6 +28,7 @@ ALERT_NAMES = {
     "slo_burn": "TTFTSLOBurnRate",
     "model_changed": "TTFTModelChanged",
     "tokens_jump": "TTFTTokensPerProbeJumped",
+    "cache_stopped": "TTFTPromptCacheStopped",
     "test": "TTFTMonitorTest",
 }
 

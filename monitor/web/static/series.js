@@ -114,6 +114,22 @@
       ], { yLabel: "%", height: 160 });
   }
 
+  // A `cache: both` pair: is the prompt cache working? The speed-up of the warm probes over the cold ones
+  // and the share of the warm prompt served from the cache, per run, with a link to the other series.
+  function cacheChart(cache, s) {
+    const other = s.prompt === cache.warm_prompt ? [cache.cold_prompt, cache.cold_series_id] : [cache.warm_prompt, cache.warm_series_id];
+    const share = cache.cached_share_p50 === null ? "" : `, ${Math.round(cache.cached_share_p50 * 100)}% of the warm prompt served from the cache`;
+    main.append(el("p", { class: "cache-note" },
+      `Prompt cache (${cache.cold_prompt} busted, ${cache.warm_prompt} warm): speed-up over cold ${cache.speedup_p50 === null ? "–" : `${cache.speedup_p50}×`} (median of ${cache.runs} runs)${share} · `,
+      el("a", { href: `/series?id=${encodeURIComponent(other[1])}` }, `series ${other[0]}`)));
+    const cx = cache.points.map((p) => TTFT.epoch(p.t));
+    TTFT_CHARTS.timeChart(main, "Prompt cache: warm speed-up over cold (×) and cached share of the warm prompt (%)",
+      [cx, cache.points.map((p) => p.speedup), cache.points.map((p) => (p.cached_share === null ? null : p.cached_share * 100))], [
+        { label: "speed-up ×", stroke: "#7a5af8", points: { show: cache.points.length < 400, size: 4 } },
+        { label: "cached %", stroke: "#f79009", points: { show: false } },
+      ], { height: 160 });
+  }
+
   async function load(range) {
     main.replaceChildren(el("h1", {}, "Series"));
     let id, data;
@@ -174,6 +190,7 @@
       main.append(el("p", { class: "muted incidents-note" }, data.incidents.map((i) =>
         `${i.kind} ${i.severity} from ${TTFT.when(i.opened_at)}${i.resolved_at ? ` to ${TTFT.when(i.resolved_at)}` : " (open)"}${TTFT.incidentFigures(i)}`).join("; ")));
     }
+    if (data.cache) cacheChart(data.cache, s);
     const setup = pts.map((p) => (p.dns_ms ?? 0) + (p.connect_ms ?? 0) + (p.tls_ms ?? 0) || null);
     const colors = ["#7a5af8", "#2e6fdb", "#0e9384", "#f79009", "#667085"];
     TTFT_CHARTS.timeChart(main, "Phases from send (ms): each layer ends when that phase is reached",
