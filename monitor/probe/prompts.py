@@ -234,7 +234,10 @@ class PromptFactory:
         nonce = self._warm_nonce.setdefault(key, new_nonce())
         chars = self.calibration.chars_for(key, spec.tokens, spec.language, family=family)
         text = build_text(spec.language, chars, nonce=nonce)
-        if not warmup:
-            # Fixed from the first measured request on; warm-up requests follow the calibration.
+        if not warmup or spec.primed:
+            # Fixed from the first measured request on; warm-up requests follow the calibration. A primed
+            # twin's warm-up is there to fill the cache with the measured text, so it fixes it (sized by
+            # the calibration of the runs before): a prime of another length would leave the first
+            # measured request a partial hit.
             self._warm_text[key] = text
         return text

@@ -40,7 +40,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -264,9 +264,15 @@ def _healthy(url: str) -> bool:
 
 
 def start_server(
-    peer: PreparedPeer, *, log_path: Path, timeout_s: float = START_TIMEOUT_S, max_num_seqs: int = MAX_NUM_SEQS
+    peer: PreparedPeer,
+    *,
+    log_path: Path,
+    timeout_s: float = START_TIMEOUT_S,
+    max_num_seqs: int = MAX_NUM_SEQS,
+    extra_args: Sequence[str] = (),
 ) -> VllmServer:
-    """vLLM's OpenAI-compatible server on a free loopback port, once `/health` answers 200."""
+    """vLLM's OpenAI-compatible server on a free loopback port, once `/health` answers 200; `extra_args`
+    go on its command line (`--no-enable-prefix-caching`)."""
     port = free_port()
     command = [
         str(peer.python),
@@ -292,6 +298,7 @@ def start_server(
         "--enable-prompt-tokens-details",
         "--max-num-seqs",
         str(max_num_seqs),
+        *extra_args,
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     log = log_path.open("wb")
