@@ -50,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     filters = ReportFilters(targets=args.target, prompts=args.prompt, locations=args.location)
 
     async def read_and_write() -> int:
-        data = await report_from_database(config.database.url, since=since, now=until, filters=filters)
+        data = await report_from_database(config.database.url, since=since, now=until, filters=filters, config=config)
         return _write(data, args, filters)
 
     return run_against_database(

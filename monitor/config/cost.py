@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from monitor.config.cron import build_trigger
 from monitor.config.series import cache_pairs, series_prompts
@@ -202,6 +202,42 @@ def costs(series: Iterable[SeriesProjection]) -> dict[str, float]:
     for s in series:
         if s.cost_per_day is not None and s.currency is not None:
             out[s.currency] = out.get(s.currency, 0.0) + s.cost_per_day
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class MonthlyCost:
+    """What probing one target and prompt costs a month at its schedule: for the overview, the series page
+    and the report. `cost` is None without prices; `seen` is how many samples the figures come from (0:
+    from the schedule and max_tokens, an upper bound)."""
+
+    tokens: float
+    cost: float | None
+    currency: str | None
+    seen: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tokens_per_month": round(self.tokens),
+            "cost_per_month": None if self.cost is None else round(self.cost, 4),
+            "currency": self.currency,
+            "from_history": self.seen > 0,
+        }
+
+
+def monthly_by_series(jobs: Sequence[JobProjection]) -> dict[tuple[str, str], MonthlyCost]:
+    """Each (target, prompt)'s tokens and cost a month, summed over the jobs that probe it."""
+    out: dict[tuple[str, str], MonthlyCost] = {}
+    for job in jobs:
+        for s in job.series:
+            key = (s.target, s.prompt)
+            tokens = s.per_day.total * DAYS_PER_MONTH
+            cost = None if s.cost_per_day is None else s.cost_per_day * DAYS_PER_MONTH
+            before = out.get(key)
+            if before is not None:
+                tokens += before.tokens
+                cost = None if cost is None or before.cost is None else cost + before.cost
+            out[key] = MonthlyCost(tokens, cost, s.currency, max(s.seen, before.seen if before else 0))
     return out
 
 

@@ -29,6 +29,7 @@ from monitor.store.engine import StoreError
 from monitor.timefmt import iso
 from monitor.web import queries
 from monitor.web.auth import COOKIE, Authenticator, Guard, Outcome, Verdict, client_address, forwarded_https
+from monitor.web.costs import CostBook, cost_fields
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 API = "/api/v1"
@@ -162,6 +163,7 @@ def web_routes(
     describe_error: Callable[[BaseException], str] = lambda exc: type(exc).__name__,
     thresholds: Mapping[str, float] | None = None,
     detector: Detector | None = None,
+    costs: CostBook | None = None,
 ) -> list[web.RouteDef]:
     """The pages, /static/*, /login, /logout and /api/v1/*, for an aiohttp application. `guard` says
     who may see them (`authenticator`, when given, carries a guard and its limiter, cache and verifier
@@ -300,6 +302,10 @@ def web_routes(
         rows = await queries.overview(
             engine, now=at, cache=overview_cache, min_history_runs=detector.rules.min_history_runs if detector else None
         )
+        if costs is not None:  # what probing each series costs a month, beside its TTFT
+            book = await costs.get()
+            for row in rows:
+                row.update(cost_fields(book, row["target"], row["prompt"]))
         return _respond(request, {"now": iso(at), "series": rows}, rows, "series")
 
     async def points(request: web.Request) -> web.Response:
@@ -311,6 +317,9 @@ def web_routes(
         )
         # The detector's ratios (from the config), so the page draws where tickets and pages begin.
         result["thresholds"] = dict(thresholds) if thresholds else None
+        if costs is not None:
+            info = result["series"]
+            result.update(cost_fields(await costs.get(), info["target"], info["prompt"]))
         return _respond(request, result, result["points"], f"series-{series_id}")
 
     async def incidents(request: web.Request) -> web.Response:

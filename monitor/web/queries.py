@@ -16,7 +16,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -1205,6 +1205,8 @@ class CompareDocument(CompareValues):
     end: str | None
     filters: Names
     available: Names
+    # `ttft-monitor report` with a config: what probing each cell costs a month (monitor.web.costs).
+    costs: NotRequired[list[dict[str, Any]]]
 
 
 def compare_values(

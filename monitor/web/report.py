@@ -13,14 +13,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.alert.text import escape_commonmark
+from monitor.config.models import Config
 from monitor.probe.result import Sample
 from monitor.timefmt import iso
 from monitor.web import queries
+from monitor.web.costs import CostBook
 
 FORMATS = ("html", "md", "json")
 
@@ -44,17 +46,26 @@ async def report_from_store(
 
 
 async def report_from_database(
-    url: str, *, since: timedelta, now: datetime, filters: ReportFilters
+    url: str, *, since: timedelta, now: datetime, filters: ReportFilters, config: Config | None = None
 ) -> queries.CompareDocument:
     """`report_from_store` over an engine of its own (`ttft-monitor report`); StoreError (SchemaBehind names
-    `db upgrade`) or the driver's error when the database cannot be read."""
+    `db upgrade`) or the driver's error when the database cannot be read. With `config`, the document
+    carries what probing each of its cells costs a month (`costs`)."""
     from monitor.store.engine import create_engine
     from monitor.store.schema import ensure_current
 
     engine = create_engine(url)
     try:
         await ensure_current(engine)  # a schema behind or missing names `db upgrade`, not a missing table
-        return await report_from_store(engine, since=since, now=now, filters=filters)
+        data = await report_from_store(engine, since=since, now=now, filters=filters)
+        if config is not None:
+            book = await CostBook(config, engine).get()
+            data["costs"] = [
+                {"target": c["target"], "prompt": c["prompt"], **found.to_json()}
+                for c in data["cells"]
+                if (found := book.get((c["target"], c["prompt"]))) is not None
+            ]
+        return data
     finally:
         await engine.dispose()
 
@@ -90,7 +101,7 @@ def report_from_samples(samples: Iterable[Sample], *, now: datetime | None = Non
     moments = [s.sent_at for s in kept if s.sent_at is not None]
     end = now or datetime.now(UTC)
     rows = [(s.target, s.model, s.prompt, float(s.ttft_ms or 0.0), s.prompt_tokens) for s in kept]
-    return {
+    document: dict[str, Any] = {
         "start": iso(min(moments)) if moments else iso(end),
         "end": iso(max(moments)) if moments else iso(end),
         "filters": {"targets": [], "prompts": [], "locations": []},
@@ -101,6 +112,7 @@ def report_from_samples(samples: Iterable[Sample], *, now: datetime | None = Non
         },
         **queries.compare_values(rows),
     }
+    return cast(queries.CompareDocument, document)
 
 
 def render(data: queries.CompareDocument, output_format: str, *, title: str = "TTFT comparison") -> str:
@@ -170,6 +182,20 @@ def render_markdown(data: queries.CompareDocument, *, title: str) -> str:
             f"| {rank} | {_cell(s['target'])} | {_cell(s['model'])} | {slope} | "
             f"{_ms(s['intercept_ms'])} | {s['points']} |"
         )
+    if data.get("costs"):
+        lines += [
+            "",
+            "## What probing costs (a month at the schedule, from the last day's probes)",
+            "",
+            "| target | prompt | tokens / month | cost / month |",
+            "|---|---|---:|---:|",
+        ]
+        for c in data["costs"]:
+            bound = "" if c["from_history"] else "at most "
+            cost = "no prices" if c["cost_per_month"] is None else f"{bound}{c['cost_per_month']:,.2f} {c['currency']}"
+            lines.append(
+                f"| {_cell(c['target'])} | {_cell(c['prompt'])} | {bound}{c['tokens_per_month']:,} | {_cell(cost)} |"
+            )
     if data.get("cache"):
         lines += [
             "",

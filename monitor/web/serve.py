@@ -17,6 +17,7 @@ from monitor.config.urls import is_loopback
 from monitor.detect.detector import Detector, Rules
 from monitor.web.api import web_routes
 from monitor.web.auth import Guard
+from monitor.web.costs import CostBook
 
 
 class WebConfigError(ValueError):
@@ -88,6 +89,7 @@ def ui_routes(
         describe_error=lambda exc: describe_db_error(exc, url),
         thresholds={"ticket_ratio": detection.ticket.ratio, "page_ratio": detection.page.ratio},
         detector=Detector(Rules.from_config(detection)),
+        costs=CostBook(config, engine),
     )
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import statistics
 from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import SimProcess
+from tests.conftest import SimProcess, run_cli
 from tests.support.daemon import http_get, start_daemon, stop_daemon, upgrade, wait_ready, write_config
 
 PRICES = "{input: 1.0, cached_input: 0.5, output: 4.0, reasoning: 8.0, currency: EUR}"
@@ -41,6 +43,43 @@ def test_the_daemon_counts_tokens_by_kind_and_their_cost_per_target(sim: SimProc
     assert cost.value == pytest.approx((tokens["input"] * 1.0 + tokens["reasoning"] * 8.0) / 1e6)
     samples = daemon.events("probe_sample")
     assert all(s["reasoning_tokens"] == 4 and s["reasoning_tokens_estimated"] for s in samples), samples
+
+
+def test_the_pages_and_the_report_show_what_probing_each_series_costs_a_month(sim: SimProcess, tmp_path: Path) -> None:
+    config = write_config(tmp_path, sim, model="qwen3-8b")
+    config.write_text(
+        config.read_text().replace(
+            "    params: {max_tokens: 4}", f"    params: {{max_tokens: 4}}\n    prices: {PRICES}"
+        )
+    )
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        daemon.wait_for("job_finished", count=3, timeout=30)
+        status, body = http_get(daemon.metrics_url + "/api/v1/series")
+        assert status == 200, body
+        [row] = json.loads(body)["series"]
+        status, body = http_get(daemon.metrics_url + f"/api/v1/series/{row['id']}/points")
+        assert status == 200, body
+        points = json.loads(body)
+        samples = daemon.events("probe_sample")
+    finally:
+        assert stop_daemon(daemon) == 0
+    # One probe every 2 s (one round, no warm-up): 43,200 a day, 30 days; each as the probes so far spent.
+    prompt = statistics.mean(s["prompt_tokens"] for s in samples)
+    reasoning = statistics.mean(s["reasoning_tokens"] for s in samples)
+    per_probe = (prompt * 1.0 + reasoning * 8.0) / 1e6
+    cost = row["cost"]
+    assert cost["from_history"] is True and cost["currency"] == "EUR", cost
+    assert cost["cost_per_month"] == pytest.approx(43200 * 30 * per_probe, rel=0.02), (cost, prompt, reasoning)
+    assert cost["tokens_per_month"] == pytest.approx(43200 * 30 * (prompt + reasoning), rel=0.02)
+    assert points["cost"] == cost
+    report = run_cli("report", "--format", "md", "--since", "1h", "--config", str(config))
+    assert report.code == 0, str(report)
+    line = f"| fast | short | {cost['tokens_per_month']:,} | {cost['cost_per_month']:,.2f} EUR |"
+    assert "## What probing costs (a month at the schedule, from the last day's probes)" in report.stdout
+    assert line in report.stdout, report.stdout
 
 
 def test_a_model_that_starts_reasoning_is_logged_once_as_an_event(sim: SimProcess, tmp_path: Path) -> None:

@@ -43,6 +43,20 @@ const TTFT = (() => {
     return (value * 100).toFixed(value >= 0.9995 ? 1 : 2) + "%";
   }
 
+  // A series' `cost` (/api/v1/series): money where the config has prices, else tokens; "≤" marks the
+  // schedule's upper bound (max_tokens per request) before any probe has been seen.
+  function costText(cost) {
+    if (!cost) return "–";
+    const bound = cost.from_history ? "" : "≤ ";
+    if (cost.cost_per_month !== null) {
+      const value = cost.cost_per_month;
+      return `${bound}${value >= 0.01 || value === 0 ? value.toFixed(2) : value.toFixed(4)} ${cost.currency}`;
+    }
+    const tokens = cost.tokens_per_month;
+    const shown = tokens >= 1e9 ? `${(tokens / 1e9).toFixed(1)}G` : tokens >= 1e6 ? `${(tokens / 1e6).toFixed(1)}M` : tokens >= 1e3 ? `${(tokens / 1e3).toFixed(0)}k` : String(tokens);
+    return `${bound}${shown} tokens`;
+  }
+
   function when(iso) {
     if (!iso) return "–";
     return iso.replace("T", " ").replace(/\.\d+/, "").replace("Z", " UTC");
@@ -158,5 +172,5 @@ const TTFT = (() => {
 
   function csvLink(url) { return el("a", { href: url + (url.includes("?") ? "&" : "?") + "format=csv", class: "csv" }, "CSV"); }
 
-  return { el, getJSON, ms, pct, when, duration, epoch, incidentFigures, page, showError, seriesName, sparkline, table, csvLink };
+  return { el, getJSON, ms, pct, costText, when, duration, epoch, incidentFigures, page, showError, seriesName, sparkline, table, csvLink };
 })();

@@ -36,6 +36,8 @@
       { key: "availability_24h", label: "avail. 24 h", numeric: true, format: (r) => pct(r.availability_24h) },
       { key: "availability_7d", label: "7 d", numeric: true, format: (r) => pct(r.availability_7d) },
       { key: "availability_30d", label: "30 d", numeric: true, format: (r) => pct(r.availability_30d) },
+      // What probing the series costs a month at its schedule (from the last day's probes where there are some).
+      { key: "cost", label: "probing / month", numeric: true, sort: (r) => (r.cost ? r.cost.cost_per_month ?? r.cost.tokens_per_month : -1), format: (r) => TTFT.costText(r.cost) },
     ];
     if (!data.series.length) main.append(el("p", { class: "muted" }, "No series yet: the daemon has not stored a run."));
     for (const [provider, rows] of groups) {

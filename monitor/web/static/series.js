@@ -146,6 +146,8 @@
         data.baseline_ms !== null ? ` · baseline ${ms(data.baseline_ms)} ms` : "",
         // The detector's noise model beside the baseline: how far this series wanders, and for how long.
         data.noise ? ` (${data.noise.text.replace(/; equivalent.*$/, "")})` : "",
+        // What probing this series costs a month at its schedule.
+        data.cost ? ` · probing ${TTFT.costText(data.cost)} a month` : "",
         TTFT.csvLink(`/api/v1/series/${encodeURIComponent(id)}/points?${new URLSearchParams(windowFor(range))}`)),
       el("div", { class: "controls" }, Object.keys(RANGES).map((r) =>
         el("button", { type: "button", class: r === range ? "active" : null, onclick: () => { params.set("range", r); history.replaceState(null, "", `?${params}`); load(r); } }, r))),
