@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -401,6 +401,7 @@ class Daemon:
             scheduler_running=lambda: scheduler.running,
             last_beat=lambda: self.probe_loop_beat,
             last_write=lambda: writer.last_write,
+            budget_holds=lambda: self.detection.budget.holds() if getattr(self, "detection", None) else [],
         )
         try:
             self.served = await self.service.run(
@@ -504,8 +505,22 @@ class Daemon:
         await self._stack.aclose()
         return stopped
 
+    def _paused_by_budget(self, job: Job, intended: datetime, log: FilteringBoundLogger) -> bool:
+        """Whether a crossed budget with `action: pause` holds the job: its tick is then skipped, counted and
+        logged, never silently (monitor/detect/budget_service.py)."""
+        hold = self.detection.budget.hold_for(job.name) if self.detection is not None else None
+        if hold is None or hold.action != "pause":
+            return False
+        log.info(
+            "tick_paused_by_budget", scheduled=intended.isoformat(), budget=hold.budget, until=hold.until.isoformat()
+        )
+        self.metrics.job_runs.labels(job.name, "skipped_budget").inc()
+        return True
+
     async def _run_tick(self, job: Job, intended: datetime) -> None:
         log = structlog.get_logger().bind(job=job.name)
+        if self._paused_by_budget(job, intended, log):
+            return
         if job.shards > 1:
             await self._run_shared_tick(job, intended, log)
             return
@@ -634,11 +649,16 @@ class Daemon:
         """Run the job (or `series` of it) for the tick, then record how it ended on the claims it holds
         (off the tick's task, or before returning with `finish_now`)."""
         context, metrics, claims = self.context, self.metrics, self.claims
+        plan = plan_for_job(context, job, series=series)
+        hold = self.detection.budget.hold_for(job.name) if self.detection is not None else None
+        if hold is not None and hold.action == "reduce":  # the least that still measures, until the period ends
+            log.info("run_reduced_by_budget", budget=hold.budget, rounds=1, warmup=0, until=hold.until.isoformat())
+            plan = replace(plan, rounds=1, warmup=0)
         try:
             outcome = await execute(
                 context,
                 job=job.name,
-                plan=plan_for_job(context, job, series=series),
+                plan=plan,
                 connection=job.connection,
                 intended_at=intended,
             )

@@ -50,6 +50,8 @@ class ProbeSide:
     scheduler_running: Callable[[], bool]
     last_beat: Callable[[], float]  # time.monotonic() of the probes' loop's last turn
     last_write: Callable[[], WriteOutcome | None] = lambda: None  # the writer's last database write
+    # The jobs crossed budgets hold (reduced, paused), as JSON objects, for the overview.
+    budget_holds: Callable[[], list[dict[str, str]]] = lambda: []
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,7 +132,7 @@ async def open_served(
         return True, "ready"
 
     try:
-        routes = ui_routes(config, ui_engine)
+        routes = ui_routes(config, ui_engine, budget_holds=probe_side.budget_holds)
         runner = await start_metrics_server(
             metrics.registry, readiness, config.metrics.listen, routes=routes, limits=limits
         )

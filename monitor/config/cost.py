@@ -549,3 +549,33 @@ def budget_course(
         course = Course(path, label, limit.per, tokens, cost, limit.currency, ratio, ratio > 1.0)
         out.append((course, limit))
     return out
+
+
+# ---------------------------------------------------------------- what a budget does when crossed
+
+
+def jobs_in_scope(config: Config, path: str) -> list[str]:
+    """The jobs a budget's action holds: `jobs.NAME` that job; `providers.NAME` every job probing one of
+    the provider's targets (the whole job: its rounds are one setting); `total` every job."""
+    if path == "total":
+        return [job.name for job in config.jobs]
+    kind, _, name = path.partition(".")
+    if kind == "jobs":
+        return [job.name for job in config.jobs if job.name == name]
+    if kind == "providers":
+        return [
+            job.name
+            for job in config.jobs
+            if any((spec := config.targets.get(t)) is not None and spec.provider == name for t in job.targets)
+        ]
+    return []
+
+
+def period_end(per: str, now: datetime) -> datetime:
+    """When the budget's current period ends: the next UTC midnight, or the first of the next UTC month
+    (the notices name calendar periods; the projection's month is 30 days)."""
+    now = now.astimezone(UTC)
+    if per == "day":
+        return datetime(now.year, now.month, now.day, tzinfo=UTC) + timedelta(days=1)
+    year, month = (now.year + 1, 1) if now.month == 12 else (now.year, now.month + 1)
+    return datetime(year, month, 1, tzinfo=UTC)

@@ -224,6 +224,13 @@ class BudgetLimit(ConfigModel):
     tokens: int | None = Field(
         None, ge=1, description="Most tokens (input, output and reasoning together) the probes may spend in the period."
     )
+    action: Literal["notify", "reduce", "pause"] = Field(
+        "notify",
+        description="What the daemon does when the spend is on course to exceed the limit, beside the one "
+        "notification: `notify` only; `reduce` runs the jobs in the budget's scope with 1 round and no "
+        "warm-up; `pause` skips their ticks. Either holds until the period ends (UTC day or month), is logged, "
+        "and shows in `ttft_monitor_job_budget_action` and on the overview (docs/cost.md).",
+    )
 
     @model_validator(mode="after")
     def _check_some_limit(self) -> BudgetLimit:

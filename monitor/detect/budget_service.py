@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 import structlog
 
 from monitor.alert.model import Notification
-from monitor.config.cost import COURSE_WINDOW_S, budget_course
-from monitor.config.models import Config
+from monitor.config.cost import COURSE_WINDOW_S, budget_course, jobs_in_scope, period_end
+from monitor.config.models import BudgetLimit, Config
 
 if TYPE_CHECKING:
     from monitor.alert.outbox import Outbox
@@ -34,6 +35,31 @@ _NAMESPACE = uuid.UUID("4f3c1a52-9d0e-4b7a-8a51-6f0f2b1c7e10")
 def notice_id(location: str, path: str, per: str, now: datetime) -> uuid.UUID:
     period = f"{now:%Y-%m-%d}" if per == "day" else f"{now:%Y-%m}"
     return uuid.uuid5(_NAMESPACE, f"{location}/{path}/{per}/{period}")
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """A budget's action on one job: `reduce` (1 round, no warm-up) or `pause`, until its period ends."""
+
+    job: str
+    action: str
+    budget: str  # its key path under `budget`
+    per: str
+    since: datetime
+    until: datetime
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "job": self.job,
+            "action": self.action,
+            "budget": self.budget,
+            "per": self.per,
+            "since": self.since.isoformat(),
+            "until": self.until.isoformat(),
+        }
+
+
+ACTION_LEVEL = {"reduce": 1, "pause": 2}
 
 
 class BudgetService:
@@ -52,12 +78,67 @@ class BudgetService:
         self._clock = clock
         self._log = structlog.get_logger()
         self._told: set[uuid.UUID] = set()  # saves the outbox a round trip for a notice already enqueued
+        self._holds: dict[str, Hold] = {}  # by job: the strongest action a crossed budget holds it to
         self.update_config(config)
 
     def update_config(self, config: Config) -> None:
         self._config = config
         budget = config.budget
         self._active = budget.total is not None or bool(budget.providers) or bool(budget.jobs)
+        # A reload keeps only the holds its budgets still ask for (an action set back to notify, a budget
+        # removed or raised in the file, lifts them; a budget still crossed holds again at its next check).
+        kept = {}
+        for job, hold in self._holds.items():
+            limit = _limit(config, hold.budget)
+            if limit is not None and limit.action == hold.action and job in jobs_in_scope(config, hold.budget):
+                kept[job] = hold
+        lifted = set(self._holds) - set(kept)
+        self._holds = kept
+        for job in lifted:
+            self._log.warning("budget_action_lifted", job=job, reason="the reloaded config no longer asks for it")
+            self._show(job)
+
+    def hold_for(self, job: str, now: datetime | None = None) -> Hold | None:
+        """The action a crossed budget holds `job` to now, or None; a hold whose period ended is lifted."""
+        hold = self._holds.get(job)
+        if hold is None:
+            return None
+        if (now or self._clock()) >= hold.until:
+            del self._holds[job]
+            self._log.warning("budget_action_lifted", job=job, budget=hold.budget, reason="its period ended")
+            self._show(job)
+            return None
+        return hold
+
+    def holds(self) -> list[dict[str, str]]:
+        """Every job's hold as JSON, for the overview. Read from the pages' thread: a snapshot, changing nothing."""
+        now = self._clock()
+        return [hold.to_json() for hold in sorted(list(self._holds.values()), key=lambda h: h.job) if now < hold.until]
+
+    def _show(self, job: str) -> None:
+        if self._metrics is not None:
+            hold = self._holds.get(job)
+            self._metrics.job_budget_action.labels(job).set(ACTION_LEVEL.get(hold.action, 0) if hold else 0)
+
+    def _hold(self, path: str, limit: BudgetLimit, per: str, now: datetime) -> None:
+        """Hold every job in the budget's scope to its action, the strongest when budgets overlap."""
+        until = period_end(per, now)
+        for job in jobs_in_scope(self._config, path):
+            before = self._holds.get(job)
+            if before is not None and ACTION_LEVEL[before.action] >= ACTION_LEVEL[limit.action]:
+                continue
+            self._holds[job] = Hold(job, limit.action, path, per, now, until)
+            self._log.warning(
+                "budget_action",
+                job=job,
+                action=limit.action,
+                budget=path,
+                until=until.isoformat(),
+                reason="1 round and no warm-up until the period ends"
+                if limit.action == "reduce"
+                else "its ticks are skipped until the period ends",
+            )
+            self._show(job)
 
     async def after_store(self, job: str) -> None:
         """Never raises: a budget check must not stop probing."""
@@ -78,10 +159,16 @@ class BudgetService:
                 self._metrics.budget_course.labels(course.path, course.per).set(course.ratio)
             if not course.over:
                 continue
+            if limit.action != "notify":
+                self._hold(course.path, limit, course.per, now)
             incident_id = notice_id(config.location, course.path, course.per, now)
             if incident_id in self._told:
                 continue
             message = course.message(limit)
+            if limit.action != "notify":
+                jobs = ", ".join(jobs_in_scope(config, course.path)) or "none"
+                what = "run with 1 round and no warm-up" if limit.action == "reduce" else "are paused"
+                message += f"; its jobs ({jobs}) {what} until {period_end(course.per, now):%Y-%m-%d %H:%M} UTC"
             self._log.warning("budget_on_course_to_exceed", budget=course.path, ratio=round(course.ratio, 3))
             if self._outbox is not None:
                 await self._outbox.notify(self._notification(incident_id, course.path, message, now), now=now)
@@ -104,3 +191,11 @@ class BudgetService:
             since=now,
             summary=message,
         )
+
+
+def _limit(config: Config, path: str) -> BudgetLimit | None:
+    budget = config.budget
+    if path == "total":
+        return budget.total
+    kind, _, name = path.partition(".")
+    return (budget.jobs if kind == "jobs" else budget.providers if kind == "providers" else {}).get(name)

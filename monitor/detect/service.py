@@ -167,6 +167,11 @@ class DetectionService:
         self._cache.update_config(config)
         self._notifier.update_config(config)
 
+    @property
+    def budget(self) -> BudgetService:
+        """The budgets at run time: what a crossed one holds each job to (`hold_for`, `holds`)."""
+        return self._budget
+
     def _detector(self, target: str) -> Detector:
         detector = self._detectors.get(target)
         if detector is None:

@@ -37,7 +37,7 @@ DETECTOR_LABELS = ("target", "prompt", "location")
 TTFT_BUCKETS = DEFAULT_TTFT_BUCKETS_S
 # The values of `result` and `reason`, created at zero for each job so rate() and increase() see the
 # first run that fails or is missed (a series born at 1 shows no increase).
-JOB_RESULTS = ("ok", "failed", "error", "skipped_claimed")
+JOB_RESULTS = ("ok", "failed", "error", "skipped_claimed", "skipped_budget")
 # Kinds of `ttft_monitor_tokens_total`; they do not overlap, so their sum is every token spent.
 TOKEN_KINDS = ("input", "cached", "output", "reasoning")
 MISSED_REASONS = ("misfired", "coalesced", "still_running")
@@ -195,6 +195,13 @@ class Metrics:
             ("target", "location", "probe_job", "currency"),
             registry=series_registry,
         )
+        self.job_budget_action = Gauge(
+            "ttft_monitor_job_budget_action",
+            "What a crossed budget holds the probe job to (its `action`): 0 nothing, 1 reduced (1 round, no "
+            "warm-up), 2 paused; until the budget's period ends.",
+            ("probe_job",),
+            registry=r,
+        )
         self.budget_course = Gauge(
             "ttft_monitor_budget_course_ratio",
             "Where each `budget` is heading at the rate the last hour spent: the period's projected tokens or "
@@ -244,7 +251,8 @@ class Metrics:
         )
         self.job_runs = Counter(
             "ttft_monitor_job_runs_total",
-            "Probe job runs by result (ok, failed, error, skipped_claimed).",
+            "Probe job runs by result (ok, failed, error, skipped_claimed, skipped_budget: a budget with "
+            "`action: pause` holds the job).",
             ("probe_job", "result"),
             registry=r,
         )
@@ -364,6 +372,7 @@ class Metrics:
         """Create the job's counters at zero."""
         for result in JOB_RESULTS:
             self.job_runs.labels(probe_job, result)
+        self.job_budget_action.labels(probe_job)  # at 0 until a budget holds the job; never reset here
         for reason in MISSED_REASONS:
             self.scheduler_missed.labels(probe_job, reason)
 

@@ -164,6 +164,7 @@ def web_routes(
     thresholds: Mapping[str, float] | None = None,
     detector: Detector | None = None,
     costs: CostBook | None = None,
+    budget_holds: Callable[[], list[dict[str, str]]] | None = None,
 ) -> list[web.RouteDef]:
     """The pages, /static/*, /login, /logout and /api/v1/*, for an aiohttp application. `guard` says
     who may see them (`authenticator`, when given, carries a guard and its limiter, cache and verifier
@@ -306,7 +307,9 @@ def web_routes(
             book = await costs.get()
             for row in rows:
                 row.update(cost_fields(book, row["target"], row["prompt"]))
-        return _respond(request, {"now": iso(at), "series": rows}, rows, "series")
+        # Jobs a crossed budget holds (`budget.*.action`): the overview says so above the table.
+        holds = budget_holds() if budget_holds is not None else []
+        return _respond(request, {"now": iso(at), "series": rows, "budget_holds": holds}, rows, "series")
 
     async def points(request: web.Request) -> web.Response:
         series_id = parse_id(request.match_info["id"])

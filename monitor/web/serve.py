@@ -6,7 +6,7 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import IO
 
 from aiohttp import web
@@ -68,6 +68,7 @@ def ui_routes(
     *,
     listen: str | None = None,
     listen_key: str = "metrics.listen",
+    budget_holds: Callable[[], list[dict[str, str]]] | None = None,
 ) -> list[web.RouteDef]:
     """The UI's routes for `config` (none when `web.enabled` is false), served on `listen` (default
     `metrics.listen`). Raises WebConfigError, also when they would be reachable beyond this machine
@@ -90,6 +91,7 @@ def ui_routes(
         thresholds={"ticket_ratio": detection.ticket.ratio, "page_ratio": detection.page.ratio},
         detector=Detector(Rules.from_config(detection)),
         costs=CostBook(config, engine),
+        budget_holds=budget_holds,
     )
 
 

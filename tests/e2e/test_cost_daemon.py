@@ -145,3 +145,52 @@ def test_a_budget_crossed_at_run_time_notifies_once_and_shows_its_course(sim: Si
     families = {f.name: f.samples for f in text_string_to_metric_families(body)}
     [course] = families["ttft_monitor_budget_course_ratio"]
     assert course.labels == {"budget": "jobs.tick", "per": "day"} and course.value > 1
+
+
+@pytest.mark.realtime
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("action", ["reduce", "pause"])
+def test_a_crossed_budget_with_an_action_reduces_or_pauses_its_job_and_says_so(
+    sim: SimProcess, tmp_path: Path, action: str
+) -> None:
+    # As above, the model reasons past max_tokens; the job asks for 3 rounds and a warm-up.
+    sim.post("/sim/models/gpt-4o-mini", {"decode_tps": 5000, "reasoning_tokens": 900, "thinks_by_default": True})
+    # 4 requests a tick of 256 + 4 tokens project 44.9M a day, inside 50M; reasoning 900 each is 200M.
+    budget = ALERTS.replace("tokens: 20000000}", f"tokens: 50000000, action: {action}}}")
+    config = write_config(tmp_path, sim, rounds=3, extra=budget)
+    text = (
+        config.read_text()
+        .replace("params: {max_tokens: 4}", "params: {max_tokens: 4, extra_body: {max_tokens: 1000}}")
+        .replace("warmup: 0", "warmup: 1")
+    )
+    config.write_text(text)
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        [held] = daemon.wait_for("budget_action", timeout=60)
+        [notice] = daemon.wait_for("alert_notification", timeout=30)
+        ticks = "run_reduced_by_budget" if action == "reduce" else "tick_paused_by_budget"
+        daemon.wait_for(ticks, count=3, timeout=30)
+        _, metrics = http_get(daemon.metrics_url + "/metrics")
+        _, overview = http_get(daemon.metrics_url + "/api/v1/series")
+        samples_then = len(daemon.events("probe_sample"))
+        daemon.wait_for(ticks, count=5, timeout=30)
+        samples_after = len(daemon.events("probe_sample"))
+    finally:
+        assert stop_daemon(daemon) == 0
+    assert held["job"] == "tick" and held["action"] == action and held["budget"] == "jobs.tick", held
+    assert "its jobs (tick) " in notice["summary"] and "until" in notice["summary"], notice
+    families = {f.name: f.samples for f in text_string_to_metric_families(metrics)}
+    [level] = families["ttft_monitor_job_budget_action"]
+    assert level.labels == {"probe_job": "tick"} and level.value == (1 if action == "reduce" else 2)
+    [hold] = json.loads(overview)["budget_holds"]
+    assert hold["job"] == "tick" and hold["action"] == action and hold["until"].endswith("T00:00:00+00:00"), hold
+    if action == "reduce":  # one measured request a tick, no warm-up, from the hold on
+        reduced = daemon.events("job_finished")[-2:]
+        assert all(e["ok"] + e["failed"] == 1 for e in reduced), reduced
+        assert samples_after > samples_then
+    else:  # paused: nothing more is sent, and the skipped ticks are counted
+        assert samples_after == samples_then
+        skipped = [s for s in families["ttft_monitor_job_runs"] if s.labels.get("result") == "skipped_budget"]
+        assert skipped and skipped[0].value >= 3, skipped

@@ -215,3 +215,35 @@ def test_a_budget_notice_is_one_per_budget_and_period() -> None:
     assert notice_id("lab", "jobs.j", "day", morning) != notice_id("lab", "jobs.j", "day", tomorrow)
     assert notice_id("lab", "jobs.j", "month", morning) == notice_id("lab", "jobs.j", "month", tomorrow)
     assert notice_id("lab", "jobs.j", "day", morning) != notice_id("lab", "total", "day", morning)
+
+
+# ---------------------------------------------------------------- what a crossed budget holds
+
+
+def test_a_budget_action_holds_the_jobs_of_its_scope_until_its_period_ends() -> None:
+    from datetime import UTC, datetime
+
+    from monitor.config.cost import jobs_in_scope, period_end
+
+    config = Config.model_validate(
+        {
+            "providers": {
+                "a": {"base_url": "http://127.0.0.1:1/v1", "api": "openai-chat"},
+                "b": {"base_url": "http://127.0.0.1:2/v1", "api": "openai-chat"},
+            },
+            "targets": {"ta": {"provider": "a", "model": "m"}, "tb": {"provider": "b", "model": "m"}},
+            "prompts": {"p": {"tokens": 128}},
+            "jobs": [
+                {"name": "only-a", "schedule": "*/5 * * * *", "targets": ["ta"], "prompts": ["p"]},
+                {"name": "both", "schedule": "*/5 * * * *", "targets": ["ta", "tb"], "prompts": ["p"]},
+                {"name": "only-b", "schedule": "*/5 * * * *", "targets": ["tb"], "prompts": ["p"]},
+            ],
+        }
+    )
+    assert jobs_in_scope(config, "total") == ["only-a", "both", "only-b"]
+    assert jobs_in_scope(config, "providers.a") == ["only-a", "both"]  # a job with one of its targets is held whole
+    assert jobs_in_scope(config, "jobs.only-b") == ["only-b"]
+    assert jobs_in_scope(config, "jobs.gone") == [] and jobs_in_scope(config, "nonsense") == []
+    assert period_end("day", datetime(2026, 12, 3, 23, 59, tzinfo=UTC)) == datetime(2026, 12, 4, tzinfo=UTC)
+    assert period_end("month", datetime(2026, 12, 31, 12, tzinfo=UTC)) == datetime(2027, 1, 1, tzinfo=UTC)
+    assert period_end("month", datetime(2026, 2, 1, tzinfo=UTC)) == datetime(2026, 3, 1, tzinfo=UTC)

@@ -13,6 +13,11 @@
     let data;
     try { data = await TTFT.getJSON("/api/v1/series"); } catch (e) { TTFT.showError(main, e); return; }
     main.append(el("p", { class: "muted" }, `${data.series.length} series · as of ${TTFT.when(data.now)} · worst first`));
+    // Jobs a crossed budget holds (`budget.*.action`): never silently.
+    for (const hold of data.budget_holds || []) {
+      main.append(el("p", { class: "budget-hold", "data-job": hold.job },
+        `Job ${hold.job} is ${hold.action === "pause" ? "paused" : "reduced to 1 round and no warm-up"} by budget.${hold.budget} (on course to exceed its ${hold.per}ly limit) until ${TTFT.when(hold.until)}`));
+    }
     const groups = new Map();
     for (const row of data.series) {
       if (!groups.has(row.provider)) groups.set(row.provider, []);
