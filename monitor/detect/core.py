@@ -356,7 +356,7 @@ class _Core:
             # Another model answers now: what it does is compared with a baseline of its own, from here.
             events.append(change.event(run.at))
             self._start_epoch(state, change.since, run.at, events)
-        elif run.ttft_ms is not None:
+        elif run.ttft_ms is not None and run.latency_evidence:
             self._regression(state, run, events)
             self._slo(state, run, events)
         return events

@@ -11,6 +11,8 @@ What counts:
 * OpenAI's `system_fingerprint`: a change counts once the new value is seen on `CONFIRM_RUNS` runs in
   a row. Fingerprints of one model alternate between backends (a, b, a, b): that never confirms, and
   is no change.
+* what a self-hosted server says it runs (`server_build`: its version, the weights behind the model id,
+  its cache configuration; monitor/probe/server_metrics.py), confirmed the same way;
 * the canary's answer hash (monitor/probe/canary.py), the same way; and an answer that varies on
   every run (3 different in the last 4) is "not deterministic" (`canary_unstable`), ignored until
   its answers agree again, never a change.
@@ -18,6 +20,7 @@ What counts:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -42,6 +45,8 @@ class IdentityChange:
     fingerprint_to: str | None = None
     canary_from: str | None = None
     canary_to: str | None = None
+    server_build_from: str | None = None
+    server_build_to: str | None = None
 
     def detail(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -51,6 +56,8 @@ class IdentityChange:
             out["fingerprint_from"], out["fingerprint_to"] = self.fingerprint_from, self.fingerprint_to
         if self.canary_to is not None:
             out["canary_from"], out["canary_to"] = self.canary_from, self.canary_to
+        if self.server_build_to is not None:
+            out["server_build_from"], out["server_build_to"] = self.server_build_from, self.server_build_to
         out["epoch_since"] = self.since.isoformat()
         return out
 
@@ -117,6 +124,8 @@ def observe(state: SeriesState, run: RunPoint) -> IdentityChange | None:
             _adopt(state, "fingerprint", run.fingerprint, changes)
         if run.canary is not None and _canary_stable(state, run.canary):
             _adopt(state, "canary", run.canary, changes)
+        if run.server_build is not None:
+            _adopt(state, "server_build", run.server_build, changes)
         return IdentityChange(since=since, served_from=served_from, served_to=served_to, **_fields(changes))
     if run.fingerprint is not None:
         found = _confirmed(state, "fingerprint", run.fingerprint, run.at)
@@ -127,6 +136,11 @@ def observe(state: SeriesState, run: RunPoint) -> IdentityChange | None:
         found = _confirmed(state, "canary", run.canary, run.at)
         if found is not None:
             changes["canary"] = (found[0], run.canary)
+            since = min(since, found[1])
+    if run.server_build is not None:
+        found = _confirmed(state, "server_build", run.server_build, run.at)
+        if found is not None:
+            changes["server_build"] = (found[0], run.server_build)
             since = min(since, found[1])
     if not changes:
         return None
@@ -146,11 +160,14 @@ def _adopt(state: SeriesState, what: str, value: str, changes: dict[str, tuple[s
 def _fields(changes: dict[str, tuple[str | None, str]]) -> dict[str, str | None]:
     fingerprint = changes.get("fingerprint", (None, None))
     canary = changes.get("canary", (None, None))
+    build = changes.get("server_build", (None, None))
     return {
         "fingerprint_from": fingerprint[0],
         "fingerprint_to": fingerprint[1],
         "canary_from": canary[0],
         "canary_to": canary[1],
+        "server_build_from": build[0],
+        "server_build_to": build[1],
     }
 
 
@@ -204,5 +221,20 @@ def describe(detail: dict[str, Any], model: str) -> str:
         parts.append(f"fingerprint {detail.get('fingerprint_from')} -> {detail['fingerprint_to']}")
     if detail.get("canary_to") is not None:
         parts.append("canary answer changed")
+    if detail.get("server_build_to") is not None:
+        parts.append(f"server {build_difference(detail.get('server_build_from'), detail['server_build_to'])}")
     what = ", ".join(parts) if parts else "changed"
     return f"model behind {model} changed: {what}; a new baseline starts here"
+
+
+def build_difference(before: str | None, after: str) -> str:
+    """What differs between two server builds, part by part: `prefix caching True -> prefix caching False`
+    of two descriptions otherwise alike (monitor/probe/server_metrics.py joins its parts with `; ` and `, `)."""
+    if before is None:
+        return f"-> {after}"
+    old, new = re.split(r"; |, ", before), re.split(r"; |, ", after)
+    gone = [part for part in old if part not in new]
+    came = [part for part in new if part not in old]
+    if not gone and not came:  # the same parts in another order
+        return f"{before} -> {after}"
+    return f"{', '.join(gone) or '(none)'} -> {', '.join(came) or '(none)'}"

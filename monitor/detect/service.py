@@ -202,19 +202,19 @@ class DetectionService:
             if deadline is not None and evaluated and self._clock() > deadline:
                 self._skipped(job, runs=len(batch) - index, evaluated=evaluated, budget_s=budget_s)
                 break
-            if run.series in cacheless:
+            latency = run.series not in cacheless
+            if not latency:
                 self._run_log(job, run).info(
                     "detection_skipped_cacheless",
                     run_id=str(run.run_id),
                     reason="the warm probes found no prompt cache: the cache's incident (cache_stopped), not "
-                    "evidence of a TTFT regression",
+                    "evidence of a TTFT regression (which model answered and availability are still judged)",
                 )
-                continue
             if not self._evidence(job, run, samples):
                 continue
             evaluated += 1
             try:
-                await self._evaluate(job, run, samples, interval, groups)
+                await self._evaluate(job, run, samples, interval, groups, latency=latency)
             except Exception as exc:
                 self._run_log(job, run).warning("detection_failed", error=error_text(exc))
         # Per target rather than per series: after every run of the batch is stored and evaluated.
@@ -275,7 +275,14 @@ class DetectionService:
         return evaluated
 
     async def _evaluate(
-        self, job: str, run: RunRecord, samples: Sequence[Sample], interval: timedelta, groups: set[uuid.UUID]
+        self,
+        job: str,
+        run: RunRecord,
+        samples: Sequence[Sample],
+        interval: timedelta,
+        groups: set[uuid.UUID],
+        *,
+        latency: bool = True,
     ) -> None:
         """Evaluate one run; the state is written only if nobody else wrote it meanwhile (compare-and-set
         on `version`), else everything is read again and evaluated afresh."""
@@ -285,7 +292,7 @@ class DetectionService:
             attempt = _Attempt()
             try:
                 touched: set[uuid.UUID] = set()
-                outcome = await self._evaluate_once(job, run, samples, interval, touched, attempt)
+                outcome = await self._evaluate_once(job, run, samples, interval, touched, attempt, latency=latency)
             except StateConflict:
                 conflicts += 1
                 continue
@@ -355,6 +362,8 @@ class DetectionService:
         interval: timedelta,
         groups: set[uuid.UUID],
         attempt: _Attempt | None = None,
+        *,
+        latency: bool = True,
     ) -> tuple[SeriesState, list[Event], float | None] | None:
         attempt = attempt if attempt is not None else _Attempt()
         series = run.series
@@ -374,6 +383,8 @@ class DetectionService:
             served_model=served[0][0] if served else None,
             fingerprint=fingerprint[0][0] if fingerprint else None,
         )
+        if not latency:
+            point = replace(point, latency_evidence=False)
         answered = [s for s in measured if s.ok and s.completion_tokens is not None]
         if answered:
             point = replace(

@@ -32,6 +32,10 @@ class RunPoint:
     errors: int | None = None
     fingerprint: str | None = None  # OpenAI's system_fingerprint, the run's most common
     canary: str | None = None  # the hash of the target's canary answer after the run
+    server_build: str | None = None  # what its self-hosted server says it runs (version, weights, cache)
+    # False: the run says nothing about the series' latency (a warm probe that found no prompt cache:
+    # the cache's incident); which model answered and availability are still judged on it.
+    latency_evidence: bool = True
     # Median output tokens per measured probe (reasoning included), and the reasoning among them.
     output_tokens: float | None = None
     reasoning_tokens: float | None = None
@@ -70,6 +74,7 @@ def point_from_run(record: RunRecord, *, served_model: str | None = None, finger
         errors=record.errors,
         fingerprint=fingerprint,
         canary=record.canary,
+        server_build=record.server_build,
     )
 
 
@@ -199,6 +204,10 @@ class SeriesState:
     # The last run's median output and reasoning tokens per probe (detect/identity.py `tokens_jump`).
     output_tokens: float | None = None
     reasoning_tokens: float | None = None
+    # What the self-hosted server says it runs, confirmed like the fingerprint (detect/identity.py).
+    server_build: str | None = None
+    server_build_pending: tuple[str, datetime] | None = None
+    server_build_pending_runs: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (the `detector_state.state` column)."""
@@ -244,6 +253,11 @@ class SeriesState:
             out["canary_pending"] = [value, first.isoformat(), self.canary_pending_runs]
         if self.output_tokens is not None:
             out["output_tokens"], out["reasoning_tokens"] = self.output_tokens, self.reasoning_tokens
+        if self.server_build is not None:
+            out["server_build"] = self.server_build
+        if self.server_build_pending is not None:
+            value, first = self.server_build_pending
+            out["server_build_pending"] = [value, first.isoformat(), self.server_build_pending_runs]
         return out
 
     @classmethod
@@ -290,6 +304,9 @@ class SeriesState:
             canary_unstable=bool(data.get("canary_unstable", False)),
             output_tokens=data.get("output_tokens"),
             reasoning_tokens=data.get("reasoning_tokens"),
+            server_build=data.get("server_build"),
+            server_build_pending=_pending(data.get("server_build_pending")),
+            server_build_pending_runs=_pending_runs(data.get("server_build_pending")),
         )
 
     def copy(self) -> SeriesState:
@@ -318,4 +335,24 @@ class SeriesState:
             self.canary_unstable,
             self.output_tokens,
             self.reasoning_tokens,
+            self.server_build,
+            self.server_build_pending,
+            self.server_build_pending_runs,
         )
+
+
+def _pending(stored: Any) -> tuple[str, datetime] | None:
+    """A pending identity value as stored (`[value, first seen, runs]`); None when missing or unreadable
+    (written by hand, or damaged): the confirmation then starts again, which costs one run."""
+    if not isinstance(stored, list) or len(stored) != 3:
+        return None
+    try:
+        return str(stored[0]), datetime.fromisoformat(str(stored[1]))
+    except ValueError:
+        return None
+
+
+def _pending_runs(stored: Any) -> int:
+    if _pending(stored) is None or not isinstance(stored[2], int) or isinstance(stored[2], bool):
+        return 0
+    return max(0, stored[2])

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import math
 import re
+import ssl as ssl_module
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,11 +44,16 @@ QUEUE_TIME = ("vllm:request_queue_time_seconds",)
 PREFILL_TIME = ("vllm:request_prefill_time_seconds",)
 # Changes when the server restarts (prometheus_client's process collector; vLLM serves it).
 PROCESS_START = "process_start_time_seconds"
+# vLLM's cache configuration as labels of a constant gauge: which of them say what the server runs.
+CACHE_CONFIG = "vllm:cache_config_info"
+BUILD_CONFIG_LABELS = (("block_size", "block"), ("enable_prefix_caching", "prefix caching"), ("cache_dtype", "kv"))
+# The most a server build description holds (the runs column is 256 characters).
+BUILD_CAP = 256
 HISTOGRAMS = (*TTFT, *QUEUE_TIME, *PREFILL_TIME)
 COUNTERS = (PREFIX_HITS, PREFIX_QUERIES, *(f"{h}_{part}" for h in HISTOGRAMS for part in ("count", "sum")))
 # The only samples read: a page holds hundreds more (every histogram's buckets), and parsing them all
 # would hold the event loop, and with it the stamps of probes in flight, for no use.
-WANTED = frozenset((*WAITING, *RUNNING, *KV_CACHE_USAGE, PREFIX_HIT_RATE_GAUGE, PROCESS_START, *COUNTERS))
+WANTED = frozenset((*WAITING, *RUNNING, *KV_CACHE_USAGE, PREFIX_HIT_RATE_GAUGE, PROCESS_START, CACHE_CONFIG, *COUNTERS))
 # A sample line of Prometheus' text format: name, optional labels, value, optional timestamp.
 _SAMPLE_LINE = re.compile(
     rb"[a-zA-Z_:][a-zA-Z0-9_:]*(?:\{.*\})?[ \t]+"
@@ -246,3 +254,96 @@ async def scrape(
         return "malformed"
     except (aiohttp.ClientError, OSError) as exc:
         return type(exc).__name__
+
+
+# ---------------------------------------------------------------- which server answered
+
+
+def server_build(
+    *, version: Any = None, models: Any = None, model: str, snapshot: Snapshot | None = None
+) -> str | None:
+    """What a self-hosted server says it runs, in words: "vllm 0.32.0; weights /models/qwen3-8b; max_model_len
+    8192; block 128, prefix caching True, kv auto". From its `/version` answer (vLLM's `{"version": ...}`),
+    its `/v1/models` list (the entry of `model`: `root`, the weights behind the id, and `max_model_len`)
+    and vLLM's `vllm:cache_config_info` labels. A change of it is a model change (monitor/detect/identity.py).
+    None when the server says none of it. Values a server chose: control characters are dropped, each
+    part is capped, and the whole fits BUILD_CAP."""
+    parts: list[str] = []
+    if isinstance(version, dict) and isinstance(version.get("version"), str | int | float):
+        parts.append(f"{_owner(models, model) or 'server'} {_clean(str(version['version']))}")
+    entry = _model_entry(models, model)
+    if entry is not None:
+        root = entry.get("root")
+        if isinstance(root, str) and root and root != model:
+            parts.append(f"weights {_clean(root)}")
+        length = entry.get("max_model_len")
+        if isinstance(length, int) and not isinstance(length, bool):
+            parts.append(f"max_model_len {length}")
+    config = next(iter((snapshot or {}).get(CACHE_CONFIG, [])), None)
+    if config is not None:
+        labels = config[0]
+        shown = [f"{word} {_clean(labels[name])}" for name, word in BUILD_CONFIG_LABELS if name in labels]
+        if shown:
+            parts.append(", ".join(shown))
+    if not parts:
+        return None
+    text = "; ".join(parts)
+    return text if len(text) <= BUILD_CAP else text[: BUILD_CAP - 1] + "\u2026"
+
+
+def _model_entry(models: Any, model: str) -> dict[str, Any] | None:
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list):
+        return None
+    for entry in data:
+        if isinstance(entry, dict) and entry.get("id") == model:
+            return entry
+    return None
+
+
+def _owner(models: Any, model: str) -> str | None:
+    entry = _model_entry(models, model)
+    owner = entry.get("owned_by") if entry is not None else None
+    return _clean(owner) if isinstance(owner, str) and owner else None
+
+
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _clean(text: str, limit: int = 120) -> str:
+    text = _UNPRINTABLE.sub("", text)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+@dataclass(frozen=True, slots=True)
+class InfoRequest:
+    """How to ask for one server document: its route, headers (the API's credentials for the model list)
+    and TLS settings."""
+
+    proxy: ProxyRoute | None = None
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    ssl: ssl_module.SSLContext | bool = True
+
+
+async def read_json(
+    session: aiohttp.ClientSession, url: str, *, timeout_s: float, request: InfoRequest = InfoRequest()
+) -> Any:
+    """A small JSON document at `url` (a server's `/version`, `/v1/models`), or None: never raises except
+    on cancellation, never takes longer than `timeout_s`, reads at most MAX_INFO_BYTES."""
+    options = aiohttp_proxy_options(request.proxy, url, request.headers)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.get(url, allow_redirects=False, ssl=request.ssl, **options) as response:
+                if response.status != 200:
+                    return None
+                body = b""
+                async for chunk in response.content.iter_any():  # to the end: one read() may stop short
+                    body += chunk
+                    if len(body) > MAX_INFO_BYTES:
+                        return None
+        return json.loads(body)
+    except (TimeoutError, ValueError, aiohttp.ClientError, OSError):
+        return None
+
+
+MAX_INFO_BYTES = 256 * 1024

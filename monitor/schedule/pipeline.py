@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin
 
 import aiohttp
 import structlog
@@ -27,9 +28,12 @@ from monitor.probe.self_delay import LoopDelayMeter
 from monitor.probe.server_metrics import (
     AFTER_SCRAPE_TIMEOUT_S,
     SCRAPE_TIMEOUT_S,
+    InfoRequest,
     ServerMetrics,
     Snapshot,
+    read_json,
     scrape,
+    server_build,
     server_metrics,
 )
 from monitor.probe.spend import PerProbe, per_probe, token_jumps
@@ -121,6 +125,8 @@ class JobOutcome:
     server: dict[str, ServerMetrics] = field(default_factory=dict)
     # By target: the hash of its canary's answer after the run (targets with `canary`; None: it failed).
     canary: dict[str, str | None] = field(default_factory=dict)
+    # By target: what its self-hosted server says it runs (providers with server_metrics_url).
+    server_build: dict[str, str] = field(default_factory=dict)
 
     @property
     def measured(self) -> list[Sample]:
@@ -222,7 +228,7 @@ async def execute(
             run_over = True
             _run_ended(ctx, outcome)
             _watch_tokens(ctx, outcome, log)
-            outcome.server = await readings.over_the_run()
+            outcome.server, outcome.server_build = await readings.over_the_run()
             outcome.canary = await _ask_canaries(ctx, plan, connection, log)
     except asyncio.CancelledError:
         outcome.cancelled = True
@@ -314,6 +320,9 @@ def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) ->
     batch = runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
     if outcome.canary:
         batch = [(replace(run, canary=outcome.canary.get(run.series.target)), samples) for run, samples in batch]
+    if outcome.server_build:
+        builds = outcome.server_build
+        batch = [(replace(run, server_build=builds.get(run.series.target)), samples) for run, samples in batch]
     if not outcome.server:
         return batch
     return [
@@ -351,6 +360,22 @@ class _ServerReadings:
             if t.name in self._url_of and (url := self._url_of[t.name])
         }
         self._model_of = {t.name: t.params.model for t in plan.targets}
+        # Where each server says what it runs: vLLM's /version beside its metrics, and the OpenAI-compatible
+        # model list under the provider's base_url (vLLM and SGLang both serve it).
+        self._version_url = {t: urljoin(url, "/version") for t, url in self._url_of.items()}
+        self._models_url = {
+            t.name: t.endpoint.base_url.rstrip("/") + "/models" for t in plan.targets if t.name in self._url_of
+        }
+        # The model list is under the API: it goes the probes' way, with their credentials and TLS settings.
+        self._info_request: dict[str, InfoRequest] = {}
+        for t in plan.targets:
+            if t.name not in self._url_of:
+                continue
+            metrics_url = self._url_of[t.name]
+            self._info_request[self._version_url[t.name]] = InfoRequest(proxy=self._proxy_of[metrics_url])
+            endpoint = t.endpoint
+            headers = {**endpoint.headers, **endpoint.flavor.auth_headers(endpoint.api_key)}
+            self._info_request[self._models_url[t.name]] = InfoRequest(endpoint.proxy, headers, endpoint.ssl)
         self._provider_of = {t.name: t.provider for t in plan.targets}
         self._session = ctx.scrape_session
         self._own_session: aiohttp.ClientSession | None = None
@@ -368,16 +393,34 @@ class _ServerReadings:
         if self._own_session is not None:
             await self._own_session.close()
 
-    async def over_the_run(self) -> dict[str, ServerMetrics]:
+    async def over_the_run(self) -> tuple[dict[str, ServerMetrics], dict[str, str]]:
+        """What each server's metrics said over the run, and what each says it runs (its build)."""
         if not self._url_of:
-            return {}
-        after = await self._read_all(timeout_s=AFTER_SCRAPE_TIMEOUT_S)
+            return {}, {}
+        after, documents = await asyncio.gather(self._read_all(timeout_s=AFTER_SCRAPE_TIMEOUT_S), self._read_info())
         out: dict[str, ServerMetrics] = {}
+        builds: dict[str, str] = {}
         for target, url in self._url_of.items():
             metrics = server_metrics(self._before.get(url), after.get(url), self._model_of[target])
             if metrics is not None:
                 out[target] = metrics
-        return out
+            version, models = documents.get(self._version_url[target]), documents.get(self._models_url[target])
+            build = server_build(version=version, models=models, model=self._model_of[target], snapshot=after.get(url))
+            if build is not None:
+                builds[target] = build
+        return out, builds
+
+    async def _read_info(self) -> dict[str, Any]:
+        """The servers' /version and model lists, each URL once, bounded like the after-run scrape."""
+        assert self._session is not None
+        urls = sorted(self._info_request)
+        found = await asyncio.gather(
+            *(
+                read_json(self._session, u, timeout_s=AFTER_SCRAPE_TIMEOUT_S, request=self._info_request[u])
+                for u in urls
+            )
+        )
+        return dict(zip(urls, found, strict=True))
 
     async def _read_all(self, *, timeout_s: float = SCRAPE_TIMEOUT_S) -> dict[str, Snapshot]:
         assert self._session is not None

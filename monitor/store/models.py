@@ -130,6 +130,9 @@ class RunRow(Base):
     server_prefill_ms: Mapped[float | None] = mapped_column(Double)
     # The hash of the target's canary answer (monitor/probe/canary.py); null without one, and before 0014.
     canary: Mapped[str | None] = mapped_column(String(32))
+    # What a self-hosted server says it runs (monitor/probe/server_metrics.py `server_build`); null for
+    # providers without `server_metrics_url`, and before 0015.
+    server_build: Mapped[str | None] = mapped_column(String(256))
 
 
 class SampleRow(Base):

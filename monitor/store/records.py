@@ -157,6 +157,9 @@ class RunRecord:
     server_prefill_ms: float | None = None
     # The hash of the target's canary answer after the run (monitor/probe/canary.py); None: no canary.
     canary: str | None = None
+    # What its self-hosted server says it runs: version, weights, cache configuration (providers with
+    # `server_metrics_url`; monitor/probe/server_metrics.py `server_build`). None: not known.
+    server_build: str | None = None
 
 
 SERVER_RUN_FIELDS = (
@@ -164,7 +167,7 @@ SERVER_RUN_FIELDS = (
     "server_ttft_ms", "server_queue_ms", "server_prefill_ms",
 )  # fmt: skip
 # Run fields that say which model answered, stored as they are.
-IDENTITY_RUN_FIELDS = ("canary",)
+IDENTITY_RUN_FIELDS = ("canary", "server_build")
 
 
 # Runs with their samples: what is written, spooled and replayed together.

@@ -42,6 +42,7 @@ database:
 providers:
   vllm:
     base_url: "{server.v1}"
+    server_metrics_url: "{server.url}/metrics"
     api: openai-chat
     timeout_s: {{connect: 5, first_token: 60, total: 90}}
 targets:
@@ -118,10 +119,19 @@ async def test_the_same_target_on_a_vllm_without_prefix_caching_is_one_cache_inc
                 ).all()
     finally:
         uncached.stop()
-    assert [(kind, prompt) for kind, prompt, _details in incidents] == [("cache_stopped", "long.warm")], incidents
-    details = incidents[0][2]
+    # The server says what it runs (its metrics, /version and /v1/models): the other server's cache
+    # configuration is a model change on both series (a marker, a new baseline), beside the cache incident.
+    kinds = sorted((kind, prompt) for kind, prompt, _details in incidents)
+    assert kinds == [("cache_stopped", "long.warm"), ("model_changed", "long"), ("model_changed", "long.warm")], kinds
+    changed = next(d for kind, _prompt, d in incidents if kind == "model_changed")
+    assert (
+        "prefix caching True" in changed["server_build_from"] and "prefix caching False" in changed["server_build_to"]
+    )
+    assert changed["server_build_from"].startswith("vllm 0.") and "; weights /" in changed["server_build_from"]
+    details = next(d for kind, _prompt, d in incidents if kind == "cache_stopped")
     assert details["reason"] == "no_cached_tokens" and details["cached_share"] == 0, details
     assert details["reference"]["cached_share"] > 0.9, details
     vllm_figures.append(
         f"the same target on a vLLM with --no-enable-prefix-caching (started in {start_s:.0f} s): {details['summary']}"
+        f"; and the server build changed: {changed['server_build_from']} -> {changed['server_build_to']}"
     )
