@@ -286,20 +286,12 @@ class SeriesState:
             cusum_runs=int(data.get("cusum_runs", 0)),
             noise=NoiseModel.from_json(data["noise"]) if isinstance(data.get("noise"), dict) else None,
             fingerprint=data.get("fingerprint"),
-            fingerprint_pending=(
-                (str(pending[0]), datetime.fromisoformat(pending[1]))
-                if isinstance(pending := data.get("fingerprint_pending"), list)
-                else None
-            ),
-            fingerprint_pending_runs=int(pending[2]) if isinstance(pending, list) else 0,
+            fingerprint_pending=_pending(data.get("fingerprint_pending")),
+            fingerprint_pending_runs=_pending_runs(data.get("fingerprint_pending")),
             epoch_since=moment("epoch_since"),
             canary=data.get("canary"),
-            canary_pending=(
-                (str(canary_pending[0]), datetime.fromisoformat(canary_pending[1]))
-                if isinstance(canary_pending := data.get("canary_pending"), list)
-                else None
-            ),
-            canary_pending_runs=int(canary_pending[2]) if isinstance(canary_pending, list) else 0,
+            canary_pending=_pending(data.get("canary_pending")),
+            canary_pending_runs=_pending_runs(data.get("canary_pending")),
             canary_recent=[str(v) for v in data.get("canary_recent") or []],
             canary_unstable=bool(data.get("canary_unstable", False)),
             output_tokens=data.get("output_tokens"),

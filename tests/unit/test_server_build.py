@@ -72,3 +72,6 @@ def test_a_new_server_build_is_a_model_change_once_confirmed_on_two_runs() -> No
 def test_a_damaged_pending_build_restarts_its_confirmation() -> None:
     state = SeriesState.from_json({"server_build": "a", "server_build_pending": ["b", "not a time", 1]})
     assert state.server_build == "a" and state.server_build_pending is None and state.server_build_pending_runs == 0
+    # The same parse for the fingerprint's and the canary's: a damaged one no longer fails the whole state.
+    damaged = SeriesState.from_json({"fingerprint_pending": ["fp", 3, "x"], "canary_pending": "nonsense"})
+    assert damaged.fingerprint_pending is None and damaged.canary_pending is None
