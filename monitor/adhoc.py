@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from collections.abc import Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
@@ -36,6 +37,8 @@ class ProbeOptions:
     api_key_env: str | None = None
     max_tokens: int = 64
     extra_body: str | None = None
+    reasoning: str = "default"
+    reasoning_effort: str | None = None
     include_usage: bool = True
     prompts: list[str] = field(default_factory=list)
     prompt_tokens: list[int] = field(default_factory=list)
@@ -100,6 +103,14 @@ def build_targets(options: ProbeOptions, config: Config | None, environ: dict[st
             raise UsageError(f"--extra-body is not JSON: {exc}") from None
         if not isinstance(extra, dict):
             raise UsageError("--extra-body must be a JSON object, e.g. '{\"top_p\": 0.9}'")
+        if options.reasoning_effort is not None:
+            if options.reasoning != "least":
+                raise UsageError("--reasoning-effort applies only with --reasoning least: add it, or drop the effort")
+            if not re.fullmatch(r"[a-z][a-z_-]{0,31}", options.reasoning_effort):
+                raise UsageError(
+                    f"--reasoning-effort {options.reasoning_effort!r} is not an effort level: use one word the API "
+                    "knows, e.g. minimal, low or none"
+                )
         if not options.url.startswith(("http://", "https://")):
             raise UsageError(f"--url '{options.url}' must start with http:// or https://")
         targets.append(
@@ -112,6 +123,8 @@ def build_targets(options: ProbeOptions, config: Config | None, environ: dict[st
                 extra_body=extra,
                 include_usage=options.include_usage,
                 timeouts=options.timeouts,
+                reasoning=options.reasoning,
+                reasoning_effort=options.reasoning_effort,
                 proxies=proxies,
             )
         )

@@ -94,7 +94,7 @@ def _free_port(preferred: int) -> int:
 def demo_config(sim_url: str, state_dir: Path, metrics_port: int) -> str:
     targets = "\n".join(
         f"  {name}:\n    provider: sim\n    model: {name}\n    params:\n      max_tokens: 4\n"
-        + ("      extra_body: {chat_template_kwargs: {enable_thinking: false}}\n" if name.startswith("qwen") else "")
+        + ("      reasoning: least\n" if name.startswith("qwen") else "")
         for name in TARGETS
     )
     return f"""# Written by `ttft-monitor demo`: the simulator, a 5-second schedule, the log receiver.

@@ -59,6 +59,13 @@ def register(parser: argparse.ArgumentParser) -> None:
     what.add_argument("--api-key-env", help="environment variable holding the key for --url")
     what.add_argument("--max-tokens", type=_positive_int, default=64, help="max_tokens for --url (default 64)")
     what.add_argument("--extra-body", help="JSON object merged into the request for --url")
+    what.add_argument(
+        "--reasoning",
+        choices=["default", "least"],
+        default="default",
+        help="least: ask --url for the least reasoning its API allows, as params.reasoning does (docs/cost.md)",
+    )
+    what.add_argument("--reasoning-effort", help="with --reasoning least: the effort level to send, e.g. low or none")
     what.add_argument("--no-usage", action="store_true", help="do not send stream_options.include_usage (for --url)")
     prompts = parser.add_argument_group("prompts")
     prompts.add_argument("--prompt", action="append", default=[], help="prompt profile from the config (repeatable)")
@@ -111,6 +118,8 @@ def options_of(args: argparse.Namespace) -> ProbeOptions:
         api_key_env=args.api_key_env,
         max_tokens=args.max_tokens,
         extra_body=args.extra_body,
+        reasoning=args.reasoning,
+        reasoning_effort=args.reasoning_effort,
         include_usage=not args.no_usage,
         prompts=args.prompt,
         prompt_tokens=args.prompt_tokens,

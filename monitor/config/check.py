@@ -75,7 +75,12 @@ def render_summary(
         lines.append(f"  {name}: {provider.api} {provider.display_url()}, auth: {provider.auth_source()}")
     lines.append(f"targets ({len(config.targets)}):")
     for name, target in config.targets.items():
-        lines.append(f"  {name}: model {target.model} on {target.provider}, max_tokens {target.params.max_tokens}")
+        params = target.params
+        reasoning = ""
+        if params.reasoning == "least":
+            effort = f" (effort {params.reasoning_effort})" if params.reasoning_effort else ""
+            reasoning = f", reasoning least{effort}"
+        lines.append(f"  {name}: model {target.model} on {target.provider}, max_tokens {params.max_tokens}{reasoning}")
     lines.append(f"prompts ({len(config.prompts)}):")
     for name, prompt in config.prompts.items():
         twin = f" (series {name}, busted, and {warm_twin(name)}, warm)" if prompt.cache == "both" else ""

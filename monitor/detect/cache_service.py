@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
-from monitor.config.series import cache_pairs
+from monitor.config.series import WARM_TWIN_SUFFIX, cache_pairs
 from monitor.detect.cache_health import (
     DEFAULT_RULES,
     KIND,
@@ -41,7 +41,7 @@ from monitor.logging import error_text
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
-from monitor.store.models import IncidentRow
+from monitor.store.models import IncidentRow, SeriesRow
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.statements import find_series_id
 
@@ -95,6 +95,76 @@ class CacheService:
     def update_config(self, config: Config) -> None:
         self._config = config
         self._pairs = cache_pairs(config.prompts)  # warm twin -> busted prompt
+        # After a start or a reload: close what a pair left open once it is no longer configured.
+        self._retire_pending = True
+
+    async def retire_unpaired(self) -> int:
+        """Resolve this location's open `cache_stopped` incidents whose warm series is no longer half of a
+        configured `cache: both` pair (reloaded to `bust` or removed): no run will judge them again, so
+        they would stay open for ever. Returns how many were closed. Raises on a database error."""
+        location = self._config.location
+        async with self._engine.connect() as reading:
+            rows = (
+                await reading.execute(
+                    select(
+                        IncidentRow.id,
+                        IncidentRow.opened_at,
+                        IncidentRow.details,
+                        SeriesRow.target,
+                        SeriesRow.provider,
+                        SeriesRow.model,
+                        SeriesRow.prompt,
+                    )
+                    .join(SeriesRow, SeriesRow.id == IncidentRow.series_id)
+                    .where(
+                        IncidentRow.kind == KIND,
+                        IncidentRow.resolved_at.is_(None),
+                        SeriesRow.location == location,
+                    )
+                )
+            ).all()
+        stale = [row for row in rows if row.prompt not in self._pairs]
+        for row in stale:
+            cold_prompt = row.prompt.removesuffix(WARM_TWIN_SUFFIX)
+            text = (
+                f"prompt cache of {row.target} ({cold_prompt}): closed without a verdict, the prompt is no longer "
+                "probed warm and cold (`cache: both` was reloaded away)"
+            )
+            now = datetime.now(UTC)
+            details = {**(row.details if isinstance(row.details, dict) else {}), "resolved_summary": text}
+            async with write_transaction(self._engine) as connection:
+                changed = await connection.execute(
+                    update(IncidentRow)
+                    .where(IncidentRow.id == row.id, IncidentRow.resolved_at.is_(None))
+                    .values(resolved_at=now, updated_at=now, details=details)
+                )
+                if changed.rowcount and self._outbox is not None:  # the firing notice went out: so does its end
+                    warm = SeriesKey(row.target, row.provider, row.model, row.prompt, location)
+                    job = str(details.get("job") or "")
+                    await self._outbox.notify(
+                        Notification(
+                            incident_id=row.id,
+                            state="resolved",
+                            kind=KIND,
+                            severity="ticket",
+                            **series_fields(
+                                warm, job=job, opened_at=row.opened_at, base_url=self._config.alerts.base_url
+                            ),
+                            since=row.opened_at,
+                            resolved_at=now,
+                            baseline_ms=None,
+                            observed_ms=None,
+                            ratio=None,
+                            summary=text,
+                        ),
+                        connection=connection,
+                    )
+            if self._metrics is not None:
+                self._metrics.forget_cache((row.target, cold_prompt, location))
+            self._log.warning(
+                "incident_resolve", target=row.target, prompt=row.prompt, location=location, kind=KIND, summary=text
+            )
+        return len(stale)
 
     async def after_store(
         self, job: str, batch: Sequence[tuple[RunRecord, Sequence[Sample]]], *, interval: timedelta
@@ -103,6 +173,12 @@ class CacheService:
         uncached against the working cache's reference: no evidence of a TTFT regression of the warm
         path, which is the cache's incident. Never raises."""
         cacheless: set[SeriesKey] = set()
+        if self._retire_pending:
+            try:
+                await self.retire_unpaired()
+                self._retire_pending = False
+            except Exception as exc:  # tried again after the next batch
+                self._log.warning("cache_retire_failed", job=job, error=error_text(exc))
         if not self._pairs:
             return cacheless
         for run, _samples in batch:

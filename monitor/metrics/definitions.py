@@ -518,6 +518,13 @@ class Metrics:
                 gauge.labels(*series).set(value)
         self.cache_state.labels(*series).set(1 if stopped else 0)
 
+    def forget_cache(self, series: Sequence[str]) -> None:
+        """A pair no longer probed (its prompt's `cache: both` was reloaded away): its gauges go, not left
+        at their last value."""
+        for gauge in (self.cache_speedup, self.cache_cached_share, self.cache_state):
+            with contextlib.suppress(KeyError):
+                gauge.remove(*series)
+
 
 def baseline_band_ms(baseline_ms: float, *, ticket_ratio: float, ticket_min_delta_ms: float) -> tuple[float, float]:
     """(low, high): symmetric in log space below, the ticket rule's ratio and minimum delta above."""

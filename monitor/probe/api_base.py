@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar, Protocol
+from urllib.parse import urlsplit
 
 from monitor.probe.sse import SSEEvent
 from monitor.servertext import QuotesServer
@@ -48,6 +49,27 @@ class MalformedEvent(QuotesServer, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
+class LeastReasoning:
+    """`params.reasoning: least`: ask for the least reasoning the API allows; each flavour knows its switch."""
+
+    # The effort level to send where the API takes one (None: the API's own least, usually `minimal`).
+    effort: str | None = None
+    # The server is OpenAI's own API (or Azure OpenAI), which takes `reasoning_effort`; any other
+    # OpenAI-compatible server (vLLM, SGLang) turns thinking off in the chat template instead.
+    openai_hosted: bool = False
+
+
+# Hosts of OpenAI's own API and of Azure OpenAI: the servers whose chat API takes `reasoning_effort`.
+_OPENAI_HOSTS = ("api.openai.com",)
+_OPENAI_HOST_SUFFIXES = (".openai.azure.com", ".cognitiveservices.azure.com")
+
+
+def is_openai_hosted(base_url: str) -> bool:
+    host = (urlsplit(base_url).hostname or "").lower()
+    return host in _OPENAI_HOSTS or host.endswith(_OPENAI_HOST_SUFFIXES)
+
+
+@dataclass(frozen=True, slots=True)
 class RequestParams:
     model: str
     max_tokens: int
@@ -55,6 +77,10 @@ class RequestParams:
     extra_body: dict[str, Any]
     include_usage: bool
     force_tool_call: bool = False  # offer TOOL and require it (tool_choice), in the API's own shape
+    least_reasoning: LeastReasoning | None = None
+    # A warm prompt: mark its text as a cache breakpoint where the API caches only what is marked
+    # (Anthropic's cache_control); the others cache every prompt's prefix on their own.
+    cache_breakpoint: bool = False
 
 
 # The one function a forced tool call offers; its arguments are the answer, so any model can call it.

@@ -16,6 +16,7 @@ from monitor.probe.api_base import (
     EventInfo,
     EventKind,
     FixedPath,
+    LeastReasoning,
     MalformedEvent,
     RequestParams,
     error_event,
@@ -86,7 +87,21 @@ class OpenAIChat(_OpenAIBase):
             function = {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": TOOL_PARAMETERS}
             body["tools"] = [{"type": "function", "function": function}]
             body["tool_choice"] = {"type": "function", "function": {"name": TOOL_NAME}}
+        if params.least_reasoning is not None:
+            body.update(self._least_reasoning(params.least_reasoning))
         return merge_extra(body, params.extra_body)
+
+    @staticmethod
+    def _least_reasoning(least: LeastReasoning) -> dict[str, Any]:
+        if least.openai_hosted:
+            return {"reasoning_effort": least.effort or "minimal"}
+        # vLLM and SGLang hand chat_template_kwargs to the model's template, where Qwen3 and GLM read
+        # enable_thinking (templates that do not know it ignore it); an effort is sent only when named,
+        # for gpt-oss, whose template reads reasoning_effort and cannot stop reasoning.
+        switches: dict[str, Any] = {"chat_template_kwargs": {"enable_thinking": False}}
+        if least.effort:
+            switches["reasoning_effort"] = least.effort
+        return switches
 
     def _choice_kind(self, choice: dict[str, Any]) -> EventKind:
         delta = choice.get("delta")
@@ -132,12 +147,23 @@ class AnthropicMessages(FixedPath):
             "stream": True,
             "max_tokens": params.max_tokens,
             "temperature": params.temperature,
-            "messages": [{"role": "user", "content": prompt}],
+            "messages": [{"role": "user", "content": self._content(prompt, params)}],
         }
         if params.force_tool_call:
             body["tools"] = [{"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "input_schema": TOOL_PARAMETERS}]
             body["tool_choice"] = {"type": "tool", "name": TOOL_NAME}
+        if params.least_reasoning is not None:
+            # Extended thinking has no effort levels here: off is the least.
+            body["thinking"] = {"type": "disabled"}
         return merge_extra(body, params.extra_body)
+
+    @staticmethod
+    def _content(prompt: str, params: RequestParams) -> str | list[dict[str, Any]]:
+        if not params.cache_breakpoint:
+            return prompt
+        # Anthropic reads from and writes to its prompt cache only up to a block marked so (prompts
+        # under its minimum, 1,024 or 2,048 tokens by model, are then simply not cached).
+        return [{"type": "text", "text": prompt, "cache_control": {"type": "ephemeral"}}]
 
     def classify(self, event: SSEEvent) -> EventInfo:
         obj = load_event(event.data)

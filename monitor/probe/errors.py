@@ -62,8 +62,9 @@ STATUS_HINTS = {
     ErrorClass.AUTH: "check the API key (api_key_env / api_key_file) and that it is allowed this model",
     ErrorClass.MODEL_NOT_FOUND: "check the model name (ask GET /v1/models) and the provider's base_url",
     ErrorClass.RATE_LIMITED: "the provider is throttling; lower rounds or concurrency, or probe less often",
-    ErrorClass.BAD_REQUEST: "the server rejected the request; check params.extra_body, or set "
-    "include_usage: false if it rejects stream_options",
+    ErrorClass.BAD_REQUEST: "the server rejected the request; check params.extra_body and "
+    "params.reasoning_effort (docs/cost.md lists each model's least), or set include_usage: false if it "
+    "rejects stream_options",
     ErrorClass.SERVER_ERROR: "the server failed; this is the provider's side",
 }
 

@@ -48,6 +48,11 @@ class Gemini:
             declaration = {"name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": TOOL_PARAMETERS}
             body["tools"] = [{"functionDeclarations": [declaration]}]
             body["toolConfig"] = {"functionCallingConfig": {"mode": "ANY", "allowedFunctionNames": [TOOL_NAME]}}
+        if (least := params.least_reasoning) is not None:
+            # Gemini 2.5 Flash and Flash-Lite stop thinking at a budget of 0; Gemini 3 takes a level
+            # instead, and 2.5 Pro cannot stop (its least is a budget of 128, set in extra_body).
+            thinking = {"thinkingLevel": least.effort} if least.effort else {"thinkingBudget": 0}
+            body["generationConfig"]["thinkingConfig"] = thinking
         return merge_extra(body, params.extra_body)
 
     def classify(self, event: SSEEvent) -> EventInfo:

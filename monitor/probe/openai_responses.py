@@ -54,6 +54,8 @@ class OpenAIResponses(FixedPath):
                 {"type": "function", "name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": TOOL_PARAMETERS}
             ]
             body["tool_choice"] = {"type": "function", "name": TOOL_NAME}
+        if params.least_reasoning is not None:
+            body["reasoning"] = {"effort": params.least_reasoning.effort or "minimal"}
         return merge_extra(body, params.extra_body)
 
     def classify(self, event: SSEEvent) -> EventInfo:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from monitor.config.models import Config
+from monitor.probe.api_base import LeastReasoning, is_openai_hosted
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.endpoint import Endpoint, Timeouts
 from monitor.probe.prompts import PromptSpec
@@ -40,13 +41,22 @@ def endpoint_for(provider: Provider, proxies: ProxyEnvironment) -> Endpoint:
     )
 
 
-def request_params(target: Target, *, include_usage: bool) -> RequestParams:
+def least_reasoning(reasoning: str, effort: str | None, *, base_url: str) -> LeastReasoning | None:
+    if reasoning != "least":
+        return None
+    return LeastReasoning(effort=effort, openai_hosted=is_openai_hosted(base_url))
+
+
+def request_params(target: Target, provider: Provider) -> RequestParams:
     return RequestParams(
         model=target.model,
         max_tokens=target.params.max_tokens,
         temperature=target.params.temperature,
         extra_body=dict(target.params.extra_body),
-        include_usage=include_usage,
+        include_usage=provider.include_usage,
+        least_reasoning=least_reasoning(
+            target.params.reasoning, target.params.reasoning_effort, base_url=provider.base_url
+        ),
     )
 
 
@@ -68,7 +78,7 @@ class Endpoints:
             name=name,
             provider=target.provider,
             endpoint=endpoint,
-            params=request_params(target, include_usage=provider.include_usage),
+            params=request_params(target, provider),
             canary=target.canary,
         )
 
@@ -97,6 +107,8 @@ def adhoc_target(
     extra_body: dict[str, Any],
     include_usage: bool,
     timeouts: Timeouts,
+    reasoning: str = "default",
+    reasoning_effort: str | None = None,
     verify: bool = True,
     ca_file: str | None = None,
     proxies: ProxyEnvironment | None = None,
@@ -113,7 +125,12 @@ def adhoc_target(
         proxy=route_for(url, DIRECT, proxies),
     )
     params = RequestParams(
-        model=model, max_tokens=max_tokens, temperature=0.0, extra_body=extra_body, include_usage=include_usage
+        model=model,
+        max_tokens=max_tokens,
+        temperature=0.0,
+        extra_body=extra_body,
+        include_usage=include_usage,
+        least_reasoning=least_reasoning(reasoning, reasoning_effort, base_url=url),
     )
     # The URL names the provider in tables, metrics and the database: never with its credentials.
     provider = mask_url(url, (api_key, *secrets))

@@ -73,7 +73,7 @@ async def run_plan(
     samples: list[Sample] = []
 
     async def series(target: ProbeTarget, spec: PromptSpec) -> None:
-        params = replace(target.params, force_tool_call=True) if spec.tool_call else target.params
+        params = replace(target.params, force_tool_call=spec.tool_call, cache_breakpoint=spec.cache == "warm")
         warmups = max(plan.warmup, 1) if spec.primed else plan.warmup
         total = warmups + plan.rounds
         for index in range(total):

@@ -223,9 +223,35 @@ class Params(ConfigModel):
     temperature: float = Field(0.0, ge=0, description="Sampling temperature.")
     extra_body: dict[str, Any] = Field(
         default_factory=dict,
-        description="Merged verbatim into the request JSON, e.g. "
-        "`chat_template_kwargs: {enable_thinking: false}` for Qwen3 on vLLM.",
+        description="Merged verbatim into the request JSON, e.g. `seed: 7` or a gateway's own switches. A key "
+        "here replaces the same top-level key that `reasoning: least` sends.",
     )
+    reasoning: Literal["default", "least"] = Field(
+        "default",
+        description="`least`: ask for the least reasoning the API allows, so a probe does not pay for hidden "
+        'tokens (docs/cost.md, "The cheapest honest probe"): OpenAI chat `reasoning_effort: minimal`, '
+        "Responses `reasoning.effort: minimal`, Anthropic `thinking: {type: disabled}`, Gemini "
+        "`thinkingBudget: 0`, and on any other OpenAI-compatible server (vLLM, SGLang) "
+        "`chat_template_kwargs: {enable_thinking: false}`. `default`: send nothing, the model decides.",
+    )
+    reasoning_effort: str | None = Field(
+        None,
+        min_length=1,
+        max_length=32,
+        pattern=r"^[a-z][a-z_-]*$",
+        description="With `reasoning: least`, the effort level to send where the API takes one, for models "
+        "whose least is not `minimal`: `none` (GPT-5.1), `low` (o3, o4-mini, gpt-oss on vLLM), or Gemini 3's "
+        "`thinkingLevel` (`low`) instead of `thinkingBudget: 0`.",
+    )
+
+    @model_validator(mode="after")
+    def _check_effort_needs_least(self) -> Params:
+        if self.reasoning_effort is not None and self.reasoning != "least":
+            raise ValueError(
+                f"reasoning_effort ({self.reasoning_effort}) applies only with `reasoning: least`: add it, or "
+                "remove reasoning_effort"
+            )
+        return self
 
 
 class Slo(ConfigModel):

@@ -284,7 +284,7 @@ async def _ask_canaries(
                 target=target.name,
                 error=answer.error or "empty answer",
                 hint="no answer to compare this run; an empty one is usually a reasoning model that spent "
-                "canary.max_tokens thinking: turn thinking off in params.extra_body or raise canary.max_tokens",
+                "canary.max_tokens thinking: set params.reasoning: least or raise canary.max_tokens",
             )
         return target.name, answer.digest
 

@@ -26,6 +26,9 @@ class SimRequest:
     thinking: bool | None
     # The request offers tools and requires one (tool_choice): the answer streams as a tool call.
     tool_call: bool = False
+    # Whether the prefix cache may serve and keep this prompt: always, but on Anthropic only when a
+    # block is marked cache_control, as on the real API.
+    cacheable: bool = True
 
 
 def forces_tool_call(body: Mapping[str, Any]) -> bool:

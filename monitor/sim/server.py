@@ -287,7 +287,8 @@ class _Routes:
         tokens = tokenize(body.prompt)
         hashes = block_hashes(tokens)
         cache = sim.cache(body.model)
-        cached = cache.cached_tokens(hashes) if profile.prefix_cache else 0
+        caching = profile.prefix_cache and body.cacheable
+        cached = cache.cached_tokens(hashes) if caching else 0
         thinking = sim.thinks(profile, body)
         answer_text = profile.answer_text or ANSWER_TEXT
         if profile.answer_varies:  # a model that never answers the same twice: a word of its own first
@@ -310,7 +311,7 @@ class _Routes:
         metrics, model = sim.metrics, body.model
 
         def prefilled() -> None:
-            if profile.prefix_cache:
+            if caching:
                 cache.insert(hashes)
             metrics.first_token(model, (sim.clock() - received_ns) / 1e9)
 

@@ -9,7 +9,9 @@ daemon shows it in its metrics, its API and `incidents`.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -175,3 +177,49 @@ def test_the_daemon_shows_the_cache_speed_up_and_the_cache_incident(
     shares = [p["cached_share"] for p in cache["points"]]
     assert all(share > 0.9 for share in shares[:8]) and shares[-3:] == [0.0] * 3, shares
     assert [i["kind"] for i in view["incidents"]] == ["cache_stopped"], view["incidents"]
+
+
+@pytest.mark.realtime
+@pytest.mark.timeout(240)
+async def test_a_pair_reloaded_away_closes_its_open_cache_incident(
+    tmp_path: Path, exact_sim: SimProcess, loopback: Loopback
+) -> None:
+    # No run judges a warm series after `cache: both` becomes `bust`: without the reload's own check its
+    # incident would stay open, and its stopped gauge at 1, for ever. The daemon is driven from a thread:
+    # the webhook answers on this test's event loop.
+    listen = f"127.0.0.1:{free_port()}"
+    path = write_config(tmp_path, exact_sim, loopback.url("/hook"), schedule="*/2 * * * * *", listen=listen)
+    exact_sim.post("/sim/models/cachey", PROFILE)
+    upgraded = await asyncio.to_thread(run_cli, "db", "upgrade", "--config", str(path))
+    assert upgraded.code == 0, str(upgraded)
+
+    def drive() -> tuple[dict, str]:
+        daemon = start_daemon(path, tmp_path)
+        try:
+            wait_ready(daemon)
+            daemon.wait_for("job_finished", count=8, timeout=60)
+            exact_sim.post("/sim/models/cachey", {"prefix_cache": False})
+            daemon.wait_for("incident_open", timeout=60)
+            path.write_text(path.read_text().replace("cache: both", "cache: bust"))
+            daemon.process.send_signal(signal.SIGHUP)
+            daemon.wait_for("config_reloaded", timeout=30)
+            (closed,) = daemon.wait_for("incident_resolve", timeout=30)
+            finished = len(daemon.events("job_finished"))
+            daemon.wait_for("job_finished", count=finished + 2, timeout=30)
+            daemon.wait_for("alert_sent", count=2, timeout=30)
+            with urllib.request.urlopen(f"http://{listen}/metrics", timeout=10) as response:
+                return closed, response.read().decode()
+        finally:
+            assert stop_daemon(daemon) == 0
+
+    closed, after = await asyncio.to_thread(drive)
+    assert (closed["kind"], closed["prompt"]) == ("cache_stopped", "long.warm"), closed
+    assert "closed without a verdict" in closed["summary"]
+    assert "ttft_monitor_cache_stopped_state{" not in after and "ttft_monitor_cache_speedup_ratio{" not in after
+    listed = await asyncio.to_thread(run_cli, "incidents", "--format", "json", "--config", str(path))
+    assert listed.code == 0, str(listed)
+    (stored,) = [i for i in json.loads(listed.stdout) if i["kind"] == "cache_stopped"]
+    assert stored["state"] == "resolved", stored
+    sent = [item.json()["data"] for item in loopback.at("/hook")]
+    assert [(n["kind"], n["state"]) for n in sent] == [("cache_stopped", "firing"), ("cache_stopped", "resolved")]
+    assert "closed without a verdict" in sent[1]["summary"], sent[1]

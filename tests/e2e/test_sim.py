@@ -89,7 +89,7 @@ def chat_body(model: str = "thinker", content: str = "Hello there", **extra: Any
     return {"model": model, "messages": [{"role": "user", "content": content}], "stream": True, **extra}
 
 
-def messages_body(model: str = "claude", content: str = "Hello there", **extra: Any) -> dict[str, Any]:
+def messages_body(model: str = "claude", content: str | list[Any] = "Hello there", **extra: Any) -> dict[str, Any]:
     return {
         "model": model,
         "messages": [{"role": "user", "content": content}],
@@ -695,12 +695,19 @@ async def test_cached_tokens_shorten_the_ttft(client: aiohttp.ClientSession) -> 
 
 
 async def test_anthropic_reports_cache_reads(client: aiohttp.ClientSession) -> None:
-    prompt = "word " * 40
+    marked = [{"type": "text", "text": "word " * 40, "cache_control": {"type": "ephemeral"}}]
     for expected_read in (0, 32):
-        _, text = await post(client, "/v1/messages", messages_body(content=prompt, system="Be brief."))
+        _, text = await post(client, "/v1/messages", messages_body(content=marked, system="Be brief."))
         usage = json.loads(sse_events(text)[0][1])["message"]["usage"]
         assert usage["cache_read_input_tokens"] == expected_read
         assert usage["input_tokens"] == 44 - expected_read  # "Be", "brie", "f", "." and 40 words
+
+
+async def test_anthropic_caches_only_a_prompt_marked_cache_control(client: aiohttp.ClientSession) -> None:
+    # As on the real API: without a cache_control breakpoint nothing is read from or kept in the cache.
+    for _ in range(2):
+        _, text = await post(client, "/v1/messages", messages_body(content="other " * 40, system="Be brief."))
+        assert json.loads(sse_events(text)[0][1])["message"]["usage"]["cache_read_input_tokens"] == 0
 
 
 # --- control endpoint ------------------------------------------------------------------

@@ -173,6 +173,24 @@ def test_each_api_flavour_measures_the_same_server(vllm_server: VllmServer, api:
             assert sample["decode_tps"] > 0, sample
 
 
+@pytest.mark.parametrize(
+    ("api", "effort"),
+    [("openai-chat", None), ("openai-chat", "low"), (RESPONSES, None)],
+    ids=["chat-template", "chat-effort-low", "responses-minimal"],
+)
+def test_a_real_vllm_takes_the_least_reasoning_switches(vllm_server: VllmServer, api: str, effort: str | None) -> None:
+    # chat_template_kwargs.enable_thinking, reasoning_effort and Responses' reasoning.effort as vLLM's own
+    # request models read them: a switch it refused would turn every probe into error bad_request.
+    report = probe(
+        vllm_server,
+        *("--api", api, "--prompt-tokens", "128", "--rounds", "1", "--warmup", "0", "--max-tokens", "4"),
+        *("--reasoning", "least"),
+        *(("--reasoning-effort", effort) if effort else ()),
+    )
+    (sample,) = measured(report, "128tok")
+    assert sample["completion_tokens"] == 4 and not sample["reasoning_tokens"], sample
+
+
 def test_monitor_ttft_matches_vllms_own_ttft_plus_the_http_stack(
     vllm_server: VllmServer, vllm_figures: SummaryLines
 ) -> None:

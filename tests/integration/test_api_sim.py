@@ -9,6 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from monitor.probe.api_base import LeastReasoning
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, ProbeClient, Timeouts
 from monitor.probe.result import ErrorClass, Sample
@@ -54,6 +55,8 @@ async def probe(
     prompt: str = "Say hello to the monitor, briefly.",
     api_key: str = "sim-key-0123456789",
     force_tool_call: bool = False,
+    least_reasoning: LeastReasoning | None = None,
+    cache_breakpoint: bool = False,
 ) -> Sample:
     endpoint = Endpoint(
         server.url + VERSION.get(api, "/v1"),
@@ -68,6 +71,8 @@ async def probe(
         extra_body={},
         include_usage=True,
         force_tool_call=force_tool_call,
+        least_reasoning=least_reasoning,
+        cache_breakpoint=cache_breakpoint,
     )
     sample = Sample(target="t", model=model, api=api, prompt="p", round=1)
     async with ProbeClient() as client:
@@ -97,6 +102,27 @@ async def test_reasoning_comes_first_in_every_api_that_has_it(server: RunningSim
     assert sample.ttfa_ms > sample.ttft_ms
 
 
+@pytest.mark.parametrize(
+    ("api", "least"),
+    [
+        ("openai-chat", LeastReasoning()),
+        ("openai-chat", LeastReasoning(openai_hosted=True)),
+        ("anthropic-messages", LeastReasoning()),
+        ("openai-responses", LeastReasoning()),
+        ("gemini", LeastReasoning()),
+    ],
+    ids=["chat-self-hosted", "chat-openai", "anthropic", "responses", "gemini"],
+)
+async def test_least_reasoning_leaves_the_thinker_only_its_answer(
+    server: RunningSimulator, api: str, least: LeastReasoning
+) -> None:
+    sample = await probe(server, api, "thinker", least_reasoning=least)
+    assert sample.ok, sample.error_message
+    assert sample.token_events == 3
+    assert sample.ttfa_ms == sample.ttft_ms
+    assert not sample.reasoning_tokens
+
+
 @pytest.mark.parametrize("api", ["openai-responses", "gemini"])
 async def test_a_response_cut_by_max_tokens_is_still_a_success(server: RunningSimulator, api: str) -> None:
     sample = await probe(server, api, max_tokens=3)
@@ -111,6 +137,21 @@ async def test_a_warm_prompt_reports_cached_tokens(server: RunningSimulator, api
     sample = await probe(server, api, prompt=prompt)
     assert sample.ok, sample.error_message
     assert sample.cached_tokens is not None and sample.cached_tokens > 0
+
+
+@pytest.mark.parametrize("marked", [True, False], ids=["warm-marked", "unmarked"])
+async def test_anthropic_caches_a_warm_prompt_only_through_its_breakpoint(
+    server: RunningSimulator, marked: bool
+) -> None:
+    prompt = f"A long shared prefix for the cache, marked {marked}. " * 40
+    await probe(server, "anthropic-messages", prompt=prompt, cache_breakpoint=marked)
+    sample = await probe(server, "anthropic-messages", prompt=prompt, cache_breakpoint=marked)
+    assert sample.ok, sample.error_message
+    assert sample.prompt_tokens is not None and sample.cached_tokens is not None
+    if marked:
+        assert sample.cached_tokens > 0.9 * sample.prompt_tokens, sample
+    else:
+        assert sample.cached_tokens == 0, sample
 
 
 async def configure(server: RunningSimulator, model: str, patch: dict[str, Any]) -> None:

@@ -73,8 +73,10 @@ def test_the_example_config_loads_with_no_environment_variables() -> None:
         "gpt-4o-mini-responses": ("sim-responses", "gpt-4o-mini"),
         "gemini-flash-sim": ("sim-gemini", "gemini-flash-sim"),
     }
-    assert config.targets["qwen3-8b"].params.extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
-    assert config.targets["qwen3-14b"].params.extra_body == {"chat_template_kwargs": {"enable_thinking": False}}
+    # Qwen3 thinks unless told not to: the example asks for the least reasoning, nothing verbatim.
+    for qwen in ("qwen3-8b", "qwen3-14b"):
+        assert config.targets[qwen].params.reasoning == "least"
+        assert config.targets[qwen].params.extra_body == {}
     assert {name: (p.tokens, p.language) for name, p in config.prompts.items()} == {
         "short": (512, "en"),
         "long": (4096, "en"),
@@ -176,7 +178,7 @@ def test_it_rejects_an_unknown_prompt_and_an_unknown_provider() -> None:
         (
             lambda d: d["targets"]["qwen3-8b"].update(params={"max_token": 5}),
             "config.yaml: targets.qwen3-8b.params.max_token: unknown key 'max_token'; did you mean "
-            "'max_tokens'? (allowed: max_tokens, temperature, extra_body)",
+            "'max_tokens'? (allowed: max_tokens, temperature, extra_body, reasoning, reasoning_effort)",
         ),
         (
             lambda d: d.update(database={"retention": {"raw": 5}}),

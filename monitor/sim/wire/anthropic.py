@@ -212,7 +212,16 @@ def parse_messages(body: Mapping[str, Any]) -> SimRequest:
         has_stream_options=False,
         thinking=thinking,
         tool_call=forces_tool_call(body),
+        cacheable=_marks_cache(body.get("system"))
+        or any(_marks_cache(message.get("content")) for message in body["messages"] if isinstance(message, Mapping)),
     )
+
+
+def _marks_cache(content: Any) -> bool:
+    """A list of content blocks with one marked `cache_control` (a plain string cannot be marked)."""
+    if not isinstance(content, list):
+        return False
+    return any(isinstance(part, Mapping) and part.get("cache_control") for part in content)
 
 
 MESSAGES = Flavour(

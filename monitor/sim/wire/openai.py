@@ -283,6 +283,9 @@ def parse_chat(body: Mapping[str, Any]) -> SimRequest:
     kwargs = body.get("chat_template_kwargs")
     if isinstance(kwargs, Mapping) and isinstance(kwargs.get("enable_thinking"), bool):
         thinking = kwargs["enable_thinking"]
+    elif isinstance(effort := body.get("reasoning_effort"), str):
+        # OpenAI's reasoning models: minimal (GPT-5) and none (GPT-5.1) leave out the reasoning.
+        thinking = effort not in ("none", "minimal")
     return SimRequest(
         model=model,
         prompt="\n".join(texts),
