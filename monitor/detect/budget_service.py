@@ -9,11 +9,14 @@ catches what the schedule does not say: a model that started reasoning past what
 
 from __future__ import annotations
 
+import json
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -27,6 +30,8 @@ if TYPE_CHECKING:
     from monitor.store.repository import Repository
 
 KIND = "budget"
+# Under database.state_dir: the holds a crossed budget put on jobs, so a restart keeps them.
+BUDGET_HOLDS_FILE = "budget_holds.json"
 # One notice per budget and period: its id is derived from both, so the outbox's de-duplication keeps it
 # to one across runs, restarts and replicas.
 _NAMESPACE = uuid.UUID("4f3c1a52-9d0e-4b7a-8a51-6f0f2b1c7e10")
@@ -58,6 +63,49 @@ class Hold:
             "until": self.until.isoformat(),
         }
 
+    @classmethod
+    def from_json(cls, data: Any) -> Hold | None:
+        """A hold written by `to_json`; None for anything else (a damaged or hand-edited file)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            hold = cls(
+                job=str(data["job"]),
+                action=str(data["action"]),
+                budget=str(data["budget"]),
+                per=str(data["per"]),
+                since=datetime.fromisoformat(data["since"]),
+                until=datetime.fromisoformat(data["until"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        if hold.action not in ACTION_LEVEL or hold.until.tzinfo is None or hold.since.tzinfo is None:
+            return None
+        return hold
+
+
+def load_holds(path: Path) -> tuple[list[Hold], int]:
+    """The holds saved in `path` and how many entries could not be read; none for a missing or damaged file."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return [], 0
+    except (OSError, ValueError):
+        return [], 1
+    entries = data.get("holds") if isinstance(data, dict) else None
+    if not isinstance(entries, list):
+        return [], 1
+    holds = [hold for hold in map(Hold.from_json, entries) if hold is not None]
+    return holds, len(entries) - len(holds)
+
+
+def save_holds(path: Path, holds: list[Hold]) -> None:
+    """Written whole to a temporary file and renamed over `path`: a crash leaves the old file or the new."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps({"holds": [hold.to_json() for hold in holds]}, indent=1))
+    os.replace(temporary, path)
+
 
 ACTION_LEVEL = {"reduce": 1, "pause": 2}
 
@@ -71,6 +119,7 @@ class BudgetService:
         outbox: Outbox | None,
         metrics: Metrics | None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        holds_file: Path | None = None,
     ) -> None:
         self._repository = repository
         self._outbox = outbox
@@ -79,7 +128,37 @@ class BudgetService:
         self._log = structlog.get_logger()
         self._told: set[uuid.UUID] = set()  # saves the outbox a round trip for a notice already enqueued
         self._holds: dict[str, Hold] = {}  # by job: the strongest action a crossed budget holds it to
+        # Kept across restarts: a paused job's last hour spent nothing, so the next check alone would not
+        # see the budget crossed again, and a restart would resume probing for up to an hour.
+        self._holds_file = holds_file
+        self._restore()
         self.update_config(config)
+
+    def _restore(self) -> None:
+        if self._holds_file is None:
+            return
+        holds, unreadable = load_holds(self._holds_file)
+        if unreadable:
+            self._log.warning(
+                "budget_holds_unreadable",
+                file=str(self._holds_file),
+                entries=unreadable,
+                hint="left out; a budget still crossed holds its jobs again at its next check",
+            )
+        now = self._clock()
+        for hold in holds:
+            if now < hold.until:
+                self._holds[hold.job] = hold
+                self._log.warning("budget_action_restored", **hold.to_json())
+                self._show(hold.job)
+
+    def _save(self) -> None:
+        if self._holds_file is None:
+            return
+        try:
+            save_holds(self._holds_file, sorted(self._holds.values(), key=lambda h: h.job))
+        except OSError as exc:  # the hold still applies in this process; only a restart would forget it
+            self._log.warning("budget_holds_not_saved", file=str(self._holds_file), error=str(exc))
 
     def update_config(self, config: Config) -> None:
         self._config = config
@@ -95,8 +174,10 @@ class BudgetService:
         lifted = set(self._holds) - set(kept)
         self._holds = kept
         for job in lifted:
-            self._log.warning("budget_action_lifted", job=job, reason="the reloaded config no longer asks for it")
+            self._log.warning("budget_action_lifted", job=job, reason="the config no longer asks for it")
             self._show(job)
+        if lifted:
+            self._save()
 
     def hold_for(self, job: str, now: datetime | None = None) -> Hold | None:
         """The action a crossed budget holds `job` to now, or None; a hold whose period ended is lifted."""
@@ -107,6 +188,7 @@ class BudgetService:
             del self._holds[job]
             self._log.warning("budget_action_lifted", job=job, budget=hold.budget, reason="its period ended")
             self._show(job)
+            self._save()
             return None
         return hold
 
@@ -139,6 +221,7 @@ class BudgetService:
                 else "its ticks are skipped until the period ends",
             )
             self._show(job)
+            self._save()
 
     async def after_store(self, job: str) -> None:
         """Never raises: a budget check must not stop probing."""

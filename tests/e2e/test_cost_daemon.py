@@ -194,3 +194,13 @@ def test_a_crossed_budget_with_an_action_reduces_or_pauses_its_job_and_says_so(
         assert samples_after == samples_then
         skipped = [s for s in families["ttft_monitor_job_runs"] if s.labels.get("result") == "skipped_budget"]
         assert skipped and skipped[0].value >= 3, skipped
+        # A restart keeps the pause: the last hour spent nothing, so only the saved hold says so.
+        again = start_daemon(config, tmp_path, name="restarted")
+        try:
+            wait_ready(again)
+            [restored] = again.wait_for("budget_action_restored", timeout=30)
+            again.wait_for("tick_paused_by_budget", count=3, timeout=30)
+        finally:
+            assert stop_daemon(again) == 0
+        assert (restored["job"], restored["action"], restored["until"]) == ("tick", "pause", hold["until"]), restored
+        assert not again.events("probe_sample"), again.events("probe_sample")
