@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
+
+from monitor.detect.state import RunPoint
 
 KIND = "cache_stopped"
 Reason = Literal["no_cached_tokens", "no_speedup"]
@@ -134,6 +137,23 @@ def run_is_cacheless(run: PairRun, reference: Reference | None, rules: CacheRule
     if reference.watches_speed(rules) and speedup is not None:
         return speedup <= reference.halfway_speedup()
     return False
+
+
+def leave_out_cacheless(
+    history: Sequence[RunPoint], spans: Sequence[tuple[datetime, datetime]], *, window_runs: int
+) -> list[RunPoint]:
+    """`history` (oldest first) without the runs of each cache outage (`spans`: its incident's opening and
+    end): from the first run of the window that opened it (`window_runs` runs, the opening one last) to
+    the end, both included."""
+    if not spans:
+        return list(history)
+    times = [point.at for point in history]
+    out = [False] * len(history)
+    for opened, ended in spans:
+        first = max(0, bisect_left(times, opened) - (window_runs - 1))
+        for index in range(first, bisect_right(times, ended)):
+            out[index] = True
+    return [point for point, dropped in zip(history, out, strict=True) if not dropped]
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,8 +35,10 @@ from monitor.detect.cache_health import (
     current_reference,
     describe,
     describe_resolved,
+    leave_out_cacheless,
     run_is_cacheless,
 )
+from monitor.detect.state import RunPoint
 from monitor.logging import error_text
 from monitor.metrics.definitions import Metrics
 from monitor.probe.result import Sample
@@ -97,6 +99,33 @@ class CacheService:
         self._pairs = cache_pairs(config.prompts)  # warm twin -> busted prompt
         # After a start or a reload: close what a pair left open once it is no longer configured.
         self._retire_pending = True
+
+    def is_warm(self, prompt: str) -> bool:
+        """Whether `prompt` is the warm half of a configured `cache: both` pair."""
+        return prompt in self._pairs
+
+    async def without_cacheless(self, warm: SeriesKey, history: list[RunPoint], until: datetime) -> list[RunPoint]:
+        """`history` (oldest first) without the runs its `cache_stopped` incidents say measured the uncached
+        path: the window that opened each (its `window_runs` runs before the opening one) to its resolution
+        (or `until`). The warm series' baseline leaves them out."""
+        if not history:
+            return history
+        async with self._engine.connect() as reading:
+            series_id = await find_series_id(reading, warm)
+            if series_id is None:
+                return history
+            rows = (
+                await reading.execute(
+                    select(IncidentRow.opened_at, IncidentRow.resolved_at).where(
+                        IncidentRow.series_id == series_id,
+                        IncidentRow.kind == KIND,
+                        IncidentRow.opened_at <= until,
+                        (IncidentRow.resolved_at.is_(None)) | (IncidentRow.resolved_at >= history[0].at),
+                    )
+                )
+            ).all()
+        spans = [(row.opened_at, row.resolved_at or until) for row in rows]
+        return leave_out_cacheless(history, spans, window_runs=self._rules.window_runs)
 
     async def retire_unpaired(self) -> int:
         """Resolve this location's open `cache_stopped` incidents whose warm series is no longer half of a

@@ -185,7 +185,10 @@ class _Core:
         self._window_failed += errors
         self._failed_streak = 0 if ok else self._failed_streak + 1
         self._clean_streak = 0 if errors else self._clean_streak + 1
-        if run.ttft_ms is None:
+        # A run that is no latency evidence (a warm probe that found no prompt cache) stays out of the
+        # history the baselines are drawn from too: an outage of the cache would otherwise become the
+        # warm series' baseline and hide a later regression of the warm path.
+        if run.ttft_ms is None or not run.latency_evidence:
             return
         moment = run.at.timestamp()
         if self.times and moment < self.times[-1]:
@@ -340,7 +343,7 @@ class _Core:
         self.append(run)
         # The run's seasonal slot, looked up once: the verdict and the sequential rule compare with it too.
         slot = None
-        if run.ttft_ms is not None and self.rules.seasonal_days:
+        if run.ttft_ms is not None and run.latency_evidence and self.rules.seasonal_days:
             index = len(self.times) - 1
             self._eager_from = min(self._eager_from, index)
             slot = self._slot(int(self.times[index] // SLOT_S))

@@ -382,6 +382,8 @@ class DetectionService:
             for r in records
             if r.run_id != run.run_id and r.started_at < run.started_at and is_evidence(r)
         ]
+        if self._cache.is_warm(series.prompt):
+            history = await self._cache.without_cacheless(series, history, run.started_at)
         measured = [s for s in samples if not s.warmup and not s.disturbed]
         served = Counter(s.served_model for s in measured if s.served_model).most_common(1)
         fingerprint = Counter(s.fingerprint for s in measured if s.fingerprint).most_common(1)
