@@ -87,6 +87,12 @@ def load(options: ProbeOptions, environ: dict[str, str]) -> Config | None:
 def build_targets(options: ProbeOptions, config: Config | None, environ: dict[str, str]) -> list[ProbeTarget]:
     targets: list[ProbeTarget] = []
     proxies = proxy_environment(environ)
+    if not options.url and (options.reasoning != "default" or options.reasoning_effort is not None):
+        # Config targets keep their own setting: silently probing them with thinking on would cost and mislead.
+        raise UsageError(
+            "--reasoning and --reasoning-effort apply to --url only; for config targets set "
+            "params.reasoning: least (and reasoning_effort) on the target"
+        )
     if options.url:
         if not options.model:
             raise UsageError("--url needs --model (the model name the endpoint serves)")

@@ -95,6 +95,8 @@ def test_probe_url_takes_least_and_refuses_an_effort_alone(exact_sim: SimProcess
     assert alone.code == 2 and "--reasoning-effort applies only with --reasoning least" in alone.stderr, alone
     wrong = run_cli(*base, "--reasoning", "least", "--reasoning-effort", "low; drop")
     assert wrong.code == 2 and "is not an effort level" in wrong.stderr, wrong
+    config_only = run_cli("probe", "--config", "config.yaml", "--target", "qwen3-8b", "--reasoning", "least")
+    assert config_only.code == 2 and "apply to --url only" in config_only.stderr, config_only
     least = run_cli(*base, "--reasoning", "least", "--format", "json")
     assert least.code == 0, least
     (sample,) = json.loads(least.stdout)["samples"]
