@@ -612,18 +612,27 @@ class _Core:
 
     def _evidence(self, noise: NoiseModel | None, ratio: float, runs: int) -> dict[str, Any]:
         """The evidence in words and figures: "+38% over 14 runs (noise: sd 0.21, runs correlate for about
-        45 min; equivalent to 4 independent runs)". Nothing without the noise model."""
+        45 min; equivalent to 4 independent runs)". Without the noise model (the default rules) the noise
+        is still measured, for the words only, on the seasonal residuals before these runs; a series with
+        under a day of them says so instead."""
+        shift = f"{(ratio - 1.0) * 100:+.0f}% over {runs} runs"
+        in_rules = noise is not None
         if noise is None:
-            return {}
+            residuals = self._seed_residuals(max(0, len(self.times) - runs))
+            noise = noise_model.estimate(residuals) if residuals else None
+        if noise is None:
+            return {"evidence": f"{shift} (noise not measured yet: under a day of seasonal history)"}
         interval = self.interval_s()
         words = noise_model.describe(noise, interval_s=interval, runs=runs)
         return {
-            "evidence": f"{(ratio - 1.0) * 100:+.0f}% over {runs} runs ({words})",
+            "evidence": f"{shift} ({words})",
             "noise": {
                 "sd": round(noise.sd, 4),
                 "correlation_minutes": round(noise.correlation_minutes(interval), 1),
                 "long_run": round(noise.long_run, 2),
                 "effective_runs": round(noise.effective_runs(runs), 1),
+                # False: measured for the words; the rules did not scale their evidence by it.
+                "in_rules": in_rules,
             },
         }
 
@@ -670,6 +679,12 @@ class _Core:
         if state.noise is None:
             state.noise = noise_model.estimate(self._seed_residuals(count - 1))
         return state.noise
+
+    def measured_noise(self) -> NoiseModel | None:
+        """The noise of the history as a model would measure it, for words and pages (not the rules):
+        None with under a day of seasonal residuals."""
+        residuals = self._seed_residuals(len(self.times))
+        return noise_model.estimate(residuals) if residuals else None
 
     def _seed_residuals(self, end: int) -> list[float]:
         """Residuals of the valid runs before `end` for a first noise model: seasonal residuals where the

@@ -41,6 +41,7 @@ from datetime import datetime, timedelta
 
 from monitor.alert.model import Severity
 from monitor.detect.core import _Core, _lookback_s
+from monitor.detect.noise import NoiseModel
 from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Kind, Rules, Threshold
 from monitor.detect.state import STATE_VERSION, Event, Incident, RunPoint, SeriesState, point_from_run
 
@@ -140,6 +141,13 @@ class Replayer:
                     core.append(point)
             self._core = core
         return events
+
+    def noise(self) -> tuple[NoiseModel | None, bool]:
+        """(the series' noise model, whether the rules use it): the detector's own with
+        `detection.noise_model`, else one measured on the history for display (None under a day)."""
+        if self.state.noise is not None:
+            return self.state.noise, True
+        return self._core.measured_noise(), False
 
     @property
     def baseline_ms(self) -> float | None:

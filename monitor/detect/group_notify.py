@@ -139,4 +139,14 @@ class GroupNotifier:
             group_id=group_id,
             group=summary.text(resolved=state == "resolved") if several else "",
             members=summary.names if several else (),
+            summary=_evidence(lead, several=several) if state == "firing" else "",
         )
+
+
+def _evidence(lead: MemberRecord, *, several: bool) -> str:
+    """Why the lead regressed, in the detector's words ("+38% over 14 runs (noise: ...)"), named by its
+    series when the group has several."""
+    evidence = lead.details.get("evidence")
+    if not isinstance(evidence, str) or not evidence:
+        return ""
+    return f"{lead.series.target} / {lead.series.prompt}: {evidence}" if several else evidence

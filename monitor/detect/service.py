@@ -518,7 +518,7 @@ class DetectionService:
             peak_at=figures.peak_at,
             opened_baseline_ms=figures.opened_baseline_ms,
             opened_observed_ms=figures.opened_observed_ms,
-            summary=_marker_text(event, series.model) if event.kind in MARKED_KINDS else "",
+            summary=_marker_text(event, series.model) if event.kind in MARKED_KINDS else _evidence_text(event),
             cause=where["cause"] if where else None,
             attribution=where["attribution"] if where else "",
         )
@@ -532,3 +532,9 @@ class DetectionService:
             if getattr(incident, "kind", None) == "regression":
                 level = max(level, SEVERITY_LEVEL.get(incident.severity, 0))
         self._metrics.observe_regression_state(labels, level)
+
+
+def _evidence_text(event: Event) -> str:
+    """Why a regression opened or escalated, for its notice: "+38% over 14 runs (noise: ...)"."""
+    evidence = event.detail.get("evidence") if event.kind == "regression" and event.action != "resolve" else None
+    return evidence if isinstance(evidence, str) else ""

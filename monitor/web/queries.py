@@ -699,7 +699,11 @@ _ROLLUP_FIELDS = tuple(getattr(RollupRow, f.name) for f in fields(HourlyStats))
 
 
 def detector_baselines(
-    detector: Detector, runs: Sequence[RunPoint], *, step_from: datetime, noise: list[NoiseModel | None] | None = None
+    detector: Detector,
+    runs: Sequence[RunPoint],
+    *,
+    step_from: datetime,
+    noise: list[tuple[NoiseModel | None, bool]] | None = None,
 ) -> tuple[list[float], list[float | None]]:
     """The baseline the detector compares each run at or after `step_from` with: (times as epoch
     seconds, baselines in ms; None before the series has one). The detector's own code: runs before
@@ -714,14 +718,17 @@ def detector_baselines(
         if run.ttft_ms is not None:
             times.append(run.at.timestamp())
             baselines.append(replayer.baseline_ms)
-    if noise is not None:  # the noise model the detector ends with, for the page
-        noise.append(replayer.state.noise)
+    if noise is not None:  # the noise model the detector ends with (or the history's, measured), for the page
+        noise.append(replayer.noise())
     return times, baselines
 
 
-def noise_estimate(model: NoiseModel | None, runs: Sequence[RunPoint]) -> dict[str, Any] | None:
+def noise_estimate(
+    model: NoiseModel | None, runs: Sequence[RunPoint], *, in_rules: bool = True
+) -> dict[str, Any] | None:
     """The series' noise model as the detector has it at the last run (monitor/detect/noise.py), for the
-    page beside the baseline band: None until the detector has measured any."""
+    page beside the baseline band: None until any was measured. `in_rules`: the rules scale their
+    evidence by it (`detection.noise_model`); otherwise it is measured on the history for the page."""
     if model is None or model.runs == 0:
         return None
     spacing = sorted(b.at.timestamp() - a.at.timestamp() for a, b in itertools.pairwise(runs[-13:]))
@@ -731,6 +738,7 @@ def noise_estimate(model: NoiseModel | None, runs: Sequence[RunPoint]) -> dict[s
         "correlation_minutes": round(model.correlation_minutes(interval), 1),
         "long_run": round(model.long_run, 2),
         "text": describe_noise(model, interval_s=interval, runs=12),
+        "in_rules": in_rules,
     }
 
 
@@ -922,9 +930,9 @@ async def series_points(
             runs = _hour_run_points(hours)
         incidents = await _incidents_of(connection, [series_id], start=start, end=end)
         cache = await cache_view(connection, info, start=start, end=end)
-        models: list[NoiseModel | None] = []
+        models: list[tuple[NoiseModel | None, bool]] = []
         times, baselines = detector_baselines(detector, runs, step_from=step_from, noise=models)
-        noise = noise_estimate(models[0] if models else None, runs)
+        noise = noise_estimate(models[0][0], runs, in_rules=models[0][1]) if models else None
         split = await _where_the_time_went(
             connection,
             series_id,

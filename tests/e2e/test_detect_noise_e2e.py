@@ -12,6 +12,7 @@ against the trailing one, where only pages (and availability) can open; the benc
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from pathlib import Path
 
@@ -111,3 +112,7 @@ async def test_correlated_noise_raises_no_incident_for_hours_of_runs_and_a_doubl
     assert runs is not None and runs <= PAGE_WITHIN_RUNS + 1, f"paged after {runs} runs"
     notices = [item.json()["data"] for item in loopback.at("/hook")]
     assert [(n["state"], n["kind"], n["severity"]) for n in notices][:1] == [("firing", "regression", "page")], notices
+    # The notice says why, in figures: the shift, over how many runs, and the series' noise.
+    assert re.fullmatch(r"\+\d+% over \d+ runs \(noise: sd \d\.\d\d, .*independent runs\)", notices[0]["summary"]), (
+        notices[0]
+    )

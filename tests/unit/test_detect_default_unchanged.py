@@ -42,9 +42,18 @@ SERIES: dict[str, SeriesSpec] = {
 }
 
 
+# The words a notice carries about the evidence (issue 20's "say why"): measured for the text only, they
+# change no verdict, so the decisions are compared without them (tests/unit/test_regression_evidence.py
+# checks the words).
+WORDS_ONLY = ("evidence", "noise")
+
+
 def plain(event: Event) -> dict[str, Any]:
-    """An event as JSON: every field, floats exact (repr round-trips), times as ISO strings."""
-    return json.loads(json.dumps(asdict(event), default=lambda value: value.isoformat()))
+    """An event as JSON: every field, floats exact (repr round-trips), times as ISO strings; the detail
+    without its words-only keys."""
+    data = json.loads(json.dumps(asdict(event), default=lambda value: value.isoformat()))
+    data["detail"] = {key: value for key, value in data["detail"].items() if key not in WORDS_ONLY}
+    return data
 
 
 def replayed(points: list[RunPoint], detector: Detector) -> dict[str, Any]:
