@@ -359,11 +359,13 @@ async def _resolve(triage: Triage, given: str, note: str | None, by: str, out: T
 
 
 async def _stats(triage: Triage, days: float | None, output: str, out: TextIO) -> int:
-    from monitor.triage.stats import format_precision
+    from monitor.triage.stats import format_alert_rate, format_precision
 
     rows = await triage.stats(days=days)
     if output == "json":
         out.write(json.dumps([row.to_json() for row in rows], indent=2) + "\n")
     else:
         out.write(format_precision(rows))
+        if rows:
+            out.write(format_alert_rate(await triage.alert_rate(days=days)))
     return EXIT_OK

@@ -20,6 +20,7 @@ from monitor.store.models import (
     GROUPS,
     INCIDENTS,
     OUTBOX,
+    RUNS,
     SERIES,
     TRIAGE,
 )
@@ -276,6 +277,16 @@ class TriageStore:
         async with self._engine.connect() as connection:
             rows = (await connection.execute(query)).all()
         return [tuple(row) for row in rows]
+
+    async def watched(self, *, since: datetime | None) -> list[tuple[datetime, datetime]]:
+        """(first, last) run start of every series with runs since `since` (all when None): how long the
+        detector watched each, for the alert rate per series-week."""
+        query = sa.select(sa.func.min(RUNS.c.started_at), sa.func.max(RUNS.c.started_at)).group_by(RUNS.c.series_id)
+        if since is not None:
+            query = query.where(RUNS.c.started_at >= since)
+        async with self._engine.connect() as connection:
+            rows = (await connection.execute(query)).all()
+        return [(first, last) for first, last in rows if first is not None and last is not None]
 
     # ------------------------------------------------------------ annotations
 

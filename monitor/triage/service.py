@@ -16,7 +16,7 @@ from monitor.config.models import Config
 from monitor.detect.group_notify import GroupNotifier
 from monitor.store.incidents import GroupStore
 from monitor.store.triage import Annotation, IncidentFacts, IncidentLookupError, TriageStore
-from monitor.triage.stats import Judged, PrecisionRow, per_notification, precision_table
+from monitor.triage.stats import AlertRate, Judged, PrecisionRow, alert_rate, per_notification, precision_table
 
 MAX_TEXT = 500
 
@@ -134,6 +134,13 @@ class Triage:
         since = None if days is None else self._clock() - timedelta(days=days)
         judged = [Judged(*row) for row in await self._store.labels(since=since)]
         return precision_table(per_notification(judged))
+
+    async def alert_rate(self, *, days: float | None) -> AlertRate:
+        """Regression alerts per series-week of runs, and what their labels make of it."""
+        since = None if days is None else self._clock() - timedelta(days=days)
+        judged = [Judged(*row) for row in await self._store.labels(since=since)]
+        watched = await self._store.watched(since=since)
+        return alert_rate(judged, watched, target=self._config.detection.false_alerts_per_week)
 
     async def _find(self, connection: Any, given: str) -> IncidentFacts:
         try:

@@ -118,3 +118,63 @@ def format_precision(rows: list[PrecisionRow]) -> str:
     lines = table_lines(header, cells, left_columns=2)
     lines.append("precision = true-positive / (true-positive + false-positive); expected and unlabelled are left out")
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True, slots=True)
+class AlertRate:
+    """Regression alerts per series-week, against the rate the detector is set to (issue 20): what the
+    labels say the false ones come to."""
+
+    series_weeks: float
+    alerts: int  # regression incidents opened (each series' own, grouped or not)
+    true_positive: int
+    false_positive: int
+    target: float  # detection.false_alerts_per_week
+
+    @property
+    def per_week(self) -> float | None:
+        return self.alerts / self.series_weeks if self.series_weeks > 0 else None
+
+    @property
+    def false_per_week(self) -> float | None:
+        """The alert rate times the labelled share of false ones; None before any true or false label."""
+        judged = self.true_positive + self.false_positive
+        if self.series_weeks <= 0 or not judged:
+            return None
+        return self.alerts * (self.false_positive / judged) / self.series_weeks
+
+
+def alert_rate(incidents: Iterable[Judged], watched: Iterable[tuple[Any, Any]], *, target: float) -> AlertRate:
+    """From every incident (kind, label) and each series' (first, last) run: seconds are summed per series."""
+    seconds = sum(max(0.0, (last - first).total_seconds()) for first, last in watched)
+    regressions = [item for item in incidents if item.kind == "regression"]
+    return AlertRate(
+        series_weeks=seconds / (7 * 86400.0),
+        alerts=len(regressions),
+        true_positive=sum(item.label == TRUE_POSITIVE for item in regressions),
+        false_positive=sum(item.label == FALSE_POSITIVE for item in regressions),
+        target=target,
+    )
+
+
+def format_alert_rate(rate: AlertRate) -> str:
+    """The lines under the precision table: the regression alert rate and what its labels make of it."""
+    if rate.series_weeks < 1.0 or rate.per_week is None:
+        return (
+            f"regression alerts: {rate.alerts} over {rate.series_weeks:.1f} series-weeks of runs, too little for a "
+            "weekly rate (a week of one series is one series-week)\n"
+        )
+    line = (
+        f"regression alerts: {rate.alerts} over {rate.series_weeks:.1f} series-weeks = {rate.per_week:.2f} a "
+        "series-week"
+    )
+    false = rate.false_per_week
+    if false is None:
+        line += "; label them to see how many were false"
+    else:
+        judged = rate.true_positive + rate.false_positive
+        line += (
+            f"; {rate.false_positive} of {judged} labelled false, so about {false:.2f} false a series-week "
+            f"against detection.false_alerts_per_week {rate.target:g}" + (" (over it)" if false > rate.target else "")
+        )
+    return line + "\n"

@@ -78,6 +78,8 @@ async def test_ack_label_resolve_and_stats_from_the_command_line(
     assert rows[("regression", "page")] == ["100%", "1", "0", "0", "0"]
     assert rows[("regression", "ticket")] == ["0%", "0", "1", "0", "0"]
     assert rows[("all", "all")] == ["50%", "1", "1", "0", "0"]
+    # These incidents have no runs behind them: no series-weeks to rate them over, and it says so.
+    assert "regression alerts: 2 over 0.0 series-weeks of runs, too little for a weekly rate" in result.stdout
     result = cli(config, "incidents", "stats", "--format", "json")
     assert [(r["kind"], r["severity"], r["precision"]) for r in json.loads(result.stdout)][-1] == ("all", "all", 0.5)
 
