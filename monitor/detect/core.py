@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +26,7 @@ from monitor.detect.stats import (
     median_and_sigma,
     median_se_factor,
 )
+from monitor.detect.window_sums import WindowSums, decide
 
 DAY_S = 86400.0
 # Seasonal baselines are computed per slot of this many seconds and cached; a run is compared with
@@ -170,6 +171,8 @@ class _Core:
         self._jump_key: tuple[int, bool] = (0, False)  # the window and source of the kept jump-test medians
         self._jump_cache: dict[int, float] = {}
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
+        self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
+        self._sums: WindowSums | None = None
 
     # ------------------------------------------------ data
 
@@ -206,6 +209,7 @@ class _Core:
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
         if drop > 0:
             self._profile_cache = None
+            self._sums = None  # rebuilt from the runs kept, when next asked
             self._jump_cache = {}  # keyed by index
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
@@ -337,6 +341,7 @@ class _Core:
     def step(self, state: SeriesState, run: RunPoint) -> list[Event]:
         """Append `run`, evaluate it, update `state` in place; the events it caused."""
         self.epoch_started = None
+        self._steps += 1
         self.append(run)
         # The run's seasonal slot, looked up once: the verdict and the sequential rule compare with it too.
         slot = None
@@ -740,6 +745,28 @@ class _Core:
         self._profile_cache = (key, profile)
         return profile
 
+    def _profile_decides(self, baseline: _Baseline, bound: float, block: int, limit: float) -> bool | None:
+        """Whether `_profile`'s factor is at most `limit`, from running sums (window_sums.py) on a core
+        stepped through a long series; None: `_profile` must tell (or the core is an `evaluate`'s)."""
+        end = baseline.end
+        if self._steps < 64 or self._reference_range[1] != end or baseline.reference is not self._reference_sorted:
+            return None
+        low, _high = self._reference_range
+        sums = self._sums
+        if sums is None or sums.block != block:
+            sums = self._sums = WindowSums(block, low)
+        if sums.end < end:
+            sums.extend(self._residuals_between(sums.end, end))
+        reference, sigma, center = baseline.reference, baseline.sigma, baseline.level
+        low_clip, high_clip = center - bound * sigma, center + bound * sigma
+        below, above = bisect_right(reference, low_clip), bisect_left(reference, high_clip)
+        if len(reference) != end - low:
+            return None
+        factor_squared = sums.factor_squared(
+            low, end, low_clip=low_clip, high_clip=high_clip, below=reference[:below], above=reference[above:]
+        )
+        return decide(factor_squared, limit)
+
     def _window(self, rule: Threshold, count: int) -> int:
         """Runs in `rule`'s window ending at valid run `count` - 1: `window_runs`, stretched back until
         it holds `min_probes` measured requests (at most `longest_window` runs)."""
@@ -863,6 +890,9 @@ class _Core:
         # Against a trailing baseline, of its own runs, in blocks of a sixth of them (when that is at
         # least 6 runs: shorter blocks cannot tell load that comes and goes from noise).
         if baseline.seasonal:
+            decided = self._profile_decides(baseline, cusum.clip, cusum.block_runs, z / rule.z_threshold)
+            if decided is not None:
+                return decided
             _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
         elif self.rules.trailing_runs < 36:
             factor = 1.0
