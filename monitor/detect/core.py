@@ -441,10 +441,16 @@ class _Core:
         if noise is None:
             state.noise = None  # a model left from when it was on is stale by the time it is turned on again
         confirms = self._confirms
-        if (
-            confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise)
-            and (noise is not None or self._run_is_slow(verdict))
-        ) or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since)):
+        # Below a rule's ratio nothing confirms (`_confirms`, `_jumps`): most runs stop at that comparison.
+        if verdict.page >= self._log_page_ratio and (
+            (
+                confirms(
+                    verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise
+                )
+                and (noise is not None or self._run_is_slow(verdict))
+            )
+            or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since))
+        ):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
         else:
@@ -460,6 +466,8 @@ class _Core:
         if (
             (rules.cusum is None or rules.window_tickets)
             and fresh
+            and verdict.ticket is not None
+            and verdict.ticket >= self._log_ticket_ratio
             and confirms(
                 verdict.ticket,
                 rules.ticket,
@@ -952,7 +960,7 @@ class _Core:
         # seasonal baseline, unless it is switched off.
         ticket = None
         if count >= ticket_w and (baseline.seasonal or rules.seasonal_days == 0):
-            ticket = median(recent[-ticket_w:]) - level
+            ticket = median(recent if len(recent) == ticket_w else recent[-ticket_w:]) - level
         return _Verdict(
             baseline=baseline,
             page=median(recent[-page_w:]) - level,
