@@ -203,10 +203,11 @@ class Daemon:
         self.served: Served | None = None
         self.probe_loop_beat = time.monotonic()
         self.telemetry: OtelTelemetry | None = None
-        # Burst mode with the saved calibration read without SQLAlchemy: the store opens after probing
-        # (`_open_store_after_probing`), until then None; `_store_failed` when it could not.
+        # Burst mode with the saved calibration read without SQLAlchemy: the store opens after probing, in one
+        # task (`_store_opening`: a signal meanwhile must not leave it half open); `_store_failed`: it could not.
         self._store_retry_s: float | None = None
         self._store_after_probing = False
+        self._opening: asyncio.Task[None] | None = None
         self._store_failed: StartupFailed | None = None
         self._spooled_without_store = 0
 
@@ -373,15 +374,15 @@ class Daemon:
         freeze_heap(collect=False)  # a burst is short: its start-up garbage may stay
         return True
 
+    def _store_opening(self) -> asyncio.Task[None]:
+        if self._opening is None:
+            self._opening = asyncio.create_task(self._open_store_after_probing())
+        return self._opening
+
     async def _open_store_after_probing(self) -> None:
         """Open the store, detection and the background store's writer once probing is over; when the
         database cannot be opened, spool what was measured (the next run replays it) and raise the error
         `start` would have raised, exit code included."""
-        if not self._store_after_probing:
-            if self._store_failed is not None:
-                raise self._store_failed
-            return
-        self._store_after_probing = False
         config, metrics, context, background = self.config, self.metrics, self.context, self.background
         try:
             store = self.store = await open_store(config, metrics=metrics, retry_s=self._store_retry_s)
@@ -394,11 +395,11 @@ class Daemon:
             except StoreError as spool_error:
                 structlog.get_logger().warning("results_lost", error=str(spool_error))
             else:
-                held = background.pending_writes
+                before = spool.depth
                 background.spool_held(spool)
                 self._spooled_without_store = spool.depth
                 spool.close()
-                structlog.get_logger().warning("results_spooled_without_database", runs=held)
+                structlog.get_logger().warning("results_spooled_without_database", runs=spool.depth - before)
             failed = self._store_failed = StartupFailed(
                 EXIT_INFRA, "startup_failed", f"{self.command}: {exc}", reason=str(exc)
             )
@@ -443,7 +444,8 @@ class Daemon:
             await asyncio.wait(runs)  # not gather: cancelling this must not cancel them
         outcomes = [task.result() for task in runs]
         self.phase = "storing"
-        await self._open_store_after_probing()
+        if self._store_after_probing:
+            await asyncio.shield(self._store_opening())
         await self.background.flush(3600)
         await self._earlier
         await self.store.writer.drain()
@@ -567,11 +569,12 @@ class Daemon:
                 log.warning("jobs_cancelled_at_shutdown", jobs=len(still))
         if not self.burst:
             self.scheduler.shutdown()
-        if self.burst and (self._store_after_probing or self._store_failed is not None):
+        if self.burst and self._store_after_probing:
             # Stopped before the store opened: it opens now, to store what was measured (or spools it).
             with contextlib.suppress(StartupFailed):
-                await self._open_store_after_probing()
+                await self._store_opening()
             if self._store_failed is not None:
+                log.error(self._store_failed.event, **self._store_failed.fields)
                 return await self._stop_without_store(log)
         closed = await self.background.close(max(1.0, deadline - loop.time()))
         self._stopping.set()
@@ -860,12 +863,11 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         try:
             finished = await _until(stop, asyncio.shield(burst))
         except StartupFailed as exc:  # the store, opened after probing, could not be: as at start, exit 3
-            stopped = await daemon.stop()
-            log.error(exc.event, **exc.fields)
+            stopped = await daemon.stop()  # logs the error, as start would have
             print(str(exc), file=sys.stderr, flush=True)
             if stopped is not None and stopped.spooled:
                 print(
-                    f"ttft-monitor once: {stopped.spooled} runs measured meanwhile wait in the spool at "
+                    f"ttft-monitor once: {stopped.spooled} runs wait in the spool at "
                     f"{Path(daemon.config.database.state_dir) / 'spool'} and are written on the next run",
                     file=sys.stderr,
                     flush=True,

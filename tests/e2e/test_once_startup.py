@@ -113,7 +113,7 @@ def test_once_whose_store_fails_after_probing_exits_3_naming_the_fix_and_spools_
     failed = run_cli("once", "--config", str(config), timeout=60)
     assert failed.code == 3, str(failed)
     assert "ttft-monitor once: " in failed.stderr and "ttft-monitor db upgrade" in failed.stderr, str(failed)
-    assert "1 runs measured meanwhile wait in the spool" in failed.stderr, str(failed)
+    assert "ttft-monitor once: 1 runs wait in the spool" in failed.stderr, str(failed)
     assert "Traceback" not in failed.stdout + failed.stderr
     with sqlite3.connect(tmp_path / "ttft.db") as conn:  # the schema is current again
         conn.execute("UPDATE alembic_version SET version_num = ?", (head,))
