@@ -927,11 +927,14 @@ class _Core:
         false alerts (bench/detector.py, sigma 0.3) for no gain in pages.
         """
         rules = self.rules
-        page_w, ticket_w, clear_w = self._window(rules.page, count), self._window(rules.ticket, count), rules.clear_runs
-        longest = min(count, max(page_w, ticket_w, clear_w))
+        page, ticket_rule = rules.page, rules.ticket
+        # `_window`'s answer without the call when no stretching is asked for (the ticket rule by default).
+        page_w = page.window_runs if page.min_probes <= 0 else self._window(page, count)
+        ticket_w = ticket_rule.window_runs if ticket_rule.min_probes <= 0 else self._window(ticket_rule, count)
+        longest = min(count, max(page_w, ticket_w, rules.clear_runs))
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
         # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
-        at = self._streak_end(count, streak_since)
+        at = count if streak_since is None else self._streak_end(count, streak_since)
         baseline = None
         adapted = False
         slot = self._run_slot
@@ -962,9 +965,11 @@ class _Core:
         ticket = None
         if count >= ticket_w and (baseline.seasonal or rules.seasonal_days == 0):
             ticket = median(recent if len(recent) == ticket_w else recent[-ticket_w:]) - level
+        window = sorted(recent[-page_w:])  # median(), without the call
+        half = len(window) // 2
         return _Verdict(
             baseline=baseline,
-            page=median(recent[-page_w:]) - level,
+            page=(window[half] if len(window) % 2 else (window[half - 1] + window[half]) / 2.0) - level,
             page_window=page_w,
             ticket_window=ticket_w,
             ticket=ticket,
