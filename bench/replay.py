@@ -10,20 +10,27 @@ the noise model on too unless `--noise-model off`. Prints the median of `--repea
 events (a digest of them) and ended in the same state.
 
     .venv/bin/python bench/replay.py [--days 365] [--repeat 3] [--noise-model off|on|both]
-        [--against ../main ...]
+        [--against ../main ...] [--command]
+
+`--command` times the whole `ttft-monitor replay --samples FILE.csv` instead (start-up, reading the CSV,
+the replay, the output; user + system CPU of the process): the same series written as a samples CSV,
+one row per probe, a run_id per run (a CSV has no served model, so no model change), default rules.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import json
 import math
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, replace
 from datetime import UTC, datetime, timedelta
@@ -63,6 +70,68 @@ def make_points(days: float, *, seed: int = 2, probes: int = 3, phi: float = 0.9
         )
         points.append(RunPoint(at, values[len(values) // 2], served_model=model, ok=probes, errors=0))
     return points
+
+
+def write_samples_csv(path: Path, days: float, *, seed: int = 2, probes: int = 3, phi: float = 0.9) -> int:
+    """make_points's series as a samples CSV, each probe a row (the same draws); returns the rows written."""
+    rng = random.Random(seed)
+    sigma = 0.3
+    load = 0.0
+    innovation = math.sqrt(0.5 * (1 - phi * phi)) * sigma
+    rows = 0
+    with path.open("w", newline="", encoding="utf-8") as stream:
+        out = csv.writer(stream)
+        out.writerow(["timestamp", "series", "ttft_ms", "error", "run_id"])
+        for i in range(round(days * RUNS_PER_DAY)):
+            day = i / RUNS_PER_DAY
+            load = phi * load + rng.gauss(0, innovation)
+            level = 400.0 * (1 + 0.2 * math.sin(2 * math.pi * day)) * math.exp(load)
+            if 9.0 <= day < 9.125:
+                level *= 1.7
+            if 12.0 <= day < 14.0:
+                level *= 1.2
+            at = (T0 + i * EVERY).isoformat().replace("+00:00", "Z")
+            failed = 16.0 <= day < 16.04 or rng.random() < 0.005
+            for _ in range(probes):
+                if failed:
+                    out.writerow([at, "s1", "", "timeout", f"r{i}"])
+                    continue
+                value = level * math.exp(rng.gauss(0, sigma * math.sqrt(0.5)))
+                value *= rng.uniform(3, 10) if rng.random() < 0.02 else 1
+                out.writerow([at, "s1", f"{value:.1f}", "", f"r{i}"])
+            rows += probes
+    return rows
+
+
+def measure_command(checkout: Path, samples: Path) -> float:
+    """User + system CPU seconds of one `python -m monitor replay --samples` with `checkout` first on the path."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run(
+        [sys.executable, "-m", "monitor", "replay", "--samples", str(samples)],
+        env=env,
+        check=True,
+        capture_output=True,
+        cwd=checkout,
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def bench_command(checkouts: list[Path], days: float, repeat: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        samples = Path(folder) / "samples.csv"
+        rows = write_samples_csv(samples, days)
+        print(f"`ttft-monitor replay --samples` of {rows:,} rows, user+sys CPU, median of {repeat}")
+        for checkout in checkouts:  # compiles each checkout's bytecode, uncounted
+            measure_command(checkout, samples)
+        results: dict[Path, list[float]] = {checkout: [] for checkout in checkouts}
+        for _ in range(repeat):
+            for checkout in checkouts:
+                results[checkout].append(measure_command(checkout, samples))
+        for checkout, cpu in results.items():
+            spread = ", ".join(f"{c:.2f}" for c in cpu)
+            print(f"  {checkout!s:<24} {statistics.median(cpu):6.2f} s CPU  ({spread})")
 
 
 def child(days: float, noise_model: bool) -> None:
@@ -106,6 +175,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--noise-model", choices=("off", "on", "both"), default="both")
     parser.add_argument("--against", type=Path, action="append", default=[], help="another checkout to time")
+    parser.add_argument("--command", action="store_true", help="time the whole `replay --samples` command")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--child-noise-model", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -113,6 +183,11 @@ def main() -> None:
         child(args.days, args.child_noise_model)
         return
     checkouts = [HERE, *(path.resolve() for path in args.against)]
+    if args.command:
+        print(f"load {os.getloadavg()[0]:.2f}")
+        bench_command(checkouts, args.days, args.repeat)
+        print(f"load {os.getloadavg()[0]:.2f}")
+        return
     models = {"off": [False], "on": [True], "both": [False, True]}[args.noise_model]
     print(f"replay of {args.days:g} days of 5-minute runs, median of {args.repeat}; load {os.getloadavg()[0]:.2f}")
     for noise_model in models:

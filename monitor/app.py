@@ -245,12 +245,17 @@ async def open_process_resources(
     store: Store | None,
     proxies: ProxyEnvironment | None = None,
     tracing: RequestTracing | None = None,
+    saved_fits: Mapping[tuple[str, str], tuple[float, float]] | None = None,
 ) -> ProcessResources:
-    """Open the HTTP sessions (closed by `stack`) and load the saved calibration.
+    """Open the HTTP sessions (closed by `stack`) and load the saved calibration (from the store, or
+    `saved_fits` as read without it: `once` opens its store after probing).
 
     `tracing`: each probe request carries its trace's `traceparent` (OpenTelemetry traces, monitor.otel)."""
     calibration = Calibration()
     saved: dict[tuple[str, str], tuple[float, float]] = {}
+    for key, (cpt, overhead) in (saved_fits or {}).items():
+        calibration.load(key, cpt, overhead)
+        saved[key] = (cpt, overhead)
     if store is not None:
         try:
             async with asyncio.timeout(CALIBRATION_LOAD_TIMEOUT_S):
@@ -320,9 +325,10 @@ async def build_context(
     store: Store | None,
     metrics: Metrics | None,
     tracing: RequestTracing | None = None,
+    saved_fits: Mapping[tuple[str, str], tuple[float, float]] | None = None,
 ) -> JobContext:
     """For a command that runs its jobs once (`once`, `probe`): the process's resources and the context in one step."""
-    resources = await open_process_resources(stack, store=store, tracing=tracing)
+    resources = await open_process_resources(stack, store=store, tracing=tracing, saved_fits=saved_fits)
     return job_context(config, resources, store=store, metrics=metrics)
 
 

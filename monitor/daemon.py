@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from monitor.app import (
+    CALIBRATION_LOAD_TIMEOUT_S,
     InfrastructureError,
     Store,
     TelemetryError,
@@ -51,7 +52,6 @@ from monitor.probe.result import Sample
 from monitor.schedule.background import ONCE_AFTERCARE_TIMEOUT_S
 from monitor.schedule.pipeline import JobOutcome, execute, plan_for_job
 from monitor.service_loop import ServiceLoop, favour_waiting_threads
-from monitor.store.engine import display_url
 from monitor.tasks import finish_tasks
 
 if TYPE_CHECKING:
@@ -203,6 +203,13 @@ class Daemon:
         self.served: Served | None = None
         self.probe_loop_beat = time.monotonic()
         self.telemetry: OtelTelemetry | None = None
+        # Burst mode with the saved calibration read without SQLAlchemy: the store opens after probing, in one
+        # task (`_store_opening`: a signal meanwhile must not leave it half open); `_store_failed`: it could not.
+        self._store_retry_s: float | None = None
+        self._store_after_probing = False
+        self._opening: asyncio.Task[None] | None = None
+        self._store_failed: StartupFailed | None = None
+        self._spooled_without_store = 0
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -252,6 +259,8 @@ class Daemon:
         stack = self._stack
         # A CronJob's run is short: it waits less for a database that is not there yet.
         retry_s = min(config.database.connect_retry_s, 10) if self.burst else None
+        if self.burst and await self._start_burst_before_store(config, metrics, retry_s):
+            return
         try:
             store = self.store = await open_store(config, metrics=metrics, retry_s=retry_s)
         except InfrastructureError as exc:  # unreachable, or a schema behind: the message names the fix
@@ -278,8 +287,8 @@ class Daemon:
 
         self.claims = TickClaims(store.engine)
         freeze_heap()
-
         from monitor.schedule.scheduler import JobScheduler
+        from monitor.store.engine import display_url
 
         self.scheduler = JobScheduler(self._run_tick, metrics=metrics)
         await self._serve(config, alert_metrics)
@@ -335,6 +344,79 @@ class Daemon:
         self._tasks = [self._earlier]
         freeze_heap(collect=False)  # a burst is short: its start-up garbage may stay
 
+    async def _start_burst_before_store(self, config: Config, metrics: Metrics, retry_s: float | None) -> bool:
+        """Burst mode without the store: all a burst needs of the database before its first request is the
+        saved calibration, read here without SQLAlchemy (monitor.store.saved_calibration), so the store's
+        imports (about a third of a second) are neither on the path to the first request nor, opened after
+        probing, in any probe's way. False: it cannot be read so; the store is opened first, as before."""
+        from monitor.schedule.background import BackgroundStore
+        from monitor.store.saved_calibration import read_saved_calibration
+
+        fits = await read_saved_calibration(config.database.url, timeout_s=CALIBRATION_LOAD_TIMEOUT_S)
+        if fits is None:
+            return False
+        telemetry = self.telemetry
+        context = await build_context(
+            config,
+            self._stack,
+            store=None,
+            metrics=metrics,
+            tracing=telemetry.tracing if telemetry else None,
+            saved_fits=fits,
+        )
+        # Finished runs wait in its queue until the store is open and it starts.
+        context.background = self.background = BackgroundStore(
+            None, saved_fits=context.saved_fits, aftercare_timeout_s=ONCE_AFTERCARE_TIMEOUT_S
+        )
+        self.context = context
+        self._store_retry_s, self._store_after_probing = retry_s, True
+        self._tasks = []
+        freeze_heap(collect=False)  # a burst is short: its start-up garbage may stay
+        return True
+
+    def _store_opening(self) -> asyncio.Task[None]:
+        if self._opening is None:
+            self._opening = asyncio.create_task(self._open_store_after_probing())
+        return self._opening
+
+    async def _open_store_after_probing(self) -> None:
+        """Open the store, detection and the background store's writer once probing is over; when the
+        database cannot be opened, spool what was measured (the next run replays it) and raise the error
+        `start` would have raised, exit code included."""
+        config, metrics, context, background = self.config, self.metrics, self.context, self.background
+        try:
+            store = self.store = await open_store(config, metrics=metrics, retry_s=self._store_retry_s)
+        except InfrastructureError as exc:
+            from monitor.store.engine import StoreError
+            from monitor.store.spool import Spool
+
+            try:
+                spool = Spool.in_state_dir(config.database.state_dir, max_mb=config.database.spool_max_mb)
+            except StoreError as spool_error:
+                structlog.get_logger().warning("results_lost", error=str(spool_error))
+            else:
+                before = spool.depth
+                background.spool_held(spool)
+                self._spooled_without_store = spool.depth
+                spool.close()
+                structlog.get_logger().warning("results_spooled_without_database", runs=spool.depth - before)
+            failed = self._store_failed = StartupFailed(
+                EXIT_INFRA, "startup_failed", f"{self.command}: {exc}", reason=str(exc)
+            )
+            raise failed from None
+        self._stack.callback(store.spool.close)  # last: the writer may spool until the very end
+        self._stack.push_async_callback(dispose_engine, store.engine)
+        context.writer, context.repository = store.writer, store.repository
+        self.dispatcher, self.detection = await attach_detection(context, store, self._stack, metrics=metrics)
+        # Earlier outages may have left samples in the spool: replayed first, and this run's queue behind them.
+        self._earlier = asyncio.create_task(store.writer.drain())
+        self._tasks = [self._earlier]
+        background.attach(
+            store.writer, after_store=context.after_store, save_calibration=store.repository.save_calibration
+        )
+        background.start()
+        self._background_started = background
+
     async def run_burst(self) -> list[JobOutcome]:
         """Burst mode: run the selected jobs once, now, and store what they measured (detection included).
 
@@ -362,6 +444,8 @@ class Daemon:
             await asyncio.wait(runs)  # not gather: cancelling this must not cancel them
         outcomes = [task.result() for task in runs]
         self.phase = "storing"
+        if self._store_after_probing:
+            await asyncio.shield(self._store_opening())
         await self.background.flush(3600)
         await self._earlier
         await self.store.writer.drain()
@@ -485,6 +569,13 @@ class Daemon:
                 log.warning("jobs_cancelled_at_shutdown", jobs=len(still))
         if not self.burst:
             self.scheduler.shutdown()
+        if self.burst and self._store_after_probing:
+            # Stopped before the store opened: it opens now, to store what was measured (or spools it).
+            with contextlib.suppress(StartupFailed):
+                await self._store_opening()
+            if self._store_failed is not None:
+                log.error(self._store_failed.event, **self._store_failed.fields)
+                return await self._stop_without_store(log)
         closed = await self.background.close(max(1.0, deadline - loop.time()))
         self._stopping.set()
         if self.burst:
@@ -503,6 +594,20 @@ class Daemon:
         )
         log.info("daemon_stopped", spooled=stopped.spooled, **closed)
         await self._stack.aclose()
+        return stopped
+
+    async def _stop_without_store(self, log: FilteringBoundLogger) -> Stopped:
+        """`stop` when the store never opened: what was measured is in the spool (or logged as lost)."""
+        self._stopping.set()
+        await self._stack.aclose()
+        stopped = Stopped(
+            closed={"spooled_at_close": 0, "aftercare_skipped": 0},
+            stored_runs=0,
+            spooled=self._spooled_without_store,
+            lost_runs=0,
+            lost_at_exit=0,
+        )
+        log.info("daemon_stopped", spooled=stopped.spooled, **stopped.closed)
         return stopped
 
     def _paused_by_budget(self, job: Job, intended: datetime, log: FilteringBoundLogger) -> bool:
@@ -757,6 +862,17 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
         burst = asyncio.create_task(daemon.run_burst())
         try:
             finished = await _until(stop, asyncio.shield(burst))
+        except StartupFailed as exc:  # the store, opened after probing, could not be: as at start, exit 3
+            stopped = await daemon.stop()  # logs the error, as start would have
+            print(str(exc), file=sys.stderr, flush=True)
+            if stopped is not None and stopped.spooled:
+                print(
+                    f"ttft-monitor once: {stopped.spooled} runs wait in the spool at "
+                    f"{Path(daemon.config.database.state_dir) / 'spool'} and are written on the next run",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            return exc.code
         except BaseException:
             await daemon.stop()
             raise

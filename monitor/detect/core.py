@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right, insort
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +26,7 @@ from monitor.detect.stats import (
     median_and_sigma,
     median_se_factor,
 )
+from monitor.detect.window_sums import WindowSums, decide
 
 DAY_S = 86400.0
 # Seasonal baselines are computed per slot of this many seconds and cached; a run is compared with
@@ -170,6 +171,8 @@ class _Core:
         self._jump_key: tuple[int, bool] = (0, False)  # the window and source of the kept jump-test medians
         self._jump_cache: dict[int, float] = {}
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
+        self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
+        self._sums: WindowSums | None = None
 
     # ------------------------------------------------ data
 
@@ -209,6 +212,7 @@ class _Core:
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
         if drop > 0:
             self._profile_cache = None
+            self._sums = None  # rebuilt from the runs kept, when next asked
             self._jump_cache = {}  # keyed by index
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
@@ -318,7 +322,8 @@ class _Core:
         # Mostly runs with a seasonal baseline: a few would let the start of a regression set the level.
         if len(reference) < max(MIN_BASELINE_RUNS, (end - low) // 2):
             return None
-        level = median(reference, presorted=True)
+        half = len(reference) // 2  # median(reference, presorted=True), without the call: once a run
+        level = reference[half] if len(reference) % 2 else (reference[half - 1] + reference[half]) / 2.0
         return _Baseline(
             center=slot.center + level,
             level=level,
@@ -340,6 +345,7 @@ class _Core:
     def step(self, state: SeriesState, run: RunPoint) -> list[Event]:
         """Append `run`, evaluate it, update `state` in place; the events it caused."""
         self.epoch_started = None
+        self._steps += 1
         self.append(run)
         # The run's seasonal slot, looked up once: the verdict and the sequential rule compare with it too.
         slot = None
@@ -439,10 +445,16 @@ class _Core:
         if noise is None:
             state.noise = None  # a model left from when it was on is stale by the time it is turned on again
         confirms = self._confirms
-        if (
-            confirms(verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise)
-            and (noise is not None or self._run_is_slow(verdict))
-        ) or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since)):
+        # Below a rule's ratio nothing confirms (`_confirms`, `_jumps`): most runs stop at that comparison.
+        if verdict.page >= self._log_page_ratio and (
+            (
+                confirms(
+                    verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise
+                )
+                and (noise is not None or self._run_is_slow(verdict))
+            )
+            or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since))
+        ):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
         else:
@@ -458,6 +470,8 @@ class _Core:
         if (
             (rules.cusum is None or rules.window_tickets)
             and fresh
+            and verdict.ticket is not None
+            and verdict.ticket >= self._log_ticket_ratio
             and confirms(
                 verdict.ticket,
                 rules.ticket,
@@ -758,6 +772,28 @@ class _Core:
         self._profile_cache = (key, profile)
         return profile
 
+    def _profile_decides(self, baseline: _Baseline, bound: float, block: int, limit: float) -> bool | None:
+        """Whether `_profile`'s factor is at most `limit`, from running sums (window_sums.py) on a core
+        stepped through a long series; None: `_profile` must tell (or the core is an `evaluate`'s)."""
+        end = baseline.end
+        if self._steps < 64 or self._reference_range[1] != end or baseline.reference is not self._reference_sorted:
+            return None
+        low, _high = self._reference_range
+        sums = self._sums
+        if sums is None or sums.block != block:
+            sums = self._sums = WindowSums(block, low)
+        if sums.end < end:
+            sums.extend(self._residuals_between(sums.end, end))
+        reference, sigma, center = baseline.reference, baseline.sigma, baseline.level
+        low_clip, high_clip = center - bound * sigma, center + bound * sigma
+        below, above = bisect_right(reference, low_clip), bisect_left(reference, high_clip)
+        if len(reference) != end - low:
+            return None
+        factor_squared = sums.factor_squared(
+            low, end, low_clip=low_clip, high_clip=high_clip, below=reference[:below], above=reference[above:]
+        )
+        return decide(factor_squared, limit)
+
     def _window(self, rule: Threshold, count: int) -> int:
         """Runs in `rule`'s window ending at valid run `count` - 1: `window_runs`, stretched back until
         it holds `min_probes` measured requests (at most `longest_window` runs)."""
@@ -881,6 +917,9 @@ class _Core:
         # Against a trailing baseline, of its own runs, in blocks of a sixth of them (when that is at
         # least 6 runs: shorter blocks cannot tell load that comes and goes from noise).
         if baseline.seasonal:
+            decided = self._profile_decides(baseline, cusum.clip, cusum.block_runs, z / rule.z_threshold)
+            if decided is not None:
+                return decided
             _mean, factor = self._profile(baseline.end, baseline, cusum.clip, cusum.block_runs)
         elif self.rules.trailing_runs < 36:
             factor = 1.0
@@ -906,11 +945,14 @@ class _Core:
         false alerts (bench/detector.py, sigma 0.3) for no gain in pages.
         """
         rules = self.rules
-        page_w, ticket_w, clear_w = self._window(rules.page, count), self._window(rules.ticket, count), rules.clear_runs
-        longest = min(count, max(page_w, ticket_w, clear_w))
+        page, ticket_rule = rules.page, rules.ticket
+        # `_window`'s answer without the call when no stretching is asked for (the ticket rule by default).
+        page_w = page.window_runs if page.min_probes <= 0 else self._window(page, count)
+        ticket_w = ticket_rule.window_runs if ticket_rule.min_probes <= 0 else self._window(ticket_rule, count)
+        longest = min(count, max(page_w, ticket_w, rules.clear_runs))
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
         # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
-        at = self._streak_end(count, streak_since)
+        at = count if streak_since is None else self._streak_end(count, streak_since)
         baseline = None
         adapted = False
         slot = self._run_slot
@@ -940,10 +982,12 @@ class _Core:
         # seasonal baseline, unless it is switched off.
         ticket = None
         if count >= ticket_w and (baseline.seasonal or rules.seasonal_days == 0):
-            ticket = median(recent[-ticket_w:]) - level
+            ticket = median(recent if len(recent) == ticket_w else recent[-ticket_w:]) - level
+        window = sorted(recent[-page_w:])  # median(), without the call
+        half = len(window) // 2
         return _Verdict(
             baseline=baseline,
-            page=median(recent[-page_w:]) - level,
+            page=(window[half] if len(window) % 2 else (window[half - 1] + window[half]) / 2.0) - level,
             page_window=page_w,
             ticket_window=ticket_w,
             ticket=ticket,

@@ -12,6 +12,7 @@ import csv
 import heapq
 import itertools
 import json
+import math
 import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -59,7 +60,7 @@ class _Run:
         self.at = at
         self.ttfts: list[float] = []
         self.failed = 0
-        self.errors: Counter[str] = Counter()
+        self.errors: Counter[str] | None = None  # made for the first failed row with an error class
 
     def point(self) -> RunPoint:
         return RunPoint(
@@ -93,26 +94,50 @@ def read_samples_csv(stream: TextIO) -> dict[str, list[RunPoint]]:
     error_at, run_at = index.get("error"), index.get("run_id")
     grouped: dict[str, dict[str, _Run]] = {}
     single: dict[str, list[RunPoint]] = {}
+    # Cells that repeat (a run's rows share its time; a file has few series and error classes) are read
+    # once: a year of 5-minute runs is hundreds of thousands of rows.
+    names_seen: dict[str, str] = {}
+    errors_seen: dict[str, str | None] = {"": None}
+    last_time, last_moment = "", None
+    fields = len(names)
     line = 1
     try:
         for row in reader:
             line = reader.line_num
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue
-            if len(row) != len(names):
+            if len(row) != fields:
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
                 raise ReplayError(f"{len(row)} fields where the header has {len(names)}", line=line)
-            series = read_csv_cell(row[series_at].strip())
-            if not series:
-                raise ReplayError("series is empty; every row needs one", line=line)
-            moment = parse_timestamp(row[at], line)
-            ttft = parse_ttft(row[ttft_at], line)
-            error = (read_csv_cell(row[error_at].strip()) or None) if error_at is not None else None
-            if error is not None and not ERROR_CLASS.match(error):
-                raise ReplayError(
-                    f"error {error!r} is not an error class (letters, digits, '_', '.', '-', at most 32 "
-                    "characters, e.g. timeout_first_token)",
-                    line=line,
-                )
+            series = names_seen.get(row[series_at])
+            if series is None:
+                series = read_csv_cell(row[series_at].strip())
+                if not series:
+                    raise ReplayError("series is empty; every row needs one", line=line)
+                names_seen[row[series_at]] = series
+            if row[at] != last_time or last_moment is None:
+                last_moment, last_time = parse_timestamp(row[at], line), row[at]
+            moment = last_moment
+            ttft: float | None
+            try:  # parse_ttft's reading, which also strips the cell, in one call for a plain number
+                ttft = float(row[ttft_at])
+            except ValueError:
+                ttft = parse_ttft(row[ttft_at], line)  # empty (a failed request), or the error
+            else:
+                if not (ttft > 0 and ttft != math.inf):  # nan, inf, 0 or negative
+                    ttft = parse_ttft(row[ttft_at], line)  # the error
+            if error_at is None:
+                error = None
+            elif row[error_at] in errors_seen:
+                error = errors_seen[row[error_at]]
+            else:
+                error = read_csv_cell(row[error_at].strip()) or None
+                if error is not None and not ERROR_CLASS.match(error):
+                    raise ReplayError(
+                        f"error {error!r} is not an error class (letters, digits, '_', '.', '-', at most 32 "
+                        "characters, e.g. timeout_first_token)",
+                        line=line,
+                    )
+                errors_seen[row[error_at]] = error
             # A request with an error failed, even if its first token came (as in the store).
             ok = ttft is not None and error is None
             run_id = row[run_at].strip() if run_at is not None else ""
@@ -131,6 +156,8 @@ def read_samples_csv(stream: TextIO) -> dict[str, list[RunPoint]]:
             else:
                 run.failed += 1
                 if error is not None:
+                    if run.errors is None:
+                        run.errors = Counter()
                     run.errors[error] += 1
     except csv.Error as exc:
         raise ReplayError(f"not CSV: {exc}", line=reader.line_num) from None

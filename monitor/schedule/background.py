@@ -97,7 +97,7 @@ class _Aftercare:
 class BackgroundStore:
     def __init__(
         self,
-        writer: BatchWriter,
+        writer: BatchWriter | None,
         *,
         after_store: AfterStore | None = None,
         save_calibration: SaveCalibration | None = None,
@@ -116,10 +116,20 @@ class BackgroundStore:
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._log = structlog.get_logger()
-        # Runs the spool's replay stores are detected like the ones written directly.
+        if writer is not None:
+            # Runs the spool's replay stores are detected like the ones written directly.
+            writer.notify_stored(self._stored)
+
+    def attach(
+        self, writer: BatchWriter, *, after_store: AfterStore | None, save_calibration: SaveCalibration | None
+    ) -> None:
+        """The writer of a background store made without one (`once` probes before it opens the store):
+        what was submitted meanwhile waits in the queue until `start`."""
+        self._writer, self.after_store, self._save_calibration = writer, after_store, save_calibration
         writer.notify_stored(self._stored)
 
     def start(self) -> None:
+        assert self._writer is not None, "attach a writer first"
         self._tasks = [
             asyncio.create_task(self._write_loop(), name="store-writes"),
             asyncio.create_task(self._aftercare_loop(), name="store-aftercare"),
@@ -157,6 +167,7 @@ class BackgroundStore:
             item = await self._writes.get()
             self._in_hand = item
             try:
+                assert self._writer is not None  # start() checked
                 saved = str(await self._writer.save(item.batch))
             except Exception as exc:  # the writer reports its own trouble; this is a bug, keep going
                 self._log.error("store_stage_failed", job=item.job, error=error_text(exc))
@@ -205,8 +216,24 @@ class BackgroundStore:
             await self._save_calibration(key, *fit)
             self.saved_fits[key] = fit
 
+    def spool_held(self, spool: Spooled) -> None:
+        """Spool what waits in the queue of a background store that never started (`once` could not open
+        its database after probing): the next run replays it."""
+        while not self._writes.empty():
+            item = self._writes.get_nowait()
+            try:
+                spool.append(item.batch)
+                saved = "spooled"
+            except Exception as exc:
+                self._log.warning("results_lost", job=item.job, runs=len(item.batch), error=Bounded(str(exc), 300))
+                saved = "lost"
+            if not item.done.done():
+                item.done.set_result(saved)
+
     def _spool_now(self, item: _Write) -> None:
         try:
+            if self._writer is None:
+                raise RuntimeError("no writer attached")
             self._writer.spool.append(item.batch)
             saved = "spooled"
         except Exception as exc:
@@ -246,7 +273,7 @@ class BackgroundStore:
         written = await self.flush(max(0.0, deadline - loop.time()))
         self._closing = True
         spooled_at_close = 0
-        if not written:
+        if not written and self._tasks:
             # The database is hung: the batch in hand is spooled by the writer when cancelled.
             self._tasks[0].cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

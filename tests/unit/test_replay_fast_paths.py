@@ -4,6 +4,7 @@ readings do: the golden file of test_detect_default_unchanged.py needs the same 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -11,8 +12,11 @@ from hypothesis import strategies as st
 
 from monitor.detect import noise
 from monitor.detect.core import _Core
+from monitor.detect.detector import Detector
 from monitor.detect.rules import Rules
+from monitor.detect.settings import Detection
 from monitor.detect.stats import mad_sigma, mad_sigma_sorted, median
+from monitor.detect.window_sums import WindowSums, decide
 from tests.support.series import make_series
 
 # Few distinct values as well as many, so ties and deviations of zero come up.
@@ -81,3 +85,81 @@ def test_the_jump_tests_kept_window_medians_are_those_of_the_history_asked_for()
         assert len(kept) == len(expected)
         assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(kept, expected, strict=True))
         assert noise.jump_spread(history, window, kept) == noise.jump_spread(history, window)
+
+
+def _plain_factor_squared(values: list[float], *, low: float, high: float, block: int) -> float:
+    """clipped_profile's long-run factor squared, before its floor of 1 (what WindowSums stands in for)."""
+    clipped = [min(max(v, low), high) for v in values]
+    count = len(clipped)
+    mean = sum(clipped) / count
+    variance = sum((v - mean) ** 2 for v in clipped) / (count - 1)
+    sums = [sum(clipped[i : i + block]) for i in range(count - block + 1)]
+    sums_mean = sum(sums) / len(sums)
+    return sum((s - sums_mean) ** 2 for s in sums) / (len(sums) - 1) / block / variance
+
+
+@given(
+    st.lists(st.floats(min_value=-3.0, max_value=3.0), min_size=40, max_size=160, unique=True),
+    st.integers(0, 30),
+    st.integers(2, 12),
+    st.floats(min_value=0.3, max_value=2.5),
+    st.one_of(st.none(), st.integers(0, 159)),
+)
+def test_window_sums_give_the_clipped_long_run_factor(
+    values: list[float], skip: int, block: int, bound: float, hole: int | None
+) -> None:
+    # Values come in a few at a time from index 5; the window is any stretch of them; a nan somewhere.
+    series = list(values)
+    if hole is not None:
+        series.insert(min(hole, len(series)), math.nan)
+    sums = WindowSums(block, start=5)
+    for low in range(0, len(series), 7):
+        sums.extend(series[low : low + 7])
+    window = series[skip:]
+    low, end = 5 + skip, 5 + len(series)
+    ordered = sorted(v for v in window if v == v)
+    below, above = [v for v in ordered if v <= -bound], [v for v in ordered if v >= bound]
+    got = sums.factor_squared(low, end, low_clip=-bound, high_clip=bound, below=below, above=above)
+    if any(math.isnan(v) for v in window) or len(window) < 2 * block:
+        assert got is None
+    elif got is not None:  # None: too many clipped values, or a cancellation; the plain reading decides
+        assert got == pytest.approx(_plain_factor_squared(window, low=-bound, high=bound, block=block), rel=1e-9)
+
+
+def test_window_sums_step_aside_for_a_clipped_value_seen_twice() -> None:
+    sums = WindowSums(2, start=0)
+    sums.extend([0.1, 5.0, 0.2, -0.1])
+    sums.extend([5.0, 0.3, 0.0, 0.15, -0.2, 0.05])
+    assert sums.factor_squared(0, 10, low_clip=-1.0, high_clip=1.0, below=[], above=[5.0, 5.0]) is None
+    assert sums.factor_squared(0, 10, low_clip=-1.0, high_clip=6.0, below=[], above=[]) is not None
+
+
+@pytest.mark.parametrize(
+    ("factor_squared", "limit", "decided"),
+    [(None, 2.0, None), (3.9, 2.0, True), (4.1, 2.0, False), (4.0, 2.0, None), (4.0 * (1 + 1e-9), 2.0, None)],
+)
+def test_the_window_sums_decide_only_far_from_the_limit(
+    factor_squared: float | None, limit: float, decided: bool | None
+) -> None:
+    assert decide(factor_squared, limit) is decided
+
+
+def test_a_replayer_decides_the_long_run_factor_as_the_plain_reading_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each time the window rules ask on a seeded AR(1) series of 30 days: the running sums' answer, when
+    # they give one, is the plain reading's (clipped_profile's factor against the same limit).
+    fast = _Core._profile_decides
+    answered = []
+
+    def checked(core: _Core, baseline: Any, bound: float, block: int, limit: float) -> bool | None:
+        got = fast(core, baseline, bound, block, limit)
+        if got is not None:
+            _mean, factor = core._profile(baseline.end, baseline, bound, block)
+            assert got == (factor <= limit)
+            answered.append(got)
+        return got
+
+    monkeypatch.setattr(_Core, "_profile_decides", checked)
+    replayer = Detector(Detection().rules()).replayer()
+    for point in make_series(2, days=30, probes=3, phi=0.9):
+        replayer.feed(point)
+    assert len(answered) > 500 and True in answered and False in answered

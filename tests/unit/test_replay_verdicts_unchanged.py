@@ -1,0 +1,81 @@
+"""A year's replay made cheaper (issue 26) must not change a single verdict: seeded series longer than the
+golden file's 18 days, with the default rules and with the noise model, replayed through `Replayer`, and
+a digest of every event and the final state compared with one recorded from main before the change
+(6c7c987). One series has whole-millisecond TTFTs, so equal residuals come up (the window rules' fast
+path steps aside for them). Re-record only from code whose verdicts are known to be main's:
+    PYTHONPATH=/path/to/main python tests/unit/test_replay_verdicts_unchanged.py --write
+(run as a script, this file imports nothing from the tests package, so `monitor` is the one on PYTHONPATH).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import sys
+from dataclasses import asdict, replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from monitor.detect.detector import Detector, RunPoint
+from monitor.detect.settings import Detection
+
+T0 = datetime(2025, 3, 3, tzinfo=UTC)
+RUNS_PER_DAY = 288
+
+# (seed, days, probes, phi, whole milliseconds, noise model) -> digest, from main at 6c7c987.
+DIGESTS: dict[tuple[int, int, int, float, bool, bool], str] = {
+    (2, 40, 3, 0.9, False, False): "d032ae87df33bc1169c826190c4e375941056af4ef2c79e93498eb64d1f12ae9",
+    (2, 40, 3, 0.9, False, True): "af8035857cd385319bf8388e7ccfaa0094c3ae5007227614a936cb8b775bbe59",
+    (5, 40, 1, 0.97, True, False): "91f0b231aafb84b045b45ff4c01d44abad1ba7f06a762c8a116018ae9ef725af",
+    (7, 30, 5, 0.0, False, False): "101d3d8163d1db86892bab038afc9de683b59caf4a35958fd90fbe2cb719fdac",
+}
+
+
+def points(seed: int, days: int, probes: int, phi: float, whole_ms: bool) -> list[RunPoint]:
+    """tests/support/series.py `make_series` with a 20% step on day 25 and optionally rounded TTFTs."""
+    rng = random.Random(seed)
+    sigma, load = 0.3, 0.0
+    innovation = math.sqrt(0.5 * (1 - phi * phi)) * sigma
+    out = []
+    for i in range(days * RUNS_PER_DAY):
+        day = i / RUNS_PER_DAY
+        load = phi * load + rng.gauss(0, innovation)
+        level = 400.0 * (1 + 0.2 * math.sin(2 * math.pi * day)) * math.exp(load)
+        if 9.0 <= day < 9.125:
+            level *= 1.7
+        if 12.0 <= day < 14.0 or 25.0 <= day < 26.5:
+            level *= 1.2
+        at = T0 + i * timedelta(minutes=5)
+        model = "m-1" if day < 15.5 else "m-2"
+        if 16.0 <= day < 16.04 or rng.random() < 0.005:
+            out.append(RunPoint(at, None, error="timeout", served_model=model, ok=0, errors=probes))
+            continue
+        values = sorted(
+            level * math.exp(rng.gauss(0, sigma * math.sqrt(0.5))) * (rng.uniform(3, 10) if rng.random() < 0.02 else 1)
+            for _ in range(probes)
+        )
+        ttft = values[len(values) // 2]
+        out.append(RunPoint(at, float(round(ttft)) if whole_ms else ttft, served_model=model, ok=probes, errors=0))
+    return out
+
+
+def digest(key: tuple[int, int, int, float, bool, bool]) -> str:
+    seed, days, probes, phi, whole_ms, noise = key
+    rules = Detection().rules()
+    replayer = Detector(replace(rules, noise_model=True) if noise else rules).replayer()
+    events = [asdict(event) for point in points(seed, days, probes, phi, whole_ms) for event in replayer.feed(point)]
+    text = json.dumps({"events": events, "state": replayer.state.to_json()}, default=str, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize("key", list(DIGESTS), ids=lambda key: "-".join(map(str, key)))
+def test_a_long_replay_raises_what_main_raised(key: tuple[int, int, int, float, bool, bool]) -> None:
+    assert digest(key) == DIGESTS[key]
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    for key in DIGESTS:
+        print(f'    {key}: "{digest(key)}",')
