@@ -421,7 +421,11 @@ def _follow(
             story.saw_sample(event, time.monotonic())
             table.add(event)
         elif name == ALERT_LOG_EVENT:
-            table.note(f"\n!!! {event.get('summary') or event.get('message') or json.dumps(event)}\n")
+            # The headline first ("[PAGE] TTFT regression on ..."), then why, in the detector's words.
+            headline = event.get("message") or event.get("summary") or json.dumps(event)
+            summary = event.get("summary")
+            why = f"\n    {summary}" if summary and summary != headline else ""
+            table.note(f"\n!!! {headline}{why}\n")
         elif event.get("level") in ("warning", "error"):
             details = {k: v for k, v in event.items() if k not in ("event", "level", "timestamp")}
             table.note(f"  [{event.get('level')}] {name}: {json.dumps(details)[:300]}\n")

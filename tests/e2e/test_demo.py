@@ -27,6 +27,8 @@ def test_the_demo_raises_and_resolves_a_regression(tmp_path: Path) -> None:
     assert re.search(r"metrics: http://127\.0\.0\.1:\d+/metrics", out)
     assert "made qwen3-14b 2.5x slower" in out
     assert page in out and resolve in out, out
+    # Under the page's headline, why: the detector's evidence in words.
+    assert re.search(r"\n    (qwen3-14b / \w+: )?\+\d+% over \d+ runs \(", out), out
     assert out.index(page) < out.index(resolve)
     # only the slowed model regressed
     assert "regression on qwen3-8b" not in out and "regression on gpt-4o-mini" not in out

@@ -14,7 +14,7 @@ from tests.conftest import ROOT
 from tests.support.vllm_peer import ENV_VARIABLE, MODEL_BUILDER, builder_command, engine_cpus
 
 # tests/e2e/test_vllm.py's tests, counted by hand: what is skipped or deselected there, all of them.
-VLLM_TESTS = 9
+VLLM_TESTS = 12
 
 
 def run_vllm_tests(env_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
