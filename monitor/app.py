@@ -371,7 +371,9 @@ async def attach_detection(
 
     transport = await stack.enter_async_context(Transport(proxies=proxy_environment()))
     dispatcher = Dispatcher(store.engine, context.config.alerts, transport, metrics=alert_metrics_for(context, metrics))
-    return dispatcher, attach_detection_service(context, store, outbox=dispatcher.outbox, metrics=metrics)
+    service = attach_detection_service(context, store, outbox=dispatcher.outbox, metrics=metrics)
+    await service.budget.restore()  # a crossed budget's stored holds, before the first tick
+    return dispatcher, service
 
 
 def start_background_store(

@@ -59,6 +59,8 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from monitor.alert.metrics import AlertMetrics
+    from monitor.detect.budget_service import Hold
+    from monitor.detect.service import DetectionService
     from monitor.otel.export import OtelTelemetry
     from monitor.schedule.background import BackgroundStore
     from monitor.served import Served
@@ -210,6 +212,8 @@ class Daemon:
         self._opening: asyncio.Task[None] | None = None
         self._store_failed: StartupFailed | None = None
         self._spooled_without_store = 0
+        self._burst_holds: dict[str, Hold] = {}  # the budget holds read before probing, without the store
+        self.paused_by_budget: list[Hold] = []  # `once`: the jobs a crossed budget held back from this run
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -281,6 +285,7 @@ class Daemon:
         # Detection enqueues here, on the probes' loop; delivery runs on the service loop and is woken from here.
         self.outbox = Outbox(store.engine, config.alerts, metrics=alert_metrics, on_enqueue=self._wake_dispatcher)
         self.detection = attach_detection_service(context, store, outbox=self.outbox, metrics=metrics)
+        await self.detection.budget.restore()  # a crossed budget's stored holds, before the first tick
         self.background = self._background_started = start_background_store(context, store)
         self.context = context
         from monitor.schedule.claims import TickClaims  # `run`'s alone: `once` starts without it
@@ -349,12 +354,18 @@ class Daemon:
         saved calibration, read here without SQLAlchemy (monitor.store.saved_calibration), so the store's
         imports (about a third of a second) are neither on the path to the first request nor, opened after
         probing, in any probe's way. False: it cannot be read so; the store is opened first, as before."""
+        from monitor.detect.budget_service import Hold, in_force
         from monitor.schedule.background import BackgroundStore
-        from monitor.store.saved_calibration import read_saved_calibration
+        from monitor.store.saved_calibration import read_before_probing
 
-        fits = await read_saved_calibration(config.database.url, timeout_s=CALIBRATION_LOAD_TIMEOUT_S)
-        if fits is None:
+        read = await read_before_probing(
+            config.database.url, location=config.location, timeout_s=CALIBRATION_LOAD_TIMEOUT_S
+        )
+        if read is None:
             return False
+        fits, now = read.fits, datetime.now(UTC)
+        # A crossed budget's holds apply to this run too (detection, which keeps them, opens after probing).
+        self._burst_holds = {hold.job: hold for hold in map(Hold.of, read.holds) if in_force(config, hold, now)}
         telemetry = self.telemetry
         context = await build_context(
             config,
@@ -424,19 +435,32 @@ class Daemon:
         context = self.context
         intended = datetime.now(UTC)
         self.phase = "probing"
-        runs = [
-            asyncio.create_task(
-                execute(
-                    context,
-                    job=j.name,
-                    plan=plan_for_job(context, j),
-                    connection=j.connection,
-                    intended_at=intended,
-                    on_sample=self.samples.append,
+        runs = []
+        for job in self.jobs:
+            plan = plan_for_job(context, job)
+            hold = self._burst_hold(job.name, intended)
+            log = structlog.get_logger().bind(job=job.name)
+            if hold is not None and hold.action == "pause":  # never silently: logged and counted, as `run` does
+                log.warning("tick_paused_by_budget", scheduled=intended.isoformat(), budget=hold.budget,
+                            until=hold.until.isoformat())  # fmt: skip
+                self.metrics.job_runs.labels(job.name, "skipped_budget").inc()
+                self.paused_by_budget.append(hold)
+                continue
+            if hold is not None and hold.action == "reduce":
+                log.info("run_reduced_by_budget", budget=hold.budget, rounds=1, warmup=0, until=hold.until.isoformat())
+                plan = replace(plan, rounds=1, warmup=0)
+            runs.append(
+                asyncio.create_task(
+                    execute(
+                        context,
+                        job=job.name,
+                        plan=plan,
+                        connection=job.connection,
+                        intended_at=intended,
+                        on_sample=self.samples.append,
+                    )
                 )
             )
-            for j in self.jobs
-        ]
         self.in_flight.update(runs)
         for task in runs:
             task.add_done_callback(self.in_flight.discard)
@@ -609,6 +633,14 @@ class Daemon:
         )
         log.info("daemon_stopped", spooled=stopped.spooled, **stopped.closed)
         return stopped
+
+    def _burst_hold(self, job: str, now: datetime) -> Hold | None:
+        """The budget hold on `job` for `once`: detection's when it opened before probing, else the one read
+        with the calibration (monitor.store.saved_calibration)."""
+        detection: DetectionService | None = getattr(self, "detection", None)  # set once the store is open
+        if detection is not None:
+            return detection.budget.hold_for(job, now)
+        return self._burst_holds.get(job)
 
     def _paused_by_budget(self, job: Job, intended: datetime, log: FilteringBoundLogger) -> bool:
         """Whether a crossed budget with `action: pause` holds the job: its tick is then skipped, counted and
@@ -926,6 +958,12 @@ async def run_once(config_path: str, *, job_names: list[str], redactor: Redactor
             flush=True,
         )
         return EXIT_PUSH
+    if not outcomes and daemon.paused_by_budget:  # nothing failed: the budget held every job back, as configured
+        holds = ", ".join(
+            f"{h.job} by budget.{h.budget} until {h.until:%Y-%m-%d %H:%M} UTC" for h in daemon.paused_by_budget
+        )
+        print(f"ttft-monitor once: nothing probed, paused: {holds}", file=sys.stderr, flush=True)
+        return EXIT_OK
     return EXIT_OK if ok else EXIT_FAILED
 
 

@@ -9,20 +9,18 @@ catches what the schedule does not say: a model that started reasoning past what
 
 from __future__ import annotations
 
-import json
-import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import structlog
 
 from monitor.alert.model import Notification
 from monitor.config.cost import COURSE_WINDOW_S, budget_course, jobs_in_scope, period_end
 from monitor.config.models import BudgetLimit, Config
+from monitor.store.records import BudgetHoldRecord
 
 if TYPE_CHECKING:
     from monitor.alert.outbox import Outbox
@@ -30,8 +28,6 @@ if TYPE_CHECKING:
     from monitor.store.repository import Repository
 
 KIND = "budget"
-# Under database.state_dir: the holds a crossed budget put on jobs, so a restart keeps them.
-BUDGET_HOLDS_FILE = "budget_holds.json"
 # One notice per budget and period: its id is derived from both, so the outbox's de-duplication keeps it
 # to one across runs, restarts and replicas.
 _NAMESPACE = uuid.UUID("4f3c1a52-9d0e-4b7a-8a51-6f0f2b1c7e10")
@@ -63,48 +59,21 @@ class Hold:
             "until": self.until.isoformat(),
         }
 
+    def record(self) -> BudgetHoldRecord:
+        return BudgetHoldRecord(self.job, self.action, self.budget, self.per, self.since, self.until)
+
     @classmethod
-    def from_json(cls, data: Any) -> Hold | None:
-        """A hold written by `to_json`; None for anything else (a damaged or hand-edited file)."""
-        if not isinstance(data, dict):
-            return None
-        try:
-            hold = cls(
-                job=str(data["job"]),
-                action=str(data["action"]),
-                budget=str(data["budget"]),
-                per=str(data["per"]),
-                since=datetime.fromisoformat(data["since"]),
-                until=datetime.fromisoformat(data["until"]),
-            )
-        except (KeyError, TypeError, ValueError):
-            return None
-        if hold.action not in ACTION_LEVEL or hold.until.tzinfo is None or hold.since.tzinfo is None:
-            return None
-        return hold
+    def of(cls, record: BudgetHoldRecord) -> Hold:
+        return cls(record.job, record.action, record.budget, record.per, record.since, record.until)
 
 
-def load_holds(path: Path) -> tuple[list[Hold], int]:
-    """The holds saved in `path` and how many entries could not be read; none for a missing or damaged file."""
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        return [], 0
-    except (OSError, ValueError):
-        return [], 1
-    entries = data.get("holds") if isinstance(data, dict) else None
-    if not isinstance(entries, list):
-        return [], 1
-    holds = [hold for hold in map(Hold.from_json, entries) if hold is not None]
-    return holds, len(entries) - len(holds)
-
-
-def save_holds(path: Path, holds: list[Hold]) -> None:
-    """Written whole to a temporary file and renamed over `path`: a crash leaves the old file or the new."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps({"holds": [hold.to_json() for hold in holds]}, indent=1))
-    os.replace(temporary, path)
+def in_force(config: Config, hold: Hold, now: datetime) -> bool:
+    """Whether `hold` still holds its job: its period not over, and the config still asking for it (its
+    budget there, with the same action, its job in the budget's scope). Pure: `once` asks it too."""
+    if now >= hold.until or hold.action not in ACTION_LEVEL:
+        return False
+    limit = _limit(config, hold.budget)
+    return limit is not None and limit.action == hold.action and hold.job in jobs_in_scope(config, hold.budget)
 
 
 ACTION_LEVEL = {"reduce": 1, "pause": 2}
@@ -119,7 +88,6 @@ class BudgetService:
         outbox: Outbox | None,
         metrics: Metrics | None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        holds_file: Path | None = None,
     ) -> None:
         self._repository = repository
         self._outbox = outbox
@@ -128,37 +96,33 @@ class BudgetService:
         self._log = structlog.get_logger()
         self._told: set[uuid.UUID] = set()  # saves the outbox a round trip for a notice already enqueued
         self._holds: dict[str, Hold] = {}  # by job: the strongest action a crossed budget holds it to
-        # Kept across restarts: a paused job's last hour spent nothing, so the next check alone would not
-        # see the budget crossed again, and a restart would resume probing for up to an hour.
-        self._holds_file = holds_file
-        self._restore()
+        # Kept in the database (table budget_holds) across restarts, replicas and `once` runs: a paused job's
+        # last hour spent nothing, so the next check alone would not see the budget crossed again.
+        self._lifted: set[str] = set()  # jobs whose stored hold is to be deleted at the next check
         self.update_config(config)
 
-    def _restore(self) -> None:
-        if self._holds_file is None:
-            return
-        holds, unreadable = load_holds(self._holds_file)
-        if unreadable:
+    async def restore(self) -> None:
+        """Take up the location's stored holds that are still in force. Never raises."""
+        try:
+            records = await self._repository.load_budget_holds(self._config.location)
+        except Exception as exc:
             self._log.warning(
                 "budget_holds_unreadable",
-                file=str(self._holds_file),
-                entries=unreadable,
-                hint="left out; a budget still crossed holds its jobs again at its next check",
+                error=f"{type(exc).__name__}: {exc}",
+                hint="a budget still crossed holds its jobs again at its next check",
             )
+            return
         now = self._clock()
-        for hold in holds:
-            if now < hold.until:
+        for record in records:
+            hold = Hold.of(record)
+            if not in_force(self._config, hold, now):
+                self._lifted.add(hold.job)
+                continue
+            before = self._holds.get(hold.job)
+            if before is None or ACTION_LEVEL[before.action] < ACTION_LEVEL[hold.action]:
                 self._holds[hold.job] = hold
                 self._log.warning("budget_action_restored", **hold.to_json())
                 self._show(hold.job)
-
-    def _save(self) -> None:
-        if self._holds_file is None:
-            return
-        try:
-            save_holds(self._holds_file, sorted(self._holds.values(), key=lambda h: h.job))
-        except OSError as exc:  # the hold still applies in this process; only a restart would forget it
-            self._log.warning("budget_holds_not_saved", file=str(self._holds_file), error=str(exc))
 
     def update_config(self, config: Config) -> None:
         self._config = config
@@ -166,18 +130,14 @@ class BudgetService:
         self._active = budget.total is not None or bool(budget.providers) or bool(budget.jobs)
         # A reload keeps only the holds its budgets still ask for (an action set back to notify, a budget
         # removed or raised in the file, lifts them; a budget still crossed holds again at its next check).
-        kept = {}
-        for job, hold in self._holds.items():
-            limit = _limit(config, hold.budget)
-            if limit is not None and limit.action == hold.action and job in jobs_in_scope(config, hold.budget):
-                kept[job] = hold
+        now = self._clock()
+        kept = {job: hold for job, hold in self._holds.items() if in_force(config, hold, now)}
         lifted = set(self._holds) - set(kept)
         self._holds = kept
         for job in lifted:
             self._log.warning("budget_action_lifted", job=job, reason="the config no longer asks for it")
             self._show(job)
-        if lifted:
-            self._save()
+        self._lifted |= lifted
 
     def hold_for(self, job: str, now: datetime | None = None) -> Hold | None:
         """The action a crossed budget holds `job` to now, or None; a hold whose period ended is lifted."""
@@ -188,7 +148,7 @@ class BudgetService:
             del self._holds[job]
             self._log.warning("budget_action_lifted", job=job, budget=hold.budget, reason="its period ended")
             self._show(job)
-            self._save()
+            self._lifted.add(job)
             return None
         return hold
 
@@ -202,14 +162,15 @@ class BudgetService:
             hold = self._holds.get(job)
             self._metrics.job_budget_action.labels(job).set(ACTION_LEVEL.get(hold.action, 0) if hold else 0)
 
-    def _hold(self, path: str, limit: BudgetLimit, per: str, now: datetime) -> None:
+    async def _hold(self, path: str, limit: BudgetLimit, per: str, now: datetime) -> None:
         """Hold every job in the budget's scope to its action, the strongest when budgets overlap."""
         until = period_end(per, now)
         for job in jobs_in_scope(self._config, path):
             before = self._holds.get(job)
             if before is not None and ACTION_LEVEL[before.action] >= ACTION_LEVEL[limit.action]:
                 continue
-            self._holds[job] = Hold(job, limit.action, path, per, now, until)
+            hold = self._holds[job] = Hold(job, limit.action, path, per, now, until)
+            self._lifted.discard(job)
             self._log.warning(
                 "budget_action",
                 job=job,
@@ -221,7 +182,10 @@ class BudgetService:
                 else "its ticks are skipped until the period ends",
             )
             self._show(job)
-            self._save()
+            try:
+                await self._repository.save_budget_hold(self._config.location, hold.record())
+            except Exception as exc:  # it still holds in this process; a restart would take it up at the next check
+                self._log.warning("budget_hold_not_saved", job=job, error=f"{type(exc).__name__}: {exc}")
 
     async def after_store(self, job: str) -> None:
         """Never raises: a budget check must not stop probing."""
@@ -233,7 +197,13 @@ class BudgetService:
             self._log.warning("budget_check_failed", job=job, error=f"{type(exc).__name__}: {exc}")
 
     async def _check(self) -> None:
+        # Another replica's holds (the same location, one table) and holds lifted meanwhile, first.
+        await self.restore()
         config, now = self._config, self._clock()
+        if self._lifted:  # stored holds no longer in force: gone before a restart could take them up
+            lifted = sorted(self._lifted)
+            await self._repository.delete_budget_holds(config.location, lifted)
+            self._lifted.difference_update(lifted)
         spent, first = await self._repository.tokens_spent(config.location, now - timedelta(seconds=COURSE_WINDOW_S))
         if first is None:
             return
@@ -243,7 +213,7 @@ class BudgetService:
             if not course.over:
                 continue
             if limit.action != "notify":
-                self._hold(course.path, limit, course.per, now)
+                await self._hold(course.path, limit, course.per, now)
             incident_id = notice_id(config.location, course.path, course.per, now)
             if incident_id in self._told:
                 continue

@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import structlog
@@ -22,7 +21,7 @@ from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
 from monitor.detect import identity
 from monitor.detect.attribution import ServerSplit, classify, server_split, split_text
-from monitor.detect.budget_service import BUDGET_HOLDS_FILE, BudgetService
+from monitor.detect.budget_service import BudgetService
 from monitor.detect.burn_service import BurnService
 from monitor.detect.cache_service import CacheService
 from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
@@ -155,13 +154,7 @@ class DetectionService:
         self._groups = GroupStore()
         self._log = structlog.get_logger()
         self._burn = BurnService(engine, config, outbox=outbox)
-        self._budget = BudgetService(
-            repository,
-            config,
-            outbox=outbox,
-            metrics=metrics,
-            holds_file=Path(config.database.state_dir) / BUDGET_HOLDS_FILE,
-        )
+        self._budget = BudgetService(repository, config, outbox=outbox, metrics=metrics)
         self._cache = CacheService(engine, repository, config, outbox=outbox, metrics=metrics)
         self._notifier = GroupNotifier(config, outbox=outbox)
         self.update_config(config)

@@ -264,6 +264,21 @@ class CalibrationRow(Base):
     updated_at: Mapped[datetime]
 
 
+class BudgetHoldRow(Base):
+    """A crossed budget's action on one job of a location until its period ends (monitor/detect/
+    budget_service.py): here, so a restart, another replica and each `once` of a CronJob hold the job too."""
+
+    __tablename__ = "budget_holds"
+
+    location: Mapped[str] = mapped_column(Text, primary_key=True)
+    job: Mapped[str] = mapped_column(Text, primary_key=True)
+    action: Mapped[str] = mapped_column(String(16))  # reduce or pause
+    budget: Mapped[str] = mapped_column(Text)  # its key path under `budget`
+    per: Mapped[str] = mapped_column(String(8))  # day or month
+    since: Mapped[datetime]
+    until: Mapped[datetime]
+
+
 # ---------------------------------------------------------------- coordination (daemon, detection, alerts)
 
 
@@ -447,6 +462,7 @@ SAMPLES = table_of(SampleRow)
 ROLLUPS = table_of(RollupRow)
 ROLLUP_PENDING = table_of(RollupPendingRow)
 CALIBRATION = table_of(CalibrationRow)
+BUDGET_HOLDS = table_of(BudgetHoldRow)
 INCIDENTS = table_of(IncidentRow)
 GROUPS = table_of(IncidentGroupRow)
 SCOPES = table_of(IncidentGroupScopeRow)

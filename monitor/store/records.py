@@ -104,6 +104,18 @@ _SERVED_MODEL_LIMIT, _FINGERPRINT_LIMIT, _REQUEST_ID_LIMIT, _ERROR_MESSAGE_LIMIT
 )
 
 
+@dataclass(frozen=True, slots=True)
+class BudgetHoldRecord:
+    """A stored budget hold (table budget_holds): `action` (reduce, pause) on `job` until `until`."""
+
+    job: str
+    action: str
+    budget: str
+    per: str
+    since: datetime
+    until: datetime
+
+
 @dataclass(frozen=True, slots=True, order=True)
 class SeriesKey:
     """One history: a model on a provider, with one prompt profile, measured from one location."""

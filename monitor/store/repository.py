@@ -27,6 +27,7 @@ from monitor.config.cost import Seen, Tokens
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
+    BUDGET_HOLDS,
     CALIBRATION,
     ROLLUP_PENDING,
     ROLLUPS,
@@ -49,6 +50,7 @@ from monitor.store.records import (
     SAMPLE_COLUMN_FIELDS,
     SERVER_RUN_FIELDS,
     Batch,
+    BudgetHoldRecord,
     HourlyStats,
     RunRecord,
     SeriesKey,
@@ -626,6 +628,41 @@ class Repository:
                 )
             )  # fmt: skip
         return out
+
+    # ---------------------------------------------------------------- budget holds
+
+    async def load_budget_holds(self, location: str) -> list[BudgetHoldRecord]:
+        """The location's stored holds (expired ones included: the caller judges them)."""
+        table = BUDGET_HOLDS
+        async with self._read() as connection:
+            rows = await connection.execute(
+                select(table.c.job, table.c.action, table.c.budget, table.c.per, table.c.since, table.c.until).where(
+                    table.c.location == location
+                )
+            )
+            return [BudgetHoldRecord(*row) for row in rows]
+
+    async def save_budget_hold(self, location: str, hold: BudgetHoldRecord) -> None:
+        """The job's hold, replacing the one it had."""
+        table = BUDGET_HOLDS
+        values = {
+            "action": hold.action,
+            "budget": hold.budget,
+            "per": hold.per,
+            "since": hold.since,
+            "until": hold.until,
+        }
+        statement = self._insert(table).values(location=location, job=hold.job, **values)
+        statement = statement.on_conflict_do_update(index_elements=["location", "job"], set_=values)
+        async with self._write() as connection:
+            await connection.execute(statement)
+
+    async def delete_budget_holds(self, location: str, jobs: Sequence[str]) -> None:
+        if not jobs:
+            return
+        table = BUDGET_HOLDS
+        async with self._write() as connection:
+            await connection.execute(table.delete().where(table.c.location == location, table.c.job.in_(list(jobs))))
 
     # ---------------------------------------------------------------- prompt calibration
 

@@ -204,3 +204,30 @@ def test_a_crossed_budget_with_an_action_reduces_or_pauses_its_job_and_says_so(
             assert stop_daemon(again) == 0
         assert (restored["job"], restored["action"], restored["until"]) == ("tick", "pause", hold["until"]), restored
         assert not again.events("probe_sample"), again.events("probe_sample")
+
+
+@pytest.mark.realtime
+@pytest.mark.timeout(240)
+def test_a_pause_holds_each_once_of_a_cronjob_too(sim: SimProcess, tmp_path: Path) -> None:
+    # A CronJob's `once` is a new process each time, with an empty state directory: the hold lives in the
+    # database (budget_holds), and the next `once` reads it before its first request and sends nothing.
+    sim.post("/sim/models/gpt-4o-mini", {"decode_tps": 5000, "reasoning_tokens": 900, "thinks_by_default": True})
+    budget = ALERTS.replace("tokens: 20000000}", "tokens: 50000000, action: pause}")
+    config = write_config(tmp_path, sim, rounds=3, extra=budget)
+    config.write_text(
+        config.read_text().replace("params: {max_tokens: 4}", "params: {max_tokens: 4, extra_body: {max_tokens: 1000}}")
+    )
+    upgrade(config)
+    crossed = None
+    for _ in range(15):  # the course needs 20 s of spend to project from (COURSE_MIN_SPAN_S)
+        crossed = run_cli("once", "--config", str(config), timeout=60)
+        assert crossed.code == 0, crossed
+        if "budget_action" in crossed.stderr + crossed.stdout:
+            break
+    assert crossed is not None and "budget_action" in crossed.stderr + crossed.stdout, crossed
+    paused = run_cli("once", "--config", str(config), timeout=60)
+    assert paused.code == 0, paused
+    output = paused.stderr + paused.stdout
+    assert "tick_paused_by_budget" in output and "probe_sample" not in output, output
+    # Exit 0, not a failure: a CronJob must not page its owners for a pause they configured.
+    assert "ttft-monitor once: nothing probed, paused: tick by budget.jobs.tick until" in paused.stderr, paused

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -248,36 +247,3 @@ def test_a_budget_action_holds_the_jobs_of_its_scope_until_its_period_ends() -> 
     assert period_end("day", datetime(2026, 12, 3, 23, 59, tzinfo=UTC)) == datetime(2026, 12, 4, tzinfo=UTC)
     assert period_end("month", datetime(2026, 12, 31, 12, tzinfo=UTC)) == datetime(2027, 1, 1, tzinfo=UTC)
     assert period_end("month", datetime(2026, 2, 1, tzinfo=UTC)) == datetime(2026, 3, 1, tzinfo=UTC)
-
-
-def test_saved_holds_read_back_and_a_damaged_file_or_entry_is_left_out(tmp_path: Path) -> None:
-    from datetime import UTC, datetime
-
-    from monitor.detect.budget_service import Hold, load_holds, save_holds
-
-    since, until = datetime(2026, 12, 3, 10, tzinfo=UTC), datetime(2026, 12, 4, tzinfo=UTC)
-    holds = [Hold("a", "pause", "jobs.a", "day", since, until), Hold("b", "reduce", "total", "month", since, until)]
-    path = tmp_path / "state" / "budget_holds.json"
-    assert load_holds(path) == ([], 0)  # none saved yet: nothing to restore, nothing unreadable
-    save_holds(path, holds)
-    assert load_holds(path) == (holds, 0)
-    assert not list(path.parent.glob("*.tmp"))
-    good = holds[0].to_json()
-    path.write_text(
-        json.dumps(
-            {
-                "holds": [
-                    good,
-                    {**good, "action": "explode"},
-                    {**good, "until": "tomorrow"},
-                    {**good, "until": "2026-12-04T00:00:00"},  # no time zone: not ours
-                    {"job": "x"},
-                    "junk",
-                ]
-            }
-        )
-    )
-    assert load_holds(path) == ([holds[0]], 5)
-    for damaged in ("{not json", "[]", '{"holds": 3}'):
-        path.write_text(damaged)
-        assert load_holds(path) == ([], 1)
