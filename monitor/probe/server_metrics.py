@@ -260,22 +260,34 @@ async def scrape(
 
 
 def server_build(
-    *, version: Any = None, models: Any = None, model: str, snapshot: Snapshot | None = None
+    *,
+    version: Any = None,
+    models: Any = None,
+    model: str,
+    snapshot: Snapshot | None = None,
+    model_info: Any = None,
 ) -> str | None:
     """What a self-hosted server says it runs, in words: "vllm 0.32.0; weights /models/qwen3-8b; max_model_len
     8192; block 128, prefix caching True, kv auto". From its `/version` answer (vLLM's `{"version": ...}`),
     its `/v1/models` list (the entry of `model`: `root`, the weights behind the id, and `max_model_len`)
-    and vLLM's `vllm:cache_config_info` labels. A change of it is a model change (monitor/detect/identity.py).
+    vLLM's `vllm:cache_config_info` labels, and SGLang's `/get_model_info` (`model_path`, the weights, and
+    `weight_version`, which an online weight update moves). A change of it is a model change
+    (monitor/detect/identity.py).
     None when the server says none of it. Values a server chose: control characters are dropped, each
     part is capped, and the whole fits BUILD_CAP."""
     parts: list[str] = []
     if isinstance(version, dict) and isinstance(version.get("version"), str | int | float):
         parts.append(f"{_owner(models, model) or 'server'} {_clean(str(version['version']))}")
     entry = _model_entry(models, model)
+    info = model_info if isinstance(model_info, dict) else {}
+    weights = entry.get("root") if entry is not None else None
+    if not (isinstance(weights, str) and weights and weights != model):
+        weights = info.get("model_path")
+    if isinstance(weights, str) and weights and weights != model:
+        parts.append(f"weights {_clean(weights)}")
+    if isinstance(info.get("weight_version"), str | int) and not isinstance(info.get("weight_version"), bool):
+        parts.append(f"weight_version {_clean(str(info['weight_version']))}")
     if entry is not None:
-        root = entry.get("root")
-        if isinstance(root, str) and root and root != model:
-            parts.append(f"weights {_clean(root)}")
         length = entry.get("max_model_len")
         if isinstance(length, int) and not isinstance(length, bool):
             parts.append(f"max_model_len {length}")

@@ -363,6 +363,8 @@ class _ServerReadings:
         # Where each server says what it runs: vLLM's /version beside its metrics, and the OpenAI-compatible
         # model list under the provider's base_url (vLLM and SGLang both serve it).
         self._version_url = {t: urljoin(url, "/version") for t, url in self._url_of.items()}
+        # SGLang says which weights it serves, and their version, at /get_model_info (vLLM answers 404).
+        self._model_info_url = {t: urljoin(url, "/get_model_info") for t, url in self._url_of.items()}
         self._models_url = {
             t.name: t.endpoint.base_url.rstrip("/") + "/models" for t in plan.targets if t.name in self._url_of
         }
@@ -373,6 +375,7 @@ class _ServerReadings:
                 continue
             metrics_url = self._url_of[t.name]
             self._info_request[self._version_url[t.name]] = InfoRequest(proxy=self._proxy_of[metrics_url])
+            self._info_request[self._model_info_url[t.name]] = InfoRequest(proxy=self._proxy_of[metrics_url])
             endpoint = t.endpoint
             headers = {**endpoint.headers, **endpoint.flavor.auth_headers(endpoint.api_key)}
             self._info_request[self._models_url[t.name]] = InfoRequest(endpoint.proxy, headers, endpoint.ssl)
@@ -405,13 +408,20 @@ class _ServerReadings:
             if metrics is not None:
                 out[target] = metrics
             version, models = documents.get(self._version_url[target]), documents.get(self._models_url[target])
-            build = server_build(version=version, models=models, model=self._model_of[target], snapshot=after.get(url))
+            build = server_build(
+                version=version,
+                models=models,
+                model=self._model_of[target],
+                snapshot=after.get(url),
+                model_info=documents.get(self._model_info_url[target]),
+            )
             if build is not None:
                 builds[target] = build
         return out, builds
 
     async def _read_info(self) -> dict[str, Any]:
-        """The servers' /version and model lists, each URL once, bounded like the after-run scrape."""
+        """The servers' /version, /get_model_info and model lists, each URL once, bounded like the after-run
+        scrape."""
         assert self._session is not None
         urls = sorted(self._info_request)
         found = await asyncio.gather(

@@ -30,6 +30,28 @@ def test_a_vllm_says_its_version_weights_and_cache_configuration() -> None:
     assert server_build(models=same, model="tiny") is None
 
 
+def test_an_sglang_says_its_weights_and_their_version_at_get_model_info() -> None:
+    # SGLang's /v1/models names the served id (root = id); /get_model_info names the weights behind it and
+    # the version an online weight update moves (`/update_weights_from_disk`); it has no /version.
+    models = {"data": [{"id": "qwen", "owned_by": "sglang", "root": "qwen", "max_model_len": 40960}]}
+    info = {"model_path": "/models/Qwen3-8B", "tokenizer_path": "/models/Qwen3-8B", "weight_version": "default"}
+    build = server_build(models=models, model="qwen", model_info=info)
+    assert build == "weights /models/Qwen3-8B; weight_version default; max_model_len 40960"
+    updated = server_build(models=models, model="qwen", model_info={**info, "weight_version": "step-1200"})
+    assert updated is not None and updated != build and "weight_version step-1200" in updated
+    # vLLM answers /get_model_info with 404 (None): its build reads as before.
+    assert server_build(version={"version": "0.32.0"}, models=MODELS, model="tiny", model_info=None) == (
+        "vllm 0.32.0; weights /w/tiny-v1; max_model_len 8192"
+    )
+    # The model list's root wins over model_path; odd values are ignored or cleaned.
+    assert server_build(models=MODELS, model="tiny", model_info={"model_path": "/elsewhere"}) == (
+        "weights /w/tiny-v1; max_model_len 8192"
+    )
+    odd = server_build(models=models, model="qwen", model_info={"model_path": 7, "weight_version": True})
+    assert odd == "max_model_len 40960"
+    assert server_build(model="qwen", model_info=["not", "a", "dict"]) is None
+
+
 def test_what_a_server_chose_is_cleaned_and_capped() -> None:
     hostile = {
         "data": [{"id": "m", "owned_by": "x\x1b[31m", "root": "/w/" + "a" * 500 + "\n\x00", "max_model_len": True}]
