@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 import structlog
@@ -422,15 +422,27 @@ class _ServerReadings:
     async def _read_info(self) -> dict[str, Any]:
         """The servers' /version, /get_model_info and model lists, each URL once, bounded like the after-run
         scrape."""
-        assert self._session is not None
-        urls = sorted(self._info_request)
-        found = await asyncio.gather(
-            *(
-                read_json(self._session, u, timeout_s=AFTER_SCRAPE_TIMEOUT_S, request=self._info_request[u])
-                for u in urls
-            )
-        )
-        return dict(zip(urls, found, strict=True))
+        session = self._session
+        assert session is not None
+        # One after the other per server, on one kept-alive connection: a server is asked for its documents
+        # beside its after-run scrape, not with a burst of connections of its own.
+        by_host: dict[str, list[str]] = {}
+        for url in sorted(self._info_request):
+            by_host.setdefault(urlsplit(url).netloc, []).append(url)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + AFTER_SCRAPE_TIMEOUT_S  # all of a server's documents within the one bound
+
+        async def documents_of(urls: list[str]) -> list[tuple[str, Any]]:
+            out: list[tuple[str, Any]] = []
+            for u in urls:
+                left = deadline - loop.time()
+                found = await read_json(session, u, timeout_s=left, request=self._info_request[u]) if left > 0 else None
+                out.append((u, found))
+            return out
+
+        found = await asyncio.gather(*(documents_of(urls) for urls in by_host.values()))
+        return dict(pair for pairs in found for pair in pairs)
 
     async def _read_all(self, *, timeout_s: float = SCRAPE_TIMEOUT_S) -> dict[str, Snapshot]:
         assert self._session is not None
