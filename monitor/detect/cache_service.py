@@ -170,24 +170,10 @@ class CacheService:
                 if changed.rowcount and self._outbox is not None:  # the firing notice went out: so does its end
                     warm = SeriesKey(row.target, row.provider, row.model, row.prompt, location)
                     job = str(details.get("job") or "")
-                    await self._outbox.notify(
-                        Notification(
-                            incident_id=row.id,
-                            state="resolved",
-                            kind=KIND,
-                            severity="ticket",
-                            **series_fields(
-                                warm, job=job, opened_at=row.opened_at, base_url=self._config.alerts.base_url
-                            ),
-                            since=row.opened_at,
-                            resolved_at=now,
-                            baseline_ms=None,
-                            observed_ms=None,
-                            ratio=None,
-                            summary=text,
-                        ),
-                        connection=connection,
+                    notice = self._notification(
+                        row.id, warm, job, row.opened_at, resolved_at=now, ratio=None, text=text
                     )
+                    await self._outbox.notify(notice, connection=connection)
             if self._metrics is not None:
                 self._metrics.forget_cache((row.target, cold_prompt, location))
             self._log.warning(
@@ -332,23 +318,45 @@ class CacheService:
                 "summary": text,
             }
             if self._outbox is not None:
-                notification = Notification(
-                    incident_id=incident_id,
-                    state="firing" if action == "open" else "resolved",
-                    kind=KIND,
-                    severity="ticket",
-                    **series_fields(warm, job=job, opened_at=opened_at, base_url=self._config.alerts.base_url),
-                    since=opened_at,
+                notification = self._notification(
+                    incident_id,
+                    warm,
+                    job,
+                    opened_at,
                     resolved_at=at if action == "resolve" else None,
-                    baseline_ms=None,
-                    observed_ms=None,
                     ratio=verdict.speedup,
-                    summary=text,
+                    text=text,
                 )
                 await self._outbox.notify(notification, connection=connection)
         if logged is not None:  # once committed
             self._log.warning("incident_" + action, **logged)
         return action == "open" or cacheless
+
+    def _notification(
+        self,
+        incident_id: uuid.UUID,
+        warm: SeriesKey,
+        job: str,
+        opened_at: datetime,
+        *,
+        resolved_at: datetime | None,
+        ratio: float | None,
+        text: str,
+    ) -> Notification:
+        """The incident's notice: firing until `resolved_at`; `ratio` the window's speed-up over cold."""
+        return Notification(
+            incident_id=incident_id,
+            state="firing" if resolved_at is None else "resolved",
+            kind=KIND,
+            severity="ticket",
+            **series_fields(warm, job=job, opened_at=opened_at, base_url=self._config.alerts.base_url),
+            since=opened_at,
+            resolved_at=resolved_at,
+            baseline_ms=None,
+            observed_ms=None,
+            ratio=ratio,
+            summary=text,
+        )
 
 
 def _values(
