@@ -163,7 +163,10 @@ async def database_size(engine: Any, backend: str, path: Path | None) -> int:
     async with engine.connect() as connection:
         total = 0
         for table in ("series", "runs", "samples", "rollup_pending"):
-            total += await connection.scalar(sa.text(f"SELECT pg_total_relation_size('{table}')"))
+            # A partitioned table (runs, samples: migration 0017) is the sum of its partitions.
+            total += await connection.scalar(
+                sa.text(f"SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('{table}')")
+            )
         return int(total)
 
 

@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.store.engine import create_engine
+from monitor.store.migrate import include_name
 from monitor.store.models import metadata
 
 config = context.config
@@ -30,7 +31,12 @@ def _url() -> str:
 
 def _options(dialect_name: str) -> dict[str, Any]:
     # Batch mode: SQLite cannot ALTER most things, so alembic recreates the table instead.
-    return {"target_metadata": metadata, "render_as_batch": dialect_name == "sqlite", "compare_type": True}
+    return {
+        "target_metadata": metadata,
+        "render_as_batch": dialect_name == "sqlite",
+        "compare_type": True,
+        "include_name": include_name,  # not the partitions of runs and samples (PostgreSQL)
+    }
 
 
 def do_run_migrations(connection: Connection) -> None:

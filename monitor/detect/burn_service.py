@@ -41,7 +41,7 @@ from monitor.detect.burn import (
 from monitor.logging import error_text
 from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
-from monitor.store.models import SERIES, IncidentRow, RunRow, SampleRow, SeriesRow
+from monitor.store.models import SAMPLES_OF_RUN, SERIES, IncidentRow, RunRow, SampleRow, SeriesRow
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_insert
 
@@ -71,7 +71,7 @@ async def count_windows(
     query = (
         select(*columns)
         .select_from(SampleRow)
-        .join(RunRow, RunRow.id == SampleRow.run_id)
+        .join(RunRow, SAMPLES_OF_RUN)
         .join(SeriesRow, SeriesRow.id == RunRow.series_id)
         .where(
             SeriesRow.target == target,

@@ -33,10 +33,14 @@ class Pruned(Protocol):
     def incident_groups(self) -> int: ...
     @property
     def annotations(self) -> int: ...
+    @property
+    def days_dropped(self) -> int: ...
 
 
 class Housekept(Protocol):
     """What housekeeping needs of the store (store.repository.Repository)."""
+
+    async def ensure_partitions(self, now: datetime) -> list[str]: ...
 
     async def rollup(self, now: datetime) -> int: ...
 
@@ -44,14 +48,16 @@ class Housekept(Protocol):
 
 
 async def maintain_once(repository: Housekept, database: Database, *, now: datetime | None = None) -> dict[str, int]:
-    """Roll up finished hours, then prune what is past retention: raw runs and job tick claims past
-    `retention.raw_days`, rollups, long-resolved incidents (with their triage and groups) and change markers past
-    `retention.rollup_days`. Each
-    step works in short transactions (see `Repository.prune`)."""
+    """Create the coming days' partitions (PostgreSQL), roll up finished hours, then prune what is past
+    retention: raw runs and job tick claims past `retention.raw_days` (on PostgreSQL whole days, as
+    partitions), rollups, long-resolved incidents (with their triage and groups) and change markers past
+    `retention.rollup_days`. Each step works in short transactions (see `Repository.prune`)."""
     now = now or datetime.now(UTC)
+    created = await repository.ensure_partitions(now)
     hours = await repository.rollup(now)
     pruned = await repository.prune(now, database.retention.raw_days, database.retention.rollup_days)
     return {
+        "partitions_created": len(created),
         "hours_rolled_up": hours,
         "runs_pruned": pruned.runs,
         "samples_pruned": pruned.samples,
@@ -60,6 +66,7 @@ async def maintain_once(repository: Housekept, database: Database, *, now: datet
         "incidents_pruned": pruned.incidents,
         "incident_groups_pruned": pruned.incident_groups,
         "annotations_pruned": pruned.annotations,
+        "days_dropped": pruned.days_dropped,
     }
 
 

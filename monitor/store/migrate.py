@@ -30,6 +30,7 @@ from monitor.store.engine import (
     is_connection_error,
 )
 from monitor.store.models import metadata
+from monitor.store.partitions import is_partition
 
 
 def _migrations_dir() -> Path:
@@ -224,8 +225,16 @@ async def check(engine_or_url: AsyncEngine | str | URL) -> list[str]:
     return [describe_diff(diff) for diff in diffs]
 
 
+def include_name(name: str | None, type_: str, parent_names: Any) -> bool:
+    """Autogenerate's filter: the day partitions of `runs` and `samples` (PostgreSQL) are made by
+    housekeeping from their parents, which the models describe; they are not tables of their own."""
+    return not (type_ == "table" and name is not None and is_partition(name))
+
+
 def _compare(connection: Connection) -> list[Any]:
-    context = MigrationContext.configure(connection, opts={"compare_type": True, "target_metadata": metadata})
+    context = MigrationContext.configure(
+        connection, opts={"compare_type": True, "target_metadata": metadata, "include_name": include_name}
+    )
     return list(compare_metadata(context, metadata))
 
 

@@ -28,6 +28,7 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
     Uuid,
+    and_,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -79,7 +80,11 @@ class SeriesRow(Base):
 
 
 class RunRow(Base):
-    """One probe run of one series: its rounds' summary. The id is client-generated (idempotent replays)."""
+    """One probe run of one series: its rounds' summary. The id is client-generated (idempotent replays).
+
+    On PostgreSQL `runs` and `samples` are partitioned by day of `intended_at` (migration 0017,
+    monitor/store/partitions.py), and their primary keys there are (id, intended_at): a partitioned
+    table's unique keys must hold its partition key. The ids are UUIDs, unique on their own."""
 
     __tablename__ = "runs"
     __table_args__ = (
@@ -147,7 +152,9 @@ class SampleRow(Base):
     run_id: Mapped[uuid.UUID] = mapped_column(index=True)
     round: Mapped[int] = mapped_column(Integer)
     warmup: Mapped[bool] = mapped_column(Boolean)
-    intended_at: Mapped[datetime | None]
+    # Its run's scheduled tick (the run's `intended_at`): on PostgreSQL the day it is partitioned by,
+    # so a run and its samples are kept, and dropped, together (monitor/store/partitions.py).
+    intended_at: Mapped[datetime]
     sent_at: Mapped[datetime | None]
     dns_ms: Mapped[float | None] = mapped_column(Double)
     connect_ms: Mapped[float | None] = mapped_column(Double)
@@ -461,6 +468,9 @@ RUNS = table_of(RunRow)
 SAMPLES = table_of(SampleRow)
 ROLLUPS = table_of(RollupRow)
 ROLLUP_PENDING = table_of(RollupPendingRow)
+# A run's samples: by its id and by the day both are kept in, so that on PostgreSQL a join reads only the
+# run's own partition of `samples` (monitor/store/partitions.py), not every day's index.
+SAMPLES_OF_RUN = and_(SAMPLES.c.run_id == RUNS.c.id, SAMPLES.c.intended_at == RUNS.c.intended_at)
 CALIBRATION = table_of(CalibrationRow)
 BUDGET_HOLDS = table_of(BudgetHoldRow)
 INCIDENTS = table_of(IncidentRow)

@@ -18,13 +18,30 @@ from datetime import UTC, datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
-from sqlalchemy import Double, String, Table, bindparam, delete, func, or_, select, text, tuple_, type_coerce
+from sqlalchemy import (
+    Double,
+    String,
+    Table,
+    bindparam,
+    column,
+    delete,
+    func,
+    or_,
+    select,
+    table,
+    text,
+    tuple_,
+    type_coerce,
+)
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import Executable
+from sqlalchemy.sql.expression import TableClause
 
 from monitor.config.cost import Seen, Tokens
 from monitor.probe.result import ErrorClass, Sample, TimingPath
+from monitor.store import partitions
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
     BUDGET_HOLDS,
@@ -33,6 +50,7 @@ from monitor.store.models import (
     ROLLUPS,
     RUNS,
     SAMPLES,
+    SAMPLES_OF_RUN,
     SERIES,
     AlertOutboxRow,
     AnnotationRow,
@@ -64,6 +82,14 @@ from monitor.store.types import UtcDateTime
 _HOUR = timedelta(hours=1)
 
 
+LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL: lock_timeout ran out
+
+
+def _sqlstate(exc: DBAPIError) -> str | None:
+    original = exc.orig
+    return getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+
+
 @dataclass(frozen=True, slots=True)
 class PruneResult:
     runs: int
@@ -73,6 +99,7 @@ class PruneResult:
     incidents: int = 0
     incident_groups: int = 0
     annotations: int = 0
+    days_dropped: int = 0  # PostgreSQL: whole days of runs and samples dropped as partitions
 
 
 def _check_aware(batch: Batch) -> None:
@@ -112,10 +139,11 @@ def _run_row(run: RunRecord, series_id: int) -> dict[str, Any]:
     }
 
 
-def _sample_row(sample: Sample, run_id: uuid.UUID) -> dict[str, Any]:
+def _sample_row(sample: Sample, run: RunRecord) -> dict[str, Any]:
     row = {column: getattr(sample, name) for column, name in SAMPLE_COLUMN_FIELDS.items()}
     row["id"] = uuid.UUID(sample.sample_id)
-    row["run_id"] = run_id
+    row["run_id"] = run.run_id
+    row["intended_at"] = run.intended_at  # the day its run is kept in (SAMPLES_OF_RUN)
     row["error"] = sample.error.value if sample.error is not None else None
     return row
 
@@ -135,7 +163,7 @@ _MEASURED_IN_WINDOW = (
     RUNS.c.started_at < bindparam("end", type_=UtcDateTime()),
     SAMPLES.c.warmup.is_(False),
 )
-_RUNS_JOIN_SAMPLES = RUNS.join(SAMPLES, SAMPLES.c.run_id == RUNS.c.id)
+_RUNS_JOIN_SAMPLES = RUNS.join(SAMPLES, SAMPLES_OF_RUN)
 # SQLite keeps UTC timestamps as text, 'YYYY-MM-DD HH:MM:SS.ffffff': the first 13 characters name the hour.
 _HOURLY_VALUES = (
     select(
@@ -256,7 +284,7 @@ WITH inserted AS (
     ON CONFLICT DO NOTHING RETURNING id
 ), inserted_samples AS (
     INSERT INTO samples ({_columns(_SAMPLE_COPY)}) SELECT {_columns(_SAMPLE_COPY)} FROM ttft_stage_samples
-    WHERE run_id IN (SELECT id FROM inserted) ON CONFLICT (id) DO NOTHING
+    WHERE run_id IN (SELECT id FROM inserted) ON CONFLICT DO NOTHING
 )
 SELECT id FROM inserted
 """
@@ -272,9 +300,14 @@ def _run_copy_values(run: RunRecord, series_id: int) -> tuple[Any, ...]:
     return tuple(row[name] for name in _RUN_COPY)
 
 
-def _sample_copy_values(sample: Sample, run_id: uuid.UUID) -> tuple[Any, ...]:
+_SAMPLE_INTENDED = list(SAMPLE_COLUMN_FIELDS).index("intended_at")
+
+
+def _sample_copy_values(sample: Sample, run: RunRecord) -> tuple[Any, ...]:
     error = sample.error.value if sample.error is not None else None
-    return (sample.sample_id, run_id, *_sample_values(sample), error)
+    values = list(_sample_values(sample))
+    values[_SAMPLE_INTENDED] = run.intended_at  # the day its run is kept in (SAMPLES_OF_RUN)
+    return (sample.sample_id, run.run_id, *values, error)
 
 
 def _run_record(row: Any, series: SeriesKey) -> RunRecord:
@@ -392,9 +425,7 @@ class Repository:
         inserted = frozenset(
             await connection.scalars(sqlite.insert(RUNS).on_conflict_do_nothing().returning(RUNS.c.id), runs)
         )
-        samples = [
-            _sample_row(sample, run.run_id) for run, members in batch if run.run_id in inserted for sample in members
-        ]
+        samples = [_sample_row(sample, run) for run, members in batch if run.run_id in inserted for sample in members]
         if samples:
             await connection.execute(sqlite.insert(SAMPLES).on_conflict_do_nothing(index_elements=["id"]), samples)
         statement = sqlite.insert(ROLLUP_PENDING)
@@ -422,7 +453,7 @@ class Repository:
         )
         await driver.copy_records_to_table(
             "ttft_stage_samples",
-            records=[_sample_copy_values(sample, run.run_id) for run, members in batch for sample in members],
+            records=[_sample_copy_values(sample, run) for run, members in batch for sample in members],
             columns=_SAMPLE_COPY,
         )
         inserted = frozenset(row[0] for row in await driver.fetch(_PG_MERGE))
@@ -567,9 +598,16 @@ class Repository:
         async with self._read() as connection:
             ids = list(by_id)
             for offset in range(0, len(ids), 500):
+                chunk = ids[offset : offset + 500]
+                ticks = [by_id[run_id][0].intended_at for run_id in chunk]
                 rows = await connection.execute(
                     select(SAMPLES)
-                    .where(SampleRow.run_id.in_(ids[offset : offset + 500]))
+                    .where(
+                        SampleRow.run_id.in_(chunk),
+                        # The days these runs are kept in: PostgreSQL reads only those partitions.
+                        SampleRow.intended_at >= min(ticks),
+                        SampleRow.intended_at <= max(ticks),
+                    )
                     .order_by(SampleRow.run_id, SampleRow.round)
                 )
                 for row in rows:
@@ -748,13 +786,23 @@ class Repository:
         do not grow with time and are kept (a running daemon caches series ids).
         """
         pending, rollups = ROLLUP_PENDING, ROLLUPS
-        runs, samples = RUNS, SAMPLES
+        runs: TableClause = RUNS
+        samples: TableClause = SAMPLES
         raw_cutoff = now - timedelta(days=raw_days)
         rollup_cutoff = now - timedelta(days=rollup_days)
         async with self._read() as connection:
             oldest_pending = await connection.scalar(select(func.min(pending.c.hour)))
         runs_cutoff = min(raw_cutoff, oldest_pending) if oldest_pending is not None else raw_cutoff
-        deleted_runs = deleted_samples = 0
+        deleted_runs = deleted_samples = days_dropped = 0
+        if self._postgres:
+            # Whole days go as partitions; rows are deleted one by one only from the default partitions
+            # (history older than the partitions, or written before housekeeping made its day).
+            for dropped in await self._drop_aged_days(runs_cutoff):
+                deleted_runs += dropped.runs
+                deleted_samples += dropped.samples
+                days_dropped += 1
+            runs = table(partitions.default_name("runs"), column("id"), column("started_at"))
+            samples = table(partitions.default_name("samples"), column("run_id"))
         while True:
             async with self._write() as connection:
                 ids = list(
@@ -802,7 +850,44 @@ class Repository:
             name: await self._delete_oldest(table, key, age, condition, batch_size)
             for name, table, key, age, condition in aged
         }
-        return PruneResult(runs=deleted_runs, samples=deleted_samples, **deleted)
+        return PruneResult(runs=deleted_runs, samples=deleted_samples, days_dropped=days_dropped, **deleted)
+
+    async def ensure_partitions(self, now: datetime) -> list[str]:
+        """PostgreSQL: create the day partitions of runs and samples from yesterday to
+        `partitions.AHEAD_DAYS` ahead that are missing, moving any of their rows out of the default
+        partitions; returns the names created. Nothing on SQLite (one table each)."""
+        if not self._postgres:
+            return []
+        return await partitions.ensure_days(self._engine, partitions.days_around(now))
+
+    async def _drop_aged_days(self, cutoff: datetime) -> list[partitions.Dropped]:
+        """Drop the day partitions (runs and samples together) whose every run started before `cutoff`,
+        oldest first; stops at the first day that still holds a younger run, or whose tables another
+        session holds for longer than `partitions.DROP_LOCK_TIMEOUT` (the next pass retries it)."""
+        async with self._read() as connection:
+            names = await partitions.existing(connection, "runs")
+        days = partitions.droppable_days([day for name in names if (day := partitions.day_of(name))], cutoff=cutoff)
+        dropped: list[partitions.Dropped] = []
+        for day in days:
+            runs_name, samples_name = partitions.partition_name("runs", day), partitions.partition_name("samples", day)
+            try:
+                async with self._write() as connection:
+                    await connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{partitions.DROP_LOCK_TIMEOUT}'")
+                    latest = await connection.scalar(text(f"SELECT max(started_at) FROM {runs_name}"))
+                    if latest is not None and latest >= cutoff:
+                        break  # a run of that day started late; its day waits for it
+                    runs_count = int(await connection.scalar(text(f"SELECT count(*) FROM {runs_name}")) or 0)
+                    samples_count = 0
+                    if samples_name in await partitions.existing(connection, "samples"):
+                        samples_count = int(await connection.scalar(text(f"SELECT count(*) FROM {samples_name}")) or 0)
+                        await connection.exec_driver_sql(f"DROP TABLE {samples_name}")
+                    await connection.exec_driver_sql(f"DROP TABLE {runs_name}")
+            except DBAPIError as exc:
+                if _sqlstate(exc) == LOCK_NOT_AVAILABLE:
+                    break
+                raise
+            dropped.append(partitions.Dropped(day, runs_count, samples_count))
+        return dropped
 
     async def _delete_oldest(self, table: Table, key: Sequence[Any], age: Any, condition: Any, batch_size: int) -> int:
         """Delete the rows matching `condition`, oldest (by `age`) first, `batch_size` per transaction."""

@@ -31,6 +31,7 @@ from monitor.detect.noise import NoiseModel
 from monitor.detect.noise import describe as describe_noise
 from monitor.quantile import quantile
 from monitor.store.models import (
+    SAMPLES_OF_RUN,
     AlertDeliveryRow,
     AlertOutboxRow,
     IncidentGroupRow,
@@ -900,7 +901,7 @@ async def series_points(
             rows = (
                 await connection.execute(
                     select(*_SAMPLE_FIELDS)
-                    .select_from(RunRow.__table__.join(SampleRow.__table__, SampleRow.run_id == RunRow.id))
+                    .select_from(RunRow.__table__.join(SampleRow.__table__, SAMPLES_OF_RUN))
                     .where(
                         RunRow.series_id == series_id,
                         RunRow.started_at >= type_coerce(start, UtcDateTime()),
@@ -1013,6 +1014,9 @@ async def cache_view(
         rows = await connection.execute(
             select(SampleRow.run_id, SampleRow.cached_tokens, SampleRow.prompt_tokens).where(
                 SampleRow.run_id.in_(list(tokens)),
+                # The days these runs are kept in: PostgreSQL reads only those partitions of samples.
+                SampleRow.intended_at >= min(r.intended_at for r in warm),
+                SampleRow.intended_at <= max(r.intended_at for r in warm),
                 SampleRow.warmup.is_(False),
                 SampleRow.disturbed.is_(False),
                 SampleRow.error.is_(None),
@@ -1429,7 +1433,7 @@ async def _compare_samples(
         SampleRow.error.is_(None),
         SampleRow.ttft_ms.is_not(None),
     )
-    joined = RunRow.__table__.join(SampleRow.__table__, SampleRow.run_id == RunRow.id)
+    joined = RunRow.__table__.join(SampleRow.__table__, SAMPLES_OF_RUN)
     if connection.dialect.name == "postgresql":
         # One row per series with its values as arrays, which asyncpg decodes in C: row by row, building
         # a result row per sample took about half of the view's time (bench/web.py).

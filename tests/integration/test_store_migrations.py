@@ -7,7 +7,7 @@ import asyncio
 import dataclasses
 import io
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.cli import build_parser
 from monitor.commands import db as cli
-from monitor.store import migrate
+from monitor.store import migrate, partitions
 from monitor.store.engine import DatabaseUnavailable, create_engine
 from monitor.store.models import metadata
 from monitor.store.repository import Repository
@@ -40,6 +40,11 @@ BUDGET_TABLES = {"budget_holds"}  # migration 0016
 
 
 async def tables(engine: AsyncEngine) -> set[str]:
+    """The schema's tables (not the day partitions of runs and samples on PostgreSQL)."""
+    return {name for name in await all_tables(engine) if not partitions.is_partition(name)}
+
+
+async def all_tables(engine: AsyncEngine) -> set[str]:
     async with engine.connect() as connection:
         return set(await connection.run_sync(lambda sync: sa.inspect(sync).get_table_names()))
 
@@ -418,3 +423,59 @@ async def test_samples_stored_before_0014_have_no_fingerprint_and_new_ones_keep_
         assert await migrate.check(engine) == []
     finally:
         await engine.dispose()
+
+
+async def test_0017_keeps_every_run_and_sample_in_day_partitions_and_back(empty_backend: Backend) -> None:
+    """On PostgreSQL runs and samples become day partitions (a day with data, and yesterday to a week
+    ahead; older history in the default partition); nothing is lost either way, and a sample stored
+    without an intended time gets its run's (SQLite too, where the tables stay as they are)."""
+    engine = empty_backend.engine()
+    try:
+        assert await migrate.upgrade(engine, "0016") == (None, "0016")
+        repository = Repository(engine)
+        now = datetime.now(UTC).replace(microsecond=0)
+        recent, old = now - timedelta(days=3), T0  # T0 is months back: past the backfill, default partition
+        batch = make_batch(recent) + make_batch(old, targets=("qwen3-8b",))
+        await repository.save_runs(batch)
+        async with engine.begin() as connection:
+            # Written by an older version: a sample without an intended time.
+            await connection.execute(
+                sa.text("UPDATE samples SET intended_at = NULL WHERE id = :id"), {"id": batch[0][1][0].sample_id}
+            )
+        assert await migrate.upgrade(engine) == ("0016", migrate.head())
+        assert await migrate.check(engine) == []
+        by_series = {run.series: run for run, _ in batch}
+        for series, run in by_series.items():
+            [(stored, samples)] = await repository.load_runs(
+                series, run.started_at - timedelta(minutes=1), run.started_at + timedelta(minutes=1)
+            )
+            assert stored.run_id == run.run_id
+            assert len(samples) == len(next(s for r, s in batch if r.run_id == run.run_id))
+            assert {s.intended_at for s in samples} == {run.intended_at}
+        if empty_backend.name == "postgres":
+            names = await all_tables(engine)
+            for table in partitions.PARTITIONED:
+                for day in [recent.date(), *partitions.days_around(now)]:
+                    assert partitions.partition_name(table, day) in names
+                assert partitions.default_name(table) in names
+                assert partitions.partition_name(table, old.date()) not in names
+            async with engine.connect() as connection:
+                where = "SELECT tableoid::regclass::text, count(*) FROM runs GROUP BY 1"
+                rows = await connection.execute(sa.text(where))
+                placed = {name: count for name, count in rows}
+            assert placed == {partitions.partition_name("runs", recent.date()): 4, "runs_default": 2}
+        total = await _counts(engine)
+        assert await migrate.downgrade(engine, "0016") == (migrate.head(), "0016")
+        assert await tables(engine) == await all_tables(engine)  # no partition left behind
+        assert await _counts(engine) == total
+        assert await migrate.upgrade(engine) == ("0016", migrate.head())
+        assert await _counts(engine) == total
+    finally:
+        await engine.dispose()
+
+
+async def _counts(engine: AsyncEngine) -> tuple[int, int]:
+    async with engine.connect() as connection:
+        runs = await connection.scalar(sa.text("SELECT count(*) FROM runs"))
+        samples = await connection.scalar(sa.text("SELECT count(*) FROM samples"))
+    return int(runs or 0), int(samples or 0)

@@ -1,0 +1,185 @@
+"""PostgreSQL's day partitions of runs and samples: made ahead by housekeeping, rows that went to the
+default partition moved into their day when it is made, whole days dropped by retention (never one
+with a run younger than the cutoff, never while a reader holds the tables), nothing lost or doubled."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, date, datetime, timedelta
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from monitor.config.models import Database
+from monitor.probe.result import Sample
+from monitor.schedule.maintenance import maintain_once
+from monitor.store import partitions
+from monitor.store.records import runs_from_samples
+from monitor.store.repository import Repository
+from tests.support.store_fixtures import Backend
+
+pytest_plugins = ("tests.support.store_fixtures",)
+
+
+def probe(at: datetime, *, late_s: float = 0.0, rounds: int = 3) -> list[Sample]:
+    """A run scheduled at `at` that started `late_s` later."""
+    sent = at + timedelta(seconds=late_s)
+    return [
+        Sample(
+            target="t",
+            model="m",
+            api="openai-chat",
+            prompt="p",
+            round=index + 1,
+            intended_at=at,
+            sent_at=sent + timedelta(seconds=index),
+            ttft_ms=200.0 + index,
+            total_ms=300.0,
+            http_status=200,
+        )
+        for index in range(rounds)
+    ]
+
+
+async def store(repository: Repository, at: datetime, *, late_s: float = 0.0) -> None:
+    batch = runs_from_samples(probe(at, late_s=late_s), job="j", location="l", provider_of={"t": "p"}, now=at)
+    await repository.save_runs(batch)
+
+
+async def placement(engine: AsyncEngine, table: str) -> dict[str, int]:
+    async with engine.connect() as connection:
+        rows = await connection.execute(sa.text(f"SELECT tableoid::regclass::text, count(*) FROM {table} GROUP BY 1"))
+        return {name: count for name, count in rows}
+
+
+async def partition_names(engine: AsyncEngine, table: str) -> set[str]:
+    async with engine.connect() as connection:
+        return set(await partitions.existing(connection, table))
+
+
+async def test_housekeeping_makes_the_coming_days_once(postgres_backend: Backend) -> None:
+    engine = postgres_backend.engine()
+    try:
+        repository = Repository(engine)
+        later = datetime.now(UTC) + timedelta(days=20)  # past what the migration made ahead
+        created = await repository.ensure_partitions(later)
+        wanted = partitions.days_around(later)
+        names = [partitions.partition_name(table, day) for table in partitions.PARTITIONED for day in wanted]
+        assert sorted(created) == sorted(names)
+        assert await repository.ensure_partitions(later) == []
+        for table in partitions.PARTITIONED:
+            assert {partitions.partition_name(table, day) for day in wanted} <= await partition_names(engine, table)
+    finally:
+        await engine.dispose()
+
+
+async def test_rows_of_a_day_without_its_partition_wait_in_the_default_and_move_in_when_it_is_made(
+    postgres_backend: Backend,
+) -> None:
+    engine = postgres_backend.engine()
+    try:
+        repository = Repository(engine)
+        far = datetime.now(UTC).replace(microsecond=0) + timedelta(days=30)  # a clock far ahead: no day yet
+        await store(repository, far)
+        await store(repository, far + timedelta(minutes=5))
+        assert await placement(engine, "runs") == {"runs_default": 2}
+        assert await placement(engine, "samples") == {"samples_default": 6}
+        await repository.ensure_partitions(far)
+        day = partitions.partition_name("runs", far.date())
+        assert await placement(engine, "runs") == {day: 2}
+        assert await placement(engine, "samples") == {partitions.partition_name("samples", far.date()): 6}
+        # And the runs read as before, with their samples.
+        [series] = await repository.series_list()
+        loaded = await repository.load_runs(series, far - timedelta(hours=1), far + timedelta(hours=1))
+        assert [len(samples) for _, samples in loaded] == [3, 3]
+    finally:
+        await engine.dispose()
+
+
+async def test_retention_drops_whole_aged_days_and_keeps_a_day_with_a_late_run(postgres_backend: Backend) -> None:
+    engine = postgres_backend.engine()
+    try:
+        repository = Repository(engine)
+        now = datetime.now(UTC).replace(microsecond=0)
+        aged = (now - timedelta(days=40)).replace(hour=12, minute=0, second=0)
+        late = (now - timedelta(days=31)).replace(hour=23, minute=55, second=0)
+        await repository.ensure_partitions(aged)
+        await repository.ensure_partitions(late)
+        await store(repository, aged)
+        await store(repository, aged + timedelta(hours=1))
+        # Scheduled on day -31 but started a day later: its day must wait until it has aged too.
+        await store(repository, late, late_s=timedelta(days=1, hours=1).total_seconds())
+        await repository.rollup(now)  # nothing pending holds them back
+        pruned = await repository.prune(now, raw_days=30, rollup_days=400)
+        names = await partition_names(engine, "runs")
+        assert partitions.partition_name("runs", aged.date()) not in names
+        assert partitions.partition_name("samples", aged.date()) not in await partition_names(engine, "samples")
+        assert pruned.days_dropped >= 1
+        assert (pruned.runs, pruned.samples) == (2, 6)  # the aged day's, exactly
+        assert partitions.partition_name("runs", late.date()) in names
+        [series] = await repository.series_list()
+        assert [r.intended_at for r in await repository.last_runs(series, 10)] == [late]
+        # A day later the late run has aged as well.
+        pruned = await repository.prune(now + timedelta(days=2), raw_days=30, rollup_days=400)
+        assert (pruned.runs, pruned.samples) == (1, 3)
+        assert await repository.last_runs(series, 10) == []
+    finally:
+        await engine.dispose()
+
+
+async def test_a_reader_holding_the_tables_delays_the_drop_to_the_next_pass_without_failing_it(
+    postgres_backend: Backend,
+) -> None:
+    engine = postgres_backend.engine()
+    reader = postgres_backend.engine()
+    try:
+        repository = Repository(engine)
+        now = datetime.now(UTC).replace(microsecond=0)
+        aged = (now - timedelta(days=40)).replace(hour=12, minute=0, second=0)
+        await repository.ensure_partitions(aged)
+        await store(repository, aged)
+        await repository.rollup(now)
+        async with reader.connect() as held:
+            await held.execute(sa.text("BEGIN"))
+            await held.execute(sa.text("SELECT count(*) FROM runs"))  # holds every partition until it ends
+            began = asyncio.get_running_loop().time()
+            pruned = await repository.prune(now, raw_days=30, rollup_days=400)
+            waited = asyncio.get_running_loop().time() - began
+            await held.execute(sa.text("ROLLBACK"))
+        assert (pruned.days_dropped, pruned.runs) == (0, 0)
+        assert waited < 15  # the drop's lock timeout (2 s), not the reader's length
+        pruned = await repository.prune(now, raw_days=30, rollup_days=400)
+        assert (pruned.runs, pruned.samples) == (1, 3)
+        assert pruned.days_dropped == len(partitions.days_around(aged))  # the aged day and its empty neighbours
+        assert partitions.partition_name("runs", aged.date()) not in await partition_names(engine, "runs")
+    finally:
+        await reader.dispose()
+        await engine.dispose()
+
+
+async def test_maintenance_reports_the_days_it_made_and_dropped(postgres_backend: Backend) -> None:
+    engine = postgres_backend.engine()
+    try:
+        repository = Repository(engine)
+        now = datetime.now(UTC) + timedelta(days=12)
+        done = await maintain_once(repository, Database(url=postgres_backend.url), now=now)
+        assert done["partitions_created"] > 0
+        assert done["days_dropped"] == 0
+        again = await maintain_once(repository, Database(url=postgres_backend.url), now=now)
+        assert again["partitions_created"] == 0
+    finally:
+        await engine.dispose()
+
+
+def test_partition_names_and_days_read_back() -> None:
+    day = date(2026, 12, 6)
+    assert partitions.partition_name("runs", day) == "runs_p20261206"
+    assert partitions.day_of("samples_p20261206") == day
+    assert partitions.day_of("runs_default") is None and partitions.is_partition("runs_default")
+    assert not partitions.is_partition("runs") and not partitions.is_partition("rollups_hourly")
+    assert partitions.day_bounds(day) == (datetime(2026, 12, 6, tzinfo=UTC), datetime(2026, 12, 7, tzinfo=UTC))
+    cutoff = datetime(2026, 12, 8, 0, 0, tzinfo=UTC)
+    assert partitions.droppable_days([date(2026, 12, 7), day, date(2026, 12, 8)], cutoff=cutoff) == [
+        day,
+        date(2026, 12, 7),
+    ]
