@@ -165,7 +165,10 @@ async def database_size(engine: Any, backend: str, path: Path | None) -> int:
         for table in ("series", "runs", "samples", "rollup_pending"):
             # A partitioned table (runs, samples: migration 0017) is the sum of its partitions.
             total += await connection.scalar(
-                sa.text(f"SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('{table}')")
+                sa.text(
+                    f"SELECT coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('{table}')), "
+                    f"pg_total_relation_size('{table}'))"
+                )
             )
         return int(total)
 

@@ -28,6 +28,7 @@ PARTITION_KEY = "intended_at"
 AHEAD_DAYS = 7  # created ahead of the clock: a week of housekeeping that never ran before rows go astray
 # A drop waits at most this long for the tables' lock (a long read holds it); else the next pass retries.
 DROP_LOCK_TIMEOUT = "2s"
+PARTITION_LOCK_KEY = 0x7474_6670  # "ttfp": held while a day's partitions are made or dropped
 _DAY = re.compile(r"^(runs|samples)_p(\d{8})$")
 _ANY = re.compile(r"^(runs|samples)_(p\d{8}|default)$")
 
@@ -147,7 +148,29 @@ async def ensure_days(engine: AsyncEngine, days: Iterable[date]) -> list[str]:
             names = await existing(connection, table)
         for day in missing_days(names, table, wanted):
             async with engine.begin() as connection:
+                await serialize(connection)
+                if await exists(connection, partition_name(table, day)):
+                    continue  # another daemon's housekeeping made it meanwhile
                 for statement in attach_day_sql(table, day):
                     await connection.exec_driver_sql(statement)
             created.append(partition_name(table, day))
     return created
+
+
+async def serialize(connection: AsyncConnection) -> None:
+    """Within a transaction: wait for any other daemon's partition change (making or dropping a day)
+    to finish, so each day is made or dropped once, whoever gets there first."""
+    await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": PARTITION_LOCK_KEY})
+
+
+async def exists(connection: AsyncConnection, name: str) -> bool:
+    """Whether a table exists now: read from pg_class with this statement's snapshot, which sees another
+    session's drop committed while this one waited (`to_regclass` may answer from a stale cache)."""
+    found = await connection.scalar(
+        text(
+            "SELECT EXISTS (SELECT 1 FROM pg_class JOIN pg_namespace ns ON ns.oid = pg_class.relnamespace "
+            "WHERE relname = :name AND ns.nspname = current_schema())"
+        ),
+        {"name": name},
+    )
+    return found is True

@@ -873,12 +873,15 @@ class Repository:
             try:
                 async with self._write() as connection:
                     await connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{partitions.DROP_LOCK_TIMEOUT}'")
+                    await partitions.serialize(connection)
+                    if not await partitions.exists(connection, runs_name):
+                        continue  # another daemon's housekeeping dropped it first
                     latest = await connection.scalar(text(f"SELECT max(started_at) FROM {runs_name}"))
                     if latest is not None and latest >= cutoff:
                         break  # a run of that day started late; its day waits for it
                     runs_count = int(await connection.scalar(text(f"SELECT count(*) FROM {runs_name}")) or 0)
                     samples_count = 0
-                    if samples_name in await partitions.existing(connection, "samples"):
+                    if await partitions.exists(connection, samples_name):
                         samples_count = int(await connection.scalar(text(f"SELECT count(*) FROM {samples_name}")) or 0)
                         await connection.exec_driver_sql(f"DROP TABLE {samples_name}")
                     await connection.exec_driver_sql(f"DROP TABLE {runs_name}")

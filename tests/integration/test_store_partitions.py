@@ -183,3 +183,26 @@ def test_partition_names_and_days_read_back() -> None:
         day,
         date(2026, 12, 7),
     ]
+
+
+async def test_two_daemons_housekeeping_at_once_make_and_drop_each_day_once(postgres_backend: Backend) -> None:
+    engines = [postgres_backend.engine(), postgres_backend.engine()]
+    try:
+        one, other = (Repository(engine) for engine in engines)
+        now = datetime.now(UTC).replace(microsecond=0)
+        aged = (now - timedelta(days=40)).replace(hour=12, minute=0, second=0)
+        made = await asyncio.gather(one.ensure_partitions(aged), other.ensure_partitions(aged))
+        assert sorted(made[0] + made[1]) == sorted(
+            partitions.partition_name(table, day)
+            for table in partitions.PARTITIONED
+            for day in partitions.days_around(aged)
+        )
+        await store(one, aged)
+        await store(one, aged + timedelta(hours=2))
+        await one.rollup(now)
+        pruned = await asyncio.gather(*(r.prune(now, raw_days=30, rollup_days=400) for r in (one, other)))
+        assert sum(p.runs for p in pruned) == 2 and sum(p.samples for p in pruned) == 6
+        assert sum(p.days_dropped for p in pruned) == len(partitions.days_around(aged))
+    finally:
+        for engine in engines:
+            await engine.dispose()
