@@ -182,7 +182,11 @@ async def bench(backend: str, url: str, args: argparse.Namespace, sqlite_path: P
     series = make_series(args.series, rng)
     per_tick = len(series) * (ROUNDS + WARMUP)
     ticks = max(1, args.samples // per_tick)
-    start = datetime(2026, 1, 5, tzinfo=UTC)
+    # The history ends now, so that on PostgreSQL it lands in day partitions as the daemon's does
+    # (housekeeping makes them; here, every day of the history, before it is written).
+    start = (datetime.now(UTC) - ticks * INTERVAL).replace(minute=0, second=0, microsecond=0)
+    for day in range((ticks * INTERVAL).days + 2):
+        await repository.ensure_partitions(start + timedelta(days=day))
     print(f"\n== {backend}: {display_url(url)}")
     print(f"   {ticks} job ticks x {len(series)} series x {ROUNDS + WARMUP} samples = {ticks * per_tick:,} samples")
     provider_of = {one.key.target: one.key.provider for one in series}

@@ -83,8 +83,10 @@ class RunRow(Base):
     """One probe run of one series: its rounds' summary. The id is client-generated (idempotent replays).
 
     On PostgreSQL `runs` and `samples` are partitioned by day of `intended_at` (migration 0017,
-    monitor/store/partitions.py), and their primary keys there are (id, intended_at): a partitioned
-    table's unique keys must hold its partition key. The ids are UUIDs, unique on their own."""
+    monitor/store/partitions.py): the primary key of `runs` there is (id, intended_at), since a
+    partitioned table's unique keys must hold its partition key, and `samples` has no key of its own
+    (nothing looks a sample up by id; its run's key keeps both once). The ids are UUIDs, unique on
+    their own; alembic's comparison does not look at primary keys."""
 
     __tablename__ = "runs"
     __table_args__ = (
