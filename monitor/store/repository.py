@@ -624,6 +624,16 @@ class Repository:
                 return []
             return (await self._hourly(connection, [series_id], start, end)).get(series_id, [])
 
+    async def hourly_of(
+        self, series_ids: Sequence[int], start: datetime, end: datetime
+    ) -> dict[int, list[HourlyStats]]:
+        """`hourly_percentiles` of several series by id in one query: per series id, its hours in
+        [start, end) computed from raw samples."""
+        if not series_ids:
+            return {}
+        async with self._read() as connection:
+            return await self._hourly(connection, list(series_ids), start, end)
+
     async def rollups_between(self, series: SeriesKey, start: datetime, end: datetime) -> list[HourlyStats]:
         """Stored hourly rollups of `series` for hours starting in [start, end) (kept after raw samples)."""
         rows = await self._series_rows(series, _ROLLUPS_BETWEEN, start=start, end=end)

@@ -29,7 +29,7 @@ from monitor.detect.detector import Detector, Rules, RunPoint
 from monitor.detect.figures import figures_of
 from monitor.detect.noise import NoiseModel
 from monitor.detect.noise import describe as describe_noise
-from monitor.quantile import quantile
+from monitor.quantile import mixture_quantile, quantile
 from monitor.store.models import (
     SAMPLES_OF_RUN,
     AlertDeliveryRow,
@@ -93,6 +93,9 @@ class TooBroad(ValueError):
 # slowly: on a production-size history a 400-day compare held a connection and a core for seconds
 # per request, and fifty of them took the process to 1.7 GB.
 MAX_COMPARE_RUNS = 100_000
+# Beyond MAX_COMPARE_RUNS runs, or where retention has removed the window's raw samples, a compare reads
+# the hourly rollups instead (`resolution` "hour"); it reads at most this many series-hours.
+MAX_COMPARE_HOURS = 250_000
 
 
 async def _series(connection: AsyncConnection, ids: Iterable[int] | None = None) -> dict[int, SeriesInfo]:
@@ -1215,6 +1218,8 @@ class CompareDocument(CompareValues):
 
     start: str | None  # ISO 8601 (monitor.web.queries.iso)
     end: str | None
+    # "sample": from the raw samples; "hour": from the hourly rollups (a long range, or raw samples gone).
+    resolution: NotRequired[str]
     filters: Names
     available: Names
     # `ttft-monitor report` with a config: what probing each cell costs a month (monitor.web.costs).
@@ -1291,8 +1296,19 @@ def _compare_cells(
                         "significant": diff.significant,
                     }
                 )
-    # Ranked (1 = the cheapest prefill) only where the fit means something; the rest follow, unranked,
-    # with the reason.
+    return {
+        "cells": table,
+        "pairs": pairs,
+        "slopes": _slopes(models, slope_points),
+        "cache": cache_speedups(sorted_cells),
+    }
+
+
+def _slopes(
+    models: Mapping[str, str], slope_points: Mapping[str, Sequence[tuple[float, float]]]
+) -> list[dict[str, Any]]:
+    """Per target its prefill slope; ranked (1 = the cheapest prefill) only where the fit means
+    something, the rest following, unranked, with the reason."""
     fits = {target: stats.prefill_slope(slope_points.get(target, [])) for target in models}
     order = sorted(models, key=lambda t: (not fits[t].ranked, fits[t].ms_per_1k_tokens or 0.0, t))
     slopes = []
@@ -1312,7 +1328,7 @@ def _compare_cells(
                 "reason": fit.reason,
             }
         )
-    return {"cells": table, "pairs": pairs, "slopes": slopes, "cache": cache_speedups(sorted_cells)}
+    return slopes
 
 
 def cache_speedups(cells: Mapping[tuple[str, str], Sequence[float]]) -> list[dict[str, Any]]:
@@ -1350,9 +1366,11 @@ async def compare(
     prompts: Sequence[str] = (),
     locations: Sequence[str] = (),
     max_runs: int = MAX_COMPARE_RUNS,
+    max_hours: int = MAX_COMPARE_HOURS,
 ) -> CompareDocument:
-    """`compare_values` over the successful measured samples of runs started in [start, end); TooBroad
-    past `max_runs` runs."""
+    """`compare_values` over the successful measured samples of runs started in [start, end); past
+    `max_runs` runs, or where retention has removed the window's raw samples, the same numbers from the
+    hourly rollups (`_compare_hours`, `resolution` "hour"); TooBroad past `max_hours` series-hours."""
     async with engine.connect() as connection:
         series = await _series(connection)
         chosen = {
@@ -1362,9 +1380,20 @@ async def compare(
             and (not prompts or info.prompt in prompts)
             and (not locations or info.location in locations)
         }
+        hourly = False
         if chosen:
-            await _refuse_too_broad(connection, list(chosen), start=start, end=end, max_runs=max_runs)
-        found = await _compare_samples(connection, list(chosen), start=start, end=end) if chosen else []
+            runs = await _runs_in(connection, list(chosen), start=start, end=end)
+            hourly = runs > max_runs or await _raw_gone(connection, list(chosen), start=start, end=end)
+        if hourly:
+            _refuse_too_many_hours(len(chosen), start=start, end=end, max_hours=max_hours)
+            hours = await _hours_of(connection, Repository(engine), chosen, start=start, end=end)
+            found = []
+        else:
+            found = await _compare_samples(connection, list(chosen), start=start, end=end) if chosen else []
+    if hourly:
+        return _document(
+            start, end, series, targets, prompts, locations, _compare_hours(hours, chosen), resolution="hour"
+        )
     # Grouped straight from the per-series arrays: building a tuple per sample took a third of the view.
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     tokens: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -1379,11 +1408,27 @@ async def compare(
         tokens[cell].extend(n for n, _ in counted)
         if not info.prompt.endswith(WARM_TWIN_SUFFIX):  # a warm twin's cached prefill is not the prefill line
             slope_points[info.target].extend(counted)
+    return _document(
+        start, end, series, targets, prompts, locations, _compare_cells(cells, tokens, models, slope_points)
+    )
+
+
+def _document(
+    start: datetime,
+    end: datetime,
+    series: Mapping[int, SeriesInfo],
+    targets: Sequence[str],
+    prompts: Sequence[str],
+    locations: Sequence[str],
+    result: CompareValues,
+    *,
+    resolution: str = "sample",
+) -> CompareDocument:
     available = [(info.target, info.prompt, info.location) for info in series.values()]
-    result = _compare_cells(cells, tokens, models, slope_points)
     return {
         "start": iso(start),
         "end": iso(end),
+        "resolution": resolution,
         "filters": {"targets": list(targets), "prompts": list(prompts), "locations": list(locations)},
         "available": {
             "targets": sorted({row[0] for row in available}),
@@ -1397,11 +1442,8 @@ async def compare(
     }
 
 
-async def _refuse_too_broad(
-    connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime, max_runs: int
-) -> None:
-    """Raise TooBroad when the window holds more than `max_runs` runs of these series (a count over
-    the runs index, without reading a sample)."""
+async def _runs_in(connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime) -> int:
+    """How many runs of these series started in [start, end) (a count over the runs index)."""
     runs = await connection.scalar(
         select(func.count())
         .select_from(RunRow.__table__)
@@ -1411,12 +1453,180 @@ async def _refuse_too_broad(
             RunRow.started_at < type_coerce(end, UtcDateTime()),
         )
     )
-    if runs and runs > max_runs:
-        days = max(1, int((end - start).total_seconds() / 86400 * max_runs / runs))
-        raise TooBroad(
-            f"this compare covers {runs:,} runs, more than the {max_runs:,} one request may read; "
-            f"narrow it: a shorter since (about {days}d holds that many), or target=, prompt=, location="
+    return int(runs or 0)
+
+
+async def _raw_gone(connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime) -> bool:
+    """Whether retention has removed raw runs of the window: a rollup of these series holds an hour that
+    starts in the window and ends before the window's first raw run."""
+    first = await connection.scalar(
+        select(func.min(RunRow.started_at)).where(
+            RunRow.series_id.in_(list(series_ids)),
+            RunRow.started_at >= type_coerce(start, UtcDateTime()),
+            RunRow.started_at < type_coerce(end, UtcDateTime()),
         )
+    )
+    until = floor_hour(_aware(first)) - timedelta(hours=1) if first is not None else end
+    if until <= start:
+        return False
+    found = await connection.scalar(
+        select(RollupRow.hour)
+        .where(
+            RollupRow.series_id.in_(list(series_ids)),
+            RollupRow.hour >= type_coerce(start, UtcDateTime()),
+            RollupRow.hour < type_coerce(until, UtcDateTime()),
+            RollupRow.samples > 0,
+        )
+        .limit(1)
+    )
+    return found is not None
+
+
+def _refuse_too_many_hours(series: int, *, start: datetime, end: datetime, max_hours: int) -> None:
+    hours = series * max(1, math.ceil((end - start).total_seconds() / 3600))
+    if hours > max_hours:
+        days = max(1, int((end - start).total_seconds() / 86400 * max_hours / hours))
+        raise TooBroad(
+            f"this compare covers {series:,} series over {hours // series:,} hours, {hours:,} series-hours, more "
+            f"than the {max_hours:,} one request may read; narrow it: a shorter since (about {days}d), or "
+            "target=, prompt=, location="
+        )
+
+
+async def _hours_of(
+    connection: AsyncConnection,
+    repository: Repository,
+    chosen: Mapping[int, SeriesInfo],
+    *,
+    start: datetime,
+    end: datetime,
+) -> dict[int, list[HourlyStats]]:
+    """Per series: its stored hourly rollups of the hours starting in [start, end), and the hours after
+    its last rollup (the current one, a backlog) computed from raw samples, as `_hours` does for one."""
+    ids = list(chosen)
+    out: dict[int, list[HourlyStats]] = {sid: [] for sid in ids}
+    rows = await connection.execute(
+        select(RollupRow.series_id, *_ROLLUP_FIELDS)
+        .where(
+            RollupRow.series_id.in_(ids),
+            RollupRow.hour >= type_coerce(start, UtcDateTime()),
+            RollupRow.hour < type_coerce(end, UtcDateTime()),
+        )
+        .order_by(RollupRow.series_id, RollupRow.hour)
+    )
+    for sid, *values in rows:
+        out[sid].append(HourlyStats(*values))
+    # The hours after each series' last rollup, from raw samples: one query per distinct first such hour
+    # (usually one: every series rolled up to the same hour).
+    tails: dict[datetime, list[int]] = defaultdict(list)
+    for sid, hours in out.items():
+        tails[hours[-1].hour + timedelta(hours=1) if hours else floor_hour(start)].append(sid)
+    for tail_start, members in tails.items():
+        if tail_start >= end:
+            continue
+        fresh = await repository.hourly_of(members, tail_start, end)
+        for sid, hours in fresh.items():
+            out[sid].extend(h for h in hours if h.hour >= start)
+    return out
+
+
+def _sketch(hour: HourlyStats) -> tuple[float, list[tuple[float, float]]]:
+    """An hour as a mixture part: its successful samples' count, and the quantiles it keeps."""
+    knots = [
+        (p, v)
+        for p, v in (
+            (0.0, hour.ttft_min_ms),
+            (0.1, hour.ttft_p10_ms),
+            (0.5, hour.ttft_p50_ms),
+            (0.9, hour.ttft_p90_ms),
+            (0.99, hour.ttft_p99_ms),
+            (1.0, hour.ttft_max_ms),
+        )
+        if v is not None
+    ]
+    # Kept increasing: an hour's quantiles are, but a rollup written by hand or rounding may not be.
+    for index in range(1, len(knots)):
+        if knots[index][1] < knots[index - 1][1]:
+            knots[index] = (knots[index][0], knots[index - 1][1])
+    return float(max(0, hour.samples - hour.errors)), knots
+
+
+def _compare_hours(hours: Mapping[int, Sequence[HourlyStats]], chosen: Mapping[int, SeriesInfo]) -> CompareValues:
+    """The compare view from hourly statistics (long ranges): per cell the quantiles of the mixture of
+    its hours (`mixture_quantile`), n the successful samples; the median's interval and the pairs'
+    from an hour-block bootstrap (the exact bootstrap of the median of the hours' medians, which also
+    carries how hours wander together); the prefill slope through the hours' (prompt tokens, TTFT)
+    medians."""
+    parts: dict[tuple[str, str], list[tuple[float, list[tuple[float, float]]]]] = defaultdict(list)
+    medians: dict[tuple[str, str], list[float]] = defaultdict(list)
+    tokens: dict[tuple[str, str], list[float]] = defaultdict(list)
+    models: dict[str, str] = {}
+    slope_points: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for sid, series_hours in hours.items():
+        info = chosen[sid]
+        cell = (info.target, info.prompt)
+        for hour in series_hours:
+            weight, knots = _sketch(hour)
+            if weight <= 0 or hour.ttft_p50_ms is None:
+                continue
+            models[info.target] = info.model
+            parts[cell].append((weight, knots))
+            medians[cell].append(hour.ttft_p50_ms)
+            if hour.prompt_tokens_p50 is not None:
+                tokens[cell].append(hour.prompt_tokens_p50)
+                if not info.prompt.endswith(WARM_TWIN_SUFFIX):
+                    slope_points[info.target].append((hour.prompt_tokens_p50, hour.ttft_p50_ms))
+    point = {cell: mixture_quantile(found, 0.5) for cell, found in parts.items()}
+    variance = {cell: stats.median_variance(sorted(values)) for cell, values in medians.items()}
+    table = []
+    for (target, prompt), found in sorted(parts.items()):
+        middle, spread = point[(target, prompt)], math.sqrt(variance[(target, prompt)])
+        table.append(
+            {
+                "target": target,
+                "model": models[target],
+                "prompt": prompt,
+                "n": round(sum(weight for weight, _ in found)),
+                "median_ms": _round(middle),
+                "p90_ms": _round(mixture_quantile(found, 0.9)),
+                "ci_low_ms": _round(middle - stats.Z_95 * spread) if middle is not None else None,
+                "ci_high_ms": _round(middle + stats.Z_95 * spread) if middle is not None else None,
+                "prompt_tokens_median": _round(_median(tokens.get((target, prompt), [])), 0),
+            }
+        )
+    pairs = []
+    for prompt in sorted({prompt for _, prompt in parts}):
+        ranked = sorted((t for t, p in parts if p == prompt), key=lambda t: (point[(t, prompt)] or 0.0, t))
+        for i, faster in enumerate(ranked):
+            for slower in ranked[i + 1 :]:
+                difference = (point[(slower, prompt)] or 0.0) - (point[(faster, prompt)] or 0.0)
+                half = stats.Z_95 * math.sqrt(variance[(slower, prompt)] + variance[(faster, prompt)])
+                found_difference = stats.Difference(difference, difference - half, difference + half)
+                pairs.append(
+                    {
+                        "prompt": prompt,
+                        "faster": faster,
+                        "slower": slower,
+                        "difference_ms": _round(found_difference.difference_ms),
+                        "ci_low_ms": _round(found_difference.low_ms),
+                        "ci_high_ms": _round(found_difference.high_ms),
+                        "significant": found_difference.significant,
+                    }
+                )
+    slopes = _slopes(models, slope_points)
+    cache = [
+        {**row, "cold_median_ms": _round(point.get((row["target"], row["prompt"]))),
+         "warm_median_ms": _round(point.get((row["target"], warm_twin(row["prompt"]))))}
+        for row in cache_speedups(medians)
+    ]  # fmt: skip
+    for row in cache:
+        cold, warm = row["cold_median_ms"], row["warm_median_ms"]
+        row["speedup"] = _round(cold / warm) if cold and warm else None
+        row["cold_n"] = next((c["n"] for c in table if (c["target"], c["prompt"]) == (row["target"], row["prompt"])), 0)
+        row["warm_n"] = next(
+            (c["n"] for c in table if (c["target"], c["prompt"]) == (row["target"], warm_twin(row["prompt"]))), 0
+        )
+    return {"cells": table, "pairs": pairs, "slopes": slopes, "cache": cache}
 
 
 async def _compare_samples(

@@ -142,11 +142,19 @@ def _text(text: Any) -> str:
     return escape_commonmark(str(text))
 
 
+# A long range is computed from the hourly rollups (docs/api.md, "Long ranges read the hourly rollups").
+HOURLY_NOTE = (
+    " From the hourly rollups (the range is longer than raw samples are kept, or holds too many runs): "
+    "quantiles merged across hours, intervals over hours."
+)
+
+
 def render_markdown(data: queries.CompareDocument, *, title: str) -> str:
     lines = [
         f"# {_text(title)}",
         "",
-        f"Samples from {data['start']} to {data['end']}; medians of successful requests.",
+        f"Samples from {data['start']} to {data['end']}; medians of successful requests."
+        + (HOURLY_NOTE if data.get("resolution") == "hour" else ""),
         "",
     ]
     lines += [
@@ -231,11 +239,12 @@ def render_html(data: queries.CompareDocument, *, title: str) -> str:
   const data = JSON.parse(document.getElementById("report-data").textContent);
   const root = document.getElementById("app");
   root.append(TTFT.el("p", { class: "muted" }, `Samples from ${TTFT.when(data.start)} to ${TTFT.when(data.end)}; `
-    + "medians of successful requests, 95% bootstrap intervals."));
+    + "medians of successful requests, 95% bootstrap intervals."
+    + (data.resolution === "hour" ? HOURLY_NOTE : "")));
   TTFT_CHARTS.renderCompare(root, data, {});
   root.setAttribute("data-loaded", "1");
 })();
-"""
+""".replace("HOURLY_NOTE", json.dumps(HOURLY_NOTE))
     scripts = "\n".join(
         f"<script>{_inline_script(code)}</script>"
         for code in (_static("uPlot.iife.min.js"), _static("common.js"), _static("charts.js"), boot)

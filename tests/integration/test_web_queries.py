@@ -499,17 +499,57 @@ async def test_compare_on_the_database_matches_the_pure_function(backend: Backen
     assert len(result["pairs"]) == 1
 
 
-async def test_a_compare_over_more_runs_than_one_request_may_read_is_refused_naming_the_fix(backend: Backend) -> None:
+async def test_a_compare_over_more_runs_than_one_request_may_read_uses_the_hours_or_is_refused_naming_the_fix(
+    backend: Backend,
+) -> None:
     repository = await _store(backend, hours=1)
     start, end = T0, T0 + timedelta(hours=1)
     try:
         async with repository.engine.connect() as connection:
             runs = await connection.scalar(sa.select(sa.func.count()).select_from(RunRow.__table__))
         assert runs is not None  # count(*) always answers one row
-        with pytest.raises(queries.TooBroad, match=r"more than the 5 one request may read; narrow it: a shorter since"):
-            await queries.compare(repository.engine, start=start, end=end, max_runs=5)
         answered = await queries.compare(repository.engine, start=start, end=end, max_runs=runs)
-        assert answered["cells"]
+        assert answered["cells"] and answered["resolution"] == "sample"
+        hourly = await queries.compare(repository.engine, start=start, end=end, max_runs=5)
+        assert hourly["resolution"] == "hour"
+        assert [c["n"] for c in hourly["cells"]] == [c["n"] for c in answered["cells"]]
+        with pytest.raises(queries.TooBroad, match=r"4 series-hours, more than the 3 one request may read; narrow it"):
+            await queries.compare(repository.engine, start=start, end=end, max_runs=5, max_hours=3)
+    finally:
+        await repository.engine.dispose()
+
+
+async def test_a_compare_past_raw_retention_reads_the_hourly_rollups_close_to_what_the_samples_gave(
+    backend: Backend,
+) -> None:
+    """Six hours of 4 series; the raw numbers first, then the first three hours' raw runs pruned (their
+    rollups kept): the same compare now reads the hours (`resolution` "hour"), counts every sample,
+    and its medians and p90s land within a few percent of the samples' (docs/api.md)."""
+    repository = await _store(backend, hours=6)
+    start, end = T0, T0 + timedelta(hours=6)
+    try:
+        raw = await queries.compare(repository.engine, start=start, end=end)
+        assert raw["resolution"] == "sample"
+        await repository.rollup(end + timedelta(hours=1))
+        days = 40
+        pruned = await repository.prune(T0 + timedelta(hours=3, days=days), raw_days=days, rollup_days=400)
+        assert pruned.runs > 0
+        hourly = await queries.compare(repository.engine, start=start, end=end)
+        assert hourly["resolution"] == "hour"
+        by_cell = {(c["target"], c["prompt"]): c for c in raw["cells"]}
+        assert {(c["target"], c["prompt"]) for c in hourly["cells"]} == set(by_cell)
+        for cell in hourly["cells"]:
+            exact = by_cell[(cell["target"], cell["prompt"])]
+            assert cell["n"] == exact["n"]
+            assert cell["median_ms"] == pytest.approx(exact["median_ms"], rel=0.03)
+            assert cell["p90_ms"] == pytest.approx(exact["p90_ms"], rel=0.05)
+            assert cell["ci_low_ms"] <= cell["median_ms"] <= cell["ci_high_ms"]
+        assert [(p["faster"], p["slower"], p["significant"]) for p in hourly["pairs"]] == [
+            (p["faster"], p["slower"], p["significant"]) for p in raw["pairs"]
+        ]
+        # A window that retention has not touched still reads the samples.
+        recent = await queries.compare(repository.engine, start=T0 + timedelta(hours=4), end=end)
+        assert recent["resolution"] == "sample"
     finally:
         await repository.engine.dispose()
 

@@ -8,8 +8,10 @@ import math
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from monitor.quantile import quantile
+from monitor.quantile import mixture_quantile, quantile
 
 
 @pytest.mark.parametrize(
@@ -70,3 +72,80 @@ def test_it_gives_what_the_three_copies_gave(n: int, percent: int) -> None:
     # The percentage form picks the same order statistics; the fraction 0.9 is not exactly 90/100,
     # so the interpolation may differ in the last bits.
     assert got == pytest.approx(_percent_rank(values, percent), rel=1e-12)
+
+
+# ---------------------------------------------------------------- hours merged: mixture_quantile
+
+
+def _knots(values: list[float]) -> list[tuple[float, float]]:
+    data = sorted(values)
+    return [(p, quantile(data, p, presorted=True) or 0.0) for p in (0.0, 0.1, 0.5, 0.9, 0.99, 1.0)]
+
+
+def test_one_part_gives_back_its_own_quantiles() -> None:
+    knots = [(0.0, 100.0), (0.1, 120.0), (0.5, 200.0), (0.9, 300.0), (0.99, 450.0), (1.0, 500.0)]
+    for p, value in knots:
+        assert mixture_quantile([(30, knots)], p) == pytest.approx(value)
+    assert mixture_quantile([(30, knots)], 0.3) == pytest.approx(160.0)  # linear between p10 and p50
+
+
+def test_parts_mix_by_their_weight() -> None:
+    low, high = [(0.0, 0.0), (1.0, 10.0)], [(0.0, 10.0), (1.0, 20.0)]
+    assert mixture_quantile([(1, low), (1, high)], 0.5) == pytest.approx(10.0)
+    assert mixture_quantile([(1, low), (3, high)], 0.25) == pytest.approx(10.0)
+    assert mixture_quantile([(1, low), (3, high)], 0.625) == pytest.approx(15.0)
+    assert mixture_quantile([(0, low), (3, high)], 0.5) == pytest.approx(15.0)  # no weight, no say
+
+
+def test_an_hour_of_one_value_is_a_point_mass() -> None:
+    single = [(0.0, 42.0), (0.5, 42.0), (1.0, 42.0)]
+    assert mixture_quantile([(5, single)], 0.0) == 42.0
+    assert mixture_quantile([(5, single)], 0.7) == 42.0
+    spread = [(0.0, 0.0), (1.0, 100.0)]
+    assert mixture_quantile([(1, single), (1, spread)], 0.5) == pytest.approx(42.0)
+
+
+def test_nothing_to_merge_is_none_and_a_bad_q_is_refused() -> None:
+    assert mixture_quantile([], 0.5) is None
+    assert mixture_quantile([(0, [(0.0, 1.0), (1.0, 2.0)])], 0.5) is None
+    with pytest.raises(ValueError, match=r"within 0\.\.1"):
+        mixture_quantile([(1, [(0.0, 1.0), (1.0, 2.0)])], 1.5)
+
+
+@given(
+    hours=st.lists(
+        st.tuples(
+            st.integers(min_value=1, max_value=60),
+            st.lists(st.floats(min_value=1.0, max_value=1e5), min_size=1, max_size=40),
+        ),
+        min_size=1,
+        max_size=30,
+    ),
+    q=st.floats(min_value=0.0, max_value=1.0),
+)
+def test_the_merged_quantile_is_monotone_and_within_the_hours(hours: list[tuple[int, list[float]]], q: float) -> None:
+    parts = [(weight, _knots(values)) for weight, values in hours]
+    found = mixture_quantile(parts, q)
+    assert found is not None
+    lowest = min(min(values) for _, values in hours)
+    highest = max(max(values) for _, values in hours)
+    assert lowest - 1e-6 <= found <= highest + 1e-6
+    above = mixture_quantile(parts, min(1.0, q + 0.05))
+    assert above is not None and above >= found - 1e-6 * max(1.0, abs(found))
+
+
+def test_hours_of_lognormal_samples_merge_within_two_percent_of_the_pooled_median_and_p90() -> None:
+    """200 hours of 30 samples each, hours wandering (sigma 0.1) around a common level: the merged
+    median and p90 against the quantiles of all 6,000 samples pooled (the error the compare view's
+    long ranges carry; docs/api.md)."""
+    rng = random.Random(3)
+    parts, pooled = [], []
+    for _hour in range(200):
+        level = rng.gauss(0.0, 0.1)
+        values = [300.0 * rng.lognormvariate(level, 0.3) for _ in range(30)]
+        pooled += values
+        parts.append((30, _knots(values)))
+    for q in (0.5, 0.9):
+        merged, exact = mixture_quantile(parts, q), quantile(pooled, q)
+        assert merged is not None and exact is not None
+        assert merged == pytest.approx(exact, rel=0.02)
