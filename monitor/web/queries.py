@@ -1551,6 +1551,13 @@ def _sketch(hour: HourlyStats) -> tuple[float, list[tuple[float, float]]]:
     return float(max(0, hour.samples - hour.errors)), knots
 
 
+MIN_BLOCKS = 2  # hours a cell needs for an hour-block interval
+
+
+def _sqrt(value: float | None) -> float | None:
+    return math.sqrt(value) if value is not None else None
+
+
 def _compare_hours(hours: Mapping[int, Sequence[HourlyStats]], chosen: Mapping[int, SeriesInfo]) -> CompareValues:
     """The compare view from hourly statistics (long ranges): per cell the quantiles of the mixture of
     its hours (`mixture_quantile`), n the successful samples; the median's interval and the pairs'
@@ -1577,10 +1584,15 @@ def _compare_hours(hours: Mapping[int, Sequence[HourlyStats]], chosen: Mapping[i
                 if not info.prompt.endswith(WARM_TWIN_SUFFIX):
                     slope_points[info.target].append((hour.prompt_tokens_p50, hour.ttft_p50_ms))
     point = {cell: mixture_quantile(found, 0.5) for cell, found in parts.items()}
-    variance = {cell: stats.median_variance(sorted(values)) for cell, values in medians.items()}
+    # One hour is no block bootstrap: such a cell has no interval, and its pairs none either.
+    variance = {
+        cell: stats.median_variance(sorted(values)) if len(values) >= MIN_BLOCKS else None
+        for cell, values in medians.items()
+    }
     table = []
     for (target, prompt), found in sorted(parts.items()):
-        middle, spread = point[(target, prompt)], math.sqrt(variance[(target, prompt)])
+        middle, spread = point[(target, prompt)], _sqrt(variance[(target, prompt)])
+        half_width = stats.Z_95 * spread if middle is not None and spread is not None else None
         table.append(
             {
                 "target": target,
@@ -1589,8 +1601,8 @@ def _compare_hours(hours: Mapping[int, Sequence[HourlyStats]], chosen: Mapping[i
                 "n": round(sum(weight for weight, _ in found)),
                 "median_ms": _round(middle),
                 "p90_ms": _round(mixture_quantile(found, 0.9)),
-                "ci_low_ms": _round(middle - stats.Z_95 * spread) if middle is not None else None,
-                "ci_high_ms": _round(middle + stats.Z_95 * spread) if middle is not None else None,
+                "ci_low_ms": _round(middle - half_width) if middle is not None and half_width is not None else None,
+                "ci_high_ms": _round(middle + half_width) if middle is not None and half_width is not None else None,
                 "prompt_tokens_median": _round(_median(tokens.get((target, prompt), [])), 0),
             }
         )
@@ -1600,17 +1612,20 @@ def _compare_hours(hours: Mapping[int, Sequence[HourlyStats]], chosen: Mapping[i
         for i, faster in enumerate(ranked):
             for slower in ranked[i + 1 :]:
                 difference = (point[(slower, prompt)] or 0.0) - (point[(faster, prompt)] or 0.0)
-                half = stats.Z_95 * math.sqrt(variance[(slower, prompt)] + variance[(faster, prompt)])
-                found_difference = stats.Difference(difference, difference - half, difference + half)
+                slow_var, fast_var = variance[(slower, prompt)], variance[(faster, prompt)]
+                interval = None
+                if slow_var is not None and fast_var is not None:
+                    half = stats.Z_95 * math.sqrt(slow_var + fast_var)
+                    interval = stats.Difference(difference, difference - half, difference + half)
                 pairs.append(
                     {
                         "prompt": prompt,
                         "faster": faster,
                         "slower": slower,
-                        "difference_ms": _round(found_difference.difference_ms),
-                        "ci_low_ms": _round(found_difference.low_ms),
-                        "ci_high_ms": _round(found_difference.high_ms),
-                        "significant": found_difference.significant,
+                        "difference_ms": _round(difference),
+                        "ci_low_ms": _round(interval.low_ms) if interval else None,
+                        "ci_high_ms": _round(interval.high_ms) if interval else None,
+                        "significant": interval.significant if interval else False,
                     }
                 )
     slopes = _slopes(models, slope_points)

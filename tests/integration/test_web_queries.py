@@ -717,3 +717,15 @@ async def test_the_overview_of_young_series_says_the_detector_is_learning(backen
     assert len(rows) == 4
     assert {(r["baseline_ms"], r["baseline_note"]) for r in rows} == {(None, "learning, 5 of 24 runs")}
     assert {r["baseline_note"] for r in default} == {f"learning, 5 of {Rules().min_history_runs} runs"}
+
+
+async def test_a_compare_of_one_hour_from_the_rollups_has_no_interval_rather_than_a_false_one(backend: Backend) -> None:
+    repository = await _store(backend, hours=1)
+    try:
+        hourly = await queries.compare(repository.engine, start=T0, end=T0 + timedelta(hours=1), max_runs=0)
+        assert hourly["resolution"] == "hour" and hourly["cells"]
+        assert {(c["ci_low_ms"], c["ci_high_ms"]) for c in hourly["cells"]} == {(None, None)}
+        assert hourly["pairs"] and not any(p["significant"] for p in hourly["pairs"])
+        assert {(p["ci_low_ms"], p["ci_high_ms"]) for p in hourly["pairs"]} == {(None, None)}
+    finally:
+        await repository.engine.dispose()
