@@ -72,6 +72,10 @@ LOOP_LAG_INTERVAL_S = 0.5
 STOP_EXTRA_S = 3.0
 DISPOSE_TIMEOUT_S = 2.0
 
+# `once` makes the coming days' partitions after storing (PostgreSQL); a database slower than this is left
+# to the next run.
+PARTITIONS_TIMEOUT_S = 10.0
+
 
 async def dispose_engine(engine: AsyncEngine) -> None:
     """Close the pool's connections; a hung server must not hold up the exit."""
@@ -474,8 +478,24 @@ class Daemon:
         await self._earlier
         await self.store.writer.drain()
         await self.background.settle(ONCE_AFTERCARE_TIMEOUT_S)
+        await self._partitions_ahead()
         self.phase = "done"
         return outcomes
+
+    async def _partitions_ahead(self) -> None:
+        """Burst mode: make the coming days' partitions of runs and samples (PostgreSQL) as the daemon's
+        housekeeping does, so that a CronJob's runs keep landing in their own day, not in the default
+        partition. Never fails the run: the database's trouble is logged and the next run tries again."""
+        log = structlog.get_logger()
+        try:
+            created = await asyncio.wait_for(
+                self.store.repository.ensure_partitions(datetime.now(UTC)), timeout=PARTITIONS_TIMEOUT_S
+            )
+        except Exception as exc:
+            log.warning("partitions_not_made", error=error_text(exc))
+        else:
+            if created:
+                log.info("partitions_created", partitions=created)
 
     async def deliver_due(self) -> None:
         """Burst mode: send the notifications due now; undelivered ones stay in the outbox for the next run."""
