@@ -31,11 +31,10 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage import ROUNDS, WARMUP, database_size, make_series, postgres_scratch, tick_samples
+from storage import ROUNDS, WARMUP, database_size, make_series, postgres_scratch, write_ticks
 
 from monitor.store import migrate
 from monitor.store.engine import create_engine, display_url
-from monitor.store.records import runs_from_samples
 from monitor.store.repository import Repository
 
 
@@ -45,26 +44,11 @@ async def fill(url: str, args: argparse.Namespace, now: datetime) -> tuple[int, 
     engine = create_engine(url)
     repository = Repository(engine)
     series = make_series(args.series, rng)
-    provider_of = {one.key.target: one.key.provider for one in series}
-    by_location: dict[str, list] = {}
-    for one in series:
-        by_location.setdefault(one.key.location, []).append(one)
     per_tick = len(series) * (ROUNDS + WARMUP)
     ticks = max(1, args.samples // per_tick)
     interval = timedelta(minutes=args.interval_min)
     first = (now - ticks * interval).replace(second=0, microsecond=0)
-    began = time.perf_counter()
-    for tick in range(ticks):
-        at = first + tick * interval
-        batch = []
-        for location, members in by_location.items():
-            batch += runs_from_samples(
-                tick_samples(members, at, rng), job="bench", location=location, provider_of=provider_of
-            )
-        await repository.save_runs(batch)
-        if (tick + 1) % max(1, ticks // 10) == 0:
-            done = (tick + 1) * per_tick
-            print(f"   {done:>11,} samples  {done / (time.perf_counter() - began):>9,.0f} samples/s", flush=True)
+    await write_ticks(repository, series, ticks=ticks, start=first, interval=interval, rng=rng)
     await engine.dispose()
     return ticks * per_tick, first
 

@@ -38,12 +38,11 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage import INTERVAL, ROUNDS, WARMUP, database_size, make_series, postgres_scratch, tick_samples
+from storage import INTERVAL, ROUNDS, WARMUP, database_size, make_series, postgres_scratch, write_ticks
 
 from monitor.quantile import quantile
 from monitor.store import migrate
 from monitor.store.engine import create_engine
-from monitor.store.records import runs_from_samples
 from monitor.store.repository import Repository
 from monitor.web import queries
 
@@ -74,23 +73,7 @@ async def one_size(url: str, samples: int, args: argparse.Namespace) -> dict[str
     start = now - ticks * INTERVAL
     for day in range((ticks * INTERVAL).days + 2):
         await repository.ensure_partitions(start + timedelta(days=day))
-    provider_of = {one.key.target: one.key.provider for one in series}
-    by_location: dict[str, list[Any]] = {}
-    for one in series:
-        by_location.setdefault(one.key.location, []).append(one)
-    insert_s = 0.0
-    for tick in range(ticks):
-        at = start + tick * INTERVAL
-        batch = []
-        for location, members in by_location.items():
-            batch += runs_from_samples(
-                tick_samples(members, at, rng), job="bench", location=location, provider_of=provider_of
-            )
-        began = time.perf_counter()
-        await repository.save_runs(batch)
-        insert_s += time.perf_counter() - began
-        if (tick + 1) % max(1, ticks // 5) == 0:
-            print(f"   {(tick + 1) * per_tick:>12,} samples written", flush=True)
+    insert_s = await write_ticks(repository, series, ticks=ticks, start=start, interval=INTERVAL, rng=rng)
     stored = ticks * per_tick
     began = time.perf_counter()
     rolled = 0

@@ -119,6 +119,38 @@ def tick_samples(series: list[Series], at: datetime, rng: random.Random) -> list
     return samples
 
 
+async def write_ticks(
+    repository: Repository,
+    series: list[Series],
+    *,
+    ticks: int,
+    start: datetime,
+    interval: timedelta,
+    rng: random.Random,
+) -> float:
+    """Write `ticks` job ticks of every series through `save_runs`, one transaction per tick as the
+    daemon's job does, printing progress five times; returns the seconds spent in `save_runs`."""
+    provider_of = {one.key.target: one.key.provider for one in series}
+    by_location: dict[str, list[Series]] = {}
+    for one in series:
+        by_location.setdefault(one.key.location, []).append(one)
+    per_tick = len(series) * (ROUNDS + WARMUP)
+    insert_s = 0.0
+    for tick in range(ticks):
+        at = start + tick * interval
+        batch = []
+        for location, members in by_location.items():
+            batch += runs_from_samples(
+                tick_samples(members, at, rng), job="bench", location=location, provider_of=provider_of
+            )
+        began = time.perf_counter()
+        await repository.save_runs(batch)
+        insert_s += time.perf_counter() - began
+        if (tick + 1) % max(1, ticks // 5) == 0:
+            print(f"   {(tick + 1) * per_tick:>12,} samples written", flush=True)
+    return insert_s
+
+
 def timings(values: list[float]) -> str:
     ms = sorted(v * 1000 for v in values)
     return f"p50 {quantile(ms, 0.5, presorted=True):7.2f} ms   p95 {quantile(ms, 0.95, presorted=True):7.2f} ms"
