@@ -58,6 +58,9 @@ def _days(bind: sa.engine.Connection) -> list[date]:
 
 def _copy_into(bind: sa.engine.Connection, *, partitioned: bool) -> None:
     """Copy runs and samples into new tables (partitioned or plain), then swap them in by name."""
+    # Writes wait until the swap commits (reads go on): a run stored into the old tables after the copy
+    # began would be dropped with them. A daemon left running meanwhile fails its save and spools it.
+    op.execute("LOCK TABLE runs, samples IN EXCLUSIVE MODE")
     runs_columns = ", ".join(f'"{name}"' for name in _columns(bind, "runs"))
     sample_names = _columns(bind, "samples")
     sample_columns = ", ".join(f'"{name}"' for name in sample_names)
