@@ -52,6 +52,12 @@ TRAILING_G = 2.0
 # How far above the baseline (a share of log(page.ratio)) a run must itself be to extend a page streak
 # (noise model off): a burst that is over breaks it (`_Core._run_is_slow`).
 PAGE_RUN_SHARE = 1.0
+# The noise model learns from a run less the median of the runs at its time of day on up to this many days
+# before it (`_Core._day_difference`): a step on one or two of those days is outvoted.
+PARTNER_DAYS = 5
+# sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
+# difference in runs' spreads, for k = 1..PARTNER_DAYS.
+_PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
 _UNCACHED = object()
 
 
@@ -691,8 +697,29 @@ class _Core:
     def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
         """The series' noise model; one the state does not have yet is measured on the history given."""
         if state.noise is None:
-            state.noise = noise_model.estimate(self._seed_residuals(count - 1))
+            tolerance = self.interval_s() / 2.0
+            differences = (self._day_difference(index, tolerance) for index in range(count - 1))
+            state.noise = noise_model.estimate(d for d in differences if d is not None)
         return state.noise
+
+    def _day_difference(self, index: int, tolerance: float) -> float | None:
+        """Run `index`'s log TTFT less the median of the runs at the same time of day (within `tolerance`
+        seconds) on up to PARTNER_DAYS days before it, scaled to one run's spread: what the noise model
+        learns from. The daily cycle and the drift cancel, and no estimated baseline shared by neighbouring
+        runs is in it, so independent runs read as independent (a seasonal residual carries its slot's and
+        level's errors, shared for hours, which read as correlation; the rules account for the baseline's
+        error on their own). A median of several days, so that yesterday's incident is outvoted, not learnt
+        as today's noise. From a series' second day on; None: no run a day before."""
+        at = self.times[index]
+        partners: list[float] = []
+        for days in range(1, PARTNER_DAYS + 1):
+            then = at - days * DAY_S
+            before = bisect_left(self.times, then - tolerance, 0, index)
+            if before < index and self.times[before] <= then + tolerance:
+                partners.append(self.logs[before])
+        if not partners:
+            return None
+        return (self.logs[index] - median(partners)) / _PARTNER_SCALE[len(partners)]
 
     def measured_noise(self) -> NoiseModel | None:
         """The noise of the history as a model would measure it, for words and pages (not the rules):
@@ -718,16 +745,15 @@ class _Core:
     def _learn(
         self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
     ) -> None:
-        """Add this run's seasonal residual to the noise model, unless a regression is in it: not while an
-        incident is open or a page is being confirmed. Freezing it whenever a rule gathers evidence
+        """Add this run's difference from the same time on the days before (`_day_difference`) to the noise
+        model, unless a regression is in it: not while an incident is open or a page is being confirmed. Freezing it whenever a rule gathers evidence
         would leave out exactly the wander the model is for (the CUSUM climbs on it too); the model's
         growth cap (noise.py) bounds what a step that slips past every rule can add."""
         if incident is not None or state.page_streak or state.incidents.get("regression"):
             return
-        residual = self._residuals[count - 1] if baseline.seasonal else None
-        if residual is None or residual != residual:  # a trailing baseline's residuals carry the daily cycle
-            return
-        noise_model.update(noise, residual - baseline.level)
+        difference = self._day_difference(count - 1, self.interval_s() / 2.0)
+        if difference is not None:
+            noise_model.update(noise, difference)
 
     def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
         """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
