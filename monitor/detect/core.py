@@ -50,7 +50,8 @@ MIN_EXCURSION_RUNS = 12
 # under AR(1) noise opened in the first 3.5 days).
 TRAILING_G = 2.0
 # How far above the baseline (a share of log(page.ratio)) a run must itself be to extend a page streak
-# (noise model off): a burst that is over breaks it (`_Core._run_is_slow`).
+# (`_Core._run_is_slow`; the noise model's jump test: above the window before the jump): a burst that is
+# over breaks it.
 PAGE_RUN_SHARE = 1.0
 # The noise model learns from a run less the median of the runs at its time of day on up to this many days
 # before it (`_Core._day_difference`): a step on one or two of those days is outvoted.
@@ -457,7 +458,7 @@ class _Core:
                 confirms(
                     verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise
                 )
-                and (noise is not None or self._run_is_slow(verdict))
+                and self._run_is_slow(verdict)
             )
             or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since))
         ):
@@ -746,9 +747,10 @@ class _Core:
         self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
     ) -> None:
         """Add this run's difference from the same time on the days before (`_day_difference`) to the noise
-        model, unless a regression is in it: not while an incident is open or a page is being confirmed. Freezing it whenever a rule gathers evidence
-        would leave out exactly the wander the model is for (the CUSUM climbs on it too); the model's
-        growth cap (noise.py) bounds what a step that slips past every rule can add."""
+        model, unless a regression is in it: not while an incident is open or a page is being confirmed.
+        Freezing it whenever a rule gathers evidence would leave out exactly the wander the model is for
+        (the CUSUM climbs on it too); the model's growth cap (noise.py) bounds what a step that slips past
+        every rule can add."""
         if incident is not None or state.page_streak or state.incidents.get("regression"):
             return
         difference = self._day_difference(count - 1, self.interval_s() / 2.0)
@@ -914,7 +916,12 @@ class _Core:
         spread = noise_model.jump_spread(history, window, self._jump_medians(history, low, window, baseline.seasonal))
         if spread is None or any(math.isnan(value) for value in before):
             return False
-        jump = median(verdict.recent[-window:]) - median(before)
+        level_before = median(before)
+        # The run itself must have jumped too, from the window before (not from a baseline that slow wander
+        # may be far from): a burst that is over breaks the streak, as the window test's run test does.
+        if verdict.recent[-1] - level_before < PAGE_RUN_SHARE * self._log_page_ratio:
+            return False
+        jump = median(verdict.recent[-window:]) - level_before
         return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
 
     def _jump_medians(self, history: list[float], low: int, window: int, seasonal: bool) -> list[float]:
