@@ -335,6 +335,19 @@ def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
     return best[1], best[2]
 
 
+# The rules scale their evidence by the model only when half-hour blocks vary at least this many times
+# more than independent runs' would (`engaged`).
+ENGAGE_SHORT = 1.25
+
+
+def engaged(model: NoiseModel) -> bool:
+    """Whether the rules scale their evidence by `model`: runs measured clearly more correlated than
+    independent ones over half an hour (g(BLOCKS[0]) at least ENGAGE_SHORT). The short blocks, not the
+    long-run ratio: over hours, a drift the level follows and what regressions left in the model read as
+    correlation on independent runs too, while load that comes and goes shows within half an hour."""
+    return model.g(BLOCKS[0]) >= ENGAGE_SHORT
+
+
 def describe(model: NoiseModel, *, interval_s: float, runs: int) -> str:
     """In words, for notices: "noise: sd 0.21, runs correlate for about 45 min; equivalent to 4 independent runs"."""
     minutes = model.correlation_minutes(interval_s)
