@@ -50,8 +50,15 @@ MIN_EXCURSION_RUNS = 12
 # under AR(1) noise opened in the first 3.5 days).
 TRAILING_G = 2.0
 # How far above the baseline (a share of log(page.ratio)) a run must itself be to extend a page streak
-# (noise model off): a burst that is over breaks it (`_Core._run_is_slow`).
+# (`_Core._run_is_slow`; the noise model's jump test: above the window before the jump): a burst that is
+# over breaks it.
 PAGE_RUN_SHARE = 1.0
+# The noise model learns from a run less the median of the runs at its time of day on up to this many days
+# before it (`_Core._day_difference`): a step on one or two of those days is outvoted.
+PARTNER_DAYS = 5
+# sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
+# difference in runs' spreads, for k = 1..PARTNER_DAYS.
+_PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
 _UNCACHED = object()
 
 
@@ -444,14 +451,18 @@ class _Core:
         noise = self.noise = self._noise_model(state, count) if rules.noise_model else None
         if noise is None:
             state.noise = None  # a model left from when it was on is stale by the time it is turned on again
+        # The evidence rules scale by the model only where it measured runs clearly more correlated than
+        # independent ones: below that, its estimate is mostly its own sampling error and what regressions
+        # left in it, and the rules' own long-run factor does better (noise_model.engaged).
+        scaled = noise if noise is not None and noise_model.engaged(noise) else None
         confirms = self._confirms
         # Below a rule's ratio nothing confirms (`_confirms`, `_jumps`): most runs stop at that comparison.
         if verdict.page >= self._log_page_ratio and (
             (
                 confirms(
-                    verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, noise
+                    verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, scaled
                 )
-                and (noise is not None or self._run_is_slow(verdict))
+                and self._run_is_slow(verdict)
             )
             or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since))
         ):
@@ -479,7 +490,7 @@ class _Core:
                 baseline,
                 baseline_ms,
                 verdict.ticket_window,
-                noise,
+                scaled,
             )
         ):
             state.ticket_streak += 1
@@ -496,7 +507,7 @@ class _Core:
             needed = noise_model.page_confirmations(noise, needed, window=verdict.page_window)
         paging = state.page_streak >= needed
         ticketing = state.ticket_streak >= rules.ticket.confirmations
-        sequential = self._cusum(state, run, incident, count, fresh, noise) if not (paging or ticketing) else None
+        sequential = self._cusum(state, run, incident, count, fresh, scaled) if not (paging or ticketing) else None
         if noise is not None:
             self._learn(state, noise, incident, baseline, count)
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
@@ -517,7 +528,7 @@ class _Core:
             incident.see(ratio, run.at)
             state.incidents["regression"] = incident
             detail.update(rule="cusum", cusum=round(total, 2))
-            detail.update(self._evidence(noise, ratio, self._runs_since(since, count)))
+            detail.update(self._evidence(noise, ratio, self._runs_since(since, count), scaled=scaled is not None))
             events.append(_event(incident, "open", run.at, detail))
         elif incident is None and (paging or ticketing):
             severity: Severity = "page" if paging else "ticket"
@@ -537,7 +548,7 @@ class _Core:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             window = verdict.page_window if severity == "page" else verdict.ticket_window
             detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs), noise), 2)
-            detail.update(self._evidence(noise, ratio, window))
+            detail.update(self._evidence(noise, ratio, window, scaled=scaled is not None))
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
             ratio = math.exp(verdict.page)
@@ -545,7 +556,7 @@ class _Core:
             incident.severity = "page"
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
             detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs), noise), 2)
-            detail.update(self._evidence(noise, ratio, verdict.page_window))
+            detail.update(self._evidence(noise, ratio, verdict.page_window, scaled=scaled is not None))
             events.append(_event(incident, "update", run.at, detail))
         elif incident is not None:
             incident.see(math.exp(verdict.page), run.at)
@@ -593,8 +604,10 @@ class _Core:
         # In units of g x sigma (g: the long-run variance over the per-run one): for the same false-alert
         # rate, a CUSUM's threshold grows with the noise's long-run variance, not its sigma (the sum
         # drifts down as fast, but wanders further). Without the noise model, g is the reference's
-        # block estimate (factor^2) and the threshold the configured one.
-        scale = noise.long_run if noise is not None else factor * factor
+        # block estimate (factor^2) and the threshold the configured one; with it, the larger of the two
+        # (the model leaves out a drift the level follows, which the reference day shows) and the threshold
+        # derived from the false-alert rate.
+        scale = max(noise.long_run, factor * factor) if noise is not None else factor * factor
         threshold = self._threshold(allowance, scale, rule) if noise is not None else self._fixed_threshold(rule)
         mean = reference.mean
         total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
@@ -624,13 +637,13 @@ class _Core:
     def _runs_since(self, since: datetime, count: int) -> int:
         return max(1, count - bisect_left(self.times, since.timestamp()))
 
-    def _evidence(self, noise: NoiseModel | None, ratio: float, runs: int) -> dict[str, Any]:
+    def _evidence(self, noise: NoiseModel | None, ratio: float, runs: int, *, scaled: bool = False) -> dict[str, Any]:
         """The evidence in words and figures: "+38% over 14 runs (noise: sd 0.21, runs correlate for about
         45 min; equivalent to 4 independent runs)". Without the noise model (the default rules) the noise
         is still measured, for the words only, on the seasonal residuals before these runs; a series with
         under a day of them says so instead."""
         shift = f"{(ratio - 1.0) * 100:+.0f}% over {runs} runs"
-        in_rules = noise is not None
+        in_rules = noise is not None and scaled  # the model on and engaged (noise_model.engaged)
         if noise is None:
             residuals = self._seed_residuals(max(0, len(self.times) - runs))
             noise = noise_model.estimate(residuals) if residuals else None
@@ -691,8 +704,29 @@ class _Core:
     def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
         """The series' noise model; one the state does not have yet is measured on the history given."""
         if state.noise is None:
-            state.noise = noise_model.estimate(self._seed_residuals(count - 1))
+            tolerance = self.interval_s() / 2.0
+            differences = (self._day_difference(index, tolerance) for index in range(count - 1))
+            state.noise = noise_model.estimate(d for d in differences if d is not None)
         return state.noise
+
+    def _day_difference(self, index: int, tolerance: float) -> float | None:
+        """Run `index`'s log TTFT less the median of the runs at the same time of day (within `tolerance`
+        seconds) on up to PARTNER_DAYS days before it, scaled to one run's spread: what the noise model
+        learns from. The daily cycle and the drift cancel, and no estimated baseline shared by neighbouring
+        runs is in it, so independent runs read as independent (a seasonal residual carries its slot's and
+        level's errors, shared for hours, which read as correlation; the rules account for the baseline's
+        error on their own). A median of several days, so that yesterday's incident is outvoted, not learnt
+        as today's noise. From a series' second day on; None: no run a day before."""
+        at = self.times[index]
+        partners: list[float] = []
+        for days in range(1, PARTNER_DAYS + 1):
+            then = at - days * DAY_S
+            before = bisect_left(self.times, then - tolerance, 0, index)
+            if before < index and self.times[before] <= then + tolerance:
+                partners.append(self.logs[before])
+        if not partners:
+            return None
+        return (self.logs[index] - median(partners)) / _PARTNER_SCALE[len(partners)]
 
     def measured_noise(self) -> NoiseModel | None:
         """The noise of the history as a model would measure it, for words and pages (not the rules):
@@ -718,16 +752,21 @@ class _Core:
     def _learn(
         self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
     ) -> None:
-        """Add this run's seasonal residual to the noise model, unless a regression is in it: not while an
-        incident is open or a page is being confirmed. Freezing it whenever a rule gathers evidence
-        would leave out exactly the wander the model is for (the CUSUM climbs on it too); the model's
-        growth cap (noise.py) bounds what a step that slips past every rule can add."""
+        """Add this run's difference from the same time on the days before (`_day_difference`) to the noise
+        model, unless a regression is in it: not while an incident is open or a page is being confirmed.
+        Freezing it whenever a rule gathers any evidence would leave out exactly the wander the model is for
+        (the CUSUM climbs on it too), so only past half the CUSUM's threshold; the model's growth cap
+        (noise.py) bounds what a step that slips past every rule can add."""
         if incident is not None or state.page_streak or state.incidents.get("regression"):
             return
-        residual = self._residuals[count - 1] if baseline.seasonal else None
-        if residual is None or residual != residual:  # a trailing baseline's residuals carry the daily cycle
+        # Nor while a ticket is being confirmed or the CUSUM is past half its threshold: a step that has not
+        # opened anything yet is the likeliest regression to slip in (on independent runs with steps, the
+        # model then read them as correlated and made every rule slower).
+        if state.ticket_streak or (self.threshold is not None and state.cusum >= self.threshold / 2.0):
             return
-        noise_model.update(noise, residual - baseline.level)
+        difference = self._day_difference(count - 1, self.interval_s() / 2.0)
+        if difference is not None:
+            noise_model.update(noise, difference)
 
     def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
         """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
@@ -834,7 +873,13 @@ class _Core:
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: the series' noise model widens the standard error by sqrt(g(window)).
         if baseline.seasonal:
-            return baseline.z(distance, min(window, rule.window_runs), noise) >= rule.z_threshold
+            z_ok = baseline.z(distance, min(window, rule.window_runs), noise) >= rule.z_threshold
+            # A ticket's window must also be as far out as the rules without the model ask: over two hours the
+            # model can measure less wander than the reference day's own long-run factor shows (its estimate
+            # lags, and a drift the level follows is left out). Pages have the jump test beside this one.
+            return z_ok and (
+                rule is not self.rules.ticket or self._confirms_without_model(distance, rule, baseline, window)
+            )
         # Against a trailing baseline (the first days), residuals carry the daily cycle, which the model
         # must not learn as noise: widen by the long-run factor of the trailing window's own runs, in
         # blocks of a sixth of them (when that is at least 6 runs: shorter blocks cannot tell load that
@@ -888,7 +933,12 @@ class _Core:
         spread = noise_model.jump_spread(history, window, self._jump_medians(history, low, window, baseline.seasonal))
         if spread is None or any(math.isnan(value) for value in before):
             return False
-        jump = median(verdict.recent[-window:]) - median(before)
+        level_before = median(before)
+        # The run itself must have jumped too, from the window before (not from a baseline that slow wander
+        # may be far from): a burst that is over breaks the streak, as the window test's run test does.
+        if verdict.recent[-1] - level_before < PAGE_RUN_SHARE * self._log_page_ratio:
+            return False
+        jump = median(verdict.recent[-window:]) - level_before
         return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
 
     def _jump_medians(self, history: list[float], low: int, window: int, seasonal: bool) -> list[float]:

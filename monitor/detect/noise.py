@@ -1,9 +1,13 @@
 """A per-series noise model: how far a series' residuals wander, and for how long. Pure.
 
-Residuals (a run's log TTFT minus the baseline it was judged against) of a healthy series are not
-independent: load comes and goes, and the baseline itself is an estimate that is off by the same
-amount for hours. A sum of n such residuals then varies g(n) times more than n independent ones would,
-and every rule must ask for g(n) times more evidence (in variance) before it believes a shift.
+The runs of a healthy series are not independent: load comes and goes. A sum of n residuals then varies
+g(n) times more than n independent ones would, and every rule must ask for g(n) times more evidence
+(in variance) before it believes a shift. What the model is fed (`core.py`, `_Core._day_difference`):
+each run's log TTFT less the median of the runs at its time of day on the days before, scaled to one
+run's spread. No estimated baseline is in it (a baseline is off by the same amount for hours, which
+would read as correlation on independent runs; the rules account for the baseline's error on their
+own), and the daily cycle cancels. The rules scale their evidence by the model only when it is
+`engaged` (runs measured clearly correlated over half an hour).
 
 The model keeps, online and in a few numbers of the stored state, exponentially weighted estimates
 of the per-run variance and of the variance of block means over `BLOCKS` (6 and 36 runs: half an hour
@@ -12,11 +16,11 @@ the two ratios g(6) and g(36) it fits "white noise plus an AR(1) process" (share
 variance, coefficient `phi`), which gives g(n) for any n, the long-run variance g(inf) and a
 correlation time to say in words.
 
-Bounded against a regression feeding itself: the caller stops updating while evidence builds or an
-incident is open (`core.py`), and each update can raise a variance by at most a factor
-1 + alpha (WINSOR^2 - 1) (alpha: the update's weight; after the first week 1/2016 per run and
-36/2016 per 3-hour block): a 12-hour step that slips past every rule raises g(36) by at most
-(1 + 36/2016 * 5.25)^4 = 1.45x, and g is never above G_MAX.
+Bounded against a regression feeding itself: the caller stops updating while an incident is open, a
+page or ticket streak builds or the CUSUM is past half its threshold (`core.py`), and each update can
+raise a variance by at most a factor 1 + alpha (WINSOR^2 - 1) (alpha: the update's weight; after the
+first week 1/2016 per run and 36/2016 per 3-hour block): a 12-hour step that slips past every rule
+raises g(36) by at most (1 + 36/2016 * 5.25)^4 = 1.45x, and g is never above G_MAX.
 """
 
 from __future__ import annotations
@@ -333,6 +337,19 @@ def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
     fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
     best = min([coarse, *(error(phi) for phi in fine)])
     return best[1], best[2]
+
+
+# The rules scale their evidence by the model only when half-hour blocks vary at least this many times
+# more than independent runs' would (`engaged`).
+ENGAGE_SHORT = 1.25
+
+
+def engaged(model: NoiseModel) -> bool:
+    """Whether the rules scale their evidence by `model`: runs measured clearly more correlated than
+    independent ones over half an hour (g(BLOCKS[0]) at least ENGAGE_SHORT). The short blocks, not the
+    long-run ratio: over hours, a drift the level follows and what regressions left in the model read as
+    correlation on independent runs too, while load that comes and goes shows within half an hour."""
+    return model.g(BLOCKS[0]) >= ENGAGE_SHORT
 
 
 def describe(model: NoiseModel, *, interval_s: float, runs: int) -> str:
