@@ -180,6 +180,7 @@ async def main() -> int:
             results.append(await one_size(url, size, args))
         finally:
             await drop()
+        report(sizes[: len(results)], results)  # each size's figures as soon as they are measured
     report(sizes, results)
     print(f"\n{time.perf_counter() - began:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")
     return 0
