@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import SimProcess
+from tests.support import apt
 from tests.support.daemon import (
     Daemon,
     http_get,
@@ -185,21 +186,26 @@ def test_a_stalled_process_counts_the_ticks_it_folded(sim: SimProcess, tmp_path:
     assert due == len(ticks) + sum(missed.values()), (due, len(ticks), missed, holes(ticks))
 
 
-LIBFAKETIME = next(
-    (
-        p
-        for p in ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
-        if Path(p).exists()
-    ),
-    None,
-)
+LIBFAKETIME_PATHS = ("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1", "/usr/lib/faketime/libfaketime.so.1")
+
+
+@pytest.fixture
+def libfaketime() -> str:
+    """libfaketime (Debian's `faketime`), installed when missing, as the other real peers are."""
+    found = next((p for p in LIBFAKETIME_PATHS if Path(p).exists()), None)
+    if found is None:
+        why = apt.install("faketime", LIBFAKETIME_PATHS[0])
+        found = next((p for p in LIBFAKETIME_PATHS if Path(p).exists()), None)
+        if found is None:
+            pytest.skip(f"libfaketime: {why or 'installed, but not at ' + ', '.join(LIBFAKETIME_PATHS)}")
+    return found
 
 
 @pytest.mark.realtime
-@pytest.mark.skipif(LIBFAKETIME is None, reason="libfaketime not installed (apt-get install faketime)")
 def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future(
     sim: SimProcess,
     tmp_path: Path,
+    libfaketime: str,
 ) -> None:
     offset = tmp_path / "faketime"
     set_fake_offset(offset, "+0\n")
@@ -210,7 +216,7 @@ def test_wall_clock_steps_re_arm_the_schedule_and_no_run_time_lies_in_the_future
         config,
         tmp_path,
         env={
-            "LD_PRELOAD": str(LIBFAKETIME),
+            "LD_PRELOAD": libfaketime,
             "FAKETIME_TIMESTAMP_FILE": str(offset),
             "FAKETIME_NO_CACHE": "1",
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",
