@@ -31,7 +31,7 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage import ROUNDS, WARMUP, database_size, make_series, postgres_scratch, write_ticks
+from storage import ROUNDS, WARMUP, database_size, default_postgres_url, make_series, postgres_scratch, write_ticks
 
 from monitor.store import migrate
 from monitor.store.engine import create_engine, display_url
@@ -88,10 +88,7 @@ async def main() -> int:
     parser.add_argument("--interval-min", type=float, default=30.0, help="minutes between a series' runs")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the database (its URL is printed)")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("TTFT_TEST_POSTGRES_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
-    )
+    parser.add_argument("--postgres-url", default=default_postgres_url())
     args = parser.parse_args()
     print(f"# bench/partitions.py on {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     url, drop = await postgres_scratch(args.postgres_url)

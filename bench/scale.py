@@ -38,7 +38,16 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from storage import INTERVAL, ROUNDS, WARMUP, database_size, make_series, postgres_scratch, write_ticks
+from storage import (
+    INTERVAL,
+    ROUNDS,
+    WARMUP,
+    database_size,
+    default_postgres_url,
+    make_series,
+    postgres_scratch,
+    write_ticks,
+)
 
 from monitor.quantile import quantile
 from monitor.store import migrate
@@ -161,10 +170,7 @@ async def main() -> int:
     parser.add_argument("--series", type=int, default=5000)
     parser.add_argument("--queries", type=int, default=20, help="timed calls of each view")
     parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("TTFT_TEST_POSTGRES_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
-    )
+    parser.add_argument("--postgres-url", default=default_postgres_url())
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     began = time.perf_counter()
@@ -181,7 +187,6 @@ async def main() -> int:
         finally:
             await drop()
         report(sizes[: len(results)], results)  # each size's figures as soon as they are measured
-    report(sizes, results)
     print(f"\n{time.perf_counter() - began:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -301,6 +301,11 @@ async def bench(backend: str, url: str, args: argparse.Namespace, sqlite_path: P
     print(f"   hourly rollups, 7 days          ({args.queries} random series): {timings(from_rollups)}")
 
 
+def default_postgres_url() -> str:
+    """Where the benchmarks make their scratch databases: the tests' server, else the local one."""
+    return os.environ.get("TTFT_TEST_POSTGRES_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test"
+
+
 async def postgres_scratch(admin_url: str) -> tuple[str, Callable[[], Awaitable[None]]]:
     name = f"ttft_bench_{uuid.uuid4().hex[:8]}"
     dsn = sa.make_url(admin_url).set(drivername="postgresql").render_as_string(hide_password=False)
@@ -328,10 +333,7 @@ async def main() -> int:
     parser.add_argument("--queries", type=int, default=200, help="timed calls of each read query")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the PostgreSQL database (its URL is printed)")
-    parser.add_argument(
-        "--postgres-url",
-        default=os.environ.get("TTFT_TEST_POSTGRES_URL") or "postgresql+asyncpg://postgres@127.0.0.1:5432/test",
-    )
+    parser.add_argument("--postgres-url", default=default_postgres_url())
     args = parser.parse_args()
     print(
         f"ttft-monitor storage benchmark  python {platform.python_version()}  SQLAlchemy {version('sqlalchemy')}  "

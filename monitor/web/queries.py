@@ -42,7 +42,7 @@ from monitor.store.models import (
     SampleRow,
     SeriesRow,
 )
-from monitor.store.records import SERVER_RUN_FIELDS, HourlyStats, SeriesKey, floor_hour
+from monitor.store.records import SERVER_RUN_FIELDS, HourlyStats, floor_hour
 from monitor.store.repository import Repository
 from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotations
 from monitor.store.types import UtcDateTime
@@ -786,27 +786,9 @@ def _hour_run_points(hours: Sequence[HourlyStats]) -> list[RunPoint]:
 async def _hours(
     connection: AsyncConnection, repository: Repository, series: SeriesInfo, *, start: datetime, end: datetime
 ) -> list[HourlyStats]:
-    """The series' hourly statistics in [start, end): stored rollups, and hours not rolled up yet (the
-    current one, or a backlog) computed from raw samples."""
-    stored = [
-        HourlyStats(*row)
-        for row in await connection.execute(
-            select(*_ROLLUP_FIELDS)
-            .where(
-                RollupRow.series_id == series.id,
-                RollupRow.hour >= type_coerce(start, UtcDateTime()),
-                RollupRow.hour < type_coerce(end, UtcDateTime()),
-            )
-            .order_by(RollupRow.hour)
-        )
-    ]
-    tail_start = stored[-1].hour + timedelta(hours=1) if stored else start
-    if tail_start >= end:
-        return stored
-    key = SeriesKey(series.target, series.provider, series.model, series.prompt, series.location)
-    rolled = {item.hour for item in stored}
-    fresh = [h for h in await repository.hourly_percentiles(key, tail_start, end) if h.hour not in rolled]
-    return stored + fresh
+    """The series' hourly statistics in [start, end) (`start` a whole hour): stored rollups, and hours not
+    rolled up yet (the current one, or a backlog) computed from raw samples."""
+    return (await _hours_of(connection, repository, {series.id: series}, start=start, end=end))[series.id]
 
 
 async def _where_the_time_went(
@@ -1334,24 +1316,33 @@ def _slopes(
 def cache_speedups(cells: Mapping[tuple[str, str], Sequence[float]]) -> list[dict[str, Any]]:
     """Per `cache: both` pair among the cells (`NAME` and `NAME.warm` of one target): the median busted
     TTFT over the median warm one, the prompt cache's speed-up."""
+    return _cache_rows(
+        {cell: _median(list(values)) for cell, values in cells.items()}, {c: len(v) for c, v in cells.items()}
+    )
+
+
+def _cache_rows(
+    medians: Mapping[tuple[str, str], float | None], counts: Mapping[tuple[str, str], int]
+) -> list[dict[str, Any]]:
+    """The cache table from each cell's median TTFT and sample count (raw samples, or merged hours)."""
     out = []
-    for (target, prompt), warm in sorted(cells.items()):
+    for target, prompt in sorted(counts):
         if not prompt.endswith(WARM_TWIN_SUFFIX):
             continue
-        cold = cells.get((target, prompt[: -len(WARM_TWIN_SUFFIX)]))
-        if not cold or not warm:
+        cold_cell = (target, prompt[: -len(WARM_TWIN_SUFFIX)])
+        if not counts.get(cold_cell) or not counts[(target, prompt)]:
             continue
-        cold_ms, warm_ms = _median(list(cold)), _median(list(warm))
+        cold_ms, warm_ms = medians.get(cold_cell), medians.get((target, prompt))
         speedup = cold_ms / warm_ms if cold_ms and warm_ms else None
         out.append(
             {
                 "target": target,
-                "prompt": prompt[: -len(WARM_TWIN_SUFFIX)],
+                "prompt": cold_cell[1],
                 "cold_median_ms": _round(cold_ms),
                 "warm_median_ms": _round(warm_ms),
                 "speedup": _round(speedup),
-                "cold_n": len(cold),
-                "warm_n": len(warm),
+                "cold_n": counts[cold_cell],
+                "warm_n": counts[(target, prompt)],
             }
         )
     return out
@@ -1629,19 +1620,8 @@ def _compare_hours(hours: Mapping[int, Sequence[HourlyStats]], chosen: Mapping[i
                     }
                 )
     slopes = _slopes(models, slope_points)
-    cache = [
-        {**row, "cold_median_ms": _round(point.get((row["target"], row["prompt"]))),
-         "warm_median_ms": _round(point.get((row["target"], warm_twin(row["prompt"]))))}
-        for row in cache_speedups(medians)
-    ]  # fmt: skip
-    for row in cache:
-        cold, warm = row["cold_median_ms"], row["warm_median_ms"]
-        row["speedup"] = _round(cold / warm) if cold and warm else None
-        row["cold_n"] = next((c["n"] for c in table if (c["target"], c["prompt"]) == (row["target"], row["prompt"])), 0)
-        row["warm_n"] = next(
-            (c["n"] for c in table if (c["target"], c["prompt"]) == (row["target"], warm_twin(row["prompt"]))), 0
-        )
-    return {"cells": table, "pairs": pairs, "slopes": slopes, "cache": cache}
+    counts = {cell: round(sum(weight for weight, _ in found)) for cell, found in parts.items()}
+    return {"cells": table, "pairs": pairs, "slopes": slopes, "cache": _cache_rows(point, counts)}
 
 
 async def _compare_samples(
