@@ -254,6 +254,8 @@ class RollupPendingRow(Base):
     so late arrivals (a spool replayed after an outage) are rolled up too."""
 
     __tablename__ = "rollup_pending"
+    # The rollup claims the oldest hours first (migration 0018).
+    __table_args__ = (Index("ix_rollup_pending_hour", "hour"),)
 
     series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
     hour: Mapped[datetime] = mapped_column(primary_key=True)
