@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -14,6 +15,17 @@ from monitor.logging import error_text
 
 MAINTENANCE_INTERVAL_S = 3600.0
 FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturbed
+# Later passes run this long after each whole interval (each hour): the hour just finished is rolled
+# up, and the overview's summary made, at the start of the hour it serves, whenever the daemon started.
+AFTER_THE_HOUR_S = 30.0
+
+
+def next_pass_in(now_s: float, interval_s: float, *, offset_s: float = AFTER_THE_HOUR_S) -> float:
+    """Seconds from `now_s` (epoch) to the next pass: `offset_s` after a whole multiple of
+    `interval_s`, never sooner than a tenth of the interval (two passes never run back to back)."""
+    offset = offset_s % interval_s
+    delay = (offset - now_s) % interval_s
+    return delay if delay >= interval_s / 10 else delay + interval_s
 
 
 class Pruned(Protocol):
@@ -44,21 +56,27 @@ class Housekept(Protocol):
 
     async def rollup(self, now: datetime) -> int: ...
 
+    async def refresh_overview_summary(self, now: datetime) -> int: ...
+
     async def prune(self, now: datetime, raw_days: int, rollup_days: int) -> Pruned: ...
 
 
 async def maintain_once(repository: Housekept, database: Database, *, now: datetime | None = None) -> dict[str, int]:
-    """Create the coming days' partitions (PostgreSQL), roll up finished hours, then prune what is past
+    """Create the coming days' partitions (PostgreSQL), roll up finished hours, store the overview's
+    summary of them (monitor/store/overview_summary.py), then prune what is past
     retention: raw runs and job tick claims past `retention.raw_days` (on PostgreSQL whole days, as
     partitions), rollups, long-resolved incidents (with their triage and groups) and change markers past
     `retention.rollup_days`. Each step works in short transactions (see `Repository.prune`)."""
     now = now or datetime.now(UTC)
     created = await repository.ensure_partitions(now)
     hours = await repository.rollup(now)
+    # Right after the rollup, so the overview reads this hour's summary instead of a month of hours.
+    summarised = await repository.refresh_overview_summary(now)
     pruned = await repository.prune(now, database.retention.raw_days, database.retention.rollup_days)
     return {
         "partitions_created": len(created),
         "hours_rolled_up": hours,
+        "series_summarised": summarised,
         "runs_pruned": pruned.runs,
         "samples_pruned": pruned.samples,
         "rollups_pruned": pruned.rollups,
@@ -78,7 +96,8 @@ async def run_maintenance(
     first_after_s: float = FIRST_RUN_AFTER_S,
     interval_s: float = MAINTENANCE_INTERVAL_S,
 ) -> None:
-    """Until `stop`: maintenance after `first_after_s`, then every `interval_s`. Never raises."""
+    """Until `stop`: maintenance after `first_after_s`, then each `interval_s`, aligned to
+    `AFTER_THE_HOUR_S` past its multiples (`next_pass_in`). Never raises."""
     log = structlog.get_logger()
     delay = first_after_s
     while not stop.is_set():
@@ -86,10 +105,10 @@ async def run_maintenance(
             await asyncio.wait_for(stop.wait(), timeout=delay)
         if stop.is_set():
             return
-        delay = interval_s
         try:
             done = await maintain_once(repository, database)
         except Exception as exc:  # the database may be down; try again next time
             log.warning("maintenance_failed", error=error_text(exc))
         else:
             log.info("maintenance_finished", **done)
+        delay = next_pass_in(time.time(), interval_s)

@@ -263,6 +263,38 @@ class RollupPendingRow(Base):
     marked_at: Mapped[datetime]
 
 
+class OverviewSummaryRow(Base):
+    """The overview's reading of one series' rollups for the current hour (monitor/store/
+    overview_summary.py), written by housekeeping after the rollup, so the overview reads a row per
+    series instead of a month of hours. Replaced whole each time; `generation` ties it to its state."""
+
+    __tablename__ = "overview_summary"
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
+    generation: Mapped[uuid.UUID]
+    # ok samples and errors of the up-to-date whole hours in the day, week and month windows.
+    counts: Mapped[list[int]] = mapped_column(json_type())
+    # The median of the hourly p50s of the week before the last hour (PostgreSQL; null on SQLite).
+    baseline_ms: Mapped[float | None] = mapped_column(Double)
+    # [slot, p50] of the sparkline's up-to-date hours.
+    sparkline: Mapped[list[list[float]]] = mapped_column(json_type())
+
+
+class OverviewSummaryStateRow(Base):
+    """Which hours the stored overview summary read: one row, replaced with the summary."""
+
+    __tablename__ = "overview_summary_state"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    generation: Mapped[uuid.UUID]
+    hour: Mapped[datetime]  # the current hour when it was made: valid until the hour ends
+    window_starts: Mapped[list[str]] = mapped_column(json_type())
+    # The (series, hour) pairs pending when it was made: their hours were counted from runs.
+    pending: Mapped[list[list[Any]]] = mapped_column(json_type())
+    series: Mapped[int] = mapped_column(Integer)
+    computed_at: Mapped[datetime]
+
+
 class CalibrationRow(Base):
     """Characters per token learnt per (target, prompt profile), so a restart keeps prompts on target."""
 

@@ -41,7 +41,7 @@ from sqlalchemy.sql.expression import TableClause
 
 from monitor.config.cost import Seen, Tokens
 from monitor.probe.result import ErrorClass, Sample, TimingPath
-from monitor.store import partitions
+from monitor.store import overview_summary, partitions
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
     BUDGET_HOLDS,
@@ -773,11 +773,19 @@ class Repository:
                         rows.append({"series_id": series_id, **dataclasses.asdict(stats)})
                 if rows:
                     await connection.execute(rollups.insert(), rows)
+                # The overview's summary read the rollups as they were; housekeeping makes a new one next.
+                await overview_summary.invalidate(connection)
             done += len(hours)
             if len(hours) < batch_size:
                 break
             await asyncio.sleep(0)
         return done
+
+    async def refresh_overview_summary(self, now: datetime) -> int:
+        """Store the overview's reading of the rollups for the current hour (monitor/store/
+        overview_summary.py), replacing the last; returns the series summarised. Run after `rollup`."""
+        async with self._write() as connection:
+            return await overview_summary.refresh(connection, now)
 
     async def prune(self, now: datetime, raw_days: int, rollup_days: int, batch_size: int = 1000) -> PruneResult:
         """Delete what is past retention, at most `batch_size` rows per short transaction:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, NotRequired, TypedDict, cast
 
-from sqlalchemy import Integer, and_, case, func, or_, select, type_coerce
+from sqlalchemy import and_, func, or_, select, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.config.series import WARM_TWIN_SUFFIX, warm_twin
@@ -30,18 +30,19 @@ from monitor.detect.figures import figures_of
 from monitor.detect.noise import NoiseModel
 from monitor.detect.noise import describe as describe_noise
 from monitor.quantile import mixture_quantile, quantile
+from monitor.store import overview_summary
 from monitor.store.models import (
     SAMPLES_OF_RUN,
     AlertDeliveryRow,
     AlertOutboxRow,
     IncidentGroupRow,
     IncidentRow,
-    RollupPendingRow,
     RollupRow,
     RunRow,
     SampleRow,
     SeriesRow,
 )
+from monitor.store.overview_summary import OverviewHours, RolledHours, ceil_hour
 from monitor.store.records import SERVER_RUN_FIELDS, HourlyStats, floor_hour
 from monitor.store.repository import Repository
 from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotations
@@ -128,17 +129,6 @@ def _status_rank(item: dict[str, Any]) -> tuple[int, float, str, str, str]:
     return (STATUS_ORDER.index(item["status"]), -ratio, item["provider"], item["target"], item["prompt"])
 
 
-@dataclass(frozen=True, slots=True)
-class _Rolled:
-    """What the overview reads from the hourly rollups of whole past hours, per series: ok samples and
-    errors in each window (hours up to date only), the baseline (median of the hourly p50s of the
-    week before the last hour; None: compute it otherwise) and the sparkline's hourly p50s by slot."""
-
-    counts: dict[int, list[int]]
-    medians: dict[int, float] | None
-    sparks: dict[int, dict[int, float]]
-
-
 class OverviewCache:
     """The overview's reading of the rollups, kept between calls while it cannot have changed.
 
@@ -152,10 +142,10 @@ class OverviewCache:
     def __init__(self, *, max_age_s: float = 600.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._max_age_s = max_age_s
         self._clock = clock
-        self._entry: tuple[Any, float, _Rolled] | None = None
+        self._entry: tuple[Any, float, RolledHours] | None = None
         self.hits = 0
 
-    def get(self, key: Any) -> _Rolled | None:
+    def get(self, key: Any) -> RolledHours | None:
         if self._entry is None:
             return None
         stored_key, at, value = self._entry
@@ -164,7 +154,7 @@ class OverviewCache:
         self.hits += 1
         return value
 
-    def put(self, key: Any, value: _Rolled) -> None:
+    def put(self, key: Any, value: RolledHours) -> None:
         self._entry = (key, self._clock(), value)
 
 
@@ -214,33 +204,36 @@ async def overview(
     what is on fire first (page, down, ticket, no data, ok; then by ratio). A series without a
     baseline says why in `baseline_note` (`min_history_runs`: the detector's, default rules' if None).
 
-    Whole past hours come from the hourly rollups (one scan for availability, baselines and
-    sparklines; kept in `cache` between calls while valid), the rest from one read of the runs that no
+    Whole past hours come from the hourly rollups (housekeeping's summary of them for this hour, else
+    one scan for availability, baselines and sparklines; kept in `cache` between calls while valid,
+    monitor/store/overview_summary.py), the rest from one read of the runs that no
     rollup holds yet: the current hour, the last hour, the part hour at each window's start, and hours
     whose rollup is pending (runs arrived since it was computed). Every hour with runs has a rollup or
     a pending mark (Repository.save_runs writes the mark in the runs' transaction), so each run counts
     once; hours whose raw runs retention has deleted still count through their rollups.
     """
-    windows = (now - timedelta(days=1), now - timedelta(days=7), now - timedelta(days=30))
-    current = floor_hour(now)
-    spark_from = current - timedelta(hours=23)
+    hours = OverviewHours.at(now)
+    windows, current, spark_from = hours.windows, hours.current, hours.spark_from
     postgres = engine.dialect.name == "postgresql"
 
-    async def read_rolled(c: AsyncConnection, pending: frozenset[tuple[int, datetime]]) -> _Rolled:
-        key = (current, tuple(ceil_hour(w) for w in windows), pending)
+    async def read_rolled(c: AsyncConnection, pending: frozenset[tuple[int, datetime]]) -> RolledHours:
+        key = (*hours.key(), pending)
         found = cache.get(key) if cache is not None else None
         if found is None:
-            found = await _read_rollups(c, windows=windows, current=current, spark_from=spark_from, pending=pending)
+            # Housekeeping's summary of this hour (a row per series), else a scan of the month's hours.
+            found = await overview_summary.load(c, hours, pending)
+            if found is None:
+                found = await overview_summary.read_rollups(c, hours, pending)
             if cache is not None:
                 cache.put(key, found)
         return found
 
-    async def on_own_connection(pending: frozenset[tuple[int, datetime]]) -> _Rolled:
+    async def on_own_connection(pending: frozenset[tuple[int, datetime]]) -> RolledHours:
         async with engine.connect() as other:
             return await read_rolled(other, pending)
 
     async with engine.connect() as connection:
-        pending = await _pending_hours(connection, since=floor_hour(windows[-1]), until=current)
+        pending = await overview_summary.pending_hours(connection, since=floor_hour(windows[-1]), until=current)
         # PostgreSQL: the rollups' scan runs on its own connection, beside the small reads.
         apart = asyncio.ensure_future(on_own_connection(pending)) if postgres else None
         try:
@@ -348,18 +341,6 @@ async def overview(
     return out
 
 
-async def _pending_hours(
-    connection: AsyncConnection, *, since: datetime, until: datetime
-) -> frozenset[tuple[int, datetime]]:
-    rows = await connection.execute(
-        select(RollupPendingRow.series_id, RollupPendingRow.hour).where(
-            RollupPendingRow.hour >= type_coerce(since, UtcDateTime()),
-            RollupPendingRow.hour < type_coerce(until, UtcDateTime()),
-        )
-    )
-    return frozenset((series_id, hour) for series_id, hour in rows)
-
-
 async def _fresh_runs(
     connection: AsyncConnection,
     *,
@@ -448,81 +429,6 @@ async def _last_runs(
         )
     )
     return {series_id: (at, ok) for series_id, at, ok in rows}
-
-
-async def _read_rollups(
-    connection: AsyncConnection,
-    *,
-    windows: Sequence[datetime],
-    current: datetime,
-    spark_from: datetime,
-    pending: frozenset[tuple[int, datetime]],
-) -> _Rolled:
-    """One scan of the rollups of whole hours in [oldest window, current) (an index-only scan of
-    ix_rollups_hourly_overview on PostgreSQL): per series, ok samples and errors of the up-to-date
-    hours in each window; on PostgreSQL also the baseline's median and the sparkline's hourly p50s."""
-    hour = RollupRow.hour
-    ok = RollupRow.samples - RollupRow.errors
-    up_to_date = RollupPendingRow.hour.is_(None)
-    postgres = connection.dialect.name == "postgresql"
-
-    def total(since: datetime, column: Any) -> Any:
-        return func.sum(case((and_(hour >= type_coerce(since, UtcDateTime()), up_to_date), column), else_=0))
-
-    columns = [total(since, column) for since in windows for column in (ok, RollupRow.errors)]
-    if postgres:
-        week, last_hour = windows[1], current - timedelta(hours=1)
-        in_week = and_(
-            hour >= type_coerce(week, UtcDateTime()),
-            hour < type_coerce(last_hour, UtcDateTime()),
-            RollupRow.ttft_p50_ms.is_not(None),
-        )
-        in_spark = and_(hour >= type_coerce(spark_from, UtcDateTime()), up_to_date, RollupRow.ttft_p50_ms.is_not(None))
-        # The sparkline's slots as whole numbers: 24 small ints per series decode faster than timestamps.
-        slot = cast_to_int((func.extract("epoch", hour) - spark_from.timestamp()) / 3600)
-        columns += [
-            func.percentile_cont(0.5).within_group(RollupRow.ttft_p50_ms).filter(in_week),
-            func.array_agg(slot).filter(in_spark),
-            func.array_agg(RollupRow.ttft_p50_ms).filter(in_spark),
-        ]
-    marked = and_(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
-    rows = await connection.execute(
-        select(RollupRow.series_id, *columns)
-        .select_from(RollupRow.__table__.outerjoin(RollupPendingRow.__table__, marked))
-        .where(hour >= type_coerce(min(windows), UtcDateTime()), hour < type_coerce(current, UtcDateTime()))
-        .group_by(RollupRow.series_id)
-    )
-    counts: dict[int, list[int]] = {}
-    medians: dict[int, float] = {}
-    sparks: dict[int, dict[int, float]] = {}
-    for series_id, *values in rows:
-        counts[series_id] = [int(v or 0) for v in values[:6]]
-        if postgres:
-            median, slots, p50s = values[6:]
-            if median is not None:
-                medians[series_id] = median
-            if slots:
-                sparks[series_id] = dict(zip(slots, p50s, strict=True))
-    if not postgres:
-        for series_id, at, p50 in await connection.execute(
-            select(RollupRow.series_id, hour, RollupRow.ttft_p50_ms).where(
-                hour >= type_coerce(spark_from, UtcDateTime()),
-                hour < type_coerce(current, UtcDateTime()),
-                RollupRow.ttft_p50_ms.is_not(None),
-            )
-        ):
-            if (series_id, at) not in pending:
-                sparks.setdefault(series_id, {})[int((at - spark_from).total_seconds()) // 3600] = cast(float, p50)
-    return _Rolled(counts, medians if postgres else None, sparks)
-
-
-def cast_to_int(value: Any) -> Any:
-    return type_coerce(func.floor(value), Integer).cast(Integer)
-
-
-def ceil_hour(moment: datetime) -> datetime:
-    floor = floor_hour(moment)
-    return floor if floor == moment else floor + timedelta(hours=1)
 
 
 def _fraction(ok: Any, errors: Any) -> float | None:

@@ -37,6 +37,7 @@ COORDINATION_TABLES = {
 }
 TRIAGE_TABLES = {"incident_triage", "annotations"}
 BUDGET_TABLES = {"budget_holds"}  # migration 0016
+OVERVIEW_TABLES = {"overview_summary", "overview_summary_state"}  # migration 0019
 
 
 async def tables(engine: AsyncEngine) -> set[str]:
@@ -58,9 +59,9 @@ async def test_it_upgrades_from_empty_downgrades_to_base_and_upgrades_again(empt
     try:
         assert await migrate.current(engine) is None
         assert await migrate.upgrade(engine) == (None, migrate.head())
-        assert await tables(engine) == RESULT_TABLES | COORDINATION_TABLES | TRIAGE_TABLES | BUDGET_TABLES | {
-            "alembic_version"
-        }
+        assert await tables(
+            engine
+        ) == RESULT_TABLES | COORDINATION_TABLES | TRIAGE_TABLES | BUDGET_TABLES | OVERVIEW_TABLES | {"alembic_version"}
         # Every downgrade works, one step at a time.
         assert await migrate.downgrade(engine, "0001") == (migrate.head(), "0001")
         assert await tables(engine) == RESULT_TABLES | {"alembic_version"}

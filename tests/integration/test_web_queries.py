@@ -14,7 +14,19 @@ import sqlalchemy as sa
 from monitor.detect.detector import Detector, Rules, RunPoint, point_from_run
 from monitor.probe.result import ErrorClass
 from monitor.quantile import quantile
-from monitor.store.models import AlertDeliveryRow, AlertOutboxRow, IncidentRow, RunRow, SeriesRow, table_of
+from monitor.schedule.maintenance import next_pass_in
+from monitor.store import overview_summary
+from monitor.store.models import (
+    AlertDeliveryRow,
+    AlertOutboxRow,
+    IncidentRow,
+    OverviewSummaryRow,
+    OverviewSummaryStateRow,
+    RunRow,
+    SeriesRow,
+    table_of,
+)
+from monitor.store.overview_summary import OverviewHours, RolledHours
 from monitor.store.records import SeriesKey, floor_hour, runs_from_samples
 from monitor.store.repository import Repository
 from monitor.timefmt import iso
@@ -231,6 +243,77 @@ async def test_the_overview_cache_answers_as_the_database_until_a_late_run_or_a_
     await queries.overview(repository.engine, now=now, cache=aged)
     assert aged.hits == 0
     await repository.engine.dispose()
+
+
+async def _overview_without_summary(repository: Repository, now: datetime) -> list[dict[str, object]]:
+    async with repository.engine.begin() as connection:
+        await connection.execute(sa.delete(table_of(OverviewSummaryStateRow)))
+    return await queries.overview(repository.engine, now=now)
+
+
+async def _reading(repository: Repository, now: datetime) -> tuple[RolledHours | None, RolledHours]:
+    """The stored summary as the overview would load it at `now`, and a fresh scan of the rollups."""
+    hours = OverviewHours.at(now)
+    async with repository.engine.connect() as connection:
+        pending = await overview_summary.pending_hours(
+            connection, since=floor_hour(min(hours.windows)), until=hours.current
+        )
+        return await overview_summary.load(connection, hours, pending), await overview_summary.read_rollups(
+            connection, hours, pending
+        )
+
+
+async def test_the_overview_summary_reads_as_a_scan_of_the_rollups_through_late_runs_and_rollups(
+    backend: Backend,
+) -> None:
+    repository = await _store(backend, hours=3)
+    now = T0 + timedelta(hours=3, minutes=10)
+    await repository.rollup(now)
+    # Housekeeping at the start of the hour; the overview later in it.
+    assert await repository.refresh_overview_summary(now - timedelta(minutes=9)) == 4
+    stored, scanned = await _reading(repository, now)
+    assert stored is not None and stored == scanned
+    assert any(stored.sparks.values()) and all(sum(c) > 0 for c in stored.counts.values())
+    with_summary = await queries.overview(repository.engine, now=now)
+    # The overview reads the stored rows: emptied sparklines show.
+    async with repository.engine.begin() as connection:
+        await connection.execute(sa.update(table_of(OverviewSummaryRow)).values(sparkline=[]))
+    emptied = await queries.overview(repository.engine, now=now)
+    drawn = [sum(v is not None for v in row["sparkline_ms"]) for row in (*with_summary, *emptied)]
+    assert min(drawn[:4]) >= 2 and max(drawn[4:]) == 0
+    await repository.refresh_overview_summary(now - timedelta(minutes=9))
+    # A late run (a spool replayed) for a past, rolled-up hour: its hour is pending now, counted from runs.
+    failed = {index: ErrorClass.SERVER_ERROR for index in range(2, 7)}
+    await repository.save_runs(make_batch(T0 + timedelta(minutes=31), job="late", errors=failed))
+    stored, scanned = await _reading(repository, now)
+    assert stored == scanned
+    late = await queries.overview(repository.engine, now=now)
+    assert all(row["availability_24h"] < 1 for row in late) and late != with_summary
+    assert late == await _overview_without_summary(repository, now)
+    # The pending hour rolled up again: the summary read the old rollup, so the rollup forgot it, and
+    # the overview scans until housekeeping makes the next one.
+    await repository.refresh_overview_summary(now)
+    await repository.save_runs(make_batch(T0 + timedelta(minutes=32), job="later", errors=failed))
+    await repository.rollup(now)
+    assert (await _reading(repository, now))[0] is None
+    rolled = await queries.overview(repository.engine, now=now)
+    assert all(a["availability_24h"] < b["availability_24h"] for a, b in zip(rolled, late, strict=True))
+    await repository.refresh_overview_summary(now)
+    stored, scanned = await _reading(repository, now)
+    assert stored is not None and stored == scanned
+    assert await queries.overview(repository.engine, now=now) == rolled
+    # A summary of another hour is not used.
+    assert (await _reading(repository, now + timedelta(hours=1)))[0] is None
+    await repository.engine.dispose()
+
+
+async def test_housekeeping_passes_run_just_after_each_whole_interval() -> None:
+    hour = 3600.0
+    at = datetime(2026, 12, 6, 4, 40, tzinfo=UTC).timestamp()
+    assert next_pass_in(at, hour) == pytest.approx(20 * 60 + 30)
+    assert next_pass_in(at - 40 * 60 + 29, hour) == pytest.approx(hour + 1)  # 1 s before: the next hour's
+    assert next_pass_in(at - 40 * 60 + 31, hour) == pytest.approx(hour - 1)
+    assert 0.005 <= next_pass_in(at, 0.05) <= 0.055  # the tests' short intervals
 
 
 async def test_the_last_run_is_found_for_series_quiet_in_the_last_hour_and_those_that_ran(backend: Backend) -> None:

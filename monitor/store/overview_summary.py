@@ -1,0 +1,285 @@
+"""What the overview reads of the hourly rollups, and the summary of it that housekeeping keeps.
+
+The overview (monitor/web/queries.py `overview`) shows, per series, availability over 24 h / 7 d / 30 d,
+a baseline (the median of the hourly p50s over the week before the last hour) and a 24 h sparkline.
+Whole past hours come from the rollups; scanning a month of them costs as much as the series have hours
+(5,000 series x 720 hours is 3.6M rows), so it grew with history until the month was full.
+
+Housekeeping therefore computes that reading once per hour, after the rollup (`refresh`), and stores it
+per series (`overview_summary`, with its key in `overview_summary_state`, migration 0019); the
+overview reads those rows (`load`): one row per series, whatever the history. A reading is valid for the
+hour it was made in. Hours whose rollup became pending since (a late run arrived: the overview counts
+their runs instead) are taken out again with their own rollups, so the summary gives
+exactly what a fresh scan would: both are built by `read_rollups`, and the tests compare them.
+A rollup invalidates the summary in its own transaction (the next housekeeping pass, which follows
+the rollup, makes a new one); until then, and before the first, the overview scans as before.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import Integer, and_, case, delete, func, insert, select, tuple_, type_coerce
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from monitor.store.models import OverviewSummaryRow, OverviewSummaryStateRow, RollupPendingRow, RollupRow
+from monitor.store.records import floor_hour
+from monitor.store.types import UtcDateTime
+
+# The overview's availability windows, newest first: a day, a week, a month before now.
+WINDOWS = (timedelta(days=1), timedelta(days=7), timedelta(days=30))
+SPARK_HOURS = 24
+_STATE_ID = 1
+
+
+@dataclass(frozen=True)
+class OverviewHours:
+    """The hours the overview reads at `now`: its windows' starts (newest first), the current hour
+    (not whole yet: read from runs) and the sparkline's first hour."""
+
+    windows: tuple[datetime, ...]
+    current: datetime
+    spark_from: datetime
+
+    @classmethod
+    def at(cls, now: datetime) -> OverviewHours:
+        current = floor_hour(now)
+        return cls(tuple(now - span for span in WINDOWS), current, current - timedelta(hours=SPARK_HOURS - 1))
+
+    def key(self) -> tuple[datetime, tuple[datetime, ...]]:
+        """Two moments with equal keys read the same whole hours of the rollups."""
+        return self.current, tuple(ceil_hour(w) for w in self.windows)
+
+
+@dataclass(frozen=True, slots=True)
+class RolledHours:
+    """What the overview reads from the hourly rollups of whole past hours, per series: ok samples and
+    errors in each window (hours up to date only: a pending hour is counted from its runs), the
+    baseline (median of the hourly p50s of the week before the last hour; None on SQLite: computed
+    otherwise) and the sparkline's hourly p50s by slot (hours up to date only)."""
+
+    counts: dict[int, list[int]]
+    medians: dict[int, float] | None
+    sparks: dict[int, dict[int, float]]
+
+
+def ceil_hour(moment: datetime) -> datetime:
+    floor = floor_hour(moment)
+    return floor if floor == moment else floor + timedelta(hours=1)
+
+
+async def pending_hours(
+    connection: AsyncConnection, *, since: datetime, until: datetime
+) -> frozenset[tuple[int, datetime]]:
+    """(series, hour) marked pending in [since, until): runs arrived since the hour's rollup."""
+    rows = await connection.execute(
+        select(RollupPendingRow.series_id, RollupPendingRow.hour).where(
+            RollupPendingRow.hour >= type_coerce(since, UtcDateTime()),
+            RollupPendingRow.hour < type_coerce(until, UtcDateTime()),
+        )
+    )
+    return frozenset((series_id, _aware(hour)) for series_id, hour in rows)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _cast_to_int(value: Any) -> Any:
+    return type_coerce(func.floor(value), Integer).cast(Integer)
+
+
+async def read_rollups(
+    connection: AsyncConnection, hours: OverviewHours, pending: frozenset[tuple[int, datetime]]
+) -> RolledHours:
+    """One scan of the rollups of whole hours in [oldest window, current) (an index-only scan of
+    ix_rollups_hourly_overview on PostgreSQL): per series, ok samples and errors of the up-to-date
+    hours in each window; on PostgreSQL also the baseline's median and the sparkline's hourly p50s."""
+    windows, current, spark_from = hours.windows, hours.current, hours.spark_from
+    hour = RollupRow.hour
+    ok = RollupRow.samples - RollupRow.errors
+    up_to_date = RollupPendingRow.hour.is_(None)
+    postgres = connection.dialect.name == "postgresql"
+
+    def total(since: datetime, column: Any) -> Any:
+        return func.sum(case((and_(hour >= type_coerce(since, UtcDateTime()), up_to_date), column), else_=0))
+
+    columns = [total(since, column) for since in windows for column in (ok, RollupRow.errors)]
+    if postgres:
+        week, last_hour = windows[1], current - timedelta(hours=1)
+        in_week = and_(
+            hour >= type_coerce(week, UtcDateTime()),
+            hour < type_coerce(last_hour, UtcDateTime()),
+            RollupRow.ttft_p50_ms.is_not(None),
+        )
+        in_spark = and_(hour >= type_coerce(spark_from, UtcDateTime()), up_to_date, RollupRow.ttft_p50_ms.is_not(None))
+        # The sparkline's slots as whole numbers: 24 small ints per series decode faster than timestamps.
+        slot = _cast_to_int((func.extract("epoch", hour) - spark_from.timestamp()) / 3600)
+        columns += [
+            func.percentile_cont(0.5).within_group(RollupRow.ttft_p50_ms).filter(in_week),
+            func.array_agg(slot).filter(in_spark),
+            func.array_agg(RollupRow.ttft_p50_ms).filter(in_spark),
+        ]
+    marked = and_(RollupPendingRow.series_id == RollupRow.series_id, RollupPendingRow.hour == hour)
+    rows = await connection.execute(
+        select(RollupRow.series_id, *columns)
+        .select_from(RollupRow.__table__.outerjoin(RollupPendingRow.__table__, marked))
+        .where(hour >= type_coerce(min(windows), UtcDateTime()), hour < type_coerce(current, UtcDateTime()))
+        .group_by(RollupRow.series_id)
+    )
+    counts: dict[int, list[int]] = {}
+    medians: dict[int, float] = {}
+    sparks: dict[int, dict[int, float]] = {}
+    for series_id, *values in rows:
+        counts[series_id] = [int(v or 0) for v in values[:6]]
+        if postgres:
+            median, slots, p50s = values[6:]
+            if median is not None:
+                medians[series_id] = median
+            if slots:
+                sparks[series_id] = dict(zip(slots, p50s, strict=True))
+    if not postgres:
+        for series_id, at, p50 in await connection.execute(
+            select(RollupRow.series_id, hour, RollupRow.ttft_p50_ms).where(
+                hour >= type_coerce(spark_from, UtcDateTime()),
+                hour < type_coerce(current, UtcDateTime()),
+                RollupRow.ttft_p50_ms.is_not(None),
+            )
+        ):
+            if (series_id, at) not in pending:
+                sparks.setdefault(series_id, {})[_slot(spark_from, at)] = cast(float, p50)
+    return RolledHours(counts, medians if postgres else None, sparks)
+
+
+def _slot(spark_from: datetime, hour: datetime) -> int:
+    return int((hour - spark_from).total_seconds()) // 3600
+
+
+async def refresh(connection: AsyncConnection, now: datetime) -> int:
+    """Housekeeping: read the rollups as the overview would at `now` and store it as the summary,
+    replacing the last one (in the caller's transaction). Returns the series summarised."""
+    hours = OverviewHours.at(now)
+    pending = await pending_hours(connection, since=floor_hour(min(hours.windows)), until=hours.current)
+    rolled = await read_rollups(connection, hours, pending)
+    generation = uuid.uuid4()
+    series_ids = set(rolled.counts) | set(rolled.sparks) | set(rolled.medians or ())
+    rows = [
+        {
+            "series_id": series_id,
+            "generation": generation,
+            "counts": rolled.counts.get(series_id, [0] * 6),
+            "baseline_ms": (rolled.medians or {}).get(series_id),
+            "sparkline": sorted(rolled.sparks.get(series_id, {}).items()),
+        }
+        for series_id in sorted(series_ids)
+    ]
+    await connection.execute(delete(OverviewSummaryRow))
+    await connection.execute(delete(OverviewSummaryStateRow))
+    if rows:
+        await connection.execute(insert(OverviewSummaryRow), rows)
+    current, starts = hours.key()
+    await connection.execute(
+        insert(OverviewSummaryStateRow).values(
+            id=_STATE_ID,
+            generation=generation,
+            hour=current,
+            window_starts=[s.isoformat() for s in starts],
+            pending=sorted([series_id, hour.isoformat()] for series_id, hour in pending),
+            series=len(rows),
+            computed_at=now,
+        )
+    )
+    return len(rows)
+
+
+async def load(
+    connection: AsyncConnection, hours: OverviewHours, pending: frozenset[tuple[int, datetime]]
+) -> RolledHours | None:
+    """The stored summary as `read_rollups(connection, hours, pending)` would read it now, or None when
+    there is none for these hours (housekeeping has not run this hour, or was replacing it meanwhile)."""
+    state = (
+        await connection.execute(
+            select(
+                OverviewSummaryStateRow.generation,
+                OverviewSummaryStateRow.hour,
+                OverviewSummaryStateRow.window_starts,
+                OverviewSummaryStateRow.pending,
+                OverviewSummaryStateRow.series,
+            ).where(OverviewSummaryStateRow.id == _STATE_ID)
+        )
+    ).first()
+    if state is None:
+        return None
+    generation, hour, window_starts, pending_then_json, series = state
+    current, starts = hours.key()
+    if _aware(hour) != current or [datetime.fromisoformat(s) for s in window_starts] != list(starts):
+        return None
+    rows = (
+        await connection.execute(
+            select(
+                OverviewSummaryRow.series_id,
+                OverviewSummaryRow.counts,
+                OverviewSummaryRow.baseline_ms,
+                OverviewSummaryRow.sparkline,
+            ).where(OverviewSummaryRow.generation == generation)
+        )
+    ).all()
+    if len(rows) != series:  # replaced between the two reads: the caller scans instead
+        return None
+    postgres = connection.dialect.name == "postgresql"
+    counts: dict[int, list[int]] = {}
+    medians: dict[int, float] = {}
+    sparks: dict[int, dict[int, float]] = {}
+    for series_id, stored_counts, baseline, sparkline in rows:
+        counts[series_id] = [int(v) for v in stored_counts]
+        if baseline is not None:
+            medians[series_id] = float(baseline)
+        if sparkline:
+            sparks[series_id] = {int(slot): float(p50) for slot, p50 in sparkline}
+    rolled = RolledHours(counts, medians if postgres else None, sparks)
+    pending_then = frozenset((int(sid), datetime.fromisoformat(at)) for sid, at in pending_then_json)
+    if pending_then - pending:
+        return None  # rolled up since (`invalidate` missed? retention?): the caller scans instead
+    await _leave_out(connection, rolled, hours, pending - pending_then)
+    return rolled
+
+
+async def invalidate(connection: AsyncConnection) -> None:
+    """Forget the stored summary (in the caller's transaction): rollups changed under it."""
+    await connection.execute(delete(OverviewSummaryStateRow))
+
+
+async def _leave_out(
+    connection: AsyncConnection,
+    rolled: RolledHours,
+    hours: OverviewHours,
+    now_pending: Collection[tuple[int, datetime]],
+) -> None:
+    """Bring a stored reading up to date: hours marked pending since it was made (a late run arrived)
+    leave the counts and the sparkline, as a scan leaves them out (the overview counts their runs).
+    Their rollups are the ones the summary read: a rollup since would have invalidated it."""
+    if not now_pending:
+        return
+    found: dict[tuple[int, datetime], tuple[int, int]] = {}
+    columns = (RollupRow.series_id, RollupRow.hour, RollupRow.samples, RollupRow.errors)
+    for chunk in _chunks(list(now_pending), 500):
+        rows = await connection.execute(select(*columns).where(tuple_(RollupRow.series_id, RollupRow.hour).in_(chunk)))
+        for series_id, hour, samples, errors in rows:
+            found[(series_id, _aware(hour))] = (samples, errors)
+    starts = hours.key()[1]
+    for (series_id, hour), (samples, errors) in found.items():
+        totals = rolled.counts.setdefault(series_id, [0] * 6)
+        for index, start in enumerate(starts):
+            if start <= hour < hours.current:
+                totals[2 * index] -= samples - errors
+                totals[2 * index + 1] -= errors
+        if hours.spark_from <= hour < hours.current:
+            rolled.sparks.get(series_id, {}).pop(_slot(hours.spark_from, hour), None)
+
+
+def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
