@@ -7,7 +7,8 @@ makes), rolls every hour up as housekeeping does, then prints
 
 - bytes per sample (tables and indexes), insert rate, rollup rate;
 - the status pages' server time (p50 / p95 over --queries calls of the API's query functions):
-  overview cold and as the UI serves it (past hours cached), a 30-day series view, a 7-day compare
+  overview before housekeeping's first pass (a scan of the month's rollups), cold with housekeeping's
+  summary (the time to make it too) and as the UI serves it (past hours cached), a 30-day series view, a 7-day compare
   of 3 targets x 2 prompts x 2 locations from the samples and from the hourly rollups (with the
   largest relative error of a cell's median and p90 between the two), and a 90-day report of one
   target (compare over 90 days);
@@ -106,6 +107,11 @@ async def one_size(url: str, samples: int, args: argparse.Namespace) -> dict[str
         "rollup series-hours/s": rolled / rollup_s if rollup_s else 0.0,
     }
     print(f"   written and rolled up; timing the views (load average {os.getloadavg()[0]:.1f})", flush=True)
+    # Cold: no summary yet (a fresh start before housekeeping's first pass), the month of rollups scanned.
+    figures["overview cold, scan"] = await timed(args.queries, lambda _i: queries.overview(engine, now=now))
+    began = time.perf_counter()
+    await repository.refresh_overview_summary(now)  # housekeeping's step after the rollup
+    figures["overview summary made (ms)"] = (time.perf_counter() - began) * 1000
     figures["overview cold"] = await timed(args.queries, lambda _i: queries.overview(engine, now=now))
     figures["overview cached"] = await timed(args.queries, lambda _i: queries.overview(engine, now=now, cache=cache))
     figures["series 30 d"] = await timed(

@@ -20,6 +20,7 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+FLOATS = sa.JSON().with_variant(postgresql.ARRAY(sa.Double()), "postgresql")
 
 
 def upgrade() -> None:
@@ -27,9 +28,13 @@ def upgrade() -> None:
         "overview_summary",
         sa.Column("series_id", sa.Integer(), nullable=False),
         sa.Column("generation", sa.Uuid(), nullable=False),
-        sa.Column("counts", JSON, nullable=False),
+        *(
+            sa.Column(f"{what}_{window}", sa.BigInteger(), nullable=False)
+            for window in ("day", "week", "month")
+            for what in ("ok", "errors")
+        ),
         sa.Column("baseline_ms", sa.Double(), nullable=True),
-        sa.Column("sparkline", JSON, nullable=False),
+        sa.Column("sparkline", FLOATS, nullable=False),
         sa.ForeignKeyConstraint(["series_id"], ["series.id"], name=op.f("fk_overview_summary_series_id_series")),
         sa.PrimaryKeyConstraint("series_id", name=op.f("pk_overview_summary")),
     )

@@ -167,16 +167,24 @@ async def refresh(connection: AsyncConnection, now: datetime) -> int:
     rolled = await read_rollups(connection, hours, pending)
     generation = uuid.uuid4()
     series_ids = set(rolled.counts) | set(rolled.sparks) | set(rolled.medians or ())
-    rows = [
-        {
-            "series_id": series_id,
-            "generation": generation,
-            "counts": rolled.counts.get(series_id, [0] * 6),
-            "baseline_ms": (rolled.medians or {}).get(series_id),
-            "sparkline": sorted(rolled.sparks.get(series_id, {}).items()),
-        }
-        for series_id in sorted(series_ids)
-    ]
+    rows = []
+    for series_id in sorted(series_ids):
+        ok_day, errors_day, ok_week, errors_week, ok_month, errors_month = rolled.counts.get(series_id, [0] * 6)
+        spark = rolled.sparks.get(series_id, {})
+        rows.append(
+            {
+                "series_id": series_id,
+                "generation": generation,
+                "ok_day": ok_day,
+                "errors_day": errors_day,
+                "ok_week": ok_week,
+                "errors_week": errors_week,
+                "ok_month": ok_month,
+                "errors_month": errors_month,
+                "baseline_ms": (rolled.medians or {}).get(series_id),
+                "sparkline": [spark.get(slot) for slot in range(SPARK_HOURS)],
+            }
+        )
     await connection.execute(delete(OverviewSummaryRow))
     await connection.execute(delete(OverviewSummaryStateRow))
     if rows:
@@ -218,14 +226,20 @@ async def load(
     current, starts = hours.key()
     if _aware(hour) != current or [datetime.fromisoformat(s) for s in window_starts] != list(starts):
         return None
+    summary = OverviewSummaryRow
     rows = (
         await connection.execute(
             select(
-                OverviewSummaryRow.series_id,
-                OverviewSummaryRow.counts,
-                OverviewSummaryRow.baseline_ms,
-                OverviewSummaryRow.sparkline,
-            ).where(OverviewSummaryRow.generation == generation)
+                summary.series_id,
+                summary.ok_day,
+                summary.errors_day,
+                summary.ok_week,
+                summary.errors_week,
+                summary.ok_month,
+                summary.errors_month,
+                summary.baseline_ms,
+                summary.sparkline,
+            ).where(summary.generation == generation)
         )
     ).all()
     if len(rows) != series:  # replaced between the two reads: the caller scans instead
@@ -234,12 +248,13 @@ async def load(
     counts: dict[int, list[int]] = {}
     medians: dict[int, float] = {}
     sparks: dict[int, dict[int, float]] = {}
-    for series_id, stored_counts, baseline, sparkline in rows:
-        counts[series_id] = [int(v) for v in stored_counts]
+    for series_id, *totals, baseline, sparkline in rows:
+        counts[series_id] = totals
         if baseline is not None:
-            medians[series_id] = float(baseline)
-        if sparkline:
-            sparks[series_id] = {int(slot): float(p50) for slot, p50 in sparkline}
+            medians[series_id] = baseline
+        drawn = {slot: p50 for slot, p50 in enumerate(sparkline) if p50 is not None}
+        if drawn:
+            sparks[series_id] = drawn
     rolled = RolledHours(counts, medians if postgres else None, sparks)
     pending_then = frozenset((int(sid), datetime.fromisoformat(at)) for sid, at in pending_then_json)
     if pending_then - pending:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import JSON, DateTime, Double
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
 
@@ -42,3 +42,8 @@ class UtcDateTime(TypeDecorator[datetime]):
 def json_type() -> Any:
     """JSON, stored as `jsonb` on PostgreSQL (indexable, compact) and as text on SQLite."""
     return JSON().with_variant(JSONB(), "postgresql")
+
+
+def float_list_type() -> Any:
+    """A short list of floats (None allowed): `double precision[]` on PostgreSQL, JSON text on SQLite."""
+    return JSON().with_variant(ARRAY(Double()), "postgresql")

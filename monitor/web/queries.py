@@ -261,7 +261,7 @@ async def overview(
                 apart.cancel()
     counts = {series_id: list(values) for series_id, values in rolled.counts.items()}
     last_hour: dict[int, list[float]] = defaultdict(list)
-    fresh_sparks: dict[tuple[int, int], list[float]] = defaultdict(list)
+    fresh_sparks: dict[int, dict[int, list[float]]] = defaultdict(dict)
     hour_ago = now - timedelta(hours=1)
     for series_id, at, p50, ok, errors in fresh:
         hour = floor_hour(at)
@@ -276,7 +276,8 @@ async def overview(
             if at >= hour_ago:
                 last_hour[series_id].append(p50)
             if unrolled and hour >= spark_from:
-                fresh_sparks[(series_id, int((hour - spark_from).total_seconds()) // 3600)].append(p50)
+                slot = int((hour - spark_from).total_seconds()) // 3600
+                fresh_sparks[series_id].setdefault(slot, []).append(p50)
     # A target's SLO burn incidents live on a row with the prompt `*` that never has runs of its own:
     # it is the target's objective across its prompts, and ran when any of its prompts did.
     target_last: dict[tuple[str, str], datetime] = {}
@@ -302,11 +303,11 @@ async def overview(
             runs, first = young.get(series_id, (0, None))
             note = baseline_note(runs=runs, first_run_at=first, min_history_runs=needed, now=now)
         p50 = _median(last_hour.get(series_id, []))
-        spark = rolled.sparks.get(series_id, {})
-        sparkline = []
-        for slot in range(24):
-            runs_of_hour = fresh_sparks.get((series_id, slot))
-            sparkline.append(_round(_median(runs_of_hour) if runs_of_hour else spark.get(slot)))
+        # An hour's runs not rolled up yet stand for it; else its rollup's p50.
+        drawn: dict[int, float | None] = dict(rolled.sparks.get(series_id, {}))
+        for slot, runs_of_hour in fresh_sparks.get(series_id, {}).items():
+            drawn[slot] = _median(runs_of_hour)
+        sparkline = [_round(drawn.get(slot)) for slot in range(24)]
         status = series_status(
             open_severities=[(kind, severity) for kind, severity, _ in opened],
             # Only whether the series ran in the last 24 h matters here.
