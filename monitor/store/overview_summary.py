@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Integer, and_, case, delete, func, insert, select, tuple_, type_coerce
+from sqlalchemy import Integer, and_, case, delete, func, insert, select, text, tuple_, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.store.models import OverviewSummaryRow, OverviewSummaryStateRow, RollupPendingRow, RollupRow
@@ -34,6 +34,7 @@ from monitor.store.types import UtcDateTime
 WINDOWS = (timedelta(days=1), timedelta(days=7), timedelta(days=30))
 SPARK_HOURS = 24
 _STATE_ID = 1
+SUMMARY_LOCK_KEY = 0x7474_666F  # "ttfo": held while the summary is replaced
 
 
 @dataclass(frozen=True)
@@ -162,6 +163,10 @@ def _slot(spark_from: datetime, hour: datetime) -> int:
 async def refresh(connection: AsyncConnection, now: datetime) -> int:
     """Housekeeping: read the rollups as the overview would at `now` and store it as the summary,
     replacing the last one (in the caller's transaction). Returns the series summarised."""
+    if connection.dialect.name == "postgresql":
+        # Two daemons' housekeeping at once: the second waits, then replaces the first's rows (its
+        # delete, a statement after the lock, sees them) instead of colliding with them on the key.
+        await connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUMMARY_LOCK_KEY})
     hours = OverviewHours.at(now)
     pending = await pending_hours(connection, since=floor_hour(min(hours.windows)), until=hours.current)
     rolled = await read_rollups(connection, hours, pending)

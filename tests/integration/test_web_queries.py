@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import random
 import uuid
@@ -304,6 +305,17 @@ async def test_the_overview_summary_reads_as_a_scan_of_the_rollups_through_late_
     assert await queries.overview(repository.engine, now=now) == rolled
     # A summary of another hour is not used.
     assert (await _reading(repository, now + timedelta(hours=1)))[0] is None
+    await repository.engine.dispose()
+
+
+async def test_two_daemons_replacing_the_summary_at_once_both_succeed(backend: Backend) -> None:
+    repository = await _store(backend, hours=3)
+    now = T0 + timedelta(hours=3, minutes=1)
+    await repository.rollup(now)
+    for _ in range(5):
+        assert await asyncio.gather(*(repository.refresh_overview_summary(now) for _ in range(2))) == [4, 4]
+    stored, scanned = await _reading(repository, now)
+    assert stored is not None and stored == scanned
     await repository.engine.dispose()
 
 
