@@ -60,6 +60,9 @@ PARTNER_DAYS = 5
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
 _UNCACHED = object()
+# The noise model seeded from a history (`_Core._seed_residuals`) takes out each day's level: a day of
+# 5-minute runs, counted in runs with a seasonal residual.
+SEED_DAY_RUNS = SLOTS_PER_DAY * 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +183,8 @@ class _Core:
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
         self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
         self._sums: WindowSums | None = None
+        # (whole days of seed residuals fed, the model after them): `_seed_noise` goes on from there.
+        self._seed_days: tuple[int, NoiseModel] | None = None
 
     # ------------------------------------------------ data
 
@@ -220,6 +225,7 @@ class _Core:
         if drop > 0:
             self._profile_cache = None
             self._sums = None  # rebuilt from the runs kept, when next asked
+            self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
@@ -645,8 +651,7 @@ class _Core:
         shift = f"{(ratio - 1.0) * 100:+.0f}% over {runs} runs"
         in_rules = noise is not None and scaled  # the model on and engaged (noise_model.engaged)
         if noise is None:
-            residuals = self._seed_residuals(max(0, len(self.times) - runs))
-            noise = noise_model.estimate(residuals) if residuals else None
+            noise = self._seed_noise(max(0, len(self.times) - runs))
         if noise is None:
             return {"evidence": f"{shift} (noise not measured yet: under a day of seasonal history)"}
         interval = self.interval_s()
@@ -731,23 +736,45 @@ class _Core:
     def measured_noise(self) -> NoiseModel | None:
         """The noise of the history as a model would measure it, for words and pages (not the rules):
         None with under a day of seasonal residuals."""
-        residuals = self._seed_residuals(len(self.times))
-        return noise_model.estimate(residuals) if residuals else None
+        return self._seed_noise(len(self.times))
 
     def _seed_residuals(self, end: int) -> list[float]:
         """Residuals of the valid runs before `end` for a first noise model: seasonal residuals where the
         history has them, each day's minus that day's median (the level moves; the model must not
         mistake a week's drift for noise)."""
-        values = [r for r in self._residuals_between(0, end) if r == r] if self.rules.seasonal_days else []
-        day = SLOTS_PER_DAY * 2  # runs per day at 5-minute runs
-        if len(values) < day:
+        values = self._seed_values(end)
+        if len(values) < SEED_DAY_RUNS:
             return []
         seeded: list[float] = []
-        for low in range(0, len(values), day):
-            chunk = values[low : low + day]
-            level = median(chunk)
-            seeded.extend(v - level for v in chunk)
+        for low in range(0, len(values), SEED_DAY_RUNS):
+            seeded.extend(_less_median(values[low : low + SEED_DAY_RUNS]))
         return seeded
+
+    def _seed_values(self, end: int) -> list[float]:
+        return [r for r in self._residuals_between(0, end) if r == r] if self.rules.seasonal_days else []
+
+    def _seed_noise(self, end: int) -> NoiseModel | None:
+        """`noise_model.estimate(self._seed_residuals(end))`, None where those are none. The whole days
+        fed for an earlier `end` are the same days now (a run's residual never changes, and the first
+        run only moves at a trim), so the model goes on from them: the same updates in the same order.
+        Every regression notice asks for this on a history of two weeks."""
+        values = self._seed_values(end)
+        if len(values) < SEED_DAY_RUNS:
+            return None
+        days = len(values) // SEED_DAY_RUNS
+        kept = self._seed_days
+        if kept is not None and kept[0] <= days:
+            done, model = kept[0], kept[1].copy()
+        else:
+            done, model = 0, NoiseModel()
+        update = noise_model.update
+        for day in range(done, days):
+            for residual in _less_median(values[day * SEED_DAY_RUNS : (day + 1) * SEED_DAY_RUNS]):
+                update(model, residual)
+        self._seed_days = (days, model.copy())
+        for residual in _less_median(values[days * SEED_DAY_RUNS :]):
+            update(model, residual)
+        return model
 
     def _learn(
         self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
@@ -1109,6 +1136,14 @@ def _valid(residuals: list[float]) -> list[float]:
     day's: a sum (in C) finds that out in a fifth of the time a filtering comprehension takes."""
     total = sum(residuals)
     return residuals if total == total else [r for r in residuals if r == r]
+
+
+def _less_median(values: list[float]) -> list[float]:
+    """Each value less the median of them all (none of none)."""
+    if not values:
+        return []
+    level = median(values)
+    return [v - level for v in values]
 
 
 def _dominant_error(runs: Iterable[tuple[int, int, str | None]]) -> str:

@@ -316,19 +316,27 @@ def _variance_ratio_cached(share: float, phi: float, n: float) -> float:
     return variance_ratio(share, phi, n)
 
 
+@functools.lru_cache(maxsize=1024)
+def _block_ar_ratios(phi: float) -> tuple[float, float]:
+    # `fit` tries the same few hundred phis (a fixed coarse grid, a fine one around each of its points)
+    # every time a long block completes: a pure function's cache, not state.
+    return ar_ratio(phi, BLOCKS[0]), ar_ratio(phi, BLOCKS[1])
+
+
 def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
     """(share, phi) of white noise plus AR(1) whose g(BLOCKS[0]) and g(BLOCKS[1]) are closest (in log) to
     the measured ones; (0, 0) when the long blocks vary no more than independent runs would. A coarse
     grid of phi, then a fine one around its best point."""
     if ratio_long <= 1.0:
         return 0.0, 0.0
-    short, long_ = BLOCKS
     log_short, log_long = math.log(ratio_short), math.log(ratio_long)
 
     def error(phi: float) -> tuple[float, float, float]:
-        share = min(1.0, (ratio_long - 1.0) / (ar_ratio(phi, long_) - 1.0))
-        miss = (math.log(variance_ratio(share, phi, short)) - log_short) ** 2 + (
-            math.log(variance_ratio(share, phi, long_)) - log_long
+        # variance_ratio(share, phi, n) for n in BLOCKS (both above 1), from the grid's cached ar_ratio.
+        ar_short, ar_long = _block_ar_ratios(phi)
+        share = min(1.0, (ratio_long - 1.0) / (ar_long - 1.0))
+        miss = (math.log(min(G_MAX, 1.0 - share + share * ar_short)) - log_short) ** 2 + (
+            math.log(min(G_MAX, 1.0 - share + share * ar_long)) - log_long
         ) ** 2
         return miss, share, phi
 
