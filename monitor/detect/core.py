@@ -767,13 +767,12 @@ class _Core:
             done, model = kept[0], kept[1].copy()
         else:
             done, model = 0, NoiseModel()
-        update = noise_model.update
+        whole_days: list[float] = []
         for day in range(done, days):
-            for residual in _less_median(values[day * SEED_DAY_RUNS : (day + 1) * SEED_DAY_RUNS]):
-                update(model, residual)
+            whole_days += _less_median(values[day * SEED_DAY_RUNS : (day + 1) * SEED_DAY_RUNS])
+        noise_model.extend(model, whole_days)
         self._seed_days = (days, model.copy())
-        for residual in _less_median(values[days * SEED_DAY_RUNS :]):
-            update(model, residual)
+        noise_model.extend(model, _less_median(values[days * SEED_DAY_RUNS :]))
         return model
 
     def _learn(
