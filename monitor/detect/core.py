@@ -3,13 +3,13 @@ rules applied to each new run. Pure; `Detector` and `Replayer` (detector.py) are
 
 from __future__ import annotations
 
-import itertools
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from operator import sub
 from typing import Any
 
 from monitor.alert.model import Severity
@@ -254,9 +254,8 @@ class _Core:
         days: list[float] = []
         count = 0
         known = self._window_medians
-        for day in range(1, self.rules.seasonal_days + 1):
+        for key in range(slot - SLOTS_PER_DAY, slot - (self.rules.seasonal_days + 1) * SLOTS_PER_DAY, -SLOTS_PER_DAY):
             # All but the day before are known (each served the slot a day earlier): looked up here.
-            key = slot - day * SLOTS_PER_DAY
             found = known[key] if key in known else self._window_median(key)
             if found is not None:
                 days.append(found[0])
@@ -702,7 +701,8 @@ class _Core:
         key = (len(self.times), self.times[-1] if self.times else 0.0)
         if self._interval[0] != key:
             times = self.times[-13:]
-            value = max(1.0, median([b - a for a, b in itertools.pairwise(times)])) if len(times) >= 2 else 300.0
+            spacings = sorted(map(sub, times[1:], times[:-1]))  # asked after every run with the noise model on
+            value = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
             self._interval = (key, value)
         return self._interval[1]
 

@@ -342,21 +342,34 @@ def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
     if ratio_long <= 1.0:
         return 0.0, 0.0
     log_short, log_long = math.log(ratio_short), math.log(ratio_long)
+    coarse = _best_fit(_coarse_grid(), ratio_long, log_short, log_long)
+    centre = coarse[2]
+    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
+    best = min(coarse, _best_fit([(phi, *_block_ar_ratios(phi)) for phi in fine], ratio_long, log_short, log_long))
+    return best[1], best[2]
 
-    def error(phi: float) -> tuple[float, float, float]:
-        # variance_ratio(share, phi, n) for n in BLOCKS (both above 1), from the grid's cached ar_ratio.
-        ar_short, ar_long = _block_ar_ratios(phi)
+
+def _best_fit(
+    grid: Iterable[tuple[float, float, float]], ratio_long: float, log_short: float, log_long: float
+) -> tuple[float, float, float]:
+    """The first smallest (miss, share, phi) over `grid`'s (phi, its g(n) for n in BLOCKS): the share that
+    matches the long blocks' ratio, and how far (in log) both ratios are from the measured ones."""
+    best: tuple[float, float, float] | None = None
+    for phi, ar_short, ar_long in grid:
+        # variance_ratio(share, phi, n), with ar_ratio(phi, n) from the grid (both BLOCKS above 1).
         share = min(1.0, (ratio_long - 1.0) / (ar_long - 1.0))
         miss = (math.log(min(G_MAX, 1.0 - share + share * ar_short)) - log_short) ** 2 + (
             math.log(min(G_MAX, 1.0 - share + share * ar_long)) - log_long
         ) ** 2
-        return miss, share, phi
+        if best is None or (miss, share, phi) < best:
+            best = (miss, share, phi)
+    assert best is not None  # every grid has points
+    return best
 
-    coarse = min(error(phi) for phi in _PHI_COARSE)
-    centre = coarse[2]
-    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
-    best = min([coarse, *(error(phi) for phi in fine)])
-    return best[1], best[2]
+
+@functools.lru_cache(maxsize=1)
+def _coarse_grid() -> tuple[tuple[float, float, float], ...]:
+    return tuple((phi, *_block_ar_ratios(phi)) for phi in _PHI_COARSE)
 
 
 # The rules scale their evidence by the model only when half-hour blocks vary at least this many times
