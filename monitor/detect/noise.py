@@ -335,20 +335,6 @@ def _block_ar_ratios(phi: float) -> tuple[float, float]:
     return ar_ratio(phi, BLOCKS[0]), ar_ratio(phi, BLOCKS[1])
 
 
-def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
-    """(share, phi) of white noise plus AR(1) whose g(BLOCKS[0]) and g(BLOCKS[1]) are closest (in log) to
-    the measured ones; (0, 0) when the long blocks vary no more than independent runs would. A coarse
-    grid of phi, then a fine one around its best point."""
-    if ratio_long <= 1.0:
-        return 0.0, 0.0
-    log_short, log_long = math.log(ratio_short), math.log(ratio_long)
-    coarse = _best_fit(_coarse_grid(), ratio_long, log_short, log_long)
-    centre = coarse[2]
-    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
-    best = min(coarse, _best_fit([(phi, *_block_ar_ratios(phi)) for phi in fine], ratio_long, log_short, log_long))
-    return best[1], best[2]
-
-
 def _best_fit(
     grid: Iterable[tuple[float, float, float]], ratio_long: float, log_short: float, log_long: float
 ) -> tuple[float, float, float]:
@@ -370,6 +356,20 @@ def _best_fit(
 @functools.lru_cache(maxsize=1)
 def _coarse_grid() -> tuple[tuple[float, float, float], ...]:
     return tuple((phi, *_block_ar_ratios(phi)) for phi in _PHI_COARSE)
+
+
+def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
+    """(share, phi) of white noise plus AR(1) whose g(BLOCKS[0]) and g(BLOCKS[1]) are closest (in log) to
+    the measured ones; (0, 0) when the long blocks vary no more than independent runs would. A coarse
+    grid of phi, then a fine one around its best point."""
+    if ratio_long <= 1.0:
+        return 0.0, 0.0
+    log_short, log_long = math.log(ratio_short), math.log(ratio_long)
+    coarse = _best_fit(_coarse_grid(), ratio_long, log_short, log_long)
+    centre = coarse[2]
+    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
+    best = min(coarse, _best_fit([(phi, *_block_ar_ratios(phi)) for phi in fine], ratio_long, log_short, log_long))
+    return best[1], best[2]
 
 
 # The rules scale their evidence by the model only when half-hour blocks vary at least this many times
