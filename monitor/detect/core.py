@@ -3,13 +3,13 @@ rules applied to each new run. Pure; `Detector` and `Replayer` (detector.py) are
 
 from __future__ import annotations
 
-import itertools
 import math
 from bisect import bisect_left, bisect_right, insort
 from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from operator import sub
 from typing import Any
 
 from monitor.alert.model import Severity
@@ -60,6 +60,9 @@ PARTNER_DAYS = 5
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
 _UNCACHED = object()
+# The noise model seeded from a history (`_Core._seed_residuals`) takes out each day's level: a day of
+# 5-minute runs, counted in runs with a seasonal residual.
+SEED_DAY_RUNS = SLOTS_PER_DAY * 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +183,8 @@ class _Core:
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
         self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
         self._sums: WindowSums | None = None
+        # (whole days of seed residuals fed, the model after them): `_seed_noise` goes on from there.
+        self._seed_days: tuple[int, NoiseModel] | None = None
 
     # ------------------------------------------------ data
 
@@ -220,6 +225,7 @@ class _Core:
         if drop > 0:
             self._profile_cache = None
             self._sums = None  # rebuilt from the runs kept, when next asked
+            self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
@@ -248,9 +254,8 @@ class _Core:
         days: list[float] = []
         count = 0
         known = self._window_medians
-        for day in range(1, self.rules.seasonal_days + 1):
+        for key in range(slot - SLOTS_PER_DAY, slot - (self.rules.seasonal_days + 1) * SLOTS_PER_DAY, -SLOTS_PER_DAY):
             # All but the day before are known (each served the slot a day earlier): looked up here.
-            key = slot - day * SLOTS_PER_DAY
             found = known[key] if key in known else self._window_median(key)
             if found is not None:
                 days.append(found[0])
@@ -645,8 +650,7 @@ class _Core:
         shift = f"{(ratio - 1.0) * 100:+.0f}% over {runs} runs"
         in_rules = noise is not None and scaled  # the model on and engaged (noise_model.engaged)
         if noise is None:
-            residuals = self._seed_residuals(max(0, len(self.times) - runs))
-            noise = noise_model.estimate(residuals) if residuals else None
+            noise = self._seed_noise(max(0, len(self.times) - runs))
         if noise is None:
             return {"evidence": f"{shift} (noise not measured yet: under a day of seasonal history)"}
         interval = self.interval_s()
@@ -697,7 +701,8 @@ class _Core:
         key = (len(self.times), self.times[-1] if self.times else 0.0)
         if self._interval[0] != key:
             times = self.times[-13:]
-            value = max(1.0, median([b - a for a, b in itertools.pairwise(times)])) if len(times) >= 2 else 300.0
+            spacings = sorted(map(sub, times[1:], times[:-1]))  # asked after every run with the noise model on
+            value = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
             self._interval = (key, value)
         return self._interval[1]
 
@@ -731,23 +736,44 @@ class _Core:
     def measured_noise(self) -> NoiseModel | None:
         """The noise of the history as a model would measure it, for words and pages (not the rules):
         None with under a day of seasonal residuals."""
-        residuals = self._seed_residuals(len(self.times))
-        return noise_model.estimate(residuals) if residuals else None
+        return self._seed_noise(len(self.times))
 
     def _seed_residuals(self, end: int) -> list[float]:
         """Residuals of the valid runs before `end` for a first noise model: seasonal residuals where the
         history has them, each day's minus that day's median (the level moves; the model must not
         mistake a week's drift for noise)."""
-        values = [r for r in self._residuals_between(0, end) if r == r] if self.rules.seasonal_days else []
-        day = SLOTS_PER_DAY * 2  # runs per day at 5-minute runs
-        if len(values) < day:
+        values = self._seed_values(end)
+        if len(values) < SEED_DAY_RUNS:
             return []
         seeded: list[float] = []
-        for low in range(0, len(values), day):
-            chunk = values[low : low + day]
-            level = median(chunk)
-            seeded.extend(v - level for v in chunk)
+        for low in range(0, len(values), SEED_DAY_RUNS):
+            seeded.extend(_less_median(values[low : low + SEED_DAY_RUNS]))
         return seeded
+
+    def _seed_values(self, end: int) -> list[float]:
+        return [r for r in self._residuals_between(0, end) if r == r] if self.rules.seasonal_days else []
+
+    def _seed_noise(self, end: int) -> NoiseModel | None:
+        """`noise_model.estimate(self._seed_residuals(end))`, None where those are none. The whole days
+        fed for an earlier `end` are the same days now (a run's residual never changes, and the first
+        run only moves at a trim), so the model goes on from them: the same updates in the same order.
+        Every regression notice asks for this on a history of two weeks."""
+        values = self._seed_values(end)
+        if len(values) < SEED_DAY_RUNS:
+            return None
+        days = len(values) // SEED_DAY_RUNS
+        kept = self._seed_days
+        if kept is not None and kept[0] <= days:
+            done, model = kept[0], kept[1].copy()
+        else:
+            done, model = 0, NoiseModel()
+        whole_days: list[float] = []
+        for day in range(done, days):
+            whole_days += _less_median(values[day * SEED_DAY_RUNS : (day + 1) * SEED_DAY_RUNS])
+        noise_model.extend(model, whole_days)
+        self._seed_days = (days, model.copy())
+        noise_model.extend(model, _less_median(values[days * SEED_DAY_RUNS :]))
+        return model
 
     def _learn(
         self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
@@ -1109,6 +1135,14 @@ def _valid(residuals: list[float]) -> list[float]:
     day's: a sum (in C) finds that out in a fifth of the time a filtering comprehension takes."""
     total = sum(residuals)
     return residuals if total == total else [r for r in residuals if r == r]
+
+
+def _less_median(values: list[float]) -> list[float]:
+    """Each value less the median of them all (none of none)."""
+    if not values:
+        return []
+    level = median(values)
+    return [v - level for v in values]
 
 
 def _dominant_error(runs: Iterable[tuple[int, int, str | None]]) -> str:

@@ -175,8 +175,9 @@ def _weight(count: int, horizon: float) -> float:
     return 1.0 / max(1.0, min(float(count), horizon))
 
 
-def update(model: NoiseModel, residual: float) -> None:
-    """Add one residual (log units) to `model`, in place."""
+def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) -> bool:
+    """Add one residual (log units) to `model`, in place. True when it completed a block that refits the
+    model's share and phi; with `deferred_fit` that is the caller's to do (`extend`: no update reads them)."""
     model.runs += 1
     if model.runs == 1:
         model.mean = residual
@@ -209,8 +210,9 @@ def update(model: NoiseModel, residual: float) -> None:
         )
         # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
         refit = refit or index == len(BLOCKS) - 1 or model.blocks[-1] == 0
-    if refit:
+    if refit and not deferred_fit:
         model.share, model.phi = fit(model.ratio(0), model.ratio(1))
+    return refit
 
 
 def observe(model: NoiseModel, *, slow: bool, calm: bool) -> None:
@@ -287,9 +289,19 @@ def window_median(values: Sequence[float]) -> float:
 def estimate(residuals: Iterable[float]) -> NoiseModel:
     """A model of these residuals (in time order), as if fed one by one."""
     model = NoiseModel()
-    for residual in residuals:
-        update(model, residual)
+    extend(model, residuals)
     return model
+
+
+def extend(model: NoiseModel, residuals: Iterable[float]) -> None:
+    """`update` `model` with each of these residuals in turn, fitting share and phi once at the end, to the
+    ratios of the last update that refits: the same model, for a fit's cost instead of one per 3 hours."""
+    ratios = None
+    for residual in residuals:
+        if update(model, residual, deferred_fit=True):
+            ratios = model.ratio(0), model.ratio(1)
+    if ratios is not None:
+        model.share, model.phi = fit(*ratios)
 
 
 def ar_ratio(phi: float, n: float) -> float:
@@ -316,26 +328,47 @@ def _variance_ratio_cached(share: float, phi: float, n: float) -> float:
     return variance_ratio(share, phi, n)
 
 
+@functools.lru_cache(maxsize=1024)
+def _block_ar_ratios(phi: float) -> tuple[float, float]:
+    # `fit` tries the same few hundred phis (a fixed coarse grid, a fine one around each of its points)
+    # every time a long block completes: a pure function's cache, not state.
+    return ar_ratio(phi, BLOCKS[0]), ar_ratio(phi, BLOCKS[1])
+
+
+def _best_fit(
+    grid: Iterable[tuple[float, float, float]], ratio_long: float, log_short: float, log_long: float
+) -> tuple[float, float, float]:
+    """The first smallest (miss, share, phi) over `grid`'s (phi, its g(n) for n in BLOCKS): the share that
+    matches the long blocks' ratio, and how far (in log) both ratios are from the measured ones."""
+    best: tuple[float, float, float] | None = None
+    for phi, ar_short, ar_long in grid:
+        # variance_ratio(share, phi, n), with ar_ratio(phi, n) from the grid (both BLOCKS above 1).
+        share = min(1.0, (ratio_long - 1.0) / (ar_long - 1.0))
+        miss = (math.log(min(G_MAX, 1.0 - share + share * ar_short)) - log_short) ** 2 + (
+            math.log(min(G_MAX, 1.0 - share + share * ar_long)) - log_long
+        ) ** 2
+        if best is None or (miss, share, phi) < best:
+            best = (miss, share, phi)
+    assert best is not None  # every grid has points
+    return best
+
+
+@functools.lru_cache(maxsize=1)
+def _coarse_grid() -> tuple[tuple[float, float, float], ...]:
+    return tuple((phi, *_block_ar_ratios(phi)) for phi in _PHI_COARSE)
+
+
 def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
     """(share, phi) of white noise plus AR(1) whose g(BLOCKS[0]) and g(BLOCKS[1]) are closest (in log) to
     the measured ones; (0, 0) when the long blocks vary no more than independent runs would. A coarse
     grid of phi, then a fine one around its best point."""
     if ratio_long <= 1.0:
         return 0.0, 0.0
-    short, long_ = BLOCKS
     log_short, log_long = math.log(ratio_short), math.log(ratio_long)
-
-    def error(phi: float) -> tuple[float, float, float]:
-        share = min(1.0, (ratio_long - 1.0) / (ar_ratio(phi, long_) - 1.0))
-        miss = (math.log(variance_ratio(share, phi, short)) - log_short) ** 2 + (
-            math.log(variance_ratio(share, phi, long_)) - log_long
-        ) ** 2
-        return miss, share, phi
-
-    coarse = min(error(phi) for phi in _PHI_COARSE)
+    coarse = _best_fit(_coarse_grid(), ratio_long, log_short, log_long)
     centre = coarse[2]
     fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
-    best = min([coarse, *(error(phi) for phi in fine)])
+    best = min(coarse, _best_fit([(phi, *_block_ar_ratios(phi)) for phi in fine], ratio_long, log_short, log_long))
     return best[1], best[2]
 
 

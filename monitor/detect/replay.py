@@ -99,6 +99,9 @@ def read_samples_csv(stream: TextIO) -> dict[str, list[RunPoint]]:
     names_seen: dict[str, str] = {}
     errors_seen: dict[str, str | None] = {"": None}
     last_time, last_moment = "", None
+    # A run's rows mostly follow one another: the run the last row joined, by its series and run_id cell.
+    last_run_key: tuple[str, str] | None = None
+    last_run: _Run | None = None
     fields = len(names)
     line = 1
     try:
@@ -140,17 +143,26 @@ def read_samples_csv(stream: TextIO) -> dict[str, list[RunPoint]]:
                 errors_seen[row[error_at]] = error
             # A request with an error failed, even if its first token came (as in the store).
             ok = ttft is not None and error is None
-            run_id = row[run_at].strip() if run_at is not None else ""
-            if not run_id:
-                point = RunPoint(moment, ttft if ok else None, error, ok=int(ok), errors=int(not ok))
-                single.setdefault(series, []).append(point)
-                continue
-            runs = grouped.setdefault(series, {})
-            run = runs.get(run_id)
-            if run is None:
-                run = runs[run_id] = _Run(moment)
-            elif moment < run.at:
-                run.at = moment
+            run_cell = row[run_at] if run_at is not None else ""
+            if last_run is not None and last_run_key == (series, run_cell):
+                run = last_run
+                if moment < run.at:
+                    run.at = moment
+            else:
+                run_id = run_cell.strip()
+                if not run_id:
+                    point = RunPoint(moment, ttft if ok else None, error, ok=int(ok), errors=int(not ok))
+                    single.setdefault(series, []).append(point)
+                    continue
+                runs = grouped.setdefault(series, {})
+                found = runs.get(run_id)
+                if found is None:
+                    run = runs[run_id] = _Run(moment)
+                else:
+                    run = found
+                    if moment < run.at:
+                        run.at = moment
+                last_run_key, last_run = (series, run_cell), run
             if ok:
                 run.ttfts.append(ttft)  # type: ignore[arg-type]
             else:
