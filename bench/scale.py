@@ -1,4 +1,5 @@
-"""Production scale on PostgreSQL: the same figures at two history sizes, side by side in one run.
+"""Production scale on PostgreSQL (or SQLite, `--db sqlite`): the same figures at two history sizes,
+side by side in one run.
 
 For each size (default 2,000,000 and 20,000,000 samples) over S series (default 5,000), in a scratch
 database of its own: writes the history through `Repository.save_runs` (bench/storage.py's runs: 1
@@ -16,7 +17,7 @@ makes), rolls every hour up as housekeeping does, then prints
 
 and last a table of both sizes with the ratio, so the growth is visible in one run.
 
-    .venv/bin/python bench/scale.py [--sizes 2000000,20000000] [--series 5000] [--queries 20]
+    .venv/bin/python bench/scale.py [--sizes 2000000,20000000] [--series 5000] [--queries 20] [--db sqlite]
 
 About 25 minutes on 2 cores for the default sizes (most of it writing and rolling up 22M samples).
 """
@@ -29,6 +30,7 @@ import os
 import platform
 import random
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -71,8 +73,9 @@ async def timed(calls: int, make_call: Any) -> tuple[float, float]:
     return p50_p95(durations)
 
 
-async def one_size(url: str, samples: int, args: argparse.Namespace) -> dict[str, Any]:
+async def one_size(url: str, samples: int, args: argparse.Namespace, sqlite_path: Path | None = None) -> dict[str, Any]:
     rng = random.Random(args.seed)
+    backend = "sqlite" if sqlite_path is not None else "postgres"
     await migrate.upgrade(url)
     engine = create_engine(url)
     repository = Repository(engine)
@@ -90,10 +93,12 @@ async def one_size(url: str, samples: int, args: argparse.Namespace) -> dict[str
     while done := await repository.rollup(now + timedelta(hours=1)):
         rolled += done
     rollup_s = time.perf_counter() - began
-    size = await database_size(engine, "postgres", None)
+    size = await database_size(engine, backend, sqlite_path)
     async with engine.connect() as connection:
         await connection.execution_options(isolation_level="AUTOCOMMIT")
-        await connection.exec_driver_sql("VACUUM ANALYZE")  # as autovacuum leaves a table that stopped changing
+        # As autovacuum leaves a table that stopped changing; SQLite: the statistics the daemon's
+        # connections gather with `PRAGMA optimize`.
+        await connection.exec_driver_sql("VACUUM ANALYZE" if backend == "postgres" else "ANALYZE")
         ids = list(await connection.scalars(sa.text("SELECT id FROM series ORDER BY id")))
     targets = sorted({one.key.target for one in series})
     picks = [rng.choice(ids) for _ in range(args.queries)]
@@ -176,22 +181,28 @@ async def main() -> int:
     parser.add_argument("--series", type=int, default=5000)
     parser.add_argument("--queries", type=int, default=20, help="timed calls of each view")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--db", choices=["postgres", "sqlite"], default="postgres")
     parser.add_argument("--postgres-url", default=default_postgres_url())
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
     began = time.perf_counter()
     print(
         f"# bench/scale.py on {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, "
-        f"{args.series} series, sizes {sizes}"
+        f"{args.series} series, sizes {sizes}, {args.db}"
     )
     results = []
     for size in sizes:
-        url, drop = await postgres_scratch(args.postgres_url)
         print(f"== {size:,} samples", flush=True)
-        try:
-            results.append(await one_size(url, size, args))
-        finally:
-            await drop()
+        if args.db == "sqlite":
+            with tempfile.TemporaryDirectory() as folder:
+                path = Path(folder) / "scale.db"
+                results.append(await one_size(f"sqlite+aiosqlite:///{path}", size, args, sqlite_path=path))
+        else:
+            url, drop = await postgres_scratch(args.postgres_url)
+            try:
+                results.append(await one_size(url, size, args))
+            finally:
+                await drop()
         report(sizes[: len(results)], results)  # each size's figures as soon as they are measured
     print(f"\n{time.perf_counter() - began:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")
     return 0
