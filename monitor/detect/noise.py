@@ -455,6 +455,7 @@ def describe(model: NoiseModel, *, interval_s: float, runs: int) -> str:
 # The CUSUM's false-alert rate comes out this many times above Siegmund's approximation for a known
 # reference: the reference (a slot's seasonal baseline and a day's level) is itself estimated, and
 # shared by neighbouring runs. Measured with bench/detector.py on independent noise (docs/detection.md).
+# Used only when the caller gives no `reference_variance` (the detector gives one: core.py REFERENCE_SHARE).
 REFERENCE_PENALTY = 3.4
 # The CUSUM's threshold is never below this many clipped runs' worth: a burst of half an hour of slow runs,
 # however slow, cannot open a ticket alone (the Gaussian theory does not know about bursts).
@@ -521,7 +522,7 @@ def cusum_threshold(
     Brownian motion with drift; its threshold h_L there is h_L / sqrt(g) in the detector's units.
     `reference_variance` (per-run sigmas^2) is how uncertain the level and seasonal baseline the values
     are measured from are: a reference that is too low by e makes the sum drift down by k - e instead of
-    k, and the rate is averaged over that error."""
+    k, and the rate is averaged over that error. Without it (0), REFERENCE_PENALTY stands in for it."""
     runs_per_week = WEEK_S / max(interval_s, 1.0)
     # Without the reference's error given, the penalty measured on independent noise stands in for it.
     penalty = REFERENCE_PENALTY if reference_variance <= 0 else 1.0
