@@ -56,11 +56,12 @@ PAGE_RUN_SHARE = 1.0
 # The noise model learns from a run less the median of the runs at its time of day on up to this many days
 # before it (`_Core._day_difference`): a step on one or two of those days is outvoted.
 PARTNER_DAYS = 5
+# The share of the reference's error (its variance, in per-run sigmas^2) the CUSUM's derived threshold is
+# made for: part of the day's wander the level misses is already in the model's long-run variance (the whole
+# of it cost +50% recall on AR(1) noise, bench/detector.py --quick: 97% -> 89%).
+REFERENCE_SHARE = 0.5
 # sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
-# The share of the reference's error (its variance, in per-run sigmas^2) the CUSUM's derived threshold is
-# made for: part of the day's wander the level misses is already in the model's long-run variance.
-REFERENCE_SHARE = 0.5
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
 _UNCACHED = object()
 
@@ -937,7 +938,7 @@ class _Core:
 
     def _jumps(self, verdict: _Verdict, baseline_ms: float, count: int, streak_since: datetime | None) -> bool:
         """The page rule's jump test (noise model on): the median of the last runs (a majority of the page
-        window: JUMP_AFTER_SHARE) less that of the page window before them, against how much such neighbours
+        window: window // 2 + 1 runs) less that of the page window before them, against how much such neighbours
         of the day before differ (their MAD-sigma). Load that wanders slowly moves neighbours alike, so a
         doubling stands out within a few runs however far the series wanders from its baseline, and however
         young its noise model is; the page window must still be `page.ratio` and `min_delta_ms` above the

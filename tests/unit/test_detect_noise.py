@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 
 import pytest
 
@@ -14,6 +15,7 @@ from monitor.detect.detector import Detector, Rules, RunPoint, SeriesState
 from monitor.detect.noise import NoiseModel, estimate, variance_ratio
 from monitor.detect.rules import FIXED_THRESHOLD
 from monitor.detect.settings import Detection
+from monitor.detect.stats import mad_sigma
 from tests.support.series import EVERY, RUNS_PER_DAY, T0, make_series
 
 WEEK = 2016  # 5-minute runs
@@ -294,6 +296,27 @@ def test_slow_wander_moves_neighbouring_windows_alike() -> None:
     # differ far less than the series wanders (sd 0.3).
     spread = noise.jump_spread(ar_noise(288, share=1.0, phi=0.97), 5)
     assert spread is not None and spread < 0.15
+
+
+def test_the_short_jump_window_is_measured_against_the_window_before_it() -> None:
+    # The median of `after` runs less that of the `window` runs before them, for every such pair without a
+    # missing run: what the jump test asks of its short window (3 runs after a 5-run window).
+    values = ar_noise(288, share=0.5, phi=0.9)
+    values[100] = math.nan
+    window, after = 5, 3
+    jumps = []
+    for start in range(len(values) - window - after + 1):
+        pair = values[start : start + window + after]
+        if not any(math.isnan(value) for value in pair):
+            jumps.append(statistics.median(pair[window:]) - statistics.median(pair[:window]))
+    assert noise.jump_spread(values, window, after=after) == pytest.approx(mad_sigma(jumps))
+    kept = noise.window_medians(values, window)
+    assert noise.jump_spread(values, window, kept, after=after, after_medians=noise.window_medians(values, after)) == (
+        noise.jump_spread(values, window, after=after)
+    )
+    # A shorter window after: more spread (a median of 3 varies more than one of 5), as the test expects.
+    short, full = noise.jump_spread(values, window, after=after), noise.jump_spread(values, window)
+    assert short is not None and full is not None and short > full
 
 
 def test_a_jump_needs_enough_neighbours_and_skips_runs_without_a_value() -> None:
