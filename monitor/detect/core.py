@@ -56,6 +56,10 @@ PAGE_RUN_SHARE = 1.0
 # The noise model learns from a run less the median of the runs at its time of day on up to this many days
 # before it (`_Core._day_difference`): a step on one or two of those days is outvoted.
 PARTNER_DAYS = 5
+# The share of the reference's error (its variance, in per-run sigmas^2) the CUSUM's derived threshold is
+# made for: part of the day's wander the level misses is already in the model's long-run variance (the whole
+# of it cost +50% recall on AR(1) noise, bench/detector.py --quick: 97% -> 89%).
+REFERENCE_SHARE = 0.5
 # sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
@@ -119,6 +123,7 @@ class _CusumReference:
     bound: float
     mean: float
     factor: float
+    runs: int  # residuals the level is the median of
 
 
 @dataclass(slots=True)  # not frozen: one is made per run, and a frozen one's __init__ costs twice as much
@@ -174,12 +179,12 @@ class _Core:
         self._cusum_references: dict[int, _CusumReference | None] = {}
         self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
         self.threshold: float | None = None  # the CUSUM's, for the last stepped run
-        self._thresholds: dict[tuple[float, float, int], float] = {}
+        self._thresholds: dict[tuple[float, float, int, float], float] = {}
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
-        self._jump_key: tuple[int, bool] = (0, False)  # the window and source of the kept jump-test medians
-        self._jump_cache: dict[int, float] = {}
+        # The kept jump-test medians, by window and source (residuals or log TTFTs), then by first run's index.
+        self._jump_cache: dict[tuple[int, bool], dict[int, float]] = {}
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
         self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
         self._sums: WindowSums | None = None
@@ -503,14 +508,16 @@ class _Core:
         else:
             state.ticket_streak, state.ticket_since = 0, None
 
-        needed = rules.page.confirmations
+        paging = state.page_streak >= rules.page.confirmations
         if noise is not None:
             distance = verdict.recent[-1] - baseline.level
             noise_model.observe(noise, slow=distance >= self._log_page_ratio, calm=distance < self._log_clear_ratio)
-            # A burst of up to 3 slow runs holds a 5-run median up for 3 runs: with the jump test beside the
-            # window's, pages need that many and one more, from a series' first burst on.
-            needed = noise_model.page_confirmations(noise, needed, window=verdict.page_window)
-        paging = state.page_streak >= needed
+            # A burst of up to 3 slow runs holds a 5-run median up for 3 runs, and fills the jump test's
+            # short window: pages need more slow runs in a row than the longest burst, from a series' first
+            # burst on. Slow against the baseline, or each a run of the page streak (slow against the window
+            # before the jump, where slow wander has taken the series under its baseline).
+            persistence = noise_model.page_persistence(noise, window=verdict.page_window)
+            paging = paging and max(noise.run, state.page_streak) >= persistence
         ticketing = state.ticket_streak >= rules.ticket.confirmations
         sequential = self._cusum(state, run, incident, count, fresh, scaled) if not (paging or ticketing) else None
         if noise is not None:
@@ -613,7 +620,18 @@ class _Core:
         # (the model leaves out a drift the level follows, which the reference day shows) and the threshold
         # derived from the false-alert rate.
         scale = max(noise.long_run, factor * factor) if noise is not None else factor * factor
-        threshold = self._threshold(allowance, scale, rule) if noise is not None else self._fixed_threshold(rule)
+        if noise is not None:
+            # What the sum measures from is itself estimated (a day's median level, a slot's median of daily
+            # medians), and on a series whose runs wander that estimate is off by as much as the wander for
+            # hours: the threshold is derived for a reference off by that much (in per-run sigmas^2). The
+            # model learns from day-over-day differences, so g holds none of this error itself.
+            runs = max(reference.runs, 1)
+            offset = REFERENCE_SHARE * (
+                noise.g(runs) * math.pi / (2.0 * runs) + (math.pi / 2.0) ** 2 / max(slot.count, 1)
+            )
+            threshold = self._threshold(allowance, scale, rule, offset)
+        else:
+            threshold = self._fixed_threshold(rule)
         mean = reference.mean
         total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
         if total <= 0.0:
@@ -672,7 +690,7 @@ class _Core:
         self.threshold = rule.threshold if rule.threshold is not None else FIXED_THRESHOLD
         return self.threshold
 
-    def _threshold(self, allowance: float, long_run: float, rule: Cusum) -> float:
+    def _threshold(self, allowance: float, long_run: float, rule: Cusum, reference_variance: float = 0.0) -> float:
         """The CUSUM's threshold for this series: the configured one, or the one that raises its share of
         `false_alerts_per_week` at this allowance (in per-run sigmas), long-run variance and run interval."""
         if rule.threshold is not None:
@@ -680,7 +698,12 @@ class _Core:
             return rule.threshold
         # Its inputs move slowly (the reference every 3 hours, the fit every 3 hours of runs): computed once
         # per distinct set, as a bisection per run would double a year's replay.
-        key = (round(allowance, 3), round(math.log(long_run), 2), round(self.interval_s()))
+        key = (
+            round(allowance, 3),
+            round(math.log(long_run), 2),
+            round(self.interval_s()),
+            round(reference_variance, 3),
+        )
         derived = self._thresholds.get(key)
         if derived is None:
             derived = noise_model.cusum_threshold(
@@ -688,6 +711,7 @@ class _Core:
                 allowance=allowance,
                 long_run=long_run,
                 interval_s=key[2],
+                reference_variance=key[3],
             )
             if len(self._thresholds) > 256:
                 self._thresholds.clear()
@@ -816,7 +840,7 @@ class _Core:
                 allowance = math.log(rule.shift_ratio) / 2.0 / sigma
                 bound = allowance + rule.clip
                 mean, factor = clipped_profile(values, center=level, sigma=sigma, bound=bound, block=rule.block_runs)
-                result = _CusumReference(level, sigma, allowance, bound, mean, factor)
+                result = _CusumReference(level, sigma, allowance, bound, mean, factor, len(values))
         self._cusum_references[period] = result
         if len(self._cusum_references) > 64:
             for old in sorted(self._cusum_references)[:-48]:
@@ -939,12 +963,13 @@ class _Core:
         return count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
 
     def _jumps(self, verdict: _Verdict, baseline_ms: float, count: int, streak_since: datetime | None) -> bool:
-        """The page rule's jump test (noise model on): the page window's median less that of the window
-        before it, against how much neighbouring windows of the day before differ (their MAD-sigma). Load
-        that wanders slowly moves neighbours alike, so a doubling stands out within a few runs however far
-        the series wanders from its baseline, and however young its noise model is; the window must still
-        be `page.ratio` and `min_delta_ms` above the baseline. While a streak builds, the window before and
-        the day stay where they were for its first run."""
+        """The page rule's jump test (noise model on): the median of the last runs (a majority of the page
+        window: window // 2 + 1 runs) less that of the page window before them, against how much such neighbours
+        of the day before differ (their MAD-sigma). Load that wanders slowly moves neighbours alike, so a
+        doubling stands out within a few runs however far the series wanders from its baseline, and however
+        young its noise model is; the page window must still be `page.ratio` and `min_delta_ms` above the
+        baseline. While a streak builds, the window before and the day stay where they were for its first
+        run, so the runs after the jump fill the short window and its confirmations follow at once."""
         rule, baseline = self.rules.page, verdict.baseline
         distance, window = verdict.page, verdict.page_window
         if distance < self._log_page_ratio or baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
@@ -952,28 +977,39 @@ class _Core:
         end = self._streak_end(count, streak_since) - window
         if end <= 0:
             return False
+        after = window // 2 + 1
         # Seasonal residuals where the windows have them (the daily cycle left out), else log TTFTs.
         low = max(0, end - noise_model.JUMP_HISTORY_RUNS)
         history = self._residuals_between(low, end) if baseline.seasonal else self.logs[low:end]
         before = history[-window:]
-        spread = noise_model.jump_spread(history, window, self._jump_medians(history, low, window, baseline.seasonal))
-        if spread is None or any(math.isnan(value) for value in before):
+        if any(math.isnan(value) for value in before):
             return False
         level_before = median(before)
         # The run itself must have jumped too, from the window before (not from a baseline that slow wander
         # may be far from): a burst that is over breaks the streak, as the window test's run test does.
         if verdict.recent[-1] - level_before < PAGE_RUN_SHARE * self._log_page_ratio:
             return False
-        jump = median(verdict.recent[-window:]) - level_before
+        spread = noise_model.jump_spread(
+            history,
+            window,
+            self._jump_medians(history, low, window, baseline.seasonal),
+            after=after,
+            after_medians=self._jump_medians(history, low, after, baseline.seasonal),
+        )
+        if spread is None:
+            return False
+        jump = median(verdict.recent[-after:]) - level_before
         return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
 
     def _jump_medians(self, history: list[float], low: int, window: int, seasonal: bool) -> list[float]:
         """noise.window_medians of `history` (runs low.. of the residuals, or of the log TTFTs). The jump
         test asks for them on every slow run, the day before shifted by a run or so: each window's median
         is kept by its first run's index (the data at an index never changes until a trim moves them)."""
-        if self._jump_key != (window, seasonal) or len(self._jump_cache) > 4 * noise_model.JUMP_HISTORY_RUNS:
-            self._jump_key, self._jump_cache = (window, seasonal), {}
-        cache = self._jump_cache
+        cache = self._jump_cache.get((window, seasonal))
+        if cache is None or len(cache) > 4 * noise_model.JUMP_HISTORY_RUNS:
+            if len(self._jump_cache) > 4:
+                self._jump_cache = {}
+            cache = self._jump_cache[(window, seasonal)] = {}
         out = []
         for start in range(low, low + len(history) - window + 1):
             value = cache.get(start)

@@ -7,7 +7,9 @@ each run's log TTFT less the median of the runs at its time of day on the days b
 run's spread. No estimated baseline is in it (a baseline is off by the same amount for hours, which
 would read as correlation on independent runs; the rules account for the baseline's error on their
 own), and the daily cycle cancels. The rules scale their evidence by the model only when it is
-`engaged` (runs measured clearly correlated over half an hour).
+`engaged`: runs measured clearly more alike than independent ones on its variogram (residuals 3 hours
+apart differ more than neighbours do), which an undetected step hardly moves; elsewhere they run as
+without the model.
 
 The model keeps, online and in a few numbers of the stored state, exponentially weighted estimates
 of the per-run variance and of the variance of block means over `BLOCKS` (6 and 36 runs: half an hour
@@ -46,7 +48,7 @@ G_MAX = 400.0
 # first day or two, instead of false alerts on correlated noise).
 PRIOR_BLOCKS = 4.0
 PRIOR_RATIOS = (1.2, 2.0)
-# Slow runs (residual above the page ratio) in a row that end within this many runs are a burst.
+# A streak of at most this many slow runs (residual above the page ratio) that recovers is a burst.
 BURST_RUNS = 6
 # ... and are followed by this many runs in a row under the clearing ratio.
 RECOVERED = 3
@@ -56,6 +58,14 @@ BURST_FADE = 0.9997
 LONG_RUNS = 144
 # Below this many runs, residuals are not clipped (no scale yet).
 MIN_RUNS = 12
+# Engagement is decided on the variogram of the residuals: half the mean square difference of residuals
+# VARIO_LAG runs apart over that of neighbours (1 for independent runs, 1.10 for 10% of the variance AR(1)
+# with phi 0.9, 1.27 for 30% with phi 0.97, 1.33 for half with phi 0.5). A step moves only the differences
+# that straddle its edges (VARIO_LAG pairs each), so an undetected step hardly moves it, where it inflates
+# every block variance for as long as it lasts.
+VARIO_LAG = 36
+# Until this many pairs of each lag are in, the variogram ratio is shrunk towards 1 (not engaged).
+VARIO_PRIOR_PAIRS = 288.0
 _PHI_MAX = 0.995
 _PHI_COARSE = (*(i / 40.0 for i in range(1, 40)), _PHI_MAX)
 
@@ -76,6 +86,11 @@ class NoiseModel:
     slow: int = 0  # slow runs in the current streak
     calm: int = 0  # runs in a row back near the baseline since it
     burst: float = 0.0  # the longest recent burst of slow runs that recovered, fading
+    run: int = 0  # slow runs in a row, ending at the last run
+    longest: int = 0  # the most slow runs in a row in the current streak
+    lagged: list[float] = field(default_factory=list)  # the last VARIO_LAG (winsorised) residuals
+    vario: list[float] = field(default_factory=lambda: [0.0, 0.0])  # semivariance at lag 1 and VARIO_LAG
+    pairs: list[int] = field(default_factory=lambda: [0, 0])
 
     @property
     def sd(self) -> float:
@@ -94,6 +109,16 @@ class NoiseModel:
     def g(self, n: float) -> float:
         """How many times more a mean of n consecutive residuals varies than one of n independent ones."""
         return _variance_ratio_cached(self.share, self.phi, n)
+
+    @property
+    def vario_ratio(self) -> float:
+        """The semivariance at VARIO_LAG runs over that at 1 run, shrunk towards 1 while few pairs are in: 1
+        for independent runs with or without a step, above 1 when neighbouring runs are alike."""
+        if self.vario[0] <= 0 or self.pairs[1] == 0:
+            return 1.0
+        measured = min(G_MAX, self.vario[1] / self.vario[0])
+        pairs = self.pairs[1]
+        return (pairs * measured + VARIO_PRIOR_PAIRS) / (pairs + VARIO_PRIOR_PAIRS)
 
     @property
     def long_run(self) -> float:
@@ -127,6 +152,11 @@ class NoiseModel:
             "slow": self.slow,
             "calm": self.calm,
             "burst": self.burst,
+            "run": self.run,
+            "longest": self.longest,
+            "lagged": list(self.lagged),
+            "vario": list(self.vario),
+            "pairs": list(self.pairs),
         }
 
     @classmethod
@@ -152,6 +182,11 @@ class NoiseModel:
             slow=max(0, int(data.get("slow", 0))),
             calm=max(0, int(data.get("calm", 0))),
             burst=max(0.0, float(data.get("burst", 0.0))),
+            run=max(0, int(data.get("run", 0))),
+            longest=max(0, int(data.get("longest", 0))),
+            lagged=[float(v) for v in data.get("lagged", [])][-VARIO_LAG:],
+            vario=_pair(data.get("vario"), float),
+            pairs=_pair(data.get("pairs"), int),
         )
 
     def copy(self) -> NoiseModel:
@@ -168,7 +203,19 @@ class NoiseModel:
             self.slow,
             self.calm,
             self.burst,
+            self.run,
+            self.longest,
+            list(self.lagged),
+            list(self.vario),
+            list(self.pairs),
         )
+
+
+def _pair(values: Any, kind: Any) -> list[Any]:
+    """Two non-negative numbers from stored state; zeros when missing or malformed (a model stored before)."""
+    if not isinstance(values, list) or len(values) != 2:
+        return [kind(0), kind(0)]
+    return [max(kind(0), kind(v)) for v in values]
 
 
 def _weight(count: int, horizon: float) -> float:
@@ -189,6 +236,7 @@ def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) ->
     model.mean += alpha * deviation
     if model.runs > 1:
         model.var = (1.0 - alpha) * (model.var + alpha * deviation * deviation)
+    _vario_update(model, residual)
     refit = False
     for index, size in enumerate(BLOCKS):
         model.sums[index] += residual
@@ -215,36 +263,66 @@ def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) ->
     return refit
 
 
+def _vario_update(model: NoiseModel, residual: float) -> None:
+    """Add the differences of `residual` (winsorised) from the residual before it and from the one VARIO_LAG
+    runs before it to the semivariances. Each difference is clipped at WINSOR x sqrt(2 var) too."""
+    lagged = model.lagged
+    bound = WINSOR * math.sqrt(2.0 * model.var) if model.runs > MIN_RUNS and model.var > 0 else math.inf
+    for index, lag in enumerate((1, VARIO_LAG)):
+        if len(lagged) < lag:
+            continue
+        difference = min(bound, abs(residual - lagged[-lag]))
+        model.pairs[index] += 1
+        alpha = _weight(model.pairs[index], HORIZON_RUNS)
+        model.vario[index] += alpha * (difference * difference / 2.0 - model.vario[index])
+    lagged.append(residual)
+    if len(lagged) > VARIO_LAG:
+        del lagged[0]
+
+
 def observe(model: NoiseModel, *, slow: bool, calm: bool) -> None:
     """Follow streaks of slow runs (above the page ratio). A streak followed by RECOVERED runs in a row
     back near the baseline (`calm`: under the clearing ratio) is a burst if it held at most BURST_RUNS
-    slow runs, and pages must outlast the longest recent one. Called on every run, frozen or not: a
-    regression does not recover, and the runs of a step that hover around the page ratio are not calm,
-    so neither counts as a burst."""
+    slow runs, and pages must outlast the longest recent one: its most slow runs in a row (a burst is
+    slow runs in a row; the noisier runs of a mild step cross the page ratio one at a time, now and then,
+    and must not make pages slower). Called on every run, frozen or not: a regression does not recover,
+    and the runs of a step that hover around the page ratio are not calm, so neither counts as a burst."""
     model.burst *= BURST_FADE
     if slow:
         model.slow += 1
+        model.run += 1
+        model.longest = max(model.longest, model.run)
         model.calm = 0
         return
+    model.run = 0
     if not model.slow:
         return
     model.calm = model.calm + 1 if calm else 0
     if model.calm >= RECOVERED:
         if model.slow <= BURST_RUNS:
-            model.burst = max(model.burst, float(model.slow))
-        model.slow = model.calm = 0
+            model.burst = max(model.burst, float(model.longest))
+        model.slow = model.calm = model.longest = 0
 
 
-def page_confirmations(model: NoiseModel, configured: int, *, window: int, most_extra: int = 2) -> int:
-    """Confirmations a page needs on this series. A burst of L slow runs moves the median of a `window`-run
-    window for L + window - 2m + 1 runs (m = window // 2 + 1 runs make its median), so pages need one more
-    than that for the longest recent burst: at least the configured number, at most `most_extra` above
-    it (so a doubling still pages within 30 minutes at 5-minute runs)."""
-    needed = window // 2 + 1
-    if model.burst < needed:
-        return configured
-    moved = round(model.burst) + window - 2 * needed + 1
-    return max(configured, min(configured + most_extra, moved + 1))
+# A page must outlast a burst of at least this many slow runs in a row, measured or not (a series' first
+# burst pages before any is measured otherwise) ...
+BURST_DEFAULT = 3
+# ... and of at most this many: 5 slow runs in a row (25 minutes at 5-minute runs) always page.
+PERSIST_MOST = 5
+
+
+def page_persistence(model: NoiseModel, *, window: int) -> int:
+    """Slow runs in a row (`model.run`) a page needs on this series, where a burst can fill the majority of
+    the jump test's short window (the page window's majority, window // 2 + 1) and so confirm the page rule
+    on its own: BURST_DEFAULT + 1 before the series has shown a burst that long, two more than its longest
+    recent one after (a burst's next run is slow by chance often enough to page: bench/detector.py
+    `bursts`), at most PERSIST_MOST; 0 where a burst cannot fill it (a 10-run window, for jobs with one
+    probe per run)."""
+    short = window // 2 + 1
+    burst = round(model.burst)
+    if max(BURST_DEFAULT, burst) < short // 2 + 1:
+        return 0
+    return min(PERSIST_MOST, burst + 2 if burst >= BURST_DEFAULT else BURST_DEFAULT + 1)
 
 
 # The page rule's jump test measures how much neighbouring windows differ on this many runs before them
@@ -254,22 +332,33 @@ JUMP_HISTORY_RUNS = 288
 JUMP_PAIRS_PER_RUN = 8
 
 
-def jump_spread(history: Sequence[float], window: int, medians: Sequence[float] | None = None) -> float | None:
-    """The MAD-sigma of the median of each `window` consecutive values less that of the `window` before
-    them, over `history` (in time order; nan where a run has no value); None with fewer than
-    JUMP_PAIRS_PER_RUN x `window` such pairs. Measured, not modelled: whatever the noise (AR, bursts,
+def jump_spread(
+    history: Sequence[float],
+    window: int,
+    medians: Sequence[float] | None = None,
+    *,
+    after: int | None = None,
+    after_medians: Sequence[float] | None = None,
+) -> float | None:
+    """The MAD-sigma of the median of each `after` (default `window`) consecutive values less that of the
+    `window` before them, over `history` (in time order; nan where a run has no value); None with fewer
+    than JUMP_PAIRS_PER_RUN x `window` such pairs. Measured, not modelled: whatever the noise (AR, bursts,
     regimes), it is how far apart neighbouring windows of this series come by chance.
 
-    `medians`, when the caller keeps them: `window_medians(history, window)`."""
+    `medians` and `after_medians`, when the caller keeps them: `window_medians(history, window)` and
+    `window_medians(history, after)`."""
     # Each window's median once (a pair is the windows at `start` and `start + window`), and nans
     # counted by prefix sums, not searched for in every pair: the page rule asks this on every slow run.
+    after = window if after is None else after
     nans = [0, *accumulate(map(math.isnan, history))]
     if medians is None:
         medians = window_medians(history, window)
+    if after_medians is None:
+        after_medians = medians if after == window else window_medians(history, after)
     jumps = [
-        medians[start + window] - medians[start]
-        for start in range(len(history) - 2 * window + 1)
-        if nans[start + 2 * window] == nans[start]
+        after_medians[start + window] - medians[start]
+        for start in range(len(history) - window - after + 1)
+        if nans[start + window + after] == nans[start]
     ]
     if len(jumps) < JUMP_PAIRS_PER_RUN * window:
         return None
@@ -372,17 +461,19 @@ def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
     return best[1], best[2]
 
 
-# The rules scale their evidence by the model only when half-hour blocks vary at least this many times
-# more than independent runs' would (`engaged`).
-ENGAGE_SHORT = 1.25
+# The rules scale their evidence by the model only when residuals VARIO_LAG runs apart differ at least this
+# many times more (in variance) than neighbours do (`engaged`): independent series measured 0.95-1.08 after
+# two weeks (bench/detector.py, with steps), AR(1) rows with 5 probes per run 1.24-1.94, with 1 probe
+# 1.06-1.26 (where the AR share of a run's variance is smallest).
+ENGAGE_VARIO = 1.12
 
 
 def engaged(model: NoiseModel) -> bool:
-    """Whether the rules scale their evidence by `model`: runs measured clearly more correlated than
-    independent ones over half an hour (g(BLOCKS[0]) at least ENGAGE_SHORT). The short blocks, not the
-    long-run ratio: over hours, a drift the level follows and what regressions left in the model read as
-    correlation on independent runs too, while load that comes and goes shows within half an hour."""
-    return model.g(BLOCKS[0]) >= ENGAGE_SHORT
+    """Whether the rules scale their evidence by `model`: runs measured clearly more alike than independent
+    ones (the variogram ratio at least ENGAGE_VARIO). Not on block variances: an undetected step inflates
+    those for as long as it lasts (on independent runs with steps g(6) reached 1.3-1.9 and engaged the
+    model half the time), while it moves the variogram only at its edges."""
+    return model.vario_ratio >= ENGAGE_VARIO
 
 
 def describe(model: NoiseModel, *, interval_s: float, runs: int) -> str:
@@ -397,6 +488,7 @@ def describe(model: NoiseModel, *, interval_s: float, runs: int) -> str:
 # The CUSUM's false-alert rate comes out this many times above Siegmund's approximation for a known
 # reference: the reference (a slot's seasonal baseline and a day's level) is itself estimated, and
 # shared by neighbouring runs. Measured with bench/detector.py on independent noise (docs/detection.md).
+# Used only when the caller gives no `reference_variance` (the detector gives one: core.py REFERENCE_SHARE).
 REFERENCE_PENALTY = 3.4
 # The CUSUM's threshold is never below this many clipped runs' worth: a burst of half an hour of slow runs,
 # however slow, cannot open a ticket alone (the Gaussian theory does not know about bursts).
@@ -463,9 +555,11 @@ def cusum_threshold(
     Brownian motion with drift; its threshold h_L there is h_L / sqrt(g) in the detector's units.
     `reference_variance` (per-run sigmas^2) is how uncertain the level and seasonal baseline the values
     are measured from are: a reference that is too low by e makes the sum drift down by k - e instead of
-    k, and the rate is averaged over that error."""
+    k, and the rate is averaged over that error. Without it (0), REFERENCE_PENALTY stands in for it."""
     runs_per_week = WEEK_S / max(interval_s, 1.0)
-    target = CUSUM_SHARE * false_alerts_per_week / runs_per_week / REFERENCE_PENALTY
+    # Without the reference's error given, the penalty measured on independent noise stands in for it.
+    penalty = REFERENCE_PENALTY if reference_variance <= 0 else 1.0
+    target = CUSUM_SHARE * false_alerts_per_week / runs_per_week / penalty
     scale = math.sqrt(max(long_run, 1.0))
     k = allowance / scale
     offset = math.sqrt(max(reference_variance, 0.0)) / scale

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import statistics
 
 import pytest
 
@@ -14,6 +15,7 @@ from monitor.detect.detector import Detector, Rules, RunPoint, SeriesState
 from monitor.detect.noise import NoiseModel, estimate, variance_ratio
 from monitor.detect.rules import FIXED_THRESHOLD
 from monitor.detect.settings import Detection
+from monitor.detect.stats import mad_sigma
 from tests.support.series import EVERY, RUNS_PER_DAY, T0, make_series
 
 WEEK = 2016  # 5-minute runs
@@ -105,6 +107,23 @@ def test_the_cusum_threshold_follows_the_false_alert_rate_and_the_noise() -> Non
     assert threshold(0.5, 10.0) * 10 > threshold(0.5, 2.0) * 2 > threshold(0.5, 1.0)
 
 
+def test_a_reference_that_wanders_with_the_runs_raises_the_threshold() -> None:
+    # Given the reference's own error (a day's level on a series that wanders is off for hours), the
+    # threshold is derived for it instead of the penalty measured on independent noise: the larger that
+    # error, the higher the threshold, and a large one needs more than the penalty gave.
+    def threshold(reference_variance: float) -> float:
+        return noise.cusum_threshold(
+            false_alerts_per_week=0.5,
+            allowance=0.35,
+            long_run=4.0,
+            interval_s=300,
+            reference_variance=reference_variance,
+        )
+
+    assert threshold(0.01) < threshold(0.05) < threshold(0.2) < threshold(0.5)
+    assert threshold(0.5) > threshold(0.0)
+
+
 def test_a_cusum_of_known_noise_alarms_about_as_siegmund_says() -> None:
     # Unit normal values, allowance 0.5, threshold 4: Siegmund's ARL is about 336 runs.
     rng = random.Random(3)
@@ -122,19 +141,82 @@ def feed(model: NoiseModel, runs: str) -> None:
         noise.observe(model, slow=run == "s", calm=run == "c")
 
 
-def test_bursts_that_recover_make_pages_wait_longer_but_only_so_much() -> None:
+def test_bursts_that_recover_make_pages_outlast_them_but_only_so_much() -> None:
     model = NoiseModel()
-    assert noise.page_confirmations(model, 2, window=5) == 2
-    feed(model, "ccsssccc")  # three slow runs, then back at the baseline
-    # Three slow runs move a 5-run median for 3 runs: a page needs 4; a 10-run median not at all.
-    assert noise.page_confirmations(model, 2, window=5) == 4
-    assert noise.page_confirmations(model, 2, window=10) == 2
+    # Before any burst is measured, a page still outlasts one of 3 runs (4 slow runs in a row) where a
+    # burst can fill the jump test's short window (5-run page windows); a 10-run window it cannot fill.
+    assert noise.page_persistence(model, window=5) == 4
+    assert noise.page_persistence(model, window=10) == 0
+    feed(model, "cccsssccc")  # three slow runs, then back at the baseline
+    assert model.burst == 3
+    # The run after such a burst is slow by chance often enough: two runs more than it.
+    assert noise.page_persistence(model, window=5) == 5
+    assert noise.page_persistence(model, window=10) == 0
     step = NoiseModel()
     feed(step, "ss.s.ss.sss.s.ssss" * 5 + "ccc")  # a step hovering around the page ratio: no burst
     assert step.burst == 0
+    scattered = NoiseModel()
+    # Slow runs one or two at a time, a mild step's noisier runs: a burst of 2 (its most in a row), not of 5.
+    feed(scattered, "s.s..ss.sccc")
+    assert scattered.burst == 2
+    assert noise.page_persistence(scattered, window=5) == 4
     longer = NoiseModel()
-    feed(longer, "sssssccc")
-    assert noise.page_confirmations(longer, 2, window=5) == 4  # at most 2 above the configured number
+    feed(longer, "ssssssccc")
+    assert noise.page_persistence(longer, window=5) == noise.PERSIST_MOST == 5  # 25 minutes at most
+    assert noise.page_persistence(longer, window=10) == 5  # a 6-run burst fills a 10-run window's short one
+    assert longer.run == 0
+    feed(longer, "sss")
+    assert longer.run == 3
+
+
+# ---------------------------------------------------------------- engaged: the variogram
+
+
+def expected_vario_ratio(share: float, phi: float) -> float:
+    """The semivariance at VARIO_LAG over that at lag 1 of white noise plus AR(1): (1 - w phi^L) / (1 - w phi)."""
+    return (1 - share * phi**noise.VARIO_LAG) / (1 - share * phi)
+
+
+@pytest.mark.parametrize(("share", "phi"), [(0.5, 0.5), (0.5, 0.9), (0.3, 0.9), (0.3, 0.97), (0.5, 0.97)])
+def test_the_variogram_reads_correlated_runs_and_engages_the_model(share: float, phi: float) -> None:
+    model = estimate(ar_noise(2 * WEEK, share=share, phi=phi))
+    assert model.vario_ratio == pytest.approx(expected_vario_ratio(share, phi), rel=0.1), model.vario_ratio
+    assert noise.engaged(model)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4])
+def test_independent_runs_do_not_engage_the_model(seed: int) -> None:
+    model = estimate(ar_noise(2 * WEEK, share=0.0, phi=0.0, seed=seed))
+    assert model.vario_ratio == pytest.approx(1.0, abs=0.06)
+    assert not noise.engaged(model)
+
+
+def test_a_step_inside_the_window_hardly_moves_the_variogram_and_never_engages_independent_runs() -> None:
+    # Independent runs, then a 12-hour +50% step (1.35 sigma) that no rule froze the model for, then a
+    # day back at the old level: block variances read it as correlation for as long as it lasts; the
+    # variogram sees only the pairs that straddle its two edges.
+    model = estimate(ar_noise(2 * WEEK, share=0.0, phi=0.0))
+    before, blocks_before = model.vario_ratio, model.ratio(1)
+    for value in ar_noise(144, share=0.0, phi=0.0, seed=2):
+        noise.update(model, value + math.log(1.5))
+    for value in ar_noise(288, share=0.0, phi=0.0, seed=3):
+        noise.update(model, value)
+    # The bound: 2 x VARIO_LAG straddling pairs, each adding at most weight x WINSOR^2 x var to the
+    # semivariance at VARIO_LAG (differences are clipped at WINSOR x sqrt(2 var)).
+    bound = 2 * noise.VARIO_LAG / noise.HORIZON_RUNS * noise.WINSOR**2
+    assert model.vario_ratio - before <= bound
+    assert model.vario_ratio < noise.ENGAGE_VARIO and not noise.engaged(model)
+    # What the 3-hour block variances make of the same runs: several times the variogram's rise.
+    assert model.ratio(1) - blocks_before > 3 * (model.vario_ratio - before)
+
+
+def test_a_short_history_does_not_engage_the_model() -> None:
+    # A day of strongly correlated runs: the ratio is shrunk towards 1 until VARIO_PRIOR_PAIRS pairs are in.
+    few = estimate(ar_noise(40, share=0.5, phi=0.9))
+    assert few.vario_ratio == pytest.approx(1.0, abs=0.05) and not noise.engaged(few)
+    assert NoiseModel().vario_ratio == 1.0
+    week = estimate(ar_noise(WEEK, share=0.5, phi=0.9))
+    assert noise.engaged(week)
 
 
 def test_lorden_delay_is_longer_for_smaller_shifts_and_wandering_noise() -> None:
@@ -214,6 +296,27 @@ def test_slow_wander_moves_neighbouring_windows_alike() -> None:
     # differ far less than the series wanders (sd 0.3).
     spread = noise.jump_spread(ar_noise(288, share=1.0, phi=0.97), 5)
     assert spread is not None and spread < 0.15
+
+
+def test_the_short_jump_window_is_measured_against_the_window_before_it() -> None:
+    # The median of `after` runs less that of the `window` runs before them, for every such pair without a
+    # missing run: what the jump test asks of its short window (3 runs after a 5-run window).
+    values = ar_noise(288, share=0.5, phi=0.9)
+    values[100] = math.nan
+    window, after = 5, 3
+    jumps = []
+    for start in range(len(values) - window - after + 1):
+        pair = values[start : start + window + after]
+        if not any(math.isnan(value) for value in pair):
+            jumps.append(statistics.median(pair[window:]) - statistics.median(pair[:window]))
+    assert noise.jump_spread(values, window, after=after) == pytest.approx(mad_sigma(jumps))
+    kept = noise.window_medians(values, window)
+    assert noise.jump_spread(values, window, kept, after=after, after_medians=noise.window_medians(values, after)) == (
+        noise.jump_spread(values, window, after=after)
+    )
+    # A shorter window after: more spread (a median of 3 varies more than one of 5), as the test expects.
+    short, full = noise.jump_spread(values, window, after=after), noise.jump_spread(values, window)
+    assert short is not None and full is not None and short > full
 
 
 def test_a_jump_needs_enough_neighbours_and_skips_runs_without_a_value() -> None:
