@@ -35,6 +35,8 @@ def upgrade() -> None:
         ),
         sa.Column("baseline_ms", sa.Double(), nullable=True),
         sa.Column("sparkline", FLOATS, nullable=False),
+        sa.Column("last_run_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("last_run_ok", sa.Integer(), nullable=True),
         sa.ForeignKeyConstraint(["series_id"], ["series.id"], name=op.f("fk_overview_summary_series_id_series")),
         sa.PrimaryKeyConstraint("series_id", name=op.f("pk_overview_summary")),
     )

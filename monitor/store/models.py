@@ -284,6 +284,10 @@ class OverviewSummaryRow(Base):
     # The sparkline's 24 hourly p50s (null: no up-to-date rollup that hour). An array on PostgreSQL:
     # 5,000 of them decode in milliseconds, where as jsonb they took longer than the scan they replace.
     sparkline: Mapped[list[float | None]] = mapped_column(float_list_type())
+    # Its last run in the month before the summary was made, and that run's ok samples: later runs are
+    # in the hours the overview reads from runs (the current one, pending ones), so it needs no search.
+    last_run_at: Mapped[datetime | None]
+    last_run_ok: Mapped[int | None] = mapped_column(Integer)
 
 
 class OverviewSummaryStateRow(Base):

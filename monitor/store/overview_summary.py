@@ -26,7 +26,14 @@ from typing import Any, cast
 from sqlalchemy import Integer, and_, case, delete, func, insert, select, text, tuple_, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from monitor.store.models import OverviewSummaryRow, OverviewSummaryStateRow, RollupPendingRow, RollupRow
+from monitor.store.models import (
+    OverviewSummaryRow,
+    OverviewSummaryStateRow,
+    RollupPendingRow,
+    RollupRow,
+    RunRow,
+    SeriesRow,
+)
 from monitor.store.records import floor_hour
 from monitor.store.types import UtcDateTime
 
@@ -42,6 +49,7 @@ class OverviewHours:
     """The hours the overview reads at `now`: its windows' starts (newest first), the current hour
     (not whole yet: read from runs) and the sparkline's first hour."""
 
+    now: datetime
     windows: tuple[datetime, ...]
     current: datetime
     spark_from: datetime
@@ -49,7 +57,7 @@ class OverviewHours:
     @classmethod
     def at(cls, now: datetime) -> OverviewHours:
         current = floor_hour(now)
-        return cls(tuple(now - span for span in WINDOWS), current, current - timedelta(hours=SPARK_HOURS - 1))
+        return cls(now, tuple(now - span for span in WINDOWS), current, current - timedelta(hours=SPARK_HOURS - 1))
 
     def key(self) -> tuple[datetime, tuple[datetime, ...]]:
         """Two moments with equal keys read the same whole hours of the rollups."""
@@ -61,11 +69,13 @@ class RolledHours:
     """What the overview reads from the hourly rollups of whole past hours, per series: ok samples and
     errors in each window (hours up to date only: a pending hour is counted from its runs), the
     baseline (median of the hourly p50s of the week before the last hour; None on SQLite: computed
-    otherwise) and the sparkline's hourly p50s by slot (hours up to date only)."""
+    otherwise) and the sparkline's hourly p50s by slot (hours up to date only). From the summary also
+    each series' last run in the month when it was made (start, ok samples; None from a scan)."""
 
     counts: dict[int, list[int]]
     medians: dict[int, float] | None
     sparks: dict[int, dict[int, float]]
+    last_runs: dict[int, tuple[datetime, int]] | None = None
 
 
 def ceil_hour(moment: datetime) -> datetime:
@@ -160,6 +170,34 @@ def _slot(spark_from: datetime, hour: datetime) -> int:
     return int((hour - spark_from).total_seconds()) // 3600
 
 
+async def last_runs(
+    connection: AsyncConnection, *, now: datetime, month: datetime, series_ids: Sequence[int] | None = None
+) -> dict[int, tuple[datetime | None, int | None]]:
+    """Per series (of `series_ids`, else every one): its last run's start in [month, now) and that run's
+    ok samples ((None, None) without one)."""
+    started = RunRow.started_at
+    # One backward step of the runs index (series_id, started_at) per series (and day partition).
+    last = (
+        select(func.max(started))
+        .where(
+            RunRow.series_id == SeriesRow.id,
+            started >= type_coerce(month, UtcDateTime()),
+            started < type_coerce(now, UtcDateTime()),
+        )
+        .scalar_subquery()
+    )
+    chosen = select(SeriesRow.id.label("series_id"), last.label("at"))
+    if series_ids is not None:
+        chosen = chosen.where(SeriesRow.id.in_(list(series_ids)))
+    latest = chosen.subquery()
+    rows = await connection.execute(
+        select(latest.c.series_id, latest.c.at, RunRow.ok).select_from(
+            latest.outerjoin(RunRow, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at))
+        )
+    )
+    return {series_id: (at, ok) for series_id, at, ok in rows}
+
+
 async def refresh(connection: AsyncConnection, now: datetime) -> int:
     """Housekeeping: read the rollups as the overview would at `now` and store it as the summary,
     replacing the last one (in the caller's transaction). Returns the series summarised."""
@@ -170,8 +208,13 @@ async def refresh(connection: AsyncConnection, now: datetime) -> int:
     hours = OverviewHours.at(now)
     pending = await pending_hours(connection, since=floor_hour(min(hours.windows)), until=hours.current)
     rolled = await read_rollups(connection, hours, pending)
+    last = {
+        sid: (at, ok)
+        for sid, (at, ok) in (await last_runs(connection, now=now, month=min(hours.windows))).items()
+        if at
+    }
     generation = uuid.uuid4()
-    series_ids = set(rolled.counts) | set(rolled.sparks) | set(rolled.medians or ())
+    series_ids = set(rolled.counts) | set(rolled.sparks) | set(rolled.medians or ()) | set(last)
     rows = []
     for series_id in sorted(series_ids):
         ok_day, errors_day, ok_week, errors_week, ok_month, errors_month = rolled.counts.get(series_id, [0] * 6)
@@ -188,6 +231,8 @@ async def refresh(connection: AsyncConnection, now: datetime) -> int:
                 "errors_month": errors_month,
                 "baseline_ms": (rolled.medians or {}).get(series_id),
                 "sparkline": [spark.get(slot) for slot in range(SPARK_HOURS)],
+                "last_run_at": last.get(series_id, (None, None))[0],
+                "last_run_ok": last.get(series_id, (None, None))[1],
             }
         )
     await connection.execute(delete(OverviewSummaryRow))
@@ -222,14 +267,17 @@ async def load(
                 OverviewSummaryStateRow.window_starts,
                 OverviewSummaryStateRow.pending,
                 OverviewSummaryStateRow.series,
+                OverviewSummaryStateRow.computed_at,
             ).where(OverviewSummaryStateRow.id == _STATE_ID)
         )
     ).first()
     if state is None:
         return None
-    generation, hour, window_starts, pending_then_json, series = state
+    generation, hour, window_starts, pending_then_json, series, computed_at = state
     current, starts = hours.key()
     if _aware(hour) != current or [datetime.fromisoformat(s) for s in window_starts] != list(starts):
+        return None
+    if hours.now < _aware(computed_at):  # its last runs may be later than the moment asked about
         return None
     summary = OverviewSummaryRow
     rows = (
@@ -244,6 +292,8 @@ async def load(
                 summary.errors_month,
                 summary.baseline_ms,
                 summary.sparkline,
+                summary.last_run_at,
+                summary.last_run_ok,
             ).where(summary.generation == generation)
         )
     ).all()
@@ -253,14 +303,17 @@ async def load(
     counts: dict[int, list[int]] = {}
     medians: dict[int, float] = {}
     sparks: dict[int, dict[int, float]] = {}
-    for series_id, *totals, baseline, sparkline in rows:
+    last: dict[int, tuple[datetime, int]] = {}
+    for series_id, *totals, baseline, sparkline, last_at, last_ok in rows:
         counts[series_id] = totals
+        if last_at is not None:
+            last[series_id] = (_aware(last_at), last_ok)
         if baseline is not None:
             medians[series_id] = baseline
         drawn = {slot: p50 for slot, p50 in enumerate(sparkline) if p50 is not None}
         if drawn:
             sparks[series_id] = drawn
-    rolled = RolledHours(counts, medians if postgres else None, sparks)
+    rolled = RolledHours(counts, medians if postgres else None, sparks, last)
     pending_then = frozenset((int(sid), datetime.fromisoformat(at)) for sid, at in pending_then_json)
     if pending_then - pending:
         return None  # rolled up since (`invalidate` missed? retention?): the caller scans instead

@@ -239,14 +239,22 @@ async def overview(
         try:
             series = await _series(connection)
             fresh = await _fresh_runs(connection, now=now, windows=windows, pending=pending)
-            # The fresh runs hold every run of the last hour: a series that ran then has its last run
-            # there; only the others need the runs index.
-            last_runs = _latest_of(fresh, since=now - timedelta(hours=1))
-            quiet = [series_id for series_id in series if series_id not in last_runs]
-            if quiet:
-                last_runs.update(await _last_runs(connection, now=now, month=windows[-1], series_ids=quiet))
             open_by_series = await _open_incidents(connection)
             rolled = await (apart if apart is not None else read_rolled(connection, pending))
+            if rolled.last_runs is not None:
+                # The summary's last runs, and the runs saved since it was made: each of those is in
+                # the current hour or in a pending one, all in the fresh runs.
+                last_runs: dict[int, tuple[datetime | None, int | None]] = dict(rolled.last_runs)
+                last_runs.update(_latest_of(fresh, since=windows[-1], after=rolled.last_runs))
+            else:
+                # The fresh runs hold every run of the last hour: a series that ran then has its last
+                # run there; only the others need the runs index.
+                last_runs = _latest_of(fresh, since=now - timedelta(hours=1))
+                quiet = [series_id for series_id in series if series_id not in last_runs]
+                if quiet:
+                    last_runs.update(
+                        await overview_summary.last_runs(connection, now=now, month=windows[-1], series_ids=quiet)
+                    )
             baselines = await _baselines(
                 connection,
                 week=windows[1],
@@ -394,42 +402,20 @@ async def _open_incidents(connection: AsyncConnection) -> dict[int, list[tuple[s
 
 
 def _latest_of(
-    runs: Iterable[tuple[int, datetime, float | None, int, int]], *, since: datetime
+    runs: Iterable[tuple[int, datetime, float | None, int, int]],
+    *,
+    since: datetime,
+    after: Mapping[int, tuple[datetime, int]] | None = None,
 ) -> dict[int, tuple[datetime | None, int | None]]:
-    """Per series with a run since `since`: its latest run's start and ok samples."""
+    """Per series with a run since `since` (and later than its run in `after`): its latest run's start
+    and ok samples."""
     latest: dict[int, tuple[datetime | None, int | None]] = {}
     for series_id, at, _p50, ok, _errors in runs:
         if at >= since:
-            seen = latest.get(series_id)
+            seen = latest.get(series_id) or (after or {}).get(series_id)
             if seen is None or (seen[0] is not None and at > seen[0]):
                 latest[series_id] = (at, ok)
     return latest
-
-
-async def _last_runs(
-    connection: AsyncConnection, *, now: datetime, month: datetime, series_ids: Sequence[int]
-) -> dict[int, tuple[datetime | None, int | None]]:
-    """Per series of `series_ids`: its last run's start in [month, now) and that run's ok samples."""
-    started = RunRow.started_at
-    # One backward step of the runs index (series_id, started_at) per series.
-    last = (
-        select(func.max(started))
-        .where(
-            RunRow.series_id == SeriesRow.id,
-            started >= type_coerce(month, UtcDateTime()),
-            started < type_coerce(now, UtcDateTime()),
-        )
-        .scalar_subquery()
-    )
-    latest = (
-        select(SeriesRow.id.label("series_id"), last.label("at")).where(SeriesRow.id.in_(list(series_ids))).subquery()
-    )
-    rows = await connection.execute(
-        select(latest.c.series_id, latest.c.at, RunRow.ok).select_from(
-            latest.outerjoin(RunRow, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at))
-        )
-    )
-    return {series_id: (at, ok) for series_id, at, ok in rows}
 
 
 def _fraction(ok: Any, errors: Any) -> float | None:

@@ -253,15 +253,19 @@ async def _overview_without_summary(repository: Repository, now: datetime) -> li
 
 
 async def _reading(repository: Repository, now: datetime) -> tuple[RolledHours | None, RolledHours]:
-    """The stored summary as the overview would load it at `now`, and a fresh scan of the rollups."""
+    """The stored summary as the overview would load it at `now` (without its last runs), and a fresh
+    scan of the rollups."""
     hours = OverviewHours.at(now)
     async with repository.engine.connect() as connection:
         pending = await overview_summary.pending_hours(
             connection, since=floor_hour(min(hours.windows)), until=hours.current
         )
-        return await overview_summary.load(connection, hours, pending), await overview_summary.read_rollups(
-            connection, hours, pending
-        )
+        stored = await overview_summary.load(connection, hours, pending)
+        scanned = await overview_summary.read_rollups(connection, hours, pending)
+    if stored is not None:
+        assert stored.last_runs is not None and scanned.last_runs is None
+        stored = dataclasses.replace(stored, last_runs=None)
+    return stored, scanned
 
 
 async def test_the_overview_summary_reads_as_a_scan_of_the_rollups_through_late_runs_and_rollups(
@@ -343,6 +347,24 @@ async def test_the_last_run_is_found_for_series_quiet_in_the_last_hour_and_those
         expected = {(target, prompt): iso(at) for target, prompt, at in starts}
     assert last == expected and len(last) == 4
     assert last[("qwen3-8b", "short")].startswith(recent.strftime("%Y-%m-%dT%H:%M"))
+    # The same from housekeeping's summary (each series' last run when it was made, and the runs since).
+    await repository.rollup(T0 + timedelta(hours=5))
+    await repository.refresh_overview_summary(T0 + timedelta(hours=4, minutes=30))
+    assert await queries.overview(repository.engine, now=T0 + timedelta(hours=4, minutes=50)) == (
+        await _overview_without_summary(repository, T0 + timedelta(hours=4, minutes=50))
+    )
+    await repository.refresh_overview_summary(T0 + timedelta(hours=5, seconds=30))  # as housekeeping does
+    with_summary = await queries.overview(repository.engine, now=T0 + timedelta(hours=5, minutes=10))
+    before = {(w["target"], w["prompt"]): w["last_run_at"] for w in with_summary}
+    assert before == last
+    # A run saved after the summary was made, and one in an hour rolled up before it (a spool replayed).
+    await repository.save_runs(make_batch(T0 + timedelta(hours=5, minutes=5), targets=("qwen3-8b",), prompts=("long",)))
+    await repository.save_runs(make_batch(T0 + timedelta(hours=3), targets=("gpt-4o-mini",), prompts=("short",)))
+    assert (await _reading(repository, T0 + timedelta(hours=5, minutes=10)))[0] is not None  # still in use
+    after = await queries.overview(repository.engine, now=T0 + timedelta(hours=5, minutes=10))
+    assert after == await _overview_without_summary(repository, T0 + timedelta(hours=5, minutes=10))
+    moved = {(r["target"], r["prompt"]) for r in after if r["last_run_at"] != before[(r["target"], r["prompt"])]}
+    assert moved == {("qwen3-8b", "long"), ("gpt-4o-mini", "short")}
     await repository.engine.dispose()
 
 
