@@ -5,7 +5,8 @@ a baseline (the median of the hourly p50s over the week before the last hour) an
 Whole past hours come from the rollups; scanning a month of them costs as much as the series have hours
 (5,000 series x 720 hours is 3.6M rows), so it grew with history until the month was full.
 
-Housekeeping therefore computes that reading once per hour, after the rollup (`refresh`), and stores it
+Housekeeping therefore computes that reading once per hour, after the rollup (`refresh`), with each
+series' last run in the month (later runs are all in hours the overview reads from runs), and stores it
 per series (`overview_summary`, with its key in `overview_summary_state`, migration 0019); the
 overview reads those rows (`load`): one row per series, whatever the history. A reading is valid for the
 hour it was made in. Hours whose rollup became pending since (a late run arrived: the overview counts
