@@ -279,7 +279,7 @@ class OverviewSummaryRow(Base):
     errors_week: Mapped[int] = mapped_column(BigInteger)
     ok_month: Mapped[int] = mapped_column(BigInteger)
     errors_month: Mapped[int] = mapped_column(BigInteger)
-    # The median of the hourly p50s of the week before the last hour (PostgreSQL; null on SQLite).
+    # The median of the hourly p50s of the week before the last hour.
     baseline_ms: Mapped[float | None] = mapped_column(Double)
     # The sparkline's 24 hourly p50s (null: no up-to-date rollup that hour). An array on PostgreSQL:
     # 5,000 of them decode in milliseconds, where as jsonb they took longer than the scan they replace.

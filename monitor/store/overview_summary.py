@@ -27,6 +27,7 @@ from typing import Any, cast
 from sqlalchemy import Integer, and_, case, delete, func, insert, select, text, tuple_, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from monitor.quantile import quantile
 from monitor.store.models import (
     OverviewSummaryRow,
     OverviewSummaryStateRow,
@@ -69,12 +70,12 @@ class OverviewHours:
 class RolledHours:
     """What the overview reads from the hourly rollups of whole past hours, per series: ok samples and
     errors in each window (hours up to date only: a pending hour is counted from its runs), the
-    baseline (median of the hourly p50s of the week before the last hour; None on SQLite: computed
-    otherwise) and the sparkline's hourly p50s by slot (hours up to date only). From the summary also
-    each series' last run in the month when it was made (start, ok samples; None from a scan)."""
+    baseline (median of the hourly p50s of the week before the last hour) and the sparkline's hourly
+    p50s by slot (hours up to date only). From the summary also each series' last run in the month
+    when it was made (start, ok samples; None from a scan)."""
 
     counts: dict[int, list[int]]
-    medians: dict[int, float] | None
+    medians: dict[int, float]
     sparks: dict[int, dict[int, float]]
     last_runs: dict[int, tuple[datetime, int]] | None = None
 
@@ -164,7 +165,22 @@ async def read_rollups(
         ):
             if (series_id, at) not in pending:
                 sparks.setdefault(series_id, {})[_slot(spark_from, at)] = cast(float, p50)
-    return RolledHours(counts, medians if postgres else None, sparks)
+        # SQLite has no percentile aggregate: the week's hourly p50s, and their medians here (the same
+        # interpolation as percentile_cont), so the summary holds the baselines on SQLite too.
+        week_p50s: dict[int, list[float]] = {}
+        for series_id, p50 in await connection.execute(
+            select(RollupRow.series_id, RollupRow.ttft_p50_ms).where(
+                hour >= type_coerce(windows[1], UtcDateTime()),
+                hour < type_coerce(current - timedelta(hours=1), UtcDateTime()),
+                RollupRow.ttft_p50_ms.is_not(None),
+            )
+        ):
+            week_p50s.setdefault(series_id, []).append(cast(float, p50))
+        for series_id, values in week_p50s.items():
+            median = quantile(values, 0.5)
+            if median is not None:
+                medians[series_id] = median
+    return RolledHours(counts, medians, sparks)
 
 
 def _slot(spark_from: datetime, hour: datetime) -> int:
@@ -300,7 +316,6 @@ async def load(
     ).all()
     if len(rows) != series:  # replaced between the two reads: the caller scans instead
         return None
-    postgres = connection.dialect.name == "postgresql"
     counts: dict[int, list[int]] = {}
     medians: dict[int, float] = {}
     sparks: dict[int, dict[int, float]] = {}
@@ -314,7 +329,7 @@ async def load(
         drawn = {slot: p50 for slot, p50 in enumerate(sparkline) if p50 is not None}
         if drawn:
             sparks[series_id] = drawn
-    rolled = RolledHours(counts, medians if postgres else None, sparks, last)
+    rolled = RolledHours(counts, medians, sparks, last)
     pending_then = frozenset((int(sid), datetime.fromisoformat(at)) for sid, at in pending_then_json)
     if pending_then - pending:
         return None  # rolled up since (`invalidate` missed? retention?): the caller scans instead
