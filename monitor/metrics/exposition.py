@@ -167,6 +167,12 @@ def _collectors(registry: Collector) -> Iterator[Collector]:
 
 def render(registry: Collector) -> bytes:
     """The registry in the text format 0.0.4 (`CONTENT_TYPE_LATEST`), as `generate_latest` writes it."""
+    return b"".join(render_parts(registry))
+
+
+def render_parts(registry: Collector) -> list[bytes]:
+    """`render` in pieces, one per collector, not joined: the listener writes them one after the other, so a
+    rendering never holds the body twice."""
     lines = _Lines()
     # Each collector's lines are encoded as soon as they are written: at 500 probe series the body is 5 MB
     # in 32k lines, and holding every line as a str until the end (then the joined str, then its bytes)
@@ -189,4 +195,4 @@ def render(registry: Collector) -> bytes:
         for metric in families:
             lines.family(metric, part)
         out.append("".join(part).encode("utf-8"))
-    return b"".join(out)
+    return out
