@@ -140,8 +140,15 @@ class _RenderedMetrics:
             self._body = []  # the last rendering is not kept while the next one is made
             self._body = await asyncio.to_thread(render_parts, self._registry)
             took = time.monotonic() - started
-            self._fresh_until = time.monotonic() + max(self._min_reuse_s, self._reuse_factor * took)
+            reuse_s = max(self._min_reuse_s, self._reuse_factor * took)
+            self._fresh_until = time.monotonic() + reuse_s
+            # Past its reuse it is never served again: not kept until the next scrape (5 MB at 500 series).
+            asyncio.get_running_loop().call_later(reuse_s, self._forget, self._body)
             return self._body
+
+    def _forget(self, body: list[bytes]) -> None:
+        if self._body is body:
+            self._body = []
 
 
 GATE: web.AppKey[RequestGate] = web.AppKey("gate", RequestGate)

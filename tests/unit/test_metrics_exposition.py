@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import tracemalloc
 
 import pytest
@@ -153,3 +154,16 @@ def test_rendering_in_parts_holds_little_more_than_the_body_it_returns() -> None
     assert size > 300_000
     assert peak < 2 * size, f"rendering {size} bytes peaked at {peak} bytes"
     assert b"".join(parts) == render(metrics.registry) == generate_latest(metrics.registry)
+
+
+async def test_the_listener_reuses_a_fresh_rendering_and_keeps_none_past_its_reuse() -> None:
+    from monitor.metrics.server import _RenderedMetrics
+
+    metrics = filled("full")
+    rendered = _RenderedMetrics(metrics.registry, reuse_factor=0.0, min_reuse_s=0.2)
+    first = await rendered.body()
+    assert await rendered.body() is first  # scraped again within its reuse: the same rendering
+    assert b"".join(first) == render(metrics.registry)
+    await asyncio.sleep(0.3)
+    assert rendered._body == []  # nothing held between scrapes (5 MB at 500 series)
+    assert await rendered.body() is not first
