@@ -175,19 +175,43 @@ def wait_ready(port: int, daemon: subprocess.Popen[bytes], timeout_s: float = 60
     raise SystemExit("the daemon was not ready within a minute")
 
 
-def py_spy_summary(raw: Path, top: int = 25) -> str:
-    """py-spy's raw (collapsed) stacks: the share of samples per function anywhere on the stack (inclusive),
-    the largest first, for the functions of the monitor and the libraries it calls."""
+# Leaves where a sampled thread waits rather than works (py-spy counts some of them as active).
+IDLE_LEAVES = (".select (selectors.py", "wait (threading.py", "_connection_worker_thread (aiosqlite/core.py:59")
+# A sample's stage: the first of these with a frame anywhere on its stack (detection's queries are detection's).
+STAGES = (
+    ("detect", ("monitor/detect/",)),
+    ("alerts", ("monitor/alert/",)),
+    ("store", ("sqlalchemy/", "aiosqlite/", "sqlite3", "monitor/store/")),
+    ("metrics", ("prometheus_client/", "monitor/metrics/", "monitor/otel/")),
+    ("logging", ("structlog/", "monitor/logging.py", "monitor/redact.py")),
+    ("probe (client, parse)", ("aiohttp/", "monitor/probe/", "monitor/kernel_clock.py", "yarl/", "multidict/")),
+    ("schedule", ("apscheduler/", "monitor/schedule/", "monitor/daemon.py")),
+)
+
+
+def py_spy_summary(raw: Path) -> str:
+    """py-spy's raw (collapsed) stacks, waits left out: each stage's share of the samples where a thread
+    worked (`STAGES`), and each thread's."""
+    stages: dict[str, int] = {}
+    threads: dict[str, int] = {}
     total = 0
-    inclusive: dict[str, int] = {}
     for line in raw.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
+        frames = stack.split(";")
+        if any(mark in frames[-1] for mark in IDLE_LEAVES):
+            continue
         count = int(count_text)
         total += count
-        for frame in set(stack.split(";")):
-            inclusive[frame] = inclusive.get(frame, 0) + count
-    rows = sorted(inclusive.items(), key=lambda kv: -kv[1])[:top]
-    return "\n".join(f"    {100 * n / total:5.1f}%  {frame[:150]}" for frame, n in rows)
+        thread = frames[0].split(": ", 1)[-1]
+        threads[thread] = threads.get(thread, 0) + count
+        stage = next(
+            (name for name, marks in STAGES if any(m in frame for frame in frames for m in marks)), "event loop, other"
+        )
+        stages[stage] = stages.get(stage, 0) + count
+    rows = [f"    {100 * n / total:5.1f}%  {name}" for name, n in sorted(stages.items(), key=lambda kv: -kv[1])]
+    rows.append("  by thread:")
+    rows += [f"    {100 * n / total:5.1f}%  {name}" for name, n in sorted(threads.items(), key=lambda kv: -kv[1])]
+    return "\n".join(rows)
 
 
 def overheads(sim: str, samples: list[dict], limit: int, *, until: str = "first_token_write_ns") -> list[float]:
@@ -467,7 +491,7 @@ def main() -> None:
                 raw = Path(args.profile).resolve()
                 result = bench_daemon(sim, args, folder, profile=raw)
                 print_results({ROOT: [result]})
-                print("  py-spy, share of the daemon's samples (all threads, idle included) per frame on the stack:")
+                print("  py-spy, where the daemon's threads worked (share of their busy samples), by stage:")
                 print(py_spy_summary(raw))
                 return
             if not args.once_only:
