@@ -48,7 +48,8 @@ from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotat
 from monitor.store.types import UtcDateTime
 from monitor.timefmt import iso
 from monitor.web import stats
-from monitor.web.errors import NotFound, TooBroad
+from monitor.web.errors import NotFound as NotFound  # re-exported: callers catch them from here too
+from monitor.web.errors import TooBroad as TooBroad
 from monitor.web.payloads import triage_json
 
 MAX_POINTS = 1500
