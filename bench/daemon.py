@@ -7,6 +7,11 @@ first request arriving at the simulator, both on CLOCK_MONOTONIC).
 
     .venv/bin/python bench/daemon.py [--series 500] [--seconds 60] [--every 5]
     .venv/bin/python bench/daemon.py --once-only --once-against ../main   # `once` start-up beside another checkout
+    .venv/bin/python bench/daemon.py --against ../main --runs 3 --skip-once  # the daemon beside another checkout
+    .venv/bin/python bench/daemon.py --profile FILE   # where the daemon's CPU goes (py-spy, not a dependency)
+
+CPU per probe is the daemon process's user + system CPU seconds (/proc/PID/stat, all its threads) from
+the moment it is ready to the end of the measured interval, over the probes it logged in that interval.
 
 `--otel` runs the daemon with OpenTelemetry export off, metrics only and metrics with traces (to a
 loopback OTLP/HTTP receiver, metrics every second), and both towards a collector that accepts and
@@ -31,6 +36,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -123,20 +129,105 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def run(cmd: list[str]) -> None:
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (all its threads), from /proc/PID/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()  # after the command name, which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (fields 14, 15)
 
 
-def start_daemon(config: Path, log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """`ttft-monitor run` on `config`, its log (JSON lines) to `log_path`; `env` added to this environment."""
+def run(cmd: list[str], checkout: Path = ROOT) -> None:
+    subprocess.run(cmd, check=True, cwd=checkout, capture_output=True, env=checkout_env(checkout))
+
+
+# Per checkout, where its bytecode was compiled (`compile_bytecode`); none: as this environment has it.
+BYTECODE: dict[Path, Path] = {}
+
+
+def checkout_env(checkout: Path) -> dict[str, str]:
+    """This environment with `checkout` first on PYTHONPATH (this one's own when it is ROOT), reading the
+    bytecode `compile_bytecode` made for it."""
+    env = dict(os.environ) if checkout == ROOT else {**os.environ, "PYTHONPATH": str(checkout)}
+    if checkout in BYTECODE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(BYTECODE[checkout])
+    return env
+
+
+def compile_bytecode(checkouts: Sequence[Path], folder: Path) -> None:
+    """Compile each checkout's package into a cache of its own, as pip compiles it in the image: with
+    PYTHONDONTWRITEBYTECODE in the environment (the image sets it) every start would compile the whole
+    package from source, and what the compiler leaves in the heap (2-3 MB) would be counted in its RSS."""
+    for i, checkout in enumerate(checkouts):
+        BYTECODE[checkout] = folder / f"pycache-daemon-{i}"
+        run([sys.executable, "-m", "compileall", "-q", str(checkout / "monitor")], checkout)
+
+
+def start_daemon(
+    config: Path, log_path: Path, env: dict[str, str] | None = None, *, checkout: Path = ROOT
+) -> subprocess.Popen[bytes]:
+    """`ttft-monitor run` on `config`, its log (JSON lines) to `log_path`; `env` added to this environment;
+    `checkout`: whose `monitor` runs (this one's by default)."""
     with log_path.open("wb") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "monitor", "run", "--config", str(config)],
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=ROOT,
-            env={**os.environ, **(env or {})},
+            cwd=checkout,
+            env={**checkout_env(checkout), **(env or {})},
         )
+
+
+def wait_ready(port: int, daemon: subprocess.Popen[bytes], timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if daemon.poll() is not None:
+            raise SystemExit(f"the daemon exited ({daemon.returncode}) before it was ready")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2).read()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("the daemon was not ready within a minute")
+
+
+# Leaves where a sampled thread waits rather than works (py-spy counts some of them as active).
+IDLE_LEAVES = (".select (selectors.py", "wait (threading.py", "_connection_worker_thread (aiosqlite/core.py:59")
+# A sample's stage: the first of these with a frame anywhere on its stack (detection's queries are detection's).
+STAGES = (
+    ("detect", ("monitor/detect/",)),
+    ("alerts", ("monitor/alert/",)),
+    ("store", ("sqlalchemy/", "aiosqlite/", "sqlite3", "monitor/store/")),
+    ("metrics", ("prometheus_client/", "monitor/metrics/", "monitor/otel/")),
+    ("logging", ("structlog/", "monitor/logging.py", "monitor/redact.py")),
+    ("probe (client, parse)", ("aiohttp/", "monitor/probe/", "monitor/kernel_clock.py", "yarl/", "multidict/")),
+    ("schedule", ("apscheduler/", "monitor/schedule/", "monitor/daemon.py")),
+)
+
+
+def py_spy_summary(raw: Path) -> str:
+    """py-spy's raw (collapsed) stacks, waits left out: each stage's share of the samples where a thread
+    worked (`STAGES`), and each thread's."""
+    stages: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        frames = stack.split(";")
+        if any(mark in frames[-1] for mark in IDLE_LEAVES):
+            continue
+        count = int(count_text)
+        total += count
+        thread = frames[0].split(": ", 1)[-1]
+        threads[thread] = threads.get(thread, 0) + count
+        stage = next(
+            (name for name, marks in STAGES if any(m in frame for frame in frames for m in marks)), "event loop, other"
+        )
+        stages[stage] = stages.get(stage, 0) + count
+    rows = [f"    {100 * n / total:5.1f}%  {name}" for name, n in sorted(stages.items(), key=lambda kv: -kv[1])]
+    rows.append("  by thread:")
+    rows += [f"    {100 * n / total:5.1f}%  {name}" for name, n in sorted(threads.items(), key=lambda kv: -kv[1])]
+    return "\n".join(rows)
 
 
 def overheads(sim: str, samples: list[dict], limit: int, *, until: str = "first_token_write_ns") -> list[float]:
@@ -195,29 +286,69 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def bench_daemon(sim: str, args: argparse.Namespace, folder: Path, *, otel: str | None = None) -> dict:
-    """`otel`: an `otel:` section to add (export off without it)."""
+def bench_daemon(
+    sim: str,
+    args: argparse.Namespace,
+    folder: Path,
+    *,
+    otel: str | None = None,
+    checkout: Path = ROOT,
+    profile: Path | None = None,
+) -> dict:
+    """`otel`: an `otel:` section to add (export off without it). `checkout`: whose daemon runs.
+    `profile`: record the measured interval with py-spy (raw stacks) into this file.
+
+    CPU per probe is the daemon's user + system CPU over the measured interval (from ready to the scrape,
+    all its threads: probing, parsing, storing, detection, metrics, the listener) over the probes logged
+    in that interval; start-up (imports, opening the store) is not in it."""
     port = free_port()
     config = write_config(folder, sim, series=args.series, every=args.every, port=port)
     if otel is not None:
         config.write_text(config.read_text() + f"otel: {otel}\n")
-    run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
+    run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)], checkout)
     log_path = folder / "daemon.log"
-    daemon = start_daemon(config, log_path)
+    daemon = start_daemon(config, log_path, checkout=checkout)
+    spy = None
     try:
+        wait_ready(port, daemon)
+        measured_from, cpu_from = datetime.now(UTC), cpu_seconds(daemon.pid)
+        if profile is not None:
+            spy = subprocess.Popen(
+                [
+                    str(Path(sys.executable).parent / "py-spy"),
+                    "record",
+                    "--pid",
+                    str(daemon.pid),
+                    "--format",
+                    "raw",
+                    "--rate",
+                    "200",
+                    "--threads",
+                    "--nonblocking",
+                    "--output",
+                    str(profile),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         time.sleep(args.seconds)
+        cpu_to, measured_to = cpu_seconds(daemon.pid), datetime.now(UTC)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         rss = peak_rss_mb(daemon.pid)
     finally:
+        if spy is not None and spy.poll() is None:
+            spy.kill()
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(timeout=60)
     events = [json.loads(line) for line in log_path.read_text().splitlines() if line.startswith("{")]
     samples = [e for e in events if e.get("event") == "probe_sample"]
+    in_interval = sum(1 for e in samples if measured_from <= datetime.fromisoformat(e["timestamp"]) <= measured_to)
     ok = [s for s in samples if s.get("error") is None]
     stamps = [e["timestamp"] for e in samples]
     first, last = min(stamps), max(stamps)
-    from datetime import datetime
-
     span = (datetime.fromisoformat(last) - datetime.fromisoformat(first)).total_seconds()
     overhead = sorted(overheads(sim, ok, limit=2000))
     missed = sum(
@@ -233,6 +364,8 @@ def bench_daemon(sim: str, args: argparse.Namespace, folder: Path, *, otel: str 
         "overhead_p50_ms": statistics.median(overhead) if overhead else None,
         "overhead_p99_ms": overhead[int(0.99 * (len(overhead) - 1))] if overhead else None,
         "rss_mb": rss,
+        "cpu_ms_per_probe": 1000 * (cpu_to - cpu_from) / in_interval if in_interval else None,
+        "cpu_share": (cpu_to - cpu_from) / (measured_to - measured_from).total_seconds(),
         "missed_ticks": missed,
         "jobs_finished": sum(1 for e in events if e.get("event") == "job_finished"),
     }
@@ -305,6 +438,21 @@ def bench_once_startup(sim: str, folder: Path, runs: int = 7, checkouts: Sequenc
     return out
 
 
+def print_results(results: dict[Path, list[dict]]) -> None:
+    """Each figure's median over the runs, one column per checkout (every run's value beside it)."""
+    keys = list(next(iter(results.values()))[0])
+    print(f"  {'median of ' + str(len(next(iter(results.values())))):18s} " + "  ".join(str(c) for c in results))
+    for key in keys:
+        cells = []
+        for runs in results.values():
+            values = [r[key] for r in runs if r[key] is not None]
+            median = statistics.median(values) if values else None
+            every = ", ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values)
+            shown = f"{median:.3f}" if isinstance(median, float) else str(median)
+            cells.append(f"{shown:>9s} ({every})" if len(values) > 1 else f"{shown:>9s}")
+        print(f"  {key:18s} " + "  ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--series", type=int, default=500)
@@ -323,6 +471,21 @@ def main() -> None:
         "--otel", action="store_true", help="compare OpenTelemetry export off / metrics / traces / collector away"
     )
     parser.add_argument("--pairs", type=int, default=2, help="with --otel: how many times to run each mode")
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="CHECKOUT",
+        help="also run another checkout's daemon (say, a worktree of main), the checkouts taking turns",
+    )
+    parser.add_argument("--runs", type=int, default=1, help="daemon runs per checkout (medians printed)")
+    parser.add_argument("--skip-once", action="store_true", help="measure the daemon only, not `once` start-up")
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="one run of this checkout's daemon recorded by py-spy (pip install py-spy) into FILE (raw stacks), "
+        "and where its CPU goes",
+    )
     args = parser.parse_args()
     sim_proc, sim = start_sim()
     try:
@@ -340,10 +503,27 @@ def main() -> None:
             if args.otel:
                 bench_otel(sim, args, folder)
                 return
+            if args.profile:
+                raw = Path(args.profile).resolve()
+                result = bench_daemon(sim, args, folder, profile=raw)
+                print_results({ROOT: [result]})
+                print("  py-spy, where the daemon's threads worked (share of their busy samples), by stage:")
+                print(py_spy_summary(raw))
+                return
             if not args.once_only:
-                result = bench_daemon(sim, args, folder)
-                for key, value in result.items():
-                    print(f"  {key:18s} {value if not isinstance(value, float) else round(value, 3)}")
+                checkouts = [ROOT, *(Path(p).resolve() for p in args.against)]
+                compile_bytecode(checkouts, folder)
+                results: dict[Path, list[dict]] = {checkout: [] for checkout in checkouts}
+                for index in range(args.runs):
+                    for i, checkout in enumerate(checkouts):
+                        where = folder / f"daemon-{i}-{index}"
+                        where.mkdir()
+                        results[checkout].append(bench_daemon(sim, args, where, checkout=checkout))
+                        print(f"  run {index + 1}/{args.runs} {checkout}: load {os.getloadavg()[0]:.2f}", flush=True)
+                print_results(results)
+                if args.skip_once:
+                    print(f"load {' / '.join(f'{x:.2f}' for x in os.getloadavg())}")
+                    return
             checkouts = [ROOT, *(Path(p).resolve() for p in args.once_against)]
             startups = bench_once_startup(sim, folder, runs=args.once_runs, checkouts=checkouts)
             for checkout, startup in zip(checkouts, startups, strict=True):

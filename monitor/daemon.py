@@ -38,6 +38,7 @@ from monitor.app import (
     open_process_resources,
     open_store,
     open_telemetry,
+    return_large_blocks,
     secrets_of,
     start_background_store,
     telemetry_endpoints,
@@ -296,6 +297,7 @@ class Daemon:
 
         self.claims = TickClaims(store.engine)
         freeze_heap()
+        return_large_blocks()
         from monitor.schedule.scheduler import JobScheduler
         from monitor.store.engine import display_url
 

@@ -167,21 +167,32 @@ def _collectors(registry: Collector) -> Iterator[Collector]:
 
 def render(registry: Collector) -> bytes:
     """The registry in the text format 0.0.4 (`CONTENT_TYPE_LATEST`), as `generate_latest` writes it."""
+    return b"".join(render_parts(registry))
+
+
+def render_parts(registry: Collector) -> list[bytes]:
+    """`render` in pieces, one per collector, not joined: the listener writes them one after the other, so a
+    rendering never holds the body twice."""
     lines = _Lines()
-    out: list[str] = []
+    # Each collector's lines are encoded as soon as they are written: at 500 probe series the body is 5 MB
+    # in 32k lines, and holding every line as a str until the end (then the joined str, then its bytes)
+    # took the daemon's resident memory 12 MB higher at each rendering, past what it needs at rest.
+    out: list[bytes] = []
     for collector in _collectors(registry):
+        part: list[str] = []
         if isinstance(collector, MetricWrapperBase):
-            part: list[str] = []
             try:
                 done = lines.wrapper(collector, part)
             except (AttributeError, KeyError):  # a prometheus_client that keeps its values elsewhere
                 done = False
+                part.clear()
             if done:
-                out.extend(part)
+                out.append("".join(part).encode("utf-8"))
                 continue
         families: Iterable[Metric] = collector.collect()
         if isinstance(registry, MonitorRegistry):
             families = registry.without_created(families)
         for metric in families:
-            lines.family(metric, out)
-    return "".join(out).encode("utf-8")
+            lines.family(metric, part)
+        out.append("".join(part).encode("utf-8"))
+    return out

@@ -21,7 +21,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry
 
-from monitor.metrics.exposition import render
+from monitor.metrics.exposition import render_parts
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -110,6 +110,10 @@ def _busy() -> web.Response:
     )
 
 
+# /metrics is written to the client this many bytes at a time.
+METRICS_WRITE_BYTES = 256 * 1024
+
+
 class _RenderedMetrics:
     """The registry's exposition, rendered in a worker thread (a registry of thousands of series takes
     seconds, and the listener must keep answering /healthz meanwhile), one rendering at a time, and
@@ -122,20 +126,29 @@ class _RenderedMetrics:
     def __init__(self, registry: CollectorRegistry, *, reuse_factor: float = 2.0, min_reuse_s: float = 0.0) -> None:
         self._registry = registry
         self._lock = asyncio.Lock()
-        self._body = b""
+        self._body: list[bytes] = []
         self._fresh_until = 0.0
         self._reuse_factor = reuse_factor
         self._min_reuse_s = min_reuse_s
 
-    async def body(self) -> bytes:
+    async def body(self) -> list[bytes]:
+        """The rendering in pieces (`render_parts`)."""
         async with self._lock:
             if time.monotonic() < self._fresh_until:
                 return self._body
             started = time.monotonic()
-            self._body = await asyncio.to_thread(render, self._registry)
+            self._body = []  # the last rendering is not kept while the next one is made
+            self._body = await asyncio.to_thread(render_parts, self._registry)
             took = time.monotonic() - started
-            self._fresh_until = time.monotonic() + max(self._min_reuse_s, self._reuse_factor * took)
+            reuse_s = max(self._min_reuse_s, self._reuse_factor * took)
+            self._fresh_until = time.monotonic() + reuse_s
+            # Past its reuse it is never served again: not kept until the next scrape (5 MB at 500 series).
+            asyncio.get_running_loop().call_later(reuse_s, self._forget, self._body)
             return self._body
+
+    def _forget(self, body: list[bytes]) -> None:
+        if self._body is body:
+            self._body = []
 
 
 GATE: web.AppKey[RequestGate] = web.AppKey("gate", RequestGate)
@@ -163,8 +176,19 @@ def build_app(
             return await handler(request)
         return await gate.handle(request, handler)
 
-    async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=await rendered.body(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        parts = await rendered.body()
+        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+        response.content_length = sum(map(len, parts))
+        await response.prepare(request)
+        # A piece at a time, each written when the client has taken the last: the whole body handed to the
+        # socket at once is copied into its transport's buffer (5 MB at 500 series) once the kernel's is full.
+        for part in parts:
+            view = memoryview(part)
+            for start in range(0, len(part), METRICS_WRITE_BYTES):
+                await response.write(view[start : start + METRICS_WRITE_BYTES])
+        await response.write_eof()
+        return response
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.Response(text="ok\n")

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from structlog.typing import FilteringBoundLogger
 
     from monitor.schedule.background import BackgroundStore
-    from monitor.store.records import Batch
+    from monitor.store.records import Batch, RunRecord
     from monitor.store.repository import Repository
     from monitor.store.writer import ResultWriter
 
@@ -314,10 +314,14 @@ def _run_ended(ctx: JobContext, outcome: JobOutcome) -> None:
         ctx.metrics.observe_run(probe_job=outcome.job, intended_at=outcome.intended_at, samples=outcome.samples)
 
 
-def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> Batch:
+def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], runs: Batch | None = None) -> Batch:
     from monitor.store.records import runs_from_samples
 
-    batch = runs_from_samples(outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of)
+    batch = runs
+    if batch is None:
+        batch = runs_from_samples(
+            outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of
+        )
     if outcome.canary:
         batch = [(replace(run, canary=outcome.canary.get(run.series.target)), samples) for run, samples in batch]
     if outcome.server_build:
@@ -461,18 +465,48 @@ class _ServerReadings:
         return out
 
 
-def _hand_over(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> None:
-    """Queue the run for the background store and return at once: the next tick never waits on it."""
-    outcome.finished_at = datetime.now(UTC)
+def _hand_over(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], runs: Batch | None = None) -> None:
+    """Queue the run for the background store and return at once: the next tick never waits on it.
+    `runs`: the samples already made into runs (`_runs_in_steps`)."""
+    if outcome.finished_at is None:
+        outcome.finished_at = datetime.now(UTC)
     if ctx.background is None or not outcome.samples:
         return
-    outcome.saved = ctx.background.submit(outcome.job, _batch(ctx, outcome, provider_of), _moved_fits(ctx, outcome))
+    batch = _batch(ctx, outcome, provider_of, runs)
+    outcome.saved = ctx.background.submit(outcome.job, batch, _moved_fits(ctx, outcome))
     outcome.stored = True  # handed over; `saved` says how it ended ("lost" is logged loudly)
+
+
+# Series summarised per step of the probes' loop when a run is handed over: all 500 of a job at once held
+# the loop for about 9 ms of CPU (bench/daemon.py), a stall in every probe then in flight.
+HAND_OVER_STEP = 50
+
+
+async def _runs_in_steps(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> Batch:
+    from monitor.store.records import iter_runs_from_samples
+
+    runs: list[tuple[RunRecord, list[Sample]]] = []
+    made = iter_runs_from_samples(
+        outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of
+    )
+    for run in made:
+        runs.append(run)
+        if len(runs) % HAND_OVER_STEP == 0:
+            await asyncio.sleep(0)
+    return runs
 
 
 async def _store(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], log: FilteringBoundLogger) -> None:
     if ctx.background is not None:
-        _hand_over(ctx, outcome, provider_of)
+        outcome.finished_at = datetime.now(UTC)
+        if not outcome.samples:
+            return
+        try:
+            runs = await _runs_in_steps(ctx, outcome, provider_of)
+        except asyncio.CancelledError:  # cancelled between steps: handed over whole, as a cancelled run is
+            _hand_over(ctx, outcome, provider_of)
+            raise
+        _hand_over(ctx, outcome, provider_of, runs)
         return
     outcome.finished_at = datetime.now(UTC)
     if ctx.writer is None or not outcome.samples:

@@ -13,7 +13,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -378,6 +378,24 @@ def runs_from_samples(
     key that makes a replayed sample land once. Text is made storable here (`storable_sample`), so
     the database, the spool and detection all see the same values.
     """
+    return list(
+        iter_runs_from_samples(
+            samples, job=job, location=location, provider_of=provider_of, run_id_factory=run_id_factory, now=now
+        )
+    )
+
+
+def iter_runs_from_samples(
+    samples: Iterable[Sample],
+    *,
+    job: str,
+    location: str,
+    provider_of: Mapping[str, str],
+    run_id_factory: Callable[[], uuid.UUID] = new_run_id,
+    now: datetime | None = None,
+) -> Iterator[tuple[RunRecord, list[Sample]]]:
+    """`runs_from_samples` one run at a time (the samples grouped at the first step), so that a caller on
+    the probes' loop can let it through between runs."""
     groups: dict[tuple[str, str, str, str], list[Sample]] = {}
     for sample in map(storable_sample, samples):
         try:
@@ -385,7 +403,6 @@ def runs_from_samples(
         except (ValueError, TypeError, AttributeError):
             raise ValueError(f"sample_id {sample.sample_id!r} of target '{sample.target}' is not a UUID") from None
         groups.setdefault((sample.target, sample.prompt, sample.model, sample.api), []).append(sample)
-    out: list[tuple[RunRecord, list[Sample]]] = []
     for (target, prompt, model, api), members in groups.items():
         if target not in provider_of:
             raise ValueError(f"no provider known for target '{target}'; include it in provider_of")
@@ -402,8 +419,7 @@ def runs_from_samples(
             members = [dataclasses.replace(s, **names) for s in members]
         ordered = sorted(members, key=lambda s: (s.round, not s.warmup))
         run = summarize_run(ordered, run_id=run_id_factory(), job=storable_text(job), series=series, now=now)
-        out.append((run, ordered))
-    return out
+        yield run, ordered
 
 
 def hourly_stats(

@@ -353,6 +353,10 @@ def _sample(row: Any, run: RunRecord) -> Sample:
     )
 
 
+# Runs (with their samples) per statement when SQLite stores a batch (`Repository._save_sqlite`).
+SQLITE_SAVE_PART = 100
+
+
 class Repository:
     """Results in one database. Holds no connection; every call takes one from the engine's pool."""
 
@@ -421,20 +425,26 @@ class Repository:
     async def _save_sqlite(
         self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]
     ) -> frozenset[uuid.UUID]:
-        runs = [_run_row(run, ids[run.series]) for run, _ in batch]
-        inserted = frozenset(
-            await connection.scalars(sqlite.insert(RUNS).on_conflict_do_nothing().returning(RUNS.c.id), runs)
-        )
-        samples = [_sample_row(sample, run) for run, members in batch if run.run_id in inserted for sample in members]
-        if samples:
-            await connection.execute(sqlite.insert(SAMPLES).on_conflict_do_nothing(index_elements=["id"]), samples)
+        inserted: set[uuid.UUID] = set()
+        # A part at a time, in the one transaction: the rows' parameters are made on the probes' loop, and a
+        # job's 500 runs at once held it for about 10 ms (bench/daemon.py); between parts it runs the probes.
+        for start in range(0, len(batch), SQLITE_SAVE_PART):
+            part = batch[start : start + SQLITE_SAVE_PART]
+            runs = [_run_row(run, ids[run.series]) for run, _ in part]
+            new = frozenset(
+                await connection.scalars(sqlite.insert(RUNS).on_conflict_do_nothing().returning(RUNS.c.id), runs)
+            )
+            inserted |= new
+            samples = [_sample_row(sample, run) for run, members in part if run.run_id in new for sample in members]
+            if samples:
+                await connection.execute(sqlite.insert(SAMPLES).on_conflict_do_nothing(index_elements=["id"]), samples)
         statement = sqlite.insert(ROLLUP_PENDING)
         statement = statement.on_conflict_do_update(
             index_elements=["series_id", "hour"], set_={"marked_at": statement.excluded.marked_at}
         )
         now = datetime.now(UTC)
         await connection.execute(statement, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours])
-        return inserted
+        return frozenset(inserted)
 
     async def _save_postgres(
         self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]

@@ -49,6 +49,8 @@ from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotat
 from monitor.store.types import UtcDateTime
 from monitor.timefmt import iso
 from monitor.web import stats
+from monitor.web.errors import NotFound as NotFound  # re-exported: callers catch them from here too
+from monitor.web.errors import TooBroad as TooBroad
 from monitor.web.payloads import triage_json
 
 MAX_POINTS = 1500
@@ -80,14 +82,6 @@ def _median(values: Sequence[float]) -> float | None:
 
 def _round(value: float | None, digits: int = 2) -> float | None:
     return None if value is None or math.isnan(value) else round(value, digits)
-
-
-class NotFound(LookupError):
-    """The series (or other item) asked for does not exist."""
-
-
-class TooBroad(ValueError):
-    """The view would read more than one request may; the message says how to narrow it."""
 
 
 # A compare reads every measured sample of its window; past this many runs it is refused, not answered

@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from monitor.probe.prompts import Calibration
 from monitor.probe.result import SAMPLE_FIELDS, ErrorClass, Sample
 from monitor.schedule.claims import TickClaims
+from monitor.store import repository as repository_module
 from monitor.store.models import AlertOutboxRow, IncidentRow, table_of
 from monitor.store.records import (
     ROLLUP_RUN_MEDIANS,
@@ -152,6 +153,38 @@ async def test_both_replicas_runs_of_a_tick_in_one_batch_store_one(engine: Async
     assert kept in (first[0], second[0])  # one whole run with its own samples, not a mix
     assert await count(engine, "runs") == 1
     assert await count(engine, "samples") == 6
+
+
+async def test_sqlite_stores_a_large_batch_a_part_at_a_time_in_one_transaction(
+    engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The rows' parameters are made on the probes' loop: a statement of a job's 500 runs held it for
+    # ~10 ms; between parts the loop runs the probes. Replays and a tick's second run still store once.
+    if engine.dialect.name != "sqlite":
+        pytest.skip("PostgreSQL copies the batch into staging tables in one go")
+    monkeypatch.setattr(repository_module, "SQLITE_SAVE_PART", 3)
+    repository = Repository(engine)
+    first = make_batch(T0)
+    await repository.save_runs(first[:1])
+    second_replica = make_batch(T0, targets=("qwen3-8b",))  # the same tick's series, other run ids
+    batch = first + make_batch(T0 + timedelta(minutes=5)) + second_replica
+    rows_per_insert: list[int] = []
+
+    def on_execute(_conn: object, clause: object, multiparams: Any, _params: Any, _options: Any) -> None:
+        if isinstance(clause, sa.Insert) and clause.table.name == "runs":
+            rows_per_insert.append(len(multiparams) or 1)  # one row comes as `params`
+
+    sa.event.listen(engine.sync_engine, "before_execute", on_execute)
+    try:
+        with commits(engine) as committed:
+            stored = await repository.save_runs(batch)
+    finally:
+        sa.event.remove(engine.sync_engine, "before_execute", on_execute)
+    assert rows_per_insert == [3, 3, 3, 1]
+    assert len(committed) == 1
+    assert stored == {run.run_id for run, _ in batch[1:8]}  # not the stored one, nor the tick's second runs
+    assert await count(engine, "runs") == 8
+    assert await count(engine, "samples") == 8 * 6
 
 
 async def test_other_jobs_and_ad_hoc_runs_at_the_same_time_are_each_their_own(engine: AsyncEngine) -> None:
