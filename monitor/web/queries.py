@@ -42,7 +42,7 @@ from monitor.store.models import (
     SampleRow,
     SeriesRow,
 )
-from monitor.store.overview_summary import OverviewHours, RolledHours, ceil_hour
+from monitor.store.overview_summary import SPARK_HOURS, OverviewHours, RolledHours, ceil_hour
 from monitor.store.records import SERVER_RUN_FIELDS, HourlyStats, floor_hour
 from monitor.store.repository import Repository
 from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotations
@@ -309,7 +309,11 @@ async def overview(
         drawn: dict[int, float | None] = dict(rolled.sparks.get(series_id, {}))
         for slot, runs_of_hour in fresh_sparks.get(series_id, {}).items():
             drawn[slot] = _median(runs_of_hour)
-        sparkline = [_round(drawn.get(slot)) for slot in range(24)]
+        # Most slots of a young series are empty: fill only the drawn ones (5,000 series x 24 slots).
+        sparkline: list[float | None] = [None] * SPARK_HOURS
+        for slot, value in drawn.items():
+            if 0 <= slot < SPARK_HOURS:
+                sparkline[slot] = _round(value)
         status = series_status(
             open_severities=[(kind, severity) for kind, severity, _ in opened],
             # Only whether the series ran in the last 24 h matters here.
