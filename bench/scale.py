@@ -90,6 +90,7 @@ async def one_size(url: str, samples: int, args: argparse.Namespace, sqlite_path
     stored = ticks * per_tick
     began = time.perf_counter()
     rolled = 0
+    await repository.analyze_partitions()  # housekeeping's step before the rollup
     while done := await repository.rollup(now + timedelta(hours=1)):
         rolled += done
     rollup_s = time.perf_counter() - began

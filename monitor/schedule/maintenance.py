@@ -54,6 +54,8 @@ class Housekept(Protocol):
 
     async def ensure_partitions(self, now: datetime) -> list[str]: ...
 
+    async def analyze_partitions(self) -> list[str]: ...
+
     async def rollup(self, now: datetime) -> int: ...
 
     async def refresh_overview_summary(self, now: datetime) -> int: ...
@@ -69,12 +71,16 @@ async def maintain_once(repository: Housekept, database: Database, *, now: datet
     `retention.rollup_days`. Each step works in short transactions (see `Repository.prune`)."""
     now = now or datetime.now(UTC)
     created = await repository.ensure_partitions(now)
+    # The rollup's plans need the days' statistics: a day filled faster than autovacuum analyzes it
+    # (a backlog replayed, a bulk load) made each hour's query read every day's samples.
+    analyzed = await repository.analyze_partitions()
     hours = await repository.rollup(now)
     # Right after the rollup, so the overview reads this hour's summary instead of a month of hours.
     summarised = await repository.refresh_overview_summary(now)
     pruned = await repository.prune(now, database.retention.raw_days, database.retention.rollup_days)
     return {
         "partitions_created": len(created),
+        "partitions_analyzed": len(analyzed),
         "hours_rolled_up": hours,
         "series_summarised": summarised,
         "runs_pruned": pruned.runs,

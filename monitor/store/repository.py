@@ -888,6 +888,13 @@ class Repository:
             return []
         return await partitions.ensure_days(self._engine, partitions.days_around(now))
 
+    async def analyze_partitions(self) -> list[str]:
+        """PostgreSQL: ANALYZE the day partitions whose statistics lag their rows (autovacuum had not
+        got there); returns their names. Run before `rollup`. Nothing on SQLite."""
+        if not self._postgres:
+            return []
+        return await partitions.analyze_stale(self._engine)
+
     async def _drop_aged_days(self, cutoff: datetime) -> list[partitions.Dropped]:
         """Drop the day partitions (runs and samples together) whose every run started before `cutoff`,
         oldest first; stops at the first day that still holds a younger run, or whose tables another

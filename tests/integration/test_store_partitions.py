@@ -206,3 +206,42 @@ async def test_two_daemons_housekeeping_at_once_make_and_drop_each_day_once(post
     finally:
         for engine in engines:
             await engine.dispose()
+
+
+def test_a_partition_is_stale_once_its_changes_outgrow_its_statistics() -> None:
+    assert not partitions.is_stale(live_rows=0, changed_since_analyze=0)
+    assert not partitions.is_stale(live_rows=5_000, changed_since_analyze=5_000)  # small: autovacuum's
+    assert partitions.is_stale(live_rows=50_000, changed_since_analyze=50_000)  # filled, never analyzed
+    assert not partitions.is_stale(live_rows=1_000_000, changed_since_analyze=150_000)
+    assert partitions.is_stale(live_rows=1_000_000, changed_since_analyze=250_000)
+
+
+async def test_housekeeping_analyzes_a_day_filled_faster_than_autovacuum(postgres_backend: Backend) -> None:
+    engine = postgres_backend.engine()
+    try:
+        repository = Repository(engine)
+        now = datetime.now(UTC) + timedelta(days=40)  # a day of its own, away from the other tests'
+        await repository.ensure_partitions(now)
+        at = now.replace(minute=0, second=0, microsecond=0)
+        batch = runs_from_samples(probe(at, rounds=15_000), job="j", location="l", provider_of={"t": "p"}, now=at)
+        await repository.save_runs(batch)
+        name = partitions.partition_name("samples", at.date())
+        statistics = sa.text(
+            "SELECT n_live_tup, n_mod_since_analyze, last_autoanalyze FROM pg_stat_user_tables WHERE relname = :name"
+        )
+        for _ in range(50):  # the writer's counts reach the statistics views within a second or so
+            async with engine.connect() as connection:
+                live, changed, autoanalyzed = (await connection.execute(statistics, {"name": name})).one()
+            if changed >= 15_000 or autoanalyzed is not None:
+                break
+            await asyncio.sleep(0.1)
+        analyzed = await repository.analyze_partitions()
+        assert name in analyzed or autoanalyzed is not None  # autovacuum may have got there first
+        async with engine.connect() as connection:
+            live, changed, _ = (await connection.execute(statistics, {"name": name})).one()
+        assert live >= 15_000 and not partitions.is_stale(live_rows=live, changed_since_analyze=changed)
+        assert name not in await repository.analyze_partitions()
+        done = await maintain_once(repository, Database(url=postgres_backend.url), now=now)
+        assert done["partitions_analyzed"] >= 0 and name not in await repository.analyze_partitions()
+    finally:
+        await engine.dispose()
