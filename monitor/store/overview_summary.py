@@ -231,7 +231,7 @@ async def refresh(connection: AsyncConnection, now: datetime) -> int:
         if at
     }
     generation = uuid.uuid4()
-    series_ids = set(rolled.counts) | set(rolled.sparks) | set(rolled.medians or ()) | set(last)
+    series_ids = set(rolled.counts) | set(rolled.sparks) | set(rolled.medians) | set(last)
     rows = []
     for series_id in sorted(series_ids):
         ok_day, errors_day, ok_week, errors_week, ok_month, errors_month = rolled.counts.get(series_id, [0] * 6)
@@ -246,7 +246,7 @@ async def refresh(connection: AsyncConnection, now: datetime) -> int:
                 "errors_week": errors_week,
                 "ok_month": ok_month,
                 "errors_month": errors_month,
-                "baseline_ms": (rolled.medians or {}).get(series_id),
+                "baseline_ms": rolled.medians.get(series_id),
                 "sparkline": [spark.get(slot) for slot in range(SPARK_HOURS)],
                 "last_run_at": last.get(series_id, (None, None))[0],
                 "last_run_ok": last.get(series_id, (None, None))[1],
