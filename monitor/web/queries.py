@@ -297,23 +297,23 @@ async def overview(
         if whole_target:
             last_at, last_ok = target_last.get((info.target, info.location)), 1
         ran_24h = last_at is not None and last_at >= windows[0]
-        opened = open_by_series.get(series_id, [])
-        regression_baseline = next((b for kind, _, b in opened if kind == "regression" and b is not None), None)
-        baseline = regression_baseline if regression_baseline is not None else baselines.get(series_id)
+        opened = open_by_series.get(series_id, ())
+        baseline = baselines.get(series_id)
+        for kind, _, opened_on in opened:  # an open regression keeps the baseline it opened against
+            if kind == "regression" and opened_on is not None:
+                baseline = opened_on
+                break
         note = None
         if baseline is None and not whole_target:
             runs, first = young.get(series_id, (0, None))
             note = baseline_note(runs=runs, first_run_at=first, min_history_runs=needed, now=now)
         p50 = _median(last_hour.get(series_id, []))
-        # An hour's runs not rolled up yet stand for it; else its rollup's p50.
-        drawn: dict[int, float | None] = dict(rolled.sparks.get(series_id, {}))
+        # An hour's runs not rolled up yet stand for it; else its rollup's p50 (drawn and rounded).
+        drawn = rolled.sparks.get(series_id)
+        sparkline: list[float | None] = list(drawn) if drawn is not None else [None] * SPARK_HOURS
         for slot, runs_of_hour in fresh_sparks.get(series_id, {}).items():
-            drawn[slot] = _median(runs_of_hour)
-        # Most slots of a young series are empty: fill only the drawn ones (5,000 series x 24 slots).
-        sparkline: list[float | None] = [None] * SPARK_HOURS
-        for slot, value in drawn.items():
             if 0 <= slot < SPARK_HOURS:
-                sparkline[slot] = _round(value)
+                sparkline[slot] = _round(_median(runs_of_hour))
         status = series_status(
             open_severities=[(kind, severity) for kind, severity, _ in opened],
             # Only whether the series ran in the last 24 h matters here.
