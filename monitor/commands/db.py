@@ -1,4 +1,5 @@
-"""`ttft-monitor db upgrade|downgrade|current|check`: the schema, managed from the command line.
+"""`ttft-monitor db upgrade|downgrade|current|check|housekeep`: the schema, managed from the command line,
+and one pass of the daemon's housekeeping for deployments without a daemon (a CronJob of `once`).
 
 Exit codes: 0 done, 1 `check` found differences, 2 usage or config error (including an unknown
 revision), 3 the database could not be reached or failed.
@@ -11,11 +12,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from monitor.commands.args import config_arg
 from monitor.commands.common import load_config_or_explain, run_against_database
 from monitor.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+
+if TYPE_CHECKING:
+    from monitor.config.models import Database
 
 NAME = "db"
 
@@ -40,6 +44,12 @@ def register(parser: argparse.ArgumentParser) -> None:
     _config_arg(current)
     check = actions.add_parser("check", help="compare the models with the migrated schema; exit 1 when they differ")
     _config_arg(check)
+    housekeep = actions.add_parser(
+        "housekeep",
+        help="one pass of the daemon's housekeeping: partitions, statistics, hourly rollups, the overview's "
+        "summary, retention (for a CronJob-only deployment: run it hourly)",
+    )
+    _config_arg(housekeep)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -60,6 +70,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         "downgrade": lambda: _migrate(migrate.downgrade, "downgraded", url, out, args.revision),
         "current": lambda: _current(url, out),
         "check": lambda: _check(url, out),
+        "housekeep": lambda: _housekeep(config.database, out),
     }
     return run_against_database(
         actions[args.db_command](),
@@ -121,3 +132,21 @@ async def _check(url: str, out: TextIO) -> int:
         out.write(f"  {line}\n")
     out.write("write a migration for these (see docs/storage.md, 'Changing the schema')\n")
     return EXIT_FAILED
+
+
+async def _housekeep(database: Database, out: TextIO) -> int:
+    """What the daemon does each hour (`maintain_once`), once, on the config's database and retention."""
+    from monitor.schedule.maintenance import maintain_once
+    from monitor.store import migrate
+    from monitor.store.engine import create_engine, display_url
+    from monitor.store.repository import Repository
+
+    engine = create_engine(database.url)
+    try:
+        await migrate.ensure_current(engine)  # a schema behind head: `db upgrade` first, nothing touched
+        counts = await maintain_once(Repository(engine), database)
+    finally:
+        await engine.dispose()
+    done = ", ".join(f"{name.replace('_', ' ')} {count:,}" for name, count in counts.items())
+    out.write(f"{display_url(database.url)}: housekept: {done}\n")
+    return EXIT_OK

@@ -65,6 +65,7 @@ def pod_specs() -> dict[str, dict[str, Any]]:
     return {
         "Deployment": load("deployment.yaml")["spec"]["template"]["spec"],
         "CronJob": load("cronjob.yaml")["spec"]["jobTemplate"]["spec"]["template"]["spec"],
+        "Housekeeping": load("housekeeping-cronjob.yaml")["spec"]["jobTemplate"]["spec"]["template"]["spec"],
     }
 
 
@@ -135,6 +136,7 @@ def test_the_kustomization_lists_existing_files_and_only_one_variant() -> None:
     # Applying placeholders would overwrite the real Secret.
     assert "secret.example.yaml" not in resources
     assert "cronjob.yaml" in (K8S / "kustomization.yaml").read_text(), "say how to switch to the CronJob"
+    assert "housekeeping-cronjob.yaml" in (K8S / "kustomization.yaml").read_text(), "and how it keeps house"
 
 
 def test_the_manifests_match_the_kubernetes_schema() -> None:
@@ -246,6 +248,7 @@ EXPECTED_COMMANDS = {
     ("CronJob", False): "once",
     ("Deployment", True): "db",
     ("CronJob", True): "db",
+    ("Housekeeping", False): "db",
 }
 
 
@@ -256,6 +259,8 @@ def test_container_args_are_a_valid_command_line(container: Container) -> None:
     assert args[0] == EXPECTED_COMMANDS[(container.workload, container.init)]
     if container.init:
         assert args[:2] == ["db", "upgrade"]
+    if container.workload == "Housekeeping":
+        assert args[:2] == ["db", "housekeep"]
     parsed = parse_cli(args)
     assert parsed.config == CONFIG_PATH
 
@@ -282,6 +287,9 @@ def test_the_config_is_mounted_where_the_command_reads_it(container: Container) 
 def test_the_init_containers_see_what_the_main_containers_see() -> None:
     """`db upgrade` loads the same config, so it needs the same variables, secrets and mounts."""
     for workload, pod in pod_specs().items():
+        if workload == "Housekeeping":  # the probing CronJob's init container migrates for it
+            assert "initContainers" not in pod
+            continue
         (init,) = pod["initContainers"]
         (main,) = pod["containers"]
         assert init["image"] == main["image"], workload

@@ -53,9 +53,8 @@ def test_cache_warm_serves_all_but_the_first_measured_sample_from_the_cache(exac
     # 8K tokens: the profile's prefill (20 ms per 1K) makes the cold request 160 ms slower than a
     # cached one, well clear of a loaded machine's jitter (at the default prompt the gap was 10 ms,
     # and CI measured a cached request 8 ms slower than the cold one).
-    out = probe_json(
-        exact_sim, "--model", "gpt-4o-mini", "--rounds", "4", "--warmup", "0", "--cache", "warm", "--prompt-tokens", "8k"
-    )
+    warm = ["--rounds", "4", "--warmup", "0", "--cache", "warm", "--prompt-tokens", "8k"]
+    out = probe_json(exact_sim, "--model", "gpt-4o-mini", *warm)
     measured = out["samples"]
     assert measured[0]["cached_tokens"] == 0
     assert all(s["cached_tokens"] > 0.9 * s["prompt_tokens"] for s in measured[1:]), measured
