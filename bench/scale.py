@@ -18,6 +18,8 @@ makes), rolls every hour up as housekeeping does, then prints
 and last a table of both sizes with the ratio, so the growth is visible in one run.
 
     .venv/bin/python bench/scale.py [--sizes 2000000,20000000] [--series 5000] [--queries 20] [--db sqlite]
+    .venv/bin/python bench/scale.py --keep ...            # PostgreSQL: keep the filled databases
+    .venv/bin/python bench/scale.py --views URL,URL       # then time only the views on them, again
 
 About 25 minutes on 2 cores for the default sizes (most of it writing and rolling up 22M samples).
 """
@@ -100,11 +102,6 @@ async def one_size(url: str, samples: int, args: argparse.Namespace, sqlite_path
         # As autovacuum leaves a table that stopped changing; SQLite: the statistics the daemon's
         # connections gather with `PRAGMA optimize`.
         await connection.exec_driver_sql("VACUUM ANALYZE" if backend == "postgres" else "ANALYZE")
-        ids = list(await connection.scalars(sa.text("SELECT id FROM series ORDER BY id")))
-    targets = sorted({one.key.target for one in series})
-    picks = [rng.choice(ids) for _ in range(args.queries)]
-    cache = queries.OverviewCache()
-    month, week = now - timedelta(days=30), now - timedelta(days=7)
     figures: dict[str, Any] = {
         "history": f"{(ticks * INTERVAL).total_seconds() / 86400:.1f} days",
         "samples": stored,
@@ -113,6 +110,46 @@ async def one_size(url: str, samples: int, args: argparse.Namespace, sqlite_path
         "rollup series-hours/s": rolled / rollup_s if rollup_s else 0.0,
     }
     print(f"   written and rolled up; timing the views (load average {os.getloadavg()[0]:.1f})", flush=True)
+    figures.update(await time_views(engine, repository, now, args, prune_start=start))
+    await engine.dispose()
+    return figures
+
+
+async def views_of(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The views' figures on a database an earlier `--keep` run filled: `now` as that run had it (a
+    tick after its last run), so the windows, the summary's hour and the rollups are those it timed."""
+    engine = create_engine(url)
+    repository = Repository(engine)
+    async with engine.connect() as connection:
+        last, first = (await connection.execute(sa.text("SELECT max(started_at), min(started_at) FROM runs"))).one()
+        stored = await connection.scalar(sa.text("SELECT count(*) FROM samples"))
+    if last is None:
+        raise SystemExit(f"{url}: no runs; fill it with `bench/scale.py --keep` first")
+    now, start = _aware(last) + INTERVAL, _aware(first)
+    print(f"   {stored:,} samples to {now:%Y-%m-%d %H:%M} UTC; timing the views (load {os.getloadavg()[0]:.1f})")
+    figures: dict[str, Any] = {"history": f"{(now - start).total_seconds() / 86400:.1f} days", "samples": stored}
+    figures.update(await time_views(engine, repository, now, args, prune_start=None))
+    await engine.dispose()
+    return figures
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+async def time_views(
+    engine: Any, repository: Repository, now: datetime, args: argparse.Namespace, *, prune_start: datetime | None
+) -> dict[str, Any]:
+    """Each view's p50 / p95 over --queries calls (see the module's docstring); retention's drop of the
+    oldest day when `prune_start` (the history's first tick) is given."""
+    rng = random.Random(args.seed)
+    async with engine.connect() as connection:
+        ids = list(await connection.scalars(sa.text("SELECT id FROM series ORDER BY id")))
+        targets = sorted(set(await connection.scalars(sa.text("SELECT DISTINCT target FROM series"))))
+    picks = [rng.choice(ids) for _ in range(args.queries)]
+    cache = queries.OverviewCache()
+    month, week = now - timedelta(days=30), now - timedelta(days=7)
+    figures: dict[str, Any] = {}
     # Cold: no summary yet (a fresh start before housekeeping's first pass), the month of rollups scanned.
     figures["overview cold, scan"] = await timed(args.queries, lambda _i: queries.overview(engine, now=now))
     began = time.perf_counter()
@@ -143,11 +180,11 @@ async def one_size(url: str, samples: int, args: argparse.Namespace, sqlite_path
         max(3, args.queries // 4),
         lambda i: queries.compare(engine, start=now - timedelta(days=90), end=now, targets=[targets[i % len(targets)]]),
     )
-    raw_days = int((now - (start + timedelta(days=1))).total_seconds() // 86400)
-    began = time.perf_counter()
-    pruned = await repository.prune(now, raw_days=raw_days, rollup_days=400)
-    figures["drop a day"] = (time.perf_counter() - began) * 1000, pruned.samples
-    await engine.dispose()
+    if prune_start is not None:
+        raw_days = int((now - (prune_start + timedelta(days=1))).total_seconds() // 86400)
+        began = time.perf_counter()
+        pruned = await repository.prune(now, raw_days=raw_days, rollup_days=400)
+        figures["drop a day"] = (time.perf_counter() - began) * 1000, pruned.samples
     return figures
 
 
@@ -184,9 +221,27 @@ async def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--db", choices=["postgres", "sqlite"], default="postgres")
     parser.add_argument("--postgres-url", default=default_postgres_url())
+    parser.add_argument(
+        "--keep", action="store_true", help="PostgreSQL: keep each size's database (its URL is printed) for --views"
+    )
+    parser.add_argument(
+        "--views",
+        metavar="URL[,URL]",
+        help="time only the views, on databases an earlier --keep run filled (nothing written; retention not run)",
+    )
     args = parser.parse_args()
-    sizes = [int(size) for size in args.sizes.split(",")]
     began = time.perf_counter()
+    if args.views:
+        urls = args.views.split(",")
+        print(f"# bench/scale.py --views on {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+        kept = []
+        for url in urls:
+            print(f"== {url}", flush=True)
+            kept.append(await views_of(url, args))
+        report([figures["samples"] for figures in kept], kept)
+        print(f"\n{time.perf_counter() - began:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")
+        return 0
+    sizes = [int(size) for size in args.sizes.split(",")]
     print(
         f"# bench/scale.py on {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, "
         f"{args.series} series, sizes {sizes}, {args.db}"
@@ -203,7 +258,10 @@ async def main() -> int:
             try:
                 results.append(await one_size(url, size, args))
             finally:
-                await drop()
+                if args.keep:
+                    print(f"   kept: {url}")
+                else:
+                    await drop()
         report(sizes[: len(results)], results)  # each size's figures as soon as they are measured
     print(f"\n{time.perf_counter() - began:.0f} s; load average at the end {os.getloadavg()[0]:.1f}")
     return 0

@@ -16,9 +16,10 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
-from typing import Any, NotRequired, TypedDict, cast
+from typing import Any, NamedTuple, NotRequired, TypedDict, cast
 
-from sqlalchemy import and_, func, or_, select, type_coerce
+from sqlalchemy import Double, Integer, and_, func, not_, or_, select, type_coerce
+from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.config.series import WARM_TWIN_SUFFIX, warm_twin
@@ -232,18 +233,18 @@ async def overview(
         apart = asyncio.ensure_future(on_own_connection(pending)) if postgres else None
         try:
             series = await _series(connection)
-            fresh = await _fresh_runs(connection, now=now, windows=windows, pending=pending)
+            fresh = await _fresh_runs(connection, now=now, windows=windows, pending=pending, grouped=postgres)
             open_by_series = await _open_incidents(connection)
             rolled = await (apart if apart is not None else read_rolled(connection, pending))
             if rolled.last_runs is not None:
                 # The summary's last runs, and the runs saved since it was made: each of those is in
                 # the current hour or in a pending one, all in the fresh runs.
                 last_runs: dict[int, tuple[datetime | None, int | None]] = dict(rolled.last_runs)
-                last_runs.update(_latest_of(fresh, since=windows[-1], after=rolled.last_runs))
+                last_runs.update(_latest_of(fresh.latest(), since=windows[-1], after=rolled.last_runs))
             else:
                 # The fresh runs hold every run of the last hour: a series that ran then has its last
                 # run there; only the others need the runs index.
-                last_runs = _latest_of(fresh, since=now - timedelta(hours=1))
+                last_runs = _latest_of(fresh.latest(), since=now - timedelta(hours=1))
                 quiet = [series_id for series_id in series if series_id not in last_runs]
                 if quiet:
                     last_runs.update(
@@ -265,7 +266,17 @@ async def overview(
     last_hour: dict[int, list[float]] = defaultdict(list)
     fresh_sparks: dict[int, dict[int, list[float]]] = defaultdict(dict)
     hour_ago = now - timedelta(hours=1)
-    for series_id, at, p50, ok, errors in fresh:
+    current_slot = _hours_between(spark_from, current)
+    for grouped in fresh.series:  # none pending: each run's hour is rolled up unless it is the current one
+        totals = counts.setdefault(grouped.series_id, [0] * 6)
+        for index, (ok, errors) in enumerate(grouped.windows):
+            totals[2 * index] += ok
+            totals[2 * index + 1] += errors
+        if grouped.last_hour_p50s:
+            last_hour[grouped.series_id].extend(grouped.last_hour_p50s)
+        if grouped.current_p50s and 0 <= current_slot < SPARK_HOURS:
+            fresh_sparks[grouped.series_id].setdefault(current_slot, []).extend(grouped.current_p50s)
+    for series_id, at, p50, ok, errors in fresh.runs:
         hour = floor_hour(at)
         unrolled = hour >= current or (series_id, hour) in pending
         totals = counts.setdefault(series_id, [0] * 6)
@@ -278,8 +289,7 @@ async def overview(
             if at >= hour_ago:
                 last_hour[series_id].append(p50)
             if unrolled and hour >= spark_from:
-                slot = int((hour - spark_from).total_seconds()) // 3600
-                fresh_sparks[series_id].setdefault(slot, []).append(p50)
+                fresh_sparks[series_id].setdefault(_hours_between(spark_from, hour), []).append(p50)
     # A target's SLO burn incidents live on a row with the prompt `*` that never has runs of its own:
     # it is the target's objective across its prompts, and ran when any of its prompts did.
     target_last: dict[tuple[str, str], datetime] = {}
@@ -348,43 +358,110 @@ async def overview(
     return out
 
 
+class SeriesFresh(NamedTuple):
+    """One series' runs that no up-to-date rollup holds and no pending hour: what the overview adds of
+    them, summed in the database."""
+
+    series_id: int
+    windows: list[tuple[int, int]]  # (ok samples, errors) per window, of the runs its rollups lack
+    last_hour_p50s: list[float]  # of the runs since an hour ago
+    current_p50s: list[float]  # of the runs in the current hour (the sparkline's last slot)
+    last_at: datetime
+    last_ok: int
+
+
+FreshRun = tuple[int, datetime, float | None, int, int]  # series id, start, p50, ok samples, errors
+
+
+@dataclass(frozen=True)
+class Fresh:
+    """The runs no up-to-date rollup holds: summed per series (`series`, PostgreSQL, except those in
+    pending hours) and one by one (`runs`: the pending hours' on PostgreSQL, all on SQLite)."""
+
+    series: list[SeriesFresh]
+    runs: list[FreshRun]
+
+    def latest(self) -> Iterable[tuple[int, datetime, int]]:
+        """(series id, start, ok samples) of each series' latest grouped run and of every single one."""
+        for grouped in self.series:
+            yield grouped.series_id, grouped.last_at, grouped.last_ok
+        for series_id, at, _p50, ok, _errors in self.runs:
+            yield series_id, at, ok
+
+
 async def _fresh_runs(
     connection: AsyncConnection,
     *,
     now: datetime,
     windows: Sequence[datetime],
     pending: frozenset[tuple[int, datetime]],
-) -> list[tuple[int, datetime, float | None, int, int]]:
-    """(series id, start, p50, ok, errors) of the runs in [oldest window, now) that no up-to-date
-    rollup holds (the current hour, part hours at the windows' starts, pending hours) or that started
-    in the last hour."""
+    grouped: bool = False,
+) -> Fresh:
+    """The runs in [oldest window, now) that no up-to-date rollup holds (the current hour, part hours
+    at the windows' starts, pending hours) or that started in the last hour.
+
+    `grouped` (PostgreSQL): those outside pending hours summed per series in the database, one row per
+    series however often it runs. One by one, at 5-minute runs the last hour alone was 60,000 rows at
+    5,000 series, each decoded and looped over in Python on every call."""
     current = floor_hour(now)
+    hour_ago = now - timedelta(hours=1)
     started = RunRow.started_at
-    segments: list[Any] = [started >= type_coerce(min(current, now - timedelta(hours=1)), UtcDateTime())]
-    segments += [
-        and_(started >= type_coerce(w, UtcDateTime()), started < type_coerce(ceil_hour(w), UtcDateTime()))
-        for w in windows
-        if ceil_hour(w) != w
-    ]
+
+    def at_or_after(moment: datetime) -> Any:
+        return started >= type_coerce(moment, UtcDateTime())
+
+    def before(moment: datetime) -> Any:
+        return started < type_coerce(moment, UtcDateTime())
+
+    segments: list[Any] = [at_or_after(min(current, hour_ago))]
+    segments += [and_(at_or_after(w), before(ceil_hour(w))) for w in windows if ceil_hour(w) != w]
     by_hour: dict[datetime, list[int]] = defaultdict(list)
     for series_id, hour in sorted(pending):
         by_hour[hour].append(series_id)
-    segments += [
-        and_(
-            started >= type_coerce(hour, UtcDateTime()),
-            started < type_coerce(hour + timedelta(hours=1), UtcDateTime()),
-            RunRow.series_id.in_(series_ids),
-        )
+    pending_segments = [
+        and_(at_or_after(hour), before(hour + timedelta(hours=1)), RunRow.series_id.in_(series_ids))
         for hour, series_ids in by_hour.items()
     ]
-    rows = await connection.execute(
-        select(RunRow.series_id, started, RunRow.ttft_p50_ms, RunRow.ok, RunRow.errors).where(
-            started >= type_coerce(min(windows), UtcDateTime()),
-            started < type_coerce(now, UtcDateTime()),
-            or_(*segments),
+    columns = (RunRow.series_id, started, RunRow.ttft_p50_ms, RunRow.ok, RunRow.errors)
+    in_range = (at_or_after(min(windows)), before(now))
+    if not grouped:
+        rows = await connection.execute(select(*columns).where(*in_range, or_(*segments, *pending_segments)))
+        return Fresh([], [tuple(row) for row in rows])  # type: ignore[misc]
+    single: list[FreshRun] = []
+    if pending_segments:
+        rows = await connection.execute(select(*columns).where(*in_range, or_(*pending_segments)))
+        single = [tuple(row) for row in rows]  # type: ignore[misc]
+    # Outside pending hours a run's hour is rolled up unless it is the current one: a window counts
+    # the run when its rollups lack it, in the part hour at the window's start or in the current hour.
+    sums = []
+    for since in windows:
+        lacking = and_(at_or_after(since), or_(before(ceil_hour(since)), at_or_after(current)))
+        sums += [func.coalesce(func.sum(column).filter(lacking), 0) for column in (RunRow.ok, RunRow.errors)]
+    has_p50 = RunRow.ttft_p50_ms.is_not(None)
+    groups = await connection.execute(
+        select(
+            RunRow.series_id,
+            *sums,
+            func.array_agg(RunRow.ttft_p50_ms, type_=ARRAY(Double())).filter(and_(has_p50, at_or_after(hour_ago))),
+            func.array_agg(RunRow.ttft_p50_ms, type_=ARRAY(Double())).filter(and_(has_p50, at_or_after(current))),
+            func.max(started),
+            func.array_agg(aggregate_order_by(RunRow.ok, started.desc()), type_=ARRAY(Integer()))[1],
         )
+        .where(*in_range, or_(*segments), *([not_(or_(*pending_segments))] if pending_segments else []))
+        .group_by(RunRow.series_id)
     )
-    return [tuple(row) for row in rows]  # type: ignore[misc]
+    summed = [
+        SeriesFresh(
+            series_id,
+            [(int(ok_d), int(err_d)), (int(ok_w), int(err_w)), (int(ok_m), int(err_m))],
+            recent or [],
+            this_hour or [],
+            last_at,
+            last_ok,
+        )
+        for series_id, ok_d, err_d, ok_w, err_w, ok_m, err_m, recent, this_hour, last_at, last_ok in cast(Any, groups)
+    ]
+    return Fresh(summed, single)
 
 
 async def _open_incidents(connection: AsyncConnection) -> dict[int, list[tuple[str, str, float | None]]]:
@@ -400,20 +477,24 @@ async def _open_incidents(connection: AsyncConnection) -> dict[int, list[tuple[s
 
 
 def _latest_of(
-    runs: Iterable[tuple[int, datetime, float | None, int, int]],
+    runs: Iterable[tuple[int, datetime, int]],
     *,
     since: datetime,
     after: Mapping[int, tuple[datetime, int]] | None = None,
 ) -> dict[int, tuple[datetime | None, int | None]]:
     """Per series with a run since `since` (and later than its run in `after`): its latest run's start
-    and ok samples."""
+    and ok samples. `runs`: (series id, start, ok samples)."""
     latest: dict[int, tuple[datetime | None, int | None]] = {}
-    for series_id, at, _p50, ok, _errors in runs:
+    for series_id, at, ok in runs:
         if at >= since:
             seen = latest.get(series_id) or (after or {}).get(series_id)
             if seen is None or (seen[0] is not None and at > seen[0]):
                 latest[series_id] = (at, ok)
     return latest
+
+
+def _hours_between(start: datetime, hour: datetime) -> int:
+    return int((hour - start).total_seconds()) // 3600
 
 
 def _fraction(ok: Any, errors: Any) -> float | None:

@@ -312,6 +312,61 @@ async def test_the_overview_summary_reads_as_a_scan_of_the_rollups_through_late_
     await repository.engine.dispose()
 
 
+@pytest.mark.parametrize("backend", ["postgres"], indirect=True)
+async def test_the_fresh_runs_summed_in_postgresql_add_up_as_the_runs_one_by_one(backend: Backend) -> None:
+    """The overview's runs that no rollup holds, summed per series in the database, against the same
+    runs read one by one and summed here: through part hours at the windows' starts, the last hour, the
+    current hour and pending hours (late runs into rolled-up hours, one of them within the last hour)."""
+    repository = Repository(backend.engine())
+    for step in range(26 * 12):  # 26 hours of 5-minute runs, so the day window starts inside them
+        at = T0 + timedelta(minutes=5 * step)
+        await repository.save_runs(
+            make_batch(at, targets=("qwen3-8b",), errors={3: ErrorClass.TIMEOUT_FIRST_TOKEN} if step % 5 == 0 else {})
+        )
+    now = T0 + timedelta(hours=25, minutes=17)
+    await repository.rollup(now)
+    # Late runs: one into a morning hour rolled up long ago, one into the last hour's rolled-up part.
+    for late in (T0 + timedelta(hours=2, minutes=1), now - timedelta(minutes=50)):
+        await repository.save_runs(
+            make_batch(late, targets=("qwen3-8b",), job="late", errors={0: ErrorClass.SERVER_ERROR})
+        )
+    hours = OverviewHours.at(now)
+    async with repository.engine.connect() as connection:
+        pending = await overview_summary.pending_hours(
+            connection, since=floor_hour(min(hours.windows)), until=hours.current
+        )
+        assert len(pending) == 4  # 2 series x 2 hours
+        one_by_one = await queries._fresh_runs(connection, now=now, windows=hours.windows, pending=pending)
+        summed = await queries._fresh_runs(connection, now=now, windows=hours.windows, pending=pending, grouped=True)
+    assert not one_by_one.series and one_by_one.runs
+    in_pending = [run for run in one_by_one.runs if (run[0], floor_hour(run[1])) in pending]
+    assert in_pending and sorted(summed.runs) == sorted(in_pending)
+    rest = [run for run in one_by_one.runs if (run[0], floor_hour(run[1])) not in pending]
+    hour_ago = now - timedelta(hours=1)
+    expected = {}
+    for series_id in {run[0] for run in rest}:
+        runs = sorted((run for run in rest if run[0] == series_id), key=lambda run: run[1])
+        windows = []
+        for since in hours.windows:
+            counted = [r for r in runs if r[1] >= since and (floor_hour(r[1]) < since or r[1] >= hours.current)]
+            windows.append((sum(r[3] for r in counted), sum(r[4] for r in counted)))
+        expected[series_id] = (
+            windows,
+            sorted(r[2] for r in runs if r[1] >= hour_ago and r[2] is not None),
+            sorted(r[2] for r in runs if r[1] >= hours.current and r[2] is not None),
+            runs[-1][1],
+            runs[-1][3],
+        )
+    got = {
+        one.series_id: (one.windows, sorted(one.last_hour_p50s), sorted(one.current_p50s), one.last_at, one.last_ok)
+        for one in summed.series
+    }
+    assert got == expected
+    # The day window starts inside the runs: its part hour counts beside the current hour, errors too.
+    assert all(windows[0][0] > windows[2][0] > 0 and windows[0][1] > 0 for windows, *_ in got.values()), got
+    await repository.engine.dispose()
+
+
 async def test_two_daemons_replacing_the_summary_at_once_both_succeed(backend: Backend) -> None:
     repository = await _store(backend, hours=3)
     now = T0 + timedelta(hours=3, minutes=1)
