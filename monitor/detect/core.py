@@ -60,6 +60,11 @@ PARTNER_DAYS = 5
 # made for: part of the day's wander the level misses is already in the model's long-run variance (the whole
 # of it cost +50% recall on AR(1) noise, bench/detector.py --quick: 97% -> 89%).
 REFERENCE_SHARE = 0.5
+# With the noise model engaged, the CUSUM's allowance grows by this many of the reference's own sds (the
+# level's and the seasonal slot's error, in per-run sigmas): shifts no larger than what the reference may be
+# off by for hours add nothing up (bench/detector.py --quick, model on: false alerts 0.49 -> 0.40 a week,
+# +50% caught 97% -> 99%; 1.5 sds 0.37 and 96%, 2 sds 0.35 and 89%).
+REFERENCE_ALLOWANCE_SDS = 1.0
 # sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
@@ -69,12 +74,24 @@ _UNCACHED = object()
 SEED_DAY_RUNS = SLOTS_PER_DAY * 2
 
 
+def _slot_variance(slot: _Slot, noise: NoiseModel | None) -> float:
+    """The variance of a slot's seasonal baseline, in per-run sigmas^2: a median of `days` daily medians of
+    `count / days` runs each, (pi / 2)^2 / count for independent runs. Each day's runs near the slot are
+    neighbours: on a series whose load wanders for hours (the noise model engaged) a day's median varies
+    g(count / days) times more, and so does the baseline, which every run of those hours shares."""
+    variance = (math.pi / 2.0) ** 2 / max(slot.count, 1)
+    if noise is None:
+        return variance
+    return variance * noise.g(slot.count / max(slot.days, 1))
+
+
 @dataclass(frozen=True, slots=True)
 class _Slot:
     """The seasonal baseline of one time slot: the median log TTFT at that time of day."""
 
     center: float
     count: int
+    days: int = 1  # days whose medians it is the median of (count / days runs each)
 
 
 class _Baseline:
@@ -179,6 +196,7 @@ class _Core:
         self._cusum_references: dict[int, _CusumReference | None] = {}
         self._profile_cache: tuple[tuple[int, float, int], tuple[float, float]] | None = None
         self.threshold: float | None = None  # the CUSUM's, for the last stepped run
+        self.allowance: float | None = None  # the CUSUM's (in per-run sigmas), for the last stepped run
         self._thresholds: dict[tuple[float, float, int, float], float] = {}
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
@@ -265,7 +283,7 @@ class _Core:
             if found is not None:
                 days.append(found[0])
                 count += found[1]
-        result = _Slot(median(days), count) if len(days) >= SEASONAL_MIN_DAYS else None
+        result = _Slot(median(days), count, len(days)) if len(days) >= SEASONAL_MIN_DAYS else None
         self._slots[slot] = result
         return result
 
@@ -625,13 +643,16 @@ class _Core:
             # medians), and on a series whose runs wander that estimate is off by as much as the wander for
             # hours: the threshold is derived for a reference off by that much (in per-run sigmas^2). The
             # model learns from day-over-day differences, so g holds none of this error itself.
+            # The slot's share is widened by g over a day's runs near it (`_slot_variance`), and the allowance
+            # grows by the reference's sd: a shift must stand out of what the reference may be off by before
+            # it adds up (the threshold derived for that allowance is lower, so large shifts show sooner).
             runs = max(reference.runs, 1)
-            offset = REFERENCE_SHARE * (
-                noise.g(runs) * math.pi / (2.0 * runs) + (math.pi / 2.0) ** 2 / max(slot.count, 1)
-            )
-            threshold = self._threshold(allowance, scale, rule, offset)
+            variance = noise.g(runs) * math.pi / (2.0 * runs) + _slot_variance(slot, noise)
+            allowance += REFERENCE_ALLOWANCE_SDS * math.sqrt(variance)
+            threshold = self._threshold(allowance, scale, rule, REFERENCE_SHARE * variance)
         else:
             threshold = self._fixed_threshold(rule)
+        self.allowance = allowance
         mean = reference.mean
         total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
         if total <= 0.0:

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from monitor.detect import noise
+from monitor.detect import core, noise
 from monitor.detect.detector import Detector, Rules, RunPoint, SeriesState
 from monitor.detect.noise import NoiseModel, estimate, variance_ratio
 from monitor.detect.rules import FIXED_THRESHOLD
@@ -431,3 +431,48 @@ def test_with_the_model_on_a_burst_that_is_over_breaks_the_page_streak() -> None
         if i == burst + 3:
             assert replayer.state.page_streak == 0
     assert not [e for e in events if e.kind == "regression" and e.severity == "page"], events
+
+
+# ---------------------------------------------------------------- the CUSUM's reference carries its own error
+
+
+def cusum_at_the_end(points: list[RunPoint], rules: Rules) -> tuple[float | None, float | None, NoiseModel | None]:
+    """The CUSUM's allowance and threshold for the last run of `points`, and the model it was judged with."""
+    replayer = Detector(rules).replayer()
+    for point in points:
+        replayer.feed(point)
+    core = replayer._core
+    return core.allowance, core.threshold, core.noise
+
+
+def test_with_the_model_engaged_the_cusum_allowance_grows_by_the_references_error() -> None:
+    # Load that wanders for hours (phi 0.97, half the variance): the day's level and the slot's median of
+    # daily medians of neighbouring runs are off by much more than for independent runs, and stay off for
+    # hours. The allowance grows by their sd (about 0.5 per-run sigmas here, with the slot's share widened
+    # by g over a day's runs near it): 0.29 -> 0.82 per-run sigmas on this series.
+    wander = daily_series(8, share=0.5, phi=0.97, probes=5)
+    plain, fixed, _ = cusum_at_the_end(wander, Detection().rules())
+    grown, derived, model = cusum_at_the_end(wander, noise_rules())
+    assert model is not None and noise.engaged(model)
+    assert plain is not None and grown is not None and fixed == FIXED_THRESHOLD
+    assert grown > 1.8 * plain, (plain, grown)
+    assert derived is not None and derived != FIXED_THRESHOLD
+    # Independent runs do not engage the model: the shipped allowance and threshold, to the bit.
+    iid = daily_series(8, share=0.0, phi=0.0, probes=5)
+    plain_iid, fixed_iid, _ = cusum_at_the_end(iid, Detection().rules())
+    on_iid, threshold_iid, model_iid = cusum_at_the_end(iid, noise_rules())
+    assert model_iid is not None and not noise.engaged(model_iid)
+    assert on_iid == plain_iid and threshold_iid == fixed_iid == FIXED_THRESHOLD
+
+
+def test_the_larger_allowance_derives_a_lower_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Same series: with the allowance grown by the reference's sd the sum drifts down faster on healthy runs,
+    # so the threshold for the same false-alert rate is lower (a +50% step adds up sooner); without it (0 sds)
+    # the allowance is the rule's and the threshold higher.
+    wander = daily_series(8, share=0.5, phi=0.97, probes=5)
+    grown, lower, _ = cusum_at_the_end(wander, noise_rules())
+    monkeypatch.setattr(core, "REFERENCE_ALLOWANCE_SDS", 0.0)
+    bare, higher, _ = cusum_at_the_end(wander, noise_rules())
+    plain, _, _ = cusum_at_the_end(wander, Detection().rules())
+    assert bare == plain and grown is not None and bare is not None and grown > bare
+    assert lower is not None and higher is not None and lower < higher, (lower, higher)
