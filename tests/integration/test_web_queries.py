@@ -325,6 +325,11 @@ async def test_the_fresh_runs_summed_in_postgresql_add_up_as_the_runs_one_by_one
         )
     now = T0 + timedelta(hours=25, minutes=17)
     await repository.rollup(now)
+    # A run of nothing but errors in the current hour (no p50; its series' latest run has 0 ok samples).
+    every_round = {index: ErrorClass.SERVER_ERROR for index in range(2, 7)}
+    await repository.save_runs(
+        make_batch(now - timedelta(minutes=1), targets=("qwen3-8b",), prompts=("short",), errors=every_round)
+    )
     # Late runs: one into a morning hour rolled up long ago, one into the last hour's rolled-up part.
     for late in (T0 + timedelta(hours=2, minutes=1), now - timedelta(minutes=50)):
         await repository.save_runs(
@@ -364,6 +369,7 @@ async def test_the_fresh_runs_summed_in_postgresql_add_up_as_the_runs_one_by_one
     assert got == expected
     # The day window starts inside the runs: its part hour counts beside the current hour, errors too.
     assert all(windows[0][0] > windows[2][0] > 0 and windows[0][1] > 0 for windows, *_ in got.values()), got
+    assert sorted(last_ok for *_, last_ok in got.values()) == [0, 5]  # the failed run is one series' latest
     await repository.engine.dispose()
 
 
