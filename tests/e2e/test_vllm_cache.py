@@ -129,7 +129,12 @@ async def test_the_same_target_on_a_vllm_without_prefix_caching_is_one_cache_inc
     )
     assert changed["server_build_from"].startswith("vllm 0.") and "; weights /" in changed["server_build_from"]
     details = next(d for kind, _prompt, d in incidents if kind == "cache_stopped")
-    assert details["reason"] == "no_cached_tokens" and details["cached_share"] == 0, details
+    # Which evidence opens it depends on the machine's load: the 3-run window straddles the move at the
+    # second run on the new server, and when the old server's last warm probes were slowed (CI measured
+    # a cached request at 991 ms on a loaded machine) the speed-up is already past halfway down there
+    # ("no_speedup"); else the cached shares decide a run later ("no_cached_tokens"). Either way the
+    # window's median cached share is 0: the warm probes found no cache.
+    assert details["reason"] in ("no_cached_tokens", "no_speedup") and details["cached_share"] == 0, details
     assert details["reference"]["cached_share"] > 0.9, details
     vllm_figures.append(
         f"the same target on a vLLM with --no-enable-prefix-caching (started in {start_s:.0f} s): {details['summary']}"
