@@ -25,6 +25,7 @@ from monitor.detect.stats import (
     median,
     median_and_sigma,
     median_se_factor,
+    pooled_factor,
 )
 from monitor.detect.window_sums import WindowSums, decide
 
@@ -49,6 +50,10 @@ MIN_EXCURSION_RUNS = 12
 # independent one's: load that comes and goes cannot be measured yet (bench/detector.py, false pages
 # under AR(1) noise opened in the first 3.5 days).
 TRAILING_G = 2.0
+# With the noise model on but not (yet) engaged, a page against a trailing baseline is widened by the long-run
+# factor of trailing-sized windows pooled over this many runs before it (a day of 5-minute runs):
+# `_Core._confirms_early_page`.
+EARLY_PAGE_HISTORY_RUNS = 288
 # How far above the baseline (a share of log(page.ratio)) a run must itself be to extend a page streak
 # (`_Core._run_is_slow`; the noise model's jump test: above the window before the jump): a burst that is
 # over breaks it.
@@ -940,6 +945,8 @@ class _Core:
         # average out over the extra runs (bench, AR(1) noise, 1 probe per run: z on the stretched
         # window measured 0.53 false pages a week, on `window_runs` 0.20).
         if noise is None:
+            if self.rules.noise_model and rule is self.rules.page and not baseline.seasonal:
+                return self._confirms_early_page(distance, rule, baseline, window)
             return self._confirms_without_model(distance, rule, baseline, window)
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: the series' noise model widens the standard error by sqrt(g(window)).
@@ -969,6 +976,38 @@ class _Core:
             block=self.rules.trailing_runs // 6,
         )
         return z / factor >= rule.z_threshold
+
+    def _confirms_early_page(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
+        """The page window's z test against a trailing baseline (a series' first days), noise model on but
+        not engaged (it learns from a series' second day on, and is engaged once it has measured wander).
+
+        Without the model the window is widened by the long-run factor of the trailing window's own 36
+        runs, in blocks of 6: on so few runs it often reads 1 where load comes and goes (bench/detector.py,
+        AR(1) rows: most false pages in the first 3.5 days opened so, on day 1, with z 4.5-7). Here it is
+        widened by the larger of that and the same factor pooled over the consecutive trailing-sized
+        windows of the day before (`stats.pooled_factor`: each window less its own median, so the daily
+        cycle between windows is not read as wander)."""
+        z = baseline.z(distance, min(window, rule.window_runs))
+        span = self.rules.trailing_runs
+        if z < rule.z_threshold or span < 36:
+            return z >= rule.z_threshold
+        bound = self.rules.cusum.clip if self.rules.cusum is not None else 2.5
+        end = baseline.end
+        _mean, own = clipped_profile(
+            self.logs[max(0, end - span) : end],
+            center=baseline.level,
+            sigma=baseline.sigma,
+            bound=bound,
+            block=span // 6,
+        )
+        pooled = pooled_factor(
+            self.logs[max(0, end - EARLY_PAGE_HISTORY_RUNS) : end],
+            span=span,
+            sigma=baseline.sigma,
+            bound=bound,
+            block=span // 6,
+        )
+        return z / max(own, pooled) >= rule.z_threshold
 
     def _run_is_slow(self, verdict: _Verdict) -> bool:
         """Whether the run itself is at least halfway (in log) to the page ratio above the baseline.

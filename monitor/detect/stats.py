@@ -127,3 +127,36 @@ def clipped_profile(
 def cusum_step(total: float, value: float, *, allowance: float) -> float:
     """One step of a one-sided (upward) CUSUM: add `value` minus the `allowance`, never going below 0."""
     return max(0.0, total + value - allowance)
+
+
+def pooled_factor(values: Sequence[float], *, span: int, sigma: float, bound: float, block: int) -> float:
+    """The long-run factor of `values` (in time order) within consecutive windows of `span` values, the last
+    ending at the end: each window's values less its own median, clipped to +-bound x sigma, then the
+    variance of the sums of every `block` consecutive values over `block` times the values' variance,
+    pooled over the windows; its square root, never below 1, and 1 with fewer than two blocks in a window.
+
+    Each window's own level is left out, so a daily cycle or drift between windows does not count as
+    wander, while load that comes and goes within a window does; pooled over a day of windows it is a
+    steadier estimate than any one window's (`clipped_profile`)."""
+    if sigma <= 0 or block < 2 or span < 2 * block:
+        return 1.0
+    limit = bound * sigma
+    squares = sums_squares = 0.0
+    count = sums_count = 0
+    end = len(values)
+    while end - span >= 0:
+        window = values[end - span : end]
+        end -= span
+        center = sorted(window)[span // 2]
+        clipped = [min(limit, max(-limit, v - center)) for v in window]
+        mean = sum(clipped) / span
+        deviations = [v - mean for v in clipped]
+        squares += sum(d * d for d in deviations)
+        count += span - 1
+        prefix = [0.0, *accumulate(deviations)]
+        sums = [prefix[i + block] - prefix[i] for i in range(span - block + 1)]
+        sums_squares += sum(s * s for s in sums)
+        sums_count += len(sums) - 1
+    if count == 0 or sums_count <= 0 or squares <= 0:
+        return 1.0
+    return max(1.0, math.sqrt((sums_squares / sums_count / block) / (squares / count)))

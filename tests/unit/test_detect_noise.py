@@ -15,7 +15,7 @@ from monitor.detect.detector import Detector, Rules, RunPoint, SeriesState
 from monitor.detect.noise import NoiseModel, estimate, variance_ratio
 from monitor.detect.rules import FIXED_THRESHOLD
 from monitor.detect.settings import Detection
-from monitor.detect.stats import mad_sigma
+from monitor.detect.stats import clipped_profile, mad_sigma, pooled_factor
 from tests.support.series import EVERY, RUNS_PER_DAY, T0, make_series
 
 WEEK = 2016  # 5-minute runs
@@ -476,3 +476,64 @@ def test_the_larger_allowance_derives_a_lower_threshold(monkeypatch: pytest.Monk
     plain, _, _ = cusum_at_the_end(wander, Detection().rules())
     assert bare == plain and grown is not None and bare is not None and grown > bare
     assert lower is not None and higher is not None and lower < higher, (lower, higher)
+
+
+# ---------------------------------------------------------------- pages before the seasonal baseline
+
+
+def test_the_pooled_factor_reads_wander_within_windows_not_the_daily_cycle_between_them() -> None:
+    rng = random.Random(3)
+    independent = [rng.gauss(0, 0.1) for _ in range(RUNS_PER_DAY)]
+    cycle = [v + 0.2 * math.sin(2 * math.pi * i / RUNS_PER_DAY) for i, v in enumerate(independent)]
+
+    def pooled(values: list[float]) -> float:
+        return pooled_factor(values, span=36, sigma=0.1, bound=2.5, block=6)
+
+    assert pooled(independent) < 1.1
+    # A day read as one window takes the daily cycle for wander; 36-run windows less their own medians do not.
+    assert clipped_profile(cycle, center=0.0, sigma=0.1, bound=2.5, block=6)[1] > 1.8
+    assert pooled(cycle) < 1.1
+    for seed in range(1, 6):
+        wander = ar_noise(RUNS_PER_DAY, share=0.5, phi=0.9, sd=0.1, seed=seed)
+        assert pooled(wander) > 1.3
+    assert pooled(independent[:30]) == 1.0  # under a window: no factor
+
+
+def first_page(points: list[RunPoint], *, double_from: int | None = None) -> int | None:
+    """The run (from `double_from`, TTFT doubled from then on) at which a page opens, noise model on."""
+    replayer = Detector(noise_rules()).replayer()
+    for i, point in enumerate(points):
+        if double_from is not None and i >= double_from and point.ttft_ms is not None:
+            point = RunPoint(point.at, 2.0 * point.ttft_ms, ok=point.ok, errors=point.errors)
+        events = replayer.feed(point)
+        paged = any(e.kind == "regression" and e.severity == "page" and e.action != "resolve" for e in events)
+        if paged and (double_from is None or i >= double_from):
+            return i if double_from is None else i - double_from + 1
+    return None
+
+
+@pytest.mark.parametrize(("phi", "seed"), [(0.9, 30), (0.9, 37), (0.97, 1), (0.97, 6)])
+def test_with_the_model_on_first_day_wander_does_not_page(phi: float, seed: int) -> None:
+    # A series' first day, 5 probes per run, half the variance load wandering at phi 0.9 / 0.97: the
+    # baseline is the trailing 36 runs, the model has nothing to learn from yet. On these series the page
+    # window test widened by the trailing window's own factor alone (1.0-1.4 at these runs) paged once each,
+    # on runs 112-261; widened by the factor pooled over the day's trailing-sized windows, none does.
+    points = daily_series(1.0, share=0.5, phi=phi, probes=5, seed=seed)
+    assert first_page(points) is None
+
+
+@pytest.mark.parametrize(
+    ("probes", "seeds", "most_runs"),
+    [(1, (2, 5, 6, 7), 12), (3, (1, 4, 6, 7, 8, 10), 6), (5, (1, 8, 9, 10), 6)],
+)
+def test_with_the_model_on_a_first_day_doubling_on_independent_runs_pages_as_fast(
+    probes: int, seeds: tuple[int, ...], most_runs: int
+) -> None:
+    # A doubling 14 hours into a series of independent runs (a daily cycle, a drift): where the page window
+    # test paged it within an hour with one probe per run and 30 minutes with 3 or 5, it still does
+    # (the seeds are those where it paged within that before the change; on 10 series of each, the change
+    # moved none of these delays).
+    for seed in seeds:
+        points = daily_series(1.5, share=0.0, phi=0.9, probes=probes, seed=seed)
+        delay = first_page(points, double_from=170)
+        assert delay is not None and delay <= most_runs, (seed, delay)
