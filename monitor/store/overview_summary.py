@@ -170,7 +170,7 @@ async def read_rollups(
             )
         ):
             if (series_id, at) not in pending:
-                _draw(sparks, series_id, _slot(spark_from, at), cast(float, p50))
+                _draw(sparks, series_id, spark_slot(spark_from, at), cast(float, p50))
         # SQLite has no percentile aggregate: the week's hourly p50s, and their medians here (the same
         # interpolation as percentile_cont), so the summary holds the baselines on SQLite too.
         week_p50s: dict[int, list[float]] = {}
@@ -189,7 +189,8 @@ async def read_rollups(
     return RolledHours(counts, medians, sparks)
 
 
-def _slot(spark_from: datetime, hour: datetime) -> int:
+def spark_slot(spark_from: datetime, hour: datetime) -> int:
+    """The sparkline's slot of `hour` (0 the first hour, SPARK_HOURS - 1 the current one)."""
     return int((hour - spark_from).total_seconds()) // 3600
 
 
@@ -383,7 +384,7 @@ async def _leave_out(
                 totals[2 * index + 1] -= errors
         line = rolled.sparks.get(series_id)
         if line is not None and hours.spark_from <= hour < hours.current:
-            line[_slot(hours.spark_from, hour)] = None
+            line[spark_slot(hours.spark_from, hour)] = None
 
 
 def _chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:

@@ -44,7 +44,7 @@ from monitor.store.models import (
     SampleRow,
     SeriesRow,
 )
-from monitor.store.overview_summary import SPARK_HOURS, OverviewHours, RolledHours, ceil_hour
+from monitor.store.overview_summary import SPARK_HOURS, OverviewHours, RolledHours, ceil_hour, spark_slot
 from monitor.store.records import SERVER_RUN_FIELDS, HourlyStats, floor_hour
 from monitor.store.repository import Repository
 from monitor.store.triage import ANNOTATION_WINDOW, TriageStore, related_annotations
@@ -269,7 +269,7 @@ async def overview(
     last_hour: dict[int, list[float]] = defaultdict(list)
     fresh_sparks: dict[int, dict[int, list[float]]] = defaultdict(dict)
     hour_ago = now - timedelta(hours=1)
-    current_slot = _hours_between(spark_from, current)
+    current_slot = spark_slot(spark_from, current)
     for grouped in fresh.series:  # none pending: each run's hour is rolled up unless it is the current one
         totals = counts.setdefault(grouped.series_id, [0] * 6)
         for index, (ok, errors) in enumerate(grouped.windows):
@@ -292,7 +292,7 @@ async def overview(
             if at >= hour_ago:
                 last_hour[series_id].append(p50)
             if unrolled and hour >= spark_from:
-                fresh_sparks[series_id].setdefault(_hours_between(spark_from, hour), []).append(p50)
+                fresh_sparks[series_id].setdefault(spark_slot(spark_from, hour), []).append(p50)
     # A target's SLO burn incidents live on a row with the prompt `*` that never has runs of its own:
     # it is the target's objective across its prompts, and ran when any of its prompts did.
     target_last: dict[tuple[str, str], datetime] = {}
@@ -496,10 +496,6 @@ def _latest_of(
             if seen is None or (seen[0] is not None and at > seen[0]):
                 latest[series_id] = (at, ok)
     return latest
-
-
-def _hours_between(start: datetime, hour: datetime) -> int:
-    return int((hour - start).total_seconds()) // 3600
 
 
 def _fraction(ok: Any, errors: Any) -> float | None:
