@@ -993,13 +993,7 @@ class _Core:
             return z >= rule.z_threshold
         bound = self.rules.cusum.clip if self.rules.cusum is not None else 2.5
         end = baseline.end
-        _mean, own = clipped_profile(
-            self.logs[max(0, end - span) : end],
-            center=baseline.level,
-            sigma=baseline.sigma,
-            bound=bound,
-            block=span // 6,
-        )
+        own = self._trailing_factor(baseline, bound)
         pooled = pooled_factor(
             self.logs[max(0, end - EARLY_PAGE_HISTORY_RUNS) : end],
             span=span,
@@ -1096,15 +1090,21 @@ class _Core:
         elif self.rules.trailing_runs < 36:
             factor = 1.0
         else:
-            end = baseline.end
-            _mean, factor = clipped_profile(
-                self.logs[max(0, end - self.rules.trailing_runs) : end],
-                center=baseline.level,
-                sigma=baseline.sigma,
-                bound=cusum.clip,
-                block=self.rules.trailing_runs // 6,
-            )
+            factor = self._trailing_factor(baseline, cusum.clip)
         return z / factor >= rule.z_threshold
+
+    def _trailing_factor(self, baseline: _Baseline, bound: float) -> float:
+        """The long-run factor of a trailing baseline's own runs, in blocks of a sixth of them."""
+        span = self.rules.trailing_runs
+        end = baseline.end
+        _mean, factor = clipped_profile(
+            self.logs[max(0, end - span) : end],
+            center=baseline.level,
+            sigma=baseline.sigma,
+            bound=bound,
+            block=span // 6,
+        )
+        return factor
 
     def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:
         """The baseline and each window's distance from it; None: no verdict.
