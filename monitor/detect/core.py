@@ -9,6 +9,7 @@ from collections import Counter, deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import pairwise
 from operator import sub
 from typing import Any
 
@@ -17,7 +18,7 @@ from monitor.detect import identity
 from monitor.detect import noise as noise_model
 from monitor.detect.noise import NoiseModel
 from monitor.detect.rules import FIXED_THRESHOLD, MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
-from monitor.detect.state import Event, Incident, RunPoint, SeriesState
+from monitor.detect.state import Event, HistoryColumns, Incident, RunPoint, SeriesState
 from monitor.detect.stats import (
     clipped_profile,
     cusum_step,
@@ -242,6 +243,37 @@ class _Core:
         self._residuals.append(None)
         self._appended_since_trim += 1
         if self._appended_since_trim >= 4096:
+            self._trim()
+
+    def load(self, history: HistoryColumns) -> None:
+        """Append `history`'s runs to an empty core: the same data as `append` of each run it stands for,
+        built a column at a time (evaluating a run loads a week of history: 2,400 appends took 4 ms)."""
+        if self._recent or self.times:
+            raise ValueError("load fills an empty core")
+        count = len(history)
+        if not count:
+            return
+        oks, errors = history.oks, history.errors
+        recent = self._recent
+        for index in range(max(0, count - (recent.maxlen or count)), count):
+            recent.append((oks[index], errors[index], history.error_classes[index]))
+        window = list(recent)[-self.rules.error_window_runs :]
+        self._window_requests = sum(ok + failed for ok, failed, _ in window)
+        self._window_failed = sum(failed for _ok, failed, _ in window)
+        self._failed_streak = _trailing(oks)
+        self._clean_streak = _trailing(errors)
+        ttfts = history.ttfts
+        valid = [index for index in range(count) if ttfts[index] == ttfts[index]]
+        moments = history.moments
+        times = [moments[index] for index in valid]
+        if any(later < earlier for earlier, later in pairwise(times)):
+            raise ValueError("runs must come in time order")
+        self.times = times
+        self.logs = [math.log(ttfts[index]) for index in valid]
+        self.probes = [max(oks[index], 1) for index in valid]
+        self._residuals = [None] * len(valid)
+        self._appended_since_trim = len(valid)
+        if self._appended_since_trim >= 4096:  # as `append` would have on the way: drops only runs none reads
             self._trim()
 
     def _trim(self) -> None:
@@ -1217,6 +1249,16 @@ class _Core:
             )
             detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
             events.append(_event(resolved, "resolve", run.at, detail, resolved=True))
+
+
+def _trailing(counts: list[int]) -> int:
+    """How many of the last counts are zero in a row (a streak of runs without a success, or an error)."""
+    streak = 0
+    for value in reversed(counts):
+        if value:
+            break
+        streak += 1
+    return streak
 
 
 def _lookback_s(rules: Rules) -> float:

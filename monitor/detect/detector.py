@@ -43,7 +43,7 @@ from monitor.alert.model import Severity
 from monitor.detect.core import _Core, _lookback_s
 from monitor.detect.noise import NoiseModel
 from monitor.detect.rules import MIN_BASELINE_RUNS, Action, Cusum, Kind, Rules, Threshold
-from monitor.detect.state import STATE_VERSION, Event, Incident, RunPoint, SeriesState, point_from_run
+from monitor.detect.state import STATE_VERSION, Event, HistoryColumns, Incident, RunPoint, SeriesState, point_from_run
 
 __all__ = [
     "MIN_BASELINE_RUNS",
@@ -90,14 +90,18 @@ class Detector:
         return new_state, events
 
     def evaluate_with_baseline(
-        self, history: Sequence[RunPoint], state: SeriesState, run: RunPoint
+        self, history: Sequence[RunPoint] | HistoryColumns, state: SeriesState, run: RunPoint
     ) -> tuple[SeriesState, list[Event], float | None]:
-        """`evaluate`, plus the baseline (ms) `run` was compared with: None until the series has one."""
+        """`evaluate`, plus the baseline (ms) `run` was compared with: None until the series has one.
+        `history` as points, or as columns (the same runs, loaded faster: detect/history.py)."""
         core = _Core(self.rules, self.slo_ms)
         epoch = state.epoch_since
-        for point in history:
-            if epoch is None or point.at >= epoch:  # a new model's runs are compared among themselves
-                core.append(point)
+        if isinstance(history, HistoryColumns):
+            core.load(history if epoch is None else history.since(epoch.timestamp()))
+        else:
+            for point in history:
+                if epoch is None or point.at >= epoch:  # a new model's runs are compared among themselves
+                    core.append(point)
         new_state = state.copy()
         events = core.step(new_state, run)
         return new_state, events, core.baseline_ms

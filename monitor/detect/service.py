@@ -24,11 +24,12 @@ from monitor.detect.attribution import ServerSplit, classify, server_split, spli
 from monitor.detect.budget_service import BudgetService
 from monitor.detect.burn_service import BurnService
 from monitor.detect.cache_service import CacheService
-from monitor.detect.detector import Detector, Event, SeriesState, point_from_run
+from monitor.detect.detector import Detector, Event, RunPoint, SeriesState, point_from_run
 from monitor.detect.figures import figures_of
 from monitor.detect.group_notify import GroupNotifier
 from monitor.detect.grouping import GROUPED_KINDS, scope
-from monitor.detect.state import is_evidence
+from monitor.detect.history import HistoryCache, SeriesHistory, Span, micros
+from monitor.detect.state import HistoryColumns, is_evidence
 from monitor.logging import error_text
 from monitor.metrics.definitions import Metrics
 from monitor.otel.incident import IncidentReading
@@ -157,11 +158,20 @@ class DetectionService:
         self._budget = BudgetService(repository, config, outbox=outbox, metrics=metrics)
         self._cache = CacheService(engine, repository, config, outbox=outbox, metrics=metrics)
         self._notifier = GroupNotifier(config, outbox=outbox)
+        self._histories: HistoryCache[SeriesKey] = HistoryCache(0)
+        self._history_locks: dict[SeriesKey, asyncio.Lock] = {}
         self.update_config(config)
 
     def update_config(self, config: Config) -> None:
         self._config = config
         self._detectors: dict[str, Detector] = {}
+        # The histories kept stay valid across a reload (they are the database's runs); a smaller budget
+        # starts them over.
+        budget = int(config.detection.history_memory_mb * 1024 * 1024)
+        if budget < self._histories.nbytes():
+            self._histories.clear()
+        self._histories.budget_bytes = budget
+        self._history_budget_warned = False
         self._burn.update_config(config)
         self._budget.update_config(config)
         self._cache.update_config(config)
@@ -369,14 +379,11 @@ class DetectionService:
         series = run.series
         detector = self._detector(series.target)
         since = detector.history_since(run.started_at, interval=interval)
-        records = await self._repository.runs_between(series, since, run.started_at)
-        history = [
-            point_from_run(r)
-            for r in records
-            if r.run_id != run.run_id and r.started_at < run.started_at and is_evidence(r)
-        ]
+        kept = await self._history(series, since, run.started_at)
+        history: list[RunPoint] | HistoryColumns = kept.columns(since, run.started_at)
         if self._cache.is_warm(series.prompt):
-            history = await self._cache.without_cacheless(series, history, run.started_at)
+            points = kept.points(since, run.started_at)
+            history = await self._cache.without_cacheless(series, points, run.started_at)
         measured = [s for s in samples if not s.warmup and not s.disturbed]
         served = Counter(s.served_model for s in measured if s.served_model).most_common(1)
         fingerprint = Counter(s.fingerprint for s in measured if s.fingerprint).most_common(1)
@@ -413,7 +420,7 @@ class DetectionService:
             attempt.state = new_state.to_json()
             if not await self._store.write_state(connection, series_id, attempt.state, read=read, now=now):
                 raise StateConflict("the detector state changed since it was read")  # rolls back
-            split = server_split(run, records)
+            split = await self._server_split(connection, run, since, events)
             for event in events:
                 where = _where(event, split)
                 # A target's series all see its model change: one marker and one notification stand for all.
@@ -430,6 +437,60 @@ class DetectionService:
             attempt.outcome = (new_state, events, baseline_ms)
             attempt.committing = True
         return new_state, events, baseline_ms
+
+    async def _history(self, series: SeriesKey, since: datetime, end: datetime) -> SeriesHistory:
+        """The runs of `series` started in [since, end), as the detector reads them. From the history kept
+        (detect/history.py) when the database still holds exactly its runs over their span, reading only the
+        runs stored after them; else read whole, and kept if the budget allows."""
+        lock = self._history_locks.get(series)
+        if lock is None:
+            lock = self._history_locks[series] = asyncio.Lock()
+        # One reader of a series' kept history at a time: two evaluations of it at once (a replayed spool's
+        # runs beside a tick's) would both append the runs stored since its last.
+        async with lock:
+            try:
+                return await self._history_locked(series, since, end)
+            except BaseException:
+                self._histories.forget(series)  # half extended, perhaps: read whole next time
+                raise
+
+    async def _history_locked(self, series: SeriesKey, since: datetime, end: datetime) -> SeriesHistory:
+        kept = self._histories.get(series)
+        last = kept.last if kept is not None else None
+        if kept is not None and last is not None and kept.complete_from <= micros(since):
+            if Span(*await self._repository.run_span(series, since, last)) == kept.span(since, last):
+                kept.extend(await self._repository.history_rows(series, end, after=last))
+                kept.forget_before(since)
+                self._histories.resized(series)
+                return kept
+            # A run stored late among the kept ones (a spool's replay, another replica's run), or some gone.
+            self._log.debug("detection_history_reread", target=series.target, prompt=series.prompt)
+            self._histories.forget(series)
+        fresh = SeriesHistory(since)
+        fresh.extend(await self._repository.history_rows(series, end, start=since))
+        if not self._histories.keep(series, fresh) and self._histories.budget_bytes and not self._history_budget_warned:
+            self._history_budget_warned = True
+            self._log.warning(
+                "detection_history_budget_full",
+                series_kept=len(self._histories),
+                kept_mb=round(self._histories.nbytes() / 1e6, 1),
+                budget_mb=self._config.detection.history_memory_mb,
+                reason="the series beyond it read their whole history for every run (the same verdicts, more CPU); "
+                "raise detection.history_memory_mb to keep them too",
+            )
+        return fresh
+
+    async def _server_split(
+        self, connection: AsyncConnection, run: RunRecord, since: datetime, events: Sequence[Event]
+    ) -> ServerSplit | None:
+        """The server's side of a regression the run opened or updated, against its history's medians; read
+        only then (the history kept holds no server metrics)."""
+        if run.server_ttft_ms is None and run.server_waiting is None:
+            return None
+        if not any(event.kind == "regression" and event.action != "resolve" for event in events):
+            return None
+        records = await self._repository.runs_between(run.series, since, run.started_at, connection=connection)
+        return server_split(run, records)
 
     async def _mark_change(self, connection: AsyncConnection, series: SeriesKey, event: Event) -> bool:
         """A change marker on the target's charts where the new model's epoch begins, once per target;

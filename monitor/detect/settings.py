@@ -207,6 +207,15 @@ class Detection(ConfigModel):
         description="With `noise_model` on: the false alerts a healthy series may raise per week; the CUSUM's "
         "threshold is derived from it and each series' measured noise (lower is quieter and slower).",
     )
+    history_memory_mb: float = Field(
+        64.0,
+        ge=0,
+        le=65536,
+        description="Memory for the runs each evaluation reads (a week and a day of a series' runs with the default "
+        "seasonal baseline: about 30 bytes a run, 75 kB a series of 5-minute runs), kept between evaluations so "
+        "each reads only the runs stored since the last. Series beyond it are read afresh every run (about 30 ms "
+        "of CPU each at 5-minute runs); 0 reads every series afresh. What detection decides is the same either way.",
+    )
     page: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["page"]),
         description="Rule for `page` severity: large, confirmed regressions. Keys left out keep their defaults.",

@@ -4,6 +4,7 @@ JSON form, the `detector_state.state` column)."""
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -55,6 +56,32 @@ class RunPoint:
         ok = self.ok if self.ok is not None else (0 if self.ttft_ms is None else 1)
         errors = self.errors if self.errors is not None else (1 if self.ttft_ms is None else 0)
         return ok, errors
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryColumns:
+    """Runs as columns, oldest first, each the `RunPoint` it stands for with only what the detector reads of
+    a run before the one it evaluates (`_Core.load`): its start (seconds since the epoch, as
+    `datetime.timestamp` gives it), its median TTFT (nan: every request failed), its request counts and its
+    dominant error class. Runs that are no latency evidence are not among them."""
+
+    moments: list[float]
+    ttfts: list[float]
+    oks: list[int]
+    errors: list[int]
+    error_classes: list[str | None]
+
+    def __len__(self) -> int:
+        return len(self.moments)
+
+    def since(self, moment: float) -> HistoryColumns:
+        """The runs started at `moment` or later."""
+        low = bisect_left(self.moments, moment)
+        if not low:
+            return self
+        return HistoryColumns(
+            self.moments[low:], self.ttfts[low:], self.oks[low:], self.errors[low:], self.error_classes[low:]
+        )
 
 
 def is_evidence(record: RunRecord) -> bool:

@@ -247,6 +247,38 @@ _RUNS_BETWEEN = (
     .order_by(RunRow.started_at)
 )
 
+# What the detector reads of each run (detect/history.py's HistoryRow), and the check that the runs it
+# keeps are still all the database holds over their span.
+_HISTORY_COLUMNS = (
+    RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors, RunRow.rounds,
+    RunRow.canary, RunRow.server_build,
+)  # fmt: skip
+_HISTORY_FROM = (
+    select(*_HISTORY_COLUMNS)
+    .where(
+        RunRow.series_id == bindparam("series_id"),
+        RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
+        RunRow.started_at < bindparam("end", type_=UtcDateTime()),
+    )
+    .order_by(RunRow.started_at)
+)
+_HISTORY_AFTER = (
+    select(*_HISTORY_COLUMNS)
+    .where(
+        RunRow.series_id == bindparam("series_id"),
+        RunRow.started_at > bindparam("after", type_=UtcDateTime()),
+        RunRow.started_at < bindparam("end", type_=UtcDateTime()),
+    )
+    .order_by(RunRow.started_at)
+)
+_RUN_SPAN = select(
+    func.count(), func.min(RunRow.started_at).label("first"), func.max(RunRow.started_at).label("last")
+).where(
+    RunRow.series_id == bindparam("series_id"),
+    RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
+    RunRow.started_at <= bindparam("end", type_=UtcDateTime()),
+)
+
 _ROLLUPS_BETWEEN = (
     select(*(ROLLUPS.c[f.name] for f in fields(HourlyStats)))
     .where(
@@ -579,23 +611,53 @@ class Repository:
             self._series_ids[series] = found
         return found
 
-    async def _series_rows(self, series: SeriesKey, statement: Executable, **params: Any) -> Sequence[Any]:
-        """The rows of `statement` (which binds `:series_id`) for `series`; none for a series never stored."""
-        async with self._read() as connection:
+    async def _series_rows(
+        self, series: SeriesKey, statement: Executable, *, connection: AsyncConnection | None = None, **params: Any
+    ) -> Sequence[Any]:
+        """The rows of `statement` (which binds `:series_id`) for `series`; none for a series never stored.
+        On `connection` when given (a transaction's), else on a reading connection of its own."""
+        if connection is not None:
             series_id = await self._series_id(connection, series)
             if series_id is None:
                 return []
             return (await connection.execute(statement, {"series_id": series_id, **params})).all()
+        async with self._read() as reading:
+            return await self._series_rows(series, statement, connection=reading, **params)
 
     async def last_runs(self, series: SeriesKey, n: int) -> list[RunRecord]:
         """The `n` most recent runs of `series` (by start), oldest first."""
         rows = await self._series_rows(series, _LAST_RUNS, n=n)
         return [_run_record(row, series) for row in reversed(rows)]
 
-    async def runs_between(self, series: SeriesKey, start: datetime, end: datetime) -> list[RunRecord]:
-        """Runs of `series` started in [start, end), oldest first."""
-        rows = await self._series_rows(series, _RUNS_BETWEEN, start=start, end=end)
+    async def runs_between(
+        self, series: SeriesKey, start: datetime, end: datetime, *, connection: AsyncConnection | None = None
+    ) -> list[RunRecord]:
+        """Runs of `series` started in [start, end), oldest first (on `connection`, when given)."""
+        rows = await self._series_rows(series, _RUNS_BETWEEN, connection=connection, start=start, end=end)
         return [_run_record(row, series) for row in rows]
+
+    async def history_rows(
+        self, series: SeriesKey, end: datetime, *, start: datetime | None = None, after: datetime | None = None
+    ) -> list[tuple[Any, ...]]:
+        """What the detector reads of the runs of `series` started before `end` and from `start` (or after
+        `after`), oldest first: (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build)."""
+        if (start is None) == (after is None):
+            raise ValueError("give either start or after")
+        if start is not None:
+            rows = await self._series_rows(series, _HISTORY_FROM, start=start, end=end)
+        else:
+            rows = await self._series_rows(series, _HISTORY_AFTER, after=after, end=end)
+        return [tuple(row) for row in rows]
+
+    async def run_span(
+        self, series: SeriesKey, start: datetime, end: datetime
+    ) -> tuple[int, datetime | None, datetime | None]:
+        """(runs, first start, last start) of `series` started in [start, end]."""
+        rows = await self._series_rows(series, _RUN_SPAN, start=start, end=end)
+        if not rows:
+            return 0, None, None
+        count, first, last = rows[0]
+        return int(count), first, last
 
     async def load_runs(
         self, series: SeriesKey, start: datetime, end: datetime

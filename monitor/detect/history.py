@@ -1,0 +1,244 @@
+"""The runs the detector reads for each series, kept between its evaluations.
+
+Evaluating a run reads the series' runs of the last `Detector.history_since` (a week and a day with the
+default seasonal baseline: about 2,400 runs at 5-minute runs). Read afresh for every run, that was 33 ms of
+database rows and 55-70 ms of CPU per evaluation on SQLite (a job of 1,000 series every 5 minutes spent a
+fifth of a core on it, and a 10-second detection budget covered about 180 of a batch's runs). Kept here,
+an evaluation reads only the runs stored since the last one, after checking that the runs already kept
+are still all the database holds over their span (`Span`: count, first and last start); any difference
+(a spooled run replayed late, another replica's run, retention) reads the whole history again. So what
+the detector is given is what reading afresh would give, run for run.
+
+Kept in columns of machine numbers (about 30 bytes a run: the start in microseconds, the median TTFT,
+the request counts, and indexes into the series' few distinct labels), within a memory budget: a series
+that does not fit is read afresh each time, as before.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Generic, TypeVar
+
+from monitor.detect.state import HistoryColumns, RunPoint
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# A run as the store reads it for the detector: (started_at, ttft_p50_ms, error class, ok, errors, rounds,
+# canary, server_build).
+HistoryRow = tuple[datetime, float | None, str | None, int, int, int, str | None, str | None]
+# A series' entry costs this much besides its columns (the object, its arrays' headers, the labels).
+ENTRY_OVERHEAD_BYTES = 600
+# How long a series not evaluated stays kept once the budget is full (a removed target, a finished job).
+IDLE_S = 3600.0
+
+K = TypeVar("K")
+
+
+def micros(at: datetime) -> int:
+    """Microseconds since the epoch: exact, unlike a float timestamp."""
+    delta = at - EPOCH
+    return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """What the database holds of a series over a range of starts: how many runs, the first and last start."""
+
+    count: int
+    first: datetime | None
+    last: datetime | None
+
+
+class SeriesHistory:
+    """One series' runs in start order, complete from `complete_from` (microseconds) to the last one."""
+
+    __slots__ = ("_at", "_errors", "_label_index", "_label_of", "_labels", "_ok", "_rounds", "_ttft", "complete_from")
+
+    def __init__(self, complete_from: datetime) -> None:
+        self.complete_from = micros(complete_from)
+        self._at = array("q")
+        self._ttft = array("d")  # nan: every request failed
+        self._ok = array("i")
+        self._errors = array("i")
+        self._rounds = array("i")
+        # (error, canary, server_build) of each run as one index into the series' distinct triples: a
+        # series has a handful (a model change, an error class), so a run costs two bytes for all three.
+        self._labels = array("H")
+        self._label_index: dict[tuple[str | None, str | None, str | None], int] = {(None, None, None): 0}
+        self._label_of: list[tuple[str | None, str | None, str | None]] = [(None, None, None)]
+
+    def __len__(self) -> int:
+        return len(self._at)
+
+    @property
+    def last(self) -> datetime | None:
+        return EPOCH + timedelta(microseconds=self._at[-1]) if self._at else None
+
+    def nbytes(self) -> int:
+        columns = (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels)
+        return ENTRY_OVERHEAD_BYTES + sum(column.itemsize * column.buffer_info()[1] for column in columns)
+
+    def extend(self, rows: Iterable[HistoryRow]) -> None:
+        """Append rows started after the last one kept (oldest first)."""
+        for started, ttft, error, ok, errors, rounds, canary, build in rows:
+            moment = micros(started)
+            if self._at and moment < self._at[-1]:
+                raise ValueError("history rows must come in start order, after the runs kept")
+            labels = (error, canary, build)
+            index = self._label_index.get(labels)
+            if index is None:
+                if len(self._label_of) >= 0xFFFF:
+                    raise OverflowError("too many distinct labels in one series' history")
+                index = self._label_index[labels] = len(self._label_of)
+                self._label_of.append(labels)
+            self._at.append(moment)
+            self._ttft.append(math.nan if ttft is None else ttft)
+            self._ok.append(ok)
+            self._errors.append(errors)
+            self._rounds.append(rounds)
+            self._labels.append(index)
+
+    def span(self, start: datetime, end: datetime) -> Span:
+        """The runs kept with starts in [start, end], as `Span`."""
+        low = bisect_left(self._at, micros(start))
+        high = bisect_right(self._at, micros(end))
+        if high <= low:
+            return Span(0, None, None)
+        first = EPOCH + timedelta(microseconds=self._at[low])
+        return Span(high - low, first, EPOCH + timedelta(microseconds=self._at[high - 1]))
+
+    def forget_before(self, start: datetime) -> None:
+        """Drop runs started before `start`: no evaluation reads them again."""
+        moment = micros(start)
+        drop = bisect_left(self._at, moment)
+        if drop:
+            for column in (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels):
+                del column[:drop]
+        self.complete_from = max(self.complete_from, moment)
+
+    def columns(self, start: datetime, end: datetime) -> HistoryColumns:
+        """`points(start, end)` as the detector loads them (`state.HistoryColumns`), without a point each."""
+        low = bisect_left(self._at, micros(start))
+        high = bisect_left(self._at, micros(end))
+        oks, errors, rounds = self._ok[low:high], self._errors[low:high], self._rounds[low:high]
+        evidence = [i for i in range(high - low) if rounds[i] == 0 or oks[i] + errors[i] > 0]
+        at, ttfts, labels, label_of = self._at, self._ttft, self._labels, self._label_of
+        if len(evidence) == high - low:  # nearly always: a plain copy of each column
+            return HistoryColumns(
+                [moment / 1e6 for moment in at[low:high]],
+                ttfts[low:high].tolist(),
+                oks.tolist(),
+                errors.tolist(),
+                [label_of[label][0] for label in labels[low:high]],
+            )
+        return HistoryColumns(
+            [at[low + i] / 1e6 for i in evidence],
+            [ttfts[low + i] for i in evidence],
+            [oks[i] for i in evidence],
+            [errors[i] for i in evidence],
+            [label_of[labels[low + i]][0] for i in evidence],
+        )
+
+    def points(self, start: datetime, end: datetime) -> list[RunPoint]:
+        """The detector's view of the runs started in [start, end) that are evidence (`state.is_evidence`:
+        not every measured sample disturbed), oldest first, as `point_from_run` makes them."""
+        low = bisect_left(self._at, micros(start))
+        high = bisect_left(self._at, micros(end))
+        at, ttfts, oks, errors, rounds, labels, label_of = (
+            self._at,
+            self._ttft,
+            self._ok,
+            self._errors,
+            self._rounds,
+            self._labels,
+            self._label_of,
+        )
+        out = []
+        for index in range(low, high):
+            ok, failed = oks[index], errors[index]
+            if rounds[index] != 0 and ok + failed == 0:
+                continue
+            ttft = ttfts[index]
+            error, canary, build = label_of[labels[index]]
+            out.append(
+                RunPoint(
+                    at=EPOCH + timedelta(microseconds=at[index]),
+                    ttft_ms=None if ttft != ttft else ttft,
+                    error=error,
+                    ok=ok,
+                    errors=failed,
+                    canary=canary,
+                    server_build=build,
+                )
+            )
+        return out
+
+
+class HistoryCache(Generic[K]):
+    """Series' histories by key, within `budget_bytes`. A series that would not fit is not kept (it is read
+    afresh), rather than pushing out another: series are evaluated in turn, so evicting the least recent
+    would empty the cache a tick at a time. Series not evaluated for `IDLE_S` make room."""
+
+    def __init__(self, budget_bytes: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: dict[K, SeriesHistory] = {}
+        self._sizes: dict[K, int] = {}
+        self._used: dict[K, float] = {}
+        self._total = 0
+        self._clock = clock
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: K) -> SeriesHistory | None:
+        entry = self._entries.get(key)
+        if entry is not None:
+            self._used[key] = self._clock()
+        return entry
+
+    def forget(self, key: K) -> None:
+        self._entries.pop(key, None)
+        self._used.pop(key, None)
+        self._total -= self._sizes.pop(key, 0)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._sizes.clear()
+        self._used.clear()
+        self._total = 0
+
+    def nbytes(self) -> int:
+        """The kept histories' size, as of their last `keep` or `resized`."""
+        return self._total
+
+    def resized(self, key: K) -> None:
+        """Count `key`'s history at its size now (after it was extended or trimmed); one that grew past the
+        budget is no longer kept."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            size = entry.nbytes()
+            self._total += size - self._sizes[key]
+            self._sizes[key] = size
+            if self._total > self.budget_bytes:
+                self.forget(key)
+
+    def keep(self, key: K, entry: SeriesHistory) -> bool:
+        """Keep `entry` for `key` if the budget allows (after dropping idle series); whether it is kept."""
+        self.forget(key)
+        size = entry.nbytes()
+        if self._total + size > self.budget_bytes:
+            now = self._clock()
+            for idle in [k for k, at in self._used.items() if now - at > IDLE_S]:
+                self.forget(idle)
+            if self._total + size > self.budget_bytes:
+                return False
+        self._entries[key] = entry
+        self._sizes[key] = size
+        self._used[key] = self._clock()
+        self._total += size
+        return True

@@ -1,0 +1,126 @@
+"""Detection keeps each series' history between evaluations (monitor/detect/history.py) and reads only the runs
+stored since: on a real database (SQLite and PostgreSQL) it decides exactly what a service reading every run
+afresh decides, through a late run (a spool's replay) stored among the kept ones, and a run deleted."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncEngine
+from structlog.testing import capture_logs
+
+from monitor.store.engine import create_engine
+from monitor.store.models import DetectorStateRow, IncidentRow, RunRow
+from monitor.store.repository import Repository
+from tests.support.detection import config, outage, service_on, tick
+from tests.support.store_fixtures import Backend
+
+pytest_plugins = ("tests.support.store_fixtures",)
+
+TARGETS = ("a1", "b1")
+# One series' first slow runs (ticks 20-27 of a1 3x slower from 20 to 44) reach the database at tick 31 (a
+# spool replayed) and are not evaluated: the evaluations after read them all the same.
+LATE_TICKS, STORED_AT_TICK = range(20, 28), 31
+DELETED_TICK, DELETED_AT_TICK = 10, 40
+
+
+async def _states(engine: AsyncEngine) -> list[tuple[Any, ...]]:
+    async with engine.connect() as connection:
+        states = (
+            await connection.execute(
+                sa.select(DetectorStateRow.series_id, DetectorStateRow.version, DetectorStateRow.state).order_by(
+                    DetectorStateRow.series_id
+                )
+            )
+        ).all()
+        incidents = (
+            await connection.execute(
+                sa.select(
+                    IncidentRow.series_id, IncidentRow.kind, IncidentRow.severity, IncidentRow.opened_at
+                ).order_by(IncidentRow.series_id, IncidentRow.opened_at)
+            )
+        ).all()
+    return [tuple(row) for row in states] + [tuple(row) for row in incidents]
+
+
+async def _delete_run(engine: AsyncEngine, run_id: Any) -> None:
+    async with engine.begin() as connection:
+        await connection.execute(sa.delete(RunRow).where(RunRow.id == run_id))
+
+
+async def test_a_service_keeping_histories_decides_as_one_reading_every_run_afresh(
+    backend: Backend, tmp_path: Path, sqlite_template: Path
+) -> None:
+    shutil.copy(sqlite_template, tmp_path / "afresh.db")
+    engines = {
+        "kept": backend.engine(),
+        "afresh": create_engine(f"sqlite+aiosqlite:///{tmp_path / 'afresh.db'}"),
+    }
+    afresh_config = config().model_copy(deep=True)
+    afresh_config.detection.history_memory_mb = 0.0
+    services = {
+        "kept": service_on(engines["kept"], config()),
+        "afresh": service_on(engines["afresh"], afresh_config),
+    }
+    repositories = {name: Repository(engine) for name, engine in engines.items()}
+    plan: list[dict[str, float]] = [{}] * 20 + [{"a1": 3.0}] * 25 + [{}] * 15
+    late: list[Any] = []
+    deleted: Any = None
+    rereads = 0
+    try:
+        for index, slow in enumerate(plan):
+            batch = tick(index, slow, targets=TARGETS)
+            if index in LATE_TICKS:
+                late.append(batch[0])
+                batch = batch[1:]
+            if index == DELETED_TICK:
+                deleted = batch[1][0].run_id
+            for name in engines:
+                if index == STORED_AT_TICK:
+                    await repositories[name].save_runs(late)
+                if index == DELETED_AT_TICK:
+                    await _delete_run(engines[name], deleted)
+                await repositories[name].save_runs(batch)
+                with capture_logs() as logs:
+                    await services[name].after_store("every-5m", batch)
+                if name == "kept":
+                    rereads += sum(1 for line in logs if line["event"] == "detection_history_reread")
+            assert await _states(engines["kept"]) == await _states(engines["afresh"]), f"tick {index}"
+        incidents = [row for row in await _states(engines["kept"]) if len(row) == 4]
+    finally:
+        for engine in engines.values():
+            await engine.dispose()
+    # The late run and the deleted one each made their series read its history afresh, once.
+    assert rereads == 2
+    assert {kind for _series, kind, _severity, _opened in incidents} == {"regression"}
+    assert len(incidents) == 2  # a1's two prompts paged: the scenario did decide something
+
+
+async def test_series_beyond_the_memory_budget_are_read_afresh_said_once_and_decide_alike(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    for name in ("tight.db", "afresh.db"):
+        shutil.copy(sqlite_template, tmp_path / name)
+    engines = {name: create_engine(f"sqlite+aiosqlite:///{tmp_path / (name + '.db')}") for name in ("tight", "afresh")}
+    settings = {name: config().model_copy(deep=True) for name in engines}
+    settings["tight"].detection.history_memory_mb = 0.004  # two or three series' first ticks, then fewer
+    settings["afresh"].detection.history_memory_mb = 0.0
+    services = {name: service_on(engine, settings[name]) for name, engine in engines.items()}
+    warnings: dict[str, int] = {name: 0 for name in engines}
+    try:
+        for index, slow in enumerate(outage({"b1": 3.0})):
+            batch = tick(index, slow, targets=TARGETS)
+            for name, engine in engines.items():
+                await Repository(engine).save_runs(batch)
+                with capture_logs() as logs:
+                    await services[name].after_store("every-5m", batch)
+                warnings[name] += sum(1 for line in logs if line["event"] == "detection_history_budget_full")
+            assert await _states(engines["tight"]) == await _states(engines["afresh"]), f"tick {index}"
+    finally:
+        for engine in engines.values():
+            await engine.dispose()
+    # Said once by the service with a budget too small, never by the one told to keep nothing.
+    assert warnings == {"tight": 1, "afresh": 0}

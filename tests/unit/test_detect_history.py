@@ -1,0 +1,227 @@
+"""The history kept between evaluations (monitor/detect/history.py) gives the detector what reading the runs
+afresh gives: the same points, and, loaded as columns (`_Core.load`), the same verdicts bit for bit."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from monitor.detect.detector import Detector, RunPoint, SeriesState
+from monitor.detect.history import ENTRY_OVERHEAD_BYTES, IDLE_S, HistoryCache, HistoryRow, SeriesHistory, Span
+from monitor.detect.settings import Detection
+from monitor.detect.state import point_from_run
+from monitor.probe.result import ErrorClass
+from monitor.store.records import RunRecord, SeriesKey
+from tests.support.series import make_series
+
+T0 = datetime(2025, 3, 3, tzinfo=UTC)
+SERIES = SeriesKey("t", "p", "m", "short", "lab")
+ERRORS = [None, "timeout_first_token", "rate_limited"]
+
+
+def _row(
+    at: datetime, ttft: float | None, *, ok: int = 3, errors: int = 0, rounds: int = 3, **labels: str | None
+) -> HistoryRow:
+    return (at, ttft, labels.get("error"), ok, errors, rounds, labels.get("canary"), labels.get("build"))
+
+
+def _record(row: HistoryRow) -> RunRecord:
+    """The stored run a history row was read from, as `Repository.runs_between` gives it."""
+    at, ttft, error, ok, errors, rounds, canary, build = row
+    return RunRecord(
+        run_id=uuid.uuid4(),
+        job="j",
+        series=SERIES,
+        api="openai-chat",
+        intended_at=at,
+        started_at=at,
+        finished_at=at,
+        rounds=rounds,
+        warmup=0,
+        ok=ok,
+        errors=errors,
+        ttft_p50_ms=ttft,
+        ttft_min_ms=ttft,
+        ttft_max_ms=ttft,
+        ttfa_p50_ms=None,
+        decode_tps_p50=None,
+        prompt_tokens_p50=None,
+        error=ErrorClass(error) if error is not None else None,
+        canary=canary,
+        server_build=build,
+    )
+
+
+def _rows(seed: int, count: int) -> list[HistoryRow]:
+    """Runs every 5 minutes (give or take microseconds), some failed, some partly, some disturbed whole
+    (no measured request: not evidence), with a model change among the labels."""
+    rng = random.Random(seed)
+    out = []
+    for index in range(count):
+        at = T0 + timedelta(minutes=5 * index, microseconds=rng.randrange(1_000_000))
+        roll = rng.random()
+        if roll < 0.04:
+            out.append(_row(at, None, ok=0, errors=3, error=rng.choice(ERRORS[1:])))
+        elif roll < 0.06:
+            out.append(_row(at, None, ok=0, errors=0))  # every measured sample disturbed
+        elif roll < 0.1:
+            out.append(_row(at, rng.lognormvariate(6, 0.3), ok=2, errors=1, error="timeout_first_token"))
+        else:
+            build = "v1" if index < count // 2 else "v2"
+            out.append(_row(at, rng.lognormvariate(6, 0.3), build=build, canary="c"))
+    return out
+
+
+def test_the_points_kept_are_the_points_a_fresh_read_makes() -> None:
+    rows = _rows(1, 400)
+    history = SeriesHistory(T0)
+    history.extend(rows)
+    start, end = rows[20][0], rows[380][0]
+    fresh = [
+        point_from_run(_record(row))
+        for row in rows
+        if start <= row[0] < end and (row[5] == 0 or row[3] + row[4] > 0)  # state.is_evidence
+    ]
+    assert history.points(start, end) == fresh
+    # Times come back exact, microseconds and time zone included.
+    assert [p.at for p in history.points(start, end)] == [p.at for p in fresh]
+    assert all(p.at.utcoffset() == timedelta(0) for p in fresh)
+
+
+def test_the_columns_stand_for_the_points() -> None:
+    rows = _rows(2, 300)
+    history = SeriesHistory(T0)
+    history.extend(rows)
+    start, end = rows[0][0], rows[-1][0]
+    points = history.points(start, end)
+    columns = history.columns(start, end)
+    assert columns.moments == [p.at.timestamp() for p in points]
+    assert [None if v != v else v for v in columns.ttfts] == [p.ttft_ms for p in points]
+    assert columns.oks == [p.ok for p in points] and columns.errors == [p.errors for p in points]
+    assert columns.error_classes == [p.error for p in points]
+    assert len(columns.since(points[100].at.timestamp())) == len(points) - 100
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    days=st.floats(0.2, 9.0),
+    noise_model=st.booleans(),
+    epoch_at=st.one_of(st.none(), st.floats(0.0, 1.0)),
+)
+def test_a_core_loaded_from_columns_decides_as_one_appended_run_by_run(
+    seed: int, days: float, noise_model: bool, epoch_at: float | None
+) -> None:
+    rows = _rows(seed, int(days * 288) + 1)
+    detector = Detector(Detection(noise_model=noise_model).rules())
+    history = SeriesHistory(T0)
+    history.extend(rows[:-1])
+    run_row = rows[-1]
+    run = point_from_run(_record(run_row))
+    state = SeriesState()
+    if epoch_at is not None:  # a new model's epoch: only its runs are compared among themselves
+        state.epoch_since = rows[int(epoch_at * (len(rows) - 1))][0]
+    as_points = detector.evaluate_with_baseline(history.points(T0, run.at), state, run)
+    as_columns = detector.evaluate_with_baseline(history.columns(T0, run.at), state, run)
+    assert as_columns[1] == as_points[1]
+    assert as_columns[2] == as_points[2] or (math.isnan(as_columns[2] or 0) and math.isnan(as_points[2] or 0))
+    assert json.dumps(as_columns[0].to_json(), sort_keys=True) == json.dumps(as_points[0].to_json(), sort_keys=True)
+
+
+def test_a_week_of_a_seeded_series_decides_alike_run_after_run_whichever_way_it_is_loaded() -> None:
+    # The seeded AR(1) series the golden files use, with its steps, failures and model change.
+    points = make_series(7, days=9, probes=3, phi=0.9)
+    detector = Detector(Detection().rules())
+    history = SeriesHistory(points[0].at)
+    rows = [(p.at, p.ttft_ms, p.error, *p.counts(), 3, p.canary, p.server_build) for p in points]
+    history.extend(rows)
+    state_a = state_b = SeriesState()
+    for index in range(8 * 288, len(points)):
+        run = points[index]
+        since = detector.history_since(run.at)
+        state_a, events_a, baseline_a = detector.evaluate_with_baseline(history.points(since, run.at), state_a, run)
+        state_b, events_b, baseline_b = detector.evaluate_with_baseline(history.columns(since, run.at), state_b, run)
+        assert (events_a, baseline_a) == (events_b, baseline_b)
+        assert state_a.to_json() == state_b.to_json()
+
+
+def test_span_counts_the_runs_kept_and_forgetting_moves_where_it_is_complete_from() -> None:
+    rows = _rows(3, 50)
+    history = SeriesHistory(T0)
+    history.extend(rows)
+    assert history.span(rows[10][0], rows[19][0]) == Span(10, rows[10][0], rows[19][0])
+    assert history.span(T0 - timedelta(days=1), T0 - timedelta(hours=1)) == Span(0, None, None)
+    history.forget_before(rows[30][0])
+    assert len(history) == 20 and history.complete_from == history.span(rows[30][0], rows[30][0]).count * 0 + (
+        (rows[30][0] - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(microseconds=1)
+    )
+    assert history.last == rows[-1][0]
+
+
+def test_rows_older_than_the_last_kept_are_refused() -> None:
+    history = SeriesHistory(T0)
+    history.extend([_row(T0 + timedelta(minutes=5), 100.0)])
+    with pytest.raises(ValueError, match="start order"):
+        history.extend([_row(T0, 100.0)])
+
+
+def test_a_run_costs_about_thirty_bytes_kept() -> None:
+    history = SeriesHistory(T0)
+    history.extend(_rows(4, 2400))
+    per_run = (history.nbytes() - ENTRY_OVERHEAD_BYTES) / 2400
+    assert 25 <= per_run <= 40
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_cache_keeps_what_fits_and_refuses_the_rest_rather_than_evicting() -> None:
+    clock = _Clock()
+
+    def entry(runs: int = 1000) -> SeriesHistory:
+        made = SeriesHistory(T0)
+        made.extend(_rows(5, runs))
+        return made
+
+    size = entry().nbytes()
+    cache: HistoryCache[str] = HistoryCache(int(size * 2.5), clock=clock)
+    assert [cache.keep(key, entry()) for key in ("a", "b", "c")] == [True, True, False]
+    assert cache.get("c") is None and cache.get("a") is not None and len(cache) == 2
+    assert cache.nbytes() == 2 * size
+    # Grown past its size as kept: counted when told; grown past the budget, no longer kept.
+    grown = cache.get("a")
+    assert grown is not None
+    grown.extend([_row(T0 + timedelta(days=30), 100.0)] * 50)
+    cache.resized("a")
+    assert cache.nbytes() == size + grown.nbytes()
+    grown.extend([_row(T0 + timedelta(days=31), 100.0)] * 20_000)
+    cache.resized("a")
+    assert cache.get("a") is None and cache.nbytes() == size
+    # A series not evaluated for an hour makes room; one in use does not.
+    assert cache.keep("a", entry())
+    clock.now = IDLE_S + 1
+    assert cache.get("a") is not None  # in use; "b" was last used at 0
+    assert cache.keep("c", entry())
+    assert cache.get("b") is None and cache.get("c") is not None and cache.get("a") is not None
+    cache.clear()
+    assert cache.nbytes() == 0 and len(cache) == 0
+
+
+def test_a_run_point_with_the_run_times_of_a_fresh_read_compares_equal() -> None:
+    # RunPoint equality is what the service's history relies on when it hands points to the cache service.
+    at = T0 + timedelta(microseconds=123_457)
+    history = SeriesHistory(T0)
+    history.extend([_row(at, 250.5)])
+    assert history.points(T0, T0 + timedelta(hours=1)) == [RunPoint(at, 250.5, ok=3, errors=0)]
