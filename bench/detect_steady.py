@@ -1,24 +1,34 @@
 """Detection's cost per run at steady state: every series with a week and a day of 5-minute history.
 
-Each evaluation reads what the detector needs of the series' last 8 days (about 2,400 runs). This fills a
-database with `--days` of runs of `--series` series (runs only, as `save_runs` stores them, samples
-included), then evaluates `--ticks` more ticks of every series through the real `DetectionService`, twice
-in one process, taking turns tick by tick: with each series' history kept between evaluations
-(`detection.history_memory_mb` at its default) and read afresh every run (`history_memory_mb: 0`, as
-before the history was kept). Prints per mode the median CPU and wall time per evaluated run (ticks after
-the first, which reads every history whole), and the memory the kept histories take.
+Each evaluation needs what the detector reads of the series' last 8 days (about 2,400 runs). This fills a
+database once with `--days` of runs of `--series` series (as `save_runs` stores them, samples included),
+then, for each variant in turn (`--repeat` rounds), evaluates `--ticks` more ticks of every series through
+the real `DetectionService` in a process of its own, on a copy of that database:
 
-    .venv/bin/python bench/detect_steady.py [--series 40] [--days 8.2] [--ticks 8] [--postgres URL]
+- `kept`: this checkout, each series' history kept between evaluations (`detection.history_memory_mb` at
+  its default), so an evaluation reads only the runs stored since the last;
+- `afresh`: this checkout with `history_memory_mb: 0` (every evaluation reads its whole history);
+- `before`: the checkout given by `--against` (e.g. the commit before the history was kept), as it is.
 
-With `--postgres URL` (a database the bench may fill: it creates its own schema there in a new database
-`ttft_bench_steady`, dropped at the end) the same on PostgreSQL; else on SQLite in a temporary folder.
+Prints per variant the median CPU and wall time per evaluated run (ticks after the first, which reads every
+history whole in every variant), and the memory the kept histories take.
+
+    .venv/bin/python bench/detect_steady.py [--series 40] [--days 8.2] [--ticks 8] [--repeat 3] \\
+        [--against /path/to/older/checkout] [--postgres URL]
+
+With `--postgres URL` the same on PostgreSQL (databases `ttft_bench_steady*` are made there and dropped at
+the end); else on SQLite in a temporary folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +36,8 @@ from datetime import timedelta
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# A child measures the checkout it is given; the parent fills with this one.
+sys.path.insert(0, os.environ.get("BENCH_CHECKOUT", str(ROOT)))
 
 from sqlalchemy.engine import make_url  # noqa: E402
 
@@ -49,9 +60,8 @@ def tick(index: int, targets: tuple[str, ...]) -> list:
     return runs_from_samples(samples, job="every-5m", location="lab", provider_of=dict.fromkeys(targets, "gateway"))
 
 
-def _config(memory_mb: float | None) -> Config:
-    detection = {} if memory_mb is None else {"history_memory_mb": memory_mb}
-    return Config.model_validate({"detection": detection})
+def targets_of(series: int) -> tuple[str, ...]:
+    return tuple(f"t{i:03d}" for i in range(max(1, series // len(PROMPTS))))
 
 
 async def _admin(url: str, statement: str) -> None:
@@ -65,23 +75,20 @@ async def _admin(url: str, statement: str) -> None:
         await connection.close()
 
 
-async def main(args: argparse.Namespace) -> None:
-    targets = tuple(f"t{i:03d}" for i in range(max(1, args.series // 2)))  # two prompts each
-    folder = Path(tempfile.mkdtemp(prefix="ttft-steady-"))
-    if args.postgres:
-        await _admin(args.postgres, "DROP DATABASE IF EXISTS ttft_bench_steady")
-        await _admin(args.postgres, "CREATE DATABASE ttft_bench_steady")
-        url = make_url(args.postgres).set(database="ttft_bench_steady").render_as_string(hide_password=False)
-    else:
-        url = f"sqlite+aiosqlite:///{folder / 'steady.db'}"
+def _database(url: str, name: str) -> str:
+    return make_url(url).set(database=name).render_as_string(hide_password=False)
+
+
+async def fill(url: str, series: int, days: float) -> int:
     engine = create_engine(url)
     try:
         await migrate.upgrade(engine)
         repository = Repository(engine)
-        fill = int(args.days * RUNS_PER_DAY)
+        targets = targets_of(series)
+        ticks = int(days * RUNS_PER_DAY)
         started = time.perf_counter()
         chunk: list = []
-        for index in range(fill):
+        for index in range(ticks):
             chunk += tick(index, targets)
             if len(chunk) >= 2000:
                 await repository.save_runs(chunk)
@@ -89,42 +96,99 @@ async def main(args: argparse.Namespace) -> None:
         if chunk:
             await repository.save_runs(chunk)
         print(
-            f"{engine.dialect.name}: {fill} ticks x {len(targets) * 2} series filled in "
+            f"{engine.dialect.name}: {ticks} ticks x {len(targets) * len(PROMPTS)} series filled in "
             f"{time.perf_counter() - started:.0f} s",
             flush=True,
         )
-        services = {
-            "history kept": DetectionService(engine, repository, _config(None), outbox=None, metrics=None),
-            "read afresh": DetectionService(engine, repository, _config(0.0), outbox=None, metrics=None),
-        }
-        cpu: dict[str, list[float]] = {name: [] for name in services}
-        wall: dict[str, list[float]] = {name: [] for name in services}
-        for index in range(fill, fill + args.ticks):
-            batch = tick(index, targets)
-            await repository.save_runs(batch)
-            for name, service in services.items():
-                started, used = time.perf_counter(), time.process_time()
-                await service.after_store("every-5m", batch)
-                if index > fill:  # the first tick reads every history whole, in both modes
-                    cpu[name].append((time.process_time() - used) / len(batch))
-                    wall[name].append((time.perf_counter() - started) / len(batch))
-        print(f"per evaluated run, median of {args.ticks - 1} ticks x {len(targets) * 2} series:")
-        for name in services:
-            print(
-                f"  {name:13s} CPU {statistics.median(cpu[name]) * 1e3:6.2f} ms   "
-                f"wall {statistics.median(wall[name]) * 1e3:6.2f} ms"
-            )
-        ratio = statistics.median(cpu["read afresh"]) / statistics.median(cpu["history kept"])
-        kept = services["history kept"]._histories
-        print(f"  CPU ratio afresh / kept: {ratio:.1f}x")
-        print(
-            f"  histories kept: {len(kept)} series, {kept.nbytes() / 1e6:.2f} MB "
-            f"({kept.nbytes() / max(1, len(kept)) / 1e3:.1f} kB a series)"
-        )
+        return ticks
     finally:
         await engine.dispose()
+
+
+async def child(url: str, first: int, ticks: int, series: int, memory_mb: float | None) -> dict[str, float]:
+    """Evaluate `ticks` ticks from `first` on; CPU and wall per evaluated run (medians), memory kept."""
+    detection = {} if memory_mb is None else {"history_memory_mb": memory_mb}
+    engine = create_engine(url)
+    try:
+        repository = Repository(engine)
+        service = DetectionService(
+            engine, repository, Config.model_validate({"detection": detection}), outbox=None, metrics=None
+        )
+        targets = targets_of(series)
+        cpu, wall = [], []
+        for index in range(first, first + ticks):
+            batch = tick(index, targets)
+            await repository.save_runs(batch)
+            started, used = time.perf_counter(), time.process_time()
+            await service.after_store("every-5m", batch)
+            if index > first:  # the first tick reads every history whole, in every variant
+                cpu.append((time.process_time() - used) / len(batch))
+                wall.append((time.perf_counter() - started) / len(batch))
+        kept = getattr(service, "_histories", None)
+        return {
+            "cpu_ms": statistics.median(cpu) * 1e3,
+            "wall_ms": statistics.median(wall) * 1e3,
+            "kept_mb": kept.nbytes() / 1e6 if kept is not None else 0.0,
+            "kept_series": float(len(kept)) if kept is not None else 0.0,
+        }
+    finally:
+        await engine.dispose()
+
+
+async def copy_of(args: argparse.Namespace, source: str, folder: Path, name: str) -> str:
+    if args.postgres:
+        await _admin(args.postgres, f"DROP DATABASE IF EXISTS {name}")
+        await _admin(args.postgres, f"CREATE DATABASE {name} TEMPLATE ttft_bench_steady")
+        return _database(args.postgres, name)
+    shutil.copy(folder / "steady.db", folder / f"{name}.db")
+    return f"sqlite+aiosqlite:///{folder / name}.db"
+
+
+async def main(args: argparse.Namespace) -> None:
+    folder = Path(tempfile.mkdtemp(prefix="ttft-steady-"))
+    if args.postgres:
+        await _admin(args.postgres, "DROP DATABASE IF EXISTS ttft_bench_steady")
+        await _admin(args.postgres, "CREATE DATABASE ttft_bench_steady")
+        source = _database(args.postgres, "ttft_bench_steady")
+    else:
+        source = f"sqlite+aiosqlite:///{folder / 'steady.db'}"
+    variants: dict[str, tuple[Path, str]] = {"kept": (ROOT, "default"), "afresh": (ROOT, "0")}
+    if args.against:
+        variants["before"] = (Path(args.against).absolute(), "as-is")  # noqa: ASYNC240
+    results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    try:
+        first = await fill(source, args.series, args.days)
+        for round_ in range(args.repeat):
+            for name, (checkout, memory) in variants.items():
+                url = await copy_of(args, source, folder, f"ttft_bench_steady_{name}")
+                command = [sys.executable, __file__, "--child", url, "--first", str(first)]
+                command += ["--ticks", str(args.ticks), "--series", str(args.series), "--memory", memory]
+                env = {**os.environ, "BENCH_CHECKOUT": str(checkout), "PYTHONPATH": str(checkout)}
+                # One variant at a time, on purpose: the bench waits for each.
+                done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)  # noqa: ASYNC221
+                lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+                if done.returncode or not lines:
+                    raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+                results[name].append(json.loads(lines[-1][len("RESULT ") :]))
+                print(f"round {round_ + 1} {name}: {results[name][-1]}", flush=True)
+    finally:
         if args.postgres:
-            await _admin(args.postgres, "DROP DATABASE IF EXISTS ttft_bench_steady")
+            for name in [*variants, ""]:
+                await _admin(args.postgres, f"DROP DATABASE IF EXISTS ttft_bench_steady{'_' + name if name else ''}")
+        shutil.rmtree(folder, ignore_errors=True)
+    series = len(targets_of(args.series)) * len(PROMPTS)
+    print(f"\nper evaluated run, median over {args.repeat} rounds of {args.ticks - 1} ticks x {series} series:")
+    medians = {name: statistics.median(r["cpu_ms"] for r in rows) for name, rows in results.items()}
+    for name, rows in results.items():
+        wall = statistics.median(r["wall_ms"] for r in rows)
+        kept = rows[-1]
+        print(
+            f"  {name:7s} CPU {medians[name]:6.2f} ms  wall {wall:6.2f} ms  "
+            f"kept {kept['kept_series']:.0f} series, {kept['kept_mb']:.2f} MB"
+        )
+    for name in medians:
+        if name != "kept":
+            print(f"  CPU {name} / kept: {medians[name] / medians['kept']:.2f}x")
 
 
 if __name__ == "__main__":
@@ -132,5 +196,16 @@ if __name__ == "__main__":
     parser.add_argument("--series", type=int, default=40)
     parser.add_argument("--days", type=float, default=8.2, help="days of 5-minute history filled first")
     parser.add_argument("--ticks", type=int, default=8, help="ticks evaluated after the fill")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds of every variant in turn")
+    parser.add_argument("--against", help="an older checkout, measured as it is (variant `before`)")
     parser.add_argument("--postgres", help="a PostgreSQL URL to run on instead of SQLite")
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--first", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--memory", help=argparse.SUPPRESS)
+    parsed = parser.parse_args()
+    if parsed.child:
+        memory = None if parsed.memory in ("default", "as-is") else float(parsed.memory)
+        out = asyncio.run(child(parsed.child, parsed.first, parsed.ticks, parsed.series, memory))
+        print("RESULT " + json.dumps(out))
+    else:
+        asyncio.run(main(parsed))
