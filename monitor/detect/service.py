@@ -4,6 +4,7 @@ and write the new state, the incidents and their notifications in one transactio
 from __future__ import annotations
 
 import asyncio
+import itertools
 import statistics
 import time
 import uuid
@@ -160,6 +161,10 @@ class DetectionService:
         self._notifier = GroupNotifier(config, outbox=outbox)
         self._histories: HistoryCache[SeriesKey] = HistoryCache(0)
         self._history_locks: dict[SeriesKey, asyncio.Lock] = {}
+        # When each series was last evaluated (a count), and the jobs whose last batch its budget cut.
+        self._turns: dict[SeriesKey, int] = {}
+        self._turn = itertools.count()
+        self._cut_jobs: set[str] = set()
         self.update_config(config)
 
     def update_config(self, config: Config) -> None:
@@ -208,10 +213,20 @@ class DetectionService:
         # First the prompt cache's pairs: a warm run that found no cache is the cache's incident, not
         # evidence of a TTFT regression of the warm path (one cause, one incident).
         cacheless = await self._cache.after_store(job, batch, interval=interval)
-        for index, (run, samples) in enumerate(batch):
+        # After a batch of the job was cut by its budget, the next goes least recently evaluated series
+        # first (a series' runs keep their order), so an overloaded job evaluates every series in turn
+        # instead of the same first ones every time and never the last.
+        ordered: Sequence[tuple[RunRecord, Sequence[Sample]]] = batch
+        if job in self._cut_jobs:
+            turns = self._turns
+            ordered = sorted(batch, key=lambda item: turns.get(item[0].series, -1))
+        self._cut_jobs.discard(job)
+        for index, (run, samples) in enumerate(ordered):
             if deadline is not None and evaluated and self._clock() > deadline:
-                self._skipped(job, runs=len(batch) - index, evaluated=evaluated, budget_s=budget_s)
+                self._skipped(job, runs=len(ordered) - index, evaluated=evaluated, budget_s=budget_s)
+                self._cut_jobs.add(job)
                 break
+            self._turns[run.series] = next(self._turn)
             latency = run.series not in cacheless
             if not latency:
                 self._run_log(job, run).info(
