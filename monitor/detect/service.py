@@ -473,8 +473,10 @@ class DetectionService:
         kept = self._histories.get(series)
         last = kept.last if kept is not None else None
         if kept is not None and last is not None and kept.complete_from <= micros(since):
-            if Span(*await self._repository.run_span(series, since, last)) == kept.span(since, last):
-                kept.extend(await self._repository.history_rows(series, end, after=last))
+            # Both read on one connection; the new rows are used only if the span still holds.
+            span, rows = await self._repository.history_since_span(series, since, last, end)
+            if Span(*span) == kept.span(since, last):
+                kept.extend(rows)
                 kept.forget_before(since)
                 self._histories.resized(series)
                 return kept

@@ -48,8 +48,17 @@ class IncidentChange:
 class IncidentStore:
     """Reads and writes `detector_state` and `incidents`; no other module touches them for writing."""
 
+    def __init__(self) -> None:
+        # A series' id never changes once written (no series row is deleted): found once, kept.
+        self._series_ids: dict[SeriesKey, int] = {}
+
     async def series_id(self, connection: AsyncConnection, series: SeriesKey) -> int | None:
-        return await find_series_id(connection, series)
+        known = self._series_ids.get(series)
+        if known is None:
+            known = await find_series_id(connection, series)
+            if known is not None:
+                self._series_ids[series] = known
+        return known
 
     async def read_state(self, connection: AsyncConnection, series_id: int) -> StoredState | None:
         row = (

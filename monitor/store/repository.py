@@ -649,15 +649,16 @@ class Repository:
             rows = await self._series_rows(series, _HISTORY_AFTER, after=after, end=end)
         return [tuple(row) for row in rows]
 
-    async def run_span(
-        self, series: SeriesKey, start: datetime, end: datetime
-    ) -> tuple[int, datetime | None, datetime | None]:
-        """(runs, first start, last start) of `series` started in [start, end]."""
-        rows = await self._series_rows(series, _RUN_SPAN, start=start, end=end)
-        if not rows:
-            return 0, None, None
-        count, first, last = rows[0]
-        return int(count), first, last
+    async def history_since_span(
+        self, series: SeriesKey, start: datetime, last: datetime, end: datetime
+    ) -> tuple[tuple[int, datetime | None, datetime | None], list[tuple[Any, ...]]]:
+        """(runs, first start, last start) of `series` started in [start, last], and `history_rows(series, end,
+        after=last)`, on one connection: a detector's kept history checked and brought up to date."""
+        async with self._read() as connection:
+            span = await self._series_rows(series, _RUN_SPAN, connection=connection, start=start, end=last)
+            rows = await self._series_rows(series, _HISTORY_AFTER, connection=connection, after=last, end=end)
+        count, first, newest = span[0] if span else (0, None, None)
+        return (int(count), first, newest), [tuple(row) for row in rows]
 
     async def load_runs(
         self, series: SeriesKey, start: datetime, end: datetime
