@@ -214,6 +214,8 @@ class _Core:
         self._sums: WindowSums | None = None
         # (whole days of seed residuals fed, the model after them): `_seed_noise` goes on from there.
         self._seed_days: tuple[int, NoiseModel] | None = None
+        # `load`'s runs with a TTFT (their indexes in its history), and from when their residuals are whole.
+        self._loaded: tuple[list[int], float] | None = None
 
     # ------------------------------------------------ data
 
@@ -245,11 +247,14 @@ class _Core:
         if self._appended_since_trim >= 4096:
             self._trim()
 
-    def load(self, history: HistoryColumns) -> None:
+    def load(self, history: HistoryColumns, *, residuals: bool = False) -> None:
         """Append `history`'s runs to an empty core: the same data as `append` of each run it stands for,
-        built a column at a time (evaluating a run loads a week of history: 2,400 appends took 4 ms)."""
+        built a column at a time (evaluating a run loads a week of history: 2,400 appends took 4 ms).
+        `residuals`: take the residuals `history` holds instead of computing them (they are the same
+        numbers: `HistoryColumns`); `loaded_residuals` then says which this core computed."""
         if self._recent or self.times:
             raise ValueError("load fills an empty core")
+        self._loaded = None
         count = len(history)
         if not count:
             return
@@ -272,13 +277,33 @@ class _Core:
         self.logs = [math.log(ttfts[index]) for index in valid]
         self.probes = [max(oks[index], 1) for index in valid]
         self._residuals = [None] * len(valid)
+        complete_after = history.complete_from + residual_reach_s(self.rules)
+        known = history.residuals if residuals and self.rules.seasonal_days else None
+        if known is not None:
+            # Only where this core's own reading would be whole too: a residual reaching back past the
+            # history's start is computed from what the history holds, and so must it be here.
+            for k in range(bisect_left(times, complete_after), len(valid)):
+                self._residuals[k] = known[valid[k]]
         self._appended_since_trim = len(valid)
         if self._appended_since_trim >= 4096:  # as `append` would have on the way: drops only runs none reads
             self._trim()
+            return  # the indexes moved: nothing to hand back
+        self._loaded = (valid, complete_after)
+
+    def loaded_residuals(self) -> list[tuple[int, float]]:
+        """(index in the loaded history, residual) of the loaded runs whose residual is known now and was
+        computed from every run it depends on (the history complete back to its reach)."""
+        if self._loaded is None or not self.rules.seasonal_days:
+            return []
+        valid, complete_after = self._loaded
+        times, residuals = self.times, self._residuals
+        start = bisect_left(times, complete_after, 0, len(valid))
+        return [(valid[k], value) for k in range(start, len(valid)) if (value := residuals[k]) is not None]
 
     def _trim(self) -> None:
         """Forget runs older than anything the detector reads, keeping memory flat over long replays."""
         self._appended_since_trim = 0
+        self._loaded = None  # the loaded runs' indexes are about to move
         if len(self.times) <= self._keep:
             return
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
@@ -1249,6 +1274,12 @@ class _Core:
             )
             detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
             events.append(_event(resolved, "resolve", run.at, detail, resolved=True))
+
+
+def residual_reach_s(rules: Rules) -> float:
+    """How far before its run a run's seasonal residual reaches (at most): the windows of its slot on each
+    of the `seasonal_days` days before (`_Core._slot`), a slot's width of rounding and the half window."""
+    return rules.seasonal_days * DAY_S + rules.seasonal_window_minutes * 60.0 + SLOT_S
 
 
 def _trailing(counts: list[int]) -> int:

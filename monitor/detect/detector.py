@@ -96,14 +96,23 @@ class Detector:
         `history` as points, or as columns (the same runs, loaded faster: detect/history.py)."""
         core = _Core(self.rules, self.slo_ms)
         epoch = state.epoch_since
+        loaded: HistoryColumns | None = None  # columns whose computed residuals are handed back
         if isinstance(history, HistoryColumns):
-            core.load(history if epoch is None else history.since(epoch.timestamp()))
+            if epoch is None or not history.moments or history.moments[0] >= epoch.timestamp():
+                # The residuals it holds count only under the epoch they were computed in.
+                core.load(history, residuals=history.residuals is not None and history.residual_epoch == epoch)
+                loaded = history
+            else:
+                core.load(history.since(epoch.timestamp()))
         else:
             for point in history:
                 if epoch is None or point.at >= epoch:  # a new model's runs are compared among themselves
                     core.append(point)
         new_state = state.copy()
         events = core.step(new_state, run)
+        if loaded is not None:
+            loaded.computed[:] = core.loaded_residuals()
+            loaded.computed_epoch = epoch
         return new_state, events, core.baseline_ms
 
     def replayer(self, state: SeriesState | None = None, history: Iterable[RunPoint] = ()) -> Replayer:

@@ -57,7 +57,20 @@ class Span:
 class SeriesHistory:
     """One series' runs in start order, complete from `complete_from` (microseconds) to the last one."""
 
-    __slots__ = ("_at", "_errors", "_label_index", "_label_of", "_labels", "_ok", "_rounds", "_ttft", "complete_from")
+    __slots__ = (
+        "_at",
+        "_errors",
+        "_label_index",
+        "_label_of",
+        "_labels",
+        "_ok",
+        "_residual",
+        "_residual_epoch",
+        "_rounds",
+        "_ttft",
+        "complete_from",
+        "generation",
+    )
 
     def __init__(self, complete_from: datetime) -> None:
         self.complete_from = micros(complete_from)
@@ -69,6 +82,11 @@ class SeriesHistory:
         # (error, canary, server_build) of each run as one index into the series' distinct triples: a
         # series has a handful (a model change, an error class), so a run costs two bytes for all three.
         self._labels = array("H")
+        # Each run's seasonal residual once an evaluation computed it from every run it depends on (inf: not
+        # yet), under the model epoch `_residual_epoch` (`state.HistoryColumns`).
+        self._residual = array("d")
+        self._residual_epoch: datetime | None = None
+        self.generation = 0  # moves whenever runs are added or dropped (the columns' indexes with it)
         self._label_index: dict[tuple[str | None, str | None, str | None], int] = {(None, None, None): 0}
         self._label_of: list[tuple[str | None, str | None, str | None]] = [(None, None, None)]
 
@@ -80,7 +98,7 @@ class SeriesHistory:
         return EPOCH + timedelta(microseconds=self._at[-1]) if self._at else None
 
     def nbytes(self) -> int:
-        columns = (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels)
+        columns = (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels, self._residual)
         return ENTRY_OVERHEAD_BYTES + sum(column.itemsize * column.buffer_info()[1] for column in columns)
 
     def extend(self, rows: Iterable[HistoryRow]) -> None:
@@ -102,6 +120,8 @@ class SeriesHistory:
             self._errors.append(errors)
             self._rounds.append(rounds)
             self._labels.append(index)
+            self._residual.append(math.inf)
+            self.generation += 1
 
     def span(self, start: datetime, end: datetime) -> Span:
         """The runs kept with starts in [start, end], as `Span`."""
@@ -117,8 +137,9 @@ class SeriesHistory:
         moment = micros(start)
         drop = bisect_left(self._at, moment)
         if drop:
-            for column in (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels):
+            for column in (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels, self._residual):
                 del column[:drop]
+            self.generation += 1
         self.complete_from = max(self.complete_from, moment)
 
     def columns(self, start: datetime, end: datetime) -> HistoryColumns:
@@ -129,12 +150,17 @@ class SeriesHistory:
         evidence = [i for i in range(high - low) if rounds[i] == 0 or oks[i] + errors[i] > 0]
         at, ttfts, labels, label_of = self._at, self._ttft, self._labels, self._label_of
         if len(evidence) == high - low:  # nearly always: a plain copy of each column
+            known = self._residual[low:high].tolist()
             return HistoryColumns(
                 [moment / 1e6 for moment in at[low:high]],
                 ttfts[low:high].tolist(),
                 oks.tolist(),
                 errors.tolist(),
                 [label_of[label][0] for label in labels[low:high]],
+                residuals=[None if value == math.inf else value for value in known],
+                residual_epoch=self._residual_epoch,
+                complete_from=micros(start) / 1e6,
+                origin=(self.generation, low),
             )
         return HistoryColumns(
             [at[low + i] / 1e6 for i in evidence],
@@ -143,6 +169,19 @@ class SeriesHistory:
             [errors[i] for i in evidence],
             [label_of[labels[low + i]][0] for i in evidence],
         )
+
+    def keep_residuals(self, columns: HistoryColumns) -> None:
+        """Keep the residuals an evaluation of `columns` (cut from this history by `columns`) computed; none
+        when runs were added or dropped since the columns were cut, or they skipped runs."""
+        if columns.origin is None or columns.origin[0] != self.generation or not columns.computed:
+            return
+        if columns.computed_epoch != self._residual_epoch:  # a new model epoch: the old residuals do not hold
+            self._residual = array("d", [math.inf]) * len(self._residual)
+            self._residual_epoch = columns.computed_epoch
+        low = columns.origin[1]
+        residual = self._residual
+        for index, value in columns.computed:
+            residual[low + index] = value
 
     def points(self, start: datetime, end: datetime) -> list[RunPoint]:
         """The detector's view of the runs started in [start, end) that are evidence (`state.is_evidence`:

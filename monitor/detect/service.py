@@ -168,12 +168,14 @@ class DetectionService:
         self.update_config(config)
 
     def update_config(self, config: Config) -> None:
+        previous: Config | None = getattr(self, "_config", None)
         self._config = config
         self._detectors: dict[str, Detector] = {}
         # The histories kept stay valid across a reload (they are the database's runs); a smaller budget
         # starts them over.
         budget = int(config.detection.history_memory_mb * 1024 * 1024)
-        if budget < self._histories.nbytes():
+        # Other detection settings: the residuals kept were computed under the old ones.
+        if budget < self._histories.nbytes() or (previous is not None and previous.detection != config.detection):
             self._histories.clear()
         self._histories.budget_bytes = budget
         self._history_budget_warned = False
@@ -423,6 +425,8 @@ class DetectionService:
             read = attempt.read = await self._store.read_state(connection, series_id)
             state = SeriesState.from_json(read.state) if read is not None else SeriesState()
             new_state, events, baseline_ms = detector.evaluate_with_baseline(history, state, point)
+            if isinstance(history, HistoryColumns):
+                kept.keep_residuals(history)  # the next evaluation need not compute them again
             if new_state.canary_unstable and not state.canary_unstable:
                 self._log.warning(
                     "canary_not_deterministic",

@@ -58,24 +58,39 @@ class RunPoint:
         return ok, errors
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class HistoryColumns:
     """Runs as columns, oldest first, each the `RunPoint` it stands for with only what the detector reads of
     a run before the one it evaluates (`_Core.load`): its start (seconds since the epoch, as
     `datetime.timestamp` gives it), its median TTFT (nan: every request failed), its request counts and its
-    dominant error class. Runs that are no latency evidence are not among them."""
+    dominant error class. Runs that are no latency evidence are not among them.
+
+    `residuals`: each run's seasonal residual where an earlier evaluation computed it (None: not known),
+    under the model epoch `residual_epoch` (the detector uses them only under that epoch). A residual
+    depends only on the runs of the days before its run, so one computed from a history complete back to
+    its reach is the same number read afresh. After an evaluation, `computed` holds (index, residual) of the
+    runs whose residual its core computed from such a history, under `computed_epoch`."""
 
     moments: list[float]
     ttfts: list[float]
     oks: list[int]
     errors: list[int]
     error_classes: list[str | None]
+    residuals: list[float | None] | None = None
+    residual_epoch: datetime | None = None
+    # The history the columns were cut from is complete from here (seconds): a residual whose reach
+    # starts here or later was computed from every run it depends on.
+    complete_from: float = math.inf
+    computed: list[tuple[int, float]] = field(default_factory=list)
+    computed_epoch: datetime | None = None
+    # (generation, first index) of the kept history the columns were cut from, to hand residuals back.
+    origin: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.moments)
 
     def since(self, moment: float) -> HistoryColumns:
-        """The runs started at `moment` or later."""
+        """The runs started at `moment` or later (without residuals)."""
         low = bisect_left(self.moments, moment)
         if not low:
             return self

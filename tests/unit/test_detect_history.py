@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from monitor.detect.core import residual_reach_s
 from monitor.detect.detector import Detector, RunPoint, SeriesState
 from monitor.detect.history import ENTRY_OVERHEAD_BYTES, IDLE_S, HistoryCache, HistoryRow, SeriesHistory, Span
 from monitor.detect.settings import Detection
@@ -135,21 +136,53 @@ def test_a_core_loaded_from_columns_decides_as_one_appended_run_by_run(
     assert json.dumps(as_columns[0].to_json(), sort_keys=True) == json.dumps(as_points[0].to_json(), sort_keys=True)
 
 
-def test_a_week_of_a_seeded_series_decides_alike_run_after_run_whichever_way_it_is_loaded() -> None:
-    # The seeded AR(1) series the golden files use, with its steps, failures and model change.
-    points = make_series(7, days=9, probes=3, phi=0.9)
-    detector = Detector(Detection().rules())
-    history = SeriesHistory(points[0].at)
+@pytest.mark.parametrize("noise_model", [False, True])
+def test_run_after_run_the_kept_history_with_its_residuals_decides_as_points_read_afresh(noise_model: bool) -> None:
+    # As the service goes: the kept history grows by the runs since the last evaluation, forgets what
+    # no evaluation reads, hands the detector its columns with the residuals earlier evaluations computed,
+    # and keeps those this one computed. The seeded AR(1) series of the golden files, through the ticket
+    # its 2-day +20% step opens (day 12.2), and through its model change (day 15.5: a new epoch, under
+    # which the residuals kept before do not hold) and its hour of failures (day 16).
+    points = make_series(7, days=16.2, probes=3, phi=0.9)
+    detector = Detector(Detection(noise_model=noise_model).rules())
     rows = [(p.at, p.ttft_ms, p.error, *p.counts(), 3, p.canary, p.server_build) for p in points]
-    history.extend(rows)
-    state_a = state_b = SeriesState()
-    for index in range(8 * 288, len(points)):
-        run = points[index]
-        since = detector.history_since(run.at)
-        state_a, events_a, baseline_a = detector.evaluate_with_baseline(history.points(since, run.at), state_a, run)
-        state_b, events_b, baseline_b = detector.evaluate_with_baseline(history.columns(since, run.at), state_b, run)
-        assert (events_a, baseline_a) == (events_b, baseline_b)
-        assert state_a.to_json() == state_b.to_json()
+    carried = evaluations = 0
+    epochs: set[datetime | None] = set()
+    events: list[str] = []
+    for first_day, last_day in ((12.1, 12.4), (15.3, 16.2)):
+        first, last = int(first_day * 288), int(last_day * 288)
+        replayer = detector.replayer()  # the state the series had reached, as the daemon would hold it
+        for point in points[:first]:
+            replayer.feed(point)
+        state_a = state_b = replayer.state
+        kept = SeriesHistory(points[0].at)
+        kept.extend(rows[:first])
+        for index in range(first, last):
+            run = points[index]
+            since = detector.history_since(run.at)
+            kept.forget_before(since)
+            afresh = [p for p in points[:index] if p.at >= since]
+            state_a, events_a, baseline_a = detector.evaluate_with_baseline(afresh, state_a, run)
+            columns = kept.columns(since, run.at)
+            whole_after = columns.complete_from + residual_reach_s(detector.rules)  # what the core takes
+            carried += sum(
+                1
+                for moment, value in zip(columns.moments, columns.residuals or [], strict=True)
+                if value is not None and moment >= whole_after
+            )
+            state_b, events_b, baseline_b = detector.evaluate_with_baseline(columns, state_b, run)
+            kept.keep_residuals(columns)
+            assert (events_a, baseline_a) == (events_b, baseline_b), index
+            assert state_a.to_json() == state_b.to_json(), index
+            kept.extend([rows[index]])
+            evaluations += 1
+            epochs.add(state_a.epoch_since)
+            events += [f"{e.kind}/{e.action}" for e in events_a]
+    # Residuals were carried (about a day of runs at each evaluation: those whose reach the history holds
+    # whole); the ticket opened, the model change began an epoch, the failures were seen.
+    assert carried > evaluations * 200, (carried, evaluations)
+    assert len(epochs) == 2, epochs
+    assert "regression/open" in events and "availability/open" in events, events
 
 
 def test_span_counts_the_runs_kept_and_forgetting_moves_where_it_is_complete_from() -> None:
