@@ -1,17 +1,22 @@
 """The runs the detector reads for each series, kept between its evaluations.
 
 Evaluating a run reads the series' runs of the last `Detector.history_since` (a week and a day with the
-default seasonal baseline: about 2,400 runs at 5-minute runs). Read afresh for every run, that was 33 ms of
-database rows and 55-70 ms of CPU per evaluation on SQLite (a job of 1,000 series every 5 minutes spent a
-fifth of a core on it, and a 10-second detection budget covered about 180 of a batch's runs). Kept here,
-an evaluation reads only the runs stored since the last one, after checking that the runs already kept
-are still all the database holds over their span (`Span`: count, first and last start); any difference
-(a spooled run replayed late, another replica's run, retention) reads the whole history again. So what
-the detector is given is what reading afresh would give, run for run.
+default seasonal baseline: about 2,400 runs at 5-minute runs). Read afresh for every run, that took 67 ms
+of CPU per evaluation on SQLite and 54 ms on PostgreSQL (bench/detect_steady.py): a job of 1,000 series
+every 5 minutes spent a fifth of a core on it, and a batch's detection budget (25 ms a run) covered about
+a third of its runs. Kept here, an evaluation reads only the runs stored since the last one, after checking
+that the runs already kept are still all the database holds over their span (`Span`: count, first and last
+start); any difference (a spooled run replayed late, another replica's run, retention) reads the whole
+history again. So what the detector is given is what reading afresh would give, run for run.
 
-Kept in columns of machine numbers (about 30 bytes a run: the start in microseconds, the median TTFT,
-the request counts, and indexes into the series' few distinct labels), within a memory budget: a series
-that does not fit is read afresh each time, as before.
+It keeps the seasonal residuals evaluations computed as well (`state.HistoryColumns`): a residual depends
+only on the runs of the days before its run, so one computed from a history holding all of those is the
+same number at every later evaluation, and each takes those its own reading would compute whole, instead of
+a day of them computed again (about 300 seasonal slots a run).
+
+Kept in columns of machine numbers (about 38 bytes a run: the start in microseconds, the median TTFT, the
+residual, the request counts, and an index into the series' few distinct labels), within a memory budget
+(`detection.history_memory_mb`): a series that does not fit is read afresh each time, as before.
 """
 
 from __future__ import annotations
