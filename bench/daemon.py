@@ -9,6 +9,9 @@ first request arriving at the simulator, both on CLOCK_MONOTONIC).
     .venv/bin/python bench/daemon.py --once-only --once-against ../main   # `once` start-up beside another checkout
     .venv/bin/python bench/daemon.py --against ../main --runs 3 --skip-once  # the daemon beside another checkout
     .venv/bin/python bench/daemon.py --profile FILE   # where the daemon's CPU goes (py-spy, not a dependency)
+    .venv/bin/python bench/daemon.py --history-days 8.2 --settle 40 --against ../main --runs 3 --skip-once
+        # at steady state: every series with 8 days of 5-minute history (what detection reads), measured
+        # after the first ticks (which read every history whole)
 
 CPU per probe is the daemon process's user + system CPU seconds (/proc/PID/stat, all its threads) from
 the moment it is ready to the end of the measured interval, over the probes it logged in that interval.
@@ -25,6 +28,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -104,6 +108,59 @@ def write_config(folder: Path, sim: str, *, series: int, every: int, port: int) 
     path = folder / "config.yaml"
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def fill_history(folder: Path, sim: str, *, series: int, days: float) -> Path:
+    """A database migrated and filled with `days` of 5-minute runs (one probe each, as the bench's job
+    probes) of the bench's series, as the daemon would have stored them: what detection reads at steady
+    state. Filled once and copied for each daemon run."""
+    config = write_config(folder, sim, series=series, every=10, port=free_port())
+    run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
+    script = r"""
+import asyncio, dataclasses, sys
+from datetime import UTC, datetime, timedelta
+from monitor.store.engine import create_engine
+from monitor.store.records import runs_from_samples
+from monitor.store.repository import Repository
+from tests.support.store_fixtures import make_samples
+url, series, days, sizes = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4].split(",")
+targets = [f"t{i:03d}" for i in range(max(1, series // len(sizes)))]
+async def main():
+    engine = create_engine(url)
+    repository = Repository(engine)
+    ticks = int(days * 288)
+    now = datetime.now(UTC).replace(second=0, microsecond=0)
+    chunk = []
+    for index in range(ticks):
+        at = now - timedelta(minutes=5 * (ticks - index))
+        samples = [
+            dataclasses.replace(s, model="bench-model")
+            for t in targets for size in sizes for s in make_samples(t, f"p{size}", at=at, rounds=1, warmup=0)
+        ]
+        chunk += runs_from_samples(samples, job="load", location="bench", provider_of=dict.fromkeys(targets, "sim"))
+        if len(chunk) >= 5000:
+            await repository.save_runs(chunk)
+            chunk = []
+    if chunk:
+        await repository.save_runs(chunk)
+    await engine.dispose()
+asyncio.run(main())
+"""
+    started = time.perf_counter()
+    url = f"sqlite+aiosqlite:///{folder}/bench.db"
+    sizes = ",".join(str(size) for size in PROMPT_SIZES)
+    subprocess.run([sys.executable, "-c", script, url, str(series), str(days), sizes], check=True, cwd=ROOT)
+    print(f"history: {days} days of 5-minute runs of {series} series filled in {time.perf_counter() - started:.0f} s")
+    return folder / "bench.db"
+
+
+def skipped_runs(metrics_text: str) -> float:
+    """Runs stored and not evaluated, their detection budget spent (all jobs)."""
+    return sum(
+        float(line.split()[-1])
+        for line in metrics_text.splitlines()
+        if line.startswith("ttft_monitor_detection_skipped_runs_total{")
+    )
 
 
 def histogram_quantile(metrics_text: str, name: str, q: float) -> float | None:
@@ -294,9 +351,11 @@ def bench_daemon(
     otel: str | None = None,
     checkout: Path = ROOT,
     profile: Path | None = None,
+    history: Path | None = None,
 ) -> dict:
     """`otel`: an `otel:` section to add (export off without it). `checkout`: whose daemon runs.
-    `profile`: record the measured interval with py-spy (raw stacks) into this file.
+    `profile`: record the measured interval with py-spy (raw stacks) into this file. `history`: a filled
+    database (`fill_history`) the daemon starts on, a copy of it.
 
     CPU per probe is the daemon's user + system CPU over the measured interval (from ready to the scrape,
     all its threads: probing, parsing, storing, detection, metrics, the listener) over the probes logged
@@ -305,12 +364,18 @@ def bench_daemon(
     config = write_config(folder, sim, series=args.series, every=args.every, port=port)
     if otel is not None:
         config.write_text(config.read_text() + f"otel: {otel}\n")
+    if history is not None:
+        shutil.copy(history, folder / "bench.db")
     run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)], checkout)
     log_path = folder / "daemon.log"
     daemon = start_daemon(config, log_path, checkout=checkout)
     spy = None
     try:
         wait_ready(port, daemon)
+        time.sleep(args.settle)  # e.g. the first ticks over a filled history, which read every history whole
+        skipped_from = skipped_runs(
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        )
         measured_from, cpu_from = datetime.now(UTC), cpu_seconds(daemon.pid)
         if profile is not None:
             spy = subprocess.Popen(
@@ -368,6 +433,7 @@ def bench_daemon(
         "cpu_share": (cpu_to - cpu_from) / (measured_to - measured_from).total_seconds(),
         "missed_ticks": missed,
         "jobs_finished": sum(1 for e in events if e.get("event") == "job_finished"),
+        "detection_skipped": skipped_runs(metrics) - skipped_from,
     }
 
 
@@ -479,6 +545,10 @@ def main() -> None:
         help="also run another checkout's daemon (say, a worktree of main), the checkouts taking turns",
     )
     parser.add_argument("--runs", type=int, default=1, help="daemon runs per checkout (medians printed)")
+    parser.add_argument(
+        "--history-days", type=float, default=0, help="start every daemon on this many days of 5-minute history"
+    )
+    parser.add_argument("--settle", type=float, default=0, help="seconds after ready before measuring")
     parser.add_argument("--skip-once", action="store_true", help="measure the daemon only, not `once` start-up")
     parser.add_argument(
         "--profile",
@@ -512,13 +582,18 @@ def main() -> None:
                 return
             if not args.once_only:
                 checkouts = [ROOT, *(Path(p).resolve() for p in args.against)]
+                history = None
+                if args.history_days:
+                    filled = folder / "history"
+                    filled.mkdir()
+                    history = fill_history(filled, sim, series=args.series, days=args.history_days)
                 compile_bytecode(checkouts, folder)
                 results: dict[Path, list[dict]] = {checkout: [] for checkout in checkouts}
                 for index in range(args.runs):
                     for i, checkout in enumerate(checkouts):
                         where = folder / f"daemon-{i}-{index}"
                         where.mkdir()
-                        results[checkout].append(bench_daemon(sim, args, where, checkout=checkout))
+                        results[checkout].append(bench_daemon(sim, args, where, checkout=checkout, history=history))
                         print(f"  run {index + 1}/{args.runs} {checkout}: load {os.getloadavg()[0]:.2f}", flush=True)
                 print_results(results)
                 if args.skip_once:
