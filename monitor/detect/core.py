@@ -35,6 +35,8 @@ DAY_S = 86400.0
 # its slot's centre, at most 5 minutes off, which the daily cycle does not notice.
 SLOT_S = 600.0
 SLOTS_PER_DAY = int(DAY_S // SLOT_S)
+# A core forgets the runs nothing reads every this many runs appended (`_Core._trim`).
+TRIM_EVERY_RUNS = 4096
 # A slot needs runs on at least this many previous days for a seasonal baseline (a median of three
 # days outvotes one day with an incident); until then the trailing window stands in.
 SEASONAL_MIN_DAYS = 3
@@ -244,7 +246,7 @@ class _Core:
         self.probes.append(max(ok, 1))
         self._residuals.append(None)
         self._appended_since_trim += 1
-        if self._appended_since_trim >= 4096:
+        if self._appended_since_trim >= TRIM_EVERY_RUNS:
             self._trim()
 
     def load(self, history: HistoryColumns, *, residuals: bool = False) -> None:
@@ -273,7 +275,16 @@ class _Core:
         times = [moments[index] for index in valid]
         if any(later < earlier for earlier, later in pairwise(times)):
             raise ValueError("runs must come in time order")
-        self.times = times
+        # `append` trims every TRIM_EVERY_RUNS runs, each time from the last run appended then: the same
+        # cuts here (a history of that many runs, e.g. a week of 1-minute runs), or the first runs kept, and
+        # so every residual and noise model read from them, would differ.
+        dropped = 0
+        for boundary in range(TRIM_EVERY_RUNS, len(valid) + 1, TRIM_EVERY_RUNS):
+            if boundary - dropped > self._keep:
+                cut = times[boundary - self._keep] - self._lookback_s
+                dropped = max(dropped, bisect_left(times, cut, dropped, boundary))
+        valid = valid[dropped:]
+        self.times = times = times[dropped:]
         self.logs = [math.log(ttfts[index]) for index in valid]
         self.probes = [max(oks[index], 1) for index in valid]
         self._residuals = [None] * len(valid)
@@ -284,10 +295,7 @@ class _Core:
             # history's start is computed from what the history holds, and so must it be here.
             for k in range(bisect_left(times, complete_after), len(valid)):
                 self._residuals[k] = known[valid[k]]
-        self._appended_since_trim = len(valid)
-        if self._appended_since_trim >= 4096:  # as `append` would have on the way: drops only runs none reads
-            self._trim()
-            return  # the indexes moved: nothing to hand back
+        self._appended_since_trim = (len(valid) + dropped) % TRIM_EVERY_RUNS
         self._loaded = (valid, complete_after)
 
     def loaded_residuals(self) -> list[tuple[int, float]]:

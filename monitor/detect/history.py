@@ -14,7 +14,7 @@ only on the runs of the days before its run, so one computed from a history hold
 same number at every later evaluation, and each takes those its own reading would compute whole, instead of
 a day of them computed again (about 300 seasonal slots a run).
 
-Kept in columns of machine numbers (about 38 bytes a run: the start in microseconds, the median TTFT, the
+Kept in columns of machine numbers (40 bytes a run: the start in microseconds, the median TTFT, the
 residual, the request counts, and an index into the series' few distinct labels), within a memory budget
 (`detection.history_memory_mb`): a series that does not fit is read afresh each time, as before.
 """
@@ -36,8 +36,10 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # A run as the store reads it for the detector: (started_at, ttft_p50_ms, error class, ok, errors, rounds,
 # canary, server_build).
 HistoryRow = tuple[datetime, float | None, str | None, int, int, int, str | None, str | None]
-# A series' entry costs this much besides its columns (the object, its arrays' headers, the labels).
+# A series' entry costs this much besides its columns (the object, its arrays' headers), and each of its
+# distinct labels about this much (three strings, a tuple, an index entry).
 ENTRY_OVERHEAD_BYTES = 600
+LABEL_BYTES = 300
 # How long a series not evaluated stays kept once the budget is full (a removed target, a finished job).
 IDLE_S = 3600.0
 
@@ -85,8 +87,9 @@ class SeriesHistory:
         self._errors = array("i")
         self._rounds = array("i")
         # (error, canary, server_build) of each run as one index into the series' distinct triples: a
-        # series has a handful (a model change, an error class), so a run costs two bytes for all three.
-        self._labels = array("H")
+        # series has a handful (a model change, an error class), so a run costs four bytes for all three;
+        # a canary whose answer differs every run has one a run (counted in `nbytes`, dropped with them).
+        self._labels = array("I")
         # Each run's seasonal residual once an evaluation computed it from every run it depends on (inf: not
         # yet), under the model epoch `_residual_epoch` (`state.HistoryColumns`).
         self._residual = array("d")
@@ -104,7 +107,8 @@ class SeriesHistory:
 
     def nbytes(self) -> int:
         columns = (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels, self._residual)
-        return ENTRY_OVERHEAD_BYTES + sum(column.itemsize * column.buffer_info()[1] for column in columns)
+        labels = LABEL_BYTES * len(self._label_of)
+        return ENTRY_OVERHEAD_BYTES + labels + sum(column.itemsize * column.buffer_info()[1] for column in columns)
 
     def extend(self, rows: Iterable[HistoryRow]) -> None:
         """Append rows started after the last one kept (oldest first)."""
@@ -115,8 +119,6 @@ class SeriesHistory:
             labels = (error, canary, build)
             index = self._label_index.get(labels)
             if index is None:
-                if len(self._label_of) >= 0xFFFF:
-                    raise OverflowError("too many distinct labels in one series' history")
                 index = self._label_index[labels] = len(self._label_of)
                 self._label_of.append(labels)
             self._at.append(moment)
@@ -127,6 +129,19 @@ class SeriesHistory:
             self._labels.append(index)
             self._residual.append(math.inf)
             self.generation += 1
+
+    def _drop_unused_labels(self) -> None:
+        """Forget the labels no kept run has any more, when they are most of them (a canary whose answer
+        changes every run would otherwise keep one for every run ever seen)."""
+        used = sorted(set(self._labels))
+        if 0 not in used:
+            used.insert(0, 0)  # (None, None, None) stays at 0
+        if 2 * len(used) > len(self._label_of):
+            return
+        renumber = {old: new for new, old in enumerate(used)}
+        self._label_of = [self._label_of[old] for old in used]
+        self._label_index = {labels: index for index, labels in enumerate(self._label_of)}
+        self._labels = array("I", [renumber[index] for index in self._labels])
 
     def span(self, start: datetime, end: datetime) -> Span:
         """The runs kept with starts in [start, end], as `Span`."""
@@ -145,6 +160,8 @@ class SeriesHistory:
             for column in (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels, self._residual):
                 del column[:drop]
             self.generation += 1
+            if len(self._label_of) > 16:
+                self._drop_unused_labels()
         self.complete_from = max(self.complete_from, moment)
 
     def columns(self, start: datetime, end: datetime) -> HistoryColumns:

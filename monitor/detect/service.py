@@ -160,6 +160,7 @@ class DetectionService:
         self._cache = CacheService(engine, repository, config, outbox=outbox, metrics=metrics)
         self._notifier = GroupNotifier(config, outbox=outbox)
         self._histories: HistoryCache[SeriesKey] = HistoryCache(0)
+        self._settings_generation = 0  # moves when the histories kept are dropped for new settings
         self._history_locks: dict[SeriesKey, asyncio.Lock] = {}
         # When each series was last evaluated (a count), and the jobs whose last batch its budget cut.
         self._turns: dict[SeriesKey, int] = {}
@@ -177,6 +178,8 @@ class DetectionService:
         # Other detection settings: the residuals kept were computed under the old ones.
         if budget < self._histories.nbytes() or (previous is not None and previous.detection != config.detection):
             self._histories.clear()
+            # An evaluation under way under the old settings keeps nothing it read or computed.
+            self._settings_generation += 1
         self._histories.budget_bytes = budget
         self._history_budget_warned = False
         self._burn.update_config(config)
@@ -396,7 +399,8 @@ class DetectionService:
         series = run.series
         detector = self._detector(series.target)
         since = detector.history_since(run.started_at, interval=interval)
-        kept = await self._history(series, since, run.started_at)
+        generation = self._settings_generation
+        kept = await self._history(series, since, run.started_at, generation)
         history: list[RunPoint] | HistoryColumns = kept.columns(since, run.started_at)
         if self._cache.is_warm(series.prompt):
             points = kept.points(since, run.started_at)
@@ -425,7 +429,7 @@ class DetectionService:
             read = attempt.read = await self._store.read_state(connection, series_id)
             state = SeriesState.from_json(read.state) if read is not None else SeriesState()
             new_state, events, baseline_ms = detector.evaluate_with_baseline(history, state, point)
-            if isinstance(history, HistoryColumns):
+            if isinstance(history, HistoryColumns) and generation == self._settings_generation:
                 kept.keep_residuals(history)  # the next evaluation need not compute them again
             if new_state.canary_unstable and not state.canary_unstable:
                 self._log.warning(
@@ -457,7 +461,7 @@ class DetectionService:
             attempt.committing = True
         return new_state, events, baseline_ms
 
-    async def _history(self, series: SeriesKey, since: datetime, end: datetime) -> SeriesHistory:
+    async def _history(self, series: SeriesKey, since: datetime, end: datetime, generation: int) -> SeriesHistory:
         """The runs of `series` started in [since, end), as the detector reads them. From the history kept
         (detect/history.py) when the database still holds exactly its runs over their span, reading only the
         runs stored after them; else read whole, and kept if the budget allows."""
@@ -468,13 +472,15 @@ class DetectionService:
         # runs beside a tick's) would both append the runs stored since its last.
         async with lock:
             try:
-                return await self._history_locked(series, since, end)
+                return await self._history_locked(series, since, end, generation)
             except BaseException:
                 self._histories.forget(series)  # half extended, perhaps: read whole next time
                 raise
 
-    async def _history_locked(self, series: SeriesKey, since: datetime, end: datetime) -> SeriesHistory:
-        kept = self._histories.get(series)
+    async def _history_locked(
+        self, series: SeriesKey, since: datetime, end: datetime, generation: int
+    ) -> SeriesHistory:
+        kept = self._histories.get(series) if generation == self._settings_generation else None
         last = kept.last if kept is not None else None
         if kept is not None and last is not None and kept.complete_from <= micros(since):
             # Both read on one connection; the new rows are used only if the span still holds.
@@ -489,6 +495,8 @@ class DetectionService:
             self._histories.forget(series)
         fresh = SeriesHistory(since)
         fresh.extend(await self._repository.history_rows(series, end, start=since))
+        if generation != self._settings_generation:
+            return fresh  # the settings changed while it was read: used once, not kept
         if not self._histories.keep(series, fresh) and self._histories.budget_bytes and not self._history_budget_warned:
             self._history_budget_warned = True
             self._log.warning(

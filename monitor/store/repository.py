@@ -655,8 +655,10 @@ class Repository:
         """(runs, first start, last start) of `series` started in [start, last], and `history_rows(series, end,
         after=last)`, on one connection: a detector's kept history checked and brought up to date."""
         async with self._read() as connection:
-            span = await self._series_rows(series, _RUN_SPAN, connection=connection, start=start, end=last)
+            # The new rows first: a commit the first statement sees, the second sees too, so a transaction
+            # storing runs on both sides of `last` cannot be half seen without the span telling.
             rows = await self._series_rows(series, _HISTORY_AFTER, connection=connection, after=last, end=end)
+            span = await self._series_rows(series, _RUN_SPAN, connection=connection, start=start, end=last)
         count, first, newest = span[0] if span else (0, None, None)
         return (int(count), first, newest), [tuple(row) for row in rows]
 

@@ -4,6 +4,7 @@ afresh decides, through a late run (a spool's replay) stored among the kept ones
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
 
+from monitor.detect.service import DetectionService
 from monitor.store.engine import create_engine
 from monitor.store.models import DetectorStateRow, IncidentRow, RunRow
 from monitor.store.repository import Repository
@@ -124,3 +126,64 @@ async def test_series_beyond_the_memory_budget_are_read_afresh_said_once_and_dec
             await engine.dispose()
     # Said once by the service with a budget too small, never by the one told to keep nothing.
     assert warnings == {"tight": 1, "afresh": 0}
+
+
+class _HeldRepository(Repository):
+    """Holds the next whole-history read until released: a reload can land while an evaluation reads."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self.reading = asyncio.Event()
+        self.release = asyncio.Event()
+        self.hold = False
+
+    async def history_rows(self, *args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        rows = await super().history_rows(*args, **kwargs)
+        if self.hold:
+            self.hold = False
+            self.reading.set()
+            await self.release.wait()
+        return rows
+
+
+async def test_a_history_read_under_settings_a_reload_replaced_is_not_kept(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    # An evaluation under the old detection settings reads a series' history; a reload with other settings
+    # drops every history kept; the evaluation goes on under the old ones and must not put what it read, or
+    # the residuals it computed under them, in the new cache.
+    shutil.copy(sqlite_template, tmp_path / "reload.db")
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'reload.db'}")
+    repository = _HeldRepository(engine)
+    settings = config()
+    service = DetectionService(engine, repository, settings, outbox=None, metrics=None)
+    try:
+        for index in range(12):
+            batch = tick(index, {}, targets=("a1",))
+            await repository.save_runs(batch)
+            await service.after_store("every-5m", batch)
+        assert len(service._histories) == 2  # the histories the service keeps: what the race is about
+        service.update_config(
+            settings.model_copy(
+                update={"detection": settings.detection.model_copy(update={"seasonal_window_minutes": 20.0})}
+            )
+        )
+        assert len(service._histories) == 0
+        service.update_config(settings)  # back: the histories are read whole again ...
+        repository.hold = True
+        batch = tick(12, {}, targets=("a1",))
+        await repository.save_runs(batch)
+        evaluation = asyncio.create_task(service.after_store("every-5m", batch))
+        await asyncio.wait_for(repository.reading.wait(), 10)
+        # ... and while the first of them is read, the settings change again.
+        service.update_config(
+            settings.model_copy(
+                update={"detection": settings.detection.model_copy(update={"seasonal_window_minutes": 20.0})}
+            )
+        )
+        repository.release.set()
+        await asyncio.wait_for(evaluation, 10)
+        # The series read under the old settings was not kept; the other, read under the new, was.
+        assert len(service._histories) == 1
+    finally:
+        await engine.dispose()

@@ -15,7 +15,15 @@ from hypothesis import strategies as st
 
 from monitor.detect.core import residual_reach_s
 from monitor.detect.detector import Detector, RunPoint, SeriesState
-from monitor.detect.history import ENTRY_OVERHEAD_BYTES, IDLE_S, HistoryCache, HistoryRow, SeriesHistory, Span
+from monitor.detect.history import (
+    ENTRY_OVERHEAD_BYTES,
+    IDLE_S,
+    LABEL_BYTES,
+    HistoryCache,
+    HistoryRow,
+    SeriesHistory,
+    Span,
+)
 from monitor.detect.settings import Detection
 from monitor.detect.state import point_from_run
 from monitor.probe.result import ErrorClass
@@ -205,11 +213,12 @@ def test_rows_older_than_the_last_kept_are_refused() -> None:
         history.extend([_row(T0, 100.0)])
 
 
-def test_a_run_costs_about_forty_bytes_kept() -> None:
+def test_a_run_costs_forty_bytes_kept_and_each_distinct_label_is_counted() -> None:
     history = SeriesHistory(T0)
     history.extend(_rows(4, 2400))
-    per_run = (history.nbytes() - ENTRY_OVERHEAD_BYTES) / 2400
-    assert per_run == 8 + 8 + 8 + 3 * 4 + 2  # start, TTFT, residual, three counts, labels
+    labels = 1 + 2 + 2  # none; the two builds with their canary; the two error classes of failed runs
+    per_run = (history.nbytes() - ENTRY_OVERHEAD_BYTES - LABEL_BYTES * labels) / 2400
+    assert per_run == 8 + 8 + 8 + 3 * 4 + 4  # start, TTFT, residual, three counts, labels
 
 
 class _Clock:
@@ -258,3 +267,41 @@ def test_a_run_point_with_the_run_times_of_a_fresh_read_compares_equal() -> None
     history = SeriesHistory(T0)
     history.extend([_row(at, 250.5)])
     assert history.points(T0, T0 + timedelta(hours=1)) == [RunPoint(at, 250.5, ok=3, errors=0)]
+
+
+def test_a_canary_answering_differently_every_run_keeps_only_the_labels_of_the_runs_kept() -> None:
+    # One label a run: the table must not outgrow the runs kept (nor run out of numbers, 65,536 before).
+    history = SeriesHistory(T0)
+    runs = 70_000
+    rows = [_row(T0 + timedelta(minutes=i), 300.0, canary=f"answer-{i}") for i in range(runs)]
+    history.extend(rows)
+    assert history.nbytes() > runs * LABEL_BYTES  # counted against the budget
+    history.forget_before(rows[runs - 1000][0])
+    assert len(history) == 1000
+    assert history.nbytes() < 1100 * (LABEL_BYTES + 40) + ENTRY_OVERHEAD_BYTES
+    kept = history.points(T0, T0 + timedelta(days=100))
+    assert [p.canary for p in kept] == [f"answer-{i}" for i in range(runs - 1000, runs)]
+
+
+@pytest.mark.parametrize("noise_model", [False, True])
+def test_a_week_of_one_minute_runs_loads_as_appended_past_the_cores_trims(noise_model: bool) -> None:
+    # Over 4,096 runs a core appended run by run forgets the oldest at every 4,096th; loaded as columns it
+    # must forget the same ones (before, it cut once from the last run and kept different first runs:
+    # other residuals, another noise model).
+    rng = random.Random(3)
+    detector = Detector(Detection(noise_model=noise_model).rules())
+    at = T0 + timedelta(days=9)
+    since = detector.history_since(at, interval=timedelta(minutes=1))
+    rows = []
+    moment = since
+    while moment < at:
+        rows.append(_row(moment + timedelta(seconds=rng.uniform(0, 5)), 500 * math.exp(rng.gauss(0, 0.1))))
+        moment += timedelta(minutes=1)
+    history = SeriesHistory(since)
+    history.extend([row for row in rows if row[0] < at])
+    assert len(history) > 2 * 4096  # two trims on the way
+    run = RunPoint(at, 2000.0, ok=3, errors=0)
+    as_points = detector.evaluate_with_baseline(history.points(since, at), SeriesState(), run)
+    as_columns = detector.evaluate_with_baseline(history.columns(since, at), SeriesState(), run)
+    assert (as_columns[1], as_columns[2]) == (as_points[1], as_points[2])
+    assert as_columns[0].to_json() == as_points[0].to_json()
