@@ -212,7 +212,7 @@ class Detection(ConfigModel):
         ge=0,
         le=65536,
         description="Memory for the runs each evaluation reads (a week and a day of a series' runs with the default "
-        "seasonal baseline: about 38 bytes a run, 90 kB a series of 5-minute runs, so the default holds about 700 "
+        "seasonal baseline: about 40 bytes a run, 95 kB a series of 5-minute runs, so the default holds about 700 "
         "series), kept between evaluations so each reads only the runs stored since the last. Series beyond it are "
         "read afresh every run (about 4x the CPU at 5-minute runs); 0 reads every series afresh. What detection "
         "decides is the same either way.",
