@@ -347,12 +347,15 @@ def alert_metrics_for(context: JobContext, metrics: Metrics | None) -> AlertMetr
 
 
 def attach_detection_service(
-    context: JobContext, store: Store, *, outbox: Outbox, metrics: Metrics | None
+    context: JobContext, store: Store, *, outbox: Outbox, metrics: Metrics | None, keep_histories: bool = True
 ) -> DetectionService:
-    """Detection after every stored run, enqueueing its notifications into `outbox`."""
+    """Detection after every stored run, enqueueing its notifications into `outbox`. `keep_histories`: keep
+    each series' history between its evaluations (the daemon; `once` evaluates each series once)."""
     from monitor.detect.service import DetectionService
 
-    service = DetectionService(store.engine, store.repository, context.config, outbox=outbox, metrics=metrics)
+    service = DetectionService(
+        store.engine, store.repository, context.config, outbox=outbox, metrics=metrics, keep_histories=keep_histories
+    )
     context.after_store = service.after_store
     return service
 
@@ -371,7 +374,8 @@ async def attach_detection(
 
     transport = await stack.enter_async_context(Transport(proxies=proxy_environment()))
     dispatcher = Dispatcher(store.engine, context.config.alerts, transport, metrics=alert_metrics_for(context, metrics))
-    service = attach_detection_service(context, store, outbox=dispatcher.outbox, metrics=metrics)
+    # `once` evaluates each series once: a history kept would only hold memory until the process exits.
+    service = attach_detection_service(context, store, outbox=dispatcher.outbox, metrics=metrics, keep_histories=False)
     await service.budget.restore()  # a crossed budget's stored holds, before the first tick
     return dispatcher, service
 

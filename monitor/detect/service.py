@@ -146,7 +146,10 @@ class DetectionService:
         outbox: Outbox | None,
         metrics: Metrics | None,
         clock: Callable[[], float] = time.monotonic,
+        keep_histories: bool = True,
     ) -> None:
+        """`keep_histories`: keep each series' history between evaluations (within
+        `detection.history_memory_mb`); False where a process evaluates each series once (`once`)."""
         self._engine = engine
         self._clock = clock  # for the batch's budget
         self._repository = repository
@@ -160,6 +163,7 @@ class DetectionService:
         self._cache = CacheService(engine, repository, config, outbox=outbox, metrics=metrics)
         self._notifier = GroupNotifier(config, outbox=outbox)
         self._histories: HistoryCache[SeriesKey] = HistoryCache(0)
+        self._keep_histories = keep_histories
         self._settings_generation = 0  # moves when the histories kept are dropped for new settings
         self._history_locks: dict[SeriesKey, asyncio.Lock] = {}
         # When each series was last evaluated (a count), and the jobs whose last batch its budget cut.
@@ -174,7 +178,7 @@ class DetectionService:
         self._detectors: dict[str, Detector] = {}
         # The histories kept stay valid across a reload (they are the database's runs); a smaller budget
         # starts them over.
-        budget = int(config.detection.history_memory_mb * 1024 * 1024)
+        budget = int(config.detection.history_memory_mb * 1024 * 1024) if self._keep_histories else 0
         # Other detection settings: the residuals kept were computed under the old ones.
         if budget < self._histories.nbytes() or (previous is not None and previous.detection != config.detection):
             self._histories.clear()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 from structlog.testing import capture_logs
 
+from monitor.app import attach_detection, attach_detection_service, build_context, open_store
+from monitor.config.models import Config
 from monitor.detect.service import DetectionService
 from monitor.store.engine import create_engine
 from monitor.store.models import DetectorStateRow, IncidentRow, RunRow
@@ -187,3 +190,28 @@ async def test_a_history_read_under_settings_a_reload_replaced_is_not_kept(
         assert len(service._histories) == 1
     finally:
         await engine.dispose()
+
+
+async def test_once_keeps_no_history_and_the_daemon_does(tmp_path: Path, sqlite_template: Path) -> None:
+    # `once` evaluates each series once and exits: a history kept would only hold memory (up to the budget)
+    # until then. The daemon's detection keeps them.
+    shutil.copy(sqlite_template, tmp_path / "once.db")
+    settings = Config.model_validate(
+        {
+            "database": {"url": f"sqlite+aiosqlite:///{tmp_path / 'once.db'}", "state_dir": str(tmp_path / "state")},
+            "detection": config().detection.model_dump(),
+        }
+    )
+    async with AsyncExitStack() as stack:
+        store = await open_store(settings, metrics=None)
+        stack.callback(store.spool.close)
+        stack.push_async_callback(store.engine.dispose)
+        context = await build_context(settings, stack, store=store, metrics=None)
+        _dispatcher, once = await attach_detection(context, store, stack, metrics=None)  # as `once` attaches it
+        daemon = attach_detection_service(context, store, outbox=_dispatcher.outbox, metrics=None)  # as `run` does
+        for index in range(8):
+            batch = tick(index, {}, targets=("a1",))
+            await store.repository.save_runs(batch)
+            await once.after_store("every-5m", batch)
+            await daemon.after_store("every-5m", batch)
+        assert len(once._histories) == 0 and len(daemon._histories) == 2  # the histories each keeps
