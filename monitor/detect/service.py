@@ -8,7 +8,7 @@ import itertools
 import statistics
 import time
 import uuid
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -165,7 +165,7 @@ class DetectionService:
         self._histories: HistoryCache[SeriesKey] = HistoryCache(0)
         self._keep_histories = keep_histories
         self._settings_generation = 0  # moves when the histories kept are dropped for new settings
-        self._history_locks: dict[SeriesKey, asyncio.Lock] = {}
+        self._history_locks: defaultdict[SeriesKey, asyncio.Lock] = defaultdict(asyncio.Lock)
         # When each series was last evaluated (a count), and the jobs whose last batch its budget cut.
         self._turns: dict[SeriesKey, int] = {}
         self._turn = itertools.count()
@@ -469,9 +469,7 @@ class DetectionService:
         """The runs of `series` started in [since, end), as the detector reads them. From the history kept
         (detect/history.py) when the database still holds exactly its runs over their span, reading only the
         runs stored after them; else read whole, and kept if the budget allows."""
-        lock = self._history_locks.get(series)
-        if lock is None:
-            lock = self._history_locks[series] = asyncio.Lock()
+        lock = self._history_locks[series]
         # One reader of a series' kept history at a time: two evaluations of it at once (a replayed spool's
         # runs beside a tick's) would both append the runs stored since its last.
         async with lock:
@@ -498,7 +496,7 @@ class DetectionService:
             self._log.debug("detection_history_reread", target=series.target, prompt=series.prompt)
             self._histories.forget(series)
         fresh = SeriesHistory(since)
-        fresh.extend(await self._repository.history_rows(series, end, start=since))
+        fresh.extend(await self._repository.history_rows(series, since, end))
         if generation != self._settings_generation:
             return fresh  # the settings changed while it was read: used once, not kept
         if not self._histories.keep(series, fresh) and self._histories.budget_bytes and not self._history_budget_warned:

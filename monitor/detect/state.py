@@ -102,7 +102,12 @@ class HistoryColumns:
 def is_evidence(record: RunRecord) -> bool:
     """False for a run whose every measured sample was disturbed (the monitor's own delay): it says
     nothing about the server, and read as a point it would look like a run of failures."""
-    return record.rounds == 0 or record.ok + record.errors > 0
+    return counts_as_evidence(record.rounds, record.ok, record.errors)
+
+
+def counts_as_evidence(rounds: int, ok: int, errors: int) -> bool:
+    """`is_evidence` of a run with these counts: it measured nothing, or not every sample was disturbed."""
+    return rounds == 0 or ok + errors > 0
 
 
 def point_from_run(record: RunRecord, *, served_model: str | None = None, fingerprint: str | None = None) -> RunPoint:

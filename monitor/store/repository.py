@@ -237,40 +237,34 @@ def _hourly_run_medians_statement() -> Any:
 
 _HOURLY_PERCENTILES = _hourly_percentiles_statement()
 _HOURLY_RUN_MEDIANS = _hourly_run_medians_statement()
-_RUNS_BETWEEN = (
-    select(*_RUN_COLUMNS)
-    .where(
-        RunRow.series_id == bindparam("series_id"),
-        RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
-        RunRow.started_at < bindparam("end", type_=UtcDateTime()),
-    )
-    .order_by(RunRow.started_at)
-)
 
+
+def _series_runs(*columns: Any, after: bool = False) -> Any:
+    """`columns` of the runs of `:series_id` started in [`:start`, `:end`) (`after`: in (`:after`, `:end`)),
+    oldest first."""
+    lower = (
+        RunRow.started_at > bindparam("after", type_=UtcDateTime())
+        if after
+        else RunRow.started_at >= bindparam("start", type_=UtcDateTime())
+    )
+    return (
+        select(*columns)
+        .where(
+            RunRow.series_id == bindparam("series_id"), lower, RunRow.started_at < bindparam("end", type_=UtcDateTime())
+        )
+        .order_by(RunRow.started_at)
+    )
+
+
+_RUNS_BETWEEN = _series_runs(*_RUN_COLUMNS)
 # What the detector reads of each run (detect/history.py's HistoryRow), and the check that the runs it
 # keeps are still all the database holds over their span.
 _HISTORY_COLUMNS = (
     RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors, RunRow.rounds,
     RunRow.canary, RunRow.server_build,
 )  # fmt: skip
-_HISTORY_FROM = (
-    select(*_HISTORY_COLUMNS)
-    .where(
-        RunRow.series_id == bindparam("series_id"),
-        RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
-        RunRow.started_at < bindparam("end", type_=UtcDateTime()),
-    )
-    .order_by(RunRow.started_at)
-)
-_HISTORY_AFTER = (
-    select(*_HISTORY_COLUMNS)
-    .where(
-        RunRow.series_id == bindparam("series_id"),
-        RunRow.started_at > bindparam("after", type_=UtcDateTime()),
-        RunRow.started_at < bindparam("end", type_=UtcDateTime()),
-    )
-    .order_by(RunRow.started_at)
-)
+_HISTORY_FROM = _series_runs(*_HISTORY_COLUMNS)
+_HISTORY_AFTER = _series_runs(*_HISTORY_COLUMNS, after=True)
 _RUN_SPAN = select(
     func.count(), func.min(RunRow.started_at).label("first"), func.max(RunRow.started_at).label("last")
 ).where(
@@ -636,24 +630,17 @@ class Repository:
         rows = await self._series_rows(series, _RUNS_BETWEEN, connection=connection, start=start, end=end)
         return [_run_record(row, series) for row in rows]
 
-    async def history_rows(
-        self, series: SeriesKey, end: datetime, *, start: datetime | None = None, after: datetime | None = None
-    ) -> list[tuple[Any, ...]]:
-        """What the detector reads of the runs of `series` started before `end` and from `start` (or after
-        `after`), oldest first: (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build)."""
-        if (start is None) == (after is None):
-            raise ValueError("give either start or after")
-        if start is not None:
-            rows = await self._series_rows(series, _HISTORY_FROM, start=start, end=end)
-        else:
-            rows = await self._series_rows(series, _HISTORY_AFTER, after=after, end=end)
+    async def history_rows(self, series: SeriesKey, start: datetime, end: datetime) -> list[tuple[Any, ...]]:
+        """What the detector reads of the runs of `series` started in [start, end), oldest first:
+        (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build)."""
+        rows = await self._series_rows(series, _HISTORY_FROM, start=start, end=end)
         return [tuple(row) for row in rows]
 
     async def history_since_span(
         self, series: SeriesKey, start: datetime, last: datetime, end: datetime
     ) -> tuple[tuple[int, datetime | None, datetime | None], list[tuple[Any, ...]]]:
-        """(runs, first start, last start) of `series` started in [start, last], and `history_rows(series, end,
-        after=last)`, on one connection: a detector's kept history checked and brought up to date."""
+        """(runs, first start, last start) of `series` started in [start, last], and what `history_rows` reads of
+        those started in (last, end), on one connection: a detector's kept history checked and brought up to date."""
         async with self._read() as connection:
             # The new rows first: a commit the first statement sees, the second sees too, so a transaction
             # storing runs on both sides of `last` cannot be half seen without the span telling.
