@@ -23,8 +23,13 @@ naive alert counts as a page.
 
 `--window-tickets both` scores our detector twice on the same series: `cusum` (the sequential rule
 opens tickets alone) and `cusum+win` (the ticket window rule opens them too, `window_tickets=True`).
-`--noise-model both` scores it with the per-series noise model off (`ours`, what ships) and on
-(`ours+nm`, `detection.noise_model`, experimental) on the same series; the default is off.
+`--noise-model both` scores it with the per-series noise model on (`ours`, what ships since 2026-12-06)
+and off (`ours-nm`, `detection.noise_model: false`, the rules as they were before the model) on the same
+series; the default is on.
+`--early` times doublings in a series' first days instead, before tickets and the seasonal baseline
+exist (a new series, or a served model's new baseline epoch): each row's series without steps, TTFT
+doubled for 3 hours from hour 6, 14, 30, 54 or 78 (`--series` series per row, 8 by default), and prints
+per row how many paged within the doubling, their median delay and how many within 30 and 60 minutes.
 `--set KEY=VALUE` changes one of our rules (see `Rules` in monitor/detect/detector.py). The full
 table takes about half an hour of CPU; tune with fewer series, weeks, sigmas or rounds.
 docs/detection.md has the results.
@@ -49,6 +54,7 @@ from typing import Any
 
 from monitor.detect.detector import Cusum, Detector, Rules, RunPoint, Threshold
 from monitor.detect.noise import lorden_delay_runs
+from monitor.detect.rules import FIXED_THRESHOLD
 
 RUN_S = 300
 DAY_S = 86400
@@ -389,6 +395,64 @@ def evaluate_series(
     return config, scores
 
 
+# ---------------------------------------------------------------- doublings in a series' first days
+
+EARLY_HOURS = (6, 14, 30, 54, 78)
+EARLY_STEP_S = 3 * 3600
+EARLY_SEED = 555000
+EARLY_WEEKS = 4 / 7  # the series' first 4 days: the last doubling ends at hour 81
+
+
+def early_doubling(
+    task: tuple[Config, int, int, str, dict[str, Any]],
+) -> tuple[Config, str, float | None]:
+    """Minutes from a doubling's start (at `hour`) to the first page within it; None: no page in its 3 hours."""
+    config, seed, hour, name, overrides = task
+    rounds, sigma, noise = config
+    series = make_series(sigma, seed, weeks=EARLY_WEEKS, rounds=rounds, noise=noise, steps=False)
+    replayer = Detector(apply_overrides(Rules(), overrides)).replayer()
+    start, end = hour * 3600.0, hour * 3600.0 + EARLY_STEP_S
+    for t, ttft, ok in zip(series.times, series.ttfts, series.probes, strict=True):
+        if t >= end:
+            break
+        doubled = ttft * 2.0 if ttft is not None and t >= start else ttft
+        error = None if ok == series.rounds else "timeout_first_token"
+        point = RunPoint(EPOCH + timedelta(seconds=t), doubled, error, ok=ok, errors=series.rounds - ok)
+        for event in replayer.feed(point):
+            paged = event.kind == "regression" and event.severity == "page" and event.action in ("open", "update")
+            if paged and t >= start:
+                return config, name, (t - start) / 60.0
+    return config, name, None
+
+
+def format_early(results: Sequence[tuple[Config, str, float | None]], names: Sequence[str]) -> str:
+    by_row: dict[tuple[Config, str], list[float | None]] = {}
+    for config, name, delay in results:
+        by_row.setdefault((config, name), []).append(delay)
+    lines = [
+        "| rounds | noise | detector | paged | median delay (min) | within 30 min | within 60 min |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    totals: dict[str, list[float | None]] = {name: [] for name in names}
+    for (config, name), delays in by_row.items():
+        rounds, sigma, noise = config
+        paged = [d for d in delays if d is not None]
+        totals[name] += delays
+        middle = f"{median(paged):.0f}" if paged else "-"
+        lines.append(
+            f"| {rounds} | {noise if sigma == 0.3 else f'{noise} {sigma:g}'} | {name} | {len(paged)} / {len(delays)} "
+            f"| {middle} | {sum(d <= 30 for d in paged)} | {sum(d <= 60 for d in paged)} |"
+        )
+    for name, delays in totals.items():
+        paged = [d for d in delays if d is not None]
+        share = 100.0 * len(paged) / max(1, len(delays))
+        lines.append(
+            f"all rows, {name}: {len(paged)} of {len(delays)} paged ({share:.0f}%), "
+            f"{sum(d <= 30 for d in paged)} within 30 min, {sum(d <= 60 for d in paged)} within 60"
+        )
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------- rules from the command line
 
 
@@ -404,18 +468,19 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 WINDOW_TICKET_VARIANTS = {"off": {"cusum": False}, "on": {"cusum+win": True}}
 WINDOW_TICKET_VARIANTS["both"] = {**WINDOW_TICKET_VARIANTS["off"], **WINDOW_TICKET_VARIANTS["on"]}
-# The per-series noise model (`detection.noise_model`, opt-in): off is what ships; on, the CUSUM's threshold
-# is derived from `false_alerts_per_week` unless --set cusum.threshold fixes it.
-NOISE_MODEL_OVERRIDES = {"noise_model": True, "cusum.threshold": None}
-NOISE_MODEL_VARIANTS = {"off": ("",), "on": ("+nm",), "both": ("", "+nm")}
+# The per-series noise model (`detection.noise_model`): on is what ships (the CUSUM's threshold derived from
+# `false_alerts_per_week` unless --set cusum.threshold fixes it); off, the rules before the model, with the
+# fixed threshold.
+NOISE_MODEL_OFF = {"noise_model": False, "cusum.threshold": FIXED_THRESHOLD}
+NOISE_MODEL_VARIANTS = {"on": ("",), "off": ("-nm",), "both": ("", "-nm")}
 
 
 def with_noise_model(variants: dict[str, dict[str, Any]], choice: str) -> dict[str, dict[str, Any]]:
-    """Each variant without ("ours") and/or with ("ours+nm") the noise model, scored on the same series."""
+    """Each variant with ("ours") and/or without ("ours-nm") the noise model, scored on the same series."""
     result: dict[str, dict[str, Any]] = {}
     for name, overrides in variants.items():
         for suffix in NOISE_MODEL_VARIANTS[choice]:
-            result[name + suffix] = {**NOISE_MODEL_OVERRIDES, **overrides} if suffix else overrides
+            result[name + suffix] = {**NOISE_MODEL_OFF, **overrides} if suffix else overrides
     return result
 
 
@@ -569,6 +634,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--naive", action="store_true", help="score the naive rule beside ours")
     parser.add_argument(
+        "--early",
+        action="store_true",
+        help="time doublings in a series' first days (before the seasonal baseline), --series per row (8)",
+    )
+    parser.add_argument(
         "--window-tickets",
         choices=tuple(WINDOW_TICKET_VARIANTS),
         default=None,
@@ -578,9 +648,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--noise-model",
         choices=tuple(NOISE_MODEL_VARIANTS),
-        default="off",
-        help="score ours without the per-series noise model (off: what ships, the default), with it (on: "
-        "'ours+nm', detection.noise_model) or both side by side on the same series",
+        default="on",
+        help="score ours with the per-series noise model (on: what ships, the default), without it (off: "
+        "'ours-nm', detection.noise_model: false) or both side by side on the same series",
     )
     parser.add_argument("--seed", type=int, default=20250106)
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
@@ -625,6 +695,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         for rounds in rounds_list
         for sigma in (sigmas if noise == "iid" else ar_sigmas)
     ]
+    if args.early:
+        count = 8 if args.series == parser.get_default("series") else args.series
+        early_tasks = [
+            (config, EARLY_SEED + 1000 * index + 100 * config[0], hour, name, overrides)
+            for config in configs
+            for index in range(count)
+            for hour in EARLY_HOURS
+            for name, overrides in variants.items()
+        ]
+        started = time.perf_counter()
+        if args.jobs > 1:
+            with multiprocessing.Pool(args.jobs) as pool:
+                early = pool.map(early_doubling, early_tasks, chunksize=4)
+        else:
+            early = [early_doubling(task) for task in early_tasks]
+        print(format_early(early, list(variants)))
+        print(f"\n{len(early_tasks)} doublings in {time.perf_counter() - started:.0f} s")
+        return 0
     tasks = [
         (
             config,

@@ -4,8 +4,9 @@ The series is seeded (the shape of tests/support/series.py `make_series`, genera
 checkout needs only its `monitor` package): a daily cycle, lognormal probes with half their variance an
 AR(1) load, 2% spikes, 0.5% failed runs, a 3-hour +70% and a 2-day +20% step, an hour of failures and
 a served-model change. Each checkout replays it in a child process of its own (`PYTHONPATH=CHECKOUT`),
-the checkouts taking turns, with the rules the default config gives (`Detection().rules()`), and with
-the noise model on too unless `--noise-model off`. Prints the median of `--repeat` replays' CPU time
+the checkouts taking turns, with the rules the config gives with the noise model off and on
+(`Detection(noise_model=...).rules()`; on is the default since 2026-12-06), or one of them
+(`--noise-model off|on`). Prints the median of `--repeat` replays' CPU time
 (`time.process_time`, the feed loop alone) and runs/s, and checks that every checkout raised the same
 events (a digest of them) and ended in the same state.
 
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -139,9 +140,8 @@ def child(days: float, noise_model: bool) -> None:
     from monitor.detect.detector import Detector
     from monitor.detect.settings import Detection
 
-    rules = Detection().rules()
-    if noise_model:
-        rules = replace(rules, noise_model=True)
+    # Either way as the config gives it (the model on derives its CUSUM threshold), in any checkout.
+    rules = Detection(noise_model=noise_model).rules()
     points = make_points(days)
     replayer = Detector(rules).replayer()
     feed = replayer.feed

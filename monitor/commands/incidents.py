@@ -109,7 +109,8 @@ def main(args: argparse.Namespace) -> int:
     from monitor.logging import configure_logging
 
     if args.incidents_command is None:
-        configure_logging()
+        # stdout is the list (a table, or JSON a script parses): log lines go to stderr.
+        configure_logging(stream=sys.stderr)
     else:
         # stdout says what was done; the outbox's log lines (warnings only) go to stderr.
         configure_logging(stream=sys.stderr, level=logging.WARNING)

@@ -544,7 +544,7 @@ class _Core:
             return
         baseline = verdict.baseline
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
-        # The noise model is opt-in (`detection.noise_model`): without it every rule runs as it did before
+        # The noise model is on by default (`detection.noise_model`): without it every rule runs as it did before
         # the model existed (noise None: no widening, no extra confirmations, the fixed CUSUM threshold).
         noise = self.noise = self._noise_model(state, count) if rules.noise_model else None
         if noise is None:
@@ -605,7 +605,10 @@ class _Core:
             # burst on. Slow against the baseline, or each a run of the page streak (slow against the window
             # before the jump, where slow wander has taken the series under its baseline).
             persistence = noise_model.page_persistence(noise, window=verdict.page_window)
-            paging = paging and max(noise.run, state.page_streak) >= persistence
+            # Slow runs in a row as the data has them, too: `noise.run` counts the runs evaluated, and a batch
+            # cut by its budget leaves runs unevaluated (a series evaluated every other run would otherwise
+            # need twice the slow runs to page).
+            paging = paging and max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
         ticketing = state.ticket_streak >= rules.ticket.confirmations
         sequential = self._cusum(state, run, incident, count, fresh, scaled) if not (paging or ticketing) else None
         if noise is not None:
@@ -753,12 +756,13 @@ class _Core:
 
     def _evidence(self, noise: NoiseModel | None, ratio: float, runs: int, *, scaled: bool = False) -> dict[str, Any]:
         """The evidence in words and figures: "+38% over 14 runs (noise: sd 0.21, runs correlate for about
-        45 min; equivalent to 4 independent runs)". Without the noise model (the default rules) the noise
-        is still measured, for the words only, on the seasonal residuals before these runs; a series with
-        under a day of them says so instead."""
+        45 min; equivalent to 4 independent runs)". Without the noise model (or with one that has measured
+        too little yet: it learns from a series' second day on) the noise is still measured, for the words
+        only, on the seasonal residuals before these runs; a series with under a day of them says so instead
+        (not "sd 0.00, runs look independent")."""
         shift = f"{(ratio - 1.0) * 100:+.0f}% over {runs} runs"
         in_rules = noise is not None and scaled  # the model on and engaged (noise_model.engaged)
-        if noise is None:
+        if noise is None or noise.runs < noise_model.MIN_RUNS:
             noise = self._seed_noise(max(0, len(self.times) - runs))
         if noise is None:
             return {"evidence": f"{shift} (noise not measured yet: under a day of seasonal history)"}
@@ -1077,6 +1081,18 @@ class _Core:
         runs slow: doublings page as fast as before (bench/detector.py `bursts`, docs/detection.md)."""
         return verdict.recent[-1] - verdict.baseline.level >= PAGE_RUN_SHARE * self._log_page_ratio
 
+    def _slow_runs(self, verdict: _Verdict, most: int) -> int:
+        """How many of the last runs in a row are slow against this run's baseline (as `noise_model.observe`
+        judges a run: at least the page ratio above its level), counting up to `most`."""
+        floor = verdict.baseline.level + self._log_page_ratio
+        recent = verdict.recent
+        count = 0
+        for index in range(len(recent) - 1, max(-1, len(recent) - 1 - most), -1):
+            if recent[index] < floor:
+                break
+            count += 1
+        return count
+
     def _streak_end(self, count: int, streak_since: datetime | None) -> int:
         """Where the runs tested ended for a page streak's first run (`count`, the runs so far, without one)."""
         return count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
@@ -1138,7 +1154,7 @@ class _Core:
         return out
 
     def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
-        """The z test without the noise model (`detection.noise_model` off, the default)."""
+        """The z test without the noise model (`detection.noise_model: false`)."""
         z = baseline.z(distance, min(window, rule.window_runs))
         cusum = self.rules.cusum
         if z < rule.z_threshold or cusum is None:

@@ -35,7 +35,11 @@ class SeverityRule(ConfigModel):
         description="... and exceeds baseline by at least this many milliseconds ...",
     )
     confirmations: int = Field(
-        **_rule(THRESHOLD_BOUNDS, "confirmations"), description="... in this many consecutive runs ..."
+        **_rule(THRESHOLD_BOUNDS, "confirmations"),
+        description="... in this many consecutive runs (with `detection.noise_model` on, a page also waits out a "
+        "burst: 4 slow runs in a row, 5 once the series has shown a burst of 3, unless the page window is too long "
+        "for a burst to fill (10 runs, as `min_probes` stretches it with one probe a run); a page that must fire "
+        "on one run needs the model off) ...",
     )
     window_runs: int = Field(
         **_rule(THRESHOLD_BOUNDS, "window_runs"),
@@ -91,8 +95,8 @@ class SequentialRule(ConfigModel):
         None,
         **_rule(CUSUM_BOUNDS, "threshold"),
         description=f"A ticket opens when the sum reaches this (in the residuals' long-run sigmas); lower is sooner "
-        f"and noisier. Unset (the default): {FIXED_THRESHOLD:g}, or with `detection.noise_model` on, derived per "
-        f"series from `detection.false_alerts_per_week` and the series' measured noise.",
+        f"and noisier. Unset (the default): derived per series from `detection.false_alerts_per_week` and the "
+        f"series' measured noise, or {FIXED_THRESHOLD:g} with `detection.noise_model: false`.",
     )
     clip: float = Field(
         _DEFAULT_CUSUM.clip,
@@ -196,10 +200,10 @@ class Detection(ConfigModel):
     )
     noise_model: bool = Field(
         DEFAULT_RULES.noise_model,
-        description="Experimental: measure each series' noise (how much and how long its runs wander together) and "
-        "scale the evidence by it, derive the CUSUM threshold from `false_alerts_per_week`, and add the noise "
-        "to each regression's evidence. Off, detection is unchanged; measured slower on independent noise, "
-        'so off by default (docs/detection.md, "The noise model").',
+        description="Measure each series' noise (how much and how long its runs wander together) and scale the "
+        "evidence by it, derive the CUSUM threshold from `false_alerts_per_week`, and page on sudden jumps "
+        "however far the series wanders. Off: the rules without it (more false alerts and slower pages on series "
+        'whose load wanders; docs/detection.md, "The noise model on by default").',
     )
     false_alerts_per_week: float = Field(
         DEFAULT_RULES.false_alerts_per_week,

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 import sqlalchemy as sa
 from prometheus_client import CollectorRegistry
 
@@ -24,6 +26,7 @@ from monitor.detect.detector import Event
 from monitor.detect.figures import figures_of, incident_figures
 from monitor.detect.service import DetectionService, incident_change
 from monitor.metrics.server import start_metrics_server
+from monitor.store import schema
 from monitor.store.engine import write_transaction
 from monitor.store.incidents import IncidentStore
 from monitor.store.models import AlertOutboxRow, IncidentRow
@@ -151,3 +154,22 @@ async def test_an_escalation_and_its_resolve_keep_the_figures_the_incident_opene
     figures = figures_of(row)
     assert (figures.opened_baseline_ms, figures.opened_observed_ms) == (200.0, 300.0)
     assert (figures.peak_ratio, figures.ratio) == (3.0, 1.05)
+
+
+async def test_the_json_list_stays_json_whatever_the_command_logs(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen under load: the start-up schema check's quick read failed (a locked SQLite), the full check ran and
+    # alembic logged a line, which went to stdout in the middle of `--format json`. Log lines go to stderr.
+    await raise_one_incident(backend)
+    monkeypatch.setattr(schema, "HEAD_REVISION", "not-the-head")  # the full check, as when the quick read fails
+    alembic_log = logging.getLogger("alembic.runtime.migration")
+    level = alembic_log.level
+    alembic_log.setLevel(logging.INFO)  # as an earlier command in this worker had left it when it was seen
+    try:
+        done = cli(write_config(tmp_path, backend.url), "incidents", "--format", "json", "--days", "3650")
+    finally:
+        alembic_log.setLevel(level)
+    assert done.code == 0, done
+    assert [item["kind"] for item in json.loads(done.stdout)] == ["regression"]
+    assert "Context impl" in done.stderr, done.stderr

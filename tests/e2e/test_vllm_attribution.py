@@ -83,6 +83,8 @@ jobs:
     warmup: 0
     pause_s: 0
 detection:
+  # One run must decide: with the noise model a page waits out a burst (4 slow runs in a row).
+  noise_model: false
   min_history_runs: 12
   trailing_runs: 12
   seasonal_days: 0

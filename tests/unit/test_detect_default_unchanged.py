@@ -1,7 +1,8 @@
-"""The noise model is opt-in (`detection.noise_model`): with the default config, detection must be exactly
-what it was before the model existed. Seeded series go through `Replayer` and `Detector.evaluate` with the
-default rules, and every event and the final stored state are compared with a golden file recorded from
-main's detector, before the model (tests/golden/detect_default_events.json).
+"""With the noise model off (`detection.noise_model: false`; the default until 2026-12-06, when it was turned
+on by default), detection must be exactly what it was before the model existed. Seeded series go through
+`Replayer` and `Detector.evaluate` with the config's rules and the model off, and every event and the final
+stored state are compared with a golden file recorded from main's detector, before the model
+(tests/golden/detect_default_events.json).
 
 Re-recorded on 2026-12-03, deliberately, twice: when a served-model change began a new baseline epoch
 (issue 24: the series' change on day 15.5 resolves and restarts the baseline), and when a page streak came
@@ -75,8 +76,8 @@ def evaluated(points: list[RunPoint], detector: Detector, every: int = 1) -> lis
 
 
 def default_detector() -> Detector:
-    # The rules the default config gives, as the service builds them (not just `Rules()`).
-    return Detector(Detection().rules())
+    # The rules the config gives with the model off, as the service builds them (not just `Rules()`).
+    return Detector(Detection(noise_model=False).rules())
 
 
 def record() -> dict[str, Any]:
@@ -97,7 +98,7 @@ def test_the_golden_series_exercise_every_rule() -> None:
     assert golden["evaluate"]
 
 
-def test_default_detection_is_what_it_was_before_the_noise_model() -> None:
+def test_detection_without_the_noise_model_is_what_it_was_before_it() -> None:
     golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
     detector = default_detector()
     assert not detector.rules.noise_model
@@ -108,7 +109,7 @@ def test_default_detection_is_what_it_was_before_the_noise_model() -> None:
         assert got["state"] == golden[name]["state"], name
 
 
-def test_evaluate_with_the_default_config_is_what_it_was() -> None:
+def test_evaluate_without_the_noise_model_is_what_it_was() -> None:
     golden = json.loads(GOLDEN.read_text(encoding="utf-8"))
     assert evaluated(make_series(**SERIES["ar-3-probes"]), default_detector()) == golden["evaluate"]
 

@@ -16,7 +16,7 @@ from monitor.detect.noise import NoiseModel, estimate, variance_ratio
 from monitor.detect.rules import FIXED_THRESHOLD
 from monitor.detect.settings import Detection
 from monitor.detect.stats import clipped_profile, mad_sigma, pooled_factor
-from tests.support.series import EVERY, RUNS_PER_DAY, T0, make_series
+from tests.support.series import EVERY, RUNS_PER_DAY, T0, Step, make_series, series
 
 WEEK = 2016  # 5-minute runs
 
@@ -225,7 +225,7 @@ def test_lorden_delay_is_longer_for_smaller_shifts_and_wandering_noise() -> None
     assert noise.lorden_delay_runs(shift=math.log(1.2), long_run_variance=0.9, arl_runs=4032) > base
 
 
-# ---------------------------------------------------------------- the detector with the model on (opt-in)
+# ---------------------------------------------------------------- the detector with the model on (the default)
 
 
 def noise_rules(**changes: object) -> Rules:
@@ -233,11 +233,12 @@ def noise_rules(**changes: object) -> Rules:
     return Detection.model_validate({"noise_model": True, **changes}).rules()
 
 
-def test_the_model_is_opt_in_and_the_config_turns_it_on() -> None:
-    off = Detection().rules()
-    assert not off.noise_model and off.cusum is not None and off.cusum.threshold == FIXED_THRESHOLD
-    on = noise_rules()
+def test_the_model_is_on_by_default_and_the_config_turns_it_off() -> None:
+    on = Detection().rules()
+    assert on == noise_rules() == Rules()
     assert on.noise_model and on.cusum is not None and on.cusum.threshold is None
+    off = Detection(noise_model=False).rules()
+    assert not off.noise_model and off.cusum is not None and off.cusum.threshold == FIXED_THRESHOLD
     fixed = Detection.model_validate({"noise_model": True, "cusum": {"threshold": 12}}).rules()
     assert fixed.cusum is not None and fixed.cusum.threshold == 12
 
@@ -267,7 +268,7 @@ def test_states_written_with_the_model_on_or_off_load_either_way() -> None:
     points = make_series(seed=2, days=10, probes=3, phi=0.9)
     half = len(points) // 2
     for first, then in ((True, False), (False, True)):
-        rules = {True: noise_rules(), False: Detection().rules()}
+        rules = {True: noise_rules(), False: Detection(noise_model=False).rules()}
         replayer = Detector(rules[first]).replayer()
         for point in points[:half]:
             replayer.feed(point)
@@ -451,7 +452,7 @@ def test_with_the_model_engaged_the_cusum_allowance_grows_by_the_references_erro
     # hours. The allowance grows by their sd (about 0.5 per-run sigmas here, with the slot's share widened
     # by g over a day's runs near it): 0.29 -> 0.82 per-run sigmas on this series.
     wander = daily_series(8, share=0.5, phi=0.97, probes=5)
-    plain, fixed, _ = cusum_at_the_end(wander, Detection().rules())
+    plain, fixed, _ = cusum_at_the_end(wander, Detection(noise_model=False).rules())
     grown, derived, model = cusum_at_the_end(wander, noise_rules())
     assert model is not None and noise.engaged(model)
     assert plain is not None and grown is not None and fixed == FIXED_THRESHOLD
@@ -459,7 +460,7 @@ def test_with_the_model_engaged_the_cusum_allowance_grows_by_the_references_erro
     assert derived is not None and derived != FIXED_THRESHOLD
     # Independent runs do not engage the model: the shipped allowance and threshold, to the bit.
     iid = daily_series(8, share=0.0, phi=0.0, probes=5)
-    plain_iid, fixed_iid, _ = cusum_at_the_end(iid, Detection().rules())
+    plain_iid, fixed_iid, _ = cusum_at_the_end(iid, Detection(noise_model=False).rules())
     on_iid, threshold_iid, model_iid = cusum_at_the_end(iid, noise_rules())
     assert model_iid is not None and not noise.engaged(model_iid)
     assert on_iid == plain_iid and threshold_iid == fixed_iid == FIXED_THRESHOLD
@@ -473,7 +474,7 @@ def test_the_larger_allowance_derives_a_lower_threshold(monkeypatch: pytest.Monk
     grown, lower, _ = cusum_at_the_end(wander, noise_rules())
     monkeypatch.setattr(core, "REFERENCE_ALLOWANCE_SDS", 0.0)
     bare, higher, _ = cusum_at_the_end(wander, noise_rules())
-    plain, _, _ = cusum_at_the_end(wander, Detection().rules())
+    plain, _, _ = cusum_at_the_end(wander, Detection(noise_model=False).rules())
     assert bare == plain and grown is not None and bare is not None and grown > bare
     assert lower is not None and higher is not None and lower < higher, (lower, higher)
 
@@ -537,3 +538,28 @@ def test_with_the_model_on_a_first_day_doubling_on_independent_runs_pages_as_fas
         points = daily_series(1.5, share=0.0, phi=0.9, probes=probes, seed=seed)
         delay = first_page(points, double_from=170)
         assert delay is not None and delay <= most_runs, (seed, delay)
+
+
+# ---------------------------------------------------------------- a batch cut by its budget
+
+
+def test_a_series_evaluated_every_other_run_pages_on_the_slow_runs_its_data_holds() -> None:
+    # A batch past its detection budget leaves runs unevaluated (the service evaluates a series every other
+    # run, say). Pages wait out a burst: slow runs in a row as the data has them, not as many evaluations,
+    # or a series evaluated every other run would need twice the slow runs to page (8 instead of 4).
+    start = round(4.5 * RUNS_PER_DAY)
+    points = series(5, sigma=0.15, seed=11, probes=5, steps=[Step(start_day=4.5, hours=3, factor=3.0)])
+    detector = Detector(Detection().rules())
+    replayer = detector.replayer()
+    for point in points[:start]:
+        assert not [e for e in replayer.feed(point) if e.kind == "regression"], point.at
+    state = replayer.state
+    paged_at = None
+    for index in range(start, start + 12, 2):  # every other run from the step on
+        state, events = detector.evaluate(points[:index], state, points[index])
+        if any(e.kind == "regression" and e.severity == "page" for e in events):
+            paged_at = index - start
+            break
+    # The jump test and the window test confirm from the step's third run on; the fourth slow run in a row
+    # (index 3 after the step) is evaluated as run 4 of the every-other ones.
+    assert paged_at is not None and paged_at <= 4, paged_at

@@ -1,10 +1,12 @@
 """Why a regression opened, in words (issue 20's "say why"): the shift, over how many runs, and the
-series' noise, measured even when the rules do not use the noise model (the default)."""
+series' noise, measured even when the rules do not use the noise model (`detection.noise_model: false`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import re
+
+import pytest
 
 from monitor.detect.detector import Detector, Event, RunPoint
 from monitor.detect.settings import Detection
@@ -21,8 +23,8 @@ def opened(points: list[RunPoint], detector: Detector) -> list[Event]:
     return [e for p in points for e in replayer.feed(p) if e.kind == "regression" and e.action == "open"]
 
 
-def test_the_default_rules_say_why_with_the_series_noise() -> None:
-    detector = Detector(Detection().rules())
+def test_the_rules_without_the_model_say_why_with_the_series_noise() -> None:
+    detector = Detector(Detection(noise_model=False).rules())
     assert not detector.rules.noise_model
     points = series(6, sigma=0.2, seed=4, probes=3, steps=[Step(start_day=5.0, hours=6, factor=2.0)])
     (event,) = opened(points, detector)
@@ -36,7 +38,7 @@ def test_the_default_rules_say_why_with_the_series_noise() -> None:
 
 
 def test_correlated_noise_reads_as_runs_that_correlate_and_count_for_less() -> None:
-    detector = Detector(Detection().rules())
+    detector = Detector(Detection(noise_model=False).rules())
     correlated = make_series(seed=5, days=12, probes=3, phi=0.97)
     independent = make_series(seed=5, days=12, probes=3, phi=0.0)
     ar = [e for e in opened(correlated, detector) if "evidence" in e.detail and "noise" in e.detail]
@@ -53,8 +55,11 @@ def test_correlated_noise_reads_as_runs_that_correlate_and_count_for_less() -> N
         assert noise["effective_runs"] < window, event.detail
 
 
-def test_a_series_younger_than_a_day_says_its_noise_is_not_measured_yet() -> None:
-    rules = dataclasses.replace(Detection().rules(), min_history_runs=12)
+@pytest.mark.parametrize("noise_model", [True, False], ids=["model-on", "model-off"])
+def test_a_series_younger_than_a_day_says_its_noise_is_not_measured_yet(noise_model: bool) -> None:
+    # With the model on (the default) its own estimate has nothing in it before the series' second day: the
+    # notice must not call that "sd 0.00, runs look independent".
+    rules = dataclasses.replace(Detection(noise_model=noise_model).rules(), min_history_runs=12)
     points = series(0.5, sigma=0.1, seed=6, probes=5, steps=[Step(start_day=0.3, hours=4, factor=3.0)])
     events = opened(points, Detector(rules))
     assert events, "a tripling within half a day pages on the trailing baseline"
@@ -66,7 +71,7 @@ def test_the_series_page_shows_the_noise_the_default_rules_do_not_use() -> None:
     from monitor.web.queries import detector_baselines, noise_estimate
 
     points = series(9, sigma=0.2, seed=7, probes=3)
-    for rules, in_rules in ((Detection().rules(), False), (Detection(noise_model=True).rules(), True)):
+    for rules, in_rules in ((Detection(noise_model=False).rules(), False), (Detection(noise_model=True).rules(), True)):
         models: list[tuple[object, bool]] = []
         detector_baselines(Detector(rules), points, step_from=points[-12].at, noise=models)  # type: ignore[arg-type]
         (model, used), *_ = models
@@ -75,5 +80,5 @@ def test_the_series_page_shows_the_noise_the_default_rules_do_not_use() -> None:
         assert 0.08 < shown["sd"] < 0.25 and shown["text"].startswith("noise: sd "), shown
     young = series(0.5, sigma=0.2, seed=7, probes=3)
     models = []
-    detector_baselines(Detector(Detection().rules()), young, step_from=young[-12].at, noise=models)  # type: ignore[arg-type]
+    detector_baselines(Detector(Detection(noise_model=False).rules()), young, step_from=young[-12].at, noise=models)  # type: ignore[arg-type]
     assert noise_estimate(models[0][0], young, in_rules=models[0][1]) is None  # type: ignore[arg-type]

@@ -159,7 +159,7 @@ def test_a_replayer_decides_the_long_run_factor_as_the_plain_reading_does(monkey
         return got
 
     monkeypatch.setattr(_Core, "_profile_decides", checked)
-    replayer = Detector(Detection().rules()).replayer()
+    replayer = Detector(Detection(noise_model=False).rules()).replayer()
     for point in make_series(2, days=30, probes=3, phi=0.9):
         replayer.feed(point)
     assert len(answered) > 500 and True in answered and False in answered

@@ -90,7 +90,7 @@ def test_a_cores_seed_noise_model_is_the_estimate_of_its_seed_residuals(
 ) -> None:
     # Asked now and then over 30 days (across trims, which move the first run the days count from), and
     # at several ends each time, as regression notices of different lengths ask: each answer is the plain one.
-    core = _Core(Detection().rules(), None)
+    core = _Core(Detection(noise_model=False).rules(), None)
     state = SeriesState()
     asked = 0
     for number, point in enumerate(_runs(seed, days=30, gaps=gaps, failed_share=failed_share)):
