@@ -35,11 +35,7 @@ class SeverityRule(ConfigModel):
         description="... and exceeds baseline by at least this many milliseconds ...",
     )
     confirmations: int = Field(
-        **_rule(THRESHOLD_BOUNDS, "confirmations"),
-        description="... in this many consecutive runs (with `detection.noise_model` on, a page also waits out a "
-        "burst: 4 slow runs in a row, 5 once the series has shown a burst of 3, unless the page window is too long "
-        "for a burst to fill (10 runs, as `min_probes` stretches it with one probe a run); a page that must fire "
-        "on one run needs the model off) ...",
+        **_rule(THRESHOLD_BOUNDS, "confirmations"), description="... in this many consecutive runs ..."
     )
     window_runs: int = Field(
         **_rule(THRESHOLD_BOUNDS, "window_runs"),
@@ -223,7 +219,10 @@ class Detection(ConfigModel):
     )
     page: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["page"]),
-        description="Rule for `page` severity: large, confirmed regressions. Keys left out keep their defaults.",
+        description="Rule for `page` severity: large, confirmed regressions. Keys left out keep their defaults. With "
+        "`detection.noise_model` on, a page also waits out a burst: 4 slow runs in a row, 5 once the series has "
+        "shown a burst of 3, unless its window is too long for a burst to fill (10 runs, as `min_probes` stretches "
+        "it with one probe a run); a page that must fire on one run needs the model off.",
     )
     ticket: SeverityRule = Field(
         default_factory=lambda: SeverityRule.model_validate(DEFAULT_SEVERITY_RULES["ticket"]),
