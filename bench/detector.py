@@ -289,15 +289,19 @@ def _median_sorted(data: list[float]) -> float:
     return data[half] if len(data) % 2 else (data[half - 1] + data[half]) / 2
 
 
+def run_point(series: Series, t: float, ttft: float | None, ok: int) -> RunPoint:
+    """The run at `t` as the detector is fed it: `ok` of the series' rounds measured, the rest timed out."""
+    error = None if ok == series.rounds else "timeout_first_token"
+    return RunPoint(EPOCH + timedelta(seconds=t), ttft, error, ok=ok, errors=series.rounds - ok)
+
+
 def ours_alerts(series: Series, rules: Rules) -> list[Alert]:
     """Incidents of every kind; one escalated from ticket to page counts once, as a page."""
     replayer = Detector(rules).replayer()
     open_at: dict[str, tuple[float, float | None, str]] = {}
     alerts: list[Alert] = []
     for t, ttft, ok in zip(series.times, series.ttfts, series.probes, strict=True):
-        error = None if ok == series.rounds else "timeout_first_token"
-        point = RunPoint(EPOCH + timedelta(seconds=t), ttft, error, ok=ok, errors=series.rounds - ok)
-        for event in replayer.feed(point):
+        for event in replayer.feed(run_point(series, t, ttft, ok)):
             if event.action == "open":
                 opener = event.kind if event.kind != "regression" else event.detail.get("rule", event.severity)
                 open_at[event.kind] = (t, t if event.severity == "page" else None, opener)
@@ -416,9 +420,7 @@ def early_doubling(
         if t >= end:
             break
         doubled = ttft * 2.0 if ttft is not None and t >= start else ttft
-        error = None if ok == series.rounds else "timeout_first_token"
-        point = RunPoint(EPOCH + timedelta(seconds=t), doubled, error, ok=ok, errors=series.rounds - ok)
-        for event in replayer.feed(point):
+        for event in replayer.feed(run_point(series, t, doubled, ok)):
             paged = event.kind == "regression" and event.severity == "page" and event.action in ("open", "update")
             if paged and t >= start:
                 return config, name, (t - start) / 60.0
