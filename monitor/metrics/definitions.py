@@ -25,6 +25,7 @@ from monitor import __version__
 from monitor.config.cost import cost_of
 from monitor.config.cron import build_trigger
 from monitor.config.models import DEFAULT_TTFT_BUCKETS_S, Config
+from monitor.metrics.lean import LeanCounter, LeanGauge, LeanHistogram, LeanSummary
 from monitor.otel.incident import IncidentReading
 from monitor.probe.result import Sample
 from monitor.probe.settings import Prices
@@ -127,7 +128,7 @@ class Metrics:
             buckets,
             series_registry,
         )
-        self.ttft_last = Gauge(
+        self.ttft_last = LeanGauge(
             "ttft_monitor_ttft_last_seconds",
             "TTFT of the most recent successful probe.",
             PROBE_LABELS,
@@ -139,31 +140,31 @@ class Metrics:
             buckets,
             series_registry,
         )
-        self.ttfb = Gauge(
+        self.ttfb = LeanGauge(
             "ttft_monitor_ttfb_last_seconds",
             "Time to the response head (status and headers) of the most recent successful probe.",
             PROBE_LABELS,
             registry=series_registry,
         )
-        self.setup = Gauge(
+        self.setup = LeanGauge(
             "ttft_monitor_setup_last_seconds",
             "Connection set-up (DNS, TCP, TLS) of the most recent successful probe; 0 on a reused connection.",
             PROBE_LABELS,
             registry=series_registry,
         )
-        self.decode_rate = Gauge(
+        self.decode_rate = LeanGauge(
             "ttft_monitor_decode_tokens_per_second",
             "Decode rate of the most recent successful probe.",
             PROBE_LABELS,
             registry=series_registry,
         )
-        self.probes = Counter(
+        self.probes = LeanCounter(
             "ttft_monitor_probes_total",
             "Probes by outcome (ok, error) and error class (none when ok).",
             ("target", "prompt", "location", "probe_job", "outcome", "error_class"),
             registry=series_registry,
         )
-        self.disturbed = Counter(
+        self.disturbed = LeanCounter(
             "ttft_monitor_disturbed_samples_total",
             "Probes during which the monitor itself was late beyond `probe_self_delay_bound_ms` (a blocked "
             "event loop, a starved CPU): counted here instead of in the TTFT, probe and SLO metrics, as "
@@ -179,7 +180,7 @@ class Metrics:
             buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
             registry=r,
         )
-        self.tokens = Counter(
+        self.tokens = LeanCounter(
             "ttft_monitor_tokens_total",
             "Tokens the probes spent, warm-ups included, as the servers reported them, by kind: `input` (prompt "
             "tokens not served from the cache), `cached` (prompt tokens from the cache), `output` (visible "
@@ -188,7 +189,7 @@ class Metrics:
             ("target", "location", "probe_job", "kind"),
             registry=series_registry,
         )
-        self.cost = Counter(
+        self.cost = LeanCounter(
             "ttft_monitor_estimated_cost_total",
             "What the probes cost, warm-ups included, at the target's `prices` (per million tokens of each "
             "kind), in `currency`; targets without prices are not counted.",
@@ -210,25 +211,25 @@ class Metrics:
             ("budget", "per"),
             registry=r,
         )
-        self.slo_probes = Counter(
+        self.slo_probes = LeanCounter(
             "ttft_monitor_slo_probes_total",
             "Probes of targets with a per-probe TTFT objective (`slo.ttft_ms`), failed ones included.",
             ("target", "prompt", "location", "probe_job"),
             registry=series_registry,
         )
-        self.slo_good = Counter(
+        self.slo_good = LeanCounter(
             "ttft_monitor_slo_good_probes_total",
             "Probes that succeeded within their target's `slo.ttft_ms`.",
             ("target", "prompt", "location", "probe_job"),
             registry=series_registry,
         )
-        self.slo_objective = Gauge(
+        self.slo_objective = LeanGauge(
             "ttft_monitor_slo_objective_ratio",
             "Share of probes that should be good (`slo.objective`); 1 minus it is the error budget.",
             ("target",),
             registry=series_registry,
         )
-        self.slo_threshold = Gauge(
+        self.slo_threshold = LeanGauge(
             "ttft_monitor_slo_ttft_threshold_seconds",
             "The per-probe TTFT objective (`slo.ttft_ms`).",
             ("target",),
@@ -291,58 +292,58 @@ class Metrics:
             registry=r,
         )
         self.spool_bytes = Gauge("ttft_monitor_spool_bytes", "Size of the local spool.", registry=r)
-        self.baseline = Gauge(
+        self.baseline = LeanGauge(
             "ttft_monitor_baseline_ttft_seconds",
             "The detector's TTFT baseline for the series, as of its last evaluated run.",
             DETECTOR_LABELS,
             registry=series_registry,
         )
-        self.baseline_low = Gauge(
+        self.baseline_low = LeanGauge(
             "ttft_monitor_baseline_band_low_seconds",
             "Lower edge of the baseline's normal band: baseline / ticket.ratio.",
             DETECTOR_LABELS,
             registry=series_registry,
         )
-        self.baseline_high = Gauge(
+        self.baseline_high = LeanGauge(
             "ttft_monitor_baseline_band_high_seconds",
             "Upper edge of the normal band: above max(baseline x ticket.ratio, baseline + ticket.min_delta_ms) "
             "a run counts towards a ticket.",
             DETECTOR_LABELS,
             registry=series_registry,
         )
-        self.run_median = Gauge(
+        self.run_median = LeanGauge(
             "ttft_monitor_run_ttft_median_seconds",
             "Median TTFT of the series' last evaluated run.",
             DETECTOR_LABELS,
             registry=series_registry,
         )
-        self.run_ratio = Gauge(
+        self.run_ratio = LeanGauge(
             "ttft_monitor_run_ttft_ratio",
             "The last evaluated run's median TTFT divided by the baseline.",
             DETECTOR_LABELS,
             registry=series_registry,
         )
-        self.cache_speedup = Gauge(
+        self.cache_speedup = LeanGauge(
             "ttft_monitor_cache_speedup_ratio",
             "For a `cache: both` prompt: the last run's median cold (busted) TTFT over its median warm TTFT; "
             "`prompt` is the busted prompt's name.",
             DETECTOR_LABELS,
             registry=series_registry,
         )
-        self.cache_cached_share = Gauge(
+        self.cache_cached_share = LeanGauge(
             "ttft_monitor_cache_cached_share_ratio",
             "For a `cache: both` prompt: the share of the warm probes' prompt tokens the server reported "
             "served from its prefix cache in the last run (absent when the API reports no cached tokens).",
             DETECTOR_LABELS,
             registry=series_registry,
         )
-        self.cache_state = Gauge(
+        self.cache_state = LeanGauge(
             "ttft_monitor_cache_stopped_state",
             "For a `cache: both` prompt: 1 while a `cache_stopped` incident is open, else 0.",
             DETECTOR_LABELS,
             registry=series_registry,
         )
-        self.regression_state = Gauge(
+        self.regression_state = LeanGauge(
             "ttft_monitor_regression_state",
             "Open regression per series: 0 none, 1 ticket, 2 page.",
             DETECTOR_LABELS,
@@ -358,8 +359,8 @@ class Metrics:
         """A histogram with `buckets`, or (`per_series: summary`) a summary without quantiles: the same
         `_sum` and `_count` under the same names, in 2 series instead of len(buckets) + 3."""
         if self.per_series == "summary":
-            return Summary(name, documentation, PROBE_LABELS, registry=registry)
-        return Histogram(name, documentation, PROBE_LABELS, buckets=buckets, registry=registry)
+            return LeanSummary(name, documentation, PROBE_LABELS, registry=registry)
+        return LeanHistogram(name, documentation, PROBE_LABELS, buckets=buckets, registry=registry)
 
     def shift_job_last_run(self, step_s: float, *, now: float) -> None:
         """Move the last-run times by a wall-clock step, never past `now`: after a step back, a time

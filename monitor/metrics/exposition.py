@@ -15,7 +15,9 @@ else, and a registry of another kind, goes through `collect()`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import Counter, Gauge, Histogram, Summary
 from prometheus_client.metrics import MetricWrapperBase
@@ -25,6 +27,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_float
 
 from monitor.metrics.definitions import MonitorRegistry
+from monitor.metrics.lean import LeanCounter, LeanGauge, LeanHistogram, LeanSummary
 
 # generate_latest's renaming from the OpenMetrics types to the text format's.
 _TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
@@ -32,6 +35,7 @@ _SUFFIXED = {"counter": "_total", "info": "_info"}
 # Samples the text format has no place for in their family: written as gauge families after it.
 _OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")
 _KINDS: dict[type, str] = {Counter: "counter", Gauge: "gauge", Histogram: "histogram", Summary: "summary"}
+_LEAN: dict[type, type] = {LeanCounter: Counter, LeanGauge: Gauge, LeanHistogram: Histogram, LeanSummary: Summary}
 
 
 def _help(text: str) -> str:
@@ -101,10 +105,11 @@ class _Lines:
             out.append(f"# HELP {exposed} {doc}\n# TYPE {exposed} gauge\n")
             out.extend(lines)
 
-    def wrapper(self, metric: MetricWrapperBase, out: list[str]) -> bool:
-        """Render a plain Counter, Gauge, Histogram or Summary from its children; False for anything else."""
-        kind = type(metric)
-        if kind not in _KINDS:
+    def wrapper(self, metric: MetricWrapperBase, out: list[str], take: Callable[[list[str]], None]) -> bool:
+        """Render a plain Counter, Gauge, Histogram or Summary from its children; False for anything else.
+        `take` is handed `out` after each child, to encode what is written so far."""
+        kind = _kind(metric)
+        if kind is None:
             return False
         attrs = vars(metric)
         names: tuple[str, ...] = attrs["_labelnames"]
@@ -143,6 +148,7 @@ class _Lines:
                 out.append(f"{count}{labels} {_number(acc)}\n")
                 if child._upper_bounds[0] >= 0:
                     out.append(f"{total}{labels} {_number(child._sum.get())}\n")
+                take(out)
         elif kind is Summary:
             count, total = (escape_metric_name(name + s) for s in ("_count", "_sum"))
             for values, child in children:
@@ -150,12 +156,25 @@ class _Lines:
                 labels = f"{{{series}}}" if series else ""
                 out.append(f"{count}{labels} {_number(child._count.get())}\n")
                 out.append(f"{total}{labels} {_number(child._sum.get())}\n")
+                take(out)
         else:
             for values, child in children:
                 series = self.labels(zip(sorted_names, [values[i] for i in order], strict=True))
                 labels = f"{{{series}}}" if series else ""
                 out.append(f"{exposed}{labels} {_number(child._value.get())}\n")
+                take(out)
         return True
+
+
+def _kind(metric: MetricWrapperBase) -> type | None:
+    """Counter, Gauge, Histogram or Summary for those and their subclasses that keep the values where
+    they do (monitor.metrics.lean's); None for another kind, or a subclass that may keep them elsewhere."""
+    kind = type(metric)
+    if kind in _KINDS:
+        return kind
+    if kind in _LEAN:
+        return _LEAN[kind]
+    return None
 
 
 def _collectors(registry: Collector) -> Iterator[Collector]:
@@ -167,32 +186,74 @@ def _collectors(registry: Collector) -> Iterator[Collector]:
 
 def render(registry: Collector) -> bytes:
     """The registry in the text format 0.0.4 (`CONTENT_TYPE_LATEST`), as `generate_latest` writes it."""
-    return b"".join(render_parts(registry))
+    return b"".join(render_parts(registry).pieces)
 
 
-def render_parts(registry: Collector) -> list[bytes]:
-    """`render` in pieces, one per collector, not joined: the listener writes them one after the other, so a
-    rendering never holds the body twice."""
+# Lines are joined and encoded (and compressed) this many at a time: 15-60 kB of text (a line of the
+# daemon's families is 60-250 characters).
+PIECE_LINES = 256
+
+
+@dataclass
+class Rendering:
+    """An exposition in pieces, not joined: the listener writes them one after the other, so a rendering
+    never holds the body twice. `gzip`: the pieces are one gzip stream of the text, `text_bytes` long."""
+
+    pieces: list[bytes]
+    gzip: bool
+    text_bytes: int
+
+
+class _Pieces:
+    """Lines written into pieces of PIECE_LINES as they come, each encoded (and compressed) at once:
+    at 500 probe series the text is 5 MB in 32k lines, and holding them as str until the end (then the
+    joined str, then its bytes) took the daemon's resident memory 12 MB past what it needs at rest at each
+    rendering; compressed, the body it keeps until the scrape is written is a tenth of the text."""
+
+    def __init__(self, *, gzip: bool) -> None:
+        self.pieces: list[bytes] = []
+        self.text_bytes = 0
+        # Level 1: at 500 probe series a tenth of the text in a few ms; higher levels save little more.
+        self._compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
+
+    def take(self, lines: list[str], *, at_least: int = PIECE_LINES) -> None:
+        """Encode `lines` into a piece and clear them, once there are `at_least` of them."""
+        if not lines or len(lines) < at_least:
+            return
+        data = "".join(lines).encode("utf-8")
+        lines.clear()
+        self.text_bytes += len(data)
+        if self._compressor is not None:
+            data = self._compressor.compress(data)
+        if data:
+            self.pieces.append(data)
+
+    def finish(self) -> Rendering:
+        if self._compressor is not None:
+            self.pieces.append(self._compressor.flush())
+        return Rendering(self.pieces, self._compressor is not None, self.text_bytes)
+
+
+def render_parts(registry: Collector, *, gzip: bool = False, fast: bool = True) -> Rendering:
+    """`render`'s text in pieces (`Rendering`), gzip-compressed as it is made with `gzip`. `fast`: read the
+    plain metric objects directly (False: every collector through `collect()`)."""
     lines = _Lines()
-    # Each collector's lines are encoded as soon as they are written: at 500 probe series the body is 5 MB
-    # in 32k lines, and holding every line as a str until the end (then the joined str, then its bytes)
-    # took the daemon's resident memory 12 MB higher at each rendering, past what it needs at rest.
-    out: list[bytes] = []
+    out = _Pieces(gzip=gzip)
+    part: list[str] = []
     for collector in _collectors(registry):
-        part: list[str] = []
-        if isinstance(collector, MetricWrapperBase):
+        if fast and isinstance(collector, MetricWrapperBase):
             try:
-                done = lines.wrapper(collector, part)
+                done = lines.wrapper(collector, part, out.take)
             except (AttributeError, KeyError):  # a prometheus_client that keeps its values elsewhere
-                done = False
-                part.clear()
+                # Some of it may be in the pieces already: the whole rendering again, through collect().
+                return render_parts(registry, gzip=gzip, fast=False)
             if done:
-                out.append("".join(part).encode("utf-8"))
                 continue
         families: Iterable[Metric] = collector.collect()
         if isinstance(registry, MonitorRegistry):
             families = registry.without_created(families)
         for metric in families:
             lines.family(metric, part)
-        out.append("".join(part).encode("utf-8"))
-    return out
+            out.take(part)
+    out.take(part, at_least=1)
+    return out.finish()

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import gzip
 import tracemalloc
 
 import pytest
@@ -17,6 +18,7 @@ from monitor.metrics import exposition
 from monitor.metrics.definitions import PER_SERIES_MODES, Metrics, MonitorRegistry, PerSeries
 from monitor.metrics.docs import series_per_probe_series
 from monitor.metrics.exposition import render, render_parts
+from monitor.metrics.lean import LeanCounter, LeanGauge, LeanHistogram, LeanSummary
 from monitor.probe.result import ErrorClass, Sample
 
 HOSTILE = ("back\\slash", 'quote"d', "new\nline", "ünïcode", "", "plain")
@@ -131,11 +133,9 @@ def test_metric_objects_it_cannot_read_are_rendered_through_collect(monkeypatch:
     assert render(registry) == generate_latest(registry)
 
 
-def test_rendering_in_parts_holds_little_more_than_the_body_it_returns() -> None:
-    # A daemon of 500 probe series renders 5 MB; holding every line as a str until the end, then the joined
-    # str, then its bytes, took its resident memory 12 MB past what it needs at rest at every scrape.
+def forty_targets(targets: int = 40) -> Metrics:
     metrics = Metrics(location="lab", per_series="full")
-    for t in range(40):
+    for t in range(targets):
         for prompt in ("short", "long", "xl"):
             for round_ in range(3):
                 metrics.observe_sample(sample(f"target-{t:03d}", prompt, round_), provider="p", probe_job="j")
@@ -143,17 +143,94 @@ def test_rendering_in_parts_holds_little_more_than_the_body_it_returns() -> None
                 (f"target-{t:03d}", prompt, "lab"), baseline_ms=300, run_median_ms=310, ticket_ratio=1.5,
                 ticket_min_delta_ms=50,
             )  # fmt: skip
+    return metrics
+
+
+def rendered_peak(metrics: Metrics, *, gzip: bool) -> tuple[exposition.Rendering, int]:
     render(metrics.registry)  # the label caches and the like, made once
     tracemalloc.start()
     try:
-        parts = render_parts(metrics.registry)
+        rendering = render_parts(metrics.registry, gzip=gzip)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    size = sum(map(len, parts))
-    assert size > 300_000
-    assert peak < 2 * size, f"rendering {size} bytes peaked at {peak} bytes"
-    assert b"".join(parts) == render(metrics.registry) == generate_latest(metrics.registry)
+    return rendering, peak
+
+
+def test_rendering_in_parts_holds_little_more_than_the_body_it_returns() -> None:
+    # A daemon of 500 probe series renders 5 MB; holding every line as a str until the end, then the joined
+    # str, then its bytes, took its resident memory 12 MB past what it needs at rest at every scrape.
+    metrics = forty_targets()
+    rendering, peak = rendered_peak(metrics, gzip=False)
+    size = sum(map(len, rendering.pieces))
+    assert size > 300_000 and size == rendering.text_bytes and not rendering.gzip
+    assert peak < 1.3 * size, f"rendering {size} bytes peaked at {peak} bytes"
+    assert b"".join(rendering.pieces) == render(metrics.registry) == generate_latest(metrics.registry)
+
+
+def test_a_compressed_rendering_is_the_same_text_and_never_holds_it_whole() -> None:
+    metrics = forty_targets(160)  # 480 probe series, about the daemon bench's 500
+    rendering, peak = rendered_peak(metrics, gzip=True)
+    text = generate_latest(metrics.registry)
+    assert rendering.gzip and rendering.text_bytes == len(text)
+    assert gzip.decompress(b"".join(rendering.pieces)) == text
+    compressed = sum(map(len, rendering.pieces))
+    assert compressed < len(text) / 5
+    # The pieces of text are compressed as they are written: the text is never held whole.
+    assert peak < len(text) / 5, f"{len(text)} bytes of text, compressed to {compressed}, peaked at {peak}"
+
+
+def test_a_fast_path_failing_half_way_renders_everything_again_through_collect(monkeypatch: pytest.MonkeyPatch) -> None:
+    metrics = forty_targets()
+    wrapper = exposition._Lines.wrapper
+    calls = 0
+
+    def fails_on_the_fourth(self: exposition._Lines, metric: object, out: list[str], take: object) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 4:  # after three families went into the (compressed) pieces
+            raise KeyError("_metrics")
+        return wrapper(self, metric, out, take)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(exposition._Lines, "wrapper", fails_on_the_fourth)
+    for compressed in (False, True):
+        calls = 0
+        rendering = render_parts(metrics.registry, gzip=compressed)
+        body = b"".join(rendering.pieces)
+        assert (gzip.decompress(body) if compressed else body) == generate_latest(metrics.registry)
+
+
+def test_lean_families_keep_no_lock_per_value_and_render_through_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    def series(kind: type, registry: CollectorRegistry) -> object:
+        family = kind("h", "H.", ["target"], buckets=(0.1, 1, 10), registry=registry)
+        for i in range(300):
+            family.labels(f"t{i}").observe(0.5)
+        return family
+
+    sizes = {}
+    for kind in (Histogram, LeanHistogram):
+        tracemalloc.start()
+        try:
+            kept = series(kind, CollectorRegistry())
+            sizes[kind] = tracemalloc.get_traced_memory()[0]
+            del kept
+        finally:
+            tracemalloc.stop()
+    assert sizes[LeanHistogram] < 0.75 * sizes[Histogram], sizes
+    registry = MonitorRegistry()
+    series(LeanHistogram, registry)
+    LeanCounter("c", "C.", ["k"], registry=registry).labels("x").inc(2)
+    LeanGauge("g", "G.", registry=registry).set(3)
+    LeanSummary("s", "S.", registry=registry).observe(4)
+    expected = generate_latest(registry)
+
+    def no_collect(self: object) -> list[Metric]:
+        raise AssertionError("a lean family went through collect()")
+
+    lean: tuple[type, ...] = (LeanHistogram, LeanCounter, LeanGauge, LeanSummary)
+    for lean_kind in lean:
+        monkeypatch.setattr(lean_kind, "collect", no_collect)
+    assert render(registry) == expected
 
 
 async def test_the_listener_reuses_a_fresh_rendering_and_keeps_none_past_its_reuse() -> None:
@@ -163,7 +240,26 @@ async def test_the_listener_reuses_a_fresh_rendering_and_keeps_none_past_its_reu
     rendered = _RenderedMetrics(metrics.registry, reuse_factor=0.0, min_reuse_s=0.2)
     first = await rendered.body()
     assert await rendered.body() is first  # scraped again within its reuse: the same rendering
-    assert b"".join(first) == render(metrics.registry)
+    assert gzip.decompress(b"".join(first.pieces)) == render(metrics.registry)
     await asyncio.sleep(0.3)
-    assert rendered._body == []  # nothing held between scrapes (5 MB at 500 series)
+    assert rendered._body is None  # nothing held between scrapes
     assert await rendered.body() is not first
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("gzip, deflate", True),
+        ("GZIP", True),
+        ("deflate, gzip;q=0.5", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("identity", False),
+        ("", False),
+        ("br, deflate", False),
+    ],
+)
+def test_gzip_is_sent_only_to_clients_that_accept_it(header: str, expected: bool) -> None:
+    from monitor.metrics.server import accepts_gzip
+
+    assert accepts_gzip(header) is expected

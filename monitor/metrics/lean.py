@@ -1,0 +1,70 @@
+"""Counter, Gauge, Histogram and Summary whose values hold no lock, for the families labelled by series.
+
+prometheus_client keeps every value (each bucket of each histogram child is one) as a `MutexValue`: an
+object with its own dict and a `threading.Lock`, about 190 bytes. At 500 probe series that is about
+53,000 values and 10 MB of the daemon's memory; a slotted float is 48 bytes.
+
+The lock buys nothing here: these families are written only from the daemon's main event loop (the
+probes' samples, the detector's verdicts), one thread, and read by the exposition from a worker thread,
+where reading a float attribute is atomic under the GIL. A scrape may see a histogram's buckets one
+observation ahead of its sum, as it may with prometheus_client's per-value locks. A family written from
+several threads must keep prometheus_client's own classes.
+
+The children are prometheus_client's, so `labels()`, `remove()`, `collect()` and `generate_latest` work
+as for the plain classes; monitor.metrics.exposition reads them as it reads those.
+"""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import Counter, Gauge, Histogram, Summary
+
+
+class LeanValue:
+    """A float with prometheus_client's value interface (no exemplars: the monitor sets none)."""
+
+    __slots__ = ("_value",)
+
+    def __init__(self) -> None:
+        self._value = 0.0
+
+    def inc(self, amount: float) -> None:
+        self._value += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._value = value
+
+    def get(self) -> float:
+        return self._value
+
+    def set_exemplar(self, exemplar: object) -> None:
+        raise ValueError("lean metric values keep no exemplars")
+
+    def get_exemplar(self) -> None:
+        return None
+
+
+class LeanCounter(Counter):
+    def _metric_init(self) -> None:
+        self._value = LeanValue()
+        self._created = time.time()
+
+
+class LeanGauge(Gauge):
+    def _metric_init(self) -> None:
+        self._value = LeanValue()
+
+
+class LeanHistogram(Histogram):
+    def _metric_init(self) -> None:
+        self._buckets = [LeanValue() for _ in self._upper_bounds]
+        self._sum = LeanValue()
+        self._created = time.time()
+
+
+class LeanSummary(Summary):
+    def _metric_init(self) -> None:
+        self._count = LeanValue()
+        self._sum = LeanValue()
+        self._created = time.time()

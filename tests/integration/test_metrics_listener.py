@@ -1,0 +1,87 @@
+"""`/metrics` over loopback HTTP: gzip to a client that asks for it (Prometheus does), the text to one that
+does not, both with a Content-Length that matches what arrives and the same text as generate_latest."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import socket
+
+import aiohttp
+from prometheus_client import generate_latest
+
+from monitor.metrics.definitions import Metrics
+from monitor.metrics.server import start_metrics_server
+from monitor.probe.result import Sample
+from tests.support.ports import free_port
+
+
+async def _ready() -> tuple[bool, str]:
+    return True, "ready"
+
+
+def _metrics(targets: int) -> Metrics:
+    metrics = Metrics(location="lab")
+    for t in range(targets):
+        for round_ in range(3):
+            sample = Sample(
+                target=f"t{t}", model="m", api="openai-chat", prompt="short", round=round_, ttft_ms=100.0 + t + round_
+            )
+            metrics.observe_sample(sample, provider="p", probe_job="j")
+    return metrics
+
+
+def _raw_get(port: int, accept_encoding: str | None) -> tuple[dict[str, str], bytes]:
+    """One GET /metrics over a plain socket (no client library deciding the encoding): headers, body."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        extra = f"Accept-Encoding: {accept_encoding}\r\n" if accept_encoding is not None else ""
+        sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 200"), lines[0]
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return headers, body
+
+
+async def test_metrics_are_gzip_to_a_client_that_asks_and_text_to_one_that_does_not() -> None:
+    metrics = _metrics(300)
+    port = free_port()
+    runner = await start_metrics_server(metrics.registry, _ready, f"127.0.0.1:{port}")
+    try:
+        text = generate_latest(metrics.registry)
+        headers, body = await asyncio.to_thread(_raw_get, port, "gzip")
+        assert headers["content-encoding"] == "gzip"
+        assert int(headers["content-length"]) == len(body) < len(text) / 5
+        assert gzip.decompress(body) == text
+        for accept in (None, "identity", "gzip;q=0"):
+            headers, body = await asyncio.to_thread(_raw_get, port, accept)
+            assert "content-encoding" not in headers
+            assert int(headers["content-length"]) == len(body) == len(text)
+            assert body == text
+        # aiohttp's client asks for gzip and decompresses it, as Prometheus does.
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/metrics") as response:
+            assert response.headers["Content-Encoding"] == "gzip"
+            assert await response.read() == text
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_client_that_reads_nothing_does_not_hold_up_the_next_scrape() -> None:
+    # The text is decompressed a piece at a time for a client that does not take gzip: one that never reads
+    # holds its own response, not the rendering or the listener.
+    metrics = _metrics(300)
+    port = free_port()
+    runner = await start_metrics_server(metrics.registry, _ready, f"127.0.0.1:{port}")
+    stuck = socket.create_connection(("127.0.0.1", port))
+    try:
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        await asyncio.sleep(0.2)
+        _headers, body = await asyncio.wait_for(asyncio.to_thread(_raw_get, port, None), timeout=10)
+        assert body == generate_latest(metrics.registry)
+    finally:
+        stuck.close()
+        await runner.cleanup()
