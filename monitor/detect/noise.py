@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -563,16 +563,117 @@ def cusum_threshold(
     scale = math.sqrt(max(long_run, 1.0))
     k = allowance / scale
     offset = math.sqrt(max(reference_variance, 0.0)) / scale
-    low, high = 0.0, 1.0
-    while false_alarms_per_run(k, high, offset) > target and high < 1e6:
-        high *= 2.0
-    for _ in range(24):
-        middle = (low + high) / 2.0
-        if false_alarms_per_run(k, middle, offset) > target:
-            low = middle
+    return _bisected_threshold(_alarm_rate(k, offset), target) / scale
+
+
+# `_bisected_threshold` reads as a bisection: the threshold doubles from 1 while its alarm rate is above the
+# target (at most to 2^THRESHOLD_MOST_DOUBLINGS), then [0, that] is halved THRESHOLD_HALVINGS times.
+THRESHOLD_MOST_DOUBLINGS = 20  # 2^20 is the first power of two past 1e6
+THRESHOLD_HALVINGS = 24
+
+
+def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
+    """The threshold a plain bisection on `rate` finds, with a third of its evaluations (the detector derives
+    one whenever the CUSUM's inputs move: 30 evaluations each were a fifth of a year's replay).
+
+    The rate falls as the threshold grows. The doubling stops at the first power of two 2^i whose rate is not
+    above `target`, and every point the halvings try is a multiple of 2^i / 2^24, so the bisection ends on
+    the first such multiple whose rate is not above `target`, exact in floating point. Both are found here
+    from where a secant in log(rate) puts the crossing, and confirmed by evaluating each side of it: the
+    same float whatever the estimate (a poor one only costs a longer search), given the rate does not rise
+    between neighbouring grid points, which moves it by some 1e-7 of itself, far more than its rounding."""
+    seen: dict[float, float] = {}
+
+    def rate_at(threshold: float) -> float:  # the estimate's first points are tried again by the search
+        value = seen.get(threshold)
+        if value is None:
+            value = seen[threshold] = rate(threshold)
+        return value
+
+    def within(threshold: float) -> bool:  # the bisection's test, negated as it is written there
+        return not rate_at(threshold) > target
+
+    estimate = _crossing(rate_at, target)
+    doublings = THRESHOLD_MOST_DOUBLINGS
+    guess = 0 if estimate is None or estimate <= 1.0 else min(doublings, math.ceil(math.log2(estimate)))
+    power = _first_true(lambda i: i == doublings or within(math.ldexp(1.0, i)), guess, 0, doublings)
+    steps = 1 << THRESHOLD_HALVINGS
+    step = math.ldexp(1.0, power - THRESHOLD_HALVINGS)
+    guess = steps if estimate is None else max(1, min(steps, math.ceil(estimate / step)))
+    # The halvings never try 0, and take the top (2^power) to be within whatever the doubling found there.
+    return _first_true(lambda j: j == steps or within(j * step), guess, 1, steps) * step
+
+
+def _crossing(rate: Callable[[float], float], target: float) -> float | None:
+    """About where `rate` crosses `target`: secant steps in log(rate) from 8 and 16 (the detector's thresholds
+    mostly lie between, in long-run sigmas), stopped within 1e-5 of it (the next step would land within a grid
+    point or two of `_bisected_threshold`'s); None where the logs are not finite."""
+    if not target > 0:
+        return None
+    log_target = math.log(target)
+    x0, x1 = 8.0, 16.0
+    y0, y1 = rate(x0), rate(x1)
+    for _ in range(12):
+        if not (0 < y0 < math.inf and 0 < y1 < math.inf) or y0 == y1:
+            return None
+        f0, f1 = math.log(y0) - log_target, math.log(y1) - log_target
+        x2 = x1 - f1 * (x1 - x0) / (f1 - f0)
+        if not 0 < x2 < 1e7:
+            return None
+        if abs(x2 - x1) <= 1e-5 * x2:
+            return x2
+        x0, y0, x1, y1 = x1, y1, x2, rate(x2)
+    return x1
+
+
+def _first_true(test: Callable[[int], bool], guess: int, low: int, high: int) -> int:
+    """The smallest integer in low..high where `test` holds, for a `test` that holds from somewhere on and
+    does at `high`: tried at `guess` and beside it, then by steps doubling away from it and halving back."""
+    guess = max(low, min(high, guess))
+    if test(guess):
+        if guess == low or not test(guess - 1):
+            return guess
+        top, reach = guess - 1, 2  # holds at top; find a bottom where it does not
+        while top - reach >= low and test(top - reach):
+            top, reach = top - reach, reach * 2
+        bottom = max(low - 1, top - reach)  # does not hold at bottom (low - 1: nothing below low)
+    else:
+        bottom, reach = guess, 1
+        while bottom + reach < high and not test(bottom + reach):
+            bottom, reach = bottom + reach, reach * 2
+        top = min(high, bottom + reach)
+    while top - bottom > 1:
+        middle = (bottom + top) // 2
+        if test(middle):
+            top = middle
         else:
-            high = middle
-    return high / scale
+            bottom = middle
+    return top
+
+
+def _alarm_rate(allowance: float, offset_sd: float) -> Callable[[float], float]:
+    """`false_alarms_per_run(allowance, threshold, offset_sd)` as a function of the threshold, the same float:
+    each node's drift and its factors in `siegmund_arl` worked out once, for the searches that try many."""
+    if offset_sd <= 0:
+        return lambda threshold: 1.0 / siegmund_arl(-allowance, threshold)
+    nodes = []
+    for x, weight in zip(_NODES, _WEIGHTS, strict=True):
+        drift = offset_sd * x - allowance
+        nodes.append((weight, abs(drift) < 1e-9, -2.0 * drift, 2.0 * drift * drift))
+    exp, inf = math.exp, math.inf
+
+    def rate(threshold: float) -> float:
+        h = threshold + 1.166
+        terms = []
+        for weight, flat, slope, divisor in nodes:
+            if flat:
+                terms.append(weight / (h * h))
+                continue
+            a = slope * h
+            terms.append(weight / (inf if a > 700 else (exp(a) - a - 1.0) / divisor))
+        return sum(terms)  # as false_alarms_per_run sums them
+
+    return rate
 
 
 def lorden_delay_runs(*, shift: float, long_run_variance: float, arl_runs: float) -> float:
