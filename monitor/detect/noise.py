@@ -225,39 +225,43 @@ def _weight(count: int, horizon: float) -> float:
 def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) -> bool:
     """Add one residual (log units) to `model`, in place. True when it completed a block that refits the
     model's share and phi; with `deferred_fit` that is the caller's to do (`extend`: no update reads them)."""
-    model.runs += 1
-    if model.runs == 1:
+    # Once a run for every series: the model's fields are read into locals and written back, min / max and
+    # `_weight` spelt out (the same comparisons, so the same floats).
+    runs = model.runs = model.runs + 1
+    if runs == 1:
         model.mean = residual
-    sd = model.sd
-    if model.runs > MIN_RUNS and sd > 0:
-        residual = min(model.mean + WINSOR * sd, max(model.mean - WINSOR * sd, residual))
-    alpha = _weight(model.runs, HORIZON_RUNS)
-    deviation = residual - model.mean
-    model.mean += alpha * deviation
-    if model.runs > 1:
-        model.var = (1.0 - alpha) * (model.var + alpha * deviation * deviation)
+    mean, var = model.mean, model.var
+    sd = math.sqrt(var)
+    if runs > MIN_RUNS and sd > 0:
+        low, high = mean - WINSOR * sd, mean + WINSOR * sd
+        residual = residual if residual > low else low  # max(low, residual)
+        residual = residual if residual < high else high  # min(high, ...)
+    alpha = 1.0 / (runs if runs < HORIZON_RUNS else HORIZON_RUNS)  # _weight(runs, HORIZON_RUNS), runs >= 1
+    deviation = residual - mean
+    model.mean = mean = mean + alpha * deviation
+    if runs > 1:
+        model.var = var = (1.0 - alpha) * (var + alpha * deviation * deviation)
     _vario_update(model, residual)
     refit = False
+    sums, counts, blocks, block_var = model.sums, model.counts, model.blocks, model.block_var
     for index, size in enumerate(BLOCKS):
-        model.sums[index] += residual
-        model.counts[index] += 1
-        if model.counts[index] < size:
+        sums[index] += residual
+        counts[index] += 1
+        if counts[index] < size:
             continue
-        block_mean = model.sums[index] / size
-        model.sums[index], model.counts[index] = 0.0, 0
-        model.blocks[index] += 1
+        block_mean = sums[index] / size
+        sums[index], counts[index] = 0.0, 0
+        done = blocks[index] = blocks[index] + 1
         # Block means vary as g(size) x var / size; clip the deviation at WINSOR of that.
-        spread = math.sqrt(max(model.block_var[index], model.var) / size)
-        deviation = block_mean - model.mean
-        if model.blocks[index] > PRIOR_BLOCKS and spread > 0:
+        spread = math.sqrt(max(block_var[index], var) / size)
+        deviation = block_mean - mean
+        if done > PRIOR_BLOCKS and spread > 0:
             deviation = min(WINSOR * spread, max(-WINSOR * spread, deviation))
-        beta = _weight(model.blocks[index], HORIZON_RUNS / size)
+        beta = _weight(done, HORIZON_RUNS / size)
         sample = size * deviation * deviation
-        model.block_var[index] = (
-            sample if model.blocks[index] == 1 else (1 - beta) * model.block_var[index] + beta * sample
-        )
+        block_var[index] = sample if done == 1 else (1 - beta) * block_var[index] + beta * sample
         # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
-        refit = refit or index == len(BLOCKS) - 1 or model.blocks[-1] == 0
+        refit = refit or index == len(BLOCKS) - 1 or blocks[-1] == 0
     if refit and not deferred_fit:
         model.share, model.phi = fit(model.ratio(0), model.ratio(1))
     return refit
@@ -267,16 +271,23 @@ def _vario_update(model: NoiseModel, residual: float) -> None:
     """Add the differences of `residual` (winsorised) from the residual before it and from the one VARIO_LAG
     runs before it to the semivariances. Each difference is clipped at WINSOR x sqrt(2 var) too."""
     lagged = model.lagged
-    bound = WINSOR * math.sqrt(2.0 * model.var) if model.runs > MIN_RUNS and model.var > 0 else math.inf
-    for index, lag in enumerate((1, VARIO_LAG)):
-        if len(lagged) < lag:
-            continue
-        difference = min(bound, abs(residual - lagged[-lag]))
-        model.pairs[index] += 1
-        alpha = _weight(model.pairs[index], HORIZON_RUNS)
-        model.vario[index] += alpha * (difference * difference / 2.0 - model.vario[index])
+    held = len(lagged)
+    if held:  # spelt out for lags 1 and VARIO_LAG, as `update` is
+        bound = WINSOR * math.sqrt(2.0 * model.var) if model.runs > MIN_RUNS and model.var > 0 else math.inf
+        vario, pairs = model.vario, model.pairs
+        difference = abs(residual - lagged[-1])
+        difference = difference if difference < bound else bound  # min(bound, ...)
+        count = pairs[0] = pairs[0] + 1
+        alpha = 1.0 / (count if count < HORIZON_RUNS else HORIZON_RUNS)
+        vario[0] += alpha * (difference * difference / 2.0 - vario[0])
+        if held >= VARIO_LAG:
+            difference = abs(residual - lagged[-VARIO_LAG])
+            difference = difference if difference < bound else bound
+            count = pairs[1] = pairs[1] + 1
+            alpha = 1.0 / (count if count < HORIZON_RUNS else HORIZON_RUNS)
+            vario[1] += alpha * (difference * difference / 2.0 - vario[1])
     lagged.append(residual)
-    if len(lagged) > VARIO_LAG:
+    if held >= VARIO_LAG:
         del lagged[0]
 
 
