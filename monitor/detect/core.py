@@ -76,6 +76,8 @@ REFERENCE_ALLOWANCE_SDS = 1.0
 # sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
+# How far back each of those days is (days x DAY_S, exact).
+_PARTNER_DAYS_S = tuple(days * DAY_S for days in range(1, PARTNER_DAYS + 1))
 _UNCACHED = object()
 # The noise model seeded from a history (`_Core._seed_residuals`) takes out each day's level: a day of
 # 5-minute runs, counted in runs with a seasonal residual.
@@ -817,13 +819,17 @@ class _Core:
 
     def interval_s(self) -> float:
         """The series' run interval: the median spacing of its last valid runs (5 minutes before two)."""
-        key = (len(self.times), self.times[-1] if self.times else 0.0)
-        if self._interval[0] != key:
-            times = self.times[-13:]
-            spacings = sorted(map(sub, times[1:], times[:-1]))  # asked after every run with the noise model on
+        # Asked twice after every run with the noise model on: kept for the runs it was worked out from,
+        # told by their count and the last one's time (a trim keeps the last runs).
+        times = self.times
+        count = len(times)
+        (kept_count, kept_last), value = self._interval
+        if kept_count != count or (count and kept_last != times[-1]):
+            last = times[-13:]
+            spacings = sorted(map(sub, last[1:], last[:-1]))
             value = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
-            self._interval = (key, value)
-        return self._interval[1]
+            self._interval = ((count, times[-1] if count else 0.0), value)
+        return value
 
     def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
         """The series' noise model; one the state does not have yet is measured on the history given."""
@@ -841,16 +847,21 @@ class _Core:
         level's errors, shared for hours, which read as correlation; the rules account for the baseline's
         error on their own). A median of several days, so that yesterday's incident is outvoted, not learnt
         as today's noise. From a series' second day on; None: no run a day before."""
-        at = self.times[index]
+        times, logs = self.times, self.logs
+        at = times[index]
         partners: list[float] = []
-        for days in range(1, PARTNER_DAYS + 1):
-            then = at - days * DAY_S
-            before = bisect_left(self.times, then - tolerance, 0, index)
-            if before < index and self.times[before] <= then + tolerance:
-                partners.append(self.logs[before])
-        if not partners:
+        for day_s in _PARTNER_DAYS_S:  # once a run: no attribute or generator in the loop
+            then = at - day_s
+            before = bisect_left(times, then - tolerance, 0, index)
+            if before < index and times[before] <= then + tolerance:
+                partners.append(logs[before])
+        count = len(partners)
+        if not count:
             return None
-        return (self.logs[index] - median(partners)) / _PARTNER_SCALE[len(partners)]
+        partners.sort()  # median(partners), without the call
+        half = count // 2
+        middle = partners[half] if count % 2 else (partners[half - 1] + partners[half]) / 2.0
+        return (logs[index] - middle) / _PARTNER_SCALE[count]
 
     def measured_noise(self) -> NoiseModel | None:
         """The noise of the history as a model would measure it, for words and pages (not the rules):
