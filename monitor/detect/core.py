@@ -208,6 +208,8 @@ class _Core:
         self.threshold: float | None = None  # the CUSUM's, for the last stepped run
         self.allowance: float | None = None  # the CUSUM's (in per-run sigmas), for the last stepped run
         self._thresholds: dict[tuple[float, float, int, float], float] = {}
+        # The last run's CUSUM (allowance, scale, threshold) with the model engaged, and what they came from.
+        self._cusum_scales: tuple[tuple[Any, ...], tuple[float, float, float]] | None = None
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
@@ -712,7 +714,6 @@ class _Core:
         # block estimate (factor^2) and the threshold the configured one; with it, the larger of the two
         # (the model leaves out a drift the level follows, which the reference day shows) and the threshold
         # derived from the false-alert rate.
-        scale = max(noise.long_run, factor * factor) if noise is not None else factor * factor
         if noise is not None:
             # What the sum measures from is itself estimated (a day's median level, a slot's median of daily
             # medians), and on a series whose runs wander that estimate is off by as much as the wander for
@@ -721,11 +722,22 @@ class _Core:
             # The slot's share is widened by g over a day's runs near it (`_slot_variance`), and the allowance
             # grows by the reference's sd: a shift must stand out of what the reference may be off by before
             # it adds up (the threshold derived for that allowance is lower, so large shifts show sooner).
-            runs = max(reference.runs, 1)
-            variance = noise.g(runs) * math.pi / (2.0 * runs) + _slot_variance(slot, noise)
-            allowance += REFERENCE_ALLOWANCE_SDS * math.sqrt(variance)
-            threshold = self._threshold(allowance, scale, rule, REFERENCE_SHARE * variance)
+            # All of it depends on the reference (a new one every 3 hours), the fit (every 36 runs learnt),
+            # the slot's counts and the run interval: worked out again only when one of them moves.
+            key = (reference, noise.share, noise.phi, slot.count, slot.days, self.interval_s())
+            kept = self._cusum_scales
+            if kept is not None and kept[0] == key:
+                allowance, scale, threshold = kept[1]
+                self.threshold = threshold  # as `_threshold` sets it; its cache holds the entry read last time
+            else:
+                scale = max(noise.long_run, factor * factor)
+                runs = max(reference.runs, 1)
+                variance = noise.g(runs) * math.pi / (2.0 * runs) + _slot_variance(slot, noise)
+                allowance += REFERENCE_ALLOWANCE_SDS * math.sqrt(variance)
+                threshold = self._threshold(allowance, scale, rule, REFERENCE_SHARE * variance)
+                self._cusum_scales = (key, (allowance, scale, threshold))
         else:
+            scale = factor * factor
             threshold = self._fixed_threshold(rule)
         self.allowance = allowance
         mean = reference.mean
