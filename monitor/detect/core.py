@@ -225,14 +225,17 @@ class _Core:
 
     # ------------------------------------------------ data
 
-    def append(self, run: RunPoint) -> None:
+    def append(self, run: RunPoint) -> bool:
+        """Add `run`; whether it joined the valid runs (it has a TTFT and is latency evidence)."""
+        ttft = run.ttft_ms
         ok, errors = run.counts()
         window = self.rules.error_window_runs
-        if len(self._recent) >= window:
-            old_ok, old_errors, _ = self._recent[-window]
+        recent = self._recent
+        if len(recent) >= window:
+            old_ok, old_errors, _ = recent[-window]
             self._window_requests -= old_ok + old_errors
             self._window_failed -= old_errors
-        self._recent.append((ok, errors, run.error))
+        recent.append((ok, errors, run.error))
         self._window_requests += ok + errors
         self._window_failed += errors
         self._failed_streak = 0 if ok else self._failed_streak + 1
@@ -240,18 +243,20 @@ class _Core:
         # A run that is no latency evidence (a warm probe that found no prompt cache) stays out of the
         # history the baselines are drawn from too: an outage of the cache would otherwise become the
         # warm series' baseline and hide a later regression of the warm path.
-        if run.ttft_ms is None or not run.latency_evidence:
-            return
+        if ttft is None or not run.latency_evidence:
+            return False
         moment = run.at.timestamp()
-        if self.times and moment < self.times[-1]:
+        times = self.times
+        if times and moment < times[-1]:
             raise ValueError(f"runs must come in time order; {run.at.isoformat()} is older than the last one")
-        self.times.append(moment)
-        self.logs.append(math.log(run.ttft_ms))
+        times.append(moment)
+        self.logs.append(math.log(ttft))
         self.probes.append(max(ok, 1))
         self._residuals.append(None)
         self._appended_since_trim += 1
         if self._appended_since_trim >= TRIM_EVERY_RUNS:
             self._trim()
+        return True
 
     def load(self, history: HistoryColumns, *, residuals: bool = False) -> None:
         """Append `history`'s runs to an empty core: the same data as `append` of each run it stands for,
@@ -423,16 +428,18 @@ class _Core:
         build up. None until half that time is covered by runs with a seasonal baseline."""
         if end <= 0:
             return None
-        end_s = self.times[min(end, len(self.times) - 1)]
-        low = bisect_left(self.times, end_s - self._level_s)
-        if low >= end or self.times[low] > end_s - self._level_s / 2:
+        times, level_s = self.times, self._level_s
+        end_s = times[end if end < len(times) else -1]
+        low = bisect_left(times, end_s - level_s)
+        if low >= end or times[low] > end_s - level_s / 2:
             return None
         reference = self._reference(low, end)
         # Mostly runs with a seasonal baseline: a few would let the start of a regression set the level.
-        if len(reference) < max(MIN_BASELINE_RUNS, (end - low) // 2):
+        runs = len(reference)
+        if runs < MIN_BASELINE_RUNS or runs < (end - low) // 2:
             return None
-        half = len(reference) // 2  # median(reference, presorted=True), without the call: once a run
-        level = reference[half] if len(reference) % 2 else (reference[half - 1] + reference[half]) / 2.0
+        half = runs // 2  # median(reference, presorted=True), without the call: once a run
+        level = reference[half] if runs % 2 else (reference[half - 1] + reference[half]) / 2.0
         return _Baseline(
             center=slot.center + level,
             level=level,
@@ -455,13 +462,17 @@ class _Core:
         """Append `run`, evaluate it, update `state` in place; the events it caused."""
         self.epoch_started = None
         self._steps += 1
-        self.append(run)
+        valid = self.append(run)
         # The run's seasonal slot, looked up once: the verdict and the sequential rule compare with it too.
         slot = None
-        if run.ttft_ms is not None and run.latency_evidence and self.rules.seasonal_days:
-            index = len(self.times) - 1
-            self._eager_from = min(self._eager_from, index)
-            slot = self._slot(int(self.times[index] // SLOT_S))
+        if valid and self.rules.seasonal_days:
+            times = self.times
+            index = len(times) - 1
+            if index < self._eager_from:
+                self._eager_from = index
+            number = int(times[index] // SLOT_S)
+            known = self._slots  # `_slot`'s cache, read here: every run asks
+            slot = known[number] if number in known else self._slot(number)
             self._residuals[-1] = self.logs[index] - slot.center if slot is not None else math.nan
         self._run_slot = slot
         events: list[Event] = []
@@ -474,9 +485,10 @@ class _Core:
             # Another model answers now: what it does is compared with a baseline of its own, from here.
             events.append(change.event(run.at))
             self._start_epoch(state, change.since, run.at, events)
-        elif run.ttft_ms is not None and run.latency_evidence:
+        elif valid:
             self._regression(state, run, events)
-            self._slo(state, run, events)
+            if self.slo_ms is not None:
+                self._slo(state, run, events)
         return events
 
     def _start_epoch(self, state: SeriesState, since: datetime, at: datetime, events: list[Event]) -> None:
@@ -1225,7 +1237,9 @@ class _Core:
         # `_window`'s answer without the call when no stretching is asked for (the ticket rule by default).
         page_w = page.window_runs if page.min_probes <= 0 else self._window(page, count)
         ticket_w = ticket_rule.window_runs if ticket_rule.min_probes <= 0 else self._window(ticket_rule, count)
-        longest = min(count, max(page_w, ticket_w, rules.clear_runs))
+        longest = max(page_w, ticket_w, rules.clear_runs)
+        if longest > count:
+            longest = count
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
         # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
         at = count if streak_since is None else self._streak_end(count, streak_since)
