@@ -440,15 +440,24 @@ def _best_fit(
 ) -> tuple[float, float, float]:
     """The first smallest (miss, share, phi) over `grid`'s (phi, its g(n) for n in BLOCKS): the share that
     matches the long blocks' ratio, and how far (in log) both ratios are from the measured ones."""
+    # Refit every 3 hours of runs for every series, over some 60 phis: min() and the best tuple spelt out,
+    # a tuple built only for a candidate (the same comparisons, so the same point).
+    log = math.log
     best: tuple[float, float, float] | None = None
+    best_miss = 0.0
     for phi, ar_short, ar_long in grid:
         # variance_ratio(share, phi, n), with ar_ratio(phi, n) from the grid (both BLOCKS above 1).
-        share = min(1.0, (ratio_long - 1.0) / (ar_long - 1.0))
-        miss = (math.log(min(G_MAX, 1.0 - share + share * ar_short)) - log_short) ** 2 + (
-            math.log(min(G_MAX, 1.0 - share + share * ar_long)) - log_long
+        share = (ratio_long - 1.0) / (ar_long - 1.0)
+        share = share if share < 1.0 else 1.0  # min(1.0, share)
+        short = 1.0 - share + share * ar_short
+        long = 1.0 - share + share * ar_long
+        miss = (log(short if short < G_MAX else G_MAX) - log_short) ** 2 + (
+            log(long if long < G_MAX else G_MAX) - log_long
         ) ** 2
-        if best is None or (miss, share, phi) < best:
+        # (miss, share, phi) < best: only a miss no larger can be.
+        if best is None or (miss <= best_miss and (miss, share, phi) < best):
             best = (miss, share, phi)
+            best_miss = miss
     assert best is not None  # every grid has points
     return best
 
