@@ -21,7 +21,6 @@ from monitor.detect.rules import FIXED_THRESHOLD, MIN_BASELINE_RUNS, Action, Cus
 from monitor.detect.state import Event, HistoryColumns, Incident, RunPoint, SeriesState
 from monitor.detect.stats import (
     clipped_profile,
-    cusum_step,
     mad_sigma_sorted,
     median,
     median_and_sigma,
@@ -620,15 +619,18 @@ class _Core:
             # short window: pages need more slow runs in a row than the longest burst, from a series' first
             # burst on. Slow against the baseline, or each a run of the page streak (slow against the window
             # before the jump, where slow wander has taken the series under its baseline).
-            persistence = noise_model.page_persistence(noise, window=verdict.page_window)
             # Slow runs in a row as the data has them, too: `noise.run` counts the runs evaluated, and a batch
             # cut by its budget leaves runs unevaluated (a series evaluated every other run would otherwise
             # need twice the slow runs to page).
-            paging = paging and max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
+            if paging:
+                persistence = noise_model.page_persistence(noise, window=verdict.page_window)
+                paging = max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
         ticketing = state.ticket_streak >= rules.ticket.confirmations
         sequential = self._cusum(state, run, incident, count, fresh, scaled) if not (paging or ticketing) else None
         if noise is not None:
             self._learn(state, noise, incident, baseline, count)
+        if incident is None and sequential is None and not (paging or ticketing):
+            return  # most runs: nothing opens, and nothing is open to update or resolve
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
         if verdict.adapted:
             detail["baseline"] += ", adapted to the incident's level"
@@ -719,7 +721,9 @@ class _Core:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
         allowance, bound, factor = reference.allowance, reference.bound, reference.factor
-        value = max(-bound, min(bound, (residual - reference.level) / reference.sigma))
+        value = (residual - reference.level) / reference.sigma
+        value = value if value < bound else bound  # max(-bound, min(bound, value)), once a run
+        value = value if value > -bound else -bound
         # In units of g x sigma (g: the long-run variance over the per-run one): for the same false-alert
         # rate, a CUSUM's threshold grows with the noise's long-run variance, not its sigma (the sum
         # drifts down as fast, but wanders further). Without the noise model, g is the reference's
@@ -752,9 +756,9 @@ class _Core:
             scale = factor * factor
             threshold = self._fixed_threshold(rule)
         self.allowance = allowance
-        mean = reference.mean
-        total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
-        if total <= 0.0:
+        # cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale), without the call
+        total = state.cusum + (value - reference.mean) / scale - allowance / scale
+        if not total > 0.0:  # max(0.0, total) is 0.0
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
         since = state.cusum_since or run.at
