@@ -328,6 +328,7 @@ class _Core:
             self._sums = None  # rebuilt from the runs kept, when next asked
             self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
+            self._interval = ((-1, 0.0), 300.0)  # `interval_s` carries it from one run to the next only
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             low, high = self._reference_range
@@ -852,7 +853,15 @@ class _Core:
         times = self.times
         count = len(times)
         (kept_count, kept_last), value = self._interval
-        if kept_count != count or (count and kept_last != times[-1]):
+        if kept_count == count and (not count or kept_last == times[-1]):
+            return value
+        # One run later (no trim between: it forgets what was kept), with the spacing it adds the one that
+        # leaves the last 12 (runs every 5 minutes to the float): the same spacings, so the same median.
+        if count == kept_count + 1 and count >= 14 and kept_last == times[-2] and (
+            times[-1] - times[-2] == times[-13] - times[-14]
+        ):
+            self._interval = ((count, times[-1]), value)
+        else:
             last = times[-13:]
             spacings = sorted(map(sub, last[1:], last[:-1]))
             value = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
