@@ -857,8 +857,11 @@ class _Core:
             return value
         # One run later (no trim between: it forgets what was kept), with the spacing it adds the one that
         # leaves the last 12 (runs every 5 minutes to the float): the same spacings, so the same median.
-        if count == kept_count + 1 and count >= 14 and kept_last == times[-2] and (
-            times[-1] - times[-2] == times[-13] - times[-14]
+        if (
+            count == kept_count + 1
+            and count >= 14
+            and kept_last == times[-2]
+            and (times[-1] - times[-2] == times[-13] - times[-14])
         ):
             self._interval = ((count, times[-1]), value)
         else:
