@@ -21,7 +21,6 @@ from monitor.detect.rules import FIXED_THRESHOLD, MIN_BASELINE_RUNS, Action, Cus
 from monitor.detect.state import Event, HistoryColumns, Incident, RunPoint, SeriesState
 from monitor.detect.stats import (
     clipped_profile,
-    cusum_step,
     mad_sigma_sorted,
     median,
     median_and_sigma,
@@ -76,6 +75,8 @@ REFERENCE_ALLOWANCE_SDS = 1.0
 # sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
+# How far back each of those days is (days x DAY_S, exact).
+_PARTNER_DAYS_S = tuple(days * DAY_S for days in range(1, PARTNER_DAYS + 1))
 _UNCACHED = object()
 # The noise model seeded from a history (`_Core._seed_residuals`) takes out each day's level: a day of
 # 5-minute runs, counted in runs with a seasonal residual.
@@ -206,6 +207,8 @@ class _Core:
         self.threshold: float | None = None  # the CUSUM's, for the last stepped run
         self.allowance: float | None = None  # the CUSUM's (in per-run sigmas), for the last stepped run
         self._thresholds: dict[tuple[float, float, int, float], float] = {}
+        # The last run's CUSUM (allowance, scale, threshold) with the model engaged, and what they came from.
+        self._cusum_scales: tuple[tuple[Any, ...], tuple[float, float, float]] | None = None
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
@@ -221,14 +224,17 @@ class _Core:
 
     # ------------------------------------------------ data
 
-    def append(self, run: RunPoint) -> None:
+    def append(self, run: RunPoint) -> bool:
+        """Add `run`; whether it joined the valid runs (it has a TTFT and is latency evidence)."""
+        ttft = run.ttft_ms
         ok, errors = run.counts()
         window = self.rules.error_window_runs
-        if len(self._recent) >= window:
-            old_ok, old_errors, _ = self._recent[-window]
+        recent = self._recent
+        if len(recent) >= window:
+            old_ok, old_errors, _ = recent[-window]
             self._window_requests -= old_ok + old_errors
             self._window_failed -= old_errors
-        self._recent.append((ok, errors, run.error))
+        recent.append((ok, errors, run.error))
         self._window_requests += ok + errors
         self._window_failed += errors
         self._failed_streak = 0 if ok else self._failed_streak + 1
@@ -236,18 +242,20 @@ class _Core:
         # A run that is no latency evidence (a warm probe that found no prompt cache) stays out of the
         # history the baselines are drawn from too: an outage of the cache would otherwise become the
         # warm series' baseline and hide a later regression of the warm path.
-        if run.ttft_ms is None or not run.latency_evidence:
-            return
+        if ttft is None or not run.latency_evidence:
+            return False
         moment = run.at.timestamp()
-        if self.times and moment < self.times[-1]:
+        times = self.times
+        if times and moment < times[-1]:
             raise ValueError(f"runs must come in time order; {run.at.isoformat()} is older than the last one")
-        self.times.append(moment)
-        self.logs.append(math.log(run.ttft_ms))
+        times.append(moment)
+        self.logs.append(math.log(ttft))
         self.probes.append(max(ok, 1))
         self._residuals.append(None)
         self._appended_since_trim += 1
         if self._appended_since_trim >= TRIM_EVERY_RUNS:
             self._trim()
+        return True
 
     def load(self, history: HistoryColumns, *, residuals: bool = False) -> None:
         """Append `history`'s runs to an empty core: the same data as `append` of each run it stands for,
@@ -320,6 +328,7 @@ class _Core:
             self._sums = None  # rebuilt from the runs kept, when next asked
             self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
+            self._interval = ((-1, 0.0), 300.0)  # `interval_s` carries it from one run to the next only
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             low, high = self._reference_range
@@ -419,16 +428,18 @@ class _Core:
         build up. None until half that time is covered by runs with a seasonal baseline."""
         if end <= 0:
             return None
-        end_s = self.times[min(end, len(self.times) - 1)]
-        low = bisect_left(self.times, end_s - self._level_s)
-        if low >= end or self.times[low] > end_s - self._level_s / 2:
+        times, level_s = self.times, self._level_s
+        end_s = times[end if end < len(times) else -1]
+        low = bisect_left(times, end_s - level_s)
+        if low >= end or times[low] > end_s - level_s / 2:
             return None
         reference = self._reference(low, end)
         # Mostly runs with a seasonal baseline: a few would let the start of a regression set the level.
-        if len(reference) < max(MIN_BASELINE_RUNS, (end - low) // 2):
+        runs = len(reference)
+        if runs < MIN_BASELINE_RUNS or runs < (end - low) // 2:
             return None
-        half = len(reference) // 2  # median(reference, presorted=True), without the call: once a run
-        level = reference[half] if len(reference) % 2 else (reference[half - 1] + reference[half]) / 2.0
+        half = runs // 2  # median(reference, presorted=True), without the call: once a run
+        level = reference[half] if runs % 2 else (reference[half - 1] + reference[half]) / 2.0
         return _Baseline(
             center=slot.center + level,
             level=level,
@@ -451,13 +462,17 @@ class _Core:
         """Append `run`, evaluate it, update `state` in place; the events it caused."""
         self.epoch_started = None
         self._steps += 1
-        self.append(run)
+        valid = self.append(run)
         # The run's seasonal slot, looked up once: the verdict and the sequential rule compare with it too.
         slot = None
-        if run.ttft_ms is not None and run.latency_evidence and self.rules.seasonal_days:
-            index = len(self.times) - 1
-            self._eager_from = min(self._eager_from, index)
-            slot = self._slot(int(self.times[index] // SLOT_S))
+        if valid and self.rules.seasonal_days:
+            times = self.times
+            index = len(times) - 1
+            if index < self._eager_from:
+                self._eager_from = index
+            number = int(times[index] // SLOT_S)
+            known = self._slots  # `_slot`'s cache, read here: every run asks
+            slot = known[number] if number in known else self._slot(number)
             self._residuals[-1] = self.logs[index] - slot.center if slot is not None else math.nan
         self._run_slot = slot
         events: list[Event] = []
@@ -470,9 +485,10 @@ class _Core:
             # Another model answers now: what it does is compared with a baseline of its own, from here.
             events.append(change.event(run.at))
             self._start_epoch(state, change.since, run.at, events)
-        elif run.ttft_ms is not None and run.latency_evidence:
+        elif valid:
             self._regression(state, run, events)
-            self._slo(state, run, events)
+            if self.slo_ms is not None:
+                self._slo(state, run, events)
         return events
 
     def _start_epoch(self, state: SeriesState, since: datetime, at: datetime, events: list[Event]) -> None:
@@ -604,15 +620,18 @@ class _Core:
             # short window: pages need more slow runs in a row than the longest burst, from a series' first
             # burst on. Slow against the baseline, or each a run of the page streak (slow against the window
             # before the jump, where slow wander has taken the series under its baseline).
-            persistence = noise_model.page_persistence(noise, window=verdict.page_window)
             # Slow runs in a row as the data has them, too: `noise.run` counts the runs evaluated, and a batch
             # cut by its budget leaves runs unevaluated (a series evaluated every other run would otherwise
             # need twice the slow runs to page).
-            paging = paging and max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
+            if paging:
+                persistence = noise_model.page_persistence(noise, window=verdict.page_window)
+                paging = max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
         ticketing = state.ticket_streak >= rules.ticket.confirmations
         sequential = self._cusum(state, run, incident, count, fresh, scaled) if not (paging or ticketing) else None
         if noise is not None:
             self._learn(state, noise, incident, baseline, count)
+        if incident is None and sequential is None and not (paging or ticketing):
+            return  # most runs: nothing opens, and nothing is open to update or resolve
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
         if verdict.adapted:
             detail["baseline"] += ", adapted to the incident's level"
@@ -703,14 +722,15 @@ class _Core:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
         allowance, bound, factor = reference.allowance, reference.bound, reference.factor
-        value = max(-bound, min(bound, (residual - reference.level) / reference.sigma))
+        value = (residual - reference.level) / reference.sigma
+        value = value if value < bound else bound  # max(-bound, min(bound, value)), once a run
+        value = value if value > -bound else -bound
         # In units of g x sigma (g: the long-run variance over the per-run one): for the same false-alert
         # rate, a CUSUM's threshold grows with the noise's long-run variance, not its sigma (the sum
         # drifts down as fast, but wanders further). Without the noise model, g is the reference's
         # block estimate (factor^2) and the threshold the configured one; with it, the larger of the two
         # (the model leaves out a drift the level follows, which the reference day shows) and the threshold
         # derived from the false-alert rate.
-        scale = max(noise.long_run, factor * factor) if noise is not None else factor * factor
         if noise is not None:
             # What the sum measures from is itself estimated (a day's median level, a slot's median of daily
             # medians), and on a series whose runs wander that estimate is off by as much as the wander for
@@ -719,16 +739,27 @@ class _Core:
             # The slot's share is widened by g over a day's runs near it (`_slot_variance`), and the allowance
             # grows by the reference's sd: a shift must stand out of what the reference may be off by before
             # it adds up (the threshold derived for that allowance is lower, so large shifts show sooner).
-            runs = max(reference.runs, 1)
-            variance = noise.g(runs) * math.pi / (2.0 * runs) + _slot_variance(slot, noise)
-            allowance += REFERENCE_ALLOWANCE_SDS * math.sqrt(variance)
-            threshold = self._threshold(allowance, scale, rule, REFERENCE_SHARE * variance)
+            # All of it depends on the reference (a new one every 3 hours), the fit (every 36 runs learnt),
+            # the slot's counts and the run interval: worked out again only when one of them moves.
+            key = (reference, noise.share, noise.phi, slot.count, slot.days, self.interval_s())
+            kept = self._cusum_scales
+            if kept is not None and kept[0] == key:
+                allowance, scale, threshold = kept[1]
+                self.threshold = threshold  # as `_threshold` sets it; its cache holds the entry read last time
+            else:
+                scale = max(noise.long_run, factor * factor)
+                runs = max(reference.runs, 1)
+                variance = noise.g(runs) * math.pi / (2.0 * runs) + _slot_variance(slot, noise)
+                allowance += REFERENCE_ALLOWANCE_SDS * math.sqrt(variance)
+                threshold = self._threshold(allowance, scale, rule, REFERENCE_SHARE * variance)
+                self._cusum_scales = (key, (allowance, scale, threshold))
         else:
+            scale = factor * factor
             threshold = self._fixed_threshold(rule)
         self.allowance = allowance
-        mean = reference.mean
-        total = cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale)
-        if total <= 0.0:
+        # cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale), without the call
+        total = state.cusum + (value - reference.mean) / scale - allowance / scale
+        if not total > 0.0:  # max(0.0, total) is 0.0
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
         since = state.cusum_since or run.at
@@ -817,13 +848,28 @@ class _Core:
 
     def interval_s(self) -> float:
         """The series' run interval: the median spacing of its last valid runs (5 minutes before two)."""
-        key = (len(self.times), self.times[-1] if self.times else 0.0)
-        if self._interval[0] != key:
-            times = self.times[-13:]
-            spacings = sorted(map(sub, times[1:], times[:-1]))  # asked after every run with the noise model on
+        # Asked twice after every run with the noise model on: kept for the runs it was worked out from,
+        # told by their count and the last one's time (a trim keeps the last runs).
+        times = self.times
+        count = len(times)
+        (kept_count, kept_last), value = self._interval
+        if kept_count == count and (not count or kept_last == times[-1]):
+            return value
+        # One run later (no trim between: it forgets what was kept), with the spacing it adds the one that
+        # leaves the last 12 (runs every 5 minutes to the float): the same spacings, so the same median.
+        if (
+            count == kept_count + 1
+            and count >= 14
+            and kept_last == times[-2]
+            and (times[-1] - times[-2] == times[-13] - times[-14])
+        ):
+            self._interval = ((count, times[-1]), value)
+        else:
+            last = times[-13:]
+            spacings = sorted(map(sub, last[1:], last[:-1]))
             value = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
-            self._interval = (key, value)
-        return self._interval[1]
+            self._interval = ((count, times[-1] if count else 0.0), value)
+        return value
 
     def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
         """The series' noise model; one the state does not have yet is measured on the history given."""
@@ -841,16 +887,21 @@ class _Core:
         level's errors, shared for hours, which read as correlation; the rules account for the baseline's
         error on their own). A median of several days, so that yesterday's incident is outvoted, not learnt
         as today's noise. From a series' second day on; None: no run a day before."""
-        at = self.times[index]
+        times, logs = self.times, self.logs
+        at = times[index]
         partners: list[float] = []
-        for days in range(1, PARTNER_DAYS + 1):
-            then = at - days * DAY_S
-            before = bisect_left(self.times, then - tolerance, 0, index)
-            if before < index and self.times[before] <= then + tolerance:
-                partners.append(self.logs[before])
-        if not partners:
+        for day_s in _PARTNER_DAYS_S:  # once a run: no attribute or generator in the loop
+            then = at - day_s
+            before = bisect_left(times, then - tolerance, 0, index)
+            if before < index and times[before] <= then + tolerance:
+                partners.append(logs[before])
+        count = len(partners)
+        if not count:
             return None
-        return (self.logs[index] - median(partners)) / _PARTNER_SCALE[len(partners)]
+        partners.sort()  # median(partners), without the call
+        half = count // 2
+        middle = partners[half] if count % 2 else (partners[half - 1] + partners[half]) / 2.0
+        return (logs[index] - middle) / _PARTNER_SCALE[count]
 
     def measured_noise(self) -> NoiseModel | None:
         """The noise of the history as a model would measure it, for words and pages (not the rules):
@@ -1146,10 +1197,18 @@ class _Core:
                 self._jump_cache = {}
             cache = self._jump_cache[(window, seasonal)] = {}
         out = []
+        get, isnan, half = cache.get, math.isnan, window // 2
         for start in range(low, low + len(history) - window + 1):
-            value = cache.get(start)
+            value = get(start)
             if value is None:
-                value = cache[start] = noise_model.window_median(history[start - low : start - low + window])
+                # noise_model.window_median, without the calls: over a hundred new windows per slow run.
+                values = history[start - low : start - low + window]
+                if any(map(isnan, values)):
+                    value = math.nan
+                else:
+                    values.sort()
+                    value = values[half] if window % 2 else (values[half - 1] + values[half]) / 2.0
+                cache[start] = value
             out.append(value)
         return out
 
@@ -1202,7 +1261,9 @@ class _Core:
         # `_window`'s answer without the call when no stretching is asked for (the ticket rule by default).
         page_w = page.window_runs if page.min_probes <= 0 else self._window(page, count)
         ticket_w = ticket_rule.window_runs if ticket_rule.min_probes <= 0 else self._window(ticket_rule, count)
-        longest = min(count, max(page_w, ticket_w, rules.clear_runs))
+        longest = max(page_w, ticket_w, rules.clear_runs)
+        if longest > count:
+            longest = count
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
         # The reference ends as it did for the streak's first run (`at` runs counted then), at the latest.
         at = count if streak_since is None else self._streak_end(count, streak_since)

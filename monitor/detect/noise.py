@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
@@ -225,39 +225,43 @@ def _weight(count: int, horizon: float) -> float:
 def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) -> bool:
     """Add one residual (log units) to `model`, in place. True when it completed a block that refits the
     model's share and phi; with `deferred_fit` that is the caller's to do (`extend`: no update reads them)."""
-    model.runs += 1
-    if model.runs == 1:
+    # Once a run for every series: the model's fields are read into locals and written back, min / max and
+    # `_weight` spelt out (the same comparisons, so the same floats).
+    runs = model.runs = model.runs + 1
+    if runs == 1:
         model.mean = residual
-    sd = model.sd
-    if model.runs > MIN_RUNS and sd > 0:
-        residual = min(model.mean + WINSOR * sd, max(model.mean - WINSOR * sd, residual))
-    alpha = _weight(model.runs, HORIZON_RUNS)
-    deviation = residual - model.mean
-    model.mean += alpha * deviation
-    if model.runs > 1:
-        model.var = (1.0 - alpha) * (model.var + alpha * deviation * deviation)
+    mean, var = model.mean, model.var
+    sd = math.sqrt(var)
+    if runs > MIN_RUNS and sd > 0:
+        low, high = mean - WINSOR * sd, mean + WINSOR * sd
+        residual = residual if residual > low else low  # max(low, residual)
+        residual = residual if residual < high else high  # min(high, ...)
+    alpha = 1.0 / (runs if runs < HORIZON_RUNS else HORIZON_RUNS)  # _weight(runs, HORIZON_RUNS), runs >= 1
+    deviation = residual - mean
+    model.mean = mean = mean + alpha * deviation
+    if runs > 1:
+        model.var = var = (1.0 - alpha) * (var + alpha * deviation * deviation)
     _vario_update(model, residual)
     refit = False
+    sums, counts, blocks, block_var = model.sums, model.counts, model.blocks, model.block_var
     for index, size in enumerate(BLOCKS):
-        model.sums[index] += residual
-        model.counts[index] += 1
-        if model.counts[index] < size:
+        sums[index] += residual
+        counts[index] += 1
+        if counts[index] < size:
             continue
-        block_mean = model.sums[index] / size
-        model.sums[index], model.counts[index] = 0.0, 0
-        model.blocks[index] += 1
+        block_mean = sums[index] / size
+        sums[index], counts[index] = 0.0, 0
+        done = blocks[index] = blocks[index] + 1
         # Block means vary as g(size) x var / size; clip the deviation at WINSOR of that.
-        spread = math.sqrt(max(model.block_var[index], model.var) / size)
-        deviation = block_mean - model.mean
-        if model.blocks[index] > PRIOR_BLOCKS and spread > 0:
+        spread = math.sqrt(max(block_var[index], var) / size)
+        deviation = block_mean - mean
+        if done > PRIOR_BLOCKS and spread > 0:
             deviation = min(WINSOR * spread, max(-WINSOR * spread, deviation))
-        beta = _weight(model.blocks[index], HORIZON_RUNS / size)
+        beta = _weight(done, HORIZON_RUNS / size)
         sample = size * deviation * deviation
-        model.block_var[index] = (
-            sample if model.blocks[index] == 1 else (1 - beta) * model.block_var[index] + beta * sample
-        )
+        block_var[index] = sample if done == 1 else (1 - beta) * block_var[index] + beta * sample
         # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
-        refit = refit or index == len(BLOCKS) - 1 or model.blocks[-1] == 0
+        refit = refit or index == len(BLOCKS) - 1 or blocks[-1] == 0
     if refit and not deferred_fit:
         model.share, model.phi = fit(model.ratio(0), model.ratio(1))
     return refit
@@ -267,16 +271,23 @@ def _vario_update(model: NoiseModel, residual: float) -> None:
     """Add the differences of `residual` (winsorised) from the residual before it and from the one VARIO_LAG
     runs before it to the semivariances. Each difference is clipped at WINSOR x sqrt(2 var) too."""
     lagged = model.lagged
-    bound = WINSOR * math.sqrt(2.0 * model.var) if model.runs > MIN_RUNS and model.var > 0 else math.inf
-    for index, lag in enumerate((1, VARIO_LAG)):
-        if len(lagged) < lag:
-            continue
-        difference = min(bound, abs(residual - lagged[-lag]))
-        model.pairs[index] += 1
-        alpha = _weight(model.pairs[index], HORIZON_RUNS)
-        model.vario[index] += alpha * (difference * difference / 2.0 - model.vario[index])
+    held = len(lagged)
+    if held:  # spelt out for lags 1 and VARIO_LAG, as `update` is
+        bound = WINSOR * math.sqrt(2.0 * model.var) if model.runs > MIN_RUNS and model.var > 0 else math.inf
+        vario, pairs = model.vario, model.pairs
+        difference = abs(residual - lagged[-1])
+        difference = difference if difference < bound else bound  # min(bound, ...)
+        count = pairs[0] = pairs[0] + 1
+        alpha = 1.0 / (count if count < HORIZON_RUNS else HORIZON_RUNS)
+        vario[0] += alpha * (difference * difference / 2.0 - vario[0])
+        if held >= VARIO_LAG:
+            difference = abs(residual - lagged[-VARIO_LAG])
+            difference = difference if difference < bound else bound
+            count = pairs[1] = pairs[1] + 1
+            alpha = 1.0 / (count if count < HORIZON_RUNS else HORIZON_RUNS)
+            vario[1] += alpha * (difference * difference / 2.0 - vario[1])
     lagged.append(residual)
-    if len(lagged) > VARIO_LAG:
+    if held >= VARIO_LAG:
         del lagged[0]
 
 
@@ -429,15 +440,24 @@ def _best_fit(
 ) -> tuple[float, float, float]:
     """The first smallest (miss, share, phi) over `grid`'s (phi, its g(n) for n in BLOCKS): the share that
     matches the long blocks' ratio, and how far (in log) both ratios are from the measured ones."""
+    # Refit every 3 hours of runs for every series, over some 60 phis: min() and the best tuple spelt out,
+    # a tuple built only for a candidate (the same comparisons, so the same point).
+    log = math.log
     best: tuple[float, float, float] | None = None
+    best_miss = 0.0
     for phi, ar_short, ar_long in grid:
         # variance_ratio(share, phi, n), with ar_ratio(phi, n) from the grid (both BLOCKS above 1).
-        share = min(1.0, (ratio_long - 1.0) / (ar_long - 1.0))
-        miss = (math.log(min(G_MAX, 1.0 - share + share * ar_short)) - log_short) ** 2 + (
-            math.log(min(G_MAX, 1.0 - share + share * ar_long)) - log_long
+        share = (ratio_long - 1.0) / (ar_long - 1.0)
+        share = share if share < 1.0 else 1.0  # min(1.0, share)
+        short = 1.0 - share + share * ar_short
+        long = 1.0 - share + share * ar_long
+        miss = (log(short if short < G_MAX else G_MAX) - log_short) ** 2 + (
+            log(long if long < G_MAX else G_MAX) - log_long
         ) ** 2
-        if best is None or (miss, share, phi) < best:
+        # (miss, share, phi) < best: only a miss no larger can be.
+        if best is None or (miss <= best_miss and (miss, share, phi) < best):
             best = (miss, share, phi)
+            best_miss = miss
     assert best is not None  # every grid has points
     return best
 
@@ -563,16 +583,127 @@ def cusum_threshold(
     scale = math.sqrt(max(long_run, 1.0))
     k = allowance / scale
     offset = math.sqrt(max(reference_variance, 0.0)) / scale
-    low, high = 0.0, 1.0
-    while false_alarms_per_run(k, high, offset) > target and high < 1e6:
-        high *= 2.0
-    for _ in range(24):
-        middle = (low + high) / 2.0
-        if false_alarms_per_run(k, middle, offset) > target:
-            low = middle
+    return _bisected_threshold(_alarm_rate(k, offset), target) / scale
+
+
+# `_bisected_threshold` reads as a bisection: the threshold doubles from 1 while its alarm rate is above the
+# target (at most to 2^THRESHOLD_MOST_DOUBLINGS), then [0, that] is halved THRESHOLD_HALVINGS times.
+THRESHOLD_MOST_DOUBLINGS = 20  # 2^20 is the first power of two past 1e6
+THRESHOLD_HALVINGS = 24
+
+
+def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
+    """The threshold a plain bisection on `rate` finds, from some 8 evaluations of 30 (the detector derives
+    one whenever the CUSUM's inputs move: 30 evaluations each were a fifth of a year's replay).
+
+    The rate falls as the threshold grows. The doubling stops at the first power of two 2^i whose rate is not
+    above `target`, and every point the halvings try is a multiple of 2^i / 2^24, so the bisection ends on
+    the first such multiple whose rate is not above `target`, exact in floating point. Both are found here
+    from where a secant in log(rate) puts the crossing, and confirmed by evaluating each side of it: the
+    same float whatever the estimate (a poor one only costs a longer search), given the rate does not rise
+    between neighbouring grid points, which moves it by some 1e-7 of itself, far more than its rounding."""
+    seen: dict[float, float] = {}
+
+    def rate_at(threshold: float) -> float:  # the estimate's first points are tried again by the search
+        value = seen.get(threshold)
+        if value is None:
+            value = seen[threshold] = rate(threshold)
+        return value
+
+    def within(threshold: float) -> bool:  # the bisection's test, negated as it is written there
+        return not rate_at(threshold) > target
+
+    estimate = _crossing(rate_at, target)
+    doublings = THRESHOLD_MOST_DOUBLINGS
+    steps = 1 << THRESHOLD_HALVINGS
+    if estimate is not None and 1.0 < estimate < math.ldexp(1.0, doublings - 1):
+        # Mostly settled by the two grid points about the estimate: when the rate is above the target at the
+        # first and not at the next, it is above it at every power of two up to 2^(power - 1) (at most that
+        # first point) and not at 2^power (at least the next), so the doubling stops at 2^power and the
+        # halvings end on the next point.
+        power = math.ceil(math.log2(estimate))
+        step = math.ldexp(1.0, power - THRESHOLD_HALVINGS)
+        point = max(steps // 2 + 1, min(steps, math.ceil(estimate / step)))
+        if within(point * step) and not within((point - 1) * step):
+            return point * step
+    guess = 0 if estimate is None or estimate <= 1.0 else min(doublings, math.ceil(math.log2(estimate)))
+    power = _first_true(lambda i: i == doublings or within(math.ldexp(1.0, i)), guess, 0, doublings)
+    step = math.ldexp(1.0, power - THRESHOLD_HALVINGS)
+    guess = steps if estimate is None else max(1, min(steps, math.ceil(estimate / step)))
+    # The halvings never try 0, and take the top (2^power) to be within whatever the doubling found there.
+    return _first_true(lambda j: j == steps or within(j * step), guess, 1, steps) * step
+
+
+def _crossing(rate: Callable[[float], float], target: float) -> float | None:
+    """About where `rate` crosses `target`: secant steps in log(rate) from 8 and 16 (the detector's thresholds
+    mostly lie between, in long-run sigmas), stopped within 1e-5 of it (the next step would land within a grid
+    point or two of `_bisected_threshold`'s); None where the logs are not finite."""
+    if not target > 0:
+        return None
+    log_target = math.log(target)
+    x0, x1 = 8.0, 16.0
+    y0, y1 = rate(x0), rate(x1)
+    for _ in range(12):
+        if not (0 < y0 < math.inf and 0 < y1 < math.inf) or y0 == y1:
+            return None
+        f0, f1 = math.log(y0) - log_target, math.log(y1) - log_target
+        x2 = x1 - f1 * (x1 - x0) / (f1 - f0)
+        if not 0 < x2 < 1e7:
+            return None
+        if abs(x2 - x1) <= 1e-5 * x2:
+            return x2
+        x0, y0, x1, y1 = x1, y1, x2, rate(x2)
+    return x1
+
+
+def _first_true(test: Callable[[int], bool], guess: int, low: int, high: int) -> int:
+    """The smallest integer in low..high where `test` holds, for a `test` that holds from somewhere on and
+    does at `high`: tried at `guess` and beside it, then by steps doubling away from it and halving back."""
+    guess = max(low, min(high, guess))
+    if test(guess):
+        if guess == low or not test(guess - 1):
+            return guess
+        top, reach = guess - 1, 2  # holds at top; find a bottom where it does not
+        while top - reach >= low and test(top - reach):
+            top, reach = top - reach, reach * 2
+        bottom = max(low - 1, top - reach)  # does not hold at bottom (low - 1: nothing below low)
+    else:
+        bottom, reach = guess, 1
+        while bottom + reach < high and not test(bottom + reach):
+            bottom, reach = bottom + reach, reach * 2
+        top = min(high, bottom + reach)
+    while top - bottom > 1:
+        middle = (bottom + top) // 2
+        if test(middle):
+            top = middle
         else:
-            high = middle
-    return high / scale
+            bottom = middle
+    return top
+
+
+def _alarm_rate(allowance: float, offset_sd: float) -> Callable[[float], float]:
+    """`false_alarms_per_run(allowance, threshold, offset_sd)` as a function of the threshold, the same float:
+    each node's drift and its factors in `siegmund_arl` worked out once, for the searches that try many."""
+    if offset_sd <= 0:
+        return lambda threshold: 1.0 / siegmund_arl(-allowance, threshold)
+    nodes = []
+    for x, weight in zip(_NODES, _WEIGHTS, strict=True):
+        drift = offset_sd * x - allowance
+        nodes.append((weight, abs(drift) < 1e-9, -2.0 * drift, 2.0 * drift * drift))
+    exp, inf = math.exp, math.inf
+
+    def rate(threshold: float) -> float:
+        h = threshold + 1.166
+        terms = []
+        for weight, flat, slope, divisor in nodes:
+            if flat:
+                terms.append(weight / (h * h))
+                continue
+            a = slope * h
+            terms.append(weight / (inf if a > 700 else (exp(a) - a - 1.0) / divisor))
+        return sum(terms)  # as false_alarms_per_run sums them
+
+    return rate
 
 
 def lorden_delay_runs(*, shift: float, long_run_variance: float, arl_runs: float) -> float:

@@ -124,6 +124,47 @@ def test_a_reference_that_wanders_with_the_runs_raises_the_threshold() -> None:
     assert threshold(0.5) > threshold(0.0)
 
 
+def bisected_threshold(
+    *, false_alerts_per_week: float, allowance: float, long_run: float, interval_s: float, reference_variance: float
+) -> float:
+    """noise.cusum_threshold as it was written before its search was made cheaper (issue 26): a plain bisection."""
+    runs_per_week = noise.WEEK_S / max(interval_s, 1.0)
+    penalty = noise.REFERENCE_PENALTY if reference_variance <= 0 else 1.0
+    target = noise.CUSUM_SHARE * false_alerts_per_week / runs_per_week / penalty
+    scale = math.sqrt(max(long_run, 1.0))
+    k = allowance / scale
+    offset = math.sqrt(max(reference_variance, 0.0)) / scale
+    low, high = 0.0, 1.0
+    while noise.false_alarms_per_run(k, high, offset) > target and high < 1e6:
+        high *= 2.0
+    for _ in range(24):
+        middle = (low + high) / 2.0
+        if noise.false_alarms_per_run(k, middle, offset) > target:
+            low = middle
+        else:
+            high = middle
+    return high / scale
+
+
+def test_the_cusum_threshold_is_the_plain_bisections_to_the_bit() -> None:
+    # The detector's inputs (allowance about 0.5-1.5, long run 1-40, reference variance 0-0.2) and far
+    # beyond them: no false alert allowed, a rate no threshold reaches, no reference error, no allowance.
+    rng = random.Random(5)
+    for trial in range(3000):
+        inputs = {
+            "false_alerts_per_week": rng.choice([0.0, 1e-3, 0.5, 1e4]) if trial % 7 == 0 else rng.uniform(0.05, 3),
+            "allowance": rng.choice([0.0, 1e-10, 5.0]) if trial % 5 == 0 else rng.uniform(0.05, 3),
+            "long_run": rng.choice([0.5, 1.0, rng.uniform(1, 400)]),
+            "interval_s": rng.choice([60, 300, 3600, 0.5]),
+            "reference_variance": rng.choice([0.0, -1.0, rng.uniform(0, 1), rng.uniform(0, 0.2)]),
+        }
+        assert noise.cusum_threshold(**inputs) == bisected_threshold(**inputs), inputs
+    for allowance, offset in ((0.4, 0.0), (0.4, 0.3), (1e-10, 0.0), (2.0, 1e-10)):
+        rate = noise._alarm_rate(allowance, offset)
+        for threshold in (0.0, 0.5, 7.3, 31.9, 1e4):
+            assert rate(threshold) == noise.false_alarms_per_run(allowance, threshold, offset)
+
+
 def test_a_cusum_of_known_noise_alarms_about_as_siegmund_says() -> None:
     # Unit normal values, allowance 0.5, threshold 4: Siegmund's ARL is about 336 runs.
     rng = random.Random(3)
