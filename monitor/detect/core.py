@@ -823,7 +823,10 @@ class _Core:
             self.threshold = rule.threshold
             return rule.threshold
         # Its inputs move slowly (the reference every 3 hours, the fit every 3 hours of runs): computed once
-        # per distinct set, as a bisection per run would double a year's replay.
+        # per distinct set, as a search per run would double a year's replay. Computed from the rounded
+        # inputs the set is known by, so the value does not depend on which run met the set first: a replay
+        # (one core for the whole history, its cache warm) and the daemon (a core per evaluation, its cache
+        # empty) derive the same threshold.
         key = (
             round(allowance, 3),
             round(math.log(long_run), 2),
@@ -834,8 +837,8 @@ class _Core:
         if derived is None:
             derived = noise_model.cusum_threshold(
                 false_alerts_per_week=self.rules.false_alerts_per_week,
-                allowance=allowance,
-                long_run=long_run,
+                allowance=key[0],
+                long_run=math.exp(key[1]),
                 interval_s=key[2],
                 reference_variance=key[3],
             )

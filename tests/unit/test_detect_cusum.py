@@ -147,3 +147,19 @@ def test_the_long_run_factor_sees_autocorrelation_and_the_mean_sees_spikes() -> 
     spiky_mean, _ = clipped_profile(spiky, center=0.0, sigma=1.0, bound=2.5, block=24)
     assert 0 < spiky_mean - mean < 0.2  # clipped: six 8-sigma spikes move the mean by at most 6 x 5 / 288
     assert clipped_profile([], center=0.0, sigma=1.0, bound=2.5, block=24) == (0.0, 1.0)
+
+
+def test_the_derived_threshold_does_not_depend_on_which_run_met_its_inputs_first() -> None:
+    # A replay keeps one core (its thresholds cached) for a whole history; the daemon makes one per evaluation
+    # (its cache empty). Inputs that round alike share a cached threshold, so it must be the one both derive.
+    from monitor.detect.core import _Core
+    from monitor.detect.settings import Detection
+
+    rules = Detection().rules()
+    assert rules.cusum is not None and rules.cusum.threshold is None  # derived: the noise model is on
+    first, then = (0.6004, 2.4002, 0.1204), (0.5996, 2.3998, 0.1196)  # allowance, long run, reference variance
+    warm = _Core(rules, None)
+    warm._threshold(first[0], first[1], rules.cusum, first[2])
+    replayed = warm._threshold(then[0], then[1], rules.cusum, then[2])
+    live = _Core(rules, None)._threshold(then[0], then[1], rules.cusum, then[2])
+    assert replayed == live
