@@ -6,7 +6,8 @@ The registry is filled through `Metrics` as the daemon fills it: per probe serie
 three successful probes with TTFT, TTFA, TTFB, set-up and decode rate, a target SLO, and the
 detector's baseline, band, run median, ratio and regression state. Each rendering is timed
 `--repeats` times and the median printed; the `scrape` column is a real GET of `/metrics` over
-loopback from the daemon's own listener (monitor.metrics.server), its rendering included.
+loopback from the daemon's own listener (monitor.metrics.server), its rendering included, once asking
+for gzip (as Prometheus does) and once for the text; `gzip` is the compressed rendering the listener keeps.
 
     .venv/bin/python bench/metrics_scale.py [--targets 2000] [--prompts 3] [--repeats 3]
 """
@@ -24,7 +25,7 @@ import aiohttp
 from prometheus_client import generate_latest
 
 from monitor.metrics.definitions import PER_SERIES_MODES, Metrics, PerSeries
-from monitor.metrics.exposition import render
+from monitor.metrics.exposition import render, render_parts
 from monitor.metrics.server import start_metrics_server
 from monitor.probe.result import Sample
 
@@ -69,7 +70,7 @@ def timed(render_fn: Callable[[Metrics], bytes], metrics: Metrics, repeats: int)
     return statistics.median(times), body
 
 
-async def scrape(metrics: Metrics, repeats: int) -> float:
+async def scrape(metrics: Metrics, repeats: int, *, accept_encoding: str) -> float:
     async def ready() -> tuple[bool, str]:
         return True, "ok"
 
@@ -80,7 +81,8 @@ async def scrape(metrics: Metrics, repeats: int) -> float:
         async with aiohttp.ClientSession() as session:
             for _ in range(repeats):
                 started = time.perf_counter()
-                async with session.get(f"http://127.0.0.1:{port}/metrics") as response:
+                headers = {"Accept-Encoding": accept_encoding}
+                async with session.get(f"http://127.0.0.1:{port}/metrics", headers=headers) as response:
                     await response.read()
                 times.append(time.perf_counter() - started)
                 await asyncio.sleep(2.2 * times[-1])  # past the listener's reuse of a fresh rendering
@@ -103,19 +105,25 @@ def main() -> None:
     print(f"{probe_series} probe series ({args.targets} targets x {args.prompts} prompts), load {load()}")
     print(
         f"{'mode':8} {'MB':>7} {'lines':>8} {'series/probe series':>20} "
-        f"{'generate_latest s':>18} {'render s':>9} {'ratio':>6} {'scrape s':>9}"
+        f"{'generate_latest s':>18} {'render s':>9} {'ratio':>6} {'gzip MB':>8} {'gzip s':>7} "
+        f"{'scrape s (gzip / text)':>23}"
     )
     for mode in PER_SERIES_MODES:
         metrics = filled(mode, targets=args.targets, prompts=args.prompts)
         before, old_body = timed(lambda m: generate_latest(m.registry), metrics, args.repeats)
         after, body = timed(lambda m: render(m.registry), metrics, args.repeats)
-        scraped = asyncio.run(scrape(metrics, args.repeats))
+        compressed_s, compressed = timed(
+            lambda m: b"".join(render_parts(m.registry, gzip=True).pieces), metrics, args.repeats
+        )
+        scraped_gzip = asyncio.run(scrape(metrics, args.repeats, accept_encoding="gzip"))
+        scraped_text = asyncio.run(scrape(metrics, args.repeats, accept_encoding="identity"))
         lines = body.count(b"\n")
         per_series = sum(1 for line in body.splitlines() if b'target="' in line) / probe_series
         assert len(body) == len(old_body), "the two renderings differ in size"
         print(
             f"{mode:8} {len(body) / 1e6:7.1f} {lines:8d} {per_series:20.1f} "
-            f"{before:18.2f} {after:9.2f} {before / after:6.1f} {scraped:9.2f}"
+            f"{before:18.2f} {after:9.2f} {before / after:6.1f} {len(compressed) / 1e6:8.2f} {compressed_s:7.2f} "
+            f"{scraped_gzip:11.2f} / {scraped_text:9.2f}"
         )
     print(f"load {load()}; medians of {args.repeats}; the shipped ServiceMonitor's scrapeTimeout is 10 s")
 

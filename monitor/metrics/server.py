@@ -215,6 +215,9 @@ def build_app(
         response = web.StreamResponse(headers=headers)
         response.content_length = sum(map(len, body.pieces)) if compressed else body.text_bytes
         await response.prepare(request)
+        if request.method == "HEAD":  # the headers only: a body after them would be read as the next answer
+            await response.write_eof()
+            return response
         # A piece at a time, each written when the client has taken the last: the whole body handed to the
         # socket at once is copied into its transport's buffer once the kernel's is full.
         pieces = _pieces(body.pieces) if compressed else _text_pieces(body)

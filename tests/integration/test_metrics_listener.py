@@ -85,3 +85,23 @@ async def test_a_client_that_reads_nothing_does_not_hold_up_the_next_scrape() ->
     finally:
         stuck.close()
         await runner.cleanup()
+
+
+async def test_a_head_request_gets_the_headers_and_leaves_the_connection_usable() -> None:
+    # HEAD /metrics wrote the body after the headers: on a kept-alive connection the next answer read
+    # started in the middle of it ("Bad status line").
+    metrics = _metrics(50)
+    port = free_port()
+    runner = await start_metrics_server(metrics.registry, _ready, f"127.0.0.1:{port}")
+    try:
+        connector = aiohttp.TCPConnector(limit=1)  # one connection: the GETs reuse the HEAD's
+        async with aiohttp.ClientSession(connector=connector) as session:
+            for accept in ("gzip", "identity"):
+                headers = {"Accept-Encoding": accept}
+                async with session.head(f"http://127.0.0.1:{port}/metrics", headers=headers) as response:
+                    assert response.status == 200 and int(response.headers["Content-Length"]) > 0
+                    assert await response.read() == b""
+                async with session.get(f"http://127.0.0.1:{port}/metrics", headers=headers) as response:
+                    assert await response.read() == generate_latest(metrics.registry)
+    finally:
+        await runner.cleanup()
