@@ -587,7 +587,8 @@ class Daemon:
             self.service.call_soon(self.served.update_alerts, config.alerts)
         self.config = config
         self.scheduler.set_jobs(list(config.jobs), since=asked)
-        log.info("config_reloaded", jobs=[j.name for j in config.jobs])
+        forgotten = self.metrics.forget_unconfigured(config)
+        log.info("config_reloaded", jobs=[j.name for j in config.jobs], metric_series_removed=forgotten)
 
     async def stop(self) -> Stopped | None:
         """Stop scheduling, let in-flight probes finish within the grace, write or spool what they

@@ -25,6 +25,7 @@ from monitor import __version__
 from monitor.config.cost import cost_of
 from monitor.config.cron import build_trigger
 from monitor.config.models import DEFAULT_TTFT_BUCKETS_S, Config
+from monitor.config.series import series_prompts
 from monitor.metrics.lean import LeanCounter, LeanGauge, LeanHistogram, LeanSummary
 from monitor.otel.incident import IncidentReading
 from monitor.probe.result import Sample
@@ -519,12 +520,74 @@ class Metrics:
                 gauge.labels(*series).set(value)
         self.cache_state.labels(*series).set(1 if stopped else 0)
 
+    def forget_unconfigured(self, config: Config) -> int:
+        """After a reload: remove every series of a job, target, model or prompt the config no longer has,
+        and return how many. Left in place they would be exported at their last values for as long as the
+        process runs, and the shipped alerts read them: a removed or renamed job's last run grows old
+        (`TTFTMonitorJobStale` pages three intervals later, for good), a removed target's regression state
+        stays at 2 (`TTFTRegressionPage` never resolves). `probe --store`'s `adhoc` series are left alone."""
+        jobs: dict[str, set[tuple[str, str]]] = {}
+        for job in config.jobs:
+            prompts = [prompt for prompt, _ in series_prompts(config.prompts, job.prompts)]
+            jobs[job.name] = {(target, prompt) for target in job.targets for prompt in prompts}
+        pairs = set().union(*jobs.values())
+        targets = {name: (spec.model, spec.provider) for name, spec in config.targets.items()}
+        removed = 0
+        for family in metric_objects([self]):
+            names: tuple[str, ...] = getattr(family, "_labelnames", ())
+            if "probe_job" not in names and "target" not in names:
+                continue
+            for values in _label_values(family):
+                if not _configured(dict(zip(names, values, strict=True)), jobs, pairs, targets):
+                    with contextlib.suppress(KeyError):  # removed meanwhile
+                        family.remove(*values)  # type: ignore[attr-defined]
+                    removed += 1
+        return removed
+
     def forget_cache(self, series: Sequence[str]) -> None:
         """A pair no longer probed (its prompt's `cache: both` was reloaded away): its gauges go, not left
         at their last value."""
         for gauge in (self.cache_speedup, self.cache_cached_share, self.cache_state):
             with contextlib.suppress(KeyError):
                 gauge.remove(*series)
+
+
+def _label_values(family: object) -> list[tuple[str, ...]]:
+    """The label values of each child of a prometheus_client metric (kept in `_metrics`, with no public
+    accessor: monitor.metrics.exposition reads them the same way)."""
+    lock = getattr(family, "_lock", None)
+    children = getattr(family, "_metrics", None)
+    if lock is None or children is None:
+        return []
+    with lock:
+        return list(children)
+
+
+def _configured(
+    labels: dict[str, str],
+    jobs: dict[str, set[tuple[str, str]]],
+    pairs: set[tuple[str, str]],
+    targets: dict[str, tuple[str, str]],
+) -> bool:
+    """Whether a series with these labels is one the config still measures."""
+    job = labels.get("probe_job")
+    if job == "adhoc":
+        return True
+    if job is not None and job not in jobs:
+        return False
+    target = labels.get("target")
+    if target is None:
+        return True  # the job's own series
+    if target not in targets:
+        return False
+    model, provider = targets[target]
+    if labels.get("model", model) != model or labels.get("provider", provider) != provider:
+        return False
+    scope = jobs[job] if job is not None else pairs
+    prompt = labels.get("prompt")
+    if prompt is not None:
+        return (target, prompt) in scope
+    return any(measured == target for measured, _ in scope)
 
 
 def baseline_band_ms(baseline_ms: float, *, ticket_ratio: float, ticket_min_delta_ms: float) -> tuple[float, float]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from monitor.daemon import Daemon, StartupFailed
@@ -185,3 +186,30 @@ async def test_a_busy_metrics_port_fails_start_with_the_infra_exit_code_and_clos
     left = {t for t in asyncio.all_tasks() if not t.done()} - before - {asyncio.current_task()}
     assert not left, left  # the background store and every other task start opened are gone
     assert daemon.resources.scrape_session.closed
+
+
+async def test_a_reload_that_renames_the_job_leaves_no_series_of_the_old_name_on_metrics(
+    simulator: tuple[Simulator, RunningSimulator], metrics_endpoint: tuple[MetricsEndpoint, str], tmp_path: Path
+) -> None:
+    # The old name's last-run gauge, left in place, grew old: the shipped TTFTMonitorJobStale paged three
+    # intervals after the rename and never resolved.
+    _, metrics_url = metrics_endpoint
+    config = tmp_path / "config.yaml"
+    _write_config(config, tmp_path, simulator[1].url, metrics_url, job="tick")
+    listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    daemon = Daemon(str(config))
+    await daemon.start()
+    try:
+        await _runs_finished(daemon, 2)
+        _write_config(config, tmp_path, simulator[1].url, metrics_url, job="tock")
+        fresh_listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+        config.write_text(config.read_text().replace(fresh_listen, listen))  # metrics.listen changes on restart only
+        await daemon.reload()
+        await _runs_finished(daemon, 4)
+        async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/metrics") as response:
+            text = await response.text()
+    finally:
+        await daemon.stop()
+    assert 'probe_job="tock"' in text
+    assert 'probe_job="tick"' not in text, [line for line in text.splitlines() if 'probe_job="tick"' in line][:5]
