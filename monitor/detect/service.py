@@ -254,6 +254,8 @@ class DetectionService:
         # Per target rather than per series: after every run of the batch is stored and evaluated.
         await self._burn.after_store(job, batch)
         await self._budget.after_store(job)
+        if self._metrics is not None:
+            self._metrics.forget_if_unconfigured(job)  # a run of a job reloaded away, evaluated after the reload
         # The groups this batch changed are notified once it is all in: series of one provider probed
         # in one run open together, and go out as one notification.
         if not batch:

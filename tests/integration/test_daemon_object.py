@@ -16,6 +16,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from monitor.daemon import Daemon, StartupFailed
 from monitor.exitcodes import EXIT_INFRA, EXIT_USAGE
@@ -213,3 +215,50 @@ async def test_a_reload_that_renames_the_job_leaves_no_series_of_the_old_name_on
         await daemon.stop()
     assert 'probe_job="tock"' in text
     assert 'probe_job="tick"' not in text, [line for line in text.splitlines() if 'probe_job="tick"' in line][:5]
+
+
+async def test_a_run_in_flight_through_the_reload_that_removed_its_job_leaves_no_series_behind(
+    simulator: tuple[Simulator, RunningSimulator], metrics_endpoint: tuple[MetricsEndpoint, str], tmp_path: Path
+) -> None:
+    # Running instances finish undisturbed by a reload: the removed job's run, still probing, set its last-run
+    # gauge and its series again after the reload had removed them (and its detection, after that).
+    _, metrics_url = metrics_endpoint
+    config = tmp_path / "config.yaml"
+    _write_config(config, tmp_path, simulator[1].url, metrics_url, job="slow")
+    config.write_text(config.read_text().replace("rounds: 1", "rounds: 2").replace("pause_s: 0", "pause_s: 3"))
+    listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    daemon = Daemon(str(config))
+    await daemon.start()
+    try:
+        async with asyncio.timeout(30):  # the first run's first probe is in: it is mid-run, in its pause
+            while True:
+                if any(sample.value for family in daemon.metrics.probes.collect() for sample in family.samples):
+                    break
+                await asyncio.sleep(0.05)
+        _write_config(config, tmp_path, simulator[1].url, metrics_url, job="quick")
+        fresh_listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+        config.write_text(config.read_text().replace(fresh_listen, listen))
+        await daemon.reload()
+        # The slow run stored, then two runs of the new job after it: the background store stores and
+        # evaluates in order, so the slow run's detection is done too.
+        engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+        try:
+            async with asyncio.timeout(60):
+                while True:
+                    async with engine.connect() as connection:
+                        rows = (
+                            await connection.execute(sa.text("SELECT job, started_at FROM runs ORDER BY started_at"))
+                        ).all()
+                    jobs = [row.job for row in rows]
+                    if "slow" in jobs and jobs[::-1].index("slow") >= 2:
+                        break
+                    await asyncio.sleep(0.2)
+        finally:
+            await engine.dispose()
+        async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/metrics") as response:
+            text = await response.text()
+    finally:
+        await daemon.stop()
+    assert 'probe_job="quick"' in text
+    assert 'probe_job="slow"' not in text, [line for line in text.splitlines() if 'probe_job="slow"' in line][:5]
