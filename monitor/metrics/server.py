@@ -13,6 +13,7 @@ every answer (aiohttp's own 404 and 405 pages included) with no version banner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -162,14 +163,28 @@ async def _pieces(pieces: list[bytes]) -> AsyncIterator[bytes]:
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an Accept-Encoding header admits gzip (`gzip` or `*`, not with q=0)."""
+    """Whether an Accept-Encoding header admits gzip: `gzip` (or `x-gzip`) with a weight above 0, or, when
+    neither is named, `*` with one. A named coding's weight overrides `*` (RFC 9110, 12.5.3), in either
+    order: `*, gzip;q=0` refuses gzip, `*;q=0, gzip` takes it."""
+    named: float | None = None
+    anything: float | None = None
     for item in accept_encoding.split(","):
-        coding, _, params = item.strip().partition(";")
-        if coding.strip().lower() not in ("gzip", "x-gzip", "*"):
+        coding, *params = (part.strip() for part in item.split(";"))
+        coding = coding.lower()
+        if coding not in ("gzip", "x-gzip", "*"):
             continue
-        quality = params.strip().lower()
-        return not (quality.startswith("q=") and quality[2:].strip() in ("0", "0.0", "0.00", "0.000"))
-    return False
+        quality = 1.0
+        for param in params:
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
+                with contextlib.suppress(ValueError):  # a weight that is no number: as if not given
+                    quality = float(value.strip())
+        if coding == "*":
+            anything = quality if anything is None else max(anything, quality)
+        else:
+            named = quality if named is None else max(named, quality)
+    weight = named if named is not None else anything
+    return weight is not None and weight > 0
 
 
 async def _text_pieces(body: Rendering) -> AsyncIterator[bytes]:
@@ -208,7 +223,8 @@ def build_app(
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         body = await rendered.body()
-        compressed = accepts_gzip(request.headers.get("Accept-Encoding", ""))
+        # Every Accept-Encoding field: a client may send the list in several (RFC 9110, 5.3).
+        compressed = accepts_gzip(",".join(request.headers.getall("Accept-Encoding", ())))
         headers = {"Content-Type": CONTENT_TYPE_LATEST, "Vary": "Accept-Encoding"}
         if compressed:
             headers["Content-Encoding"] = "gzip"

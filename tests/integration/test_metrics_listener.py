@@ -105,3 +105,45 @@ async def test_a_head_request_gets_the_headers_and_leaves_the_connection_usable(
                     assert await response.read() == generate_latest(metrics.registry)
     finally:
         await runner.cleanup()
+
+
+def _raw_get_fields(port: int, fields: list[str]) -> tuple[dict[str, str], bytes]:
+    """One GET /metrics with these header fields, sent as they are (several Accept-Encoding fields too)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        extra = "".join(f"{field}\r\n" for field in fields)
+        sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode().split("\r\n")
+    assert lines[0].startswith("HTTP/1.1 200"), lines[0]
+    return {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}, body
+
+
+async def test_gzip_goes_only_to_a_client_whose_accept_encoding_weighs_it_above_zero() -> None:
+    # The first of gzip, x-gzip and `*` decided alone: `*, gzip;q=0` (gzip refused by name) got gzip, and
+    # `*;q=0, gzip` did not; `q=0.` (a zero weight) was read as acceptance, and only the first of several
+    # Accept-Encoding fields was read.
+    metrics = _metrics(20)
+    port = free_port()
+    runner = await start_metrics_server(metrics.registry, _ready, f"127.0.0.1:{port}")
+    try:
+        text = generate_latest(metrics.registry)
+        cases = {
+            ("Accept-Encoding: *, gzip;q=0",): False,
+            ("Accept-Encoding: *;q=1, GZIP; Q=0.000",): False,
+            ("Accept-Encoding: gzip;q=0.",): False,
+            ("Accept-Encoding: *", "Accept-Encoding: gzip;q=0"): False,
+            ("Accept-Encoding: *;q=0, gzip",): True,
+            ("Accept-Encoding: identity;q=0, x-gzip;q=0.5",): True,
+            ("Accept-Encoding: identity", "Accept-Encoding: gzip"): True,
+            ("Accept-Encoding: br;q=garbage, *;q=0",): False,
+        }
+        for fields, gzipped in cases.items():
+            headers, body = await asyncio.to_thread(_raw_get_fields, port, list(fields))
+            assert ("content-encoding" in headers) is gzipped, fields
+            assert int(headers["content-length"]) == len(body), fields
+            assert (gzip.decompress(body) if gzipped else body) == text, fields
+    finally:
+        await runner.cleanup()
