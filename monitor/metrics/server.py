@@ -131,26 +131,38 @@ class _RenderedMetrics:
 
     def __init__(self, registry: CollectorRegistry, *, reuse_factor: float = 2.0, min_reuse_s: float = 0.0) -> None:
         self._registry = registry
-        self._lock = asyncio.Lock()
+        self._rendering: asyncio.Task[Rendering] | None = None
         self._body: Rendering | None = None
         self._fresh_until = 0.0
         self._reuse_factor = reuse_factor
         self._min_reuse_s = min_reuse_s
 
     async def body(self) -> Rendering:
-        async with self._lock:
-            if self._body is not None and time.monotonic() < self._fresh_until:
-                return self._body
-            started = time.monotonic()
+        if self._body is not None and time.monotonic() < self._fresh_until:
+            return self._body
+        if self._rendering is None:
             self._body = None  # the last rendering is not kept while the next one is made
-            body = await asyncio.to_thread(render_parts, self._registry, gzip=True)
-            self._body = body
-            took = time.monotonic() - started
-            reuse_s = max(self._min_reuse_s, self._reuse_factor * took)
-            self._fresh_until = time.monotonic() + reuse_s
-            # Past its reuse it is never served again: not kept until the next scrape.
-            asyncio.get_running_loop().call_later(reuse_s, self._forget, body)
-            return body
+            self._rendering = asyncio.get_running_loop().create_task(self._render())
+            self._rendering.add_done_callback(self._rendered)
+        # Shielded: a scrape cancelled because its client went away leaves the rendering to the next one, which
+        # waits for it; cancelled with it, the worker thread rendered on and the next scrape started another.
+        return await asyncio.shield(self._rendering)
+
+    async def _render(self) -> Rendering:
+        started = time.monotonic()
+        body = await asyncio.to_thread(render_parts, self._registry, gzip=True)
+        took = time.monotonic() - started
+        reuse_s = max(self._min_reuse_s, self._reuse_factor * took)
+        self._body = body
+        self._fresh_until = time.monotonic() + reuse_s
+        # Past its reuse it is never served again: not kept until the next scrape.
+        asyncio.get_running_loop().call_later(reuse_s, self._forget, body)
+        return body
+
+    def _rendered(self, task: asyncio.Task[Rendering]) -> None:
+        self._rendering = None
+        if not task.cancelled():
+            task.exception()  # retrieved here too: every scrape that waited for it may have gone
 
     def _forget(self, body: Rendering) -> None:
         if self._body is body:

@@ -6,11 +6,15 @@ from __future__ import annotations
 import asyncio
 import gzip
 import socket
+import threading
+import time
+from collections.abc import Iterator
 
 import aiohttp
 from prometheus_client import generate_latest
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 
-from monitor.metrics.definitions import Metrics
+from monitor.metrics.definitions import Metrics, MonitorRegistry
 from monitor.metrics.server import start_metrics_server
 from monitor.probe.result import Sample
 from tests.support.ports import free_port
@@ -147,3 +151,49 @@ async def test_gzip_goes_only_to_a_client_whose_accept_encoding_weighs_it_above_
             assert (gzip.decompress(body) if gzipped else body) == text, fields
     finally:
         await runner.cleanup()
+
+
+class _SlowCollector:
+    """A collector that takes `seconds` to collect, and counts how many collections run at once."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running = 0
+        self.most = 0
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            self.running += 1
+            self.calls += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(self.seconds)
+        finally:
+            with self._lock:
+                self.running -= 1
+        yield GaugeMetricFamily("slow_thing", "Takes a while.", value=1)
+
+
+async def test_scrapers_that_hang_up_during_a_rendering_do_not_start_more_renderings() -> None:
+    # The scrape whose request started a rendering was cancelled when its client went away (the listener's
+    # handler_cancellation), which released the one-at-a-time lock while the worker thread went on
+    # rendering: each client that asked and hung up started one more, five at once from five of them.
+    registry = MonitorRegistry()
+    slow = _SlowCollector(0.5)
+    registry.register(slow)
+    port = free_port()
+    runner = await start_metrics_server(registry, _ready, f"127.0.0.1:{port}")
+    try:
+        for _ in range(5):
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)
+        headers, body = await asyncio.to_thread(_raw_get, port, None)  # one that waits gets a whole rendering
+        assert b"slow_thing 1.0" in body
+        assert int(headers["content-length"]) == len(body)
+    finally:
+        await runner.cleanup()
+    assert slow.most == 1, f"{slow.most} renderings at once"
