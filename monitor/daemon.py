@@ -219,6 +219,7 @@ class Daemon:
         self._spooled_without_store = 0
         self._burst_holds: dict[str, Hold] = {}  # the budget holds read before probing, without the store
         self.paused_by_budget: list[Hold] = []  # `once`: the jobs a crossed budget held back from this run
+        self.reloads = 0  # reloads taken: a run that spans one records series the reload had forgotten
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -588,6 +589,7 @@ class Daemon:
         self.config = config
         self.scheduler.set_jobs(list(config.jobs), since=asked)
         forgotten = self.metrics.forget_unconfigured(config)
+        self.reloads += 1
         log.info("config_reloaded", jobs=[j.name for j in config.jobs], metric_series_removed=forgotten)
 
     async def stop(self) -> Stopped | None:
@@ -676,6 +678,13 @@ class Daemon:
         )
         self.metrics.job_runs.labels(job.name, "skipped_budget").inc()
         return True
+
+    def _forget_after_reload(self, reloads: int) -> None:
+        """A run went on through a reload (it lets running instances finish): what it recorded after the
+        reload forgot its job, target or prompt (samples, last run, result) is forgotten again, or it would
+        stay for good, and the job's last run would page `TTFTMonitorJobStale` three intervals later."""
+        if self.reloads != reloads:
+            self.metrics.forget_unconfigured(self.config)
 
     async def _run_tick(self, job: Job, intended: datetime) -> None:
         log = structlog.get_logger().bind(job=job.name)
@@ -814,6 +823,7 @@ class Daemon:
         if hold is not None and hold.action == "reduce":  # the least that still measures, until the period ends
             log.info("run_reduced_by_budget", budget=hold.budget, rounds=1, warmup=0, until=hold.until.isoformat())
             plan = replace(plan, rounds=1, warmup=0)
+        reloads = self.reloads
         try:
             outcome = await execute(
                 context,
@@ -825,9 +835,11 @@ class Daemon:
         except Exception:
             log.exception("job_error")
             metrics.job_runs.labels(job.name, "error").inc()
+            self._forget_after_reload(reloads)
             return
         result = "ok" if outcome.ok else "failed"
         metrics.job_runs.labels(job.name, result).inc()
+        self._forget_after_reload(reloads)
         if finish_now:  # while its lease is still renewed, so no other replica takes it over meanwhile
             for key in claim_keys:
                 await claims.try_finish(job=key, scheduled_at=intended, location=self.config.location, status=result)
