@@ -570,6 +570,11 @@ class Daemon:
             log.warning("reload_partial", reason="database.url and metrics.listen change only on restart")
         if config.otel != current.otel:
             log.warning("reload_partial", reason="otel changes only on restart")
+        if config.location != current.location:
+            # The metrics, telemetry and claims were made for the running location: runs stored under a new
+            # one beside them would split every series in two, the old half's gauges kept at their last values.
+            log.warning("reload_partial", reason="location changes only on restart", keeping=current.location)
+            config = config.model_copy(update={"location": current.location})
         if self.telemetry is not None:
             self.telemetry.configure(telemetry_endpoints(config))
         if self._redactor is not None:

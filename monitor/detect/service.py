@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
+from monitor.config.series import series_prompts
 from monitor.detect import identity
 from monitor.detect.attribution import ServerSplit, classify, server_split, split_text
 from monitor.detect.budget_service import BudgetService
@@ -175,6 +176,13 @@ class DetectionService:
     def update_config(self, config: Config) -> None:
         previous: Config | None = getattr(self, "_config", None)
         self._config = config
+        # (job, target, prompt) of every series the config's jobs measure.
+        self._measured = {
+            (job.name, target, prompt)
+            for job in config.jobs
+            for prompt, _profile in series_prompts(config.prompts, job.prompts)
+            for target in job.targets
+        }
         self._detectors: dict[str, Detector] = {}
         # The histories kept stay valid across a reload (they are the database's runs); a smaller budget
         # starts them over.
@@ -254,8 +262,14 @@ class DetectionService:
         # Per target rather than per series: after every run of the batch is stored and evaluated.
         await self._burn.after_store(job, batch)
         await self._budget.after_store(job)
-        if self._metrics is not None:
-            self._metrics.forget_if_unconfigured(job)  # a run of a job reloaded away, evaluated after the reload
+        # A run that went on through a reload (it lets running ones finish) may be of a series the reload
+        # removed: evaluating it set that series' gauges again, which the reload had forgotten.
+        if (
+            self._metrics is not None
+            and job != "adhoc"
+            and any((job, run.series.target, run.series.prompt) not in self._measured for run, _samples in batch)
+        ):
+            self._metrics.forget_unconfigured(self._config)
         # The groups this batch changed are notified once it is all in: series of one provider probed
         # in one run open together, and go out as one notification.
         if not batch:

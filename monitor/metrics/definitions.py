@@ -118,9 +118,6 @@ class Metrics:
         # Recorded alongside the registry, from the same calls, so both say the same of every probe.
         self.telemetry = telemetry
         self.per_series: PerSeries = per_series
-        # The config the last reload kept series for (`forget_unconfigured`), and its jobs.
-        self._configured: Config | None = None
-        self._configured_jobs: frozenset[str] = frozenset()
         # `off`: the metrics labelled by target are not registered and not fed (telemetry still is).
         r = self.registry
         series_registry = r if per_series != "off" else None
@@ -530,7 +527,6 @@ class Metrics:
         process runs, and the shipped alerts read them: a removed or renamed job's last run grows old
         (`TTFTMonitorJobStale` pages three intervals later, for good), a removed target's regression state
         stays at 2 (`TTFTRegressionPage` never resolves). `probe --store`'s `adhoc` series are left alone."""
-        self._configured, self._configured_jobs = config, frozenset(job.name for job in config.jobs)
         jobs: dict[str, set[tuple[str, str]]] = {}
         for job in config.jobs:
             prompts = [prompt for prompt, _ in series_prompts(config.prompts, job.prompts)]
@@ -558,12 +554,6 @@ class Metrics:
                         family.remove(*values)  # type: ignore[attr-defined]
                     removed += 1
         return removed
-
-    def forget_if_unconfigured(self, probe_job: str) -> None:
-        """After a run of `probe_job` ends (its probes, then its detection): a run of a job a reload removed,
-        in flight through the reload, wrote its series again; they go as the reload's did."""
-        if self._configured is not None and probe_job != "adhoc" and probe_job not in self._configured_jobs:
-            self.forget_unconfigured(self._configured)
 
     def forget_cache(self, series: Sequence[str]) -> None:
         """A pair no longer probed (its prompt's `cache: both` was reloaded away): its gauges go, not left

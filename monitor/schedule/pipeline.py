@@ -248,7 +248,6 @@ async def execute(
         interval = job_interval_seconds(ctx.config, job)
         if interval is not None:
             ctx.metrics.job_interval.labels(job).set(interval)
-        ctx.metrics.forget_if_unconfigured(job)
     log.info(
         "job_finished",
         ok=outcome.ok,

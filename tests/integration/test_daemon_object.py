@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import create_async_engine
+from structlog.testing import capture_logs
 
 from monitor.daemon import Daemon, StartupFailed
 from monitor.exitcodes import EXIT_INFRA, EXIT_USAGE
@@ -262,3 +263,35 @@ async def test_a_run_in_flight_through_the_reload_that_removed_its_job_leaves_no
         await daemon.stop()
     assert 'probe_job="quick"' in text
     assert 'probe_job="slow"' not in text, [line for line in text.splitlines() if 'probe_job="slow"' in line][:5]
+
+
+async def test_a_reload_that_changes_the_location_keeps_the_running_one_and_says_so(
+    simulator: tuple[Simulator, RunningSimulator], metrics_endpoint: tuple[MetricsEndpoint, str], tmp_path: Path
+) -> None:
+    # The metrics and telemetry are made for the location the daemon started with; the runs stored after a
+    # reload took the new one, so each series was split in two, the old half's regression state kept for good.
+    _, metrics_url = metrics_endpoint
+    config = tmp_path / "config.yaml"
+    _write_config(config, tmp_path, simulator[1].url, metrics_url, job="tick")
+    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    daemon = Daemon(str(config))
+    await daemon.start()
+    try:
+        await _runs_finished(daemon, 1)
+        config.write_text(config.read_text().replace("location: test", "location: elsewhere"))
+        with capture_logs() as logs:
+            await daemon.reload()
+        await _runs_finished(daemon, 3)
+        assert daemon.config.location == "test"
+    finally:
+        await daemon.stop()
+    assert any(e["event"] == "reload_partial" and "location" in e["reason"] and e["keeping"] == "test" for e in logs), (
+        logs
+    )
+    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    try:
+        async with engine.connect() as connection:
+            locations = (await connection.execute(sa.text("SELECT DISTINCT location FROM series"))).scalars().all()
+    finally:
+        await engine.dispose()
+    assert locations == ["test"]
