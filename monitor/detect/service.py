@@ -176,6 +176,8 @@ class DetectionService:
     def update_config(self, config: Config) -> None:
         previous: Config | None = getattr(self, "_config", None)
         self._config = config
+        # Whether a reload has happened: only then can a batch hold a run of a series no longer configured.
+        self._reloaded = previous is not None
         # (job, target, prompt) of every series the config's jobs measure.
         self._measured = {
             (job.name, target, prompt)
@@ -266,6 +268,7 @@ class DetectionService:
         # removed: evaluating it set that series' gauges again, which the reload had forgotten.
         if (
             self._metrics is not None
+            and self._reloaded
             and job != "adhoc"
             and any((job, run.series.target, run.series.prompt) not in self._measured for run, _samples in batch)
         ):
