@@ -550,9 +550,14 @@ class Metrics:
                 if keep is None:
                     keep = decided[key] = _configured(dict(key), scopes, scope, targets)
                 if not keep:
-                    with contextlib.suppress(KeyError):  # removed meanwhile
-                        family.remove(*values)  # type: ignore[attr-defined]
-                    removed += 1
+                    removed += _remove(family, values)
+        # A target kept without its per-probe SLO: its objective, threshold and counts are no longer kept.
+        without_slo = {name for name, spec in config.targets.items() if spec.slo.ttft_ms is None}
+        for slo_family in (self.slo_threshold, self.slo_objective, self.slo_probes, self.slo_good):
+            at = slo_family._labelnames.index("target")
+            for values in _label_values(slo_family):
+                if values[at] in without_slo:
+                    removed += _remove(slo_family, values)
         return removed
 
     def forget_cache(self, series: Sequence[str]) -> None:
@@ -561,6 +566,15 @@ class Metrics:
         for gauge in (self.cache_speedup, self.cache_cached_share, self.cache_state):
             with contextlib.suppress(KeyError):
                 gauge.remove(*series)
+
+
+def _remove(family: object, values: tuple[str, ...]) -> int:
+    """Remove a metric's child: 1, or 0 when it was removed meanwhile."""
+    try:
+        family.remove(*values)  # type: ignore[attr-defined]
+    except KeyError:
+        return 0
+    return 1
 
 
 def _label_values(family: object) -> list[tuple[str, ...]]:

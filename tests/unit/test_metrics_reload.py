@@ -16,8 +16,12 @@ from monitor.probe.result import Sample
 from tests.support.config import build_config, write_yaml
 
 
-def _config(tmp_path: Path, *, targets: dict[str, str], jobs: list[dict[str, Any]], cached: bool = False) -> Config:
-    data = build_config("http://127.0.0.1:9/v1", targets=targets, prompts={"short": 128, "long": 512}, jobs=jobs)
+def _config(
+    tmp_path: Path, *, targets: dict[str, str], jobs: list[dict[str, Any]], cached: bool = False, slo: bool = True
+) -> Config:
+    """`targets`: name -> model, each with the per-probe SLO `_probe` reports (`slo`: with it)."""
+    specs = {name: {"model": model, **({"slo": {"ttft_ms": 500}} if slo else {})} for name, model in targets.items()}
+    data = build_config("http://127.0.0.1:9/v1", targets=specs, prompts={"short": 128, "long": 512}, jobs=jobs)
     if cached:
         data["prompts"]["long"]["cache"] = "both"
     return load_config(write_yaml(tmp_path / "config.yaml", data), environ={})
@@ -89,3 +93,18 @@ def test_a_cache_both_prompts_warm_twin_is_a_configured_series(tmp_path: Path) -
 
     assert metrics.forget_unconfigured(config) == 0
     assert _lines(metrics, 'prompt="long.warm"')
+
+
+def test_a_target_kept_without_its_slo_loses_its_slo_series_and_keeps_the_rest(tmp_path: Path) -> None:
+    metrics = Metrics()
+    _probe(metrics, "main", "a", "m-a", "short")  # with a 500 ms SLO at 0.99
+    assert _lines(metrics, "ttft_monitor_slo_objective_ratio{")
+    jobs = [_job("main", ["a"], ["short"])]
+
+    metrics.forget_unconfigured(_config(tmp_path, targets={"a": "m-a"}, jobs=jobs, slo=False))
+
+    assert not [line for line in _lines(metrics, 'target="a"') if "_slo_" in line]
+    assert _lines(metrics, "ttft_monitor_ttft_last_seconds{")
+    _probe(metrics, "main", "a", "m-a", "short")  # its SLO back in the config: kept
+    assert metrics.forget_unconfigured(_config(tmp_path, targets={"a": "m-a"}, jobs=jobs)) == 0
+    assert _lines(metrics, "ttft_monitor_slo_objective_ratio{")
