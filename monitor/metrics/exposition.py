@@ -208,12 +208,12 @@ class _Pieces:
     """Lines written into pieces of PIECE_LINES as they come, each encoded (and compressed) at once:
     at 500 probe series the text is 5 MB in 32k lines, and holding them as str until the end (then the
     joined str, then its bytes) took the daemon's resident memory 12 MB past what it needs at rest at each
-    rendering; compressed, the body it keeps until the scrape is written is a tenth of the text."""
+    rendering; compressed, the body it keeps until the scrape is written is a thirtieth of the text."""
 
     def __init__(self, *, gzip: bool) -> None:
         self.pieces: list[bytes] = []
         self.text_bytes = 0
-        # Level 1: at 500 probe series a tenth of the text in a few ms; higher levels save little more.
+        # Level 1: at 500 probe series a thirtieth of the text in a few ms; higher levels save little more.
         self._compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS) if gzip else None
 
     def take(self, lines: list[str], *, at_least: int = PIECE_LINES) -> None:

@@ -125,8 +125,8 @@ class _RenderedMetrics:
     would render all the time. This way rendering takes at most a third of a core, and a scrape sees
     values at most twice a rendering old (Prometheus scrapes every 15-60 s).
 
-    It is kept gzip-compressed (Prometheus asks for gzip): a tenth of the text (5 MB at 500 probe series)
-    while a scrape is written, and a tenth on the wire; a client that does not accept gzip gets the text,
+    It is kept gzip-compressed (Prometheus asks for gzip): a thirtieth of the text (4-5 MB at 500 probe
+    series) while a scrape is written, and on the wire; a client that does not accept gzip gets the text,
     decompressed a piece at a time in a worker thread."""
 
     def __init__(self, registry: CollectorRegistry, *, reuse_factor: float = 2.0, min_reuse_s: float = 0.0) -> None:
