@@ -4,7 +4,10 @@ warm twin. Pure code over the config's prompt profiles (monitor/probe/settings.p
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, Self, TypeVar
+
+if TYPE_CHECKING:  # models.py imports this module
+    from monitor.config.models import Config
 
 
 class _Profile(Protocol):
@@ -45,3 +48,14 @@ def series_prompts(prompts: Mapping[str, PromptProfile], names: Iterable[str]) -
 def cache_pairs(prompts: Mapping[str, _Profile]) -> dict[str, str]:
     """The warm twin of every `cache: both` prompt, and its busted prompt: `{"long.warm": "long"}`."""
     return {warm_twin(name): name for name, profile in prompts.items() if profile.cache == "both"}
+
+
+def job_series(config: Config, job_names: Iterable[str]) -> dict[str, set[tuple[str, str]]]:
+    """Each named job's (target, prompt) pairs, from its plan in the config (a `cache: both` prompt's warm
+    twin included)."""
+    out: dict[str, set[tuple[str, str]]] = {}
+    for name in job_names:
+        job = config.job(name)
+        prompts = [prompt for prompt, _profile in series_prompts(config.prompts, job.prompts)]
+        out[name] = {(target, prompt) for target in job.targets for prompt in prompts}
+    return out

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.alert.model import Notification, series_fields
 from monitor.config.models import Config
-from monitor.config.series import series_prompts
+from monitor.config.series import job_series
 from monitor.detect import identity
 from monitor.detect.attribution import ServerSplit, classify, server_split, split_text
 from monitor.detect.budget_service import BudgetService
@@ -180,10 +180,9 @@ class DetectionService:
         self._reloaded = previous is not None
         # (job, target, prompt) of every series the config's jobs measure.
         self._measured = {
-            (job.name, target, prompt)
-            for job in config.jobs
-            for prompt, _profile in series_prompts(config.prompts, job.prompts)
-            for target in job.targets
+            (job, target, prompt)
+            for job, series in job_series(config, [job.name for job in config.jobs]).items()
+            for target, prompt in series
         }
         self._detectors: dict[str, Detector] = {}
         # The histories kept stay valid across a reload (they are the database's runs); a smaller budget

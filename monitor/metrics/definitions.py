@@ -26,7 +26,7 @@ from monitor import __version__
 from monitor.config.cost import cost_of
 from monitor.config.cron import build_trigger
 from monitor.config.models import DEFAULT_TTFT_BUCKETS_S, Config
-from monitor.config.series import series_prompts
+from monitor.config.series import job_series
 from monitor.metrics.lean import LeanCounter, LeanGauge, LeanHistogram, LeanSummary
 from monitor.otel.incident import IncidentReading
 from monitor.probe.result import Sample
@@ -527,10 +527,7 @@ class Metrics:
         process runs, and the shipped alerts read them: a removed or renamed job's last run grows old
         (`TTFTMonitorJobStale` pages three intervals later, for good), a removed target's regression state
         stays at 2 (`TTFTRegressionPage` never resolves). `probe --store`'s `adhoc` series are left alone."""
-        jobs: dict[str, set[tuple[str, str]]] = {}
-        for job in config.jobs:
-            prompts = [prompt for prompt, _ in series_prompts(config.prompts, job.prompts)]
-            jobs[job.name] = {(target, prompt) for target in job.targets for prompt in prompts}
+        jobs = job_series(config, [job.name for job in config.jobs])
         pairs = set().union(*jobs.values())
         scopes = {name: _Scope(series, {target for target, _ in series}) for name, series in jobs.items()}
         scope = _Scope(pairs, {target for target, _ in pairs})

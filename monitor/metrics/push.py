@@ -21,7 +21,7 @@ from prometheus_client.samples import Sample
 from yarl import URL
 
 from monitor.config.models import Config
-from monitor.config.series import series_prompts
+from monitor.config.series import job_series
 from monitor.probe.proxy import ProxyEnvironment, aiohttp_proxy_options, route_for
 from monitor.redact import url_credentials
 from monitor.servertext import capped
@@ -31,16 +31,6 @@ PUSH_JOB = "ttft-monitor"
 PUSH_TIMEOUT_S = 10.0
 
 Series = tuple[str, str]  # (target, prompt)
-
-
-def job_series(config: Config, job_names: Iterable[str]) -> dict[str, set[Series]]:
-    """Each named job's (target, prompt) pairs, from its plan in the config."""
-    out: dict[str, set[Series]] = {}
-    for name in job_names:
-        job = config.job(name)
-        prompts = [prompt for prompt, _profile in series_prompts(config.prompts, job.prompts)]
-        out[name] = {(target, prompt) for target in job.targets for prompt in prompts}
-    return out
 
 
 def belongs_to_job(labels: Mapping[str, str], probe_job: str, series: set[Series]) -> bool:

@@ -93,6 +93,30 @@ jobs:
     )
 
 
+def _listen(config: Path) -> str:
+    return config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+
+
+def _rewrite_for_job(config: Path, folder: Path, sim_url: str, metrics_url: str, *, job: str, listen: str) -> None:
+    """`_write_config` for another job, on the listener the daemon has (metrics.listen changes on restart only)."""
+    _write_config(config, folder, sim_url, metrics_url, job=job)
+    config.write_text(config.read_text().replace(_listen(config), listen))
+
+
+async def _metrics_text(listen: str) -> str:
+    async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/metrics") as response:
+        return await response.text()
+
+
+async def _query(folder: Path, sql: str) -> list[Any]:
+    engine = create_async_engine(f"sqlite+aiosqlite:///{folder}/ttft.db")
+    try:
+        async with engine.connect() as connection:
+            return list((await connection.execute(sa.text(sql))).all())
+    finally:
+        await engine.dispose()
+
+
 @pytest.fixture
 async def simulator() -> AsyncIterator[tuple[Simulator, RunningSimulator]]:
     sim = Simulator(noise=False, seed=1)
@@ -199,19 +223,16 @@ async def test_a_reload_that_renames_the_job_leaves_no_series_of_the_old_name_on
     _, metrics_url = metrics_endpoint
     config = tmp_path / "config.yaml"
     _write_config(config, tmp_path, simulator[1].url, metrics_url, job="tick")
-    listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+    listen = _listen(config)
     await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
     daemon = Daemon(str(config))
     await daemon.start()
     try:
         await _runs_finished(daemon, 2)
-        _write_config(config, tmp_path, simulator[1].url, metrics_url, job="tock")
-        fresh_listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
-        config.write_text(config.read_text().replace(fresh_listen, listen))  # metrics.listen changes on restart only
+        _rewrite_for_job(config, tmp_path, simulator[1].url, metrics_url, job="tock", listen=listen)
         await daemon.reload()
         await _runs_finished(daemon, 4)
-        async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/metrics") as response:
-            text = await response.text()
+        text = await _metrics_text(listen)
     finally:
         await daemon.stop()
     assert 'probe_job="tock"' in text
@@ -227,7 +248,7 @@ async def test_a_run_in_flight_through_the_reload_that_removed_its_job_leaves_no
     config = tmp_path / "config.yaml"
     _write_config(config, tmp_path, simulator[1].url, metrics_url, job="slow")
     config.write_text(config.read_text().replace("rounds: 1", "rounds: 2").replace("pause_s: 0", "pause_s: 3"))
-    listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
+    listen = _listen(config)
     await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
     daemon = Daemon(str(config))
     await daemon.start()
@@ -237,28 +258,17 @@ async def test_a_run_in_flight_through_the_reload_that_removed_its_job_leaves_no
                 if any(sample.value for family in daemon.metrics.probes.collect() for sample in family.samples):
                     break
                 await asyncio.sleep(0.05)
-        _write_config(config, tmp_path, simulator[1].url, metrics_url, job="quick")
-        fresh_listen = config.read_text().split('listen: "', 1)[1].split('"', 1)[0]
-        config.write_text(config.read_text().replace(fresh_listen, listen))
+        _rewrite_for_job(config, tmp_path, simulator[1].url, metrics_url, job="quick", listen=listen)
         await daemon.reload()
         # The slow run stored, then two runs of the new job after it: the background store stores and
         # evaluates in order, so the slow run's detection is done too.
-        engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
-        try:
-            async with asyncio.timeout(60):
-                while True:
-                    async with engine.connect() as connection:
-                        rows = (
-                            await connection.execute(sa.text("SELECT job, started_at FROM runs ORDER BY started_at"))
-                        ).all()
-                    jobs = [row.job for row in rows]
-                    if "slow" in jobs and jobs[::-1].index("slow") >= 2:
-                        break
-                    await asyncio.sleep(0.2)
-        finally:
-            await engine.dispose()
-        async with aiohttp.ClientSession() as session, session.get(f"http://{listen}/metrics") as response:
-            text = await response.text()
+        async with asyncio.timeout(60):
+            while True:
+                jobs = [row.job for row in await _query(tmp_path, "SELECT job FROM runs ORDER BY started_at")]
+                if "slow" in jobs and jobs[::-1].index("slow") >= 2:
+                    break
+                await asyncio.sleep(0.2)
+        text = await _metrics_text(listen)
     finally:
         await daemon.stop()
     assert 'probe_job="quick"' in text
@@ -288,10 +298,4 @@ async def test_a_reload_that_changes_the_location_keeps_the_running_one_and_says
     assert any(e["event"] == "reload_partial" and "location" in e["reason"] and e["keeping"] == "test" for e in logs), (
         logs
     )
-    engine = create_async_engine(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
-    try:
-        async with engine.connect() as connection:
-            locations = (await connection.execute(sa.text("SELECT DISTINCT location FROM series"))).scalars().all()
-    finally:
-        await engine.dispose()
-    assert locations == ["test"]
+    assert [row.location for row in await _query(tmp_path, "SELECT DISTINCT location FROM series")] == ["test"]

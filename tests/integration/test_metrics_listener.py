@@ -37,17 +37,7 @@ def _metrics(targets: int) -> Metrics:
 
 def _raw_get(port: int, accept_encoding: str | None) -> tuple[dict[str, str], bytes]:
     """One GET /metrics over a plain socket (no client library deciding the encoding): headers, body."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        extra = f"Accept-Encoding: {accept_encoding}\r\n" if accept_encoding is not None else ""
-        sock.sendall(f"GET /metrics HTTP/1.1\r\nHost: x\r\n{extra}Connection: close\r\n\r\n".encode())
-        data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode().split("\r\n")
-    assert lines[0].startswith("HTTP/1.1 200"), lines[0]
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    return headers, body
+    return _raw_get_fields(port, [f"Accept-Encoding: {accept_encoding}"] if accept_encoding is not None else [])
 
 
 async def test_metrics_are_gzip_to_a_client_that_asks_and_text_to_one_that_does_not() -> None:
