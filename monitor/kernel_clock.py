@@ -13,9 +13,13 @@ the read itself. `read_ns` is kept beside it, so the wait in the queue (how late
 measured, not guessed.
 
 The stamp is on the wall clock (CLOCK_REALTIME); it is moved to the probe's monotonic clock
-(`time.perf_counter_ns`) by its age, taken right after the read on both clocks. An age that is
-negative or longer than `MAX_AGE_NS` means the wall clock was stepped in between: that read falls
-back to the read time, and says so (`kernel_stamped` False).
+(`time.perf_counter_ns`, CLOCK_MONOTONIC) by the offset between the two (`WallClockOffset`). Both
+clocks are slewed alike by NTP, so that offset moves only when the wall clock is *stepped* (an NTP
+step, `date -s`, a virtual machine resumed or forked). A step between a packet's stamp and its read
+would shift the sample by the step, unseen: a step of a few seconds makes a TTFT seconds long or
+negative. So each socket measures the offset at every read and keeps since when it has held; a
+stamp from before the latest step (or from before the socket saw the offset at all) is not
+converted: that read falls back to the read time, and says so (`kernel_stamped` False).
 
 Departures likewise: the probe's sockets ask for the kernel's transmit stamp of what they send
 (`SO_TIMESTAMPING`, software stamps, reported on the socket's error queue), so the TTFT clock starts
@@ -35,6 +39,7 @@ import socket
 import struct
 import sys
 import time
+from collections.abc import Callable
 
 # Linux's values; CPython's socket module does not export them on every build.
 SO_TIMESTAMPNS: int = getattr(socket, "SO_TIMESTAMPNS", 35)
@@ -54,8 +59,10 @@ _ANCILLARY_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if _HAS_CMSG else 0
 _ANCILLARY_SIZE_BOTH = _ANCILLARY_SIZE + socket.CMSG_SPACE(_TIMESTAMPING.size) if _HAS_CMSG else 0
 # An error-queue message: the stamps and the extended error that says what they are (with an address).
 _ERRQUEUE_ANCILLARY_SIZE = 512
-# Longer than any wait the probe's loop could cause and still report: a step of the wall clock.
-MAX_AGE_NS = 60 * 1_000_000_000
+# How far the wall clock may move against the monotonic one between two readings without being
+# taken for a step. Both are slewed alike, so only the readings' own jitter moves it: a step smaller
+# than this is at most this much error on a stamp (the isolation target is 1 ms).
+STEP_TOLERANCE_NS = 200_000
 
 
 def supported() -> bool:
@@ -80,12 +87,59 @@ def keep_stamping_on() -> socket.socket | None:
     return keeper
 
 
-def monotonic_arrival(kernel_wall_ns: int, now_wall_ns: int, now_mono_ns: int) -> int | None:
-    """The kernel's wall-clock arrival stamp on the monotonic clock; None if the wall clock stepped."""
-    age = now_wall_ns - kernel_wall_ns
-    if age < 0 or age > MAX_AGE_NS:
-        return None
-    return now_mono_ns - age
+class WallClockOffset:
+    """The wall clock minus the monotonic clock, watched for steps, to move kernel stamps across.
+
+    `observe` reads both clocks (monotonic, wall, monotonic: the reading's uncertainty is the time
+    between the two monotonic reads, which a preemption can make long). A reading that disagrees
+    with the kept offset by more than `STEP_TOLERANCE_NS` plus both readings' uncertainty is a step:
+    the new offset is kept, and only stamps from after that reading are converted (the step happened
+    somewhere since the reading before, and a stamp in between cannot be placed). A reading that
+    agrees and is more certain than the kept one replaces it.
+
+    The clocks are passed in so that a test can step the wall clock.
+    """
+
+    __slots__ = ("_mono", "_wall", "offset_ns", "spread_ns", "steady_since_ns", "steps")
+
+    def __init__(
+        self,
+        wall: Callable[[], int] = time.time_ns,
+        mono: Callable[[], int] = time.perf_counter_ns,
+    ) -> None:
+        self._wall = wall
+        self._mono = mono
+        self.offset_ns: int | None = None
+        self.spread_ns = 0
+        self.steady_since_ns = 0  # monotonic: the offset has held since this reading
+        self.steps = 0
+
+    def observe(self) -> int:
+        """Read both clocks, note a step, and return now on the monotonic clock."""
+        before = self._mono()
+        wall = self._wall()
+        after = self._mono()
+        spread = after - before
+        offset = wall - (before + after) // 2
+        kept = self.offset_ns
+        if kept is None:
+            self.offset_ns, self.spread_ns, self.steady_since_ns = offset, spread, before
+        elif abs(offset - kept) > STEP_TOLERANCE_NS + spread + self.spread_ns:
+            self.offset_ns, self.spread_ns, self.steady_since_ns = offset, spread, after
+            self.steps += 1
+        elif spread < self.spread_ns:
+            self.offset_ns, self.spread_ns = offset, spread
+        return after
+
+    def to_monotonic(self, kernel_wall_ns: int, now_mono_ns: int) -> int | None:
+        """A kernel wall-clock stamp on the monotonic clock, by the offset `observe` last kept; None
+        when it falls before the offset was last seen to hold (a step may lie between) or after now."""
+        if self.offset_ns is None:
+            return None
+        mono = kernel_wall_ns - self.offset_ns
+        if mono < self.steady_since_ns or mono > now_mono_ns + STEP_TOLERANCE_NS:
+            return None
+        return min(mono, now_mono_ns)
 
 
 def _first_stamp_ns(ancdata: list[tuple[int, int, bytes]], kind: int, size: int) -> int | None:
@@ -117,10 +171,14 @@ class KernelStampedSocket(socket.socket):
     whether the arrival came from the kernel.
     """
 
-    __slots__ = ("_ancillary", "arrival_ns", "departed_ns", "departures", "kernel_stamped", "read_ns")
+    __slots__ = ("_ancillary", "arrival_ns", "clock", "departed_ns", "departures", "kernel_stamped", "read_ns")
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        # Replaced by `adopt`'s shared one; read at once, before anything is sent or received on
+        # this socket, so that its stamps all come after its first reading.
+        self.clock = WallClockOffset()
+        self.clock.observe()
         self.arrival_ns = 0
         self.read_ns = 0
         self.kernel_stamped = False
@@ -129,11 +187,19 @@ class KernelStampedSocket(socket.socket):
         self._ancillary = _ANCILLARY_SIZE
 
     @classmethod
-    def adopt(cls, sock: socket.socket, *, departures: bool = False) -> KernelStampedSocket:
+    def adopt(
+        cls, sock: socket.socket, *, departures: bool = False, clock: WallClockOffset | None = None
+    ) -> KernelStampedSocket:
         """The same connection as `sock` (which is detached), reading with arrival stamps on, and with
-        `departures`, asking for the kernel's transmit stamps (where it refuses, without them)."""
+        `departures`, asking for the kernel's transmit stamps (where it refuses, without them).
+
+        `clock`, shared by the sockets of one connector or listener, has watched the wall clock since
+        before this connection's bytes (a listener's since it was bound, so a request that arrived
+        before its connection was accepted keeps its stamp); without it the socket starts its own."""
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # raises before anything is handed over
         adopted = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        if clock is not None:
+            adopted.clock = clock
         if departures:
             try:
                 adopted.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, DEPARTURE_FLAGS)
@@ -173,17 +239,16 @@ class KernelStampedSocket(socket.socket):
             if wall is not None and (latest is None or wall > latest):
                 latest = wall
         if latest is not None:
-            departed = monotonic_arrival(latest, time.time_ns(), time.perf_counter_ns())
+            departed = self.clock.to_monotonic(latest, self.clock.observe())
             if departed is not None:
                 self.departed_ns = departed
         return self.departed_ns
 
     def _note(self, ancdata: list[tuple[int, int, bytes]]) -> None:
-        now_mono = time.perf_counter_ns()
-        now_wall = time.time_ns()
+        now_mono = self.clock.observe()
         self.read_ns = now_mono
         wall = kernel_wall_ns(ancdata)
-        arrival = monotonic_arrival(wall, now_wall, now_mono) if wall is not None else None
+        arrival = self.clock.to_monotonic(wall, now_mono) if wall is not None else None
         self.kernel_stamped = arrival is not None
         self.arrival_ns = arrival if arrival is not None else now_mono
 
@@ -195,10 +260,12 @@ class KernelStampedListener(socket.socket):
     `socket.accept` makes a plain socket whatever the listener's class: this one adopts each.
     """
 
+    clock: WallClockOffset
+
     def accept(self) -> tuple[socket.socket, object]:
         conn, address = super().accept()
         try:
-            return KernelStampedSocket.adopt(conn), address
+            return KernelStampedSocket.adopt(conn, clock=self.clock), address
         except OSError:
             return conn, address
 
@@ -214,6 +281,8 @@ class KernelStampedListener(socket.socket):
         except OSError:
             return None
         listener = cls(family, socket.SOCK_STREAM)
+        listener.clock = WallClockOffset()
+        listener.clock.observe()  # before any connection: every request's stamp comes after
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)

@@ -223,6 +223,9 @@ class TimedConnector(aiohttp.TCPConnector):
         super().__init__(**kwargs)
         self._kernel_stamps = kernel_stamps
         self._stamping_keeper = kernel_clock.keep_stamping_on() if kernel_stamps else None
+        # Shared by this connector's sockets: a step of the wall clock seen by one is seen by all.
+        self._wall_clock = kernel_clock.WallClockOffset()
+        self._wall_clock.observe()
         # aiohttp hook: `_factory` makes the protocol of each new connection; ours stamps arrivals.
         self._factory = functools.partial(StampingProtocol, loop=self._loop)  # type: ignore[assignment]
 
@@ -269,7 +272,7 @@ class TimedConnector(aiohttp.TCPConnector):
                 )
                 if stamps is not None:
                     stamps.tcp_end = time.perf_counter_ns()
-                stamped = _kernel_stamped(sock) if self._kernel_stamps else None
+                stamped = _kernel_stamped(sock, self._wall_clock) if self._kernel_stamps else None
                 transport, protocol = await self._loop.create_connection(*args, **kwargs, sock=stamped or sock)
                 if stamped is not None and isinstance(protocol, StampingProtocol):
                     protocol.kernel_clock = stamped
@@ -284,13 +287,13 @@ class TimedConnector(aiohttp.TCPConnector):
             raise client_error(req.connection_key, exc) from exc
 
 
-def _kernel_stamped(sock: Any) -> kernel_clock.KernelStampedSocket | None:
+def _kernel_stamped(sock: Any, clock: kernel_clock.WallClockOffset) -> kernel_clock.KernelStampedSocket | None:
     """`sock`'s connection, reading with the kernel's arrival stamps and asking for its departure
     stamps; None where the kernel has none."""
     if not kernel_clock.supported() or not isinstance(sock, socket.socket) or sock.type != socket.SOCK_STREAM:
         return None
     try:
-        return kernel_clock.KernelStampedSocket.adopt(sock, departures=True)
+        return kernel_clock.KernelStampedSocket.adopt(sock, departures=True, clock=clock)
     except OSError:
         return None
 

@@ -52,15 +52,110 @@ def http_chunk(data: bytes) -> bytes:
 # --- the conversion, pure ---------------------------------------------------------------------
 
 
-def test_an_arrival_moves_to_the_monotonic_clock_by_its_age() -> None:
-    assert kernel_clock.monotonic_arrival(kernel_wall_ns=1_000, now_wall_ns=4_000, now_mono_ns=10_000) == 7_000
-    assert kernel_clock.monotonic_arrival(kernel_wall_ns=4_000, now_wall_ns=4_000, now_mono_ns=10_000) == 10_000
+class SteppableClocks:
+    """A wall clock and a monotonic clock a test moves by hand; each reading advances both by `tick`."""
+
+    def __init__(self, wall: int = 1_700_000_000_000_000_000, mono: int = 5_000_000_000, tick: int = 1_000) -> None:
+        self.wall_ns, self.mono_ns, self.tick = wall, mono, tick
+        self.stall_next_wall_read = 0  # a preemption between the readings of the two clocks
+
+    def wall(self) -> int:
+        self.run(self.tick + self.stall_next_wall_read)
+        self.stall_next_wall_read = 0
+        return self.wall_ns
+
+    def mono(self) -> int:
+        self.run(self.tick)
+        return self.mono_ns
+
+    def run(self, ns: int) -> None:
+        self.wall_ns += ns
+        self.mono_ns += ns
 
 
-@pytest.mark.parametrize("age_ns", [-1, kernel_clock.MAX_AGE_NS + 1], ids=["stepped-back", "stepped-forward"])
-def test_a_wall_clock_step_between_arrival_and_read_gives_no_kernel_stamp(age_ns: int) -> None:
-    now_wall = 5 * kernel_clock.MAX_AGE_NS
-    assert kernel_clock.monotonic_arrival(now_wall - age_ns, now_wall, 123) is None
+def test_a_stamp_moves_to_the_monotonic_clock_by_the_offset_between_the_clocks() -> None:
+    clocks = SteppableClocks()
+    offset = kernel_clock.WallClockOffset(wall=clocks.wall, mono=clocks.mono)
+    offset.observe()
+    clocks.run(50_000_000)
+    arrived_mono, arrived_wall = clocks.mono_ns, clocks.wall_ns
+    clocks.run(30_000_000)  # the loop reads 30 ms later
+    now = offset.observe()
+    assert offset.to_monotonic(arrived_wall, now) == arrived_mono
+    assert offset.steps == 0
+
+
+@pytest.mark.parametrize("step_ns", [-3_000_000_000, -1_000_000, 1_000_000, 3_000_000_000])
+def test_a_stamp_from_before_a_wall_clock_step_is_not_converted(step_ns: int) -> None:
+    # The stamp is taken, then the wall clock is stepped (NTP, a resumed VM), then the loop reads:
+    # converted by the new offset the stamp would move by the step (1 ms, 3 s), unseen.
+    clocks = SteppableClocks()
+    offset = kernel_clock.WallClockOffset(wall=clocks.wall, mono=clocks.mono)
+    offset.observe()
+    clocks.run(50_000_000)
+    arrived_wall = clocks.wall_ns
+    clocks.wall_ns += step_ns
+    clocks.run(1_000_000)
+    now = offset.observe()
+    assert offset.steps == 1
+    assert offset.to_monotonic(arrived_wall, now) is None
+    # A stamp taken after the step (and after the reading that saw it) is converted again.
+    clocks.run(20_000_000)
+    arrived_mono, arrived_wall = clocks.mono_ns, clocks.wall_ns
+    clocks.run(5_000_000)
+    assert offset.to_monotonic(arrived_wall, offset.observe()) == arrived_mono
+
+
+def test_a_reading_stretched_by_a_preemption_is_not_a_step_and_does_not_replace_a_better_one() -> None:
+    clocks = SteppableClocks()
+    offset = kernel_clock.WallClockOffset(wall=clocks.wall, mono=clocks.mono)
+    offset.observe()
+    kept = offset.offset_ns
+    clocks.stall_next_wall_read = 5_000_000  # 5 ms between the monotonic and the wall reading
+    offset.observe()
+    assert offset.steps == 0 and offset.offset_ns == kept
+    clocks.run(10_000_000)
+    arrived_mono, arrived_wall = clocks.mono_ns, clocks.wall_ns
+    clocks.run(10_000_000)
+    assert offset.to_monotonic(arrived_wall, offset.observe()) == arrived_mono
+
+
+def test_no_stamp_is_converted_before_the_first_reading_or_from_the_future() -> None:
+    clocks = SteppableClocks()
+    offset = kernel_clock.WallClockOffset(wall=clocks.wall, mono=clocks.mono)
+    assert offset.to_monotonic(clocks.wall_ns, clocks.mono_ns) is None  # nothing read yet
+    before_wall = clocks.wall_ns - 1_000_000
+    now = offset.observe()
+    assert offset.to_monotonic(before_wall, now) is None  # older than the first reading
+    assert offset.to_monotonic(clocks.wall_ns + 1_000_000_000, now) is None  # a second in the future
+
+
+def test_a_step_between_a_packets_arrival_and_its_read_falls_back_to_the_read_time() -> None:
+    # Real loopback bytes and the kernel's real stamps; the socket's wall clock is stepped by 2 s
+    # after the bytes arrived and before they are read, as an NTP step would be.
+    step = [0]
+    listener = socket.create_server(("127.0.0.1", 0))
+    raw = socket.create_connection(listener.getsockname())
+    peer, _ = listener.accept()
+    sock = kernel_clock.KernelStampedSocket.adopt(
+        raw, clock=kernel_clock.WallClockOffset(wall=lambda: time.time_ns() + step[0])
+    )
+    sock.clock.observe()
+    try:
+        peer.sendall(b"first")
+        time.sleep(0.05)
+        assert sock.recv(100) == b"first"
+        assert sock.kernel_stamped and sock.read_ns - sock.arrival_ns >= 45_000_000  # waited 50 ms, seen
+        peer.sendall(b"second")
+        time.sleep(0.05)
+        step[0] = 2_000_000_000
+        assert sock.recv(100) == b"second"
+        assert sock.clock.steps == 1
+        assert not sock.kernel_stamped and sock.arrival_ns == sock.read_ns
+    finally:
+        peer.close()
+        listener.close()
+        sock.close()
 
 
 def test_the_stamp_is_read_from_scm_timestampns_and_nothing_else() -> None:
