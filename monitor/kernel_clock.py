@@ -131,6 +131,12 @@ class WallClockOffset:
             self.offset_ns, self.spread_ns = offset, spread
         return after
 
+    def copy(self) -> WallClockOffset:
+        """The same reading, watched on its own from now on (a socket's own, seeded by its listener's)."""
+        twin = WallClockOffset(self._wall, self._mono)
+        twin.offset_ns, twin.spread_ns, twin.steady_since_ns = self.offset_ns, self.spread_ns, self.steady_since_ns
+        return twin
+
     def to_monotonic(self, kernel_wall_ns: int, now_mono_ns: int) -> int | None:
         """A kernel wall-clock stamp on the monotonic clock, by the offset `observe` last kept; None
         when it falls before the offset was last seen to hold (a step may lie between) or after now."""
@@ -193,13 +199,18 @@ class KernelStampedSocket(socket.socket):
         """The same connection as `sock` (which is detached), reading with arrival stamps on, and with
         `departures`, asking for the kernel's transmit stamps (where it refuses, without them).
 
-        `clock`, shared by the sockets of one connector or listener, has watched the wall clock since
-        before this connection's bytes (a listener's since it was bound, so a request that arrived
-        before its connection was accepted keeps its stamp); without it the socket starts its own."""
+        `clock`, the connector's or listener's, has watched the wall clock since before this
+        connection's bytes (a listener's since it was bound, so a request that arrived before its
+        connection was accepted keeps its stamp): it is read now and the socket goes on from a copy.
+        Each socket watches on its own after that: a step seen by one socket's read must still be
+        seen by another's, whose unread bytes may have been stamped before it (on one shared reading
+        a step back of 50 ms seen by one socket let another place such a stamp 50 ms late).
+        Without `clock` the socket starts its own."""
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)  # raises before anything is handed over
         adopted = cls(sock.family, sock.type, sock.proto, fileno=sock.detach())
         if clock is not None:
-            adopted.clock = clock
+            clock.observe()
+            adopted.clock = clock.copy()
         if departures:
             try:
                 adopted.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPING, DEPARTURE_FLAGS)

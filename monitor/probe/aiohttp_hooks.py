@@ -223,7 +223,7 @@ class TimedConnector(aiohttp.TCPConnector):
         super().__init__(**kwargs)
         self._kernel_stamps = kernel_stamps
         self._stamping_keeper = kernel_clock.keep_stamping_on() if kernel_stamps else None
-        # Shared by this connector's sockets: a step of the wall clock seen by one is seen by all.
+        # Watched since before any of this connector's connections; each new one starts from it.
         self._wall_clock = kernel_clock.WallClockOffset()
         self._wall_clock.observe()
         # aiohttp hook: `_factory` makes the protocol of each new connection; ours stamps arrivals.

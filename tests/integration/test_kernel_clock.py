@@ -166,6 +166,38 @@ def test_the_stamp_is_read_from_scm_timestampns_and_nothing_else() -> None:
     assert kernel_clock.kernel_wall_ns([]) is None
 
 
+def test_a_step_one_socket_saw_is_still_seen_by_anothers_read_of_bytes_stamped_before_it() -> None:
+    # Two connections of one connector. B's bytes arrive, the wall clock steps back 50 ms, A reads (and
+    # sees the step), then B reads 100 ms after its bytes came: on the old offset B's stamp would be
+    # placed 50 ms late, inside the span A saw the new offset hold.
+    step = [0]
+    connector_clock = kernel_clock.WallClockOffset(wall=lambda: time.time_ns() + step[0])
+    connector_clock.observe()
+    listener = socket.create_server(("127.0.0.1", 0))
+    pairs = []
+    try:
+        for _ in range(2):
+            raw = socket.create_connection(listener.getsockname())
+            peer, _address = listener.accept()
+            pairs.append((kernel_clock.KernelStampedSocket.adopt(raw, clock=connector_clock), peer))
+        (a, a_peer), (b, b_peer) = pairs
+        b_peer.sendall(b"b")
+        time.sleep(0.005)
+        step[0] = -50_000_000
+        a_peer.sendall(b"a")
+        time.sleep(0.005)
+        assert a.recv(10) == b"a" and a.clock.steps == 1
+        time.sleep(0.09)
+        assert b.recv(10) == b"b"
+        assert b.clock.steps == 1
+        assert not b.kernel_stamped and b.arrival_ns == b.read_ns
+    finally:
+        listener.close()
+        for sock, peer in pairs:
+            sock.close()
+            peer.close()
+
+
 # --- a server on its own thread, a blocked probe loop --------------------------------------------
 
 
