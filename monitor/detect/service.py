@@ -184,6 +184,13 @@ class DetectionService:
             for job, series in job_series(config, [job.name for job in config.jobs]).items()
             for target, prompt in series
         }
+        # What a reload removed leaves with it: a daemon reloaded for months as targets come and go kept a
+        # lock and a turn for every series it ever evaluated. `adhoc` series come back when probed again.
+        measured_pairs = {(target, prompt) for _job, target, prompt in self._measured}
+        for series in [key for key in self._history_locks if (key.target, key.prompt) not in measured_pairs]:
+            if not self._history_locks[series].locked():  # held: an evaluation under way still reads it
+                del self._history_locks[series]
+        self._turns = {key: turn for key, turn in self._turns.items() if (key.target, key.prompt) in measured_pairs}
         self._detectors: dict[str, Detector] = {}
         # The histories kept stay valid across a reload (they are the database's runs); a smaller budget
         # starts them over.

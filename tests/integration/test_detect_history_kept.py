@@ -217,3 +217,44 @@ async def test_once_keeps_no_history_and_the_daemon_does(tmp_path: Path, sqlite_
             await once.after_store("every-5m", batch)
             await daemon.after_store("every-5m", batch)
         assert len(once._histories) == 0 and len(daemon._histories) == 2  # the histories each keeps
+
+
+async def test_a_reload_that_removes_a_target_drops_its_per_series_bookkeeping(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    # A daemon reloaded for months as targets come and go kept a history lock and an evaluation turn for
+    # every series it had ever evaluated.
+    shutil.copy(sqlite_template, tmp_path / "prune.db")
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'prune.db'}")
+    repository = Repository(engine)
+
+    def probing(targets: tuple[str, ...]) -> Config:
+        settings = config().model_dump()
+        settings["providers"] = {
+            provider: {"base_url": "http://127.0.0.1:9/v1", "api": "openai-chat"}
+            for provider in ("gateway-a", "gateway-b")
+        }
+        settings["targets"] = {
+            "a1": {"provider": "gateway-a", "model": "m"},
+            "b1": {"provider": "gateway-b", "model": "m"},
+        }
+        settings["prompts"] = {"short": {"tokens": 128}, "long": {"tokens": 1024}}
+        settings["jobs"] = [
+            {"name": "every-5m", "schedule": "*/5 * * * *", "targets": list(targets), "prompts": ["short", "long"]}
+        ]
+        return Config.model_validate(settings)
+
+    service = DetectionService(engine, repository, probing(("a1", "b1")), outbox=None, metrics=None)
+    try:
+        for index in range(8):
+            batch = tick(index, {}, targets=("a1", "b1"))
+            await repository.save_runs(batch)
+            await service.after_store("every-5m", batch)
+        evaluated = {(key.target, key.prompt) for key in service._history_locks}
+        assert evaluated == {(t, p) for t in ("a1", "b1") for p in ("short", "long")}
+        assert {(key.target, key.prompt) for key in service._turns} == evaluated
+        service.update_config(probing(("a1",)))
+        assert {(key.target, key.prompt) for key in service._history_locks} == {("a1", "short"), ("a1", "long")}
+        assert {(key.target, key.prompt) for key in service._turns} == {("a1", "short"), ("a1", "long")}
+    finally:
+        await engine.dispose()
