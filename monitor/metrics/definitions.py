@@ -548,6 +548,13 @@ class Metrics:
                     keep = decided[key] = _configured(dict(key), scopes, scope, targets)
                 if not keep:
                     removed += _remove(family, values)
+        # A budget removed, or its period changed: its course would stay at its last ratio.
+        budgets = {("total", config.budget.total.per)} if config.budget.total is not None else set()
+        budgets.update((f"providers.{name}", limit.per) for name, limit in config.budget.providers.items())
+        budgets.update((f"jobs.{name}", limit.per) for name, limit in config.budget.jobs.items())
+        for values in _label_values(self.budget_course):
+            if tuple(values) not in budgets:
+                removed += _remove(self.budget_course, values)
         # A target kept without its per-probe SLO: its objective, threshold and counts are no longer kept.
         without_slo = {name for name, spec in config.targets.items() if spec.slo.ttft_ms is None}
         for slo_family in (self.slo_threshold, self.slo_objective, self.slo_probes, self.slo_good):

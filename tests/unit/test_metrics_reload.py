@@ -108,3 +108,22 @@ def test_a_target_kept_without_its_slo_loses_its_slo_series_and_keeps_the_rest(t
     _probe(metrics, "main", "a", "m-a", "short")  # its SLO back in the config: kept
     assert metrics.forget_unconfigured(_config(tmp_path, targets={"a": "m-a"}, jobs=jobs)) == 0
     assert _lines(metrics, "ttft_monitor_slo_objective_ratio{")
+
+
+def test_a_removed_budget_or_one_whose_period_changed_loses_its_course(tmp_path: Path) -> None:
+    metrics = Metrics()
+    for budget, per in (("total", "month"), ("jobs.main", "day"), ("providers.sim", "month"), ("jobs.gone", "day")):
+        metrics.budget_course.labels(budget, per).set(1.4)
+    config = _config(tmp_path, targets={"a": "m-a"}, jobs=[_job("main", ["a"], ["short"])])
+    config = config.model_copy(
+        update={
+            "budget": config.budget.model_validate(
+                {"total": {"tokens": 1e9, "per": "month"}, "jobs": {"main": {"tokens": 1e6, "per": "month"}}}
+            )
+        }
+    )
+
+    metrics.forget_unconfigured(config)
+
+    courses = _lines(metrics, "ttft_monitor_budget_course_ratio{")
+    assert courses == ['ttft_monitor_budget_course_ratio{budget="total",per="month"} 1.4'], courses
