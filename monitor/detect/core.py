@@ -212,8 +212,9 @@ class _Core:
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
-        # The kept jump-test medians, by window and source (residuals or log TTFTs), then by first run's index.
-        self._jump_cache: dict[tuple[int, bool], dict[int, float]] = {}
+        # The kept jump-test medians, by window and source (residuals or log TTFTs): (the first window's first
+        # run's index, the median of each window from there on, in order).
+        self._jump_cache: dict[tuple[int, bool], tuple[int, list[float]]] = {}
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
         self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
         self._sums: WindowSums | None = None
@@ -1192,27 +1193,26 @@ class _Core:
 
     def _jump_medians(self, history: list[float], low: int, window: int, seasonal: bool) -> list[float]:
         """noise.window_medians of `history` (runs low.. of the residuals, or of the log TTFTs). The jump
-        test asks for them on every slow run, the day before shifted by a run or so: each window's median
-        is kept by its first run's index (the data at an index never changes until a trim moves them)."""
-        cache = self._jump_cache.get((window, seasonal))
-        if cache is None or len(cache) > 4 * noise_model.JUMP_HISTORY_RUNS:
-            if len(self._jump_cache) > 4:
-                self._jump_cache = {}
-            cache = self._jump_cache[(window, seasonal)] = {}
-        out = []
-        get, isnan, half = cache.get, math.isnan, window // 2
-        for start in range(low, low + len(history) - window + 1):
-            value = get(start)
-            if value is None:
-                # noise_model.window_median, without the calls: over a hundred new windows per slow run.
-                values = history[start - low : start - low + window]
-                if any(map(isnan, values)):
-                    value = math.nan
-                else:
-                    values.sort()
-                    value = values[half] if window % 2 else (values[half - 1] + values[half]) / 2.0
-                cache[start] = value
-            out.append(value)
+        test asks for them on every slow run, the day before shifted by a run or so: the medians of the last
+        call are kept with the index of their first window's first run (the data at an index never changes
+        until a trim moves them), and those still asked for are reused as one slice."""
+        wanted = max(0, len(history) - window + 1)  # windows whose first run is low .. low + wanted - 1
+        kept = self._jump_cache.get((window, seasonal))
+        if kept is not None and kept[0] <= low <= kept[0] + len(kept[1]):
+            skip = low - kept[0]
+            out = kept[1][skip : skip + wanted]
+        else:
+            out = []
+        isnan, half = math.isnan, window // 2
+        for offset in range(len(out), wanted):
+            # noise_model.window_median, without the calls: a few new windows per slow run.
+            values = history[offset : offset + window]
+            if any(map(isnan, values)):
+                out.append(math.nan)
+                continue
+            values.sort()
+            out.append(values[half] if window % 2 else (values[half - 1] + values[half]) / 2.0)
+        self._jump_cache[(window, seasonal)] = (low, out)
         return out
 
     def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
