@@ -94,9 +94,9 @@ def _slot_variance(slot: _Slot, noise: NoiseModel | None) -> float:
     return variance * noise.g(slot.count / max(slot.days, 1))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one is made every other run, and a frozen one's __init__ costs 3x as much
 class _Slot:
-    """The seasonal baseline of one time slot: the median log TTFT at that time of day."""
+    """The seasonal baseline of one time slot: the median log TTFT at that time of day (never changed)."""
 
     center: float
     count: int
@@ -356,14 +356,20 @@ class _Core:
             return cached  # type: ignore[return-value]
         days: list[float] = []
         count = 0
-        known = self._window_medians
+        known = self._window_medians.get
         for key in range(slot - SLOTS_PER_DAY, slot - (self.rules.seasonal_days + 1) * SLOTS_PER_DAY, -SLOTS_PER_DAY):
-            # All but the day before are known (each served the slot a day earlier): looked up here.
-            found = known[key] if key in known else self._window_median(key)
+            # All but the day before are known (each served the slot a day earlier): looked up here, once.
+            found = known(key, _UNCACHED)
+            if found is _UNCACHED:
+                found = self._window_median(key)
             if found is not None:
-                days.append(found[0])
-                count += found[1]
-        result = _Slot(median(days), count, len(days)) if len(days) >= SEASONAL_MIN_DAYS else None
+                days.append(found[0])  # type: ignore[index]
+                count += found[1]  # type: ignore[index]
+        result = None
+        if len(days) >= SEASONAL_MIN_DAYS:
+            days.sort()  # median(days), without the call: every other run
+            half = len(days) // 2
+            result = _Slot(days[half] if len(days) % 2 else (days[half - 1] + days[half]) / 2.0, count, len(days))
         self._slots[slot] = result
         return result
 
@@ -374,9 +380,15 @@ class _Core:
         if cached is not _UNCACHED:
             return cached  # type: ignore[return-value]
         centre = (slot + 0.5) * SLOT_S
-        low = bisect_left(self.times, centre - self._half_window_s)
-        high = bisect_left(self.times, centre + self._half_window_s)
-        result = (median(self.logs[low:high]), high - low) if high > low else None
+        times = self.times
+        low = bisect_left(times, centre - self._half_window_s)
+        high = bisect_left(times, centre + self._half_window_s, low)
+        result = None
+        if high > low:
+            values = self.logs[low:high]
+            values.sort()  # median(values), without the call: every other run
+            half = len(values) // 2
+            result = (values[half] if len(values) % 2 else (values[half - 1] + values[half]) / 2.0), high - low
         self._window_medians[slot] = result
         return result
 
