@@ -242,39 +242,12 @@ def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) ->
     model.mean = mean = mean + alpha * deviation
     if runs > 1:
         model.var = var = (1.0 - alpha) * (var + alpha * deviation * deviation)
-    _vario_update(model, residual)
-    refit = False
-    sums, counts, blocks, block_var = model.sums, model.counts, model.blocks, model.block_var
-    for index, size in enumerate(BLOCKS):
-        sums[index] += residual
-        counts[index] += 1
-        if counts[index] < size:
-            continue
-        block_mean = sums[index] / size
-        sums[index], counts[index] = 0.0, 0
-        done = blocks[index] = blocks[index] + 1
-        # Block means vary as g(size) x var / size; clip the deviation at WINSOR of that.
-        spread = math.sqrt(max(block_var[index], var) / size)
-        deviation = block_mean - mean
-        if done > PRIOR_BLOCKS and spread > 0:
-            deviation = min(WINSOR * spread, max(-WINSOR * spread, deviation))
-        beta = _weight(done, HORIZON_RUNS / size)
-        sample = size * deviation * deviation
-        block_var[index] = sample if done == 1 else (1 - beta) * block_var[index] + beta * sample
-        # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
-        refit = refit or index == len(BLOCKS) - 1 or blocks[-1] == 0
-    if refit and not deferred_fit:
-        model.share, model.phi = fit(model.ratio(0), model.ratio(1))
-    return refit
-
-
-def _vario_update(model: NoiseModel, residual: float) -> None:
-    """Add the differences of `residual` (winsorised) from the residual before it and from the one VARIO_LAG
-    runs before it to the semivariances. Each difference is clipped at WINSOR x sqrt(2 var) too."""
+    # The semivariances: the differences of the (winsorised) residual from the residual before it and from the
+    # one VARIO_LAG runs before it, each clipped at WINSOR x sqrt(2 var) too.
     lagged = model.lagged
     held = len(lagged)
-    if held:  # spelt out for lags 1 and VARIO_LAG, as `update` is
-        bound = WINSOR * math.sqrt(2.0 * model.var) if model.runs > MIN_RUNS and model.var > 0 else math.inf
+    if held:
+        bound = WINSOR * math.sqrt(2.0 * var) if runs > MIN_RUNS and var > 0 else math.inf
         vario, pairs = model.vario, model.pairs
         difference = abs(residual - lagged[-1])
         difference = difference if difference < bound else bound  # min(bound, ...)
@@ -287,9 +260,37 @@ def _vario_update(model: NoiseModel, residual: float) -> None:
             count = pairs[1] = pairs[1] + 1
             alpha = 1.0 / (count if count < HORIZON_RUNS else HORIZON_RUNS)
             vario[1] += alpha * (difference * difference / 2.0 - vario[1])
+            del lagged[0]
     lagged.append(residual)
-    if held >= VARIO_LAG:
-        del lagged[0]
+    refit = False
+    sums, counts = model.sums, model.counts
+    for index, size in enumerate(BLOCKS):
+        sums[index] += residual
+        filled = counts[index] = counts[index] + 1
+        if filled < size:  # most runs complete no block
+            continue
+        refit = _complete_block(model, index, size, mean, var) or refit
+    if refit and not deferred_fit:
+        model.share, model.phi = fit(model.ratio(0), model.ratio(1))
+    return refit
+
+
+def _complete_block(model: NoiseModel, index: int, size: int, mean: float, var: float) -> bool:
+    """Fold the block of BLOCKS[index] (`size` runs) just filled into its variance; whether that refits."""
+    sums, blocks, block_var = model.sums, model.blocks, model.block_var
+    block_mean = sums[index] / size
+    sums[index], model.counts[index] = 0.0, 0
+    done = blocks[index] = blocks[index] + 1
+    # Block means vary as g(size) x var / size; clip the deviation at WINSOR of that.
+    spread = math.sqrt(max(block_var[index], var) / size)
+    deviation = block_mean - mean
+    if done > PRIOR_BLOCKS and spread > 0:
+        deviation = min(WINSOR * spread, max(-WINSOR * spread, deviation))
+    beta = _weight(done, HORIZON_RUNS / size)
+    sample = size * deviation * deviation
+    block_var[index] = sample if done == 1 else (1 - beta) * block_var[index] + beta * sample
+    # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
+    return index == len(BLOCKS) - 1 or blocks[-1] == 0
 
 
 def observe(model: NoiseModel, *, slow: bool, calm: bool) -> None:
@@ -482,10 +483,15 @@ def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
         return 0.0, 0.0
     log_short, log_long = math.log(ratio_short), math.log(ratio_long)
     coarse = _best_fit(_coarse_grid(), ratio_long, log_short, log_long)
-    centre = coarse[2]
-    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
-    best = min(coarse, _best_fit([(phi, *_block_ar_ratios(phi)) for phi in fine], ratio_long, log_short, log_long))
+    best = min(coarse, _best_fit(_fine_grid(coarse[2]), ratio_long, log_short, log_long))
     return best[1], best[2]
+
+
+@functools.lru_cache(maxsize=64)
+def _fine_grid(centre: float) -> tuple[tuple[float, float, float], ...]:
+    # The fine grid about each point of the coarse one (the centres `fit` can find), built once for each.
+    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
+    return tuple((phi, *_block_ar_ratios(phi)) for phi in fine)
 
 
 # The rules scale their evidence by the model only when residuals VARIO_LAG runs apart differ at least this
