@@ -210,6 +210,8 @@ class _Core:
         # The last run's CUSUM (allowance, scale, threshold) with the model engaged, and what they came from.
         self._cusum_scales: tuple[tuple[Any, ...], tuple[float, float, float]] | None = None
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
+        # Per day before, where `_day_difference` found the partner of the last run it was asked about.
+        self._partner_hints = [0] * PARTNER_DAYS
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
         # The kept jump-test medians, by window and source (residuals or log TTFTs): (the first window's first
@@ -330,6 +332,7 @@ class _Core:
             self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
             self._interval = ((-1, 0.0), 300.0)  # `interval_s` carries it from one run to the next only
+            self._partner_hints = [max(0, hint - drop) for hint in self._partner_hints]
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             low, high = self._reference_range
@@ -903,12 +906,23 @@ class _Core:
         level's errors, shared for hours, which read as correlation; the rules account for the baseline's
         error on their own). A median of several days, so that yesterday's incident is outvoted, not learnt
         as today's noise. From a series' second day on; None: no run a day before."""
-        times, logs = self.times, self.logs
+        times, logs, hints = self.times, self.logs, self._partner_hints
         at = times[index]
         partners: list[float] = []
-        for day_s in _PARTNER_DAYS_S:  # once a run: no attribute or generator in the loop
+        for day, day_s in enumerate(_PARTNER_DAYS_S):  # once a run: no attribute or generator in the loop
             then = at - day_s
-            before = bisect_left(times, then - tolerance, 0, index)
+            earliest = then - tolerance
+            # bisect_left(times, earliest, 0, index), looked for from where this day's partner of the last run
+            # asked about was: every run before that is earlier than `earliest` (checked), and the first run
+            # that is not mostly comes a step or two on.
+            before = hints[day]
+            if before > index or (before and times[before - 1] >= earliest):
+                before = bisect_left(times, earliest, 0, index)
+            elif before < index and times[before] < earliest:
+                before += 1
+                if before < index and times[before] < earliest:
+                    before = bisect_left(times, earliest, before + 1, index)
+            hints[day] = before
             if before < index and times[before] <= then + tolerance:
                 partners.append(logs[before])
         count = len(partners)
