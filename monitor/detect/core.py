@@ -207,6 +207,7 @@ class _Core:
         self.threshold: float | None = None  # the CUSUM's, for the last stepped run
         self.allowance: float | None = None  # the CUSUM's (in per-run sigmas), for the last stepped run
         self._thresholds: dict[tuple[float, float, int, float], float] = {}
+        self._derived: float | None = None  # the CUSUM threshold derived last: where the next search starts
         # The last run's CUSUM (allowance, scale, threshold) with the model engaged, and what they came from.
         self._cusum_scales: tuple[tuple[Any, ...], tuple[float, float, float]] | None = None
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
@@ -857,7 +858,9 @@ class _Core:
                 long_run=math.exp(key[1]),
                 interval_s=key[2],
                 reference_variance=key[3],
+                near=self._derived,
             )
+            self._derived = derived
             if len(self._thresholds) > 256:
                 self._thresholds.clear()
             self._thresholds[key] = derived

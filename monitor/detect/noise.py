@@ -580,6 +580,7 @@ def cusum_threshold(
     long_run: float,
     interval_s: float,
     reference_variance: float = 0.0,
+    near: float | None = None,
 ) -> float:
     """The CUSUM threshold, in the detector's units (sums of values / g, g = `long_run`), that raises
     CUSUM_SHARE of `false_alerts_per_week` on a healthy series of this noise and run interval.
@@ -588,7 +589,10 @@ def cusum_threshold(
     Brownian motion with drift; its threshold h_L there is h_L / sqrt(g) in the detector's units.
     `reference_variance` (per-run sigmas^2) is how uncertain the level and seasonal baseline the values
     are measured from are: a reference that is too low by e makes the sum drift down by k - e instead of
-    k, and the rate is averaged over that error. Without it (0), REFERENCE_PENALTY stands in for it."""
+    k, and the rate is averaged over that error. Without it (0), REFERENCE_PENALTY stands in for it.
+
+    `near`: a threshold (the detector's units) likely close to this one, such as the one derived for the
+    inputs before: the search starts there and mostly ends sooner. The answer does not depend on it."""
     runs_per_week = WEEK_S / max(interval_s, 1.0)
     # Without the reference's error given, the penalty measured on independent noise stands in for it.
     penalty = REFERENCE_PENALTY if reference_variance <= 0 else 1.0
@@ -596,7 +600,7 @@ def cusum_threshold(
     scale = math.sqrt(max(long_run, 1.0))
     k = allowance / scale
     offset = math.sqrt(max(reference_variance, 0.0)) / scale
-    return _bisected_threshold(_alarm_rate(k, offset), target) / scale
+    return _bisected_threshold(_alarm_rate(k, offset), target, None if near is None else near * scale) / scale
 
 
 # `_bisected_threshold` reads as a bisection: the threshold doubles from 1 while its alarm rate is above the
@@ -605,7 +609,7 @@ THRESHOLD_MOST_DOUBLINGS = 20  # 2^20 is the first power of two past 1e6
 THRESHOLD_HALVINGS = 24
 
 
-def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
+def _bisected_threshold(rate: Callable[[float], float], target: float, near: float | None = None) -> float:
     """The threshold a plain bisection on `rate` finds, from some 8 evaluations of 30 (the detector derives
     one whenever the CUSUM's inputs move: 30 evaluations each were a fifth of a year's replay).
 
@@ -614,7 +618,8 @@ def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
     the first such multiple whose rate is not above `target`, exact in floating point. Both are found here
     from where a secant in log(rate) puts the crossing, and confirmed by evaluating each side of it: the
     same float whatever the estimate (a poor one only costs a longer search), given the rate does not rise
-    between neighbouring grid points, which moves it by some 1e-7 of itself, far more than its rounding."""
+    between neighbouring grid points, which moves it by some 1e-7 of itself, far more than its rounding.
+    `near`: where the secant starts instead (`cusum_threshold`)."""
     seen: dict[float, float] = {}
 
     def rate_at(threshold: float) -> float:  # the estimate's first points are tried again by the search
@@ -626,7 +631,7 @@ def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
     def within(threshold: float) -> bool:  # the bisection's test, negated as it is written there
         return not rate_at(threshold) > target
 
-    estimate = _crossing(rate_at, target)
+    estimate = _crossing(rate_at, target, near)
     doublings = THRESHOLD_MOST_DOUBLINGS
     steps = 1 << THRESHOLD_HALVINGS
     if estimate is not None and 1.0 < estimate < math.ldexp(1.0, doublings - 1):
@@ -647,14 +652,15 @@ def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
     return _first_true(lambda j: j == steps or within(j * step), guess, 1, steps) * step
 
 
-def _crossing(rate: Callable[[float], float], target: float) -> float | None:
+def _crossing(rate: Callable[[float], float], target: float, near: float | None = None) -> float | None:
     """About where `rate` crosses `target`: secant steps in log(rate) from 8 and 16 (the detector's thresholds
-    mostly lie between, in long-run sigmas), stopped within 1e-5 of it (the next step would land within a grid
-    point or two of `_bisected_threshold`'s); None where the logs are not finite."""
+    mostly lie between, in long-run sigmas), or from `near` and a point beside it (a threshold derived for
+    inputs close to these: two or three steps fewer), stopped within 1e-5 of it (the next step would land
+    within a grid point or two of `_bisected_threshold`'s); None where the logs are not finite."""
     if not target > 0:
         return None
     log_target = math.log(target)
-    x0, x1 = 8.0, 16.0
+    x0, x1 = (near, near * 1.001) if near is not None and 1.0 < near < 1e6 else (8.0, 16.0)
     y0, y1 = rate(x0), rate(x1)
     for _ in range(12):
         if not (0 < y0 < math.inf and 0 < y1 < math.inf) or y0 == y1:
@@ -707,14 +713,14 @@ def _alarm_rate(allowance: float, offset_sd: float) -> Callable[[float], float]:
 
     def rate(threshold: float) -> float:
         h = threshold + 1.166
-        terms = []
+        total = 0.0  # summed in order from 0, as sum() adds false_alarms_per_run's terms
         for weight, flat, slope, divisor in nodes:
             if flat:
-                terms.append(weight / (h * h))
+                total += weight / (h * h)
                 continue
             a = slope * h
-            terms.append(weight / (inf if a > 700 else (exp(a) - a - 1.0) / divisor))
-        return sum(terms)  # as false_alarms_per_run sums them
+            total += weight / (inf if a > 700 else (exp(a) - a - 1.0) / divisor)
+        return total
 
     return rate
 
