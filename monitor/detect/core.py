@@ -211,7 +211,8 @@ class _Core:
         # The last run's CUSUM (allowance, scale, threshold) with the model engaged, and what they came from.
         self._cusum_scales: tuple[tuple[Any, ...], tuple[float, float, float]] | None = None
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
-        # Per day before, where `_day_difference` found the partner of the last run it was asked about.
+        # Per day before, where `_day_difference` found the partner of the last run it was asked about (the
+        # first run not earlier than its time less the tolerance).
         self._partner_hints = [0] * PARTNER_DAYS
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
@@ -911,16 +912,14 @@ class _Core:
         for day, day_s in enumerate(_PARTNER_DAYS_S):  # once a run: no attribute or generator in the loop
             then = at - day_s
             earliest = then - tolerance
-            # bisect_left(times, earliest, 0, index), looked for from where this day's partner of the last run
-            # asked about was: every run before that is earlier than `earliest` (checked), and the first run
-            # that is not mostly comes a step or two on.
-            before = hints[day]
-            if before > index or (before and times[before - 1] >= earliest):
+            # bisect_left(times, earliest, 0, index): mostly the run after this day's partner of the last run
+            # asked about, which it is when the run before it is earlier than `earliest` and it is not (or it is
+            # `index`); searched for otherwise.
+            before = hints[day] + 1
+            if not (
+                0 < before <= index and times[before - 1] < earliest and (before == index or times[before] >= earliest)
+            ):
                 before = bisect_left(times, earliest, 0, index)
-            elif before < index and times[before] < earliest:
-                before += 1
-                if before < index and times[before] < earliest:
-                    before = bisect_left(times, earliest, before + 1, index)
             hints[day] = before
             if before < index and times[before] <= then + tolerance:
                 partners.append(logs[before])
