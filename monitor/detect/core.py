@@ -124,7 +124,8 @@ class _Baseline:
     def sigma(self) -> float:
         if self._sigma is None:
             # `reference` is sorted: a selection, not a sort of its deviations (stats.mad_sigma_sorted).
-            self._sigma = max(mad_sigma_sorted(self.reference, center=self.level), SIGMA_FLOOR)
+            sigma = mad_sigma_sorted(self.reference, center=self.level)
+            self._sigma = SIGMA_FLOOR if sigma < SIGMA_FLOOR else sigma  # max(sigma, SIGMA_FLOOR)
         return self._sigma
 
     def z(self, distance: float, window: int, noise: NoiseModel | None = None) -> float:
@@ -255,7 +256,7 @@ class _Core:
             raise ValueError(f"runs must come in time order; {run.at.isoformat()} is older than the last one")
         times.append(moment)
         self.logs.append(math.log(ttft))
-        self.probes.append(max(ok, 1))
+        self.probes.append(ok if ok > 1 else 1)  # max(ok, 1)
         self._residuals.append(None)
         self._appended_since_trim += 1
         if self._appended_since_trim >= TRIM_EVERY_RUNS:
@@ -1099,7 +1100,7 @@ class _Core:
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: the series' noise model widens the standard error by sqrt(g(window)).
         if baseline.seasonal:
-            z_ok = baseline.z(distance, min(window, rule.window_runs), noise) >= rule.z_threshold
+            z_ok = baseline.z(distance, _smaller(window, rule.window_runs), noise) >= rule.z_threshold
             # A ticket's window must also be as far out as the rules without the model ask: over two hours the
             # model can measure less wander than the reference day's own long-run factor shows (its estimate
             # lags, and a drift the level follows is left out). Pages have the jump test beside this one.
@@ -1110,7 +1111,7 @@ class _Core:
         # must not learn as noise: widen by the long-run factor of the trailing window's own runs, in
         # blocks of a sixth of them (when that is at least 6 runs: shorter blocks cannot tell load that
         # comes and goes from noise).
-        z = baseline.z(distance, min(window, rule.window_runs))
+        z = baseline.z(distance, _smaller(window, rule.window_runs))
         if z < rule.z_threshold or self.rules.trailing_runs < 36:
             return z >= rule.z_threshold
         # Until then the series' noise is not known: assume it wanders (TRAILING_G).
@@ -1135,7 +1136,7 @@ class _Core:
         widened by the larger of that and the same factor pooled over the consecutive trailing-sized
         windows of the day before (`stats.pooled_factor`: each window less its own median, so the daily
         cycle between windows is not read as wander)."""
-        z = baseline.z(distance, min(window, rule.window_runs))
+        z = baseline.z(distance, _smaller(window, rule.window_runs))
         span = self.rules.trailing_runs
         if z < rule.z_threshold or span < 36:
             return z >= rule.z_threshold
@@ -1241,7 +1242,7 @@ class _Core:
 
     def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
         """The z test without the noise model (`detection.noise_model: false`)."""
-        z = baseline.z(distance, min(window, rule.window_runs))
+        z = baseline.z(distance, _smaller(window, rule.window_runs))
         cusum = self.rules.cusum
         if z < rule.z_threshold or cusum is None:
             return z >= rule.z_threshold
@@ -1288,7 +1289,11 @@ class _Core:
         # `_window`'s answer without the call when no stretching is asked for (the ticket rule by default).
         page_w = page.window_runs if page.min_probes <= 0 else self._window(page, count)
         ticket_w = ticket_rule.window_runs if ticket_rule.min_probes <= 0 else self._window(ticket_rule, count)
-        longest = max(page_w, ticket_w, rules.clear_runs)
+        # max(page_w, ticket_w, rules.clear_runs), at most `count`, and the max() and min() below spelt out (the
+        # same comparisons): each of those calls costs more than the rest of its line, once a run.
+        longest = ticket_w if ticket_w > page_w else page_w
+        if rules.clear_runs > longest:
+            longest = rules.clear_runs
         if longest > count:
             longest = count
         onset = bisect_left(self.times, incident.since.timestamp()) if incident is not None else count
@@ -1303,8 +1308,8 @@ class _Core:
             if total == total:  # no nan: every run in the windows has a seasonal baseline
                 # The reference ends before the windows tested, and before an open regression began,
                 # so a regression never becomes its own baseline.
-                end = max(0, at - longest)
-                baseline = self._seasonal(slot, min(end, onset))
+                end = at - longest if at - longest > 0 else 0
+                baseline = self._seasonal(slot, onset if onset < end else end)
                 if baseline is None and onset < end:
                     baseline, adapted = self._seasonal(slot, end), True
         if baseline is None:
@@ -1382,6 +1387,11 @@ class _Core:
             )
             detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
             events.append(_event(resolved, "resolve", run.at, detail, resolved=True))
+
+
+def _smaller(first: int, second: int) -> int:
+    """min(first, second), spelt out: min() parses its arguments as keywords, at several times the cost."""
+    return second if second < first else first
 
 
 def residual_reach_s(rules: Rules) -> float:

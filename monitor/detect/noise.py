@@ -117,7 +117,8 @@ class NoiseModel:
         for independent runs with or without a step, above 1 when neighbouring runs are alike."""
         if self.vario[0] <= 0 or self.pairs[1] == 0:
             return 1.0
-        measured = min(G_MAX, self.vario[1] / self.vario[0])
+        measured = self.vario[1] / self.vario[0]
+        measured = measured if measured < G_MAX else G_MAX  # min(G_MAX, measured), once a run
         pairs = self.pairs[1]
         return (pairs * measured + VARIO_PRIOR_PAIRS) / (pairs + VARIO_PRIOR_PAIRS)
 

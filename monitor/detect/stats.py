@@ -49,7 +49,8 @@ def mad_sigma_sorted(data: Sequence[float], *, center: float) -> float:
     def smallest(k: int) -> tuple[int, int]:
         # How many of the k + 1 smallest deviations come from those below (i) and above (k + 1 - i): binary
         # search on i, taking from below while its next deviation is smaller than the next one above.
-        low, high = max(0, k + 1 - above), min(k + 1, below)
+        low = k + 1 - above if k + 1 - above > 0 else 0  # max(0, k + 1 - above), min(k + 1, below) spelt out
+        high = below if below < k + 1 else k + 1
         while low < high:
             i = (low + high) // 2
             if abs(data[split - 1 - i] - center) < data[split + k - i] - center:
@@ -66,7 +67,8 @@ def mad_sigma_sorted(data: Sequence[float], *, center: float) -> float:
     elif j == 0:
         mad = abs(data[split - i] - center)
     else:
-        mad = max(abs(data[split - i] - center), data[split + j - 1] - center)
+        lower, upper = abs(data[split - i] - center), data[split + j - 1] - center
+        mad = upper if upper > lower else lower  # max(lower, upper)
     if not count % 2:
         # The next smallest, for the mean of the middle two: the smaller of the next on either side.
         if i == below:
@@ -74,7 +76,8 @@ def mad_sigma_sorted(data: Sequence[float], *, center: float) -> float:
         elif j == above:
             following = abs(data[split - 1 - i] - center)
         else:
-            following = min(abs(data[split - 1 - i] - center), data[split + j] - center)
+            lower, upper = abs(data[split - 1 - i] - center), data[split + j] - center
+            following = upper if upper < lower else lower  # min(lower, upper)
         mad = (mad + following) / 2.0
     return MAD_TO_SIGMA * mad
 
