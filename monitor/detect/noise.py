@@ -263,14 +263,18 @@ def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) ->
             vario[1] += alpha * (difference * difference / 2.0 - vario[1])
             del lagged[0]
     lagged.append(residual)
-    refit = False
+    # Both blocks (BLOCKS: the short one, then the long one) take the residual, spelt out for the two of them
+    # as `fit` is; most runs complete neither.
     sums, counts = model.sums, model.counts
-    for index, size in enumerate(BLOCKS):
-        sums[index] += residual
-        filled = counts[index] = counts[index] + 1
-        if filled < size:  # most runs complete no block
-            continue
-        refit = _complete_block(model, index, size, mean, var) or refit
+    sums[0] += residual
+    sums[1] += residual
+    counts[0] += 1
+    counts[1] += 1
+    refit = False
+    if counts[0] >= BLOCKS[0]:
+        refit = _complete_block(model, 0, BLOCKS[0], mean, var)
+    if counts[1] >= BLOCKS[1]:
+        refit = _complete_block(model, 1, BLOCKS[1], mean, var) or refit
     if refit and not deferred_fit:
         model.share, model.phi = fit(model.ratio(0), model.ratio(1))
     return refit
