@@ -175,6 +175,53 @@ class _Core:
     `step` appends a run and evaluates it. Results depend only on the data, never on what happens to
     be cached, so a core loaded with history and one fed run by run agree."""
 
+    # Slots: with more than 30 attributes (CPython 3.11 shares an instance's keys up to 30) an instance keeps them
+    # in a dictionary of its own, and every read and write of one, a few hundred a run, is a lookup in it.
+    __slots__ = (
+        "_appended_since_trim",
+        "_clean_streak",
+        "_cusum_references",
+        "_cusum_scales",
+        "_derived",
+        "_eager_from",
+        "_failed_streak",
+        "_half_window_s",
+        "_interval",
+        "_jump_cache",
+        "_keep",
+        "_level_s",
+        "_loaded",
+        "_log_clear_ratio",
+        "_log_page_ratio",
+        "_log_ticket_ratio",
+        "_lookback_s",
+        "_partner_hints",
+        "_profile_cache",
+        "_recent",
+        "_reference_range",
+        "_reference_sorted",
+        "_residuals",
+        "_run_slot",
+        "_seed_days",
+        "_slots",
+        "_steps",
+        "_sums",
+        "_thresholds",
+        "_window_failed",
+        "_window_medians",
+        "_window_requests",
+        "allowance",
+        "baseline_ms",
+        "epoch_started",
+        "logs",
+        "noise",
+        "probes",
+        "rules",
+        "slo_ms",
+        "threshold",
+        "times",
+    )
+
     def __init__(self, rules: Rules, slo_ms: float | None) -> None:
         self.rules = rules
         self.slo_ms = slo_ms
