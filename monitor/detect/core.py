@@ -830,7 +830,8 @@ class _Core:
         # burst, however far it went, leaves the rest to be shown by runs after it (fast jumps are the
         # page rule's; a few slow runs that recover are not a moderate shift).
         if noise is not None and runs < MIN_EXCURSION_RUNS:
-            total = min(total, threshold / 2.0)
+            half = threshold / 2.0
+            total = half if half < total else total  # min(total, half)
         if total < threshold:
             state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
             return None

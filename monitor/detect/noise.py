@@ -221,7 +221,11 @@ def _pair(values: Any, kind: Any) -> list[Any]:
 
 
 def _weight(count: int, horizon: float) -> float:
-    return 1.0 / max(1.0, min(float(count), horizon))
+    # 1 / max(1.0, min(float(count), horizon)), the min() and max() spelt out (the same comparisons): min() and
+    # max() parse their arguments as keywords, at several times the cost of the rest.
+    span = float(count)
+    span = horizon if horizon < span else span
+    return 1.0 / (span if span > 1.0 else 1.0)
 
 
 def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) -> bool:
@@ -287,10 +291,12 @@ def _complete_block(model: NoiseModel, index: int, size: int, mean: float, var: 
     sums[index], model.counts[index] = 0.0, 0
     done = blocks[index] = blocks[index] + 1
     # Block means vary as g(size) x var / size; clip the deviation at WINSOR of that.
-    spread = math.sqrt(max(block_var[index], var) / size)
+    spread = math.sqrt((var if var > block_var[index] else block_var[index]) / size)  # max(block_var[index], var)
     deviation = block_mean - mean
     if done > PRIOR_BLOCKS and spread > 0:
-        deviation = min(WINSOR * spread, max(-WINSOR * spread, deviation))
+        # min(WINSOR * spread, max(-WINSOR * spread, deviation)), spelt out as in `update`
+        deviation = deviation if deviation > -WINSOR * spread else -WINSOR * spread
+        deviation = deviation if deviation < WINSOR * spread else WINSOR * spread
     beta = _weight(done, HORIZON_RUNS / size)
     sample = size * deviation * deviation
     block_var[index] = sample if done == 1 else (1 - beta) * block_var[index] + beta * sample
