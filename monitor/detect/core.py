@@ -471,7 +471,8 @@ class _Core:
         data = self._reference_sorted
         # The cached range's residuals were computed when they were added: plain slices on this once-a-run
         # path, after computing those of runs loaded as history that come in now.
-        if cached_high < min(high, self._eager_from):
+        eager = self._eager_from
+        if cached_high < (eager if eager < high else high):  # min(high, eager), once a run
             self._residuals_between(cached_high, high)
         residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None in these ranges
         if high > cached_high:
