@@ -32,9 +32,10 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import accumulate
+from operator import sub
 from typing import Any
 
-from monitor.detect.stats import mad_sigma, median
+from monitor.detect.stats import median, median_and_sigma
 
 BLOCKS = (6, 36)
 # Updates weigh 1/n until n reaches this many runs (a week of 5-minute runs), then stay at 1/HORIZON.
@@ -116,7 +117,8 @@ class NoiseModel:
         for independent runs with or without a step, above 1 when neighbouring runs are alike."""
         if self.vario[0] <= 0 or self.pairs[1] == 0:
             return 1.0
-        measured = min(G_MAX, self.vario[1] / self.vario[0])
+        measured = self.vario[1] / self.vario[0]
+        measured = measured if measured < G_MAX else G_MAX  # min(G_MAX, measured), once a run
         pairs = self.pairs[1]
         return (pairs * measured + VARIO_PRIOR_PAIRS) / (pairs + VARIO_PRIOR_PAIRS)
 
@@ -219,7 +221,11 @@ def _pair(values: Any, kind: Any) -> list[Any]:
 
 
 def _weight(count: int, horizon: float) -> float:
-    return 1.0 / max(1.0, min(float(count), horizon))
+    # 1 / max(1.0, min(float(count), horizon)), the min() and max() spelt out (the same comparisons): min() and
+    # max() parse their arguments as keywords, at several times the cost of the rest.
+    span = float(count)
+    span = horizon if horizon < span else span
+    return 1.0 / (span if span > 1.0 else 1.0)
 
 
 def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) -> bool:
@@ -241,39 +247,12 @@ def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) ->
     model.mean = mean = mean + alpha * deviation
     if runs > 1:
         model.var = var = (1.0 - alpha) * (var + alpha * deviation * deviation)
-    _vario_update(model, residual)
-    refit = False
-    sums, counts, blocks, block_var = model.sums, model.counts, model.blocks, model.block_var
-    for index, size in enumerate(BLOCKS):
-        sums[index] += residual
-        counts[index] += 1
-        if counts[index] < size:
-            continue
-        block_mean = sums[index] / size
-        sums[index], counts[index] = 0.0, 0
-        done = blocks[index] = blocks[index] + 1
-        # Block means vary as g(size) x var / size; clip the deviation at WINSOR of that.
-        spread = math.sqrt(max(block_var[index], var) / size)
-        deviation = block_mean - mean
-        if done > PRIOR_BLOCKS and spread > 0:
-            deviation = min(WINSOR * spread, max(-WINSOR * spread, deviation))
-        beta = _weight(done, HORIZON_RUNS / size)
-        sample = size * deviation * deviation
-        block_var[index] = sample if done == 1 else (1 - beta) * block_var[index] + beta * sample
-        # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
-        refit = refit or index == len(BLOCKS) - 1 or blocks[-1] == 0
-    if refit and not deferred_fit:
-        model.share, model.phi = fit(model.ratio(0), model.ratio(1))
-    return refit
-
-
-def _vario_update(model: NoiseModel, residual: float) -> None:
-    """Add the differences of `residual` (winsorised) from the residual before it and from the one VARIO_LAG
-    runs before it to the semivariances. Each difference is clipped at WINSOR x sqrt(2 var) too."""
+    # The semivariances: the differences of the (winsorised) residual from the residual before it and from the
+    # one VARIO_LAG runs before it, each clipped at WINSOR x sqrt(2 var) too.
     lagged = model.lagged
     held = len(lagged)
-    if held:  # spelt out for lags 1 and VARIO_LAG, as `update` is
-        bound = WINSOR * math.sqrt(2.0 * model.var) if model.runs > MIN_RUNS and model.var > 0 else math.inf
+    if held:
+        bound = WINSOR * math.sqrt(2.0 * var) if runs > MIN_RUNS and var > 0 else math.inf
         vario, pairs = model.vario, model.pairs
         difference = abs(residual - lagged[-1])
         difference = difference if difference < bound else bound  # min(bound, ...)
@@ -286,9 +265,43 @@ def _vario_update(model: NoiseModel, residual: float) -> None:
             count = pairs[1] = pairs[1] + 1
             alpha = 1.0 / (count if count < HORIZON_RUNS else HORIZON_RUNS)
             vario[1] += alpha * (difference * difference / 2.0 - vario[1])
+            del lagged[0]
     lagged.append(residual)
-    if held >= VARIO_LAG:
-        del lagged[0]
+    # Both blocks (BLOCKS: the short one, then the long one) take the residual, spelt out for the two of them
+    # as `fit` is; most runs complete neither.
+    sums, counts = model.sums, model.counts
+    sums[0] += residual
+    sums[1] += residual
+    counts[0] += 1
+    counts[1] += 1
+    refit = False
+    if counts[0] >= BLOCKS[0]:
+        refit = _complete_block(model, 0, BLOCKS[0], mean, var)
+    if counts[1] >= BLOCKS[1]:
+        refit = _complete_block(model, 1, BLOCKS[1], mean, var) or refit
+    if refit and not deferred_fit:
+        model.share, model.phi = fit(model.ratio(0), model.ratio(1))
+    return refit
+
+
+def _complete_block(model: NoiseModel, index: int, size: int, mean: float, var: float) -> bool:
+    """Fold the block of BLOCKS[index] (`size` runs) just filled into its variance; whether that refits."""
+    sums, blocks, block_var = model.sums, model.blocks, model.block_var
+    block_mean = sums[index] / size
+    sums[index], model.counts[index] = 0.0, 0
+    done = blocks[index] = blocks[index] + 1
+    # Block means vary as g(size) x var / size; clip the deviation at WINSOR of that.
+    spread = math.sqrt((var if var > block_var[index] else block_var[index]) / size)  # max(block_var[index], var)
+    deviation = block_mean - mean
+    if done > PRIOR_BLOCKS and spread > 0:
+        # min(WINSOR * spread, max(-WINSOR * spread, deviation)), spelt out as in `update`
+        deviation = deviation if deviation > -WINSOR * spread else -WINSOR * spread
+        deviation = deviation if deviation < WINSOR * spread else WINSOR * spread
+    beta = _weight(done, HORIZON_RUNS / size)
+    sample = size * deviation * deviation
+    block_var[index] = sample if done == 1 else (1 - beta) * block_var[index] + beta * sample
+    # Refit when a long block completes (short blocks alone until the first one): the fit moves slowly.
+    return index == len(BLOCKS) - 1 or blocks[-1] == 0
 
 
 def observe(model: NoiseModel, *, slow: bool, calm: bool) -> None:
@@ -361,19 +374,25 @@ def jump_spread(
     # Each window's median once (a pair is the windows at `start` and `start + window`), and nans
     # counted by prefix sums, not searched for in every pair: the page rule asks this on every slow run.
     after = window if after is None else after
-    nans = [0, *accumulate(map(math.isnan, history))]
     if medians is None:
         medians = window_medians(history, window)
     if after_medians is None:
         after_medians = medians if after == window else window_medians(history, after)
-    jumps = [
-        after_medians[start + window] - medians[start]
-        for start in range(len(history) - window - after + 1)
-        if nans[start + window + after] == nans[start]
-    ]
+    pairs = max(0, len(history) - window - after + 1)
+    total = sum(history)
+    if total == total:  # no nan (a day of residuals mostly has none): every pair, differenced in C
+        jumps = list(map(sub, after_medians[window : window + pairs], medians[:pairs]))
+    else:
+        nans = [0, *accumulate(map(math.isnan, history))]
+        jumps = [
+            after_medians[start + window] - medians[start]
+            for start in range(pairs)
+            if nans[start + window + after] == nans[start]
+        ]
     if len(jumps) < JUMP_PAIRS_PER_RUN * window:
         return None
-    return mad_sigma(jumps)
+    # mad_sigma(jumps): the same float from one sort (stats.mad_sigma_sorted selects the MAD from it).
+    return median_and_sigma(jumps)[1]
 
 
 def window_medians(history: Sequence[float], window: int) -> list[float]:
@@ -475,10 +494,15 @@ def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
         return 0.0, 0.0
     log_short, log_long = math.log(ratio_short), math.log(ratio_long)
     coarse = _best_fit(_coarse_grid(), ratio_long, log_short, log_long)
-    centre = coarse[2]
-    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
-    best = min(coarse, _best_fit([(phi, *_block_ar_ratios(phi)) for phi in fine], ratio_long, log_short, log_long))
+    best = min(coarse, _best_fit(_fine_grid(coarse[2]), ratio_long, log_short, log_long))
     return best[1], best[2]
+
+
+@functools.lru_cache(maxsize=64)
+def _fine_grid(centre: float) -> tuple[tuple[float, float, float], ...]:
+    # The fine grid about each point of the coarse one (the centres `fit` can find), built once for each.
+    fine = [min(_PHI_MAX, max(0.005, centre + step / 400.0)) for step in range(-10, 11)]
+    return tuple((phi, *_block_ar_ratios(phi)) for phi in fine)
 
 
 # The rules scale their evidence by the model only when residuals VARIO_LAG runs apart differ at least this
@@ -567,6 +591,7 @@ def cusum_threshold(
     long_run: float,
     interval_s: float,
     reference_variance: float = 0.0,
+    near: float | None = None,
 ) -> float:
     """The CUSUM threshold, in the detector's units (sums of values / g, g = `long_run`), that raises
     CUSUM_SHARE of `false_alerts_per_week` on a healthy series of this noise and run interval.
@@ -575,7 +600,10 @@ def cusum_threshold(
     Brownian motion with drift; its threshold h_L there is h_L / sqrt(g) in the detector's units.
     `reference_variance` (per-run sigmas^2) is how uncertain the level and seasonal baseline the values
     are measured from are: a reference that is too low by e makes the sum drift down by k - e instead of
-    k, and the rate is averaged over that error. Without it (0), REFERENCE_PENALTY stands in for it."""
+    k, and the rate is averaged over that error. Without it (0), REFERENCE_PENALTY stands in for it.
+
+    `near`: a threshold (the detector's units) likely close to this one, such as the one derived for the
+    inputs before: the search starts there and mostly ends sooner. The answer does not depend on it."""
     runs_per_week = WEEK_S / max(interval_s, 1.0)
     # Without the reference's error given, the penalty measured on independent noise stands in for it.
     penalty = REFERENCE_PENALTY if reference_variance <= 0 else 1.0
@@ -583,7 +611,7 @@ def cusum_threshold(
     scale = math.sqrt(max(long_run, 1.0))
     k = allowance / scale
     offset = math.sqrt(max(reference_variance, 0.0)) / scale
-    return _bisected_threshold(_alarm_rate(k, offset), target) / scale
+    return _bisected_threshold(_alarm_rate(k, offset), target, None if near is None else near * scale) / scale
 
 
 # `_bisected_threshold` reads as a bisection: the threshold doubles from 1 while its alarm rate is above the
@@ -592,7 +620,7 @@ THRESHOLD_MOST_DOUBLINGS = 20  # 2^20 is the first power of two past 1e6
 THRESHOLD_HALVINGS = 24
 
 
-def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
+def _bisected_threshold(rate: Callable[[float], float], target: float, near: float | None = None) -> float:
     """The threshold a plain bisection on `rate` finds, from some 8 evaluations of 30 (the detector derives
     one whenever the CUSUM's inputs move: 30 evaluations each were a fifth of a year's replay).
 
@@ -601,7 +629,8 @@ def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
     the first such multiple whose rate is not above `target`, exact in floating point. Both are found here
     from where a secant in log(rate) puts the crossing, and confirmed by evaluating each side of it: the
     same float whatever the estimate (a poor one only costs a longer search), given the rate does not rise
-    between neighbouring grid points, which moves it by some 1e-7 of itself, far more than its rounding."""
+    between neighbouring grid points, which moves it by some 1e-7 of itself, far more than its rounding.
+    `near`: where the secant starts instead (`cusum_threshold`)."""
     seen: dict[float, float] = {}
 
     def rate_at(threshold: float) -> float:  # the estimate's first points are tried again by the search
@@ -613,7 +642,7 @@ def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
     def within(threshold: float) -> bool:  # the bisection's test, negated as it is written there
         return not rate_at(threshold) > target
 
-    estimate = _crossing(rate_at, target)
+    estimate = _crossing(rate_at, target, near)
     doublings = THRESHOLD_MOST_DOUBLINGS
     steps = 1 << THRESHOLD_HALVINGS
     if estimate is not None and 1.0 < estimate < math.ldexp(1.0, doublings - 1):
@@ -634,14 +663,15 @@ def _bisected_threshold(rate: Callable[[float], float], target: float) -> float:
     return _first_true(lambda j: j == steps or within(j * step), guess, 1, steps) * step
 
 
-def _crossing(rate: Callable[[float], float], target: float) -> float | None:
+def _crossing(rate: Callable[[float], float], target: float, near: float | None = None) -> float | None:
     """About where `rate` crosses `target`: secant steps in log(rate) from 8 and 16 (the detector's thresholds
-    mostly lie between, in long-run sigmas), stopped within 1e-5 of it (the next step would land within a grid
-    point or two of `_bisected_threshold`'s); None where the logs are not finite."""
+    mostly lie between, in long-run sigmas), or from `near` and a point beside it (a threshold derived for
+    inputs close to these: two or three steps fewer), stopped within 1e-5 of it (the next step would land
+    within a grid point or two of `_bisected_threshold`'s); None where the logs are not finite."""
     if not target > 0:
         return None
     log_target = math.log(target)
-    x0, x1 = 8.0, 16.0
+    x0, x1 = (near, near * 1.001) if near is not None and 1.0 < near < 1e6 else (8.0, 16.0)
     y0, y1 = rate(x0), rate(x1)
     for _ in range(12):
         if not (0 < y0 < math.inf and 0 < y1 < math.inf) or y0 == y1:
@@ -694,14 +724,14 @@ def _alarm_rate(allowance: float, offset_sd: float) -> Callable[[float], float]:
 
     def rate(threshold: float) -> float:
         h = threshold + 1.166
-        terms = []
+        total = 0.0  # summed in order from 0, as sum() adds false_alarms_per_run's terms
         for weight, flat, slope, divisor in nodes:
             if flat:
-                terms.append(weight / (h * h))
+                total += weight / (h * h)
                 continue
             a = slope * h
-            terms.append(weight / (inf if a > 700 else (exp(a) - a - 1.0) / divisor))
-        return sum(terms)  # as false_alarms_per_run sums them
+            total += weight / (inf if a > 700 else (exp(a) - a - 1.0) / divisor)
+        return total
 
     return rate
 

@@ -46,24 +46,39 @@ def mad_sigma_sorted(data: Sequence[float], *, center: float) -> float:
     split = bisect_left(data, center)
     below, above = split, count - split  # deviations: abs(data[split - 1 - i] - center), data[split + j] - center
 
-    def kth(k: int) -> float:
-        # The k-th smallest deviation (0-based): take i of the k + 1 smallest from those below, k + 1 - i above.
-        low, high = max(0, k + 1 - above), min(k + 1, below)
+    def smallest(k: int) -> tuple[int, int]:
+        # How many of the k + 1 smallest deviations come from those below (i) and above (k + 1 - i): binary
+        # search on i, taking from below while its next deviation is smaller than the next one above.
+        low = k + 1 - above if k + 1 - above > 0 else 0  # max(0, k + 1 - above), min(k + 1, below) spelt out
+        high = below if below < k + 1 else k + 1
         while low < high:
             i = (low + high) // 2
             if abs(data[split - 1 - i] - center) < data[split + k - i] - center:
                 low = i + 1
             else:
                 high = i
-        j = k + 1 - low
-        if low == 0:
-            return data[split + j - 1] - center
-        if j == 0:
-            return abs(data[split - low] - center)
-        return max(abs(data[split - low] - center), data[split + j - 1] - center)
+        return low, k + 1 - low
 
     half = count // 2
-    mad = kth(half) if count % 2 else (kth(half - 1) + kth(half)) / 2.0
+    i, j = smallest(half if count % 2 else half - 1)
+    # The largest of those smallest deviations: the last taken from either side.
+    if i == 0:
+        mad = data[split + j - 1] - center
+    elif j == 0:
+        mad = abs(data[split - i] - center)
+    else:
+        lower, upper = abs(data[split - i] - center), data[split + j - 1] - center
+        mad = upper if upper > lower else lower  # max(lower, upper)
+    if not count % 2:
+        # The next smallest, for the mean of the middle two: the smaller of the next on either side.
+        if i == below:
+            following = data[split + j] - center
+        elif j == above:
+            following = abs(data[split - 1 - i] - center)
+        else:
+            lower, upper = abs(data[split - 1 - i] - center), data[split + j] - center
+            following = upper if upper < lower else lower  # min(lower, upper)
+        mad = (mad + following) / 2.0
     return MAD_TO_SIGMA * mad
 
 

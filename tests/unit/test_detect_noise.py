@@ -159,6 +159,10 @@ def test_the_cusum_threshold_is_the_plain_bisections_to_the_bit() -> None:
             "reference_variance": rng.choice([0.0, -1.0, rng.uniform(0, 1), rng.uniform(0, 0.2)]),
         }
         assert noise.cusum_threshold(**inputs) == bisected_threshold(**inputs), inputs
+        # The search started anywhere (the detector starts it at the threshold it derived before): the same.
+        close = noise.cusum_threshold(**inputs) * rng.uniform(0.9, 1.1)
+        near = rng.choice([0.01, 1.0, 1e7, rng.uniform(0.1, 50), close])
+        assert noise.cusum_threshold(**inputs, near=near) == bisected_threshold(**inputs), (inputs, near)
     for allowance, offset in ((0.4, 0.0), (0.4, 0.3), (1e-10, 0.0), (2.0, 1e-10)):
         rate = noise._alarm_rate(allowance, offset)
         for threshold in (0.0, 0.5, 7.3, 31.9, 1e4):

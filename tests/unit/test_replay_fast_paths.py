@@ -163,3 +163,40 @@ def test_a_replayer_decides_the_long_run_factor_as_the_plain_reading_does(monkey
     for point in make_series(2, days=30, probes=3, phi=0.9):
         replayer.feed(point)
     assert len(answered) > 500 and True in answered and False in answered
+
+
+def _plain_day_difference(times: list[float], logs: list[float], index: int, tolerance: float) -> float | None:
+    """`_Core._day_difference` as first written: each day's partner found by a search of every run before."""
+    partners = []
+    for days in range(1, 6):
+        then = times[index] - days * 86400.0
+        found = [k for k in range(index) if times[k] >= then - tolerance]
+        if found and times[found[0]] <= then + tolerance:
+            partners.append(logs[found[0]])
+    if not partners:
+        return None
+    scale = math.sqrt({1: 2.0, 2: 1.5, 3: 1.449, 4: 1.343, 5: 1.287}[len(partners)])
+    return (logs[index] - median(partners)) / scale
+
+
+@given(
+    st.lists(st.sampled_from([300.0, 300.0, 300.0, 299.5, 301.0, 60.0, 3600.0, 86400.0]), min_size=1, max_size=2500),
+    st.lists(st.integers(0, 2499), min_size=1, max_size=40),
+    st.sampled_from([150.0, 30.0, 600.0]),
+)
+def test_a_runs_partners_on_the_days_before_are_found_from_the_last_ones_asked_for(
+    spacings: list[float], asked: list[int], tolerance: float
+) -> None:
+    # Runs mostly every 5 minutes, with jitter and gaps; asked about in any order (forward mostly, as the noise
+    # model learns, but also back and far ahead), twice in a row too.
+    core = _Core(Rules(noise_model=True), None)
+    moment = 1.7e9
+    for number, spacing in enumerate(spacings):
+        moment += spacing
+        core.times.append(moment)
+        core.logs.append(math.log(400.0 + number % 7))
+    middle = len(spacings) // 2
+    in_turn = range(middle, min(len(spacings), middle + 30))
+    for index in [*(a % len(spacings) for a in asked), *in_turn, len(spacings) - 1, len(spacings) - 1]:
+        expected = _plain_day_difference(core.times, core.logs, index, tolerance)
+        assert core._day_difference(index, tolerance) == expected
