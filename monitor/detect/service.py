@@ -422,11 +422,6 @@ class DetectionService:
         detector = self._detector(series.target)
         since = detector.history_since(run.started_at, interval=interval)
         generation = self._settings_generation
-        kept = await self._history(series, since, run.started_at, generation)
-        history: list[RunPoint] | HistoryColumns = kept.columns(since, run.started_at)
-        if self._cache.is_warm(series.prompt):
-            points = kept.points(since, run.started_at)
-            history = await self._cache.without_cacheless(series, points, run.started_at)
         measured = [s for s in samples if not s.warmup and not s.disturbed]
         served = Counter(s.served_model for s in measured if s.served_model).most_common(1)
         fingerprint = Counter(s.fingerprint for s in measured if s.fingerprint).most_common(1)
@@ -445,6 +440,14 @@ class DetectionService:
                 reasoning_tokens=statistics.median(float(s.reasoning_tokens or 0) for s in answered),
             )
         async with write_transaction(self._engine) as connection:
+            # The history is read in the transaction that writes the state: one connection and one BEGIN and
+            # COMMIT a series, not two (on SQLite each is a trip to the connection's thread, and detection runs
+            # once a series and tick).
+            kept = await self._history(series, since, run.started_at, generation, connection)
+            history: list[RunPoint] | HistoryColumns = kept.columns(since, run.started_at)
+            if self._cache.is_warm(series.prompt):
+                points = kept.points(since, run.started_at)
+                history = await self._cache.without_cacheless(series, points, run.started_at)
             series_id = await self._store.series_id(connection, series)
             if series_id is None:
                 return None
@@ -483,28 +486,30 @@ class DetectionService:
             attempt.committing = True
         return new_state, events, baseline_ms
 
-    async def _history(self, series: SeriesKey, since: datetime, end: datetime, generation: int) -> SeriesHistory:
-        """The runs of `series` started in [since, end), as the detector reads them. From the history kept
-        (detect/history.py) when the database still holds exactly its runs over their span, reading only the
-        runs stored after them; else read whole, and kept if the budget allows."""
+    async def _history(
+        self, series: SeriesKey, since: datetime, end: datetime, generation: int, connection: AsyncConnection
+    ) -> SeriesHistory:
+        """The runs of `series` started in [since, end), as the detector reads them on `connection`. From the
+        history kept (detect/history.py) when the database still holds exactly its runs over their span, reading
+        only the runs stored after them; else read whole, and kept if the budget allows."""
         lock = self._history_locks[series]
         # One reader of a series' kept history at a time: two evaluations of it at once (a replayed spool's
         # runs beside a tick's) would both append the runs stored since its last.
         async with lock:
             try:
-                return await self._history_locked(series, since, end, generation)
+                return await self._history_locked(series, since, end, generation, connection)
             except BaseException:
                 self._histories.forget(series)  # half extended, perhaps: read whole next time
                 raise
 
     async def _history_locked(
-        self, series: SeriesKey, since: datetime, end: datetime, generation: int
+        self, series: SeriesKey, since: datetime, end: datetime, generation: int, connection: AsyncConnection
     ) -> SeriesHistory:
         kept = self._histories.get(series) if generation == self._settings_generation else None
         last = kept.last if kept is not None else None
         if kept is not None and last is not None and kept.complete_from <= micros(since):
             # Both read on one connection; the new rows are used only if the span still holds.
-            span, rows = await self._repository.history_since_span(series, since, last, end)
+            span, rows = await self._repository.history_since_span(series, since, last, end, connection=connection)
             if Span(*span) == kept.span(since, last):
                 kept.extend(rows)
                 kept.forget_before(since)
@@ -514,7 +519,7 @@ class DetectionService:
             self._log.debug("detection_history_reread", target=series.target, prompt=series.prompt)
             self._histories.forget(series)
         fresh = SeriesHistory(since)
-        fresh.extend(await self._repository.history_rows(series, since, end))
+        fresh.extend(await self._repository.history_rows(series, since, end, connection=connection))
         if generation != self._settings_generation:
             return fresh  # the settings changed while it was read: used once, not kept
         if not self._histories.keep(series, fresh) and self._histories.budget_bytes and not self._history_budget_warned:

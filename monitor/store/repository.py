@@ -630,22 +630,33 @@ class Repository:
         rows = await self._series_rows(series, _RUNS_BETWEEN, connection=connection, start=start, end=end)
         return [_run_record(row, series) for row in rows]
 
-    async def history_rows(self, series: SeriesKey, start: datetime, end: datetime) -> list[tuple[Any, ...]]:
+    async def history_rows(
+        self, series: SeriesKey, start: datetime, end: datetime, *, connection: AsyncConnection | None = None
+    ) -> list[tuple[Any, ...]]:
         """What the detector reads of the runs of `series` started in [start, end), oldest first:
-        (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build)."""
-        rows = await self._series_rows(series, _HISTORY_FROM, start=start, end=end)
+        (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build). On `connection` when given."""
+        rows = await self._series_rows(series, _HISTORY_FROM, connection=connection, start=start, end=end)
         return [tuple(row) for row in rows]
 
     async def history_since_span(
-        self, series: SeriesKey, start: datetime, last: datetime, end: datetime
+        self,
+        series: SeriesKey,
+        start: datetime,
+        last: datetime,
+        end: datetime,
+        *,
+        connection: AsyncConnection | None = None,
     ) -> tuple[tuple[int, datetime | None, datetime | None], list[tuple[Any, ...]]]:
         """(runs, first start, last start) of `series` started in [start, last], and what `history_rows` reads of
-        those started in (last, end), on one connection: a detector's kept history checked and brought up to date."""
-        async with self._read() as connection:
-            # The new rows first: a commit the first statement sees, the second sees too, so a transaction
-            # storing runs on both sides of `last` cannot be half seen without the span telling.
-            rows = await self._series_rows(series, _HISTORY_AFTER, connection=connection, after=last, end=end)
-            span = await self._series_rows(series, _RUN_SPAN, connection=connection, start=start, end=last)
+        those started in (last, end), on one connection (`connection` when given): a detector's kept history
+        checked and brought up to date."""
+        if connection is None:
+            async with self._read() as reading:
+                return await self.history_since_span(series, start, last, end, connection=reading)
+        # The new rows first: a commit the first statement sees, the second sees too, so a transaction
+        # storing runs on both sides of `last` cannot be half seen without the span telling.
+        rows = await self._series_rows(series, _HISTORY_AFTER, connection=connection, after=last, end=end)
+        span = await self._series_rows(series, _RUN_SPAN, connection=connection, start=start, end=last)
         count, first, newest = span[0] if span else (0, None, None)
         return (int(count), first, newest), [tuple(row) for row in rows]
 

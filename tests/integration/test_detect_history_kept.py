@@ -217,3 +217,40 @@ async def test_once_keeps_no_history_and_the_daemon_does(tmp_path: Path, sqlite_
             await once.after_store("every-5m", batch)
             await daemon.after_store("every-5m", batch)
         assert len(once._histories) == 0 and len(daemon._histories) == 2  # the histories each keeps
+
+
+async def test_a_series_evaluation_reads_its_history_in_the_transaction_that_writes_its_state(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    # Detection runs once a series and tick: its history read and its state written on one connection, in one
+    # transaction, not a reading connection and then a writing one (each a BEGIN and an end, and on SQLite each
+    # statement a trip to the connection's thread).
+    shutil.copy(sqlite_template, tmp_path / "one.db")
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / 'one.db'}")
+    repository = Repository(engine)
+    service = service_on(engine, config())
+    checkouts = [0]
+
+    def checked_out(*_args: Any) -> None:
+        checkouts[0] += 1
+
+    try:
+        for index in range(8):  # the histories kept, then brought up to date
+            batch = tick(index, {}, targets=TARGETS)
+            await repository.save_runs(batch)
+            await service.after_store("every-5m", batch)
+        per_batch = []
+        for index, targets in ((8, TARGETS[:1]), (9, TARGETS)):
+            batch = tick(index, {}, targets=targets)
+            await repository.save_runs(batch)
+            checkouts[0] = 0
+            sa.event.listen(engine.sync_engine, "checkout", checked_out)
+            try:
+                await service.after_store("every-5m", batch)
+            finally:
+                sa.event.remove(engine.sync_engine, "checkout", checked_out)
+            per_batch.append((len(batch), checkouts[0]))
+        (runs_one, one), (runs_two, two) = per_batch
+        assert (two - one) == runs_two - runs_one  # one connection an evaluated run
+    finally:
+        await engine.dispose()
