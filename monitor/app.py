@@ -392,7 +392,7 @@ def start_background_store(
     background = BackgroundStore(
         store.writer,
         after_store=context.after_store,
-        save_calibration=store.repository.save_calibration,
+        save_calibration=store.repository.save_calibrations,
         saved_fits=context.saved_fits,
         aftercare_timeout_s=AFTERCARE_TIMEOUT_S if aftercare_timeout_s is None else aftercare_timeout_s,
     )

@@ -430,7 +430,7 @@ class Daemon:
         self._earlier = asyncio.create_task(store.writer.drain())
         self._tasks = [self._earlier]
         background.attach(
-            store.writer, after_store=context.after_store, save_calibration=store.repository.save_calibration
+            store.writer, after_store=context.after_store, save_calibration=store.repository.save_calibrations
         )
         background.start()
         self._background_started = background

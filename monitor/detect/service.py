@@ -4,12 +4,13 @@ and write the new state, the incidents and their notifications in one transactio
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import statistics
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, Literal
@@ -133,6 +134,51 @@ def _marker_text(event: Event, model: str) -> str:
     return identity.describe(event.detail, model)
 
 
+# SQLite: runs of a batch evaluated in one write transaction (`_SharedWrites`). Each transaction of its own cost
+# a connection from the pool, BEGIN IMMEDIATE and COMMIT (a sync of the file) a series and tick; SQLite's lock is
+# held this many runs at a time (about 1 ms each), while the writer and housekeeping wait on the busy timeout.
+SHARED_WRITES_RUNS = 25
+
+
+class _SharedWrites:
+    """A write transaction opened on first use and committed (or rolled back) on demand, with the evaluations
+    made in it: (run, samples, latency evidence), the groups each touched, its outcome."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._connection: AsyncConnection | None = None
+        self.pending: list[tuple[tuple[RunRecord, Sequence[Sample], bool], set[uuid.UUID], Any]] = []
+
+    async def connection(self) -> AsyncConnection:
+        if self._connection is None:
+            stack = contextlib.AsyncExitStack()
+            self._connection = await stack.enter_async_context(write_transaction(self._engine))
+            self._stack = stack
+        return self._connection
+
+    def _take(self) -> tuple[contextlib.AsyncExitStack | None, list[Any]]:
+        stack, pending = self._stack, self.pending
+        self._stack, self._connection, self.pending = None, None, []
+        return stack, pending
+
+    async def commit(self) -> list[Any]:
+        """Commit; the evaluations it held. On failure they are kept for `abandon`."""
+        stack, pending = self._stack, self.pending
+        if stack is not None:
+            await stack.aclose()  # leaving write_transaction commits
+        self._take()
+        return pending
+
+    async def abandon(self) -> list[tuple[RunRecord, Sequence[Sample], bool]]:
+        """Roll back (the transaction, if still open); the runs it held, to evaluate again."""
+        stack, pending = self._take()
+        if stack is not None:
+            with contextlib.suppress(Exception):
+                await stack.__aexit__(RuntimeError, RuntimeError("rolled back"), None)
+        return [item for item, _touched, _outcome in pending]
+
+
 class StateConflict(Exception):
     """Another writer (a replica, a concurrent evaluation) changed the series' detector state first."""
 
@@ -234,7 +280,6 @@ class DetectionService:
         interval = job_interval(self._config, job) if job != "adhoc" else timedelta(minutes=5)
         deadline = None if budget_s is None else self._clock() + budget_s
         groups: set[uuid.UUID] = set()
-        evaluated = 0
         # First the prompt cache's pairs: a warm run that found no cache is the cache's incident, not
         # evidence of a TTFT regression of the warm path (one cause, one incident).
         cacheless = await self._cache.after_store(job, batch, interval=interval)
@@ -246,27 +291,12 @@ class DetectionService:
             turns = self._turns
             ordered = sorted(batch, key=lambda item: turns.get(item[0].series, -1))
         self._cut_jobs.discard(job)
-        for index, (run, samples) in enumerate(ordered):
-            if deadline is not None and evaluated and self._clock() > deadline:
-                self._skipped(job, runs=len(ordered) - index, evaluated=evaluated, budget_s=budget_s)
-                self._cut_jobs.add(job)
-                break
-            self._turns[run.series] = next(self._turn)
-            latency = run.series not in cacheless
-            if not latency:
-                self._run_log(job, run).info(
-                    "detection_skipped_cacheless",
-                    run_id=str(run.run_id),
-                    reason="the warm probes found no prompt cache: the cache's incident (cache_stopped), not "
-                    "evidence of a TTFT regression (which model answered and availability are still judged)",
-                )
-            if not self._evidence(job, run, samples):
-                continue
-            evaluated += 1
-            try:
-                await self._evaluate(job, run, samples, interval, groups, latency=latency)
-            except Exception as exc:
-                self._run_log(job, run).warning("detection_failed", error=error_text(exc))
+        shared = _SharedWrites(self._engine) if self._engine.dialect.name == "sqlite" else None
+        try:
+            await self._evaluate_batch(job, ordered, interval, groups, shared, cacheless, deadline, budget_s)
+        finally:
+            if shared is not None:  # cancelled with runs evaluated and not committed: let SQLite's lock go
+                await shared.abandon()
         # Per target rather than per series: after every run of the batch is stored and evaluated.
         await self._burn.after_store(job, batch)
         await self._budget.after_store(job)
@@ -294,6 +324,46 @@ class DetectionService:
                 await self._sync_group(job, group_id, at)
             except Exception as exc:
                 self._log.warning("group_notify_failed", job=job, error=error_text(exc))
+
+    async def _evaluate_batch(
+        self,
+        job: str,
+        ordered: Sequence[tuple[RunRecord, Sequence[Sample]]],
+        interval: timedelta,
+        groups: set[uuid.UUID],
+        shared: _SharedWrites | None,
+        cacheless: Collection[SeriesKey],
+        deadline: float | None,
+        budget_s: float | None,
+    ) -> None:
+        """Evaluate `ordered` until the budget's `deadline`; on SQLite in `shared` write transactions."""
+        evaluated = 0
+        for index, (run, samples) in enumerate(ordered):
+            if deadline is not None and evaluated and self._clock() > deadline:
+                self._skipped(job, runs=len(ordered) - index, evaluated=evaluated, budget_s=budget_s)
+                self._cut_jobs.add(job)
+                break
+            self._turns[run.series] = next(self._turn)
+            latency = run.series not in cacheless
+            if not latency:
+                self._run_log(job, run).info(
+                    "detection_skipped_cacheless",
+                    run_id=str(run.run_id),
+                    reason="the warm probes found no prompt cache: the cache's incident (cache_stopped), not "
+                    "evidence of a TTFT regression (which model answered and availability are still judged)",
+                )
+            if not self._evidence(job, run, samples):
+                continue
+            evaluated += 1
+            if shared is not None:
+                await self._evaluate_shared(job, (run, samples, latency), interval, groups, shared)
+                continue
+            try:
+                await self._evaluate(job, run, samples, interval, groups, latency=latency)
+            except Exception as exc:
+                self._run_log(job, run).warning("detection_failed", error=error_text(exc))
+        if shared is not None:
+            await self._commit_shared(job, interval, groups, shared)
 
     def _skipped(self, job: str, *, runs: int, evaluated: int, budget_s: float | None) -> None:
         self._log.warning(
@@ -373,34 +443,98 @@ class DetectionService:
                     await asyncio.sleep(pauses.pop(0))
                     continue
             groups.update(touched)
-            if outcome is not None:
-                new_state, events, baseline_ms = outcome
-                for event in events:
-                    reading = IncidentReading(
-                        event.action,
-                        series=(run.series.target, run.series.prompt, run.series.location),
-                        kind=event.kind,
-                        severity=event.severity,
-                        baseline_ms=event.baseline_ms,
-                        observed_ms=event.observed_ms,
-                        ratio=event.ratio,
-                        error_class=event.error,
-                    )
-                    self._run_log(job, run).warning("incident_" + event.action, **reading.facts())
-                    if self._metrics is not None:
-                        self._metrics.observe_incident(reading)
-                self._observe(run.series, new_state, events)
-                if self._metrics is not None:
-                    rule = self._config.detection.ticket
-                    self._metrics.observe_baseline(
-                        (run.series.target, run.series.prompt, run.series.location),
-                        baseline_ms=baseline_ms,
-                        run_median_ms=run.ttft_p50_ms,
-                        ticket_ratio=rule.ratio,
-                        ticket_min_delta_ms=rule.min_delta_ms,
-                    )
+            self._evaluated(job, run, outcome)
             return
         raise StateConflict(f"the detector state changed under {STATE_WRITE_ATTEMPTS} attempts in a row")
+
+    async def _evaluate_shared(
+        self,
+        job: str,
+        item: tuple[RunRecord, Sequence[Sample], bool],
+        interval: timedelta,
+        groups: set[uuid.UUID],
+        shared: _SharedWrites,
+    ) -> None:
+        """SQLite: evaluate the run in the batch's open write transaction (`_SharedWrites`), committed every
+        `SHARED_WRITES_RUNS` runs. Nothing else can write while it holds SQLite's lock, so no compare-and-set
+        can fail in it; any failure rolls the transaction back and its runs are evaluated again, each in a
+        transaction of its own as on PostgreSQL, so it costs only its own run."""
+        run, samples, latency = item
+        touched: set[uuid.UUID] = set()
+        try:
+            connection = await shared.connection()
+            outcome = await self._evaluate_once(
+                job, run, samples, interval, touched, latency=latency, connection=connection
+            )
+        except Exception as exc:
+            self._log.debug(
+                "detection_shared_rolled_back", job=job, runs=len(shared.pending) + 1, error=error_text(exc)
+            )
+            await self._evaluate_apart(job, [*(await shared.abandon()), item], interval, groups)
+            return
+        shared.pending.append((item, touched, outcome))
+        if len(shared.pending) >= SHARED_WRITES_RUNS:
+            await self._commit_shared(job, interval, groups, shared)
+
+    async def _commit_shared(
+        self, job: str, interval: timedelta, groups: set[uuid.UUID], shared: _SharedWrites
+    ) -> None:
+        """Commit the runs evaluated in the shared transaction, then do what follows each evaluation (logs,
+        metrics, the groups to notify); if the commit fails, evaluate them again one by one."""
+        try:
+            done = await shared.commit()
+        except Exception as exc:
+            self._log.debug("detection_shared_rolled_back", job=job, runs=len(shared.pending), error=error_text(exc))
+            await self._evaluate_apart(job, await shared.abandon(), interval, groups)
+            return
+        for (run, _samples, _latency), touched, outcome in done:
+            groups.update(touched)
+            self._evaluated(job, run, outcome)
+
+    async def _evaluate_apart(
+        self,
+        job: str,
+        items: Sequence[tuple[RunRecord, Sequence[Sample], bool]],
+        interval: timedelta,
+        groups: set[uuid.UUID],
+    ) -> None:
+        for run, samples, latency in items:
+            try:
+                await self._evaluate(job, run, samples, interval, groups, latency=latency)
+            except Exception as exc:
+                self._run_log(job, run).warning("detection_failed", error=error_text(exc))
+
+    def _evaluated(
+        self, job: str, run: RunRecord, outcome: tuple[SeriesState, list[Event], float | None] | None
+    ) -> None:
+        """What follows an evaluation once its transaction committed: its events logged, the metrics."""
+        if outcome is None:
+            return
+        new_state, events, baseline_ms = outcome
+        for event in events:
+            reading = IncidentReading(
+                event.action,
+                series=(run.series.target, run.series.prompt, run.series.location),
+                kind=event.kind,
+                severity=event.severity,
+                baseline_ms=event.baseline_ms,
+                observed_ms=event.observed_ms,
+                ratio=event.ratio,
+                error_class=event.error,
+            )
+            self._run_log(job, run).warning("incident_" + event.action, **reading.facts())
+            if self._metrics is not None:
+                self._metrics.observe_incident(reading)
+        self._observe(run.series, new_state, events)
+        if self._metrics is not None:
+            rule = self._config.detection.ticket
+            self._metrics.observe_baseline(
+                (run.series.target, run.series.prompt, run.series.location),
+                baseline_ms=baseline_ms,
+                run_median_ms=run.ttft_p50_ms,
+                ticket_ratio=rule.ratio,
+                ticket_min_delta_ms=rule.min_delta_ms,
+            )
 
     async def _state_landed(self, series: SeriesKey, attempt: _Attempt) -> bool:
         """Whether the cut COMMIT landed: the state row holds what the attempt wrote, one version on."""
@@ -423,17 +557,14 @@ class DetectionService:
         attempt: _Attempt | None = None,
         *,
         latency: bool = True,
+        connection: AsyncConnection | None = None,
     ) -> tuple[SeriesState, list[Event], float | None] | None:
+        """One evaluation in a write transaction of its own, or in the caller's (`connection`)."""
         attempt = attempt if attempt is not None else _Attempt()
         series = run.series
         detector = self._detector(series.target)
         since = detector.history_since(run.started_at, interval=interval)
         generation = self._settings_generation
-        kept = await self._history(series, since, run.started_at, generation)
-        history: list[RunPoint] | HistoryColumns = kept.columns(since, run.started_at)
-        if self._cache.is_warm(series.prompt):
-            points = kept.points(since, run.started_at)
-            history = await self._cache.without_cacheless(series, points, run.started_at)
         measured = [s for s in samples if not s.warmup and not s.disturbed]
         served = Counter(s.served_model for s in measured if s.served_model).most_common(1)
         fingerprint = Counter(s.fingerprint for s in measured if s.fingerprint).most_common(1)
@@ -451,7 +582,16 @@ class DetectionService:
                 output_tokens=statistics.median(float(s.completion_tokens or 0) for s in answered),
                 reasoning_tokens=statistics.median(float(s.reasoning_tokens or 0) for s in answered),
             )
-        async with write_transaction(self._engine) as connection:
+        transaction = contextlib.nullcontext(connection) if connection is not None else write_transaction(self._engine)
+        async with transaction as connection:
+            # The history is read in the transaction that writes the state: one connection and one BEGIN and
+            # COMMIT a series, not two (on SQLite each is a trip to the connection's thread, and detection runs
+            # once a series and tick).
+            kept = await self._history(series, since, run.started_at, generation, connection)
+            history: list[RunPoint] | HistoryColumns = kept.columns(since, run.started_at)
+            if self._cache.is_warm(series.prompt):
+                points = kept.points(since, run.started_at)
+                history = await self._cache.without_cacheless(series, points, run.started_at)
             series_id = await self._store.series_id(connection, series)
             if series_id is None:
                 return None
@@ -490,28 +630,30 @@ class DetectionService:
             attempt.committing = True
         return new_state, events, baseline_ms
 
-    async def _history(self, series: SeriesKey, since: datetime, end: datetime, generation: int) -> SeriesHistory:
-        """The runs of `series` started in [since, end), as the detector reads them. From the history kept
-        (detect/history.py) when the database still holds exactly its runs over their span, reading only the
-        runs stored after them; else read whole, and kept if the budget allows."""
+    async def _history(
+        self, series: SeriesKey, since: datetime, end: datetime, generation: int, connection: AsyncConnection
+    ) -> SeriesHistory:
+        """The runs of `series` started in [since, end), as the detector reads them on `connection`. From the
+        history kept (detect/history.py) when the database still holds exactly its runs over their span, reading
+        only the runs stored after them; else read whole, and kept if the budget allows."""
         lock = self._history_locks[series]
         # One reader of a series' kept history at a time: two evaluations of it at once (a replayed spool's
         # runs beside a tick's) would both append the runs stored since its last.
         async with lock:
             try:
-                return await self._history_locked(series, since, end, generation)
+                return await self._history_locked(series, since, end, generation, connection)
             except BaseException:
                 self._histories.forget(series)  # half extended, perhaps: read whole next time
                 raise
 
     async def _history_locked(
-        self, series: SeriesKey, since: datetime, end: datetime, generation: int
+        self, series: SeriesKey, since: datetime, end: datetime, generation: int, connection: AsyncConnection
     ) -> SeriesHistory:
         kept = self._histories.get(series) if generation == self._settings_generation else None
         last = kept.last if kept is not None else None
         if kept is not None and last is not None and kept.complete_from <= micros(since):
             # Both read on one connection; the new rows are used only if the span still holds.
-            span, rows = await self._repository.history_since_span(series, since, last, end)
+            span, rows = await self._repository.history_since_span(series, since, last, end, connection=connection)
             if Span(*span) == kept.span(since, last):
                 kept.extend(rows)
                 kept.forget_before(since)
@@ -521,7 +663,7 @@ class DetectionService:
             self._log.debug("detection_history_reread", target=series.target, prompt=series.prompt)
             self._histories.forget(series)
         fresh = SeriesHistory(since)
-        fresh.extend(await self._repository.history_rows(series, since, end))
+        fresh.extend(await self._repository.history_rows(series, since, end, connection=connection))
         if generation != self._settings_generation:
             return fresh  # the settings changed while it was read: used once, not kept
         if not self._histories.keep(series, fresh) and self._histories.budget_bytes and not self._history_budget_warned:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -60,7 +60,8 @@ class AfterStore(Protocol):
     def __call__(self, job: str, batch: Batch, *, budget_s: float | None = None) -> Awaitable[None]: ...
 
 
-SaveCalibration = Callable[[tuple[str, str], float, float], Awaitable[None]]
+# Saves a batch's moved calibration fits, (target, prompt) -> (characters per token, overhead tokens), at once.
+SaveCalibration = Callable[[Mapping[tuple[str, str], tuple[float, float]]], Awaitable[None]]
 
 
 class Spooled(Protocol):
@@ -212,9 +213,8 @@ class BackgroundStore:
     async def _save_fits(self, fits: dict[tuple[str, str], tuple[float, float]]) -> None:
         if self._save_calibration is None:
             return
-        for key, fit in fits.items():
-            await self._save_calibration(key, *fit)
-            self.saved_fits[key] = fit
+        await self._save_calibration(fits)
+        self.saved_fits.update(fits)
 
     def spool_held(self, spool: Spooled) -> None:
         """Spool what waits in the queue of a background store that never started (`once` could not open

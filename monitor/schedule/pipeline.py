@@ -545,8 +545,8 @@ async def _save_calibration(ctx: JobContext, outcome: JobOutcome, log: Filtering
     assert ctx.repository is not None
     try:
         async with asyncio.timeout(AFTERCARE_TIMEOUT_S):
-            for key, fit in _moved_fits(ctx, outcome).items():
-                await ctx.repository.save_calibration(key, *fit)
-                ctx.saved_fits[key] = fit
+            moved = _moved_fits(ctx, outcome)
+            await ctx.repository.save_calibrations(moved)
+            ctx.saved_fits.update(moved)
     except Exception as exc:  # calibration is an optimisation; a failed save must not fail the job
         log.warning("calibration_not_saved", error=type(exc).__name__)

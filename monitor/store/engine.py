@@ -113,13 +113,14 @@ def create_engine(
 
 
 async def _open_sqlite(*args: Any, **options: Any) -> Any:
-    """aiosqlite's connect, except that a file that cannot be opened (a directory, a directory not writable)
-    leaves no thread behind: aiosqlite stops the worker thread of a failed open without waiting for it, and
-    when the event loop closes first (a command's one-line error, then the end of `asyncio.run`), that
-    thread prints a traceback (RuntimeError: Event loop is closed)."""
-    import aiosqlite
+    """aiosqlite's connect, its statements one trip each to its thread (store/sqlite_driver.py), except that a
+    file that cannot be opened (a directory, a directory not writable) leaves no thread behind: aiosqlite stops
+    the worker thread of a failed open without waiting for it, and when the event loop closes first (a
+    command's one-line error, then the end of `asyncio.run`), that thread prints a traceback (RuntimeError:
+    Event loop is closed)."""
+    from monitor.store import sqlite_driver
 
-    connection = aiosqlite.connect(*args, **options)
+    connection = sqlite_driver.connect(*args, **options)
     connection._thread.daemon = True  # as SQLAlchemy's own connect: never hold up the exit
     try:
         return await connection

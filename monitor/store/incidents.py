@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import case, delete, func, insert, select, update
+from sqlalchemy import bindparam, case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.store.models import (
@@ -24,6 +24,20 @@ from monitor.store.models import (
 )
 from monitor.store.records import SeriesKey, record_from_row
 from monitor.store.statements import find_series_id, upsert_insert
+
+# Detection reads and writes one state row a series and tick: built once, so SQLAlchemy reuses their compiled
+# form without building and keying a new statement each time (the names differ from the columns' on purpose:
+# an UPDATE's SET reserves those).
+_READ_STATE = select(DetectorStateRow.state, DetectorStateRow.version).where(
+    DetectorStateRow.series_id == bindparam("state_series")
+)
+_WRITE_STATE = (
+    update(DetectorStateRow)
+    .where(
+        DetectorStateRow.series_id == bindparam("state_series"), DetectorStateRow.version == bindparam("read_version")
+    )
+    .values(state=bindparam("new_state"), version=bindparam("new_version"), updated_at=bindparam("written_at"))
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,11 +75,7 @@ class IncidentStore:
         return known
 
     async def read_state(self, connection: AsyncConnection, series_id: int) -> StoredState | None:
-        row = (
-            await connection.execute(
-                select(DetectorStateRow.state, DetectorStateRow.version).where(DetectorStateRow.series_id == series_id)
-            )
-        ).first()
+        row = (await connection.execute(_READ_STATE, {"state_series": series_id})).first()
         return StoredState(state=row.state, version=row.version) if row is not None else None
 
     async def write_state(
@@ -85,9 +95,14 @@ class IncidentStore:
             )
             return True
         written = await connection.execute(
-            update(DetectorStateRow)
-            .where(DetectorStateRow.series_id == series_id, DetectorStateRow.version == read.version)
-            .values(state=state, version=read.version + 1, updated_at=now)
+            _WRITE_STATE,
+            {
+                "state_series": series_id,
+                "read_version": read.version,
+                "new_state": state,
+                "new_version": read.version + 1,
+                "written_at": now,
+            },
         )
         return written.rowcount == 1
 

@@ -287,6 +287,21 @@ async def test_rollups_keep_the_band_the_phases_and_the_server_metrics(engine: A
     assert all(s.ttft_p10_ms is not None and s.ttft_p10_ms <= s.ttft_p50_ms for s in stored)  # type: ignore[operator]
 
 
+async def test_a_batch_of_calibration_fits_is_saved_at_once(backend: Backend) -> None:
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        await repository.save_calibration(("a", "short"), 3.7, 12.0)
+        await repository.save_calibrations({})  # nothing moved: nothing written
+        await repository.save_calibrations(
+            {("a", "short"): (3.9, 11.5), ("a", "long"): (4.1, 0.0), ("b", "short"): (2.5, 3.0)}
+        )
+        stored = await repository.load_calibration()
+    finally:
+        await engine.dispose()
+    assert stored == {("a", "short"): (3.9, 11.5), ("a", "long"): (4.1, 0.0), ("b", "short"): (2.5, 3.0)}
+
+
 async def test_prompt_calibration_survives_a_restart(backend: Backend) -> None:
     engine = backend.engine()
     repository = Repository(engine)
