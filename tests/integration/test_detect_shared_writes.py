@@ -6,7 +6,9 @@ each exactly once; a cancelled batch lets SQLite's lock go."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,26 +72,36 @@ async def test_a_batch_takes_one_connection_for_its_evaluations_however_many_run
     assert await versions(engine) == [8, 8, 7, 7, 7, 7]  # a1 probed 8 times, a2 and b1 7
 
 
+def on_each_evaluation(monkeypatch: pytest.MonkeyPatch, before: Callable[[int], None]) -> None:
+    """Call `before(n)` ahead of the detector's n-th evaluation from now on (counted from 1; `before` may raise)."""
+    original = Detector.evaluate_with_baseline
+    calls = itertools.count(1)
+
+    def evaluate(self: Detector, history: Any, state: Any, point: Any) -> Any:
+        before(next(calls))
+        return original(self, history, state, point)
+
+    monkeypatch.setattr(Detector, "evaluate_with_baseline", evaluate)
+
+
 async def test_a_failed_run_rolls_the_shared_transaction_back_and_every_other_run_is_evaluated_once(
     engine: AsyncEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repository = Repository(engine)
     service = service_on(engine, config())
-    original = Detector.evaluate_with_baseline
-    failing = {"count": 0}
+    calls = {"last": 0, "before_tick": 0}
 
-    def evaluate(self: Detector, history: Any, state: Any, point: Any) -> Any:
+    def fourth_of_a_tick_fails(call: int) -> None:
         # The fourth evaluation of each tick fails, after three evaluated in the shared transaction.
-        failing["count"] += 1
-        if failing["count"] == 4:
+        calls["last"] = call
+        if call - calls["before_tick"] == 4:
             raise RuntimeError("boom")
-        return original(self, history, state, point)
 
-    monkeypatch.setattr(Detector, "evaluate_with_baseline", evaluate)
+    on_each_evaluation(monkeypatch, fourth_of_a_tick_fails)
     ticks = 4
     with capture_logs() as logs:
         for index in range(ticks):
-            failing["count"] = 0
+            calls["before_tick"] = calls["last"]
             batch = tick(index, {}, targets=TARGETS)
             await repository.save_runs(batch)
             await service.after_store("every-5m", batch)
@@ -124,17 +136,8 @@ async def test_a_cancelled_batch_rolls_back_and_leaves_the_database_writable(
 ) -> None:
     repository = Repository(engine)
     service = service_on(engine, config())
-    original = Detector.evaluate_with_baseline
-    calls = {"count": 0}
     reached = asyncio.Event()
-
-    def evaluate(self: Detector, history: Any, state: Any, point: Any) -> Any:
-        calls["count"] += 1
-        if calls["count"] == 3:
-            reached.set()
-        return original(self, history, state, point)
-
-    monkeypatch.setattr(Detector, "evaluate_with_baseline", evaluate)
+    on_each_evaluation(monkeypatch, lambda call: reached.set() if call == 3 else None)
     batch = tick(0, {}, targets=TARGETS)
     await repository.save_runs(batch)
     hold = asyncio.Event()

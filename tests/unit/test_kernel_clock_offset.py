@@ -30,15 +30,23 @@ class SteppableClocks:
         self.mono_ns += ns
 
 
+def read_later(
+    clocks: SteppableClocks, offset: kernel_clock.WallClockOffset, *, after_ns: int
+) -> tuple[int, int | None]:
+    """A packet arrives now and is read `after_ns` later: its arrival on the monotonic clock, and what the
+    offset makes of its wall-clock stamp."""
+    arrived_mono, arrived_wall = clocks.mono_ns, clocks.wall_ns
+    clocks.run(after_ns)
+    return arrived_mono, offset.to_monotonic(arrived_wall, offset.observe())
+
+
 def test_a_stamp_moves_to_the_monotonic_clock_by_the_offset_between_the_clocks() -> None:
     clocks = SteppableClocks()
     offset = kernel_clock.WallClockOffset(wall=clocks.wall, mono=clocks.mono)
     offset.observe()
     clocks.run(50_000_000)
-    arrived_mono, arrived_wall = clocks.mono_ns, clocks.wall_ns
-    clocks.run(30_000_000)  # the loop reads 30 ms later
-    now = offset.observe()
-    assert offset.to_monotonic(arrived_wall, now) == arrived_mono
+    arrived, converted = read_later(clocks, offset, after_ns=30_000_000)  # the loop reads 30 ms later
+    assert converted == arrived
     assert offset.steps == 0
 
 
@@ -58,9 +66,8 @@ def test_a_stamp_from_before_a_wall_clock_step_is_not_converted(step_ns: int) ->
     assert offset.to_monotonic(arrived_wall, now) is None
     # A stamp taken after the step (and after the reading that saw it) is converted again.
     clocks.run(20_000_000)
-    arrived_mono, arrived_wall = clocks.mono_ns, clocks.wall_ns
-    clocks.run(5_000_000)
-    assert offset.to_monotonic(arrived_wall, offset.observe()) == arrived_mono
+    arrived, converted = read_later(clocks, offset, after_ns=5_000_000)
+    assert converted == arrived
 
 
 def test_a_reading_stretched_by_a_preemption_is_not_a_step_and_does_not_replace_a_better_one() -> None:
@@ -72,9 +79,8 @@ def test_a_reading_stretched_by_a_preemption_is_not_a_step_and_does_not_replace_
     offset.observe()
     assert offset.steps == 0 and offset.offset_ns == kept
     clocks.run(10_000_000)
-    arrived_mono, arrived_wall = clocks.mono_ns, clocks.wall_ns
-    clocks.run(10_000_000)
-    assert offset.to_monotonic(arrived_wall, offset.observe()) == arrived_mono
+    arrived, converted = read_later(clocks, offset, after_ns=10_000_000)
+    assert converted == arrived
 
 
 def test_no_stamp_is_converted_before_the_first_reading_or_from_the_future() -> None:
