@@ -27,13 +27,16 @@ INTERVAL_S = 0.2
 
 @contextmanager
 def exporting(
-    receiver: Receiver, environ: dict[str, str] | None = None, **encoder_options: Any
+    receiver: Receiver,
+    environ: dict[str, str] | None = None,
+    registry: CollectorRegistry | None = None,
+    **encoder_options: Any,
 ) -> Iterator[OtelTelemetry]:
     settings = resolve(OtelConfig(endpoint=receiver.url, export_interval_s=INTERVAL_S, timeout_s=1), environ or {})
     assert settings is not None
     telemetry = OtelTelemetry(
         settings,
-        registry=CollectorRegistry(),
+        registry=registry if registry is not None else CollectorRegistry(),
         location="lab",
         endpoints={},
         ttft_buckets_s=(0.1, 1),
@@ -115,9 +118,18 @@ def test_a_child_that_dies_is_replaced_and_its_end_logged_with_its_exit_code() -
 
 
 def test_a_wedged_child_is_killed_after_the_export_timeout_and_a_new_one_takes_over() -> None:
-    with otlp_receiver() as receiver, capture_logs() as logged, exporting(receiver, answer_margin_s=1.0) as telemetry:
+    registry = CollectorRegistry()
+    exports = {"signal": "metrics", "outcome": "ok"}
+    with (
+        otlp_receiver() as receiver,
+        capture_logs() as logged,
+        exporting(receiver, registry=registry, answer_margin_s=1.0) as telemetry,
+    ):
         probe(telemetry)
         wait_until(lambda: probes_counted(receiver) == 1)
+        # Stopped only once its first answer reached this process: the receiver has the export a moment before
+        # that, and a child stopped in between is waited for with its start-up margin (30 s), not 1 s.
+        wait_until(lambda: (registry.get_sample_value("ttft_monitor_otel_exports_total", exports) or 0) >= 1)
         wedged = telemetry.encoder_pid
         assert wedged is not None
         os.kill(wedged, signal.SIGSTOP)
