@@ -1,7 +1,7 @@
 """Retention and the partitioning migration on PostgreSQL, measured side by side on one history.
 
-Fills N samples (default 5,000,000) over S series through `Repository.save_runs` into a database at
-migration 0016 (plain `runs` and `samples`), the history ending now (bench/storage.py's runs: 1 warm-up
+Fills N samples (default 5,000,000) over S series through `Repository.save_runs` (at head, then
+downgraded to migration 0016: plain `runs` and `samples`), the history ending now (bench/storage.py's runs: 1 warm-up
 + 5 measured samples every 30 minutes, unless --interval-min says otherwise), then:
 
 1. retention as it was before 0017: the oldest day's runs and samples deleted row by row, 1,000 runs
@@ -81,22 +81,29 @@ async def delete_day_by_rows(url: str, day_end: datetime) -> tuple[int, int, flo
     return runs, samples, time.perf_counter() - began
 
 
-async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def fill_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a bench that fills a scratch PostgreSQL database with `fill`."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--samples", type=int, default=5_000_000)
     parser.add_argument("--series", type=int, default=500)
     parser.add_argument("--interval-min", type=float, default=30.0, help="minutes between a series' runs")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", action="store_true", help="keep the database (its URL is printed)")
     parser.add_argument("--postgres-url", default=default_postgres_url())
-    args = parser.parse_args()
+    return parser
+
+
+async def main() -> int:
+    args = fill_arguments(__doc__.split("\n\n")[0]).parse_args()
     print(f"# bench/partitions.py on {platform.node()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     url, drop = await postgres_scratch(args.postgres_url)
     try:
         print(f"== {display_url(url)} at 0016, {args.samples:,} samples over {args.series} series")
-        await migrate.upgrade(url, "0016")
+        # Today's repository writes today's columns: filled at head, then stepped back to 0016 (the data stays).
+        await migrate.upgrade(url)
         now = datetime.now(UTC)
         stored, first = await fill(url, args, now)
+        await migrate.downgrade(url, "0016")
         engine = create_engine(url)
         before = await database_size(engine, "postgres", None)
         await engine.dispose()

@@ -29,26 +29,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+from pathlib import Path
 
 import asyncpg
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from monitor.store.records import STORED_DURATIONS
+
 SCHEMA = "ttft_layouts"
-TIMINGS = (
-    "dns_ms",
-    "connect_ms",
-    "tls_ms",
-    "setup_ms",
-    "ttfb_ms",
-    "first_event_ms",
-    "ttft_ms",
-    "ttfa_ms",
-    "first_tool_call_ms",
-    "total_ms",
-    "gap_p50_ms",
-    "gap_p95_ms",
-    "gap_max_ms",
-    "self_delay_ms",
-)
+SOURCE = f"{SCHEMA}.source_samples"
+TIMINGS = STORED_DURATIONS  # the 14 durations, by their names in milliseconds
 COUNTS = ("token_events", "prompt_tokens", "completion_tokens", "cached_tokens", "reasoning_tokens")
 FLAGS = (
     "warmup",
@@ -96,7 +87,7 @@ def narrow_select() -> str:
         f"{served} as served_model",
         *(f"s.{name}" for name in RARE),
     ]
-    return f"select {', '.join(columns)} from public.samples s order by s.intended_at, s.run_id, s.round"
+    return f"select {', '.join(columns)} from {SOURCE} s order by s.intended_at, s.run_id, s.round"
 
 
 def packed_columns() -> list[str]:
@@ -136,6 +127,20 @@ def binary_record() -> str:
     return " || ".join(fields)
 
 
+async def source_view(connection: asyncpg.Connection) -> str:
+    """The samples as the candidate layouts read them, durations in milliseconds (`*_ms`), whichever
+    layout the database has: doubles of milliseconds before migration 0020, int4 microseconds (`*_us`) since."""
+    names = await connection.fetch(
+        "select column_name from information_schema.columns "
+        "where table_schema = 'public' and table_name = 'samples' order by ordinal_position"
+    )
+    columns = [
+        f"{name} / 1000.0 as {name.removesuffix('_us')}_ms" if name.endswith("_us") else name
+        for name in (row["column_name"] for row in names)
+    ]
+    return f"create view {SOURCE} as select {', '.join(columns)} from public.samples"
+
+
 async def size(connection: asyncpg.Connection, relation: str) -> int:
     return int(await connection.fetchval("select pg_total_relation_size($1::regclass)", relation))
 
@@ -159,18 +164,19 @@ async def measure(url: str) -> list[tuple[str, float, float]]:
             f"create table {SCHEMA}.current as select * from public.samples order by intended_at, run_id, round"
         )
         await connection.execute(f"create index on {SCHEMA}.current (run_id)")
+        await connection.execute(await source_view(connection))
         await connection.execute(f"create table {SCHEMA}.narrow as {narrow_select()}")
         await connection.execute(f"create index on {SCHEMA}.narrow (run_id)")
         await connection.execute(
             f"create table {SCHEMA}.packed as select run_id, intended_at, {', '.join(packed_columns())} "
-            "from public.samples group by run_id, intended_at order by intended_at, run_id"
+            f"from {SOURCE} group by run_id, intended_at order by intended_at, run_id"
         )
         await connection.execute(f"create unique index on {SCHEMA}.packed (run_id)")
         await connection.execute(
             f"create table {SCHEMA}.packed_binary as select run_id, intended_at, "
             f"string_agg({binary_record()}, ''::bytea order by round) as samples, "
             "case when count(distinct served_model) <= 1 then max(served_model) end as served_model "
-            "from public.samples group by run_id, intended_at order by intended_at, run_id"
+            f"from {SOURCE} group by run_id, intended_at order by intended_at, run_id"
         )
         await connection.execute(f"create unique index on {SCHEMA}.packed_binary (run_id)")
         # The run's own row and its four indexes, as `runs` has them, with the packed arrays added.

@@ -117,9 +117,12 @@ def _connected(stamps: Stamps) -> bool:
 
 
 def _ms(start: int | None, end: int | None) -> float | None:
+    """Milliseconds between two monotonic stamps (ns), to the microsecond: the resolution the durations are
+    stored with (int4 microseconds, monitor/store/types.py), so what the probe reports, exports and stores
+    is one value. (The kernel stamps bytes to the microsecond anyway.)"""
     if start is None or end is None:
         return None
-    return (end - start) / 1e6
+    return round((end - start) / 1e3) / 1e3
 
 
 def _timed_session(*, fresh: bool, kernel_stamps: bool) -> aiohttp.ClientSession:
@@ -431,9 +434,10 @@ class ProbeClient:
                 gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
                 sample.chunk_gaps_ms = tuple(gaps[:CHUNK_GAPS_KEPT])  # before sorting: in arrival order
                 gaps.sort()
-                sample.gap_p50_ms = quantile(gaps, 0.5, presorted=True)
-                sample.gap_p95_ms = quantile(gaps, 0.95, presorted=True)
-                sample.gap_max_ms = gaps[-1]
+                # To the microsecond, as every duration (`_ms`).
+                sample.gap_p50_ms = round(quantile(gaps, 0.5, presorted=True), 3)
+                sample.gap_p95_ms = round(quantile(gaps, 0.95, presorted=True), 3)
+                sample.gap_max_ms = round(gaps[-1], 3)
                 decode_s = (token_stamps[-1] - token_stamps[0]) / 1e9
                 tokens = sample.completion_tokens or len(token_stamps)
                 if decode_s > 0 and tokens > 1:

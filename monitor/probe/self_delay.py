@@ -177,7 +177,9 @@ class LoopDelayMeter:
         end_ns = _end_ns(sample)
         if end_ns is None or sample.sent_mono_ns is None or not self._started:
             return
-        sample.self_delay_ms = self.max_lateness(sample.sent_mono_ns, end_ns)
+        lateness = self.max_lateness(sample.sent_mono_ns, end_ns)
+        # To the microsecond, as the probe's durations (client._ms) and as they are stored.
+        sample.self_delay_ms = None if lateness is None else round(lateness, 3)
         sample.disturbed = is_disturbed(self._delay_in_ttft(sample), bound_ms)
 
     def _delay_in_ttft(self, sample: Sample) -> float | None:

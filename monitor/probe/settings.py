@@ -47,12 +47,20 @@ class Prices(ConfigModel):
         return self.input / 1e6, cached / 1e6, self.output / 1e6, reasoning / 1e6
 
 
+# Durations are stored as whole microseconds in an int4 (monitor/store/records.py MAX_MICROSECONDS:
+# 35 min 47 s), so no timeout may let one run longer. 3,600 until migration 0020.
+MAX_TIMEOUT_S = 2000
+
+
 class TimeoutSettings(ConfigModel):
-    connect: float = Field(10, gt=0, le=3600, description="Seconds allowed for DNS, TCP and TLS set-up.")
+    connect: float = Field(10, gt=0, le=MAX_TIMEOUT_S, description="Seconds allowed for DNS, TCP and TLS set-up.")
     first_token: float = Field(
-        60, gt=0, le=3600, description="Seconds from sending the request to the first token before giving up."
+        60,
+        gt=0,
+        le=MAX_TIMEOUT_S,
+        description="Seconds from sending the request to the first token before giving up.",
     )
-    total: float = Field(300, gt=0, le=3600, description="Seconds allowed for the whole streamed response.")
+    total: float = Field(300, gt=0, le=MAX_TIMEOUT_S, description="Seconds allowed for the whole streamed response.")
 
     @model_validator(mode="after")
     def _check_order(self) -> TimeoutSettings:

@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from monitor.store.records import ADHOC_JOB
-from monitor.store.types import UtcDateTime, float_list_type, json_type
+from monitor.store.types import Microseconds, UtcDateTime, float_list_type, json_type
 
 # Deterministic constraint names, so migrations (and SQLite batch mode) can refer to them.
 NAMING_CONVENTION = {
@@ -147,31 +147,37 @@ class SampleRow(Base):
 
     __tablename__ = "samples"
 
-    id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    # No id of its own (since migration 0020: it cost 16 bytes a sample and nothing looked a sample up
+    # by it): a sample is its run's round. The databases keep no key on the pair (its index would cost
+    # more than the run_id one); declared here for the mapper only.
     # Deliberately not a declared foreign key: the per-row check cost about a fifth of PostgreSQL's
     # insert time and doubled the WAL per sample (bench/storage.py). Samples are written only in
     # their run's transaction (Repository.save_runs) and deleted with it (Repository.prune).
-    run_id: Mapped[uuid.UUID] = mapped_column(index=True)
-    round: Mapped[int] = mapped_column(Integer)
+    run_id: Mapped[uuid.UUID] = mapped_column(primary_key=True, index=True)
+    round: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     warmup: Mapped[bool] = mapped_column(Boolean)
     # Its run's scheduled tick (the run's `intended_at`): on PostgreSQL the day it is partitioned by,
     # so a run and its samples are kept, and dropped, together (monitor/store/partitions.py).
     intended_at: Mapped[datetime]
     sent_at: Mapped[datetime | None]
-    dns_ms: Mapped[float | None] = mapped_column(Double)
-    connect_ms: Mapped[float | None] = mapped_column(Double)
-    tls_ms: Mapped[float | None] = mapped_column(Double)
+    # The durations: milliseconds here, whole microseconds in the database (`*_us` columns, int4:
+    # 4 bytes each against a double's 8; types.Microseconds).
+    dns_ms: Mapped[float | None] = mapped_column("dns_us", Microseconds(), key="dns_ms")
+    connect_ms: Mapped[float | None] = mapped_column("connect_us", Microseconds(), key="connect_ms")
+    tls_ms: Mapped[float | None] = mapped_column("tls_us", Microseconds(), key="tls_ms")
     connection_reused: Mapped[bool | None] = mapped_column(Boolean)
-    setup_ms: Mapped[float | None] = mapped_column(Double)
-    ttfb_ms: Mapped[float | None] = mapped_column(Double)
-    first_event_ms: Mapped[float | None] = mapped_column(Double)
-    ttft_ms: Mapped[float | None] = mapped_column(Double)
-    ttfa_ms: Mapped[float | None] = mapped_column(Double)
-    first_tool_call_ms: Mapped[float | None] = mapped_column(Double)
-    total_ms: Mapped[float | None] = mapped_column(Double)
-    gap_p50_ms: Mapped[float | None] = mapped_column(Double)
-    gap_p95_ms: Mapped[float | None] = mapped_column(Double)
-    gap_max_ms: Mapped[float | None] = mapped_column(Double)
+    setup_ms: Mapped[float | None] = mapped_column("setup_us", Microseconds(), key="setup_ms")
+    ttfb_ms: Mapped[float | None] = mapped_column("ttfb_us", Microseconds(), key="ttfb_ms")
+    first_event_ms: Mapped[float | None] = mapped_column("first_event_us", Microseconds(), key="first_event_ms")
+    ttft_ms: Mapped[float | None] = mapped_column("ttft_us", Microseconds(), key="ttft_ms")
+    ttfa_ms: Mapped[float | None] = mapped_column("ttfa_us", Microseconds(), key="ttfa_ms")
+    first_tool_call_ms: Mapped[float | None] = mapped_column(
+        "first_tool_call_us", Microseconds(), key="first_tool_call_ms"
+    )
+    total_ms: Mapped[float | None] = mapped_column("total_us", Microseconds(), key="total_ms")
+    gap_p50_ms: Mapped[float | None] = mapped_column("gap_p50_us", Microseconds(), key="gap_p50_ms")
+    gap_p95_ms: Mapped[float | None] = mapped_column("gap_p95_us", Microseconds(), key="gap_p95_ms")
+    gap_max_ms: Mapped[float | None] = mapped_column("gap_max_us", Microseconds(), key="gap_max_ms")
     decode_tps: Mapped[float | None] = mapped_column(Double)
     token_events: Mapped[int] = mapped_column(Integer)
     prompt_tokens: Mapped[int | None] = mapped_column(Integer)
@@ -200,7 +206,7 @@ class SampleRow(Base):
     timing_path: Mapped[str | None] = mapped_column(String(TIMING_PATH_LENGTH))
     # How late the monitor itself was around the sample's stamps (probe.self_delay); null before
     # migration 0011 and when nothing measured it. `disturbed`: beyond the bound, so no evidence.
-    self_delay_ms: Mapped[float | None] = mapped_column(Double)
+    self_delay_ms: Mapped[float | None] = mapped_column("self_delay_us", Microseconds(), key="self_delay_ms")
     disturbed: Mapped[bool] = mapped_column(Boolean, server_default=text("false"))
     # Through a forward proxy (its connect phase is the proxy's), and retried on a fresh connection after
     # a stale pooled one failed before answering; false before migration 0012.

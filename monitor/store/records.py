@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from monitor.probe.result import ErrorClass, Sample, TimingPath
@@ -87,8 +88,35 @@ SAMPLE_COLUMN_FIELDS: dict[str, str] = {
     "via_proxy": "via_proxy",
     "connection_retried": "connection_retried",
 }
-# Sample fields stored elsewhere: once per run or series (target, model, api, prompt), as the row's key
-# (sample_id is the column id) or converted (error, an ErrorClass stored by value).
+# The largest duration an int4 column of microseconds holds: 35 min 47 s, beyond every probe timeout
+# (`timeout_s` allows at most 2,000 s). A longer one can only be a monitor stopped mid-request (a
+# suspended VM): stored as this, and its sample is `disturbed` by the same stop.
+MAX_MICROSECONDS = 2**31 - 1
+MAX_STORED_MS = MAX_MICROSECONDS / 1000
+
+
+# The durations stored as whole microseconds (types.Microseconds, migration 0020); the server's own
+# `server_processing_ms` is a header's text, stored as it came.
+STORED_DURATIONS = (
+    "dns_ms",
+    "connect_ms",
+    "tls_ms",
+    "setup_ms",
+    "ttfb_ms",
+    "first_event_ms",
+    "ttft_ms",
+    "ttfa_ms",
+    "first_tool_call_ms",
+    "total_ms",
+    "gap_p50_ms",
+    "gap_p95_ms",
+    "gap_max_ms",
+    "self_delay_ms",
+)
+_durations_of = attrgetter(*STORED_DURATIONS)
+# Sample fields stored elsewhere: once per run or series (target, model, api, prompt), not at all
+# (sample_id, since migration 0020: a sample read back is named by its run and round, `sample_id_of`)
+# or converted (error, an ErrorClass stored by value).
 SAMPLE_FIELDS_STORED_APART = frozenset({"target", "model", "api", "prompt", "sample_id", "error"})
 # What a text column cannot hold: NUL (PostgreSQL refuses it in text) and lone surrogates (not UTF-8,
 # so neither database driver nor the spool's JSON can encode them). Each becomes U+FFFD.
@@ -244,27 +272,48 @@ def _storable_as_is(value: str | None, limit: int) -> bool:
     return value is None or (value.isascii() and "\x00" not in value and len(value) <= limit)
 
 
-def storable_sample(sample: Sample) -> Sample:
-    """`sample` with the text a server chose storable (see `storable_text`); the same object when it
-    already is.
+def sample_id_of(run_id: uuid.UUID, round_: int) -> uuid.UUID:
+    """The id a sample read back from the database goes by: derived from its run and round, which are
+    what keeps it (the probe's own random id is not stored since migration 0020), so the same every read."""
+    return uuid.uuid5(run_id, str(round_))
 
-    Servers choose `served_model`, `fingerprint`, `request_id` and `error_message` (a 500 body, an error event): one
-    NUL byte in them must not make the database refuse the run and every other sample with it.
-    (Target, model, API and prompt come from the config and are checked once per run.)
+
+def storable_sample(sample: Sample) -> Sample:
+    """`sample` as the databases hold it: its durations to the microsecond (`storable_duration`) and the
+    text a server chose storable (see `storable_text`); the same object when it already is.
+
+    Durations are kept as whole microseconds (types.Microseconds); rounded here, where samples become
+    runs, the probe's run summary, the spool, detection and a later read of the database see the same
+    values. Servers choose `served_model`, `fingerprint`, `request_id` and `error_message` (a 500 body, an
+    error event): one NUL byte in them must not make the database refuse the run and every other sample
+    with it. (Target, model, API and prompt come from the config and are checked once per run.)
     """
-    if (
+    changes: dict[str, Any] = {}
+    durations = _durations_of(sample)
+    if durations != (stored := tuple(map(storable_duration, durations))):
+        changes = {name: value for name, value in zip(STORED_DURATIONS, stored, strict=True)}
+    if not (
         _storable_as_is(sample.served_model, _SERVED_MODEL_LIMIT)
         and _storable_as_is(sample.fingerprint, _FINGERPRINT_LIMIT)
         and _storable_as_is(sample.request_id, _REQUEST_ID_LIMIT)
         and _storable_as_is(sample.error_message, _ERROR_MESSAGE_LIMIT)
     ):
-        return sample  # this runs for every sample stored: the common case costs four checks
-    changes: dict[str, Any] = {}
-    for name, limit in SERVER_TEXT_LIMITS.items():
-        value = getattr(sample, name)
-        if value is not None and (stored := storable_text(value, limit)) != value:
-            changes[name] = stored
+        for name, limit in SERVER_TEXT_LIMITS.items():
+            value = getattr(sample, name)
+            if value is not None and (text := storable_text(value, limit)) != value:
+                changes[name] = text
     return dataclasses.replace(sample, **changes) if changes else sample
+
+
+def storable_duration(value: float | None) -> float | None:
+    """Milliseconds to the microsecond, within what the database's int4 of microseconds holds."""
+    if value is None:
+        return None
+    if not -MAX_STORED_MS <= value <= MAX_STORED_MS:
+        # Beyond every timeout: a monitor stopped mid-request (the sample is disturbed by that stop), or
+        # not a number. Kept at the bound rather than refused with its whole batch.
+        return MAX_STORED_MS if value > 0 else -MAX_STORED_MS if value < 0 else None
+    return round(value, 3)
 
 
 def _clean(value: str) -> bool:
@@ -374,8 +423,8 @@ def runs_from_samples(
 ) -> list[tuple[RunRecord, list[Sample]]]:
     """Group one probe run's samples per series (target x prompt), in first-seen order, and summarise.
 
-    `provider_of` maps target names to provider names. Every sample id must be a UUID: it is the
-    key that makes a replayed sample land once. Text is made storable here (`storable_sample`), so
+    `provider_of` maps target names to provider names. Every sample id must be a UUID (the OpenTelemetry
+    export keys a sample's spans by it). Durations and text is made storable here (`storable_sample`), so
     the database, the spool and detection all see the same values.
     """
     return list(

@@ -19,7 +19,6 @@ from operator import attrgetter
 from typing import Any
 
 from sqlalchemy import (
-    Double,
     String,
     Table,
     bindparam,
@@ -74,10 +73,11 @@ from monitor.store.records import (
     SeriesKey,
     floor_hour,
     hourly_stats,
+    sample_id_of,
     storable_batch,
 )
 from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_insert
-from monitor.store.types import UtcDateTime
+from monitor.store.types import Microseconds, UtcDateTime
 
 _HOUR = timedelta(hours=1)
 
@@ -141,7 +141,6 @@ def _run_row(run: RunRecord, series_id: int) -> dict[str, Any]:
 
 def _sample_row(sample: Sample, run: RunRecord) -> dict[str, Any]:
     row = {column: getattr(sample, name) for column, name in SAMPLE_COLUMN_FIELDS.items()}
-    row["id"] = uuid.UUID(sample.sample_id)
     row["run_id"] = run.run_id
     row["intended_at"] = run.intended_at  # the day its run is kept in (SAMPLES_OF_RUN)
     row["error"] = sample.error.value if sample.error is not None else None
@@ -208,7 +207,7 @@ def _hourly_percentiles_statement() -> Any:
             type_coerce(utc_hour, UtcDateTime()),
             func.count(),
             func.count().filter(samples.c.error.is_not(None)),
-            type_coerce(quantiles.filter(ok), postgresql.ARRAY(Double)),
+            type_coerce(quantiles.filter(ok), postgresql.ARRAY(Microseconds())),
             func.min(samples.c.ttft_ms).filter(ok),
             func.max(samples.c.ttft_ms).filter(ok),
             func.percentile_cont(0.5).within_group(samples.c.decode_tps).filter(ok),
@@ -289,7 +288,12 @@ _RUN_COPY = (
     "ttft_p50_ms", "ttft_min_ms", "ttft_max_ms", "ttfa_p50_ms", "decode_tps_p50", "prompt_tokens_p50", "error",
     *SERVER_RUN_FIELDS, *IDENTITY_RUN_FIELDS,
 )  # fmt: skip
-_SAMPLE_COPY = ("id", "run_id", *SAMPLE_COLUMN_FIELDS, "error")
+# The columns' names in the database (the durations' are `*_us`: SAMPLES.c[key].name).
+_SAMPLE_COPY = tuple(SAMPLES.c[key].name for key in ("run_id", *SAMPLE_COLUMN_FIELDS, "error"))
+# COPY sends each value as its column's type: the durations as whole microseconds (types.Microseconds).
+_SAMPLE_COPY_MICROS = tuple(
+    index for index, key in enumerate(SAMPLE_COLUMN_FIELDS) if isinstance(SAMPLES.c[key].type, Microseconds)
+)
 _sample_values = attrgetter(*SAMPLE_COLUMN_FIELDS.values())
 _PG_STAGE_TABLES = tuple(
     f"CREATE TEMP TABLE IF NOT EXISTS ttft_stage_{table} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
@@ -333,7 +337,10 @@ def _sample_copy_values(sample: Sample, run: RunRecord) -> tuple[Any, ...]:
     error = sample.error.value if sample.error is not None else None
     values = list(_sample_values(sample))
     values[_SAMPLE_INTENDED] = run.intended_at  # the day its run is kept in (SAMPLES_OF_RUN)
-    return (sample.sample_id, run.run_id, *values, error)
+    for index in _SAMPLE_COPY_MICROS:
+        if (value := values[index]) is not None:
+            values[index] = round(value * 1000)
+    return (run.run_id, *values, error)
 
 
 def _run_record(row: Any, series: SeriesKey) -> RunRecord:
@@ -373,7 +380,7 @@ def _sample(row: Any, run: RunRecord) -> Sample:
         model=run.series.model,
         api=run.api,
         prompt=run.series.prompt,
-        sample_id=str(row.id),
+        sample_id=str(sample_id_of(run.run_id, row.round)),
         error=ErrorClass(row.error) if row.error is not None else None,
         **values,
     )
@@ -463,7 +470,7 @@ class Repository:
             inserted |= new
             samples = [_sample_row(sample, run) for run, members in part if run.run_id in new for sample in members]
             if samples:
-                await connection.execute(sqlite.insert(SAMPLES).on_conflict_do_nothing(index_elements=["id"]), samples)
+                await connection.execute(SAMPLES.insert(), samples)
         statement = sqlite.insert(ROLLUP_PENDING)
         statement = statement.on_conflict_do_update(
             index_elements=["series_id", "hour"], set_={"marked_at": statement.excluded.marked_at}

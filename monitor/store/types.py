@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Double
+from sqlalchemy import JSON, DateTime, Double, Integer
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator
@@ -47,3 +47,24 @@ def json_type() -> Any:
 def float_list_type() -> Any:
     """A short list of floats (None allowed): `double precision[]` on PostgreSQL, JSON text on SQLite."""
     return JSON().with_variant(ARRAY(Double()), "postgresql")
+
+
+class Microseconds(TypeDecorator[float]):
+    """A duration in milliseconds (a float) in Python, a whole number of microseconds in the database.
+
+    An `int4` on PostgreSQL (4 bytes against a `double`'s 8; up to `records.MAX_MICROSECONDS`) and an INTEGER on
+    SQLite (which stores small integers in 3-4 bytes). Values are rounded to the microsecond before they
+    are stored (`records.storable_sample`), so a sample read back equals the one the probe reported.
+    A plain number compared with the column binds through it too (`ttft_ms > 800.0` is `ttft_us > 800000`
+    in SQL); arithmetic on the column with a plain number would be scaled the same way, so queries do none.
+    """
+
+    impl = Integer
+    cache_ok = True
+
+    def process_bind_param(self, value: float | None, dialect: Dialect) -> int | None:
+        return None if value is None else round(value * 1000)
+
+    def process_result_value(self, value: float | None, dialect: Dialect) -> float | None:
+        # `percentile_cont` over the column returns a double of microseconds: divided the same way.
+        return None if value is None else value / 1000

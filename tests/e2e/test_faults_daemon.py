@@ -333,7 +333,7 @@ def test_once_on_sigterm_gives_an_in_flight_probe_the_grace_and_stores_it(sim: S
     assert code == 4, text[-3000:]
     assert text.count('"once_interrupted"') == 1, text[-3000:]
     with sqlite3.connect(tmp_path / "ttft.db") as conn:
-        rows = conn.execute("select ttft_ms, error from samples").fetchall()
+        rows = conn.execute("select ttft_us / 1000.0, error from samples").fetchall()
     assert len(rows) == 1, (rows, text[-3000:])
     ttft_ms, error = rows[0]
     assert error is None and ttft_ms is not None and ttft_ms >= 2500, rows

@@ -321,8 +321,8 @@ def test_stored_ttft_stays_true_while_the_listener_is_hammered(tmp_path: Path, k
         assert stop_daemon(daemon) == 0
         with sqlite3.connect(tmp_path / "ttft.db") as db:
             rows = db.execute(
-                "SELECT s.request_id, s.ttft_ms, r.intended_at FROM samples s JOIN runs r ON r.id = s.run_id "
-                "WHERE s.error IS NULL"
+                "SELECT s.request_id, s.ttft_us / 1000.0 AS ttft_ms, r.intended_at "
+                "FROM samples s JOIN runs r ON r.id = s.run_id WHERE s.error IS NULL"
             ).fetchall()
             ticks = [row[0] for row in db.execute("SELECT intended_at FROM runs ORDER BY intended_at").fetchall()]
         logs = daemon.logs()

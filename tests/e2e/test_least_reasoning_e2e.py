@@ -67,7 +67,8 @@ def test_least_reasoning_leaves_out_the_thinking_on_every_api(tmp_path: Path, ex
     assert once.code == 0, once
     with sqlite3.connect(tmp_path / "ttft.db") as conn:
         rows = conn.execute(
-            "SELECT s.target, sm.reasoning_tokens, sm.request_id, sm.error, sm.ttft_ms, sm.ttfa_ms, r.canary "
+            "SELECT s.target, sm.reasoning_tokens, sm.request_id, sm.error, sm.ttft_us / 1000.0 AS ttft_ms, "
+            "sm.ttfa_us / 1000.0 AS ttfa_ms, r.canary "
             "FROM samples sm JOIN runs r ON r.id = sm.run_id JOIN series s ON s.id = r.series_id"
         ).fetchall()
     by_target: dict[str, list[tuple]] = {}

@@ -47,7 +47,9 @@ def tolerant(config: Path) -> Path:
 
 
 def stored(folder: Path) -> list[tuple[float | None, float | None, float | None, int | None]]:
-    return sqlite_rows(folder, "select ttft_ms, first_event_ms, total_ms, prompt_tokens from samples")
+    return sqlite_rows(
+        folder, "select ttft_us / 1000.0, first_event_us / 1000.0, total_us / 1000.0, prompt_tokens from samples"
+    )
 
 
 def last_point(metrics: dict[str, list], name: str):
@@ -115,7 +117,7 @@ def test_once_exports_genai_metrics_that_match_the_stored_samples(sim: SimProces
     # The whole operation from the request's start, set-up included: its span's duration (the conventions).
     (duration,) = last_point(metrics, semconv.DURATION).histogram.data_points
     assert duration.count == 3
-    whole = sqlite_rows(tmp_path, "select setup_ms, total_ms from samples")
+    whole = sqlite_rows(tmp_path, "select setup_us / 1000.0, total_us / 1000.0 from samples")
     assert all(setup is not None and setup > 0 for setup, _ in whole), whole
     assert duration.sum == pytest.approx(sum(setup + total for setup, total in whole) / 1000, rel=1e-9)
 
@@ -301,7 +303,9 @@ jobs:
     span_s = sum((span.end_time_unix_nano - span.start_time_unix_nano) / 1e9 for span in spans)
     assert duration.count == 2
     assert abs(duration.sum - span_s) < 2 * 2e-6, (duration.sum, span_s)
-    rows = sqlite_rows(tmp_path, "select ttft_ms, first_event_ms, total_ms from samples order by sent_at")
+    rows = sqlite_rows(
+        tmp_path, "select ttft_us / 1000.0, first_event_us / 1000.0, total_us / 1000.0 from samples order by sent_at"
+    )
     by_id = {(span.trace_id.hex(), span.span_id.hex()): span for span in spans}
     for traceparent in sent:
         version, trace_id, span_id, flags = traceparent.split("-")

@@ -220,7 +220,11 @@ async def _probe_and_read_run(config: Path, backend: Backend) -> tuple[dict, lis
     try:
         async with engine.connect() as connection:
             runs = (await connection.execute(sa.text("SELECT * FROM runs"))).mappings().all()
-            samples = (await connection.execute(sa.text("SELECT ttft_ms, error FROM samples"))).mappings().all()
+            samples = (
+                (await connection.execute(sa.text("SELECT ttft_us / 1000.0 AS ttft_ms, error FROM samples")))
+                .mappings()
+                .all()
+            )
     finally:
         await engine.dispose()
     assert len(runs) == 1, runs

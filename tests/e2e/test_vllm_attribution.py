@@ -120,7 +120,7 @@ async def sample_ttfts(backend: Backend, run_id: Any) -> list[float]:
     try:
         async with engine.connect() as connection:
             rows = await connection.execute(
-                sa.text("SELECT ttft_ms FROM samples WHERE run_id = :run ORDER BY sent_at"), {"run": run_id}
+                sa.text("SELECT ttft_us / 1000.0 FROM samples WHERE run_id = :run ORDER BY sent_at"), {"run": run_id}
             )
             return [float(row[0]) for row in rows if row[0] is not None]
     finally:

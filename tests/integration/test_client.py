@@ -172,6 +172,29 @@ async def test_it_reads_usage_from_a_usage_only_final_chunk(serve) -> None:
     assert sample.decode_tps is not None and sample.decode_tps > 0
 
 
+async def test_every_duration_is_reported_to_the_microsecond_as_it_is_stored(serve) -> None:
+    from monitor.store.records import STORED_DURATIONS, storable_sample
+
+    script = [(0, ROLE), (0.003, content("t0")), (0.01, content("t1")), (0.002, content("t2")), (0, DONE)]
+    sample = await probe(await serve(streaming_handler(script)))
+    assert sample.ok, sample.error_message
+    durations = {name: getattr(sample, name) for name in STORED_DURATIONS}
+    assert {name for name, value in durations.items() if value is not None} >= {
+        "setup_ms",
+        "ttfb_ms",
+        "first_event_ms",
+        "ttft_ms",
+        "total_ms",
+        "gap_p50_ms",
+        "gap_p95_ms",
+        "gap_max_ms",
+    }
+    for name, value in durations.items():
+        assert value is None or value == round(value * 1000) / 1000, (name, value)
+    # So storing it changes nothing (and costs no copy): the probe, its exports and the database agree.
+    assert storable_sample(sample) is sample
+
+
 async def test_it_keeps_the_first_chunk_gaps_in_arrival_order_and_no_more_than_its_cap(serve) -> None:
     from monitor.probe.result import CHUNK_GAPS_KEPT
 
@@ -183,7 +206,7 @@ async def test_it_keeps_the_first_chunk_gaps_in_arrival_order_and_no_more_than_i
     assert sample.token_events == tokens
     assert len(sample.chunk_gaps_ms) == CHUNK_GAPS_KEPT  # tokens - 1 gaps, the first CHUNK_GAPS_KEPT kept
     assert sample.chunk_gaps_ms[0] >= 45  # the pause before the second token: first, not sorted last
-    assert sample.gap_max_ms == pytest.approx(max(sample.chunk_gaps_ms))
+    assert sample.gap_max_ms == round(max(sample.chunk_gaps_ms), 3)  # the durations: to the microsecond
 
 
 async def test_an_error_event_mid_stream_is_a_stream_error(serve) -> None:

@@ -19,6 +19,7 @@ from monitor.commands import db as cli
 from monitor.store import migrate, partitions
 from monitor.store.engine import DatabaseUnavailable, create_engine
 from monitor.store.models import metadata
+from monitor.store.records import MAX_STORED_MS, STORED_DURATIONS
 from monitor.store.repository import Repository
 from tests.support.ports import free_port
 from tests.support.store_fixtures import T0, Backend, make_batch
@@ -432,17 +433,22 @@ async def test_0017_keeps_every_run_and_sample_in_day_partitions_and_back(empty_
     without an intended time gets its run's (SQLite too, where the tables stay as they are)."""
     engine = empty_backend.engine()
     try:
-        assert await migrate.upgrade(engine, "0016") == (None, "0016")
+        # Today's repository writes today's columns: store at head, then step back to 0016 (the data stays).
+        await migrate.upgrade(engine)
         repository = Repository(engine)
         now = datetime.now(UTC).replace(microsecond=0)
         recent, old = now - timedelta(days=3), T0  # T0 is months back: past the backfill, default partition
         batch = make_batch(recent) + make_batch(old, targets=("qwen3-8b",))
         await repository.save_runs(batch)
+        assert await migrate.downgrade(engine, "0016") == (migrate.head(), "0016")
         async with engine.begin() as connection:
             # Written by an older version: a sample without an intended time.
+            run_id = batch[0][0].run_id
             await connection.execute(
-                sa.text("UPDATE samples SET intended_at = NULL WHERE id = :id"), {"id": batch[0][1][0].sample_id}
+                sa.text("UPDATE samples SET intended_at = NULL WHERE run_id = :run AND round = 1"),
+                {"run": run_id if engine.dialect.name == "postgresql" else run_id.hex},
             )
+            assert await connection.scalar(sa.text("SELECT count(*) FROM samples WHERE intended_at IS NULL")) == 1
         assert await migrate.upgrade(engine) == ("0016", migrate.head())
         assert await migrate.check(engine) == []
         by_series = {run.series: run for run, _ in batch}
@@ -480,3 +486,66 @@ async def _counts(engine: AsyncEngine) -> tuple[int, int]:
         runs = await connection.scalar(sa.text("SELECT count(*) FROM runs"))
         samples = await connection.scalar(sa.text("SELECT count(*) FROM samples"))
     return int(runs or 0), int(samples or 0)
+
+
+async def test_0020_keeps_every_duration_to_the_microsecond_and_drops_the_sample_id(empty_backend: Backend) -> None:
+    """0020 stores durations as int4 microseconds and no sample id: each value read back is the one stored
+    before, to the microsecond; a null stays null; one beyond an int4 of microseconds is kept at its bound."""
+    engine = empty_backend.engine()
+    postgres = engine.dialect.name == "postgresql"
+    try:
+        await migrate.upgrade(engine)
+        repository = Repository(engine)
+        batch = make_batch(T0, targets=("qwen3-8b",), prompts=("short",))
+        await repository.save_runs(batch)
+        assert await migrate.downgrade(engine, "0019") == (migrate.head(), "0019")
+        run, samples = batch[0]
+        async with engine.begin() as connection:
+            # What an older version stored: durations to the nanosecond, and one absurdly long.
+            await connection.execute(
+                sa.text(
+                    "UPDATE samples SET ttft_ms = 123.4567891, total_ms = 1e10, dns_ms = NULL, self_delay_ms = -0.0004 "
+                    "WHERE run_id = :run AND round = 2"
+                ),
+                {"run": run.run_id if postgres else run.run_id.hex},
+            )
+        before = await _counts(engine)
+        assert await migrate.upgrade(engine) == ("0019", migrate.head())
+        assert await _counts(engine) == before
+        assert await migrate.check(engine) == []
+        async with engine.connect() as connection:
+            columns = await connection.run_sync(
+                lambda sync: {c["name"]: c["type"] for c in sa.inspect(sync).get_columns("samples")}
+            )
+        assert "id" not in columns and not any(
+            name.endswith("_ms") and name != "server_processing_ms" for name in columns
+        )
+        assert all(isinstance(columns[f"{name}_us"], sa.Integer) for name in ("ttft", "total", "gap_max", "self_delay"))
+        [(_, stored)] = await repository.load_runs(run.series, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+        changed = next(s for s in stored if s.round == 2)
+        assert (changed.ttft_ms, changed.total_ms, changed.dns_ms, changed.self_delay_ms) == (
+            123.457,
+            MAX_STORED_MS,
+            None,
+            0.0,
+        )
+        for original, read in zip(samples, stored, strict=True):
+            for name in STORED_DURATIONS:
+                if original.round != 2 or name not in ("ttft_ms", "total_ms", "dns_ms", "self_delay_ms"):
+                    assert getattr(read, name) == getattr(original, name), (original.round, name)
+        # And back: milliseconds again (to the microsecond), every sample with an id of its own.
+        assert await migrate.downgrade(engine, "0019") == (migrate.head(), "0019")
+        async with engine.connect() as connection:
+            rows = (
+                await connection.execute(
+                    sa.text("SELECT id, round, ttft_ms FROM samples WHERE run_id = :run ORDER BY round"),
+                    {"run": run.run_id if postgres else run.run_id.hex},
+                )
+            ).all()
+        assert [(r, ttft) for _, r, ttft in rows] == [
+            (s.round, 123.457 if s.round == 2 else s.ttft_ms) for s in samples
+        ]
+        assert len({row_id for row_id, _, _ in rows}) == len(samples) and None not in {row_id for row_id, _, _ in rows}
+        assert await _counts(engine) == before
+    finally:
+        await engine.dispose()

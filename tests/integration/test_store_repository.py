@@ -20,6 +20,7 @@ from monitor.schedule.claims import TickClaims
 from monitor.store import repository as repository_module
 from monitor.store.models import AlertOutboxRow, IncidentRow, table_of
 from monitor.store.records import (
+    MAX_STORED_MS,
     ROLLUP_RUN_MEDIANS,
     ROLLUP_SAMPLE_MEDIANS,
     SERVER_RUN_FIELDS,
@@ -31,7 +32,7 @@ from monitor.store.records import (
     hourly_stats,
 )
 from monitor.store.repository import PruneResult, Repository
-from tests.support.store_fixtures import T0, Backend, make_batch
+from tests.support.store_fixtures import T0, Backend, as_read_back, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
 
@@ -85,7 +86,7 @@ async def test_a_run_and_every_field_of_its_samples_come_back_unchanged(engine: 
     await repository.save_runs(batch)
 
     loaded = await repository.load_runs(QWEN_SHORT, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
-    assert loaded == [batch[0]]
+    assert loaded == [as_read_back(*batch[0])]  # named by its run and round: no sample id is stored
     # These samples exercise every field the probe records, so a new field cannot slip by unstored.
     samples = [s for _, members in batch for s in members]
     defaults = Sample("t", "m", "a", "p", 1)
@@ -150,7 +151,7 @@ async def test_both_replicas_runs_of_a_tick_in_one_batch_store_one(engine: Async
     stored = await repository.save_runs(first + second)
     assert len(stored) == 1 and stored <= {first[0][0].run_id, second[0][0].run_id}
     [kept] = await repository.load_runs(QWEN_SHORT, T0, T0 + timedelta(hours=1))
-    assert kept in (first[0], second[0])  # one whole run with its own samples, not a mix
+    assert kept in (as_read_back(*first[0]), as_read_back(*second[0]))  # one whole run with its own samples, not a mix
     assert await count(engine, "runs") == 1
     assert await count(engine, "samples") == 6
 
@@ -492,3 +493,19 @@ async def test_the_tokens_seen_and_spent_are_summed_per_series_on_both_databases
         assert await repository.tokens_spent(location, T0 + timedelta(hours=1)) == ({}, None)
     finally:
         await engine.dispose()
+
+
+async def test_a_duration_past_what_the_database_holds_is_kept_at_its_bound_with_the_rest_of_its_batch(
+    engine: AsyncEngine,
+) -> None:
+    # What a spool written by an older version can hold: durations to the nanosecond, and one of a monitor
+    # suspended mid-request for an hour (past an int4 of microseconds, 35 min 47 s).
+    batch = make_batch(T0)
+    members = batch[0][1]
+    members[1] = dataclasses.replace(members[1], total_ms=3_600_000.0, ttft_ms=250.1234567, disturbed=True)
+    stored = await Repository(engine).save_runs(batch)
+    assert stored == {r.run_id for r, _ in batch}
+    assert await count(engine, "samples") == 4 * 6
+    [(_, read)] = await Repository(engine).load_runs(QWEN_SHORT, T0 - timedelta(hours=1), T0 + timedelta(hours=1))
+    long = next(s for s in read if s.round == members[1].round)
+    assert (long.total_ms, long.ttft_ms, long.disturbed) == (MAX_STORED_MS, 250.123, True)

@@ -15,6 +15,7 @@ PYTEST_DONT_REWRITE: the test modules import helpers from here before `pytest_pl
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import random
@@ -35,7 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store import migrate
 from monitor.store.engine import create_engine
-from monitor.store.records import RunRecord, runs_from_samples
+from monitor.store.records import RunRecord, runs_from_samples, sample_id_of
 from tests.conftest import POSTGRES_ENV
 
 BACKENDS = ("sqlite", "postgres")
@@ -407,3 +408,9 @@ def make_batch(
 ) -> list[tuple[RunRecord, list[Sample]]]:
     samples = [s for t in targets for p in prompts for s in make_samples(t, p, at=at, **kwargs)]
     return runs_from_samples(samples, job=job, location=location, provider_of=PROVIDERS)
+
+
+def as_read_back(run: RunRecord, samples: list[Sample]) -> tuple[RunRecord, list[Sample]]:
+    """A stored run as the repository reads it back: each sample named by its run and round (the probe's own
+    sample id is not stored)."""
+    return run, [dataclasses.replace(s, sample_id=str(sample_id_of(run.run_id, s.round))) for s in samples]

@@ -14,8 +14,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from monitor.probe.result import ErrorClass, Sample
+from monitor.probe.settings import MAX_TIMEOUT_S
+from monitor.store.models import SAMPLES
 from monitor.store.records import (
+    MAX_STORED_MS,
     SERVER_TEXT_LIMITS,
+    STORED_DURATIONS,
     RunRecord,
     SeriesKey,
     floor_hour,
@@ -26,9 +30,11 @@ from monitor.store.records import (
     runs_from_samples,
     sample_from_dict,
     sample_to_dict,
+    storable_duration,
     storable_sample,
     storable_text,
 )
+from monitor.store.types import Microseconds
 from tests.support.store_fixtures import PROVIDERS, T0, make_samples
 
 
@@ -279,7 +285,7 @@ def test_text_is_made_storable(value: str, limit: int | None, expected: str) -> 
 
 
 def test_only_the_sample_fields_that_need_it_change_and_clean_samples_stay_the_same_object() -> None:
-    clean = make_samples(rounds=1, warmup=0)[0]
+    clean = storable_sample(make_samples(rounds=1, warmup=0)[0])
     assert storable_sample(clean) is clean
     dirty = dataclasses.replace(clean, served_model="a\x00b", error_message="e" * 5000, request_id="r\ud800")
     stored = storable_sample(dirty)
@@ -320,5 +326,48 @@ def test_every_sample_field_has_a_column_and_every_samples_column_a_field():
     accounted = set(SAMPLE_COLUMN_FIELDS.values()) | SAMPLE_FIELDS_STORED_APART | UNSTORED_SAMPLE_FIELDS
     assert sample_fields - accounted == set(), "Sample fields with no column: map them in SAMPLE_COLUMN_FIELDS"
     assert accounted - sample_fields == set(), "mapped names that are not Sample fields"
-    columns = {column.name for column in SAMPLES.c}
-    assert columns == {*SAMPLE_COLUMN_FIELDS, "id", "run_id", "error"}
+    columns = {column.key for column in SAMPLES.c}  # the durations' keys: `ttft_ms` for the column `ttft_us`
+    assert columns == {*SAMPLE_COLUMN_FIELDS, "run_id", "error"}
+
+
+def test_durations_are_stored_to_the_microsecond_and_nothing_else_moves() -> None:
+    probed = dataclasses.replace(
+        make_samples(rounds=1, warmup=0)[0], ttft_ms=123.4567891, total_ms=0.0004999, self_delay_ms=2.0005001
+    )
+    stored = storable_sample(probed)
+    assert (stored.ttft_ms, stored.total_ms, stored.self_delay_ms) == (123.457, 0.0, 2.001)
+    for name in STORED_DURATIONS:
+        value = getattr(stored, name)
+        assert value is None or round(value * 1000) / 1000 == value, name
+        original = getattr(probed, name)
+        assert value is None if original is None else abs(value - original) <= 0.0005 + 1e-12, name
+    assert dataclasses.replace(stored, **{name: None for name in STORED_DURATIONS}) == dataclasses.replace(
+        probed, **{name: None for name in STORED_DURATIONS}
+    )
+    assert storable_sample(stored) is stored
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (MAX_STORED_MS, MAX_STORED_MS),
+        (MAX_STORED_MS + 0.001, MAX_STORED_MS),  # a monitor stopped mid-request for over 35 minutes
+        (1e300, MAX_STORED_MS),
+        (float("inf"), MAX_STORED_MS),
+        (-float("inf"), -MAX_STORED_MS),
+        (float("nan"), None),
+        (-0.0004, -0.0),
+        (None, None),
+    ],
+)
+def test_a_duration_beyond_what_the_database_holds_is_kept_at_its_bound(
+    value: float | None, expected: float | None
+) -> None:
+    assert storable_duration(value) == expected
+
+
+def test_every_stored_duration_is_a_microseconds_column_and_every_timeout_fits_in_it() -> None:
+    micros = {column.key for column in SAMPLES.c if isinstance(column.type, Microseconds)}
+    assert micros == set(STORED_DURATIONS)
+    assert all(SAMPLES.c[name].name == name.removesuffix("_ms") + "_us" for name in STORED_DURATIONS)
+    assert MAX_TIMEOUT_S * 1000 < MAX_STORED_MS
