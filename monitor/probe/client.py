@@ -125,6 +125,11 @@ def _ms(start: int | None, end: int | None) -> float | None:
     return round((end - start) / 1e3) / 1e3
 
 
+def _to_microsecond(ms: float | None) -> float | None:
+    """A duration in ms made of several stamps (a quantile of gaps) to the microsecond, as `_ms` gives them."""
+    return None if ms is None else round(ms, 3)
+
+
 def _timed_session(*, fresh: bool, kernel_stamps: bool) -> aiohttp.ClientSession:
     connector = TimedConnector(
         kernel_stamps=kernel_stamps,
@@ -434,10 +439,9 @@ class ProbeClient:
                 gaps = [(b - a) / 1e6 for a, b in itertools.pairwise(token_stamps)]
                 sample.chunk_gaps_ms = tuple(gaps[:CHUNK_GAPS_KEPT])  # before sorting: in arrival order
                 gaps.sort()
-                # To the microsecond, as every duration (`_ms`).
-                sample.gap_p50_ms = round(quantile(gaps, 0.5, presorted=True), 3)
-                sample.gap_p95_ms = round(quantile(gaps, 0.95, presorted=True), 3)
-                sample.gap_max_ms = round(gaps[-1], 3)
+                sample.gap_p50_ms = _to_microsecond(quantile(gaps, 0.5, presorted=True))
+                sample.gap_p95_ms = _to_microsecond(quantile(gaps, 0.95, presorted=True))
+                sample.gap_max_ms = _to_microsecond(gaps[-1])
                 decode_s = (token_stamps[-1] - token_stamps[0]) / 1e9
                 tokens = sample.completion_tokens or len(token_stamps)
                 if decode_s > 0 and tokens > 1:

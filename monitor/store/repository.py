@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -32,7 +33,7 @@ from sqlalchemy import (
     tuple_,
     type_coerce,
 )
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql import Executable
@@ -194,9 +195,14 @@ def _utc_hour(column: Any) -> Any:
     return func.timezone("UTC", func.date_trunc("hour", func.timezone("UTC", column)))
 
 
+# Built on first use (once), not at import: they need SQLAlchemy's PostgreSQL dialect, which a process on
+# SQLite then never loads.
+@functools.cache
 def _hourly_percentiles_statement() -> Any:
     """PostgreSQL: per UTC hour, percentile_cont (one sort for the TTFT quantiles) over successful
     samples, and the medians of the phases and token counts over every measured sample."""
+    from sqlalchemy.dialects import postgresql
+
     samples = SAMPLES
     ok = samples.c.error.is_(None)
     utc_hour = _utc_hour(RUNS.c.started_at)
@@ -220,6 +226,7 @@ def _hourly_percentiles_statement() -> Any:
     )
 
 
+@functools.cache
 def _hourly_run_medians_statement() -> Any:
     """PostgreSQL: per series and UTC hour with any, the medians of the runs' server metrics."""
     utc_hour = _utc_hour(RUNS.c.started_at)
@@ -232,10 +239,6 @@ def _hourly_run_medians_statement() -> Any:
         .where(*_RUNS_IN_WINDOW, or_(*(RUNS.c[name].is_not(None) for name in ROLLUP_RUN_MEDIANS)))
         .group_by(RUNS.c.series_id, utc_hour)
     )
-
-
-_HOURLY_PERCENTILES = _hourly_percentiles_statement()
-_HOURLY_RUN_MEDIANS = _hourly_run_medians_statement()
 
 
 def _series_runs(*columns: Any, after: bool = False) -> Any:
@@ -742,10 +745,10 @@ class Repository:
             return out
         servers = {
             (series_id, hour): values
-            for series_id, hour, *values in await connection.execute(_HOURLY_RUN_MEDIANS, window)
+            for series_id, hour, *values in await connection.execute(_hourly_run_medians_statement(), window)
         }
         no_server = (None,) * len(ROLLUP_RUN_MEDIANS)
-        found = await connection.execute(_HOURLY_PERCENTILES, window)
+        found = await connection.execute(_hourly_percentiles_statement(), window)
         for series_id, hour, count, errors, quantiles, low, high, rate, *medians in found:
             p10, p50, p90, p99 = quantiles if quantiles is not None else (None, None, None, None)
             server = servers.get((series_id, hour), no_server)

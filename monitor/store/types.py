@@ -6,9 +6,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import JSON, DateTime, Double, Integer
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.engine import Dialect
-from sqlalchemy.types import TypeDecorator
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -39,14 +38,42 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.astimezone(UTC)
 
 
+class _JsonOrPostgres(TypeDecorator[Any]):
+    """JSON, and on PostgreSQL the type `postgres_type` names there.
+
+    What `JSON().with_variant(...)` declares, except that SQLAlchemy's PostgreSQL dialect is imported only
+    when a PostgreSQL connection first needs the type: building the variant at import time loaded that
+    dialect with every driver module it brings (2.3 MB of a daemon's resident memory) into every process,
+    those on SQLite too. Python-side comparisons are JSON's, as they were for the variant."""
+
+    impl = JSON
+    cache_ok = True
+    # JSON's own, which a decorator does not take from its impl: None is stored as JSON null, and
+    # values (dicts, lists) are not hashed.
+    should_evaluate_none = True
+    hashable = False
+
+    def __init__(self, postgres_type: str) -> None:
+        super().__init__()
+        self.postgres_type = postgres_type
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name != "postgresql":
+            return dialect.type_descriptor(JSON())
+        from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+        postgres: TypeEngine[Any] = JSONB() if self.postgres_type == "jsonb" else ARRAY(Double())
+        return dialect.type_descriptor(postgres)
+
+
 def json_type() -> Any:
     """JSON, stored as `jsonb` on PostgreSQL (indexable, compact) and as text on SQLite."""
-    return JSON().with_variant(JSONB(), "postgresql")
+    return _JsonOrPostgres("jsonb")
 
 
 def float_list_type() -> Any:
     """A short list of floats (None allowed): `double precision[]` on PostgreSQL, JSON text on SQLite."""
-    return JSON().with_variant(ARRAY(Double()), "postgresql")
+    return _JsonOrPostgres("double precision[]")
 
 
 class Microseconds(TypeDecorator[float]):

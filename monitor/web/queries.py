@@ -19,7 +19,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, NotRequired, TypedDict, cast
 
 from sqlalchemy import Integer, and_, func, not_, or_, select, type_coerce
-from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.types import NullType
 
@@ -434,6 +433,9 @@ async def _fresh_runs(
     if pending_segments:
         rows = await connection.execute(select(*columns).where(*in_range, or_(*pending_segments)))
         single = [tuple(row) for row in rows]  # type: ignore[misc]
+    # Imported here, where only PostgreSQL comes: on SQLite the dialect (2.3 MB resident) is never loaded.
+    from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
+
     # Outside pending hours a run's hour is rolled up unless it is the current one: a window counts
     # the run when its rollups lack it, in the part hour at the window's start or in the current hour.
     sums = []
