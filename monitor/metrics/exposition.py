@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString as _untyped_float
 
 from monitor.metrics.definitions import MonitorRegistry
-from monitor.metrics.lean import LeanCounter, LeanGauge, LeanHistogram, LeanSummary
+from monitor.metrics.lean import LeanBuckets, LeanCounter, LeanGauge, LeanHistogram, LeanSummary
 
 # generate_latest's renaming from the OpenMetrics types to the text format's.
 _TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram", "unknown": "untyped"}
@@ -140,8 +140,10 @@ class _Lines:
                 start = f'{bucket}{{{head}{"," if head else ""}le="'
                 end = f'"{"," if tail else ""}{tail}}} '
                 acc = 0.0
-                for le, counter in zip(les, child._buckets, strict=True):
-                    acc += counter.get()
+                buckets = child._buckets
+                counts = buckets.counts() if isinstance(buckets, LeanBuckets) else [b.get() for b in buckets]
+                for le, counted in zip(les, counts, strict=True):
+                    acc += counted
                     out.append(f"{start}{le}{end}{_number(acc)}\n")
                 series = head + ("," if head and tail else "") + tail
                 labels = f"{{{series}}}" if series else ""

@@ -17,6 +17,8 @@ as for the plain classes; monitor.metrics.exposition reads them as it reads thos
 from __future__ import annotations
 
 import time
+from array import array
+from collections.abc import Iterator
 
 from prometheus_client import Counter, Gauge, Histogram, Summary
 
@@ -45,6 +47,57 @@ class LeanValue:
         return None
 
 
+class LeanBuckets:
+    """A histogram child's bucket counts as one array of floats (8 bytes a bucket) instead of a value object
+    each (48 bytes and a list slot): at 500 series, 22,656 buckets and about 1 MB less resident.
+
+    Indexing gives a view with the value interface, which is what `Histogram.observe` uses (one small object
+    an observation); the exposition reads `counts()` directly."""
+
+    __slots__ = ("_counts",)
+
+    def __init__(self, size: int) -> None:
+        self._counts = array("d", bytes(8 * size))
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    def __getitem__(self, index: int) -> BucketValue:
+        if not -len(self._counts) <= index < len(self._counts):
+            raise IndexError(index)
+        return BucketValue(self._counts, index % len(self._counts))
+
+    def __iter__(self) -> Iterator[BucketValue]:
+        return (BucketValue(self._counts, index) for index in range(len(self._counts)))
+
+    def counts(self) -> array[float]:
+        return self._counts
+
+
+class BucketValue:
+    """One bucket of a `LeanBuckets`, with prometheus_client's value interface."""
+
+    __slots__ = ("_counts", "_index")
+
+    def __init__(self, counts: array[float], index: int) -> None:
+        self._counts, self._index = counts, index
+
+    def inc(self, amount: float) -> None:
+        self._counts[self._index] += amount
+
+    def set(self, value: float, timestamp: float | None = None) -> None:
+        self._counts[self._index] = value
+
+    def get(self) -> float:
+        return self._counts[self._index]
+
+    def set_exemplar(self, exemplar: object) -> None:
+        raise ValueError("lean metric values keep no exemplars")
+
+    def get_exemplar(self) -> None:
+        return None
+
+
 class LeanCounter(Counter):
     def _metric_init(self) -> None:
         self._value = LeanValue()
@@ -58,7 +111,7 @@ class LeanGauge(Gauge):
 
 class LeanHistogram(Histogram):
     def _metric_init(self) -> None:
-        self._buckets = [LeanValue() for _ in self._upper_bounds]
+        self._buckets = LeanBuckets(len(self._upper_bounds))  # type: ignore[assignment]
         self._sum = LeanValue()
         self._created = time.time()
 

@@ -8,6 +8,8 @@ import gzip
 import tracemalloc
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, Summary, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
@@ -263,3 +265,17 @@ def test_gzip_is_sent_only_to_clients_that_accept_it(header: str, expected: bool
     from monitor.metrics.server import accepts_gzip
 
     assert accepts_gzip(header) is expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.one_of(st.sampled_from([0.1, 1.0, 10.0, -1.0, 0.0]), st.floats(-5, 50)), max_size=40))
+def test_a_lean_histogram_counts_into_the_buckets_prometheus_clients_own_does(values: list[float]) -> None:
+    # Its counts live in one array per child (LeanBuckets): observe() indexes it as prometheus_client's
+    # list of values, and the fast rendering reads the array.
+    plain, lean = MonitorRegistry(), MonitorRegistry()
+    for kind, registry in ((Histogram, plain), (LeanHistogram, lean)):
+        family = kind("h", "H.", ["target"], buckets=(0.1, 1, 10), registry=registry)
+        for index, value in enumerate(values):
+            family.labels(f"t{index % 3}").observe(value)
+    assert _without_created_values(render(lean)) == _without_created_values(generate_latest(plain))
+    assert generate_latest(lean) == render(lean)
