@@ -127,7 +127,7 @@ def _ms(start: int | None, end: int | None) -> float | None:
 
 def _to_microsecond(ms: float | None) -> float | None:
     """A duration in ms made of several stamps (a quantile of gaps) to the microsecond, as `_ms` gives them."""
-    return None if ms is None else round(ms, 3)
+    return None if ms is None else round(ms * 1000) / 1000
 
 
 def _timed_session(*, fresh: bool, kernel_stamps: bool) -> aiohttp.ClientSession:

@@ -179,7 +179,7 @@ class LoopDelayMeter:
             return
         lateness = self.max_lateness(sample.sent_mono_ns, end_ns)
         # To the microsecond, as the probe's durations (client._ms) and as they are stored.
-        sample.self_delay_ms = None if lateness is None else round(lateness, 3)
+        sample.self_delay_ms = None if lateness is None else round(lateness * 1000) / 1000
         sample.disturbed = is_disturbed(self._delay_in_ttft(sample), bound_ms)
 
     def _delay_in_ttft(self, sample: Sample) -> float | None:

@@ -290,8 +290,10 @@ def storable_sample(sample: Sample) -> Sample:
     """
     changes: dict[str, Any] = {}
     durations = _durations_of(sample)
-    if durations != (stored := tuple(map(storable_duration, durations))):
-        changes = {name: value for name, value in zip(STORED_DURATIONS, stored, strict=True)}
+    for value in durations:  # this runs for every sample stored: the common case costs a check each
+        if value is not None and not (-MAX_STORED_MS <= value <= MAX_STORED_MS and round(value * 1000) / 1000 == value):
+            changes = dict(zip(STORED_DURATIONS, map(storable_duration, durations), strict=True))
+            break
     if not (
         _storable_as_is(sample.served_model, _SERVED_MODEL_LIMIT)
         and _storable_as_is(sample.fingerprint, _FINGERPRINT_LIMIT)
@@ -313,7 +315,8 @@ def storable_duration(value: float | None) -> float | None:
         # Beyond every timeout: a monitor stopped mid-request (the sample is disturbed by that stop), or
         # not a number. Kept at the bound rather than refused with its whole batch.
         return MAX_STORED_MS if value > 0 else -MAX_STORED_MS if value < 0 else None
-    return round(value, 3)
+    # As the column type converts it (types.Microseconds: round(value * 1000)), so storing changes nothing more.
+    return round(value * 1000) / 1000
 
 
 def _clean(value: str) -> bool:
