@@ -182,6 +182,7 @@ class _Core:
         "_clean_streak",
         "_cusum_references",
         "_cusum_scales",
+        "_cusum_start",
         "_derived",
         "_eager_from",
         "_failed_streak",
@@ -189,6 +190,7 @@ class _Core:
         "_interval",
         "_jump_cache",
         "_keep",
+        "_level_low",
         "_level_s",
         "_loaded",
         "_log_clear_ratio",
@@ -201,6 +203,7 @@ class _Core:
         "_reference_range",
         "_reference_sorted",
         "_residuals",
+        "_resolved_s",
         "_run_slot",
         "_seed_days",
         "_slots",
@@ -208,6 +211,7 @@ class _Core:
         "_sums",
         "_thresholds",
         "_window_failed",
+        "_window_held",
         "_window_medians",
         "_window_requests",
         "allowance",
@@ -248,6 +252,9 @@ class _Core:
         self._log_clear_ratio = math.log(rules.clear_ratio)
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
+        self._level_low = 0  # where `_seasonal` found the level's first run last time
+        # (window_runs, count, probes held by runs count - window_runs .. count - 1) as `_window` last summed them.
+        self._window_held: tuple[int, int, int] | None = None
         self._appended_since_trim = 0
         self.baseline_ms: float | None = None  # what the last stepped run was compared with
         self._cusum_references: dict[int, _CusumReference | None] = {}
@@ -258,6 +265,11 @@ class _Core:
         self._derived: float | None = None  # the CUSUM threshold derived last: where the next search starts
         # The last run's CUSUM (allowance, scale, threshold) with the model engaged, and what they came from.
         self._cusum_scales: tuple[tuple[Any, ...], tuple[float, float, float]] | None = None
+        # The CUSUM excursion's first run (the state's `cusum_since`, the very object) and its index, and the
+        # last resolve (`resolved_at`) in seconds: asked after every run while they stand, and a datetime's
+        # timestamp() is a call into its time zone. The index moves only at a trim, which forgets it.
+        self._cusum_start: tuple[datetime, int] | None = None
+        self._resolved_s: tuple[datetime, float] | None = None
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         # Per day before, where `_day_difference` found the partner of the last run it was asked about (the
         # first run not earlier than its time less the tolerance).
@@ -280,7 +292,12 @@ class _Core:
     def append(self, run: RunPoint) -> bool:
         """Add `run`; whether it joined the valid runs (it has a TTFT and is latency evidence)."""
         ttft = run.ttft_ms
-        ok, errors = run.counts()
+        # run.counts(), without the call and its tuple: once a run.
+        ok, errors = run.ok, run.errors
+        if ok is None:
+            ok = 0 if ttft is None else 1
+        if errors is None:
+            errors = 1 if ttft is None else 0
         window = self.rules.error_window_runs
         recent = self._recent
         if len(recent) >= window:
@@ -382,6 +399,9 @@ class _Core:
             self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
             self._interval = ((-1, 0.0), 300.0)  # `interval_s` carries it from one run to the next only
+            self._cusum_start = None
+            self._window_held = None
+            self._level_low = 0
             self._partner_hints = [max(0, hint - drop) for hint in self._partner_hints]
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
@@ -497,7 +517,15 @@ class _Core:
             return None
         times, level_s = self.times, self._level_s
         end_s = times[end if end < len(times) else -1]
-        low = bisect_left(times, end_s - level_s)
+        # bisect_left(times, end_s - level_s): mostly the run after the one found last time (the end moves a run
+        # on), or that one again; searched for otherwise.
+        start_s = end_s - level_s
+        low = self._level_low + 1
+        if not (low < len(times) and times[low - 1] < start_s <= times[low]):
+            low -= 1
+            if not (low < len(times) and (low == 0 or times[low - 1] < start_s) and start_s <= times[low]):
+                low = bisect_left(times, start_s)
+        self._level_low = low
         if low >= end or times[low] > end_s - level_s / 2:
             return None
         reference = self._reference(low, end)
@@ -650,9 +678,14 @@ class _Core:
         # After a resolve, tickets wait for a window of fresh runs: the ticket window outlasts the
         # others, and resolving into a new ticket on the same runs would flap.
         ticket_w = rules.ticket.window_runs
-        fresh = state.resolved_at is None or (
-            count >= ticket_w and self.times[count - ticket_w] > state.resolved_at.timestamp()
-        )
+        resolved_at = state.resolved_at
+        if resolved_at is None:
+            fresh = True
+        else:
+            resolved = self._resolved_s
+            if resolved is None or resolved[0] is not resolved_at:
+                resolved = self._resolved_s = (resolved_at, resolved_at.timestamp())
+            fresh = count >= ticket_w and self.times[count - ticket_w] > resolved[1]
         # The ticket window opens tickets beside the sequential rule unless window_tickets is off; then it
         # only times clearing and the SLO rule.
         if (
@@ -778,7 +811,14 @@ class _Core:
         if rule is None or incident is not None or not fresh or residual is None or residual != residual:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
-        start = count - 1 if state.cusum_since is None else bisect_left(self.times, state.cusum_since.timestamp())
+        since = state.cusum_since
+        if since is None:
+            start = count - 1
+        else:
+            started = self._cusum_start
+            if started is None or started[0] is not since:
+                started = self._cusum_start = (since, bisect_left(self.times, since.timestamp()))
+            start = started[1]
         slot = self._run_slot
         reference = self._cusum_reference(start, rule) if slot is not None else None
         if slot is None or reference is None:
@@ -825,7 +865,7 @@ class _Core:
         if not total > 0.0:  # max(0.0, total) is 0.0
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
-        since = state.cusum_since or run.at
+        since = since or run.at
         runs = state.cusum_runs + 1
         # Over an excursion's first MIN_EXCURSION_RUNS runs the sum holds at most half the threshold: a
         # burst, however far it went, leaves the rest to be shown by runs after it (fast jumps are the
@@ -1114,7 +1154,15 @@ class _Core:
         if rule.min_probes <= 0 or runs > count:
             return runs
         probes = self.probes
-        held = sum(probes[count - runs : count])
+        # sum(probes[count - runs : count]): a run later, the one that joins added and the one that leaves taken off.
+        kept = self._window_held
+        if kept is not None and kept[0] == runs and kept[1] == count - 1:
+            held = kept[2] + probes[count - 1] - probes[count - 1 - runs]
+        elif kept is not None and kept[0] == runs and kept[1] == count:
+            held = kept[2]
+        else:
+            held = sum(probes[count - runs : count])
+        self._window_held = (runs, count, held)
         if held >= rule.min_probes:  # the usual case: no stretching, so no limit to work out
             return runs
         limit = min(rule.longest_window, count)
@@ -1352,7 +1400,10 @@ class _Core:
         adapted = False
         slot = self._run_slot
         if slot is not None:
-            recent = self._residuals_between(count - longest, count)
+            low = count - longest
+            # `_residuals_between` without the call where every residual is computed (a stepped core's runs).
+            residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None from `_eager_from` on
+            recent = residuals[low:count] if low >= self._eager_from else self._residuals_between(low, count)
             total = sum(recent)
             if total == total:  # no nan: every run in the windows has a seasonal baseline
                 # The reference ends before the windows tested, and before an open regression began,
