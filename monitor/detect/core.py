@@ -206,6 +206,7 @@ class _Core:
         "_resolved_s",
         "_run_slot",
         "_seed_days",
+        "_slot_days",
         "_slots",
         "_steps",
         "_sums",
@@ -235,6 +236,9 @@ class _Core:
         # Log distance of each run from its slot's seasonal baseline; nan: none; None: not computed yet.
         self._residuals: list[float | None] = []
         self._slots: dict[int, _Slot | None] = {}
+        # By time of day (slot % SLOTS_PER_DAY), the last slot `_slot` worked out there: (its number, the window
+        # median of each day it reads, the day before first, the medians found in order, their runs).
+        self._slot_days: dict[int, tuple[int, list[tuple[float, int] | None], list[float], int]] = {}
         self._window_medians: dict[int, tuple[float, int] | None] = {}
         self._reference_range = (0, 0)
         self._reference_sorted: list[float] = []
@@ -427,21 +431,41 @@ class _Core:
         cached = self._slots.get(slot, _UNCACHED)
         if cached is not _UNCACHED:
             return cached  # type: ignore[return-value]
-        days: list[float] = []
-        count = 0
-        known = self._window_medians.get
-        for key in range(slot - SLOTS_PER_DAY, slot - (self.rules.seasonal_days + 1) * SLOTS_PER_DAY, -SLOTS_PER_DAY):
-            # All but the day before are known (each served the slot a day earlier): looked up here, once.
-            found = known(key, _UNCACHED)
-            if found is _UNCACHED:
-                found = self._window_median(key)
+        before = self._slot_days.get(slot % SLOTS_PER_DAY)
+        if before is not None and before[0] == slot - SLOTS_PER_DAY:
+            # The slot a day earlier read the same days but the day before, and one more at the far end (a past
+            # window's median never changes): that day's median out, the day before's in.
+            _, found_days, days, count = before
+            found = self._window_median(slot - SLOTS_PER_DAY)
+            oldest = found_days.pop()
+            found_days.insert(0, found)
+            if oldest is not None:
+                del days[bisect_left(days, oldest[0])]
+                count -= oldest[1]
             if found is not None:
-                days.append(found[0])  # type: ignore[index]
-                count += found[1]  # type: ignore[index]
+                insort(days, found[0])
+                count += found[1]
+        else:
+            found_days = []
+            days = []
+            count = 0
+            known = self._window_medians.get
+            for key in range(
+                slot - SLOTS_PER_DAY, slot - (self.rules.seasonal_days + 1) * SLOTS_PER_DAY, -SLOTS_PER_DAY
+            ):
+                # All but the day before are known (each served the slot a day earlier): looked up here, once.
+                window = known(key, _UNCACHED)
+                if window is _UNCACHED:
+                    window = self._window_median(key)
+                found_days.append(window)  # type: ignore[arg-type]
+                if window is not None:
+                    days.append(window[0])  # type: ignore[index]
+                    count += window[1]  # type: ignore[index]
+            days.sort()
+        self._slot_days[slot % SLOTS_PER_DAY] = (slot, found_days, days, count)
         result = None
         if len(days) >= SEASONAL_MIN_DAYS:
-            days.sort()  # median(days), without the call: every other run
-            half = len(days) // 2
+            half = len(days) // 2  # median(days), without the call: every other run
             result = _Slot(days[half] if len(days) % 2 else (days[half - 1] + days[half]) / 2.0, count, len(days))
         self._slots[slot] = result
         return result

@@ -262,3 +262,40 @@ def test_what_a_stepped_core_carries_from_one_run_to_the_next_is_what_a_search_f
             assert core._resolved_s[1] == state.resolved_at.timestamp()
             checked["resolved"] += 1
     assert min(checked.values()) > 100 and len(checked) == 5, checked
+
+
+def _plain_slot(core: _Core, slot: int) -> tuple[float, int, int] | None:
+    """A seasonal slot read afresh: on each of the days before, the median of the runs within an hour of the slot's
+    centre, then the median of those; (centre, runs, days), None with too few days (default rules)."""
+    days, count = [], 0
+    for day in range(1, core.rules.seasonal_days + 1):
+        centre = (slot - day * 144 + 0.5) * 600.0
+        near = core.logs[bisect_left(core.times, centre - 3600.0) : bisect_left(core.times, centre + 3600.0)]
+        if near:
+            days.append(median(near))
+            count += len(near)
+    return (median(days), count, len(days)) if len(days) >= 3 else None
+
+
+def test_a_seasonal_slot_worked_out_from_the_day_befores_is_the_plain_median_of_daily_medians(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every slot a replayer works out over 12 days with failed runs and gaps (some days miss some hours, so a
+    # day drops out of a slot and comes back), and a trim.
+    slot_of = _Core._slot
+    checked = []
+
+    def slot_checked(core: _Core, slot: int) -> Any:
+        got = slot_of(core, slot)
+        plain = _plain_slot(core, slot)
+        assert (got.center, got.count, got.days) == plain if got is not None else plain is None
+        checked.append(got is not None)
+        return got
+
+    monkeypatch.setattr(_Core, "_slot", slot_checked)
+    monkeypatch.setattr("monitor.detect.core.TRIM_EVERY_RUNS", 1024)
+    points = [p for n, p in enumerate(make_series(3, days=12, probes=3, phi=0.9)) if not 30 <= n % 700 < 60]
+    replayer = Detector(Rules()).replayer()
+    for point in points:
+        replayer.feed(point)
+    assert len(checked) > 1500 and checked.count(True) > 1000
