@@ -107,10 +107,17 @@ class _Baseline:
     """What the windows are compared with: `center` (log ms) and the per-run spread around it, the
     MAD of `reference` (sorted), computed only when a window is large enough to need a z-score."""
 
-    __slots__ = ("_sigma", "center", "end", "extra", "level", "reference", "seasonal")
+    __slots__ = ("_near", "_sigma", "center", "end", "extra", "level", "reference", "seasonal")
 
     def __init__(
-        self, center: float, level: float, reference: list[float], seasonal: bool, extra: float, end: int = 0
+        self,
+        center: float,
+        level: float,
+        reference: list[float],
+        seasonal: bool,
+        extra: float,
+        end: int = 0,
+        near: list[int] | None = None,
     ) -> None:
         self.end = end  # the reference's runs end before this index
         self.center = center
@@ -119,12 +126,13 @@ class _Baseline:
         self.seasonal = seasonal
         self.extra = extra  # the seasonal slot's own variance, in units of sigma^2
         self._sigma: float | None = None
+        self._near = near  # where the MAD's selection ended for the baseline before (`stats.mad_sigma_sorted`)
 
     @property
     def sigma(self) -> float:
         if self._sigma is None:
             # `reference` is sorted: a selection, not a sort of its deviations (stats.mad_sigma_sorted).
-            sigma = mad_sigma_sorted(self.reference, center=self.level)
+            sigma = mad_sigma_sorted(self.reference, center=self.level, near=self._near)
             self._sigma = SIGMA_FLOOR if sigma < SIGMA_FLOOR else sigma  # max(sigma, SIGMA_FLOOR)
         return self._sigma
 
@@ -197,6 +205,7 @@ class _Core:
         "_log_page_ratio",
         "_log_ticket_ratio",
         "_lookback_s",
+        "_mad_near",
         "_partner_hints",
         "_profile_cache",
         "_recent",
@@ -257,6 +266,7 @@ class _Core:
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
         self._level_low = 0  # where `_seasonal` found the level's first run last time
+        self._mad_near = [0]  # where the seasonal baselines' MAD selection ended last time (`_Baseline.sigma`)
         # (window_runs, count, probes held by runs count - window_runs .. count - 1) as `_window` last summed them.
         self._window_held: tuple[int, int, int] | None = None
         self._appended_since_trim = 0
@@ -562,7 +572,7 @@ class _Core:
         # In the parameters' order, not by keyword: a keyword call costs twice as much, and this is once a run.
         center = slot.center + level
         extra = (math.pi / 2.0) ** 2 / slot.count  # a median of per-day medians
-        return _Baseline(center, level, reference, True, extra, end)
+        return _Baseline(center, level, reference, True, extra, end, self._mad_near)
 
     def _trailing(self, end: int) -> _Baseline | None:
         reference = sorted(self.logs[max(0, end - self.rules.trailing_runs) : end])

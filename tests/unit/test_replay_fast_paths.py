@@ -43,6 +43,20 @@ def test_mad_sigma_of_sorted_values_is_the_same_float_as_mad_sigma(values: list[
     assert mad_sigma_sorted(data, center=center) == mad_sigma(data, center=center)
 
 
+@given(_VALUES, st.one_of(st.none(), st.integers(0, 59)), st.integers(-5, 70))
+def test_mad_sigma_of_sorted_values_is_the_same_float_from_any_hint(
+    values: list[float], where: int | None, hint: int
+) -> None:
+    # The hint: where the selection ended last time (the baseline a run earlier), here anything, in range or not.
+    data = sorted(values)
+    center = median(data) if where is None else data[where % len(data)]
+    near = [hint]
+    assert mad_sigma_sorted(data, center=center, near=near) == mad_sigma(data, center=center)
+    settled = near[0]
+    assert mad_sigma_sorted(data, center=center, near=near) == mad_sigma(data, center=center)
+    assert near == [settled]
+
+
 def test_mad_sigma_of_no_values_is_refused() -> None:
     with pytest.raises(ValueError):
         mad_sigma_sorted([], center=0.0)
