@@ -1039,13 +1039,19 @@ class _Core:
             # bisect_left(times, earliest, 0, index): mostly the run after this day's partner of the last run
             # asked about, which it is when the run before it is earlier than `earliest` and it is not (or it is
             # `index`); searched for otherwise.
-            before = hints[day] + 1
-            if not (
-                0 < before <= index and times[before - 1] < earliest and (before == index or times[before] >= earliest)
-            ):
+            before = hints[day] + 1  # at least 1: a hint is an index
+            if before < index:
+                found = times[before]
+                if not times[before - 1] < earliest <= found:
+                    before = bisect_left(times, earliest, 0, index)
+                    found = times[before] if before < index else math.inf
+            elif before != index or not times[before - 1] < earliest:
                 before = bisect_left(times, earliest, 0, index)
+                found = times[before] if before < index else math.inf
+            else:
+                found = math.inf  # `index` itself: no partner that day
             hints[day] = before
-            if before < index and times[before] <= then + tolerance:
+            if found <= then + tolerance:
                 partners.append(logs[before])
         count = len(partners)
         if not count:
