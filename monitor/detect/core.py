@@ -687,7 +687,7 @@ class _Core:
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
         # The noise model is on by default (`detection.noise_model`): without it every rule runs as it did before
         # the model existed (noise None: no widening, no extra confirmations, the fixed CUSUM threshold).
-        noise = self.noise = self._noise_model(state, count) if rules.noise_model else None
+        noise = self.noise = (state.noise or self._noise_model(state, count)) if rules.noise_model else None
         if noise is None:
             state.noise = None  # a model left from when it was on is stale by the time it is turned on again
         # The evidence rules scale by the model only where it measured runs clearly more correlated than
@@ -757,9 +757,13 @@ class _Core:
                 persistence = noise_model.page_persistence(noise, window=verdict.page_window)
                 paging = max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
         ticketing = state.ticket_streak >= rules.ticket.confirmations
-        sequential = self._cusum(state, run, incident, count, fresh, scaled) if not (paging or ticketing) else None
+        # The run interval, read once for the sequential rule and the model's learning (a call each, every run).
+        interval = self.interval_s() if noise is not None else 0.0
+        sequential = (
+            self._cusum(state, run, incident, count, fresh, scaled, interval) if not (paging or ticketing) else None
+        )
         if noise is not None:
-            self._learn(state, noise, incident, baseline, count)
+            self._learn(state, noise, incident, baseline, count, interval)
         if incident is None and sequential is None and not (paging or ticketing):
             return  # most runs: nothing opens, and nothing is open to update or resolve
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
@@ -834,8 +838,10 @@ class _Core:
         count: int,
         fresh: bool,
         noise: NoiseModel | None,
+        interval: float,
     ) -> tuple[float, float, datetime, float] | None:
         """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
+        `interval`: `interval_s()`, read by the caller (only with `noise`).
 
         The level it is measured from is frozen where the current excursion began, so a shift that is
         building up evidence never becomes its own baseline. It sleeps while a regression is open and,
@@ -878,7 +884,7 @@ class _Core:
             # it adds up (the threshold derived for that allowance is lower, so large shifts show sooner).
             # All of it depends on the reference (a new one every 3 hours), the fit (every 36 runs learnt),
             # the slot's counts and the run interval: worked out again only when one of them moves.
-            key = (reference, noise.share, noise.phi, slot.count, slot.days, self.interval_s())
+            key = (reference, noise.share, noise.phi, slot.count, slot.days, interval)
             kept = self._cusum_scales
             if kept is not None and kept[0] == key:
                 allowance, scale, threshold = kept[1]
@@ -1104,7 +1110,13 @@ class _Core:
         return model
 
     def _learn(
-        self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
+        self,
+        state: SeriesState,
+        noise: NoiseModel,
+        incident: Incident | None,
+        baseline: _Baseline,
+        count: int,
+        interval: float,
     ) -> None:
         """Add this run's difference from the same time on the days before (`_day_difference`) to the noise
         model, unless a regression is in it: not while an incident is open or a page is being confirmed.
@@ -1118,7 +1130,7 @@ class _Core:
         # model then read them as correlated and made every rule slower).
         if state.ticket_streak or (self.threshold is not None and state.cusum >= self.threshold / 2.0):
             return
-        difference = self._day_difference(count - 1, self.interval_s() / 2.0)
+        difference = self._day_difference(count - 1, interval / 2.0)
         if difference is not None:
             noise_model.update(noise, difference)
 
