@@ -107,10 +107,17 @@ class _Baseline:
     """What the windows are compared with: `center` (log ms) and the per-run spread around it, the
     MAD of `reference` (sorted), computed only when a window is large enough to need a z-score."""
 
-    __slots__ = ("_sigma", "center", "end", "extra", "level", "reference", "seasonal")
+    __slots__ = ("_near", "_sigma", "center", "end", "extra", "level", "reference", "seasonal")
 
     def __init__(
-        self, center: float, level: float, reference: list[float], seasonal: bool, extra: float, end: int = 0
+        self,
+        center: float,
+        level: float,
+        reference: list[float],
+        seasonal: bool,
+        extra: float,
+        end: int = 0,
+        near: list[int] | None = None,
     ) -> None:
         self.end = end  # the reference's runs end before this index
         self.center = center
@@ -119,12 +126,13 @@ class _Baseline:
         self.seasonal = seasonal
         self.extra = extra  # the seasonal slot's own variance, in units of sigma^2
         self._sigma: float | None = None
+        self._near = near  # where the MAD's selection ended for the baseline before (`stats.mad_sigma_sorted`)
 
     @property
     def sigma(self) -> float:
         if self._sigma is None:
             # `reference` is sorted: a selection, not a sort of its deviations (stats.mad_sigma_sorted).
-            sigma = mad_sigma_sorted(self.reference, center=self.level)
+            sigma = mad_sigma_sorted(self.reference, center=self.level, near=self._near)
             self._sigma = SIGMA_FLOOR if sigma < SIGMA_FLOOR else sigma  # max(sigma, SIGMA_FLOOR)
         return self._sigma
 
@@ -182,6 +190,7 @@ class _Core:
         "_clean_streak",
         "_cusum_references",
         "_cusum_scales",
+        "_cusum_start",
         "_derived",
         "_eager_from",
         "_failed_streak",
@@ -189,25 +198,30 @@ class _Core:
         "_interval",
         "_jump_cache",
         "_keep",
+        "_level_low",
         "_level_s",
         "_loaded",
         "_log_clear_ratio",
         "_log_page_ratio",
         "_log_ticket_ratio",
         "_lookback_s",
+        "_mad_near",
         "_partner_hints",
         "_profile_cache",
         "_recent",
         "_reference_range",
         "_reference_sorted",
         "_residuals",
+        "_resolved_s",
         "_run_slot",
         "_seed_days",
+        "_slot_days",
         "_slots",
         "_steps",
         "_sums",
         "_thresholds",
         "_window_failed",
+        "_window_held",
         "_window_medians",
         "_window_requests",
         "allowance",
@@ -231,6 +245,9 @@ class _Core:
         # Log distance of each run from its slot's seasonal baseline; nan: none; None: not computed yet.
         self._residuals: list[float | None] = []
         self._slots: dict[int, _Slot | None] = {}
+        # By time of day (slot % SLOTS_PER_DAY), the last slot `_slot` worked out there: (its number, the window
+        # median of each day it reads, the day before first, the medians found in order, their runs).
+        self._slot_days: dict[int, tuple[int, list[tuple[float, int] | None], list[float], int]] = {}
         self._window_medians: dict[int, tuple[float, int] | None] = {}
         self._reference_range = (0, 0)
         self._reference_sorted: list[float] = []
@@ -248,6 +265,10 @@ class _Core:
         self._log_clear_ratio = math.log(rules.clear_ratio)
         self._lookback_s = _lookback_s(rules)
         self._level_s = rules.level_hours * 3600.0
+        self._level_low = 0  # where `_seasonal` found the level's first run last time
+        self._mad_near = [0]  # where the seasonal baselines' MAD selection ended last time (`_Baseline.sigma`)
+        # (window_runs, count, probes held by runs count - window_runs .. count - 1) as `_window` last summed them.
+        self._window_held: tuple[int, int, int] | None = None
         self._appended_since_trim = 0
         self.baseline_ms: float | None = None  # what the last stepped run was compared with
         self._cusum_references: dict[int, _CusumReference | None] = {}
@@ -258,6 +279,11 @@ class _Core:
         self._derived: float | None = None  # the CUSUM threshold derived last: where the next search starts
         # The last run's CUSUM (allowance, scale, threshold) with the model engaged, and what they came from.
         self._cusum_scales: tuple[tuple[Any, ...], tuple[float, float, float]] | None = None
+        # The CUSUM excursion's first run (the state's `cusum_since`, the very object) and its index, and the
+        # last resolve (`resolved_at`) in seconds: asked after every run while they stand, and a datetime's
+        # timestamp() is a call into its time zone. The index moves only at a trim, which forgets it.
+        self._cusum_start: tuple[datetime, int] | None = None
+        self._resolved_s: tuple[datetime, float] | None = None
         self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
         # Per day before, where `_day_difference` found the partner of the last run it was asked about (the
         # first run not earlier than its time less the tolerance).
@@ -280,7 +306,12 @@ class _Core:
     def append(self, run: RunPoint) -> bool:
         """Add `run`; whether it joined the valid runs (it has a TTFT and is latency evidence)."""
         ttft = run.ttft_ms
-        ok, errors = run.counts()
+        # run.counts(), without the call and its tuple: once a run.
+        ok, errors = run.ok, run.errors
+        if ok is None:
+            ok = 0 if ttft is None else 1
+        if errors is None:
+            errors = 1 if ttft is None else 0
         window = self.rules.error_window_runs
         recent = self._recent
         if len(recent) >= window:
@@ -382,6 +413,9 @@ class _Core:
             self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
             self._interval = ((-1, 0.0), 300.0)  # `interval_s` carries it from one run to the next only
+            self._cusum_start = None
+            self._window_held = None
+            self._level_low = 0
             self._partner_hints = [max(0, hint - drop) for hint in self._partner_hints]
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
@@ -407,21 +441,41 @@ class _Core:
         cached = self._slots.get(slot, _UNCACHED)
         if cached is not _UNCACHED:
             return cached  # type: ignore[return-value]
-        days: list[float] = []
-        count = 0
-        known = self._window_medians.get
-        for key in range(slot - SLOTS_PER_DAY, slot - (self.rules.seasonal_days + 1) * SLOTS_PER_DAY, -SLOTS_PER_DAY):
-            # All but the day before are known (each served the slot a day earlier): looked up here, once.
-            found = known(key, _UNCACHED)
-            if found is _UNCACHED:
-                found = self._window_median(key)
+        before = self._slot_days.get(slot % SLOTS_PER_DAY)
+        if before is not None and before[0] == slot - SLOTS_PER_DAY:
+            # The slot a day earlier read the same days but the day before, and one more at the far end (a past
+            # window's median never changes): that day's median out, the day before's in.
+            _, found_days, days, count = before
+            found = self._window_median(slot - SLOTS_PER_DAY)
+            oldest = found_days.pop()
+            found_days.insert(0, found)
+            if oldest is not None:
+                del days[bisect_left(days, oldest[0])]
+                count -= oldest[1]
             if found is not None:
-                days.append(found[0])  # type: ignore[index]
-                count += found[1]  # type: ignore[index]
+                insort(days, found[0])
+                count += found[1]
+        else:
+            found_days = []
+            days = []
+            count = 0
+            known = self._window_medians.get
+            for key in range(
+                slot - SLOTS_PER_DAY, slot - (self.rules.seasonal_days + 1) * SLOTS_PER_DAY, -SLOTS_PER_DAY
+            ):
+                # All but the day before are known (each served the slot a day earlier): looked up here, once.
+                window = known(key, _UNCACHED)
+                if window is _UNCACHED:
+                    window = self._window_median(key)
+                found_days.append(window)  # type: ignore[arg-type]
+                if window is not None:
+                    days.append(window[0])  # type: ignore[index]
+                    count += window[1]  # type: ignore[index]
+            days.sort()
+        self._slot_days[slot % SLOTS_PER_DAY] = (slot, found_days, days, count)
         result = None
         if len(days) >= SEASONAL_MIN_DAYS:
-            days.sort()  # median(days), without the call: every other run
-            half = len(days) // 2
+            half = len(days) // 2  # median(days), without the call: every other run
             result = _Slot(days[half] if len(days) % 2 else (days[half - 1] + days[half]) / 2.0, count, len(days))
         self._slots[slot] = result
         return result
@@ -497,7 +551,15 @@ class _Core:
             return None
         times, level_s = self.times, self._level_s
         end_s = times[end if end < len(times) else -1]
-        low = bisect_left(times, end_s - level_s)
+        # bisect_left(times, end_s - level_s): mostly the run after the one found last time (the end moves a run
+        # on), or that one again; searched for otherwise.
+        start_s = end_s - level_s
+        low = self._level_low + 1
+        if not (low < len(times) and times[low - 1] < start_s <= times[low]):
+            low -= 1
+            if not (low < len(times) and (low == 0 or times[low - 1] < start_s) and start_s <= times[low]):
+                low = bisect_left(times, start_s)
+        self._level_low = low
         if low >= end or times[low] > end_s - level_s / 2:
             return None
         reference = self._reference(low, end)
@@ -510,7 +572,7 @@ class _Core:
         # In the parameters' order, not by keyword: a keyword call costs twice as much, and this is once a run.
         center = slot.center + level
         extra = (math.pi / 2.0) ** 2 / slot.count  # a median of per-day medians
-        return _Baseline(center, level, reference, True, extra, end)
+        return _Baseline(center, level, reference, True, extra, end, self._mad_near)
 
     def _trailing(self, end: int) -> _Baseline | None:
         reference = sorted(self.logs[max(0, end - self.rules.trailing_runs) : end])
@@ -625,7 +687,7 @@ class _Core:
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
         # The noise model is on by default (`detection.noise_model`): without it every rule runs as it did before
         # the model existed (noise None: no widening, no extra confirmations, the fixed CUSUM threshold).
-        noise = self.noise = self._noise_model(state, count) if rules.noise_model else None
+        noise = self.noise = (state.noise or self._noise_model(state, count)) if rules.noise_model else None
         if noise is None:
             state.noise = None  # a model left from when it was on is stale by the time it is turned on again
         # The evidence rules scale by the model only where it measured runs clearly more correlated than
@@ -650,9 +712,14 @@ class _Core:
         # After a resolve, tickets wait for a window of fresh runs: the ticket window outlasts the
         # others, and resolving into a new ticket on the same runs would flap.
         ticket_w = rules.ticket.window_runs
-        fresh = state.resolved_at is None or (
-            count >= ticket_w and self.times[count - ticket_w] > state.resolved_at.timestamp()
-        )
+        resolved_at = state.resolved_at
+        if resolved_at is None:
+            fresh = True
+        else:
+            resolved = self._resolved_s
+            if resolved is None or resolved[0] is not resolved_at:
+                resolved = self._resolved_s = (resolved_at, resolved_at.timestamp())
+            fresh = count >= ticket_w and self.times[count - ticket_w] > resolved[1]
         # The ticket window opens tickets beside the sequential rule unless window_tickets is off; then it
         # only times clearing and the SLO rule.
         if (
@@ -690,9 +757,13 @@ class _Core:
                 persistence = noise_model.page_persistence(noise, window=verdict.page_window)
                 paging = max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
         ticketing = state.ticket_streak >= rules.ticket.confirmations
-        sequential = self._cusum(state, run, incident, count, fresh, scaled) if not (paging or ticketing) else None
+        # The run interval, read once for the sequential rule and the model's learning (a call each, every run).
+        interval = self.interval_s() if noise is not None else 0.0
+        sequential = (
+            self._cusum(state, run, incident, count, fresh, scaled, interval) if not (paging or ticketing) else None
+        )
         if noise is not None:
-            self._learn(state, noise, incident, baseline, count)
+            self._learn(state, noise, incident, baseline, count, interval)
         if incident is None and sequential is None and not (paging or ticketing):
             return  # most runs: nothing opens, and nothing is open to update or resolve
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
@@ -767,8 +838,10 @@ class _Core:
         count: int,
         fresh: bool,
         noise: NoiseModel | None,
+        interval: float,
     ) -> tuple[float, float, datetime, float] | None:
         """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
+        `interval`: `interval_s()`, read by the caller (only with `noise`).
 
         The level it is measured from is frozen where the current excursion began, so a shift that is
         building up evidence never becomes its own baseline. It sleeps while a regression is open and,
@@ -778,7 +851,14 @@ class _Core:
         if rule is None or incident is not None or not fresh or residual is None or residual != residual:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
-        start = count - 1 if state.cusum_since is None else bisect_left(self.times, state.cusum_since.timestamp())
+        since = state.cusum_since
+        if since is None:
+            start = count - 1
+        else:
+            started = self._cusum_start
+            if started is None or started[0] is not since:
+                started = self._cusum_start = (since, bisect_left(self.times, since.timestamp()))
+            start = started[1]
         slot = self._run_slot
         reference = self._cusum_reference(start, rule) if slot is not None else None
         if slot is None or reference is None:
@@ -804,7 +884,7 @@ class _Core:
             # it adds up (the threshold derived for that allowance is lower, so large shifts show sooner).
             # All of it depends on the reference (a new one every 3 hours), the fit (every 36 runs learnt),
             # the slot's counts and the run interval: worked out again only when one of them moves.
-            key = (reference, noise.share, noise.phi, slot.count, slot.days, self.interval_s())
+            key = (reference, noise.share, noise.phi, slot.count, slot.days, interval)
             kept = self._cusum_scales
             if kept is not None and kept[0] == key:
                 allowance, scale, threshold = kept[1]
@@ -825,7 +905,7 @@ class _Core:
         if not total > 0.0:  # max(0.0, total) is 0.0
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
-        since = state.cusum_since or run.at
+        since = since or run.at
         runs = state.cusum_runs + 1
         # Over an excursion's first MIN_EXCURSION_RUNS runs the sum holds at most half the threshold: a
         # burst, however far it went, leaves the rest to be shown by runs after it (fast jumps are the
@@ -965,13 +1045,19 @@ class _Core:
             # bisect_left(times, earliest, 0, index): mostly the run after this day's partner of the last run
             # asked about, which it is when the run before it is earlier than `earliest` and it is not (or it is
             # `index`); searched for otherwise.
-            before = hints[day] + 1
-            if not (
-                0 < before <= index and times[before - 1] < earliest and (before == index or times[before] >= earliest)
-            ):
+            before = hints[day] + 1  # at least 1: a hint is an index
+            if before < index:
+                found = times[before]
+                if not times[before - 1] < earliest <= found:
+                    before = bisect_left(times, earliest, 0, index)
+                    found = times[before] if before < index else math.inf
+            elif before != index or not times[before - 1] < earliest:
                 before = bisect_left(times, earliest, 0, index)
+                found = times[before] if before < index else math.inf
+            else:
+                found = math.inf  # `index` itself: no partner that day
             hints[day] = before
-            if before < index and times[before] <= then + tolerance:
+            if found <= then + tolerance:
                 partners.append(logs[before])
         count = len(partners)
         if not count:
@@ -1024,7 +1110,13 @@ class _Core:
         return model
 
     def _learn(
-        self, state: SeriesState, noise: NoiseModel, incident: Incident | None, baseline: _Baseline, count: int
+        self,
+        state: SeriesState,
+        noise: NoiseModel,
+        incident: Incident | None,
+        baseline: _Baseline,
+        count: int,
+        interval: float,
     ) -> None:
         """Add this run's difference from the same time on the days before (`_day_difference`) to the noise
         model, unless a regression is in it: not while an incident is open or a page is being confirmed.
@@ -1038,7 +1130,7 @@ class _Core:
         # model then read them as correlated and made every rule slower).
         if state.ticket_streak or (self.threshold is not None and state.cusum >= self.threshold / 2.0):
             return
-        difference = self._day_difference(count - 1, self.interval_s() / 2.0)
+        difference = self._day_difference(count - 1, interval / 2.0)
         if difference is not None:
             noise_model.update(noise, difference)
 
@@ -1114,7 +1206,15 @@ class _Core:
         if rule.min_probes <= 0 or runs > count:
             return runs
         probes = self.probes
-        held = sum(probes[count - runs : count])
+        # sum(probes[count - runs : count]): a run later, the one that joins added and the one that leaves taken off.
+        kept = self._window_held
+        if kept is not None and kept[0] == runs and kept[1] == count - 1:
+            held = kept[2] + probes[count - 1] - probes[count - 1 - runs]
+        elif kept is not None and kept[0] == runs and kept[1] == count:
+            held = kept[2]
+        else:
+            held = sum(probes[count - runs : count])
+        self._window_held = (runs, count, held)
         if held >= rule.min_probes:  # the usual case: no stretching, so no limit to work out
             return runs
         limit = min(rule.longest_window, count)
@@ -1352,7 +1452,10 @@ class _Core:
         adapted = False
         slot = self._run_slot
         if slot is not None:
-            recent = self._residuals_between(count - longest, count)
+            low = count - longest
+            # `_residuals_between` without the call where every residual is computed (a stepped core's runs).
+            residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None from `_eager_from` on
+            recent = residuals[low:count] if low >= self._eager_from else self._residuals_between(low, count)
             total = sum(recent)
             if total == total:  # no nan: every run in the windows has a seasonal baseline
                 # The reference ends before the windows tested, and before an open regression began,

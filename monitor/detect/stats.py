@@ -33,13 +33,17 @@ def mad_sigma(values: Sequence[float], *, center: float | None = None) -> float:
     return MAD_TO_SIGMA * median([abs(v - mid) for v in values])
 
 
-def mad_sigma_sorted(data: Sequence[float], *, center: float) -> float:
+def mad_sigma_sorted(data: Sequence[float], *, center: float, near: list[int] | None = None) -> float:
     """`mad_sigma(data, center=center)` for `data` sorted ascending (no nan), in O(log n) instead of a
     list and a sort: the detector asks it of a day of reference runs after most runs.
 
     The deviations |v - center| of the values below `center` fall as v rises and those of the rest rise,
     so the deviations are two sorted runs and their median a selection from them. Each deviation is
-    computed as mad_sigma computes it, so the result is the same float."""
+    computed as mad_sigma computes it, so the result is the same float.
+
+    `near`: a one-item list holding how many of the smallest deviations came from below `center` last time (the
+    detector's reference slides a run at a time, so it is mostly the same or one off): tried first, and set to
+    this time's. The result does not depend on it."""
     count = len(data)
     if not count:
         raise ValueError("median of no values")
@@ -51,6 +55,18 @@ def mad_sigma_sorted(data: Sequence[float], *, center: float) -> float:
         # search on i, taking from below while its next deviation is smaller than the next one above.
         low = k + 1 - above if k + 1 - above > 0 else 0  # max(0, k + 1 - above), min(k + 1, below) spelt out
         high = below if below < k + 1 else k + 1
+        if near is not None and low < high:
+            # The search's test at the hint and beside it: its answer is the first i where the test fails.
+            i = near[0]
+            i = low if i < low else high - 1 if i >= high else i
+            if abs(data[split - 1 - i] - center) < data[split + k - i] - center:
+                low = i + 1
+                if low < high and not abs(data[split - 1 - low] - center) < data[split + k - low] - center:
+                    high = low
+            else:
+                high = i
+                if i > low and abs(data[split - i] - center) < data[split + k - i + 1] - center:
+                    low = i
         while low < high:
             i = (low + high) // 2
             if abs(data[split - 1 - i] - center) < data[split + k - i] - center:
@@ -61,6 +77,8 @@ def mad_sigma_sorted(data: Sequence[float], *, center: float) -> float:
 
     half = count // 2
     i, j = smallest(half if count % 2 else half - 1)
+    if near is not None:
+        near[0] = i
     # The largest of those smallest deviations: the last taken from either side.
     if i == 0:
         mad = data[split + j - 1] - center

@@ -4,6 +4,9 @@ readings do: the golden file of test_detect_default_unchanged.py needs the same 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left
+from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -38,6 +41,20 @@ def test_mad_sigma_of_sorted_values_is_the_same_float_as_mad_sigma(values: list[
     else:
         center = where
     assert mad_sigma_sorted(data, center=center) == mad_sigma(data, center=center)
+
+
+@given(_VALUES, st.one_of(st.none(), st.integers(0, 59)), st.integers(-5, 70))
+def test_mad_sigma_of_sorted_values_is_the_same_float_from_any_hint(
+    values: list[float], where: int | None, hint: int
+) -> None:
+    # The hint: where the selection ended last time (the baseline a run earlier), here anything, in range or not.
+    data = sorted(values)
+    center = median(data) if where is None else data[where % len(data)]
+    near = [hint]
+    assert mad_sigma_sorted(data, center=center, near=near) == mad_sigma(data, center=center)
+    settled = near[0]
+    assert mad_sigma_sorted(data, center=center, near=near) == mad_sigma(data, center=center)
+    assert near == [settled]
 
 
 def test_mad_sigma_of_no_values_is_refused() -> None:
@@ -200,3 +217,99 @@ def test_a_runs_partners_on_the_days_before_are_found_from_the_last_ones_asked_f
     for index in [*(a % len(spacings) for a in asked), *in_turn, len(spacings) - 1, len(spacings) - 1]:
         expected = _plain_day_difference(core.times, core.logs, index, tolerance)
         assert core._day_difference(index, tolerance) == expected
+
+
+def _varied(points: list[Any]) -> list[Any]:
+    """The runs with request counts that vary (1-4 measured, some failed, some left to RunPoint's defaults), so
+    the page window stretches to hold its min_probes and the availability counts move."""
+    varied = []
+    for number, point in enumerate(points):
+        if number % 11 == 0:
+            varied.append(replace(point, ok=None, errors=None))
+        elif point.ttft_ms is not None:
+            varied.append(replace(point, ok=1 + number % 4, errors=number % 3 // 2))
+        else:
+            varied.append(point)
+    return varied
+
+
+@pytest.mark.parametrize("noise_model", [False, True])
+def test_what_a_stepped_core_carries_from_one_run_to_the_next_is_what_a_search_finds(
+    monkeypatch: pytest.MonkeyPatch, noise_model: bool
+) -> None:
+    # Over 30 days with incidents, CUSUM excursions, a model change (a new core) and trims: each run's request
+    # counts, the page window's probes held, the level's first run, the CUSUM excursion's first run and the last
+    # resolve's time, as each run leaves them, against the plain readings.
+    checked: Counter[str] = Counter()
+    window, seasonal = _Core._window, _Core._seasonal
+
+    def window_checked(core: _Core, rule: Any, count: int) -> int:
+        got = window(core, rule, count)
+        runs = rule.window_runs
+        if rule.min_probes > 0 and runs <= count:
+            while sum(core.probes[count - runs : count]) < rule.min_probes and runs < min(rule.longest_window, count):
+                runs += 1
+            checked["window"] += 1
+        assert got == runs
+        checked["stretched"] += runs > rule.window_runs
+        return got
+
+    def seasonal_checked(core: _Core, slot: Any, end: int) -> Any:
+        got = seasonal(core, slot, end)
+        if end > 0:
+            end_s = core.times[min(end, len(core.times) - 1)]
+            assert core._level_low == bisect_left(core.times, end_s - core._level_s)
+            checked["level"] += 1
+        return got
+
+    monkeypatch.setattr(_Core, "_window", window_checked)
+    monkeypatch.setattr(_Core, "_seasonal", seasonal_checked)
+    replayer = Detector(Detection(noise_model=noise_model).rules()).replayer()
+    for point in _varied(make_series(2, days=30, probes=3, phi=0.9)):
+        replayer.feed(point)
+        core, state = replayer._core, replayer.state
+        assert core._recent[-1][:2] == point.counts()
+        if core._cusum_start is not None and core._cusum_start[0] is state.cusum_since:
+            assert core._cusum_start[1] == bisect_left(core.times, state.cusum_since.timestamp())
+            checked["cusum"] += 1
+        if core._resolved_s is not None and core._resolved_s[0] is state.resolved_at:
+            assert core._resolved_s[1] == state.resolved_at.timestamp()
+            checked["resolved"] += 1
+    assert min(checked.values()) > 100 and len(checked) == 5, checked
+
+
+def _plain_slot(core: _Core, slot: int) -> tuple[float, int, int] | None:
+    """A seasonal slot read afresh: on each of the days before, the median of the runs within an hour of the slot's
+    centre, then the median of those; (centre, runs, days), None with too few days (default rules)."""
+    days, count = [], 0
+    for day in range(1, core.rules.seasonal_days + 1):
+        centre = (slot - day * 144 + 0.5) * 600.0
+        near = core.logs[bisect_left(core.times, centre - 3600.0) : bisect_left(core.times, centre + 3600.0)]
+        if near:
+            days.append(median(near))
+            count += len(near)
+    return (median(days), count, len(days)) if len(days) >= 3 else None
+
+
+def test_a_seasonal_slot_worked_out_from_the_day_befores_is_the_plain_median_of_daily_medians(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every slot a replayer works out over 12 days with failed runs and gaps (some days miss some hours, so a
+    # day drops out of a slot and comes back), and a trim.
+    slot_of = _Core._slot
+    checked = []
+
+    def slot_checked(core: _Core, slot: int) -> Any:
+        got = slot_of(core, slot)
+        plain = _plain_slot(core, slot)
+        assert (got.center, got.count, got.days) == plain if got is not None else plain is None
+        checked.append(got is not None)
+        return got
+
+    monkeypatch.setattr(_Core, "_slot", slot_checked)
+    monkeypatch.setattr("monitor.detect.core.TRIM_EVERY_RUNS", 1024)
+    points = [p for n, p in enumerate(make_series(3, days=12, probes=3, phi=0.9)) if not 30 <= n % 700 < 60]
+    replayer = Detector(Rules()).replayer()
+    for point in points:
+        replayer.feed(point)
+    assert len(checked) > 1500 and checked.count(True) > 1000
