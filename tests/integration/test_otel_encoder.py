@@ -227,5 +227,6 @@ def _running(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    # Gone before the open, or reaped between the open and the read (the read then fails with ESRCH).
+    except (FileNotFoundError, ProcessLookupError):
         return False
