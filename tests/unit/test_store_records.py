@@ -341,9 +341,8 @@ def test_durations_are_stored_to_the_microsecond_and_nothing_else_moves() -> Non
         assert value is None or round(value * 1000) / 1000 == value, name
         original = getattr(probed, name)
         assert value is None if original is None else abs(value - original) <= 0.0005 + 1e-12, name
-    assert dataclasses.replace(stored, **{name: None for name in STORED_DURATIONS}) == dataclasses.replace(
-        probed, **{name: None for name in STORED_DURATIONS}
-    )
+    no_durations: dict[str, Any] = dict.fromkeys(STORED_DURATIONS)
+    assert dataclasses.replace(stored, **no_durations) == dataclasses.replace(probed, **no_durations)
     assert storable_sample(stored) is stored
 
 
