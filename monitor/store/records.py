@@ -290,7 +290,8 @@ def storable_sample(sample: Sample) -> Sample:
     """
     changes: dict[str, Any] = {}
     durations = _durations_of(sample)
-    for value in durations:  # this runs for every sample stored: the common case costs a check each
+    # This runs for every sample stored: the common case costs a check each (to_microseconds, inlined).
+    for value in durations:
         if value is not None and not (-MAX_STORED_MS <= value <= MAX_STORED_MS and round(value * 1000) / 1000 == value):
             changes = dict(zip(STORED_DURATIONS, map(storable_duration, durations), strict=True))
             break
@@ -315,8 +316,13 @@ def storable_duration(value: float | None) -> float | None:
         # Beyond every timeout: a monitor stopped mid-request (the sample is disturbed by that stop), or
         # not a number. Kept at the bound rather than refused with its whole batch.
         return MAX_STORED_MS if value > 0 else -MAX_STORED_MS if value < 0 else None
-    # As the column type converts it (types.Microseconds: round(value * 1000)), so storing changes nothing more.
-    return round(value * 1000) / 1000
+    # As the column type converts it (types.Microseconds), so storing changes nothing more.
+    return to_microseconds(value) / 1000
+
+
+def to_microseconds(ms: float) -> int:
+    """A duration in ms as the database holds it: whole microseconds (types.Microseconds, the PostgreSQL COPY)."""
+    return round(ms * 1000)
 
 
 def _clean(value: str) -> bool:

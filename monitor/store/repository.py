@@ -76,6 +76,7 @@ from monitor.store.records import (
     hourly_stats,
     sample_id_of,
     storable_batch,
+    to_microseconds,
 )
 from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_insert
 from monitor.store.types import Microseconds, UtcDateTime
@@ -342,7 +343,7 @@ def _sample_copy_values(sample: Sample, run: RunRecord) -> tuple[Any, ...]:
     values[_SAMPLE_INTENDED] = run.intended_at  # the day its run is kept in (SAMPLES_OF_RUN)
     for index in _SAMPLE_COPY_MICROS:
         if (value := values[index]) is not None:
-            values[index] = round(value * 1000)
+            values[index] = to_microseconds(value)
     return (run.run_id, *values, error)
 
 

@@ -9,6 +9,8 @@ from sqlalchemy import JSON, DateTime, Double, Integer
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import TypeDecorator, TypeEngine
 
+from monitor.store.records import to_microseconds
+
 
 class UtcDateTime(TypeDecorator[datetime]):
     """An aware UTC datetime in, an aware UTC datetime out, on every backend.
@@ -90,7 +92,7 @@ class Microseconds(TypeDecorator[float]):
     cache_ok = True
 
     def process_bind_param(self, value: float | None, dialect: Dialect) -> int | None:
-        return None if value is None else round(value * 1000)
+        return None if value is None else to_microseconds(value)
 
     def process_result_value(self, value: float | None, dialect: Dialect) -> float | None:
         # `percentile_cont` over the column returns a double of microseconds: divided the same way.
