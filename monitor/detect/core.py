@@ -1329,7 +1329,7 @@ class _Core:
     def _jumps(self, verdict: _Verdict, baseline_ms: float, count: int, streak_since: datetime | None) -> bool:
         """The page rule's jump test (noise model on): the median of the last runs (a majority of the page
         window: window // 2 + 1 runs) less that of the page window before them, against how much such neighbours
-        of the day before differ (their MAD-sigma). Load that wanders slowly moves neighbours alike, so a
+        of the three days before differ (their MAD-sigma). Load that wanders slowly moves neighbours alike, so a
         doubling stands out within a few runs however far the series wanders from its baseline, and however
         young its noise model is; the page window must still be `page.ratio` and `min_delta_ms` above the
         baseline. While a streak builds, the window before and the day stay where they were for its first

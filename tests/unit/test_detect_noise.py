@@ -365,6 +365,30 @@ def test_the_short_jump_window_is_measured_against_the_window_before_it() -> Non
     assert short is not None and full is not None and short > full
 
 
+def test_the_jump_spread_is_measured_on_enough_runs_to_not_read_wander_as_a_jump() -> None:
+    # The jump test asks a jump of 4 measured spreads: a spread measured too small pages on wander. On load
+    # that wanders for an hour (phi 0.9, half the variance; a one-probe job's 6-run short window after 10),
+    # one day of runs measures the spread 20% or more too small one time in 20 (4 spreads are then 3.2 true
+    # ones); JUMP_HISTORY_RUNS (3 days) about 13% too small (bench/detector.py: false pages on `ar:0.9:0.5`
+    # with 5 probes 0.217 -> 0.133 a series-week).
+    window, after = 10, 6
+    true = noise.jump_spread(ar_noise(20 * WEEK, share=0.5, phi=0.9, seed=99), window, after=after)
+    assert true is not None
+
+    def fifth_percentile(runs: int) -> float:
+        measured = sorted(
+            spread / true
+            for seed in range(120)
+            if (spread := noise.jump_spread(ar_noise(runs, share=0.5, phi=0.9, seed=seed), window, after=after))
+        )
+        assert len(measured) == 120
+        return measured[6]
+
+    assert noise.JUMP_HISTORY_RUNS >= 3 * RUNS_PER_DAY
+    assert fifth_percentile(noise.JUMP_HISTORY_RUNS) > 0.85
+    assert fifth_percentile(RUNS_PER_DAY) < 0.82
+
+
 def test_a_jump_needs_enough_neighbours_and_skips_runs_without_a_value() -> None:
     values = ar_noise(288, share=0.0, phi=0.0)
     assert noise.jump_spread(values[: 2 * 5 + 8 * 5 - 2], 5) is None

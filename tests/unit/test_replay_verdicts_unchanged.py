@@ -33,16 +33,19 @@ RUNS_PER_DAY = 288
 # changed (issue 20, docs/detection.md), and on branch noise3 (engaged on the variogram, bursts by their slow
 # runs in a row, the jump test's short window, pages outlast bursts), and on branch noise4 (the CUSUM's allowance
 # grows by its reference's sd: its ticket before the day-25 step is gone, the step's opens inside it, and a
-# false one on day 37 is gone): the default rules' digests did not move.
+# false one on day 37 is gone): the default rules' digests did not move. Re-recorded on 2026-12-07 for the model's
+# keys (True, None) when the jump test came to measure its spread on three days instead of one: the page on day
+# 12.54, on wander atop the +20% step, is a ticket now (open 12.58, resolved 12.98); seed 5's events are the same,
+# its model learnt 4 runs more (a jump streak that did not page is gone). The rules without the model did not move.
 DIGESTS: dict[tuple[int, int, int, float, bool, bool | None], str] = {
     (2, 40, 3, 0.9, False, False): "d032ae87df33bc1169c826190c4e375941056af4ef2c79e93498eb64d1f12ae9",
-    (2, 40, 3, 0.9, False, True): "e58020871ef306d501493fa349b278187841b865b0592892092bc21c8e0a0d6b",
+    (2, 40, 3, 0.9, False, True): "fc8079cf26167b50e4af87d83a44f0f2cf706589ec7b1a06c7bd2e299147d61d",
     (5, 40, 1, 0.97, True, False): "91f0b231aafb84b045b45ff4c01d44abad1ba7f06a762c8a116018ae9ef725af",
     (7, 30, 5, 0.0, False, False): "101d3d8163d1db86892bab038afc9de683b59caf4a35958fd90fbe2cb719fdac",
     # The default config's since the model is on by default: main at 7aa2e14 with `detection.noise_model: true`
     # gave these, so turning it on by default changed nothing but the default.
-    (2, 40, 3, 0.9, False, None): "8f089e7c6047efa05a8080ebaee511972edfe3d2e5b365558c3446ef31978fc1",
-    (5, 40, 1, 0.97, True, None): "7a133e6f344fc28b06ff0d7027692f131ce0e94239934b3dd5c4eb2cf2c7be6b",
+    (2, 40, 3, 0.9, False, None): "769e6c2472c5dd1d1c85434f1c5d0fdbe2f380e12e11eb1d720208e4870afdee",
+    (5, 40, 1, 0.97, True, None): "f6a3bc036bb46988c790e60418128b88f9e9168301c89325b8f22cf39d0a8efc",
     (7, 30, 5, 0.0, False, None): "962f84f6ea79a650c7422331cb6da5cab9534f6965ca57bd44359c5218d3b3d0",
 }
 
