@@ -351,8 +351,9 @@ def page_persistence(model: NoiseModel, *, window: int) -> int:
 
 # The page rule's jump test measures how much neighbouring windows differ on this many runs before them
 # (three days of 5-minute runs: on load that wanders for an hour, one day's neighbours measure the spread
-# 20% too small one time in 20, and a jump of 4 such spreads is then wander of 3.2), and needs at least this many pairs of neighbours per run of the window (their
-# windows overlap: 8 per run is 4 pairs that do not).
+# 20% too small one time in 20, and a jump of 4 such spreads is then wander of 3.2), and needs at least
+# this many pairs of neighbours per run of the window (their windows overlap: 8 per run is 4 pairs that do
+# not).
 JUMP_HISTORY_RUNS = 864
 JUMP_PAIRS_PER_RUN = 8
 
