@@ -280,7 +280,7 @@ def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) ->
     if counts[1] >= BLOCKS[1]:
         refit = _complete_block(model, 1, BLOCKS[1], mean, var) or refit
     if refit and not deferred_fit:
-        model.share, model.phi = fit(model.ratio(0), model.ratio(1))
+        model.share, model.phi = fit(model.ratio(0), model.ratio(1), near=model.phi)
     return refit
 
 
@@ -422,7 +422,7 @@ def extend(model: NoiseModel, residuals: Iterable[float]) -> None:
         if update(model, residual, deferred_fit=True):
             ratios = model.ratio(0), model.ratio(1)
     if ratios is not None:
-        model.share, model.phi = fit(*ratios)
+        model.share, model.phi = fit(*ratios, near=model.phi)
 
 
 def ar_ratio(phi: float, n: float) -> float:
@@ -456,31 +456,62 @@ def _block_ar_ratios(phi: float) -> tuple[float, float]:
     return ar_ratio(phi, BLOCKS[0]), ar_ratio(phi, BLOCKS[1])
 
 
+# `_best_fit` works out a grid point's miss (two logs and two squares) only where its short blocks' ratio is
+# within exp(log ratio_short +- sqrt(best miss so far)), widened by this share: outside, the first term of its miss
+# alone is larger than that best (the margin is far above the rounding of the bound, some 1e-15 of it).
+_FIT_MARGIN = 1e-9
+
+
 def _best_fit(
-    grid: Iterable[tuple[float, float, float]], ratio_long: float, log_short: float, log_long: float
+    grid: Sequence[tuple[float, float, float]],
+    ratio_long: float,
+    log_short: float,
+    log_long: float,
+    first: tuple[float, float, float],
 ) -> tuple[float, float, float]:
     """The first smallest (miss, share, phi) over `grid`'s (phi, its g(n) for n in BLOCKS): the share that
-    matches the long blocks' ratio, and how far (in log) both ratios are from the measured ones."""
+    matches the long blocks' ratio, and how far (in log) both ratios are from the measured ones.
+
+    `first`: the (miss, share, phi) of one of the grid's points, likely close to the best (the best of the coarse
+    grid, or the point the model was fitted to last time): points whose miss is larger cannot be the best, and
+    most are told so without their logs. The answer does not depend on which point it is."""
     # Refit every 3 hours of runs for every series, over some 60 phis: min() and the best tuple spelt out,
     # a tuple built only for a candidate (the same comparisons, so the same point).
-    log = math.log
-    best: tuple[float, float, float] | None = None
-    best_miss = 0.0
+    log, exp, sqrt = math.log, math.exp, math.sqrt
+    best = first
+    reach = sqrt(best[0])
+    low, high = exp(log_short - reach) * (1.0 - _FIT_MARGIN), exp(log_short + reach) * (1.0 + _FIT_MARGIN)
     for phi, ar_short, ar_long in grid:
         # variance_ratio(share, phi, n), with ar_ratio(phi, n) from the grid (both BLOCKS above 1).
         share = (ratio_long - 1.0) / (ar_long - 1.0)
         share = share if share < 1.0 else 1.0  # min(1.0, share)
         short = 1.0 - share + share * ar_short
+        short = short if short < G_MAX else G_MAX
+        if short < low or short > high:  # (log(short) - log_short) ** 2 alone is above the best miss
+            continue
         long = 1.0 - share + share * ar_long
-        miss = (log(short if short < G_MAX else G_MAX) - log_short) ** 2 + (
-            log(long if long < G_MAX else G_MAX) - log_long
-        ) ** 2
+        miss = (log(short) - log_short) ** 2 + (log(long if long < G_MAX else G_MAX) - log_long) ** 2
         # (miss, share, phi) < best: only a miss no larger can be.
-        if best is None or (miss <= best_miss and (miss, share, phi) < best):
+        if miss <= best[0] and (miss, share, phi) < best:
             best = (miss, share, phi)
-            best_miss = miss
-    assert best is not None  # every grid has points
+            reach = sqrt(miss)
+            low, high = exp(log_short - reach) * (1.0 - _FIT_MARGIN), exp(log_short + reach) * (1.0 + _FIT_MARGIN)
     return best
+
+
+def _fit_point(
+    point: tuple[float, float, float], ratio_long: float, log_short: float, log_long: float
+) -> tuple[float, float, float]:
+    """(miss, share, phi) of one grid point, as `_best_fit` works it out."""
+    phi, ar_short, ar_long = point
+    share = (ratio_long - 1.0) / (ar_long - 1.0)
+    share = share if share < 1.0 else 1.0
+    short = 1.0 - share + share * ar_short
+    long = 1.0 - share + share * ar_long
+    miss = (math.log(short if short < G_MAX else G_MAX) - log_short) ** 2 + (
+        math.log(long if long < G_MAX else G_MAX) - log_long
+    ) ** 2
+    return miss, share, phi
 
 
 @functools.lru_cache(maxsize=1)
@@ -488,15 +519,23 @@ def _coarse_grid() -> tuple[tuple[float, float, float], ...]:
     return tuple((phi, *_block_ar_ratios(phi)) for phi in _PHI_COARSE)
 
 
-def fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
+def fit(ratio_short: float, ratio_long: float, *, near: float = 0.9) -> tuple[float, float]:
     """(share, phi) of white noise plus AR(1) whose g(BLOCKS[0]) and g(BLOCKS[1]) are closest (in log) to
     the measured ones; (0, 0) when the long blocks vary no more than independent runs would. A coarse
-    grid of phi, then a fine one around its best point."""
+    grid of phi, then a fine one around its best point.
+
+    `near`: a phi likely close to the answer (the model's last fit): the coarse grid's point nearest it is worked
+    out first, and the points far worse than it are passed over sooner. The answer does not depend on it."""
     if ratio_long <= 1.0:
         return 0.0, 0.0
     log_short, log_long = math.log(ratio_short), math.log(ratio_long)
-    coarse = _best_fit(_coarse_grid(), ratio_long, log_short, log_long)
-    best = min(coarse, _best_fit(_fine_grid(coarse[2]), ratio_long, log_short, log_long))
+    grid = _coarse_grid()
+    # The coarse phis are i / 40 (and _PHI_MAX last): the point nearest `near`.
+    start = round(near * 40.0) - 1
+    start = 0 if start < 0 else len(grid) - 1 if start >= len(grid) else start
+    coarse = _best_fit(grid, ratio_long, log_short, log_long, _fit_point(grid[start], ratio_long, log_short, log_long))
+    # The fine grid's centre is the coarse point: its miss bounds the rest there.
+    best = _best_fit(_fine_grid(coarse[2]), ratio_long, log_short, log_long, coarse)
     return best[1], best[2]
 
 

@@ -8,6 +8,7 @@ import math
 import random
 from datetime import UTC, datetime, timedelta
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -57,6 +58,34 @@ def _plain_fit(ratio_short: float, ratio_long: float) -> tuple[float, float]:
 @given(st.floats(min_value=1.0, max_value=noise.G_MAX), st.floats(min_value=0.5, max_value=noise.G_MAX))
 def test_fit_from_the_cached_grid_is_the_plain_fit(ratio_short: float, ratio_long: float) -> None:
     assert noise.fit(ratio_short, ratio_long) == _plain_fit(ratio_short, ratio_long)
+
+
+@given(
+    st.floats(min_value=1.0, max_value=noise.G_MAX),
+    st.floats(min_value=0.5, max_value=noise.G_MAX),
+    st.floats(min_value=-1.0, max_value=2.0),
+)
+def test_fit_is_the_plain_fit_from_any_point_worked_out_first(
+    ratio_short: float, ratio_long: float, near: float
+) -> None:
+    # `near` (the model's last phi) only says which grid point's miss bounds the others first: any phi, in range or not.
+    assert noise.fit(ratio_short, ratio_long, near=near) == _plain_fit(ratio_short, ratio_long)
+
+
+@pytest.mark.parametrize("near", [0.0, 0.5, 0.9, 0.995])
+def test_fit_is_the_plain_fit_where_the_measured_ratios_are_a_grid_points_own(near: float) -> None:
+    # A measured pair that is exactly some grid point's pair has a miss of 0 there (the bound of every other point is
+    # then its margin alone), and pairs about as far from two points can tie: each against the plain search.
+    pairs = [
+        (noise.variance_ratio(share, phi, noise.BLOCKS[0]), noise.variance_ratio(share, phi, noise.BLOCKS[1]))
+        for phi in (*noise._PHI_COARSE[::3], 0.9025, 0.5 + 1 / 800)
+        for share in (0.1, 0.5, 0.999, 1.0)
+    ]
+    pairs += [
+        (short, long_) for short in (1.0, 1.2, 2.0, 50.0, noise.G_MAX) for long_ in (1.0001, 1.5, 4.0, noise.G_MAX)
+    ]
+    for ratio_short, ratio_long in pairs:
+        assert noise.fit(ratio_short, ratio_long, near=near) == _plain_fit(ratio_short, ratio_long)
 
 
 def _runs(seed: int, *, days: int, gaps: list[tuple[int, int]], failed_share: float) -> list[RunPoint]:
