@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from monitor.store.direct import DirectStatement
 from monitor.store.models import (
     GROUPS,
     INCIDENTS,
@@ -38,6 +39,9 @@ _WRITE_STATE = (
     )
     .values(state=bindparam("new_state"), version=bindparam("new_version"), updated_at=bindparam("written_at"))
 )
+# On SQLite, without SQLAlchemy's execution around them (store/direct.py).
+READ_STATE = DirectStatement(_READ_STATE)
+WRITE_STATE = DirectStatement(_WRITE_STATE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +79,8 @@ class IncidentStore:
         return known
 
     async def read_state(self, connection: AsyncConnection, series_id: int) -> StoredState | None:
-        row = (await connection.execute(_READ_STATE, {"state_series": series_id})).first()
-        return StoredState(state=row.state, version=row.version) if row is not None else None
+        rows = await READ_STATE.rows(connection, {"state_series": series_id})
+        return StoredState(state=rows[0][0], version=rows[0][1]) if rows else None
 
     async def write_state(
         self,
@@ -94,8 +98,8 @@ class IncidentStore:
                 insert(DetectorStateRow).values(series_id=series_id, state=state, version=1, updated_at=now)
             )
             return True
-        written = await connection.execute(
-            _WRITE_STATE,
+        written = await WRITE_STATE.rowcount(
+            connection,
             {
                 "state_series": series_id,
                 "read_version": read.version,
@@ -104,7 +108,7 @@ class IncidentStore:
                 "written_at": now,
             },
         )
-        return written.rowcount == 1
+        return written == 1
 
     async def open_incident(self, connection: AsyncConnection, series_id: int, kind: str) -> uuid.UUID | None:
         """The id of the series' open incident of `kind`, if any."""

@@ -42,6 +42,7 @@ from sqlalchemy.sql.expression import TableClause
 from monitor.config.cost import Seen, Tokens
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store import overview_summary, partitions
+from monitor.store.direct import DirectStatement
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
     BUDGET_HOLDS,
@@ -266,14 +267,15 @@ _HISTORY_COLUMNS = (
     RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors, RunRow.rounds,
     RunRow.canary, RunRow.server_build,
 )  # fmt: skip
-_HISTORY_FROM = _series_runs(*_HISTORY_COLUMNS)
-_HISTORY_AFTER = _series_runs(*_HISTORY_COLUMNS, after=True)
-_RUN_SPAN = select(
-    func.count(), func.min(RunRow.started_at).label("first"), func.max(RunRow.started_at).label("last")
-).where(
-    RunRow.series_id == bindparam("series_id"),
-    RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
-    RunRow.started_at <= bindparam("end", type_=UtcDateTime()),
+# Read once a series and tick: on SQLite without SQLAlchemy's execution around them (store/direct.py).
+HISTORY_FROM = DirectStatement(_series_runs(*_HISTORY_COLUMNS))
+HISTORY_AFTER = DirectStatement(_series_runs(*_HISTORY_COLUMNS, after=True))
+RUN_SPAN = DirectStatement(
+    select(func.count(), func.min(RunRow.started_at).label("first"), func.max(RunRow.started_at).label("last")).where(
+        RunRow.series_id == bindparam("series_id"),
+        RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
+        RunRow.started_at <= bindparam("end", type_=UtcDateTime()),
+    )
 )
 
 _ROLLUPS_BETWEEN = (
@@ -629,6 +631,18 @@ class Repository:
         async with self._read() as reading:
             return await self._series_rows(series, statement, connection=reading, **params)
 
+    async def _direct_rows(
+        self, series: SeriesKey, statement: DirectStatement, *, connection: AsyncConnection | None = None, **params: Any
+    ) -> list[tuple[Any, ...]]:
+        """`_series_rows` of a `DirectStatement`, each row a tuple."""
+        if connection is not None:
+            series_id = await self._series_id(connection, series)
+            if series_id is None:
+                return []
+            return await statement.rows(connection, {"series_id": series_id, **params})
+        async with self._read() as reading:
+            return await self._direct_rows(series, statement, connection=reading, **params)
+
     async def last_runs(self, series: SeriesKey, n: int) -> list[RunRecord]:
         """The `n` most recent runs of `series` (by start), oldest first."""
         rows = await self._series_rows(series, _LAST_RUNS, n=n)
@@ -646,8 +660,7 @@ class Repository:
     ) -> list[tuple[Any, ...]]:
         """What the detector reads of the runs of `series` started in [start, end), oldest first:
         (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build). On `connection` when given."""
-        rows = await self._series_rows(series, _HISTORY_FROM, connection=connection, start=start, end=end)
-        return [tuple(row) for row in rows]
+        return await self._direct_rows(series, HISTORY_FROM, connection=connection, start=start, end=end)
 
     async def history_since_span(
         self,
@@ -666,10 +679,10 @@ class Repository:
                 return await self.history_since_span(series, start, last, end, connection=reading)
         # The new rows first: a commit the first statement sees, the second sees too, so a transaction
         # storing runs on both sides of `last` cannot be half seen without the span telling.
-        rows = await self._series_rows(series, _HISTORY_AFTER, connection=connection, after=last, end=end)
-        span = await self._series_rows(series, _RUN_SPAN, connection=connection, start=start, end=last)
+        rows = await self._direct_rows(series, HISTORY_AFTER, connection=connection, after=last, end=end)
+        span = await self._direct_rows(series, RUN_SPAN, connection=connection, start=start, end=last)
         count, first, newest = span[0] if span else (0, None, None)
-        return (int(count), first, newest), [tuple(row) for row in rows]
+        return (int(count), first, newest), rows
 
     async def load_runs(
         self, series: SeriesKey, start: datetime, end: datetime

@@ -1,0 +1,113 @@
+"""Detection's hot statements on SQLite, each one trip to the connection's thread and nothing around it.
+
+Detection reads and writes a few rows a series and tick (its history since the last run, the span that checks
+it, its state and the state's compare-and-set): at 500 series, about 1,700 statements a tick on the probes'
+loop. Through SQLAlchemy's asyncio adapter each cost about 160 us of that loop's CPU (a greenlet switch
+each way, the adapted cursor, the execution context and its result object), against about 40 us for the
+trip itself (bench/daemon.py: about a fifth of the daemon's CPU per probe). A `DirectStatement` is the
+same statement compiled once by the connection's dialect, its parameters and columns converted by the same
+type processors SQLAlchemy applies, run on the sqlite3 connection in the transaction the caller opened,
+with the engine's `before_cursor_execute` listeners told first (the statement deadline of
+`engine._limit_sqlite_statements`); a driver error is raised as SQLAlchemy would raise it
+(`sqlalchemy.exc.OperationalError`, ...). tests/integration/test_store_direct.py compares every statement
+that goes this way with SQLAlchemy's own execution of it.
+
+Only where it is safe to skip SQLAlchemy: SQLite, and a connection already in a transaction (SQLAlchemy
+emitted its BEGIN); elsewhere `rows` and `rowcount` execute through SQLAlchemy as before.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import aiosqlite
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Dialect
+from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy.sql import Executable
+
+from monitor.store.sqlite_driver import OneTripCursor
+
+Processor = Callable[[Any], Any] | None
+
+
+class _Compiled:
+    """The statement's SQL for one dialect, its parameters' names in order with their processors, and its
+    columns' processors."""
+
+    __slots__ = ("binds", "columns", "sql")
+
+    def __init__(self, statement: Any, dialect: Dialect) -> None:
+        compiled = statement.compile(dialect=dialect)
+        self.sql: str = compiled.string
+        names = compiled.positiontup or []
+        self.binds: tuple[tuple[str, Processor], ...] = tuple(
+            (name, compiled.binds[name].type._cached_bind_processor(dialect)) for name in names
+        )
+        selected = getattr(statement, "selected_columns", ())
+        self.columns: tuple[Processor, ...] = tuple(
+            column.type._cached_result_processor(dialect, None) for column in selected
+        )
+
+    def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(
+            value if process is None or value is None else process(value)
+            for name, process in self.binds
+            for value in (values[name],)
+        )
+
+    def row(self, raw: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(
+            value if process is None else process(value) for process, value in zip(self.columns, raw, strict=True)
+        )
+
+
+class DirectStatement:
+    """`statement` (a Core SELECT or UPDATE with named bind parameters) run directly on SQLite (see the module)."""
+
+    def __init__(self, statement: Executable) -> None:
+        self.statement = statement
+        self._compiled: dict[int, _Compiled] = {}  # by id of the dialect instance (one per engine)
+
+    def _for(self, dialect: Dialect) -> _Compiled:
+        compiled = self._compiled.get(id(dialect))
+        if compiled is None:
+            compiled = self._compiled[id(dialect)] = _Compiled(self.statement, dialect)
+        return compiled
+
+    async def rows(self, connection: AsyncConnection, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """Every row the statement reads, each a tuple of its columns as SQLAlchemy would give them."""
+        if not _direct(connection):
+            return [tuple(row) for row in (await connection.execute(self.statement, dict(values))).all()]
+        compiled = self._for(connection.dialect)
+        cursor = await self._run(connection, compiled, compiled.parameters(values))
+        return [compiled.row(raw) for raw in await cursor.fetchall()]
+
+    async def rowcount(self, connection: AsyncConnection, values: Mapping[str, Any]) -> int:
+        """The rows the statement (an UPDATE) changed."""
+        if not _direct(connection):
+            return int((await connection.execute(self.statement, dict(values))).rowcount)
+        compiled = self._for(connection.dialect)
+        cursor = await self._run(connection, compiled, compiled.parameters(values))
+        return cursor.rowcount
+
+    @staticmethod
+    async def _run(connection: AsyncConnection, compiled: _Compiled, parameters: tuple[Any, ...]) -> OneTripCursor:
+        sync = connection.sync_connection
+        assert sync is not None
+        # What SQLAlchemy tells its listeners before every statement (the SQLite statement deadline).
+        sync.dispatch.before_cursor_execute(sync, None, compiled.sql, parameters, None, False)
+        driver = sync.connection.driver_connection
+        assert isinstance(driver, aiosqlite.Connection)
+        try:
+            return await OneTripCursor(driver).execute(compiled.sql, parameters)
+        except sqlite3.Error as error:
+            raise sa_exc.DBAPIError.instance(
+                compiled.sql, parameters, error, sqlite3.Error, dialect=connection.dialect
+            ) from error
+
+
+def _direct(connection: AsyncConnection) -> bool:
+    return connection.dialect.name == "sqlite" and connection.in_transaction()
