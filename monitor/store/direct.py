@@ -12,6 +12,9 @@ with the engine's `before_cursor_execute` listeners told first (the statement de
 (`sqlalchemy.exc.OperationalError`, ...). tests/integration/test_store_direct.py compares every statement
 that goes this way with SQLAlchemy's own execution of it.
 
+The stored batch's samples and the hours it marks for roll-up go the same way (`executemany`): 500 rows a
+tick, each through SQLAlchemy's per-row parameter handling before.
+
 Only where it is safe to skip SQLAlchemy: SQLite, and a connection already in a transaction (SQLAlchemy
 emitted its BEGIN); elsewhere `rows` and `rowcount` execute through SQLAlchemy as before.
 """
@@ -19,7 +22,7 @@ emitted its BEGIN); elsewhere `rows` and `rowcount` execute through SQLAlchemy a
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiosqlite
@@ -39,8 +42,11 @@ class _Compiled:
 
     __slots__ = ("binds", "columns", "sql")
 
-    def __init__(self, statement: Any, dialect: Dialect) -> None:
-        compiled = statement.compile(dialect=dialect)
+    def __init__(self, statement: Any, dialect: Dialect, column_keys: tuple[str, ...] | None = None) -> None:
+        compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) if column_keys else None)
+        if compiled.insert_prefetch or compiled.update_prefetch:
+            # Values SQLAlchemy would make in Python at execution (a column's `default=`): not done here.
+            raise ValueError(f"{self.__class__.__name__}: {compiled.string!r} has defaults made at execution")
         self.sql: str = compiled.string
         names = compiled.positiontup or []
         self.binds: tuple[tuple[str, Processor], ...] = tuple(
@@ -65,16 +71,19 @@ class _Compiled:
 
 
 class DirectStatement:
-    """`statement` (a Core SELECT or UPDATE with named bind parameters) run directly on SQLite (see the module)."""
+    """`statement` (a Core SELECT, UPDATE or INSERT with named bind parameters) run directly on SQLite (see the
+    module)."""
 
     def __init__(self, statement: Executable) -> None:
         self.statement = statement
-        self._compiled: dict[int, _Compiled] = {}  # by id of the dialect instance (one per engine)
+        # By the id of the dialect instance (one per engine) and the columns an INSERT is given.
+        self._compiled: dict[tuple[int, tuple[str, ...] | None], _Compiled] = {}
 
-    def _for(self, dialect: Dialect) -> _Compiled:
-        compiled = self._compiled.get(id(dialect))
+    def _for(self, dialect: Dialect, column_keys: tuple[str, ...] | None = None) -> _Compiled:
+        key = (id(dialect), column_keys)
+        compiled = self._compiled.get(key)
         if compiled is None:
-            compiled = self._compiled[id(dialect)] = _Compiled(self.statement, dialect)
+            compiled = self._compiled[key] = _Compiled(self.statement, dialect, column_keys)
         return compiled
 
     async def rows(self, connection: AsyncConnection, values: Mapping[str, Any]) -> list[tuple[Any, ...]]:
@@ -93,16 +102,31 @@ class DirectStatement:
         cursor = await self._run(connection, compiled, compiled.parameters(values))
         return cursor.rowcount
 
+    async def executemany(self, connection: AsyncConnection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """The statement (an INSERT) once for each of `rows`, which all name the same columns, in one trip."""
+        if not rows:
+            return
+        if not _direct(connection):
+            await connection.execute(self.statement, [dict(row) for row in rows])
+            return
+        compiled = self._for(connection.dialect, tuple(rows[0]))
+        await self._run(connection, compiled, [compiled.parameters(row) for row in rows], many=True)
+
     @staticmethod
-    async def _run(connection: AsyncConnection, compiled: _Compiled, parameters: tuple[Any, ...]) -> OneTripCursor:
+    async def _run(
+        connection: AsyncConnection, compiled: _Compiled, parameters: Any, *, many: bool = False
+    ) -> OneTripCursor:
         sync = connection.sync_connection
         assert sync is not None
         # What SQLAlchemy tells its listeners before every statement (the SQLite statement deadline).
-        sync.dispatch.before_cursor_execute(sync, None, compiled.sql, parameters, None, False)
+        sync.dispatch.before_cursor_execute(sync, None, compiled.sql, parameters, None, many)
         driver = sync.connection.driver_connection
         assert isinstance(driver, aiosqlite.Connection)
+        cursor = OneTripCursor(driver)
         try:
-            return await OneTripCursor(driver).execute(compiled.sql, parameters)
+            if many:
+                return await cursor.executemany(compiled.sql, parameters)
+            return await cursor.execute(compiled.sql, parameters)
         except sqlite3.Error as error:
             raise sa_exc.DBAPIError.instance(
                 compiled.sql, parameters, error, sqlite3.Error, dialect=connection.dialect

@@ -288,6 +288,15 @@ _ROLLUPS_BETWEEN = (
     .order_by(ROLLUPS.c.hour)
 )
 
+# SQLite's save: the samples, and the hours marked for roll-up (store/direct.py).
+_SQLITE_SAMPLES = DirectStatement(SAMPLES.insert())
+_mark_pending = sqlite.insert(ROLLUP_PENDING)
+_SQLITE_MARK_PENDING = DirectStatement(
+    _mark_pending.on_conflict_do_update(
+        index_elements=["series_id", "hour"], set_={"marked_at": _mark_pending.excluded.marked_at}
+    )
+)
+
 # PostgreSQL bulk path: column order of the COPY records, and the statements around them.
 _RUN_COPY = (
     "id", "series_id", "job", "api", "intended_at", "started_at", "finished_at", "rounds", "warmup", "ok", "errors",
@@ -475,14 +484,11 @@ class Repository:
             )
             inserted |= new
             samples = [_sample_row(sample, run) for run, members in part if run.run_id in new for sample in members]
-            if samples:
-                await connection.execute(SAMPLES.insert(), samples)
-        statement = sqlite.insert(ROLLUP_PENDING)
-        statement = statement.on_conflict_do_update(
-            index_elements=["series_id", "hour"], set_={"marked_at": statement.excluded.marked_at}
-        )
+            await _SQLITE_SAMPLES.executemany(connection, samples)
         now = datetime.now(UTC)
-        await connection.execute(statement, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours])
+        await _SQLITE_MARK_PENDING.executemany(
+            connection, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours]
+        )
         return frozenset(inserted)
 
     async def _save_postgres(

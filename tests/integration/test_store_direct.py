@@ -144,3 +144,35 @@ async def test_a_direct_statement_gets_the_statement_deadline(tmp_path: Path, sq
                 await endless.rows(connection, {"x": 1})
     finally:
         await engine.dispose()
+
+
+async def _saved(tmp_path: Path, sqlite_template: Path, name: str) -> tuple[list[Any], list[Any]]:
+    """Every stored sample and roll-up mark (without its time) of a batch of four series, failures among them."""
+    shutil.copyfile(sqlite_template, tmp_path / name)
+    engine = create_engine(f"sqlite+aiosqlite:///{tmp_path / name}")
+    try:
+        errors = {3: ErrorClass.TIMEOUT_FIRST_TOKEN, 4: ErrorClass.RATE_LIMITED}
+        await Repository(engine).save_runs(make_batch(T0, rounds=4, warmup=1, errors=errors))
+        async with engine.connect() as connection:
+            samples = (
+                await connection.exec_driver_sql(
+                    "SELECT samples.* FROM samples JOIN runs ON runs.id = samples.run_id"
+                    " JOIN series ON series.id = runs.series_id ORDER BY series.target, series.prompt, samples.round"
+                )
+            ).all()
+            marks = (await connection.exec_driver_sql("SELECT series_id, hour FROM rollup_pending ORDER BY 1")).all()
+    finally:
+        await engine.dispose()
+    return [tuple(row) for row in samples], [tuple(row) for row in marks]
+
+
+async def test_a_batch_s_samples_are_stored_as_sqlalchemy_stores_them(
+    tmp_path: Path, sqlite_template: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    direct = await _saved(tmp_path, sqlite_template, "direct.db")
+    monkeypatch.setattr("monitor.store.direct._direct", lambda _connection: False)
+    through_sqlalchemy = await _saved(tmp_path, sqlite_template, "sqlalchemy.db")
+    assert len(direct[0]) == 4 * 5 and direct[1]
+    # Run ids are new each save: compare everything else, in the same order.
+    assert [row[1:] for row in direct[0]] == [row[1:] for row in through_sqlalchemy[0]]
+    assert direct[1] == through_sqlalchemy[1]
