@@ -401,8 +401,10 @@ def _sample(row: Any, run: RunRecord) -> Sample:
     )
 
 
-# Runs (with their samples) per statement when SQLite stores a batch (`Repository._save_sqlite`).
-SQLITE_SAVE_PART = 100
+# Runs (with their samples) per statement when SQLite stores a batch (`Repository._save_sqlite`): each part's
+# rows are made in one step of the probes' loop, 6-13 ms for 100 and 4-8.5 for 50 (bench/daemon.py; the loop's
+# lag p99 target is 5 ms).
+SQLITE_SAVE_PART = 50
 
 
 class Repository:
