@@ -21,17 +21,16 @@ emitted its BEGIN); elsewhere `rows` and `rowcount` execute through SQLAlchemy a
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import aiosqlite
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.sql import Executable
 
-from monitor.store.sqlite_driver import OneTripCursor
+if TYPE_CHECKING:
+    from monitor.store.sqlite_driver import OneTripCursor
 
 Processor = Callable[[Any], Any] | None
 
@@ -40,7 +39,7 @@ class _Compiled:
     """The statement's SQL for one dialect, its parameters' names in order with their processors, and its
     columns' processors."""
 
-    __slots__ = ("binds", "columns", "sql")
+    __slots__ = ("binds", "columns", "fixed", "sql")
 
     def __init__(self, statement: Any, dialect: Dialect, column_keys: tuple[str, ...] | None = None) -> None:
         compiled = statement.compile(dialect=dialect, column_keys=list(column_keys) if column_keys else None)
@@ -52,12 +51,18 @@ class _Compiled:
         self.binds: tuple[tuple[str, Processor], ...] = tuple(
             (name, compiled.binds[name].type._cached_bind_processor(dialect)) for name in names
         )
+        # Values given in the statement itself (`.values(version=1)`), used when the call does not name them.
+        self.fixed: dict[str, Any] = {
+            name: compiled.binds[name].effective_value for name in names if not compiled.binds[name].required
+        }
         selected = getattr(statement, "selected_columns", ())
         self.columns: tuple[Processor, ...] = tuple(
             column.type._cached_result_processor(dialect, None) for column in selected
         )
 
     def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        if self.fixed:
+            values = {**self.fixed, **values}
         return tuple(
             value if process is None or value is None else process(value)
             for name, process in self.binds
@@ -119,17 +124,20 @@ class DirectStatement:
         sync = connection.sync_connection
         assert sync is not None
         # What SQLAlchemy tells its listeners before every statement (the SQLite statement deadline).
+        from monitor.store.sqlite_driver import OneTripConnection, OneTripCursor  # SQLite's alone (aiosqlite)
+
         sync.dispatch.before_cursor_execute(sync, None, compiled.sql, parameters, None, many)
         driver = sync.connection.driver_connection
-        assert isinstance(driver, aiosqlite.Connection)
+        assert isinstance(driver, OneTripConnection)
         cursor = OneTripCursor(driver)
+        driver_error = connection.dialect.loaded_dbapi.Error  # sqlite3.Error
         try:
             if many:
                 return await cursor.executemany(compiled.sql, parameters)
             return await cursor.execute(compiled.sql, parameters)
-        except sqlite3.Error as error:
+        except driver_error as error:
             raise sa_exc.DBAPIError.instance(
-                compiled.sql, parameters, error, sqlite3.Error, dialect=connection.dialect
+                compiled.sql, parameters, error, driver_error, dialect=connection.dialect
             ) from error
 
 

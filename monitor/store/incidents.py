@@ -39,9 +39,14 @@ _WRITE_STATE = (
     )
     .values(state=bindparam("new_state"), version=bindparam("new_version"), updated_at=bindparam("written_at"))
 )
+# A series' first state (500 on a new daemon's first tick).
+_FIRST_STATE = insert(DetectorStateRow).values(
+    series_id=bindparam("state_series"), state=bindparam("new_state"), version=1, updated_at=bindparam("written_at")
+)
 # On SQLite, without SQLAlchemy's execution around them (store/direct.py).
 READ_STATE = DirectStatement(_READ_STATE)
 WRITE_STATE = DirectStatement(_WRITE_STATE)
+FIRST_STATE = DirectStatement(_FIRST_STATE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,9 +99,7 @@ class IncidentStore:
         """Write `state` if the row is still as `read` found it (no row: insert, which a concurrent first
         insert makes fail with IntegrityError). False: another writer changed it meanwhile."""
         if read is None:
-            await connection.execute(
-                insert(DetectorStateRow).values(series_id=series_id, state=state, version=1, updated_at=now)
-            )
+            await FIRST_STATE.rowcount(connection, {"state_series": series_id, "new_state": state, "written_at": now})
             return True
         written = await WRITE_STATE.rowcount(
             connection,

@@ -11,16 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import insert, text
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.probe.result import ErrorClass
 from monitor.store import sqlite_driver
 from monitor.store.direct import DirectStatement
 from monitor.store.engine import create_engine, write_transaction
-from monitor.store.incidents import READ_STATE, WRITE_STATE, IncidentStore
+from monitor.store.incidents import FIRST_STATE, READ_STATE, WRITE_STATE, IncidentStore
+from monitor.store.models import DetectorStateRow
+from monitor.store.records import SeriesKey
 from monitor.store.repository import HISTORY_AFTER, HISTORY_FROM, RUN_SPAN, Repository
+from monitor.store.statements import find_series_id
 from tests.support.store_fixtures import T0, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
@@ -176,3 +179,28 @@ async def test_a_batch_s_samples_are_stored_as_sqlalchemy_stores_them(
     # Run ids are new each save: compare everything else, in the same order.
     assert [row[1:] for row in direct[0]] == [row[1:] for row in through_sqlalchemy[0]]
     assert direct[1] == through_sqlalchemy[1]
+
+
+async def test_a_first_state_is_stored_as_sqlalchemy_stores_it_and_a_second_one_conflicts(engine: AsyncEngine) -> None:
+    now = datetime(2026, 12, 6, 10, 0, 0, tzinfo=UTC)  # no microseconds: stored with its six zeros all the same
+    async with write_transaction(engine) as connection:
+        ids = [row[0] for row in (await connection.exec_driver_sql("SELECT id FROM series ORDER BY id LIMIT 2")).all()]
+        await connection.exec_driver_sql("DELETE FROM detector_state")
+        await FIRST_STATE.rowcount(connection, {"state_series": ids[0], "new_state": STATE, "written_at": now})
+        await connection.execute(
+            insert(DetectorStateRow).values(series_id=ids[1], state=STATE, version=1, updated_at=now)
+        )
+        rows = (await connection.exec_driver_sql("SELECT * FROM detector_state ORDER BY series_id")).all()
+        assert [tuple(row)[1:] for row in rows] == [tuple(rows[1])[1:]] * 2
+        with pytest.raises(IntegrityError):
+            await FIRST_STATE.rowcount(connection, {"state_series": ids[0], "new_state": STATE, "written_at": now})
+
+
+async def test_a_series_id_is_found_directly_or_not_at_all(engine: AsyncEngine) -> None:
+    async with write_transaction(engine) as connection:
+        row = (
+            await connection.exec_driver_sql("SELECT id, target, provider, model, prompt, location FROM series")
+        ).first()
+        assert row is not None
+        assert await find_series_id(connection, SeriesKey(*row[1:])) == row[0]
+        assert await find_series_id(connection, SeriesKey("absent", *row[2:])) is None
