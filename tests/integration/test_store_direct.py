@@ -4,6 +4,7 @@ deadline, and one trip each to the connection's thread."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -198,9 +199,9 @@ async def test_a_first_state_is_stored_as_sqlalchemy_stores_it_and_a_second_one_
 
 async def test_a_series_id_is_found_directly_or_not_at_all(engine: AsyncEngine) -> None:
     async with write_transaction(engine) as connection:
-        row = (
-            await connection.exec_driver_sql("SELECT id, target, provider, model, prompt, location FROM series")
-        ).first()
-        assert row is not None
-        assert await find_series_id(connection, SeriesKey(*row[1:])) == row[0]
-        assert await find_series_id(connection, SeriesKey("absent", *row[2:])) is None
+        found = await connection.exec_driver_sql("SELECT id, target, provider, model, prompt, location FROM series")
+        row: tuple[Any, ...] = tuple(found.first() or ())
+        assert row
+        series = SeriesKey(target=row[1], provider=row[2], model=row[3], prompt=row[4], location=row[5])
+        assert await find_series_id(connection, series) == row[0]
+        assert await find_series_id(connection, dataclasses.replace(series, target="absent")) is None
