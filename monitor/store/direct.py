@@ -8,7 +8,8 @@ trip itself (bench/daemon.py: about a fifth of the daemon's CPU per probe). A `D
 same statement compiled once by the connection's dialect, its parameters and columns converted by the same
 type processors SQLAlchemy applies, run on the sqlite3 connection in the transaction the caller opened,
 with the engine's `before_cursor_execute` listeners told first (the statement deadline of
-`engine._limit_sqlite_statements`); a driver error is raised as SQLAlchemy would raise it
+`engine._limit_sqlite_statements`; they are called outside SQLAlchemy's greenlet, so one that waits for I/O
+would not work here); a driver error is raised as SQLAlchemy would raise it
 (`sqlalchemy.exc.OperationalError`, ...). tests/integration/test_store_direct.py compares every statement
 that goes this way with SQLAlchemy's own execution of it.
 
