@@ -40,6 +40,7 @@ from monitor.app import (
     open_telemetry,
     return_large_blocks,
     secrets_of,
+    share_thread_heaps,
     start_background_store,
     telemetry_endpoints,
 )
@@ -244,6 +245,7 @@ class Daemon:
         if self.burst:
             self.jobs = self._selected_jobs(config)
         else:
+            share_thread_heaps()  # before the database's and the service loop's threads start
             from monitor.config.check import unprotected_listen
 
             # Before the database: a config that would serve the pages to anyone is refused as a config error.

@@ -478,14 +478,16 @@ def _hand_over(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]
 
 
 # Series summarised per step of the probes' loop when a run is handed over: all 500 of a job at once held
-# the loop for about 9 ms of CPU (bench/daemon.py), a stall in every probe then in flight.
-HAND_OVER_STEP = 50
+# the loop for about 9 ms of CPU (bench/daemon.py), a stall in every probe then in flight; 50 a step, with the
+# run's end (its metrics, the tokens watched) in the first, still took 11-16 ms (loop lag p99 target: 5 ms).
+HAND_OVER_STEP = 25
 
 
 async def _runs_in_steps(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str]) -> Batch:
     from monitor.store.records import iter_runs_from_samples
 
     runs: list[tuple[RunRecord, list[Sample]]] = []
+    await asyncio.sleep(0)  # the run's end, just done in this step, and its first runs are two steps
     made = iter_runs_from_samples(
         outcome.samples, job=outcome.job, location=ctx.config.location, provider_of=provider_of
     )

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import bindparam, case, delete, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from monitor.store.direct import DirectStatement
 from monitor.store.models import (
     GROUPS,
     INCIDENTS,
@@ -38,6 +39,14 @@ _WRITE_STATE = (
     )
     .values(state=bindparam("new_state"), version=bindparam("new_version"), updated_at=bindparam("written_at"))
 )
+# A series' first state (500 on a new daemon's first tick).
+_FIRST_STATE = insert(DetectorStateRow).values(
+    series_id=bindparam("state_series"), state=bindparam("new_state"), version=1, updated_at=bindparam("written_at")
+)
+# On SQLite, without SQLAlchemy's execution around them (store/direct.py).
+READ_STATE = DirectStatement(_READ_STATE)
+WRITE_STATE = DirectStatement(_WRITE_STATE)
+FIRST_STATE = DirectStatement(_FIRST_STATE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +84,8 @@ class IncidentStore:
         return known
 
     async def read_state(self, connection: AsyncConnection, series_id: int) -> StoredState | None:
-        row = (await connection.execute(_READ_STATE, {"state_series": series_id})).first()
-        return StoredState(state=row.state, version=row.version) if row is not None else None
+        rows = await READ_STATE.rows(connection, {"state_series": series_id})
+        return StoredState(state=rows[0][0], version=rows[0][1]) if rows else None
 
     async def write_state(
         self,
@@ -90,12 +99,10 @@ class IncidentStore:
         """Write `state` if the row is still as `read` found it (no row: insert, which a concurrent first
         insert makes fail with IntegrityError). False: another writer changed it meanwhile."""
         if read is None:
-            await connection.execute(
-                insert(DetectorStateRow).values(series_id=series_id, state=state, version=1, updated_at=now)
-            )
+            await FIRST_STATE.rowcount(connection, {"state_series": series_id, "new_state": state, "written_at": now})
             return True
-        written = await connection.execute(
-            _WRITE_STATE,
+        written = await WRITE_STATE.rowcount(
+            connection,
             {
                 "state_series": series_id,
                 "read_version": read.version,
@@ -104,7 +111,7 @@ class IncidentStore:
                 "written_at": now,
             },
         )
-        return written.rowcount == 1
+        return written == 1
 
     async def open_incident(self, connection: AsyncConnection, series_id: int, kind: str) -> uuid.UUID | None:
         """The id of the series' open incident of `kind`, if any."""

@@ -42,6 +42,7 @@ from sqlalchemy.sql.expression import TableClause
 from monitor.config.cost import Seen, Tokens
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store import overview_summary, partitions
+from monitor.store.direct import DirectStatement
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
     BUDGET_HOLDS,
@@ -266,14 +267,15 @@ _HISTORY_COLUMNS = (
     RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors, RunRow.rounds,
     RunRow.canary, RunRow.server_build,
 )  # fmt: skip
-_HISTORY_FROM = _series_runs(*_HISTORY_COLUMNS)
-_HISTORY_AFTER = _series_runs(*_HISTORY_COLUMNS, after=True)
-_RUN_SPAN = select(
-    func.count(), func.min(RunRow.started_at).label("first"), func.max(RunRow.started_at).label("last")
-).where(
-    RunRow.series_id == bindparam("series_id"),
-    RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
-    RunRow.started_at <= bindparam("end", type_=UtcDateTime()),
+# Read once a series and tick: on SQLite without SQLAlchemy's execution around them (store/direct.py).
+HISTORY_FROM = DirectStatement(_series_runs(*_HISTORY_COLUMNS))
+HISTORY_AFTER = DirectStatement(_series_runs(*_HISTORY_COLUMNS, after=True))
+RUN_SPAN = DirectStatement(
+    select(func.count(), func.min(RunRow.started_at).label("first"), func.max(RunRow.started_at).label("last")).where(
+        RunRow.series_id == bindparam("series_id"),
+        RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
+        RunRow.started_at <= bindparam("end", type_=UtcDateTime()),
+    )
 )
 
 _ROLLUPS_BETWEEN = (
@@ -284,6 +286,15 @@ _ROLLUPS_BETWEEN = (
         ROLLUPS.c.hour < bindparam("end", type_=UtcDateTime()),
     )
     .order_by(ROLLUPS.c.hour)
+)
+
+# SQLite's save: the samples, and the hours marked for roll-up (store/direct.py).
+_SQLITE_SAMPLES = DirectStatement(SAMPLES.insert())
+_mark_pending = sqlite.insert(ROLLUP_PENDING)
+_SQLITE_MARK_PENDING = DirectStatement(
+    _mark_pending.on_conflict_do_update(
+        index_elements=["series_id", "hour"], set_={"marked_at": _mark_pending.excluded.marked_at}
+    )
 )
 
 # PostgreSQL bulk path: column order of the COPY records, and the statements around them.
@@ -390,8 +401,10 @@ def _sample(row: Any, run: RunRecord) -> Sample:
     )
 
 
-# Runs (with their samples) per statement when SQLite stores a batch (`Repository._save_sqlite`).
-SQLITE_SAVE_PART = 100
+# Runs (with their samples) per statement when SQLite stores a batch (`Repository._save_sqlite`): each part's
+# rows are made in one step of the probes' loop, 6-13 ms for 100 and 4-8.5 for 50 (bench/daemon.py; the loop's
+# lag p99 target is 5 ms).
+SQLITE_SAVE_PART = 50
 
 
 class Repository:
@@ -473,14 +486,11 @@ class Repository:
             )
             inserted |= new
             samples = [_sample_row(sample, run) for run, members in part if run.run_id in new for sample in members]
-            if samples:
-                await connection.execute(SAMPLES.insert(), samples)
-        statement = sqlite.insert(ROLLUP_PENDING)
-        statement = statement.on_conflict_do_update(
-            index_elements=["series_id", "hour"], set_={"marked_at": statement.excluded.marked_at}
-        )
+            await _SQLITE_SAMPLES.executemany(connection, samples)
         now = datetime.now(UTC)
-        await connection.execute(statement, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours])
+        await _SQLITE_MARK_PENDING.executemany(
+            connection, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours]
+        )
         return frozenset(inserted)
 
     async def _save_postgres(
@@ -629,6 +639,18 @@ class Repository:
         async with self._read() as reading:
             return await self._series_rows(series, statement, connection=reading, **params)
 
+    async def _direct_rows(
+        self, series: SeriesKey, statement: DirectStatement, *, connection: AsyncConnection | None = None, **params: Any
+    ) -> list[tuple[Any, ...]]:
+        """`_series_rows` of a `DirectStatement`, each row a tuple."""
+        if connection is not None:
+            series_id = await self._series_id(connection, series)
+            if series_id is None:
+                return []
+            return await statement.rows(connection, {"series_id": series_id, **params})
+        async with self._read() as reading:
+            return await self._direct_rows(series, statement, connection=reading, **params)
+
     async def last_runs(self, series: SeriesKey, n: int) -> list[RunRecord]:
         """The `n` most recent runs of `series` (by start), oldest first."""
         rows = await self._series_rows(series, _LAST_RUNS, n=n)
@@ -646,8 +668,7 @@ class Repository:
     ) -> list[tuple[Any, ...]]:
         """What the detector reads of the runs of `series` started in [start, end), oldest first:
         (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build). On `connection` when given."""
-        rows = await self._series_rows(series, _HISTORY_FROM, connection=connection, start=start, end=end)
-        return [tuple(row) for row in rows]
+        return await self._direct_rows(series, HISTORY_FROM, connection=connection, start=start, end=end)
 
     async def history_since_span(
         self,
@@ -666,10 +687,10 @@ class Repository:
                 return await self.history_since_span(series, start, last, end, connection=reading)
         # The new rows first: a commit the first statement sees, the second sees too, so a transaction
         # storing runs on both sides of `last` cannot be half seen without the span telling.
-        rows = await self._series_rows(series, _HISTORY_AFTER, connection=connection, after=last, end=end)
-        span = await self._series_rows(series, _RUN_SPAN, connection=connection, start=start, end=last)
+        rows = await self._direct_rows(series, HISTORY_AFTER, connection=connection, after=last, end=end)
+        span = await self._direct_rows(series, RUN_SPAN, connection=connection, start=start, end=last)
         count, first, newest = span[0] if span else (0, None, None)
-        return (int(count), first, newest), [tuple(row) for row in rows]
+        return (int(count), first, newest), rows
 
     async def load_runs(
         self, series: SeriesKey, start: datetime, end: datetime

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlalchemy import Table, select
+from sqlalchemy import Table, bindparam, select
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from monitor.store.direct import DirectStatement
 from monitor.store.models import SERIES
 from monitor.store.records import SeriesKey
 
@@ -28,8 +29,13 @@ def upsert_insert(bind: AsyncEngine | AsyncConnection, table: Table) -> postgres
     return sqlite.insert(table)
 
 
+# Built once: asked once a series by each of the repository and detection, 500 of each on a new daemon's first tick.
+_FIND_SERIES = DirectStatement(
+    select(SERIES.c.id).where(*(SERIES.c[name] == bindparam(f"series_{name}") for name in SERIES_COLUMNS))
+)
+
+
 async def find_series_id(connection: AsyncConnection, series: SeriesKey) -> int | None:
     """The stored id of `series`, or None when it has never been written."""
-    return await connection.scalar(
-        select(SERIES.c.id).where(*(SERIES.c[name] == getattr(series, name) for name in SERIES_COLUMNS))
-    )
+    rows = await _FIND_SERIES.rows(connection, {f"series_{name}": getattr(series, name) for name in SERIES_COLUMNS})
+    return int(rows[0][0]) if rows else None

@@ -2,7 +2,8 @@
 own cost: resident memory under 100 MB at 500 series, docs/benchmarks.md).
 
 A real `run` probes the simulator in a child process; an audit hook takes the modules loaded when its
-first probe connects, and the child writes them, with those loaded at its exit, when SIGTERM stops it.
+first probe connects, and the child writes them, with those loaded at its exit, when SIGTERM stops it; then it
+has glibc list its heaps (two: the threads share one besides the main thread's).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from monitor.app import THREAD_HEAPS
 from tests.conftest import ROOT, SimProcess
 from tests.support.daemon import http_get, upgrade, write_config
 
@@ -33,6 +35,8 @@ from monitor import cli
 code = cli.main(sys.argv[1:])
 with open(os.environ["FOOTPRINT_OUT"], "w") as out:
     json.dump({"code": code, **seen, "at_exit": sorted(sys.modules)}, out)
+import ctypes
+ctypes.CDLL("libc.so.6").malloc_stats()  # glibc's heaps, an "Arena N:" paragraph each, on stderr
 """
 
 # The UI's queries (about 3 MB resident) are imported by the first view asked for.
@@ -83,3 +87,6 @@ def test_run_imports_ui_queries_only_for_a_view_and_no_postgresql_on_sqlite(sim:
     assert set(NOT_UNTIL_A_VIEW_IS_ASKED_FOR) <= set(result["at_exit"])  # and the view answered with them
     postgres = [m for m in NEVER_ON_SQLITE if m in result["at_exit"]]
     assert postgres == [], f"imported by a daemon on SQLite: {postgres}"
+    # The database's threads and the service loop's share one heap besides the main thread's (app.share_thread_heaps).
+    heaps = [line for line in (tmp_path / "daemon.log").read_text().splitlines() if line.startswith("Arena ")]
+    assert 1 <= len(heaps) <= THREAD_HEAPS, heaps

@@ -43,3 +43,41 @@ def test_large_blocks_freed_by_the_daemon_go_back_to_the_system() -> None:
     )
     grown_kb = int(done.stdout)
     assert grown_kb < 4 * 1024, f"freed 8 MB blocks stayed resident: {grown_kb} kB"
+
+
+THREADS_CHILD = """
+import ctypes, sys, threading
+from monitor.app import share_thread_heaps
+
+if sys.argv[1] == "shared":
+    assert share_thread_heaps()
+kept = []
+started = threading.Barrier(6)
+
+def allocate():
+    started.wait()  # all at once, so that no thread finds another's heap free and takes it
+    kept.append([bytearray(1000) for _ in range(100)])  # past pymalloc: glibc's heap of this thread
+    started.wait()
+
+threads = [threading.Thread(target=allocate) for _ in range(5)]
+for thread in threads:
+    thread.start()
+started.wait()
+started.wait()
+for thread in threads:
+    thread.join()
+ctypes.CDLL("libc.so.6").malloc_stats()  # one "Arena N:" paragraph a heap, on stderr
+"""
+
+
+def _heaps(mode: str) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", THREADS_CHILD, mode], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True
+    )
+    return sum(1 for line in done.stderr.splitlines() if line.startswith("Arena "))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and malloc_stats")
+def test_the_daemon_s_threads_share_two_heaps_instead_of_one_each() -> None:
+    assert _heaps("default") > 2  # what the daemon had: a heap for each thread that allocates
+    assert _heaps("shared") == 2

@@ -9,7 +9,7 @@ import math
 import pytest
 import structlog
 
-from monitor.logging import configure_logging, readable
+from monitor.logging import LOG_TEXT_CAP, configure_logging, error_text, readable
 
 
 @pytest.mark.parametrize(
@@ -56,3 +56,53 @@ def test_an_incident_line_prints_rounded_figures_nested_ones_included() -> None:
     assert event["details"] == {"peak_ratio": 2.821, "runs": [1.235, 7]}, line
     assert (event["rounds"], event["flag"]) == (3, True)
     assert "186.83132" not in line
+
+
+def _line(out: io.StringIO) -> dict[str, object]:
+    lines = out.getvalue().strip().splitlines()
+    loaded: dict[str, object] = json.loads(lines[-1])
+    return loaded
+
+
+def test_a_text_logged_again_is_masked_with_the_secrets_known_now() -> None:
+    out = io.StringIO()
+    redactor = configure_logging(stream=out, json_output=True)
+    try:
+        structlog.get_logger().info("probe_sample", target="gateway-sk9Qz7xW2pLm")
+        assert _line(out)["target"] == "gateway-sk9Qz7xW2pLm"
+        redactor.secrets = ("sk9Qz7xW2pLm",)  # a reload learnt it
+        structlog.get_logger().info("probe_sample", target="gateway-sk9Qz7xW2pLm")
+        assert _line(out)["target"] == "gateway-[REDACTED]"
+    finally:
+        structlog.reset_defaults()
+
+
+def test_long_texts_and_bounded_ones_are_still_capped_after_redaction() -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, json_output=True, secrets=["hunter2-secret"])
+    try:
+        structlog.get_logger().info(
+            "probe_failed",
+            long="x" * 5000,
+            bounded=error_text(RuntimeError("boom " + "y" * 400), 50),
+            nested={"url": "https://u:pw@host/", "items": ["hunter2-secret", 1.23456]},
+        )
+    finally:
+        structlog.reset_defaults()
+    event = _line(out)
+    assert len(str(event["long"])) == LOG_TEXT_CAP
+    assert len(str(event["bounded"])) == 50
+    assert event["nested"] == {"url": "https://u:[REDACTED]@host/", "items": ["[REDACTED]", 1.235]}
+
+
+def test_a_line_keeps_its_keys_in_order_with_its_time_last() -> None:
+    out = io.StringIO()
+    configure_logging(stream=out, json_output=True)
+    try:
+        structlog.get_logger().bind(job="load").info("probe_sample", target="t1", ttft_ms=41.23456, ok=True)
+    finally:
+        structlog.reset_defaults()
+    event = _line(out)
+    assert list(event) == ["job", "target", "ttft_ms", "ok", "event", "level", "timestamp"]
+    assert (event["ttft_ms"], event["ok"]) == (41.235, True)
+    assert str(event["timestamp"]).endswith("Z")
