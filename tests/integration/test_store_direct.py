@@ -17,7 +17,6 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.probe.result import ErrorClass
-from monitor.store import sqlite_driver
 from monitor.store.direct import DirectStatement
 from monitor.store.engine import create_engine, write_transaction
 from monitor.store.incidents import FIRST_STATE, READ_STATE, WRITE_STATE, IncidentStore
@@ -25,7 +24,7 @@ from monitor.store.models import DetectorStateRow
 from monitor.store.records import SeriesKey
 from monitor.store.repository import HISTORY_AFTER, HISTORY_FROM, RUN_SPAN, Repository
 from monitor.store.statements import find_series_id
-from tests.support.store_fixtures import T0, make_batch
+from tests.support.store_fixtures import T0, counted_trips, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
 
@@ -116,21 +115,9 @@ async def test_outside_a_transaction_sqlalchemy_runs_the_statement(engine: Async
 async def test_each_statement_is_one_trip_and_a_driver_error_is_sqlalchemy_s(engine: AsyncEngine) -> None:
     async with write_transaction(engine) as connection:
         series_id = await _series_id(connection)
-        driver = (await connection.get_raw_connection()).driver_connection
-        assert isinstance(driver, sqlite_driver.OneTripConnection)
-        count = [0]
-        original = driver._execute
-
-        async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
-            count[0] += 1
-            return await original(fn, *args, **kwargs)
-
-        driver._execute = counted  # type: ignore[method-assign]
-        try:
+        async with counted_trips(connection) as count:
             await READ_STATE.rows(connection, {"state_series": series_id})
-            assert count == [1]
-        finally:
-            del driver._execute
+        assert count == [1]
         broken = DirectStatement(text("SELECT missing_column FROM detector_state WHERE series_id = :series_id"))
         with pytest.raises(OperationalError, match="no such column"):
             await broken.rows(connection, {"series_id": series_id})

@@ -12,8 +12,8 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from monitor.store import sqlite_driver
 from monitor.store.engine import create_engine, write_transaction
+from tests.support.store_fixtures import counted_trips
 
 
 @pytest.fixture
@@ -28,22 +28,10 @@ async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
 async def trips(engine: AsyncEngine, statement: Any, parameters: Any = None) -> tuple[Any, int]:
     """The statement's result (rows, else rowcount) and the trips its execution took to the thread."""
     async with engine.connect() as connection:
-        driver = (await connection.get_raw_connection()).driver_connection
-        assert isinstance(driver, sqlite_driver.OneTripConnection)
         await connection.begin()
-        count = [0]
-        original = driver._execute
-
-        async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
-            count[0] += 1
-            return await original(fn, *args, **kwargs)
-
-        driver._execute = counted  # type: ignore[method-assign]
-        try:
+        async with counted_trips(connection) as count:
             result = await connection.execute(statement, parameters)
             out = result.all() if result.returns_rows else result.rowcount
-        finally:
-            del driver._execute
         await connection.commit()
     return out, count[0]
 

@@ -15,6 +15,7 @@ PYTEST_DONT_REWRITE: the test modules import helpers from here before `pytest_pl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import os
@@ -31,7 +32,7 @@ from typing import Any
 import asyncpg
 import pytest
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from monitor.probe.result import ErrorClass, Sample, TimingPath
 from monitor.store import migrate
@@ -414,3 +415,25 @@ def as_read_back(run: RunRecord, samples: list[Sample]) -> tuple[RunRecord, list
     """A stored run as the repository reads it back: each sample named by its run and round (the probe's own
     sample id is not stored)."""
     return run, [dataclasses.replace(s, sample_id=str(sample_id_of(run.run_id, s.round))) for s in samples]
+
+
+@contextlib.asynccontextmanager
+async def counted_trips(connection: AsyncConnection) -> AsyncIterator[list[int]]:
+    """How many trips to the SQLite connection's thread the statements inside take ([count], read at the end):
+    store/sqlite_driver.py's `_execute` counted on this connection's driver, put back after."""
+    from monitor.store import sqlite_driver
+
+    driver = (await connection.get_raw_connection()).driver_connection
+    assert isinstance(driver, sqlite_driver.OneTripConnection)
+    count = [0]
+    original = driver._execute
+
+    async def counted(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        count[0] += 1
+        return await original(fn, *args, **kwargs)
+
+    driver._execute = counted  # type: ignore[method-assign]
+    try:
+        yield count
+    finally:
+        del driver._execute
