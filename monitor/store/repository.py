@@ -627,29 +627,26 @@ class Repository:
         return found
 
     async def _series_rows(
-        self, series: SeriesKey, statement: Executable, *, connection: AsyncConnection | None = None, **params: Any
+        self,
+        series: SeriesKey,
+        statement: Executable | DirectStatement,
+        *,
+        connection: AsyncConnection | None = None,
+        **params: Any,
     ) -> Sequence[Any]:
         """The rows of `statement` (which binds `:series_id`) for `series`; none for a series never stored.
-        On `connection` when given (a transaction's), else on a reading connection of its own."""
+        On `connection` when given (a transaction's), else on a reading connection of its own. A
+        `DirectStatement` gives each row as a tuple (store/direct.py)."""
         if connection is not None:
             series_id = await self._series_id(connection, series)
             if series_id is None:
                 return []
-            return (await connection.execute(statement, {"series_id": series_id, **params})).all()
+            values = {"series_id": series_id, **params}
+            if isinstance(statement, DirectStatement):
+                return await statement.rows(connection, values)
+            return (await connection.execute(statement, values)).all()
         async with self._read() as reading:
             return await self._series_rows(series, statement, connection=reading, **params)
-
-    async def _direct_rows(
-        self, series: SeriesKey, statement: DirectStatement, *, connection: AsyncConnection | None = None, **params: Any
-    ) -> list[tuple[Any, ...]]:
-        """`_series_rows` of a `DirectStatement`, each row a tuple."""
-        if connection is not None:
-            series_id = await self._series_id(connection, series)
-            if series_id is None:
-                return []
-            return await statement.rows(connection, {"series_id": series_id, **params})
-        async with self._read() as reading:
-            return await self._direct_rows(series, statement, connection=reading, **params)
 
     async def last_runs(self, series: SeriesKey, n: int) -> list[RunRecord]:
         """The `n` most recent runs of `series` (by start), oldest first."""
@@ -668,7 +665,7 @@ class Repository:
     ) -> list[tuple[Any, ...]]:
         """What the detector reads of the runs of `series` started in [start, end), oldest first:
         (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build). On `connection` when given."""
-        return await self._direct_rows(series, HISTORY_FROM, connection=connection, start=start, end=end)
+        return list(await self._series_rows(series, HISTORY_FROM, connection=connection, start=start, end=end))
 
     async def history_since_span(
         self,
@@ -687,10 +684,10 @@ class Repository:
                 return await self.history_since_span(series, start, last, end, connection=reading)
         # The new rows first: a commit the first statement sees, the second sees too, so a transaction
         # storing runs on both sides of `last` cannot be half seen without the span telling.
-        rows = await self._direct_rows(series, HISTORY_AFTER, connection=connection, after=last, end=end)
-        span = await self._direct_rows(series, RUN_SPAN, connection=connection, start=start, end=last)
+        rows = await self._series_rows(series, HISTORY_AFTER, connection=connection, after=last, end=end)
+        span = await self._series_rows(series, RUN_SPAN, connection=connection, start=start, end=last)
         count, first, newest = span[0] if span else (0, None, None)
-        return (int(count), first, newest), rows
+        return (int(count), first, newest), list(rows)
 
     async def load_runs(
         self, series: SeriesKey, start: datetime, end: datetime

@@ -43,14 +43,14 @@ class UtcDateTime(TypeDecorator[datetime]):
         ):
             return base
 
+        to_naive_utc = self.process_bind_param
+
         def as_sqlite_text(value: datetime | None) -> str | None:
-            if value is None:
-                return None
-            if value.tzinfo is UTC:  # the usual case: its text, without the offset
+            if value is not None and value.tzinfo is UTC:  # the usual case: its text, without the offset
                 return value.isoformat(" ", "microseconds")[:26]
-            if value.tzinfo is None or value.utcoffset() is None:
-                raise ValueError(f"naive datetime {value.isoformat()} cannot be stored; give it a time zone (UTC)")
-            return value.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
+            # Other zones converted, naive datetimes refused, as `process_bind_param` does for every database.
+            naive = to_naive_utc(value, dialect)
+            return None if naive is None else naive.isoformat(" ", "microseconds")
 
         return as_sqlite_text
 
