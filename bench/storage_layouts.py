@@ -22,6 +22,10 @@ The layouts:
   index): what a sample costs when the run carries its samples.
 - `packed binary`: a row per run holding its samples as one `bytea` of fixed-width integers (`binary_record`),
   the served model once per run; and the same `bytea` as a column of the run's row.
+- `chunks`: a row per series and day (and per series and hour) holding that day's samples as one
+  compressed, column-wise chunk (`bench/chunk_codec.py`: lossless, every chunk decoded and compared with
+  its rows here), what a cold tier could keep once a day is rolled up and no longer written; and the
+  same with the day's runs in a chunk of their own too (no `runs` rows left for that day).
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.chunk_codec import decode, encode
 from monitor.store.records import STORED_DURATIONS
 
 SCHEMA = "ttft_layouts"
@@ -208,6 +214,7 @@ async def measure(url: str) -> list[tuple[str, float, float]]:
             ("packed binary (a row per run)", await size(connection, f"{SCHEMA}.packed_binary"), runs),
             ("packed binary into runs", 0, await size(connection, f"{SCHEMA}.runs_binary")),
         ]
+        rows += await chunked(connection)
         blob = await connection.fetchval(f"select avg(pg_column_size(samples)) from {SCHEMA}.packed_binary")
         print(f"a run's packed samples: {float(blob):.0f} bytes (its samples' fixed fields and request ids)")
         live = await partitioned_size(connection, "public.samples"), await partitioned_size(connection, "public.runs")
@@ -222,6 +229,66 @@ async def measure(url: str) -> list[tuple[str, float, float]]:
     finally:
         await connection.execute(f"drop schema if exists {SCHEMA} cascade")
         await connection.close()
+
+
+async def chunked(connection: asyncpg.Connection) -> list[tuple[str, int, int]]:
+    """A row per series and day (and hour) of its samples, and of its runs, as compressed column-wise chunks
+    (`bench/chunk_codec.py`), each decoded again and compared with the rows it was made of."""
+    runs_columns = [row["attname"] for row in await connection.fetch(_COLUMNS, "public.runs")]
+    sample_columns = [row["attname"] for row in await connection.fetch(_COLUMNS, "public.samples")]
+    sample_rows = await connection.fetch(
+        f"select r.series_id as chunk_series, {', '.join('s.' + name for name in sample_columns)} "
+        "from public.samples s join public.runs r on r.id = s.run_id and r.intended_at = s.intended_at "
+        "order by r.series_id, s.intended_at, s.run_id, s.round"
+    )
+    run_rows = await connection.fetch(
+        f"select {', '.join(runs_columns)} from public.runs order by series_id, intended_at, id"
+    )
+    out: list[tuple[str, int, int]] = []
+    for span, name in (("day", "a series' day"), ("hour", "a series' hour")):
+        table = f"{SCHEMA}.chunks_{span}"
+        await connection.execute(
+            f"create table {table} (series_id int4, period timestamptz, what text, payload bytea, "
+            "primary key (series_id, period, what))"
+        )
+        records = []
+        for what, rows, columns, series_of, at_of in (
+            ("samples", sample_rows, sample_columns, "chunk_series", "intended_at"),
+            ("runs", run_rows, runs_columns, "series_id", "intended_at"),
+        ):
+            groups: dict[tuple[Any, Any], list[tuple[Any, ...]]] = {}
+            for row in rows:
+                at = row[at_of]
+                period = at.replace(minute=0, second=0, microsecond=0)
+                if span == "day":
+                    period = period.replace(hour=0)
+                groups.setdefault((row[series_of], period), []).append(tuple(row[column] for column in columns))
+            for (series, period), members in groups.items():
+                payload = encode(members, len(columns))
+                if decode(payload) != members:
+                    raise SystemExit(f"chunk_codec: {what} of {series} {period} did not decode to its rows")
+                records.append((series, period, what, payload))
+        await connection.copy_records_to_table(
+            f"chunks_{span}", schema_name=SCHEMA, records=records, columns=["series_id", "period", "what", "payload"]
+        )
+        await connection.execute(f"vacuum analyze {table}")
+        total = await size(connection, table)
+        samples_part = int(
+            await connection.fetchval(f"select sum(pg_column_size(payload)) from {table} where what = 'samples'")
+        )
+        runs_part = int(
+            await connection.fetchval(f"select sum(pg_column_size(payload)) from {table} where what = 'runs'")
+        )
+        # The table's overhead (rows, index, TOAST pointers) split in proportion to the payloads.
+        samples_share = total * samples_part // (samples_part + runs_part)
+        out.append((f"chunks: {name} of samples", samples_share, await size(connection, f"{SCHEMA}.runs")))
+        out.append((f"chunks: {name}, samples and runs", total, 0))
+    return out
+
+
+_COLUMNS = (
+    "select attname from pg_attribute where attrelid = $1::regclass and attnum > 0 and not attisdropped order by attnum"
+)
 
 
 def _packed_names(*, prefix: str) -> list[str]:
