@@ -241,11 +241,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     alone = item.get_closest_marker(parallel.SOLO) is not None
     alone_next = nextitem is not None and nextitem.get_closest_marker(parallel.SOLO) is not None
+    if not alone and item.config.stash.get(SOLO_FIRST, False):
+        lock.wait_for_solo_phase()
     with lock.held(alone, alone_next):
         yield
 
 
 SOLO_LOCK = pytest.StashKey["parallel.SoloLock | None"]()
+SOLO_FIRST = pytest.StashKey[bool]()  # the selected tests include the solo group, which runs first
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[SOLO_FIRST] = parallel.has_solo_group(session.items)
 
 
 RUN_FOLDER = pytest.StashKey["Path | None"]()
