@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from typing import IO, Any
 
 import pytest
 
-from tests.support import banners, parallel
+from tests.support import banners, cli_dump, parallel
 
 ROOT = Path(__file__).resolve().parent.parent
 POSTGRES_ENV = "TTFT_TEST_POSTGRES_URL"
@@ -167,13 +168,9 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             process.send_signal(signal.SIGUSR1)
-            try:
-                stdout, stderr = process.communicate(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                stdout, stderr = process.communicate()
-            else:
-                process.kill()
+            _wait_for_the_dump(process, within_s=10)
+            process.kill()
+            stdout, stderr = process.communicate()
             raise AssertionError(
                 f"`ttft-monitor {' '.join(args)}` did not end within {timeout:g} s; killed. What it printed, "
                 f"and where it waited:\n--- stdout\n{stdout[-20000:]}\n--- stderr\n{stderr[-30000:]}"
@@ -182,6 +179,20 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) 
             process.kill()
             raise
     return CliResult(process.returncode, stdout, stderr)
+
+
+def _wait_for_the_dump(process: subprocess.Popen[str], *, within_s: float) -> None:
+    """Until the child has written its SIGUSR1 dump (tests/support/cli_dump.py), or exited, or `within_s`
+    passes. The child goes on after its dump: waiting for its exit took the whole `within_s` every time."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            process.communicate(timeout=0.1)  # what it writes meanwhile is kept for the next communicate
+        except subprocess.TimeoutExpired as pending:
+            if pending.stderr and cli_dump.END_OF_DUMP.encode() in pending.stderr:
+                return
+        else:
+            return
 
 
 TESTS = Path(__file__).resolve().parent
@@ -241,11 +252,18 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return
     alone = item.get_closest_marker(parallel.SOLO) is not None
     alone_next = nextitem is not None and nextitem.get_closest_marker(parallel.SOLO) is not None
+    if not alone and item.config.stash.get(SOLO_FIRST, False):
+        lock.wait_for_solo_phase()
     with lock.held(alone, alone_next):
         yield
 
 
 SOLO_LOCK = pytest.StashKey["parallel.SoloLock | None"]()
+SOLO_FIRST = pytest.StashKey[bool]()  # the selected tests include the solo group, which runs first
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    session.config.stash[SOLO_FIRST] = parallel.has_solo_group(session.items)
 
 
 RUN_FOLDER = pytest.StashKey["Path | None"]()

@@ -15,6 +15,8 @@ import signal
 import sys
 from types import FrameType
 
+END_OF_DUMP = "=== end of dump ==="
+
 
 def write_await_chain(awaitable: object, out: io.StringIO) -> None:
     """Every coroutine frame from the task's down to what it waits on (a task's own stack shows
@@ -45,7 +47,7 @@ def dump_tasks(signum: int, frame: FrameType | None) -> None:
         for task in tasks:
             out.write(f"--- {task.get_name()}\n")
             write_await_chain(task.get_coro(), out)
-    out.write("=== end of dump ===\n")
+    out.write(END_OF_DUMP + "\n")
     sys.stderr.write(out.getvalue())
     sys.stderr.flush()
 
