@@ -227,6 +227,7 @@ class Daemon:
         # `run`: the jobs whose first tick has been probed, and the heap's freezing after it (`_after_first_tick`).
         self._warm_jobs: set[str] = set()
         self._warming: asyncio.Task[None] | None = None
+        self._freeze_again = False
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -736,6 +737,7 @@ class Daemon:
         if job in self._warm_jobs:
             return
         self._warm_jobs.add(job)
+        self._freeze_again = True  # a freezing under way may have settled before this tick's batch came
         if self._warming is None or self._warming.done():
             self._warming = asyncio.create_task(self._freeze_when_settled(), name="freeze-heap")
 
@@ -743,7 +745,10 @@ class Daemon:
         # Without a collection first: it would walk everything made since start-up (20-25 ms of the probes'
         # loop, the next tick's probes in flight), and finds nothing to free there (docs/benchmarks.md). What is
         # garbage at this moment, a few dozen objects, stays for the life of the process.
-        if await self.background.settle(WARM_SETTLE_S) and self._started:
+        while self._freeze_again:
+            self._freeze_again = False
+            if not await self.background.settle(WARM_SETTLE_S) or not self._started:
+                return
             freeze_heap(collect=False)
 
     async def _run_shared_tick(self, job: Job, intended: datetime, log: FilteringBoundLogger) -> None:
