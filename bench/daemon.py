@@ -16,6 +16,11 @@ first request arriving at the simulator, both on CLOCK_MONOTONIC).
 CPU per probe is the daemon process's user + system CPU seconds (/proc/PID/stat, all its threads) from
 the moment it is ready to the end of the measured interval, over the probes it logged in that interval.
 
+Every daemon, of any checkout, times its garbage collections (bench/gcwatch/sitecustomize.py, last on its
+PYTHONPATH): the `gc_` figures are the measured interval's collections by generation, the longest pauses
+(a full collection's on the wall clock and on its thread's CPU clock, which other processes' load does not
+lengthen), the collector's CPU per probe and the objects it freed per probe (cyclic garbage).
+
 `--otel` runs the daemon with OpenTelemetry export off, metrics only and metrics with traces (to a
 loopback OTLP/HTTP receiver, metrics every second), and both towards a collector that accepts and
 never answers (hung) and one whose port refuses (dead), in turn, `--pairs` times, and prints each
@@ -375,7 +380,8 @@ def bench_daemon(
         shutil.copy(history, folder / "bench.db")
     run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)], checkout)
     log_path = folder / "daemon.log"
-    daemon = start_daemon(config, log_path, checkout=checkout)
+    gc_out = folder / "gc.jsonl"
+    daemon = start_daemon(config, log_path, gc_watch(checkout, gc_out), checkout=checkout)
     spy = None
     try:
         wait_ready(port, daemon)
@@ -441,6 +447,37 @@ def bench_daemon(
         "missed_ticks": missed,
         "jobs_finished": sum(1 for e in events if e.get("event") == "job_finished"),
         "detection_skipped": skipped_runs(metrics) - skipped_from,
+        **gc_figures(gc_out, measured_from, measured_to, in_interval),
+    }
+
+
+# Loaded by every daemon started here, whichever checkout (it times the garbage collections).
+GC_WATCH = ROOT / "bench" / "gcwatch"
+
+
+def gc_watch(checkout: Path, out: Path) -> dict[str, str]:
+    """The environment that has a daemon of `checkout` time its collections into `out` (gcwatch/sitecustomize.py)."""
+    path = checkout_env(checkout).get("PYTHONPATH")
+    return {"PYTHONPATH": f"{path}{os.pathsep}{GC_WATCH}" if path else str(GC_WATCH), "BENCH_GC_OUT": str(out)}
+
+
+def gc_figures(out: Path, measured_from: datetime, measured_to: datetime, probes: int) -> dict:
+    """The measured interval's collections (bench/gcwatch): how many of each generation, the longest pause
+    of a full one (generation 2) on the wall clock and on the collecting thread's CPU clock (which other
+    processes' load does not lengthen), the longest of a young one (CPU), the collector's CPU per probe, and
+    the objects it freed per probe (cyclic garbage: what reference counting could not free)."""
+    if not out.exists():
+        return {}
+    start, end = measured_from.timestamp(), measured_to.timestamp()
+    rows = [r for r in map(json.loads, out.read_text().splitlines()) if start <= r["at"] <= end]
+    full = [r for r in rows if r["gen"] == 2]
+    return {
+        **{f"gc_collections_{g}": sum(1 for r in rows if r["gen"] == g) for g in range(3)},
+        "gc_full_max_ms": max((r["wall_ns"] for r in full), default=0) / 1e6,
+        "gc_full_max_cpu_ms": max((r["cpu_ns"] for r in full), default=0) / 1e6,
+        "gc_young_max_cpu_ms": max((r["cpu_ns"] for r in rows if r["gen"] < 2), default=0) / 1e6,
+        "gc_cpu_ms_per_probe": sum(r["cpu_ns"] for r in rows) / 1e6 / probes if probes else None,
+        "gc_freed_per_probe": sum(r["collected"] for r in rows) / probes if probes else None,
     }
 
 

@@ -33,6 +33,7 @@ from monitor.app import (
     attach_detection_service,
     build_context,
     close_telemetry,
+    collect_rarely,
     freeze_heap,
     job_context,
     open_process_resources,
@@ -72,6 +73,8 @@ LOOP_LAG_INTERVAL_S = 0.5
 # After the grace, the rest of shutdown (receivers, housekeeping, closing connections) gets this much
 # more, whatever the database does: the unit and manifests allow the grace plus 10 s.
 STOP_EXTRA_S = 3.0
+# How long the heap's freezing after a job's first tick waits for that tick's detection (`Daemon._after_first_tick`).
+WARM_SETTLE_S = 60.0
 DISPOSE_TIMEOUT_S = 2.0
 
 # `once` makes the coming days' partitions after storing (PostgreSQL); a database slower than this is left
@@ -221,6 +224,10 @@ class Daemon:
         self._burst_holds: dict[str, Hold] = {}  # the budget holds read before probing, without the store
         self.paused_by_budget: list[Hold] = []  # `once`: the jobs a crossed budget held back from this run
         self.reloads = 0  # reloads taken: a run that spans one records series the reload had forgotten
+        # `run`: the jobs whose first tick has been probed, and the heap's freezing after it (`_after_first_tick`).
+        self._warm_jobs: set[str] = set()
+        self._warming: asyncio.Task[None] | None = None
+        self._freeze_again = False
 
     async def start(self) -> None:
         """Load the config, open the store and every resource, serve /metrics, schedule the jobs.
@@ -300,6 +307,7 @@ class Daemon:
 
         self.claims = TickClaims(store.engine)
         freeze_heap()
+        collect_rarely()
         return_large_blocks()
         from monitor.schedule.scheduler import JobScheduler
         from monitor.store.engine import display_url
@@ -607,6 +615,8 @@ class Daemon:
         self._started = False
         log = structlog.get_logger()
         loop = asyncio.get_running_loop()
+        if self._warming is not None:
+            self._warming.cancel()
         if self.burst:
             pending: set[asyncio.Task[JobOutcome]] | set[asyncio.Task[None]] = set(self.in_flight)
         else:
@@ -699,6 +709,7 @@ class Daemon:
             return
         if job.shards > 1:
             await self._run_shared_tick(job, intended, log)
+            self._after_first_tick(job.name)
             return
         location = self.config.location
         claims = self.claims
@@ -713,6 +724,32 @@ class Daemon:
             self.metrics.job_runs.labels(job.name, "skipped_claimed").inc()
             return
         await self._probe(job, intended, log, claim_keys=[job.name])
+        self._after_first_tick(job.name)
+
+    def _after_first_tick(self, job: str) -> None:
+        """Once a job's first tick is probed, stored and evaluated, freeze the heap again (`app.freeze_heap`).
+
+        That tick made what lives as long as the daemon: each series' metric children, detection's
+        histories and states, the statement caches. Left in the collector's oldest generation, every
+        full collection walked them again: 21-37 ms of the probes' loop about every 30 s at 500 series
+        (docs/benchmarks.md). Frozen, they are not walked. Once per job name, after its aftercare, so
+        that what the tick had in flight is done with."""
+        if job in self._warm_jobs:
+            return
+        self._warm_jobs.add(job)
+        self._freeze_again = True  # a freezing under way may have settled before this tick's batch came
+        if self._warming is None or self._warming.done():
+            self._warming = asyncio.create_task(self._freeze_when_settled(), name="freeze-heap")
+
+    async def _freeze_when_settled(self) -> None:
+        # Without a collection first: it would walk everything made since start-up (20-25 ms of the probes'
+        # loop, the next tick's probes in flight), and finds nothing to free there (docs/benchmarks.md). What is
+        # garbage at this moment, a few dozen objects, stays for the life of the process.
+        while self._freeze_again:
+            self._freeze_again = False
+            if not await self.background.settle(WARM_SETTLE_S) or not self._started:
+                return
+            freeze_heap(collect=False)
 
     async def _run_shared_tick(self, job: Job, intended: datetime, log: FilteringBoundLogger) -> None:
         """A job split into shards (`jobs[].shards`): probe this replica's share of its series, then
