@@ -218,11 +218,15 @@ def test_a_crossed_budget_with_an_action_reduces_or_pauses_its_job_and_says_so(
 def test_a_pause_holds_each_once_of_a_cronjob_too(sim: SimProcess, tmp_path: Path) -> None:
     # A CronJob's `once` is a new process each time, with an empty state directory: the hold lives in the
     # database (budget_holds), and the next `once` reads it before its first request and sends nothing.
-    sim.post("/sim/models/gpt-4o-mini", {"decode_tps": 5000, "reasoning_tokens": 900, "thinks_by_default": True})
-    budget = ALERTS.replace("tokens: 20000000}", "tokens: 50000000, action: pause}")
+    # The schedule projects 33.7M tokens a day (a run every 2 s of 3 requests of 260 tokens), the least budget
+    # check-config accepts. A `once` of 3 requests that reason 4,000 tokens spends about 15,000: a budget of 40M a
+    # day is on course to be crossed while `once`s come at least every 30 s (with 900 tokens and 50M, every 9 s,
+    # which process start-ups on a loaded machine missed: failed once in .ci/run at load 7).
+    sim.post("/sim/models/gpt-4o-mini", {"decode_tps": 20000, "reasoning_tokens": 4000, "thinks_by_default": True})
+    budget = ALERTS.replace("tokens: 20000000}", "tokens: 40000000, action: pause}")
     config = write_config(tmp_path, sim, rounds=3, extra=budget)
     config.write_text(
-        config.read_text().replace("params: {max_tokens: 4}", "params: {max_tokens: 4, extra_body: {max_tokens: 1000}}")
+        config.read_text().replace("params: {max_tokens: 4}", "params: {max_tokens: 4, extra_body: {max_tokens: 5000}}")
     )
     upgrade(config)
     crossed = None
