@@ -8,6 +8,7 @@ however many runs and reloads there are (the old code opened a session, and a co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 from collections.abc import AsyncIterator
@@ -137,6 +138,20 @@ async def metrics_endpoint(simulator: tuple[Simulator, RunningSimulator]) -> Asy
     await server.wait_closed()
 
 
+@contextlib.asynccontextmanager
+async def _running(tmp_path: Path, sim_url: str, metrics_url: str) -> AsyncIterator[tuple[Daemon, Path]]:
+    """A daemon of job `tick` on a migrated SQLite database in `tmp_path`, started, and stopped at the end."""
+    config = tmp_path / "config.yaml"
+    _write_config(config, tmp_path, sim_url, metrics_url, job="tick")
+    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    daemon = Daemon(str(config))
+    await daemon.start()
+    try:
+        yield daemon, config
+    finally:
+        await daemon.stop()
+
+
 async def _runs_finished(daemon: Daemon, at_least: int, within_s: float = 45) -> None:
     async with asyncio.timeout(within_s):
         while True:
@@ -159,12 +174,7 @@ async def test_runs_and_reloads_scrape_server_metrics_over_one_shared_connection
     simulator: tuple[Simulator, RunningSimulator], metrics_endpoint: tuple[MetricsEndpoint, str], tmp_path: Path
 ) -> None:
     endpoint, metrics_url = metrics_endpoint
-    config = tmp_path / "config.yaml"
-    _write_config(config, tmp_path, simulator[1].url, metrics_url, job="tick")
-    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
-    daemon = Daemon(str(config))
-    await daemon.start()
-    try:
+    async with _running(tmp_path, simulator[1].url, metrics_url) as (daemon, config):
         await _runs_finished(daemon, 3)
         session = daemon.context.scrape_session
         for n in range(3):
@@ -172,8 +182,6 @@ async def test_runs_and_reloads_scrape_server_metrics_over_one_shared_connection
             await daemon.reload()
             assert daemon.context.scrape_session is session  # the reload kept the process's session
             await _runs_finished(daemon, 5 + 2 * n)
-    finally:
-        await daemon.stop()
     runs = sum(sample.value for sample in _job_runs(daemon))
     assert runs >= 9
     assert endpoint.requests >= 2 * runs  # scraped before and after every run
@@ -194,12 +202,7 @@ async def test_what_a_jobs_first_tick_made_for_its_series_is_frozen_out_of_full_
     # Every full collection walked each series' metric children, histories and states again, 21-37 ms of the
     # probes' loop at 500 series (docs/benchmarks.md): the daemon freezes them once the first tick is evaluated.
     _, metrics_url = metrics_endpoint
-    config = tmp_path / "config.yaml"
-    _write_config(config, tmp_path, simulator[1].url, metrics_url, job="tick")
-    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
-    daemon = Daemon(str(config))
-    await daemon.start()
-    try:
+    async with _running(tmp_path, simulator[1].url, metrics_url) as (daemon, _config):
         await _runs_finished(daemon, 1)
         children: list[object] = []
         async with asyncio.timeout(30):
@@ -208,8 +211,6 @@ async def test_what_a_jobs_first_tick_made_for_its_series_is_frozen_out_of_full_
                 children = list(daemon.metrics.ttft_last._metrics.values())  # made by the first probe
         assert gc.isenabled()
         await _runs_finished(daemon, 3)  # and probing goes on
-    finally:
-        await daemon.stop()
 
 
 async def test_a_bad_config_fails_start_with_the_usage_exit_code_and_stop_is_safe(tmp_path: Path) -> None:
