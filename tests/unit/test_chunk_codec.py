@@ -1,23 +1,17 @@
-"""bench/chunk_codec.py, the codec `bench/storage_layouts.py` measures a compressed cold tier with: it must give
-back every row value for value, or the bytes it measures would be for less than the rows hold."""
+"""monitor/store/chunk_codec.py, the codec of the cold tier's chunks: it must give back every row value for value,
+type for type, or a compacted day would read back other than it was stored."""
 
 from __future__ import annotations
 
-import importlib.util
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "chunk_codec.py"
-_SPEC = importlib.util.spec_from_file_location("chunk_codec", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-codec: Any = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(codec)
+from monitor.store import chunk_codec as codec
 
 _MOMENTS = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
 # Each column holds one kind of value or none, as a database column does.

@@ -1,13 +1,12 @@
-"""A lossless column-wise codec for a batch of rows, to measure what a compressed cold tier would cost (issue 26).
+"""A lossless column-wise codec for a batch of rows: the cold tier's chunks (monitor/store/cold.py, issue 26).
 
 `encode(rows, columns)` writes each column apart: a bitmap of which rows have a value, then the values by
 their kind (integers and timestamps as zigzag varints of their difference from the row before, UUIDs and
 short texts as a dictionary of the distinct values and each row's index into it, floats as 8 IEEE bytes,
 booleans as bits, other texts as UTF-8 joined by NUL), the whole zlib-compressed. `decode` gives the rows
-back, equal value for value (tests/unit/test_chunk_codec.py). `bench/storage_layouts.py` stores a series'
-day (or hour) of samples, and of runs, as one such chunk and measures its bytes a sample on PostgreSQL.
-
-Nothing in the project stores chunks: this is what a cold tier could aim at, measured.
+back, equal value for value, type for type (tests/unit/test_chunk_codec.py). Pure: bytes in, rows out.
+The cold tier keeps a series' day of runs, and of samples, each as one such chunk (monitor/store/cold.py);
+`bench/storage_layouts.py` measures other spans beside it.
 """
 
 from __future__ import annotations
