@@ -1,16 +1,20 @@
 """A lossless column-wise codec for a batch of rows: the cold tier's chunks (monitor/store/cold.py, issue 26).
 
-`encode(rows, columns)` writes each column apart: a bitmap of which rows have a value, then the values by
-their kind (integers and timestamps as zigzag varints of their difference from the row before, UUIDs and
-short texts as a dictionary of the distinct values and each row's index into it, floats as 8 IEEE bytes,
-booleans as bits, other texts as UTF-8 joined by NUL), the whole zlib-compressed. `decode` gives the rows
-back, equal value for value, type for type (tests/unit/test_chunk_codec.py). Pure: bytes in, rows out.
-The cold tier keeps a series' day of runs, and of samples, each as one such chunk (monitor/store/cold.py);
-`bench/storage_layouts.py` measures other spans beside it.
+`encode(rows, columns)` writes each column apart: its kind, a bitmap of which rows have a value (left out when
+every row has one), then the values by their kind: integers and timestamps (microseconds since 1970) as their
+differences from the row before, in the narrowest fixed width that holds them all (1, 2, 4 or 8 bytes; zigzag
+varints past 64 bits); UUIDs and texts as a dictionary of the distinct values and each row's index into it,
+also fixed width; floats as 8 IEEE bytes; booleans as bits. The whole is zlib-compressed. `decode` gives the
+rows back, equal value for value, type for type (tests/unit/test_chunk_codec.py). Pure: bytes in, rows out.
+
+Fixed widths rather than varints so that decoding runs in C (`struct.unpack`, `itertools.accumulate`) instead
+of a Python loop per value: a day of 5-minute runs of 6 samples (1,728 rows of 44 columns) decodes in a few
+milliseconds; zlib takes back most of what the fixed width spends on small numbers.
 """
 
 from __future__ import annotations
 
+import itertools
 import struct
 import uuid
 import zlib
@@ -20,6 +24,13 @@ from typing import Any
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _KINDS = {"none": 0, "bool": 1, "int": 2, "float": 3, "time": 4, "uuid": 5, "text": 6}
+_NAMES = {number: name for name, number in _KINDS.items()}
+_DENSE = 0x80  # in the kind byte: every row has a value, no bitmap follows
+_WIDTHS = ((1, "b", 0x7F), (2, "h", 0x7FFF), (4, "i", 0x7FFF_FFFF), (8, "q", 0x7FFF_FFFF_FFFF_FFFF))
+_FORMATS = {width: letter for width, letter, _ in _WIDTHS}
+_UNSIGNED = {1: "B", 2: "H", 4: "I"}
+# Each byte's eight bits, lowest first, as booleans: bitmaps are expanded a byte at a time.
+_BITS = [tuple(bool(byte & (1 << bit)) for bit in range(8)) for byte in range(256)]
 
 
 def _varint(value: int, out: bytearray) -> None:
@@ -57,6 +68,12 @@ class _Reader:
         self.at += count
         return piece
 
+    def unpack(self, letter: str, count: int) -> tuple[Any, ...]:
+        size = struct.calcsize(f"<{letter}")
+        values = struct.unpack_from(f"<{count}{letter}", self.data, self.at)
+        self.at += size * count
+        return values
+
 
 def _kind(values: Sequence[Any]) -> str:
     present = [value for value in values if value is not None]
@@ -83,27 +100,52 @@ def _micros(moment: datetime) -> int:
     return (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
 
 
+def _bits(flags: Sequence[bool]) -> bytearray:
+    out = bytearray((len(flags) + 7) // 8)
+    for index, flag in enumerate(flags):
+        if flag:
+            out[index // 8] |= 1 << (index % 8)
+    return out
+
+
+def _unbits(data: bytes, count: int) -> list[bool]:
+    return list(itertools.chain.from_iterable(_BITS[byte] for byte in data))[:count]
+
+
+def _encode_numbers(numbers: Sequence[int], out: bytearray) -> None:
+    """Differences from the number before, in the narrowest signed width holding them (0: varints)."""
+    deltas = [b - a for a, b in zip(itertools.chain((0,), numbers), numbers, strict=False)]
+    reach = max((max(deltas), -min(deltas) - 1)) if deltas else 0
+    for width, letter, top in _WIDTHS:
+        if reach <= top:
+            out.append(width)
+            out += struct.pack(f"<{len(deltas)}{letter}", *deltas)
+            return
+    out.append(0)
+    for delta in deltas:
+        _varint(_zigzag(delta), out)
+
+
+def _decode_numbers(reader: _Reader, count: int) -> list[int]:
+    width = reader.take(1)[0]
+    if width:
+        return list(itertools.accumulate(reader.unpack(_FORMATS[width], count)))
+    return list(itertools.accumulate(_unzigzag(reader.varint()) for _ in range(count)))
+
+
 def _encode_column(values: Sequence[Any], out: bytearray) -> None:
     kind = _kind(values)
-    out.append(_KINDS[kind])
-    bits = bytearray((len(values) + 7) // 8)
-    for index, value in enumerate(values):
-        if value is not None:
-            bits[index // 8] |= 1 << (index % 8)
-    out += bits
     present = [value for value in values if value is not None]
+    dense = len(present) == len(values)
+    out.append(_KINDS[kind] | (_DENSE if dense else 0))
+    if not dense:
+        out += _bits([value is not None for value in values])
     if kind == "bool":
-        flags = bytearray((len(present) + 7) // 8)
-        for index, value in enumerate(present):
-            if value:
-                flags[index // 8] |= 1 << (index % 8)
-        out += flags
-    elif kind in ("int", "time"):
-        previous = 0
-        for value in present:
-            number = _micros(value) if kind == "time" else value
-            _varint(_zigzag(number - previous), out)
-            previous = number
+        out += _bits(present)
+    elif kind == "int":
+        _encode_numbers(present, out)
+    elif kind == "time":
+        _encode_numbers([_micros(value) for value in present], out)
     elif kind == "float":
         out += struct.pack(f"<{len(present)}d", *present)
     elif kind in ("uuid", "text"):
@@ -117,28 +159,27 @@ def _encode_column(values: Sequence[Any], out: bytearray) -> None:
                 raw = value.encode("utf-8", "surrogatepass")
                 _varint(len(raw), out)
                 out += raw
-        for index in indexes:
-            _varint(index, out)
+        width = 1 if len(distinct) <= 0x100 else 2 if len(distinct) <= 0x10000 else 4
+        out += struct.pack(f"<{len(indexes)}{_UNSIGNED[width]}", *indexes)
 
 
 def _decode_column(reader: _Reader, rows: int) -> list[Any]:
-    kind = {number: name for name, number in _KINDS.items()}[reader.take(1)[0]]
-    bits = reader.take((rows + 7) // 8)
-    where = [bool(bits[index // 8] & (1 << (index % 8))) for index in range(rows)]
-    count = sum(where)
+    code = reader.take(1)[0]
+    kind = _NAMES[code & ~_DENSE]
+    dense = bool(code & _DENSE)
+    where = None if dense else _unbits(reader.take((rows + 7) // 8), rows)
+    count = rows if where is None else sum(where)
     present: list[Any]
     if kind == "none":
         present = []
     elif kind == "bool":
-        flags = reader.take((count + 7) // 8)
-        present = [bool(flags[index // 8] & (1 << (index % 8))) for index in range(count)]
-    elif kind in ("int", "time"):
-        present, previous = [], 0
-        for _ in range(count):
-            previous += _unzigzag(reader.varint())
-            present.append(EPOCH + timedelta(microseconds=previous) if kind == "time" else previous)
+        present = _unbits(reader.take((count + 7) // 8), count)
+    elif kind == "int":
+        present = _decode_numbers(reader, count)
+    elif kind == "time":
+        present = [EPOCH + timedelta(microseconds=micros) for micros in _decode_numbers(reader, count)]
     elif kind == "float":
-        present = list(struct.unpack(f"<{count}d", reader.take(8 * count)))
+        present = list(reader.unpack("d", count))
     else:
         distinct: list[Any] = []
         for _ in range(reader.varint()):
@@ -146,7 +187,10 @@ def _decode_column(reader: _Reader, rows: int) -> list[Any]:
                 distinct.append(uuid.UUID(bytes=reader.take(16)))
             else:
                 distinct.append(reader.take(reader.varint()).decode("utf-8", "surrogatepass"))
-        present = [distinct[reader.varint()] for _ in range(count)]
+        width = 1 if len(distinct) <= 0x100 else 2 if len(distinct) <= 0x10000 else 4
+        present = [distinct[index] for index in reader.unpack(_UNSIGNED[width], count)]
+    if where is None:
+        return present
     values = iter(present)
     return [next(values) if has else None for has in where]
 
@@ -161,9 +205,14 @@ def encode(rows: Sequence[Sequence[Any]], columns: int, *, level: int = 9) -> by
     return zlib.compress(bytes(out), level)
 
 
-def decode(chunk: bytes) -> list[tuple[Any, ...]]:
-    """The rows `encode` was given, timestamps in UTC."""
+def decode_columns(chunk: bytes) -> tuple[int, list[list[Any]]]:
+    """The rows `encode` was given, column by column: (rows, one list of values per column)."""
     reader = _Reader(zlib.decompress(chunk))
     rows, columns = reader.varint(), reader.varint()
-    values = [_decode_column(reader, rows) for _ in range(columns)]
-    return list(zip(*values, strict=True)) if columns else [() for _ in range(rows)]
+    return rows, [_decode_column(reader, rows) for _ in range(columns)]
+
+
+def decode(chunk: bytes) -> list[tuple[Any, ...]]:
+    """The rows `encode` was given, timestamps in UTC."""
+    rows, values = decode_columns(chunk)
+    return list(zip(*values, strict=True)) if values else [() for _ in range(rows)]

@@ -92,21 +92,22 @@ class Compacted:
     bytes: int  # the two chunks' size
 
 
-def run_as_read(values: Sequence[Any], names: Sequence[str]) -> dict[str, Any]:
-    """A run of a chunk as `select(RUNS)` reads it: by column key."""
-    return {_RUN_KEYS[name]: value for name, value in zip(names, values, strict=True) if name in _RUN_KEYS}
-
-
-def sample_as_read(values: Sequence[Any], names: Sequence[str]) -> dict[str, Any]:
-    """A sample of a chunk as `select(SAMPLES)` reads it: by column key, the durations in milliseconds (as
-    `types.Microseconds` converts them)."""
-    out: dict[str, Any] = {}
-    for name, value in zip(names, values, strict=True):
-        key = _SAMPLE_KEYS.get(name)
+def _as_read(chunk: bytes, names: Sequence[str], keys: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The rows of a chunk as a `select` of their table reads them: by column key, the durations in milliseconds
+    (as `types.Microseconds` converts them); a column the chunk's layout lacks is None."""
+    _rows, columns = chunk_codec.decode_columns(chunk)
+    found: list[str] = []
+    values: list[list[Any]] = []
+    for name, column in zip(names, columns, strict=True):
+        key = keys.get(name)
         if key is None:
-            continue
-        out[key] = value / 1000 if name in _MICROS and value is not None else value
-    return out
+            continue  # a column a later migration dropped
+        found.append(key)
+        values.append([None if v is None else v / 1000 for v in column] if name in _MICROS else column)
+    missing = {key: None for key in keys.values() if key not in found}
+    if missing:
+        return [{**dict(zip(found, row, strict=True)), **missing} for row in zip(*values, strict=True)]
+    return [dict(zip(found, row, strict=True)) for row in zip(*values, strict=True)]
 
 
 def decode_chunk(
@@ -117,19 +118,17 @@ def decode_chunk(
     if layout not in LAYOUTS:
         raise ValueError(f"cold chunk of layout {layout}: this version reads layouts {sorted(LAYOUTS)}; upgrade it")
     run_names, sample_names = LAYOUTS[layout]
-    runs = [run_as_read(row, run_names) for row in chunk_codec.decode(runs_chunk)]
-    samples = (
-        [sample_as_read(row, sample_names) for row in chunk_codec.decode(samples_chunk)]
-        if samples_chunk is not None
-        else []
-    )
-    for missing in set(_RUN_KEYS.values()) - set(runs[0] if runs else _RUN_KEYS.values()):
-        for run in runs:
-            run[missing] = None
-    for missing in set(_SAMPLE_KEYS.values()) - set(samples[0] if samples else _SAMPLE_KEYS.values()):
-        for sample in samples:
-            sample[missing] = None
+    runs = _as_read(runs_chunk, run_names, _RUN_KEYS)
+    samples = _as_read(samples_chunk, sample_names, _SAMPLE_KEYS) if samples_chunk is not None else []
     return runs, samples
+
+
+def _in_layout(rows: Sequence[Sequence[Any]], names: Sequence[str], wanted: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Rows stored in one layout as another's columns (absent ones None): an older chunk joined by new rows."""
+    if tuple(names) == tuple(wanted):
+        return [tuple(row) for row in rows]
+    at = {name: index for index, name in enumerate(names)}
+    return [tuple(row[at[name]] if name in at else None for name in wanted) for row in rows]
 
 
 def _tick(run: Mapping[str, Any]) -> tuple[str, datetime] | None:
@@ -201,16 +200,11 @@ async def compact_series_day(connection: AsyncConnection, series_id: int, day: d
     kept_runs: list[tuple[Any, ...]] = []
     kept_samples: list[tuple[Any, ...]] = []
     if stored is not None:
-        old_runs, old_samples = decode_chunk(stored.layout, stored.runs_chunk, stored.samples_chunk)
-        kept_runs = [tuple(run[_RUN_KEYS[name]] for name in run_names) for run in old_runs]
-        kept_samples = [
-            tuple(
-                round(sample[_SAMPLE_KEYS[name]] * 1000) if name in _MICROS and sample[_SAMPLE_KEYS[name]] is not None
-                else sample[_SAMPLE_KEYS[name]]
-                for name in sample_names
-            )
-            for sample in old_samples
-        ]  # fmt: skip
+        if stored.layout not in LAYOUTS:
+            raise ValueError(f"cold chunk of layout {stored.layout}: this version knows layouts {sorted(LAYOUTS)}")
+        old_runs, old_samples = LAYOUTS[stored.layout]
+        kept_runs = _in_layout(chunk_codec.decode(stored.runs_chunk), old_runs, run_names)
+        kept_samples = _in_layout(chunk_codec.decode(stored.samples_chunk), old_samples, sample_names)
     held_ids = {run[0] for run in kept_runs}
     held_ticks = {tick for run in kept_runs if (tick := _tick(dict(zip(run_names, run, strict=True)))) is not None}
     moved = {

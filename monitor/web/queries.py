@@ -31,7 +31,7 @@ from monitor.detect.figures import figures_of
 from monitor.detect.noise import NoiseModel
 from monitor.detect.noise import describe as describe_noise
 from monitor.quantile import mixture_quantile, quantile
-from monitor.store import overview_summary
+from monitor.store import cold, overview_summary
 from monitor.store.models import (
     SAMPLES_OF_RUN,
     AlertDeliveryRow,
@@ -65,6 +65,26 @@ _BUCKET_STEPS_S = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800
 PHASES = ("dns_ms", "connect_ms", "tls_ms", "ttfb_ms", "first_event_ms", "ttft_ms", "ttfa_ms")
 # What the server said about itself over each run (migration 0006), as the points name it.
 SERVER_FIELDS = SERVER_RUN_FIELDS
+
+
+async def _cold_read(
+    connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime, samples: bool = False
+) -> cold.Read | None:
+    """The runs of `series_ids` started in [start, end) (with their samples when `samples`) through the cold
+    tier's one read, rows and chunks alike (monitor/store/cold.py), when a chunk may hold some of them; None
+    when none does, and the caller's own statements read the rows. Each view reads on one snapshot
+    (`_snapshot`), so a compaction committing meanwhile is seen whole or not at all."""
+    if not await cold.any_chunk(connection, series_ids, start, end):
+        return None
+    return await cold.read_runs(connection, series_ids, start, end, samples=samples)
+
+
+async def _snapshot(connection: AsyncConnection) -> AsyncConnection:
+    """`connection` reading on one snapshot for its whole transaction (PostgreSQL: REPEATABLE READ; SQLite's
+    read transaction is one already): call before its first statement."""
+    if connection.dialect.name == "postgresql":
+        return await connection.execution_options(isolation_level="REPEATABLE READ")
+    return connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +194,14 @@ async def _run_counts(
     """Per series: its runs with a TTFT in [since, until) and the first one's start."""
     if not series_ids:
         return {}
+    read = await _cold_read(connection, series_ids, start=since, end=until)
+    if read is not None:
+        counted: dict[int, tuple[int, datetime]] = {}
+        for run in read.runs:
+            if run["ttft_p50_ms"] is not None:
+                number, first = counted.get(run["series_id"], (0, run["started_at"]))
+                counted[run["series_id"]] = (number + 1, min(first, run["started_at"]))
+        return counted
     rows = await connection.execute(
         select(RunRow.series_id, func.count(), func.min(RunRow.started_at))
         .where(
@@ -570,6 +598,22 @@ _SAMPLE_FIELDS = (
 )  # fmt: skip
 
 
+_SAMPLE_KEYS = tuple(
+    ("run", column.key) if column.table.name == "runs" else ("sample", column.key) for column in _SAMPLE_FIELDS
+)
+
+
+def _sample_rows(read: cold.Read) -> list[tuple[Any, ...]]:
+    """`_SAMPLE_FIELDS` of the measured samples of the runs read through the cold tier, as the view's statement
+    orders them (by run start, then round)."""
+    out = []
+    for run in read.runs:
+        for sample in read.samples.get(run["id"], ()):
+            if not sample["warmup"]:
+                out.append(tuple(run[key] if side == "run" else sample[key] for side, key in _SAMPLE_KEYS))
+    return out
+
+
 def sample_point(row: Sequence[Any]) -> dict[str, Any]:
     sent_at, started_at, run_id, request_id, error, message, status, rate, prompt, cached = row[:_PHASE_AT]
     phases, server = row[_PHASE_AT:_SERVER_AT], row[_SERVER_AT:_SELF_DELAY_AT]
@@ -728,15 +772,20 @@ def _baseline_at(times: Sequence[float], baselines: Sequence[float | None], mome
 
 
 async def _run_points(connection: AsyncConnection, series_id: int, *, start: datetime, end: datetime) -> list[RunPoint]:
-    rows = await connection.execute(
-        select(RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors)
-        .where(
-            RunRow.series_id == series_id,
-            RunRow.started_at >= type_coerce(start, UtcDateTime()),
-            RunRow.started_at < type_coerce(end, UtcDateTime()),
+    read = await _cold_read(connection, [series_id], start=start, end=end)
+    rows: Iterable[Sequence[Any]]
+    if read is not None:
+        rows = [(r["started_at"], r["ttft_p50_ms"], r["error"], r["ok"], r["errors"]) for r in read.runs]
+    else:
+            rows = await connection.execute(
+            select(RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors)
+            .where(
+                RunRow.series_id == series_id,
+                RunRow.started_at >= type_coerce(start, UtcDateTime()),
+                RunRow.started_at < type_coerce(end, UtcDateTime()),
+            )
+            .order_by(RunRow.started_at)
         )
-        .order_by(RunRow.started_at)
-    )
     return [
         RunPoint(
             at=at, ttft_ms=p50 if p50 is not None and 0 < p50 < math.inf else None, error=error, ok=ok, errors=errors
@@ -784,15 +833,20 @@ async def _where_the_time_went(
     until = min(until, end)
     if since >= until:
         since = until - timedelta(hours=1)
-    rows = (
-        await connection.execute(
-            select(RunRow.started_at, RunRow.ttft_p50_ms, *(getattr(RunRow, name) for name in SERVER_FIELDS)).where(
-                RunRow.series_id == series_id,
-                RunRow.started_at >= type_coerce(since - timedelta(hours=24), UtcDateTime()),
-                RunRow.started_at < type_coerce(until, UtcDateTime()),
+    read = await _cold_read(connection, [series_id], start=since - timedelta(hours=24), end=until)
+    rows: Sequence[Sequence[Any]]
+    if read is not None:
+        rows = [(r["started_at"], r["ttft_p50_ms"], *(r[name] for name in SERVER_FIELDS)) for r in read.runs]
+    else:
+        rows = (
+            await connection.execute(
+                select(RunRow.started_at, RunRow.ttft_p50_ms, *(getattr(RunRow, n) for n in SERVER_FIELDS)).where(
+                    RunRow.series_id == series_id,
+                    RunRow.started_at >= type_coerce(since - timedelta(hours=24), UtcDateTime()),
+                    RunRow.started_at < type_coerce(until, UtcDateTime()),
+                )
             )
-        )
-    ).all()
+        ).all()
     recent = [row for row in rows if row[0] >= since]
     before = [row for row in rows if row[0] < since]
     position = {"ttft_p50_ms": 1, **{name: 2 + i for i, name in enumerate(SERVER_FIELDS)}}
@@ -853,13 +907,17 @@ async def series_points(
     history_start = detector.history_since(start)
     step_from = start - timedelta(hours=detector.rules.level_hours)
     async with engine.connect() as connection:
+        connection = await _snapshot(connection)
         found = await _series(connection, [series_id])
         if series_id not in found:
             raise NotFound(f"no series with id {series_id}")
         info = found[series_id]
         if end - start <= RAW_RANGE:
+            read = await _cold_read(connection, [series_id], start=start, end=end, samples=True)
             rows = (
-                await connection.execute(
+                _sample_rows(read)
+                if read is not None
+                else await connection.execute(
                     select(*_SAMPLE_FIELDS)
                     .select_from(RunRow.__table__.join(SampleRow.__table__, SAMPLES_OF_RUN))
                     .where(
@@ -870,7 +928,8 @@ async def series_points(
                     )
                     .order_by(RunRow.started_at, SampleRow.round)
                 )
-            ).all()
+            )
+            rows = list(rows)
             if len(rows) <= max_points:
                 resolution, width, points = "sample", 0, [sample_point(row) for row in rows]
             else:
@@ -931,6 +990,15 @@ async def series_points(
 MAX_CACHE_RUNS = 2016
 
 
+class _Pair(NamedTuple):
+    """What the cache view reads of a run."""
+
+    id: uuid.UUID
+    series_id: int
+    intended_at: datetime
+    ttft_p50_ms: float | None
+
+
 async def cache_view(
     connection: AsyncConnection, info: SeriesInfo, *, start: datetime, end: datetime
 ) -> dict[str, Any] | None:
@@ -959,18 +1027,34 @@ async def cache_view(
         RunRow.started_at >= type_coerce(start, UtcDateTime()),
         RunRow.started_at < type_coerce(end, UtcDateTime()),
     )
-    runs = (
-        await connection.execute(
-            select(RunRow.id, RunRow.series_id, RunRow.intended_at, RunRow.ttft_p50_ms)
-            .where(RunRow.series_id.in_([siblings[cold_prompt], siblings[warm_prompt]]), *window)
-            .order_by(RunRow.started_at.desc())
-            .limit(2 * MAX_CACHE_RUNS)
-        )
-    ).all()
-    cold = {_aware(r.intended_at): r.ttft_p50_ms for r in runs if r.series_id == siblings[cold_prompt]}
+    pair = [siblings[cold_prompt], siblings[warm_prompt]]
+    read = await _cold_read(connection, pair, start=start, end=end, samples=True)
+    runs: Sequence[Any]
+    if read is not None:
+        newest = sorted(read.runs, key=lambda r: r["started_at"], reverse=True)[: 2 * MAX_CACHE_RUNS]
+        runs = [_Pair(r["id"], r["series_id"], r["intended_at"], r["ttft_p50_ms"]) for r in newest]
+    else:
+        runs = (
+            await connection.execute(
+                select(RunRow.id, RunRow.series_id, RunRow.intended_at, RunRow.ttft_p50_ms)
+                .where(RunRow.series_id.in_(pair), *window)
+                .order_by(RunRow.started_at.desc())
+                .limit(2 * MAX_CACHE_RUNS)
+            )
+        ).all()
+    cold_ms = {_aware(r.intended_at): r.ttft_p50_ms for r in runs if r.series_id == siblings[cold_prompt]}
     warm = [r for r in runs if r.series_id == siblings[warm_prompt]]
     tokens: dict[Any, tuple[list[float], list[float]]] = {r.id: ([], []) for r in warm}
-    if warm:
+    if warm and read is not None:
+        for r in warm:
+            for sample in read.samples.get(r.id, ()):
+                if sample["warmup"] or sample["disturbed"] or sample["error"] is not None:
+                    continue
+                if sample["cached_tokens"] is not None:
+                    tokens[r.id][0].append(float(sample["cached_tokens"]))
+                if sample["prompt_tokens"] is not None:
+                    tokens[r.id][1].append(float(sample["prompt_tokens"]))
+    elif warm:
         rows = await connection.execute(
             select(SampleRow.run_id, SampleRow.cached_tokens, SampleRow.prompt_tokens).where(
                 SampleRow.run_id.in_(list(tokens)),
@@ -990,7 +1074,7 @@ async def cache_view(
     pairs = [
         PairRun(
             at=_aware(r.intended_at),
-            cold_ms=cold.get(_aware(r.intended_at)),
+            cold_ms=cold_ms.get(_aware(r.intended_at)),
             warm_ms=r.ttft_p50_ms,
             warm_cached_tokens=_median(tokens[r.id][0]),
             warm_prompt_tokens=_median(tokens[r.id][1]),
