@@ -402,3 +402,17 @@ async def compactable(
         pairs += sorted((series_id, day) for (series_id,) in found)
         day += DAY
     return pairs
+
+
+async def count_runs(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> int:
+    """How many runs of `series_ids` started in [start, end), rows and chunks alike (the chunks' runs decoded,
+    not their samples)."""
+    return len((await read_runs(connection, list(series_ids), start, end, samples=False)).runs)
+
+
+async def first_start(
+    connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime
+) -> datetime | None:
+    """The earliest start of a run of `series_ids` started in [start, end), rows and chunks alike."""
+    read = await read_runs(connection, list(series_ids), start, end, samples=False)
+    return read.runs[0]["started_at"] if read.runs else None

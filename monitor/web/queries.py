@@ -258,6 +258,7 @@ async def overview(
             return await read_rolled(other, pending)
 
     async with engine.connect() as connection:
+        connection = await _snapshot(connection)
         pending = await overview_summary.pending_hours(connection, since=floor_hour(windows[-1]), until=current)
         # PostgreSQL: the rollups' scan runs on its own connection, beside the small reads.
         apart = asyncio.ensure_future(on_own_connection(pending)) if postgres else None
@@ -454,13 +455,28 @@ async def _fresh_runs(
     ]
     columns = (RunRow.series_id, started, RunRow.ttft_p50_ms, RunRow.ok, RunRow.errors)
     in_range = (at_or_after(min(windows)), before(now))
+    # The part hours and pending hours of days in the cold tier are read through it (rows and chunks alike,
+    # one by one), and left out of the statements below; the current and last hour never are in it.
+    everyone = list(await connection.scalars(select(SeriesRow.id)))
+    parts = [(w, ceil_hour(w), everyone) for w in windows if ceil_hour(w) != w]
+    parts += [(hour, hour + timedelta(hours=1), sorted(ids)) for hour, ids in by_hour.items()]
+    cold_runs: list[FreshRun] = []
+    cold_segments: list[Any] = []
+    for part_start, part_end, ids in parts:
+        part_start = max(part_start, min(windows))
+        read = await _cold_read(connection, ids, start=part_start, end=min(part_end, now))
+        if read is None:
+            continue
+        cold_runs += [(r["series_id"], r["started_at"], r["ttft_p50_ms"], r["ok"], r["errors"]) for r in read.runs]
+        cold_segments.append(and_(at_or_after(part_start), before(part_end), RunRow.series_id.in_(ids)))
+    warm = [not_(or_(*cold_segments))] if cold_segments else []
     if not grouped:
-        rows = await connection.execute(select(*columns).where(*in_range, or_(*segments, *pending_segments)))
-        return Fresh([], [tuple(row) for row in rows])  # type: ignore[misc]
-    single: list[FreshRun] = []
+        rows = await connection.execute(select(*columns).where(*in_range, or_(*segments, *pending_segments), *warm))
+        return Fresh([], [cast(FreshRun, tuple(row)) for row in rows] + cold_runs)
+    single: list[FreshRun] = list(cold_runs)
     if pending_segments:
-        rows = await connection.execute(select(*columns).where(*in_range, or_(*pending_segments)))
-        single = [tuple(row) for row in rows]  # type: ignore[misc]
+        rows = await connection.execute(select(*columns).where(*in_range, or_(*pending_segments), *warm))
+        single += [tuple(row) for row in rows]  # type: ignore[misc]
     # Imported here, where only PostgreSQL comes: on SQLite the dialect (2.3 MB resident) is never loaded.
     from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 
@@ -482,7 +498,7 @@ async def _fresh_runs(
             func.max(started),
             func.array_agg(aggregate_order_by(RunRow.ok, started.desc()), type_=ARRAY(Integer()))[1],
         )
-        .where(*in_range, or_(*segments), *([not_(or_(*pending_segments))] if pending_segments else []))
+        .where(*in_range, or_(*segments), *([not_(or_(*pending_segments))] if pending_segments else []), *warm)
         .group_by(RunRow.series_id)
     )
     summed = [
@@ -777,7 +793,7 @@ async def _run_points(connection: AsyncConnection, series_id: int, *, start: dat
     if read is not None:
         rows = [(r["started_at"], r["ttft_p50_ms"], r["error"], r["ok"], r["errors"]) for r in read.runs]
     else:
-            rows = await connection.execute(
+        rows = await connection.execute(
             select(RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors)
             .where(
                 RunRow.series_id == series_id,
@@ -1422,6 +1438,7 @@ async def compare(
     `max_runs` runs, or where retention has removed the window's raw samples, the same numbers from the
     hourly rollups (`_compare_hours`, `resolution` "hour"); TooBroad past `max_hours` series-hours."""
     async with engine.connect() as connection:
+        connection = await _snapshot(connection)
         series = await _series(connection)
         chosen = {
             sid: info
@@ -1493,7 +1510,10 @@ def _document(
 
 
 async def _runs_in(connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime) -> int:
-    """How many runs of these series started in [start, end) (a count over the runs index)."""
+    """How many runs of these series started in [start, end) (a count over the runs index; through the cold
+    tier when a chunk may hold some: its runs counted as stored, decoded only where the window cuts it)."""
+    if await cold.any_chunk(connection, series_ids, start, end):
+        return await cold.count_runs(connection, series_ids, start, end)
     runs = await connection.scalar(
         select(func.count())
         .select_from(RunRow.__table__)
@@ -1509,13 +1529,16 @@ async def _runs_in(connection: AsyncConnection, series_ids: Sequence[int], *, st
 async def _raw_gone(connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime) -> bool:
     """Whether retention has removed raw runs of the window: a rollup of these series holds an hour that
     starts in the window and ends before the window's first raw run."""
-    first = await connection.scalar(
-        select(func.min(RunRow.started_at)).where(
-            RunRow.series_id.in_(list(series_ids)),
-            RunRow.started_at >= type_coerce(start, UtcDateTime()),
-            RunRow.started_at < type_coerce(end, UtcDateTime()),
+    if await cold.any_chunk(connection, series_ids, start, end):
+        first = await cold.first_start(connection, series_ids, start, end)
+    else:
+        first = await connection.scalar(
+            select(func.min(RunRow.started_at)).where(
+                RunRow.series_id.in_(list(series_ids)),
+                RunRow.started_at >= type_coerce(start, UtcDateTime()),
+                RunRow.started_at < type_coerce(end, UtcDateTime()),
+            )
         )
-    )
     until = floor_hour(_aware(first)) - timedelta(hours=1) if first is not None else end
     if until <= start:
         return False
@@ -1698,6 +1721,16 @@ async def _compare_samples(
         SampleRow.ttft_ms.is_not(None),
     )
     joined = RunRow.__table__.join(SampleRow.__table__, SAMPLES_OF_RUN)
+    read = await _cold_read(connection, series_ids, start=start, end=end, samples=True)
+    if read is not None:
+        cold_values: dict[int, tuple[list[float], list[float | None]]] = defaultdict(lambda: ([], []))
+        for run in read.runs:
+            for sample in read.samples.get(run["id"], ()):
+                if sample["warmup"] or sample["error"] is not None or sample["ttft_ms"] is None:
+                    continue
+                cold_values[run["series_id"]][0].append(sample["ttft_ms"])
+                cold_values[run["series_id"]][1].append(sample["prompt_tokens"])
+        return [(sid, ttfts, tokens) for sid, (ttfts, tokens) in cold_values.items()]
     if connection.dialect.name == "postgresql":
         # One row per series with its values as arrays, which asyncpg decodes in C: row by row, building
         # a result row per sample took about half of the view's time (bench/web.py).
