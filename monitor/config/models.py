@@ -29,6 +29,9 @@ from monitor.detect.settings import Detection
 from monitor.otel.settings import OtelConfig
 from monitor.probe.settings import PromptProfile, Provider, Target
 
+# The cold tier never compacts fewer days than this: check-config's cost projection reads 7 days of samples as
+# rows (commands/check_config.py HISTORY_DAYS), the overview's baselines and the cost view a day.
+COLD_FLOOR_DAYS = 8
 # Where the cold tier's minimum reads each job's schedule from (a Monday; a fixed moment: the same answer any day).
 COLD_REFERENCE = datetime(2026, 1, 5, tzinfo=UTC)
 
@@ -375,7 +378,10 @@ class Config(ConfigModel):
         """The fewest whole days the cold tier must leave as rows, and what needs them: the detector's history
         for the job whose runs are furthest apart, and the burn rates' longest window."""
         rules = self.detection.rules()
-        needs = [(rules.history_reach_s(300.0), "detection's history (5-minute runs)")]
+        needs = [
+            (rules.history_reach_s(300.0), "detection's history (5-minute runs)"),
+            (COLD_FLOOR_DAYS * 86400.0, "check-config's token history (7 days) and the cost view's day"),
+        ]
         for job in self.jobs:
             gap = max(
                 (

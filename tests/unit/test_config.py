@@ -637,3 +637,10 @@ def test_the_detectors_history_reach_is_what_it_reads() -> None:
         for interval in (timedelta(seconds=30), timedelta(minutes=5), timedelta(hours=1)):
             reach = at - Detector(rules).history_since(at, interval=interval)
             assert reach.total_seconds() == pytest.approx(rules.history_reach_s(interval.total_seconds()))
+
+
+def test_the_cold_tier_never_takes_the_week_check_config_projects_costs_from() -> None:
+    data = base(jobs=[BASE["jobs"][0]], detection={"seasonal_days": 0})
+    config = load_config(write(data), environ={})
+    assert config.cold_minimum() == (8, "check-config's token history (7 days) and the cost view's day")
+    assert config.database.retention.cold_after_days == 8
