@@ -18,6 +18,9 @@ FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturb
 # Later passes run this long after each whole interval (each hour): the hour just finished is rolled
 # up, and the overview's summary made, at the start of the hour it serves, whenever the daemon started.
 AFTER_THE_HOUR_S = 30.0
+# Series-days moved into the cold tier per pass, at most: a day of 500 series' 5-minute runs (864,000 samples,
+# about a minute at the rate bench/cold.py measures); a backlog (an upgraded database) takes several passes.
+COMPACT_PER_PASS = 500
 
 
 def next_pass_in(now_s: float, interval_s: float, *, offset_s: float = AFTER_THE_HOUR_S) -> float:
@@ -77,7 +80,7 @@ class Housekept(Protocol):
 
     async def refresh_overview_summary(self, now: datetime) -> int: ...
 
-    async def compact(self, now: datetime, *, cold_after_days: int) -> Compacted: ...
+    async def compact(self, now: datetime, *, cold_after_days: int, limit: int | None = None) -> Compacted: ...
 
     async def prune(self, now: datetime, raw_days: int, rollup_days: int) -> Pruned: ...
 
@@ -99,7 +102,11 @@ async def maintain_once(repository: Housekept, database: Database, *, now: datet
     summarised = await repository.refresh_overview_summary(now)
     # After the rollup: a day is compacted only once its hours are rolled up.
     cold_after = database.retention.cold_after_days
-    compacted = await repository.compact(now, cold_after_days=cold_after) if cold_after is not None else None
+    compacted = (
+        await repository.compact(now, cold_after_days=cold_after, limit=COMPACT_PER_PASS)
+        if cold_after is not None
+        else None
+    )
     pruned = await repository.prune(now, database.retention.raw_days, database.retention.rollup_days)
     return {
         "partitions_created": len(created),

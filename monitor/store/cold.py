@@ -396,6 +396,9 @@ async def compactable(
             .where(
                 RUNS.c.intended_at >= type_coerce(day, UtcDateTime()),
                 RUNS.c.intended_at < type_coerce(day + DAY, UtcDateTime()),
+                # What the runs index (started_at) narrows it to: a run starts about when it was scheduled.
+                RUNS.c.started_at >= type_coerce(day - DAY, UtcDateTime()),
+                RUNS.c.started_at < type_coerce(day + 2 * DAY, UtcDateTime()),
             )
             .distinct()
         )

@@ -1124,16 +1124,18 @@ class Repository:
             runs=deleted_runs, samples=deleted_samples, days_dropped=days_dropped, cold_days=cold_days, **deleted
         )
 
-    async def compact(self, now: datetime, *, cold_after_days: int) -> CompactResult:
+    async def compact(self, now: datetime, *, cold_after_days: int, limit: int | None = None) -> CompactResult:
         """Move every series' day of runs and samples whose whole day (by scheduled time) ended
         `cold_after_days` or more before `now`, and whose hours are rolled up, into the cold tier
         (monitor/store/cold.py): one transaction per series-day, writing its chunk and deleting its rows.
         A day compacted before that received late runs is compacted again (its chunk joined by them). On
-        PostgreSQL the day partitions left empty are dropped after."""
+        PostgreSQL the day partitions left empty are dropped after. At most `limit` series-days, oldest first
+        (a database upgraded with weeks of rows is compacted over several passes)."""
         before = now - timedelta(days=cold_after_days)
         async with self._read() as connection:
             oldest_pending = await connection.scalar(select(func.min(ROLLUP_PENDING.c.hour)))
             pairs = await cold.compactable(connection, before=before, held_from=oldest_pending)
+        pairs = sorted(pairs, key=lambda pair: (pair[1], pair[0]))[:limit]
         totals = {"series_days": 0, "runs": 0, "samples": 0, "duplicates": 0, "skipped": 0}
         for series_id, day in pairs:
             async with self._write() as connection:

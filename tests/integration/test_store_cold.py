@@ -234,3 +234,24 @@ async def test_the_migration_refuses_to_drop_stored_chunks(backend: Backend) -> 
         assert await migrate.upgrade(engine) == ("0020", migrate.head())
     finally:
         await engine.dispose()
+
+
+async def test_housekeeping_compacts_after_the_rollup_a_bounded_number_of_series_days_a_pass(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from monitor.config.models import Database, Retention
+    from monitor.schedule import maintenance
+
+    monkeypatch.setattr(maintenance, "COMPACT_PER_PASS", 4)
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        await repository.save_runs(history())  # not rolled up: the pass rolls up first, then compacts
+        before = await readings(repository)
+        database = Database(url=backend.url, retention=Retention(cold_after_days=COLD_AFTER_DAYS))
+        passes = [await maintenance.maintain_once(repository, database, now=NOW) for _ in range(4)]
+        assert [done["series_days_compacted"] for done in passes] == [4, 4, 2, 0]
+        assert sum(done["samples_compacted"] for done in passes) > 0
+        assert await readings(repository) == before
+    finally:
+        await engine.dispose()
