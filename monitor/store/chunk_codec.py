@@ -18,7 +18,7 @@ import itertools
 import struct
 import uuid
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -163,6 +163,32 @@ def _encode_column(values: Sequence[Any], out: bytearray) -> None:
         out += struct.pack(f"<{len(indexes)}{_UNSIGNED[width]}", *indexes)
 
 
+def _skip_column(reader: _Reader, rows: int) -> None:
+    """Step over a column without making its values: what a reader of a few columns saves."""
+    code = reader.take(1)[0]
+    kind = _NAMES[code & ~_DENSE]
+    count = rows
+    if not code & _DENSE:
+        count = int.from_bytes(reader.take((rows + 7) // 8), "little").bit_count()
+    if kind == "bool":
+        reader.at += (count + 7) // 8
+    elif kind in ("int", "time"):
+        width = reader.take(1)[0]
+        if width:
+            reader.at += width * count
+        else:
+            for _ in range(count):
+                reader.varint()
+    elif kind == "float":
+        reader.at += 8 * count
+    elif kind in ("uuid", "text"):
+        distinct = reader.varint()
+        for _ in range(distinct):
+            size = 16 if kind == "uuid" else reader.varint()  # read before `at` is: the varint moves it
+            reader.at += size
+        reader.at += (1 if distinct <= 0x100 else 2 if distinct <= 0x10000 else 4) * count
+
+
 def _decode_column(reader: _Reader, rows: int) -> list[Any]:
     code = reader.take(1)[0]
     kind = _NAMES[code & ~_DENSE]
@@ -205,14 +231,22 @@ def encode(rows: Sequence[Sequence[Any]], columns: int, *, level: int = 9) -> by
     return zlib.compress(bytes(out), level)
 
 
-def decode_columns(chunk: bytes) -> tuple[int, list[list[Any]]]:
-    """The rows `encode` was given, column by column: (rows, one list of values per column)."""
+def decode_columns(chunk: bytes, wanted: Collection[int] | None = None) -> tuple[int, list[list[Any] | None]]:
+    """The rows `encode` was given, column by column: (rows, one list of values per column); only the columns
+    whose index is in `wanted` when given (the others None, stepped over without making their values)."""
     reader = _Reader(zlib.decompress(chunk))
     rows, columns = reader.varint(), reader.varint()
-    return rows, [_decode_column(reader, rows) for _ in range(columns)]
+    out: list[list[Any] | None] = []
+    for index in range(columns):
+        if wanted is None or index in wanted:
+            out.append(_decode_column(reader, rows))
+        else:
+            _skip_column(reader, rows)
+            out.append(None)
+    return rows, out
 
 
 def decode(chunk: bytes) -> list[tuple[Any, ...]]:
     """The rows `encode` was given, timestamps in UTC."""
     rows, values = decode_columns(chunk)
-    return list(zip(*values, strict=True)) if values else [() for _ in range(rows)]
+    return list(zip(*(column or () for column in values), strict=True)) if values else [() for _ in range(rows)]

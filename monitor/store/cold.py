@@ -19,7 +19,7 @@ changes `runs` or `samples` adds a layout (tests/integration/test_store_cold.py 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -92,34 +92,44 @@ class Compacted:
     bytes: int  # the two chunks' size
 
 
-def _as_read(chunk: bytes, names: Sequence[str], keys: Mapping[str, str]) -> list[dict[str, Any]]:
+def _as_read(
+    chunk: bytes, names: Sequence[str], keys: Mapping[str, str], only: Collection[str] | None = None
+) -> list[dict[str, Any]]:
     """The rows of a chunk as a `select` of their table reads them: by column key, the durations in milliseconds
-    (as `types.Microseconds` converts them); a column the chunk's layout lacks is None."""
-    _rows, columns = chunk_codec.decode_columns(chunk)
+    (as `types.Microseconds` converts them); a column the chunk's layout lacks is None. Only the keys in `only`
+    when given (the other columns are not decoded)."""
+    wanted = None if only is None else {index for index, name in enumerate(names) if keys.get(name) in only}
+    _rows, columns = chunk_codec.decode_columns(chunk, wanted)
     found: list[str] = []
     values: list[list[Any]] = []
     for name, column in zip(names, columns, strict=True):
         key = keys.get(name)
-        if key is None:
-            continue  # a column a later migration dropped
+        if key is None or column is None:
+            continue  # a column a later migration dropped, or one not asked for
         found.append(key)
         values.append([None if v is None else v / 1000 for v in column] if name in _MICROS else column)
-    missing = {key: None for key in keys.values() if key not in found}
+    missing = {key: None for key in keys.values() if key not in found and (only is None or key in only)}
     if missing:
         return [{**dict(zip(found, row, strict=True)), **missing} for row in zip(*values, strict=True)]
     return [dict(zip(found, row, strict=True)) for row in zip(*values, strict=True)]
 
 
 def decode_chunk(
-    layout: int, runs_chunk: bytes, samples_chunk: bytes | None
+    layout: int,
+    runs_chunk: bytes,
+    samples_chunk: bytes | None,
+    *,
+    run_keys: Collection[str] | None = None,
+    sample_keys: Collection[str] | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The runs and samples of a chunk row, as `select(RUNS)` and `select(SAMPLES)` read rows (no samples when
-    `samples_chunk` is None); columns a later layout added are None."""
+    `samples_chunk` is None; only the columns of `run_keys` and `sample_keys` when given); columns a later
+    layout added are None."""
     if layout not in LAYOUTS:
         raise ValueError(f"cold chunk of layout {layout}: this version reads layouts {sorted(LAYOUTS)}; upgrade it")
     run_names, sample_names = LAYOUTS[layout]
-    runs = _as_read(runs_chunk, run_names, _RUN_KEYS)
-    samples = _as_read(samples_chunk, sample_names, _SAMPLE_KEYS) if samples_chunk is not None else []
+    runs = _as_read(runs_chunk, run_names, _RUN_KEYS, run_keys)
+    samples = _as_read(samples_chunk, sample_names, _SAMPLE_KEYS, sample_keys) if samples_chunk is not None else []
     return runs, samples
 
 
@@ -300,6 +310,11 @@ async def any_chunk(connection: AsyncConnection, series_ids: Iterable[int], star
     return bool(found)
 
 
+# What `read_runs` reads of every run and sample it decodes, whatever else its caller asks for.
+_RUN_NEEDS = ("id", "series_id", "job", "intended_at", "started_at")
+_SAMPLE_NEEDS = ("run_id", "round")
+
+
 @dataclass(slots=True)
 class Read:
     """Runs (and, when asked, their samples) as `select(RUNS)` / `select(SAMPLES)` rows read them, by column key:
@@ -316,10 +331,18 @@ async def read_runs(
     end: datetime,
     *,
     samples: bool = True,
+    run_keys: Collection[str] | None = None,
+    sample_keys: Collection[str] | None = None,
 ) -> Read:
     """The runs of `series_ids` started in [start, end), from the rows and the chunks alike (on one snapshot:
     call it in a transaction of REPEATABLE READ on PostgreSQL, any transaction on SQLite), with their samples
-    when `samples`. The one read of older runs every reader goes through when a chunk may hold some."""
+    when `samples`. The one read of older runs every reader goes through when a chunk may hold some. Runs and
+    samples kept in chunks carry only the columns of `run_keys` and `sample_keys` when given (those a reader
+    needs: the others are not decoded), and always the ones the read itself needs."""
+    if run_keys is not None:
+        run_keys = {*run_keys, *_RUN_NEEDS}
+    if sample_keys is not None:
+        sample_keys = {*sample_keys, *_SAMPLE_NEEDS}
     ids = list(series_ids)
     chunk_rows = await chunks_touching(connection, ids, start, end, samples=samples)
     out_runs: list[dict[str, Any]] = []
@@ -327,7 +350,9 @@ async def read_runs(
     held_ids: set[uuid.UUID] = set()
     held_ticks: set[tuple[int, str, datetime]] = set()
     for row in chunk_rows:
-        runs, members = decode_chunk(row.layout, row.runs_chunk, row.samples_chunk)
+        runs, members = decode_chunk(
+            row.layout, row.runs_chunk, row.samples_chunk, run_keys=run_keys, sample_keys=sample_keys
+        )
         for run in runs:
             held_ids.add(run["id"])
             if (tick := _tick(run)) is not None:
@@ -410,12 +435,12 @@ async def compactable(
 async def count_runs(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> int:
     """How many runs of `series_ids` started in [start, end), rows and chunks alike (the chunks' runs decoded,
     not their samples)."""
-    return len((await read_runs(connection, list(series_ids), start, end, samples=False)).runs)
+    return len((await read_runs(connection, list(series_ids), start, end, samples=False, run_keys=())).runs)
 
 
 async def first_start(
     connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime
 ) -> datetime | None:
     """The earliest start of a run of `series_ids` started in [start, end), rows and chunks alike."""
-    read = await read_runs(connection, list(series_ids), start, end, samples=False)
+    read = await read_runs(connection, list(series_ids), start, end, samples=False, run_keys=())
     return read.runs[0]["started_at"] if read.runs else None

@@ -244,7 +244,7 @@ async def last_runs(
     for series_id, since in list(newest):
         # max() of a timestamp comes back from SQLite as text, without the column's type.
         first = _aware(datetime.fromisoformat(since) if isinstance(since, str) else since)
-        read = await cold.read_runs(connection, [series_id], max(first, month), now, samples=False)
+        read = await cold.read_runs(connection, [series_id], max(first, month), now, samples=False, run_keys=("ok",))
         if read.runs:
             newest_run = read.runs[-1]
             found[series_id] = (newest_run["started_at"], newest_run["ok"])

@@ -864,7 +864,14 @@ class Repository:
                         text("SELECT pg_advisory_xact_lock(:key, :series)"),
                         {"key": cold.COLD_LOCK_KEY, "series": series_id},
                     )
-            read = await cold.read_runs(connection, series_ids, start, end)
+            read = await cold.read_runs(
+                connection,
+                series_ids,
+                start,
+                end,
+                run_keys=ROLLUP_RUN_MEDIANS,
+                sample_keys=("warmup", *_HOURLY_SAMPLE_VALUES),
+            )
             return _hourly_of_read(read, postgres=self._postgres)
         if not self._postgres:
             # SQLite has no percentile aggregate: stream the window's values and compute them here.

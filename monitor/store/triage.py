@@ -308,7 +308,7 @@ class TriageStore:
             # start, decoded only where `since` cuts it.
             for sid, first, last in (await connection.execute(chunks)).all():
                 if since is not None and first < since:
-                    read = await cold.read_runs(connection, [sid], since, last + _TICK, samples=False)
+                    read = await cold.read_runs(connection, [sid], since, last + _TICK, samples=False, run_keys=())
                     if not read.runs:
                         continue
                     first = read.runs[0]["started_at"]

@@ -13,7 +13,7 @@ import math
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, NotRequired, TypedDict, cast
@@ -68,7 +68,14 @@ SERVER_FIELDS = SERVER_RUN_FIELDS
 
 
 async def _cold_read(
-    connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime, samples: bool = False
+    connection: AsyncConnection,
+    series_ids: Sequence[int],
+    *,
+    start: datetime,
+    end: datetime,
+    samples: bool = False,
+    run_keys: Collection[str] = (),
+    sample_keys: Collection[str] = (),
 ) -> cold.Read | None:
     """The runs of `series_ids` started in [start, end) (with their samples when `samples`) through the cold
     tier's one read, rows and chunks alike (monitor/store/cold.py), when a chunk may hold some of them; None
@@ -76,7 +83,9 @@ async def _cold_read(
     (`_snapshot`), so a compaction committing meanwhile is seen whole or not at all."""
     if not await cold.any_chunk(connection, series_ids, start, end):
         return None
-    return await cold.read_runs(connection, series_ids, start, end, samples=samples)
+    return await cold.read_runs(
+        connection, series_ids, start, end, samples=samples, run_keys=run_keys, sample_keys=sample_keys
+    )
 
 
 async def _snapshot(connection: AsyncConnection) -> AsyncConnection:
@@ -194,7 +203,7 @@ async def _run_counts(
     """Per series: its runs with a TTFT in [since, until) and the first one's start."""
     if not series_ids:
         return {}
-    read = await _cold_read(connection, series_ids, start=since, end=until)
+    read = await _cold_read(connection, series_ids, start=since, end=until, run_keys=("ttft_p50_ms",))
     if read is not None:
         counted: dict[int, tuple[int, datetime]] = {}
         for run in read.runs:
@@ -464,7 +473,9 @@ async def _fresh_runs(
     cold_segments: list[Any] = []
     for part_start, part_end, ids in parts:
         part_start = max(part_start, min(windows))
-        read = await _cold_read(connection, ids, start=part_start, end=min(part_end, now))
+        read = await _cold_read(
+            connection, ids, start=part_start, end=min(part_end, now), run_keys=("ttft_p50_ms", "ok", "errors")
+        )
         if read is None:
             continue
         cold_runs += [(r["series_id"], r["started_at"], r["ttft_p50_ms"], r["ok"], r["errors"]) for r in read.runs]
@@ -788,7 +799,9 @@ def _baseline_at(times: Sequence[float], baselines: Sequence[float | None], mome
 
 
 async def _run_points(connection: AsyncConnection, series_id: int, *, start: datetime, end: datetime) -> list[RunPoint]:
-    read = await _cold_read(connection, [series_id], start=start, end=end)
+    read = await _cold_read(
+        connection, [series_id], start=start, end=end, run_keys=("ttft_p50_ms", "error", "ok", "errors")
+    )
     rows: Iterable[Sequence[Any]]
     if read is not None:
         rows = [(r["started_at"], r["ttft_p50_ms"], r["error"], r["ok"], r["errors"]) for r in read.runs]
@@ -849,7 +862,9 @@ async def _where_the_time_went(
     until = min(until, end)
     if since >= until:
         since = until - timedelta(hours=1)
-    read = await _cold_read(connection, [series_id], start=since - timedelta(hours=24), end=until)
+    read = await _cold_read(
+        connection, [series_id], start=since - timedelta(hours=24), end=until, run_keys=("ttft_p50_ms", *SERVER_FIELDS)
+    )
     rows: Sequence[Sequence[Any]]
     if read is not None:
         rows = [(r["started_at"], r["ttft_p50_ms"], *(r[name] for name in SERVER_FIELDS)) for r in read.runs]
@@ -929,7 +944,15 @@ async def series_points(
             raise NotFound(f"no series with id {series_id}")
         info = found[series_id]
         if end - start <= RAW_RANGE:
-            read = await _cold_read(connection, [series_id], start=start, end=end, samples=True)
+            read = await _cold_read(
+                connection,
+                [series_id],
+                start=start,
+                end=end,
+                samples=True,
+                run_keys=[key for side, key in _SAMPLE_KEYS if side == "run"],
+                sample_keys=["warmup", *(key for side, key in _SAMPLE_KEYS if side == "sample")],
+            )
             rows = (
                 _sample_rows(read)
                 if read is not None
@@ -1044,7 +1067,15 @@ async def cache_view(
         RunRow.started_at < type_coerce(end, UtcDateTime()),
     )
     pair = [siblings[cold_prompt], siblings[warm_prompt]]
-    read = await _cold_read(connection, pair, start=start, end=end, samples=True)
+    read = await _cold_read(
+        connection,
+        pair,
+        start=start,
+        end=end,
+        samples=True,
+        run_keys=("ttft_p50_ms",),
+        sample_keys=("warmup", "disturbed", "error", "cached_tokens", "prompt_tokens"),
+    )
     runs: Sequence[Any]
     if read is not None:
         newest = sorted(read.runs, key=lambda r: r["started_at"], reverse=True)[: 2 * MAX_CACHE_RUNS]
@@ -1721,7 +1752,14 @@ async def _compare_samples(
         SampleRow.ttft_ms.is_not(None),
     )
     joined = RunRow.__table__.join(SampleRow.__table__, SAMPLES_OF_RUN)
-    read = await _cold_read(connection, series_ids, start=start, end=end, samples=True)
+    read = await _cold_read(
+        connection,
+        series_ids,
+        start=start,
+        end=end,
+        samples=True,
+        sample_keys=("warmup", "error", "ttft_ms", "prompt_tokens"),
+    )
     if read is not None:
         cold_values: dict[int, tuple[list[float], list[float | None]]] = defaultdict(lambda: ([], []))
         for run in read.runs:

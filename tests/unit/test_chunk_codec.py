@@ -64,3 +64,16 @@ def test_a_day_of_samples_costs_a_fraction_of_its_rows_text() -> None:
 def test_a_value_it_has_no_encoding_for_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match="no encoding for bytes"):
         codec.encode([(b"raw",)], 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_tables(), st.data())
+def test_a_reader_of_some_columns_gets_exactly_those(
+    table: tuple[list[tuple[Any, ...]], int], data: st.DataObject
+) -> None:
+    rows, columns = table
+    wanted = data.draw(st.sets(st.integers(min_value=0, max_value=max(columns - 1, 0))))
+    count, values = codec.decode_columns(codec.encode(rows, columns), wanted)
+    assert count == len(rows)
+    for index in range(columns):
+        assert values[index] == ([row[index] for row in rows] if index in wanted else None)
