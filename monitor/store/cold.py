@@ -19,12 +19,12 @@ changes `runs` or `samples` adds a layout (tests/integration/test_store_cold.py 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Integer, delete, func, null, select, text, type_coerce
+from sqlalchemy import Integer, and_, delete, func, null, or_, select, text, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.store import chunk_codec
@@ -33,6 +33,7 @@ from monitor.store.records import ADHOC_JOB
 from monitor.store.types import Microseconds, UtcDateTime
 
 DAY = timedelta(days=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 # Held (per series, within the compaction's transaction) so two daemons never compact one series-day at once.
 COLD_LOCK_KEY = 0x7474_6663  # "ttfc"
 SAMPLE_BATCH = 500  # run ids per statement reading or deleting their samples
@@ -281,7 +282,13 @@ async def chunks_touching(
     samples_chunk = COLD_CHUNKS.c.samples_chunk if samples else null().label("samples_chunk")
     return list(
         await connection.execute(
-            select(COLD_CHUNKS.c.series_id, COLD_CHUNKS.c.layout, COLD_CHUNKS.c.runs_chunk, samples_chunk)
+            select(
+                COLD_CHUNKS.c.series_id,
+                COLD_CHUNKS.c.day,
+                COLD_CHUNKS.c.layout,
+                COLD_CHUNKS.c.runs_chunk,
+                samples_chunk,
+            )
             .where(
                 COLD_CHUNKS.c.series_id.in_(ids),
                 COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
@@ -293,8 +300,10 @@ async def chunks_touching(
 
 
 async def any_chunk(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> bool:
-    """Whether some run of `series_ids` started in [start, end) may be kept in a chunk (a cheap look by the
-    chunks' first and last start: readers of recent ranges keep their own statements when it is false)."""
+    """Whether a chunk may hold a run of `series_ids` started in [start, end), or a run a row started then
+    repeats (a replica's late second run of a tick, started after every run of its chunk): by the chunks' first
+    and last start, and by their day. A cheap look: readers of recent ranges keep their own statements when it
+    is false."""
     ids = list(series_ids)
     if not ids:
         return False
@@ -303,8 +312,18 @@ async def any_chunk(connection: AsyncConnection, series_ids: Iterable[int], star
         .select_from(COLD_CHUNKS)
         .where(
             COLD_CHUNKS.c.series_id.in_(ids),
-            COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
-            COLD_CHUNKS.c.first_started_at < type_coerce(end, UtcDateTime()),
+            or_(
+                and_(
+                    COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
+                    COLD_CHUNKS.c.first_started_at < type_coerce(end, UtcDateTime()),
+                ),
+                # A run starts within a day of its scheduled tick: a row started in the window belongs to
+                # one of these days.
+                and_(
+                    COLD_CHUNKS.c.day >= type_coerce(day_of(max(start, _EPOCH + DAY)) - DAY, UtcDateTime()),
+                    COLD_CHUNKS.c.day < type_coerce(end, UtcDateTime()),
+                ),
+            ),
         )
     )
     return bool(found)
@@ -349,14 +368,20 @@ async def read_runs(
     out_samples: dict[uuid.UUID, list[dict[str, Any]]] = {}
     held_ids: set[uuid.UUID] = set()
     held_ticks: set[tuple[int, str, datetime]] = set()
-    for row in chunk_rows:
-        runs, members = decode_chunk(
-            row.layout, row.runs_chunk, row.samples_chunk, run_keys=run_keys, sample_keys=sample_keys
-        )
+    decoded = {(row.series_id, day_of(row.day)) for row in chunk_rows}
+
+    def hold(runs: Iterable[Mapping[str, Any]]) -> None:
         for run in runs:
             held_ids.add(run["id"])
             if (tick := _tick(run)) is not None:
                 held_ticks.add((run["series_id"], *tick))
+
+    for row in chunk_rows:
+        runs, members = decode_chunk(
+            row.layout, row.runs_chunk, row.samples_chunk, run_keys=run_keys, sample_keys=sample_keys
+        )
+        hold(runs)
+        for run in runs:
             if start <= run["started_at"] < end:
                 out_runs.append(run)
         if samples:
@@ -372,9 +397,12 @@ async def read_runs(
                 RUNS.c.started_at < type_coerce(end, UtcDateTime()),
             )
         )
+        found = [{c.key: row._mapping[c] for c in RUNS.c} for row in raw]
+        # A row of a compacted day whose chunk holds none of the window's runs (a replica's late second run
+        # of a tick started just inside the window, its chunk's runs just outside): that chunk's runs too.
+        await _hold_other_chunks(connection, found, decoded, hold)
         raw_runs = []
-        for row in raw:
-            run = {c.key: row._mapping[c] for c in RUNS.c}
+        for run in found:
             tick = _tick(run)
             if run["id"] in held_ids or (tick is not None and (run["series_id"], *tick) in held_ticks):
                 continue  # the chunk holds this run, or a run of this tick
@@ -430,6 +458,38 @@ async def compactable(
         pairs += sorted((series_id, day) for (series_id,) in found)
         day += DAY
     return pairs
+
+
+async def _hold_other_chunks(
+    connection: AsyncConnection,
+    rows: Sequence[Mapping[str, Any]],
+    decoded: set[tuple[int, datetime]],
+    hold: Callable[[Iterable[Mapping[str, Any]]], None],
+) -> None:
+    """`hold` the runs of the chunks of the days of `rows` not decoded yet (none, nearly always: a chunk's day
+    has rows only after a late run)."""
+    days = {(run["series_id"], day_of(run["intended_at"])) for run in rows} - decoded
+    if not days:
+        return
+    first, last = min(day for _, day in days), max(day for _, day in days)
+    keys = await connection.execute(
+        select(COLD_CHUNKS.c.series_id, COLD_CHUNKS.c.day).where(
+            COLD_CHUNKS.c.series_id.in_(sorted({series_id for series_id, _ in days})),
+            COLD_CHUNKS.c.day >= type_coerce(first, UtcDateTime()),
+            COLD_CHUNKS.c.day <= type_coerce(last, UtcDateTime()),
+        )
+    )
+    for series_id, day in [key for key in keys if (key[0], day_of(key[1])) in days]:
+        stored = (
+            await connection.execute(
+                select(COLD_CHUNKS.c.layout, COLD_CHUNKS.c.runs_chunk).where(
+                    COLD_CHUNKS.c.series_id == series_id, COLD_CHUNKS.c.day == type_coerce(day, UtcDateTime())
+                )
+            )
+        ).one()
+        runs, _ = decode_chunk(stored.layout, stored.runs_chunk, None, run_keys=_RUN_NEEDS)
+        hold(runs)
+        decoded.add((series_id, day_of(day)))
 
 
 async def count_runs(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> int:

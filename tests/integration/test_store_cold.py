@@ -255,3 +255,24 @@ async def test_housekeeping_compacts_after_the_rollup_a_bounded_number_of_series
         assert await readings(repository) == before
     finally:
         await engine.dispose()
+
+
+async def test_a_replicas_late_run_of_a_held_tick_is_left_out_even_where_its_chunk_has_no_run_in_the_window(
+    engine: AsyncEngine,
+) -> None:
+    repository = await filled(engine)
+    await repository.compact(NOW, cold_after_days=COLD_AFTER_DAYS)
+    # The day's last tick; the other replica probed it late (its run started 40 minutes after it): no run of
+    # the chunk started in a window around that start.
+    day = [run for run in await repository.runs_between(QWEN_SHORT, DAY0, DAY0 + cold.DAY) if run.job != ADHOC_JOB]
+    held = day[-1]
+    [(run, samples)] = make_batch(held.intended_at, targets=("qwen3-8b",), prompts=("short",))
+    late = dataclasses.replace(run, started_at=held.started_at + timedelta(minutes=40))
+    await repository.save_runs([(late, samples)])
+    window = (held.started_at + timedelta(minutes=30), held.started_at + timedelta(minutes=50))
+    assert await repository.runs_between(QWEN_SHORT, *window) == []
+    assert await repository.load_runs(QWEN_SHORT, *window) == []
+    assert await repository.last_runs(QWEN_SHORT, 200) == [*(await repository.last_runs(QWEN_SHORT, 200))]
+    await repository.rollup(NOW)  # its hour was marked for a new rollup; compaction waits for it
+    folded = await repository.compact(NOW, cold_after_days=COLD_AFTER_DAYS)
+    assert folded.duplicates == 1 and await repository.runs_between(QWEN_SHORT, *window) == []
