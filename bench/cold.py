@@ -5,7 +5,8 @@ Fills a scratch database through `Repository.save_runs` (bench/storage.py's seri
 measured samples a run, 2% failed), rolls every hour up, times the reads, runs `Repository.compact` as
 housekeeping does (every day whose end is `--cold-after-days` or more before the history's end), and measures
 and times again. Sizes: PostgreSQL's `pg_total_relation_size` (heap, TOAST, indexes) of `series`, `runs` and
-`samples` with every partition, `rollup_pending` and `cold_chunks`; SQLite's file after `VACUUM`.
+`samples` with every partition, `rollup_pending` and `cold_chunks`; on SQLite the pages of the same tables and
+their indexes after `VACUUM` (`dbstat`).
 
     .venv/bin/python bench/cold.py [--db postgres|sqlite|both] [--series 100] [--days 20] [--interval-minutes 30]
 
@@ -48,15 +49,16 @@ async def store_size(engine: Any, backend: str, path: Path | None) -> tuple[int,
     async with engine.connect() as connection:
         if backend == "sqlite":
             assert path is not None
-            await connection.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
-            await connection.commit()
-            total = sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
-            cold = int(
-                await connection.scalar(
-                    sa.text("SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name LIKE '%cold_chunks%'")
+            vacuum(path)
+            with sqlite3.connect(path) as direct:
+                # The pages of those tables and their indexes (dbstat), as PostgreSQL's sizes count them.
+                pages = (
+                    "SELECT coalesce(sum(pgsize), 0) FROM dbstat WHERE name IN "
+                    "(SELECT name FROM sqlite_master WHERE tbl_name IN ({}))"
                 )
-                or 0
-            )
+                tables = "'series', 'runs', 'samples', 'rollup_pending', 'cold_chunks'"
+                total = int(direct.execute(pages.format(tables)).fetchone()[0])
+                cold = int(direct.execute(pages.format("'cold_chunks'")).fetchone()[0])
             return total, cold
         total = 0
         for table in ("series", "runs", "samples", "rollup_pending", "cold_chunks"):
@@ -170,11 +172,9 @@ async def bench(backend: str, url: str, args: argparse.Namespace, path: Path | N
         f"   after: {hot_samples:,} samples as rows, {cold_samples:,} in {days:,} chunks; "
         f"cold part {cold / cold_samples:,.1f} bytes a sample (heap, TOAST, index); "
         f"whole store {total / samples_before:,.0f} bytes a sample"
-        + (" (the file: rollups and every other table too)" if backend == "sqlite" else "")
     )
     hot_bytes = (total - cold) / hot_samples if hot_samples else float("nan")
-    if backend == "postgres":
-        print(f"   rows left: {hot_bytes:,.0f} bytes a sample (the {args.cold_after_days} newest days)")
+    print(f"   rows left: {hot_bytes:,.0f} bytes a sample (the {args.cold_after_days} newest days)")
     for retention in (30, 90):
         hot = args.cold_after_days
         mixed = (hot * HOT_BYTES_TODAY + (retention - hot) * cold / cold_samples) / retention
