@@ -26,6 +26,9 @@ from monitor.web import queries
 from tests.support.store_fixtures import T0, Backend, PostgresServer, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
+# Each test fills two databases with a month of runs and reads every view of both several times: 20-40 s on a
+# quiet machine, past the default 60 s when the machine is loaded.
+pytestmark = pytest.mark.timeout(240)
 
 # Runs every 4 hours (at 50 past) for 31 days; `NOW` puts each overview window's start 10 minutes before a run,
 # so the part hour at the month's start (a compacted day) holds one.
