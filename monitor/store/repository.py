@@ -856,14 +856,6 @@ class Repository:
         window = {"series_ids": list(series_ids), "start": start, "end": end}
         out: dict[int, list[HourlyStats]] = {}
         if await cold.any_chunk(connection, series_ids, start, end):
-            if self._postgres:
-                # Within a write transaction (the rollup's): no compaction of these series commits between
-                # the read of the chunks and that of the rows.
-                for series_id in sorted(set(series_ids)):
-                    await connection.execute(
-                        text("SELECT pg_advisory_xact_lock(:key, :series)"),
-                        {"key": cold.COLD_LOCK_KEY, "series": series_id},
-                    )
             read = await cold.read_runs(
                 connection,
                 series_ids,
@@ -1001,6 +993,16 @@ class Repository:
                 for series_id, hour in hours:
                     by_hour.setdefault(hour, []).append(series_id)
                 rows = []
+                if self._postgres:
+                    # No compaction of these series commits while their hours are read (it tries the same
+                    # locks and leaves them to its next pass): each hour sees its runs as rows or as a chunk.
+                    await connection.execute(
+                        text(
+                            "SELECT pg_advisory_xact_lock(:key, series_id) "
+                            "FROM (SELECT DISTINCT unnest(CAST(:ids AS integer[])) AS series_id ORDER BY 1) AS chosen"
+                        ),
+                        {"key": cold.COLD_LOCK_KEY, "ids": sorted({series_id for series_id, _ in hours})},
+                    )
                 for hour, series_ids in by_hour.items():
                     computed = await self._hourly(connection, series_ids, hour, hour + _HOUR)
                     for series_id, [stats] in computed.items():
