@@ -104,6 +104,8 @@ async def reads(
 ) -> dict[str, list[float]]:
     engine = repository.engine
     seven = min(end, start + timedelta(days=7))
+    # 30 days and 20 minutes after a day the history holds compacted: the month window's part hour is in it.
+    overview_at = start + timedelta(days=30, minutes=20)
     return {
         f"load_runs, {(end - start).days} days of a series": await timed(
             [lambda key=key: repository.load_runs(key, start, end) for key in picks]
@@ -116,6 +118,9 @@ async def reads(
                 lambda key=key: queries.series_points(engine, ids[key], start=end - timedelta(days=30), end=end)
                 for key in picks
             ]
+        ),
+        "overview (its month's first part hour compacted)": await timed(
+            [lambda: queries.overview(engine, now=overview_at)] * len(picks)
         ),
         "compare, every series, the compacted days": await timed(
             [lambda: queries.compare(engine, start=start, end=end)] * 3

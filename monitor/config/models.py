@@ -50,9 +50,8 @@ class Retention(ConfigModel):
         ge=1,
         description="Days after which a series' day of runs and samples is kept as two compressed chunks instead "
         "of rows (the cold tier, docs/storage.md): every reader gives the same answers, at about a quarter of the "
-        "bytes. Unset: the least that leaves detection its history and the burn rates their longest window as "
-        "rows (9 days with the default rules and 5-minute jobs; check-config prints it). At least that; "
-        "`raw_days` or more keeps every day as rows.",
+        "bytes. Unset: off (every day stays rows). At least the days detection's history and the burn rates' "
+        "longest window reach back (9 with the default rules and 5-minute jobs; check-config prints it).",
     )
 
 
@@ -400,12 +399,12 @@ class Config(ConfigModel):
         return math.ceil(reach / 86400.0), what
 
     @model_validator(mode="after")
-    def _settle_the_cold_tier(self) -> Config:
-        days, what = self.cold_minimum()
+    def _check_the_cold_tier_leaves_detection_its_rows(self) -> Config:
         retention = self.database.retention
         if retention.cold_after_days is None:
-            retention.cold_after_days = days
-        elif retention.cold_after_days < days:
+            return self
+        days, what = self.cold_minimum()
+        if retention.cold_after_days < days:
             raise ValueError(
                 f"database.retention.cold_after_days ({retention.cold_after_days}) would compact runs that {what} "
                 f"still reads as rows ({days} days back): raise it to at least {days}, or leave it unset"

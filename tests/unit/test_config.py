@@ -594,13 +594,15 @@ def test_metrics_per_series_names_the_modes_for_anything_else() -> None:
 # ---------------------------------------------------------------- the cold tier's cutoff
 
 
-def test_the_cold_tier_cutoff_defaults_to_the_least_that_leaves_detection_its_history() -> None:
+def test_the_cold_tier_is_off_unless_set_and_its_least_cutoff_leaves_detection_its_history() -> None:
     # The hourly job's detector reads 61 runs back, and the seasonal baselines 8 days before them: 10.6 days.
     config = load_config(write(base()), environ={})
-    assert config.database.retention.cold_after_days == 11
+    assert config.database.retention.cold_after_days is None
     assert config.cold_minimum() == (11, "detection's history of jobs.slow (runs 60 min apart)")
     only_fast = base(jobs=[BASE["jobs"][0]])
-    assert load_config(write(only_fast), environ={}).database.retention.cold_after_days == 9
+    assert load_config(write(only_fast), environ={}).cold_minimum()[0] == 9
+    on = base(jobs=[BASE["jobs"][0]], database={"retention": {"cold_after_days": 9}})
+    assert load_config(write(on), environ={}).database.retention.cold_after_days == 9
 
 
 def test_a_cold_tier_cutoff_that_would_starve_detection_is_refused_naming_the_fix() -> None:
@@ -643,4 +645,3 @@ def test_the_cold_tier_never_takes_the_week_check_config_projects_costs_from() -
     data = base(jobs=[BASE["jobs"][0]], detection={"seasonal_days": 0})
     config = load_config(write(data), environ={})
     assert config.cold_minimum() == (8, "check-config's token history (7 days) and the cost view's day")
-    assert config.database.retention.cold_after_days == 8
