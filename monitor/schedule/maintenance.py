@@ -88,7 +88,7 @@ class Housekept(Protocol):
 async def maintain_once(repository: Housekept, database: Database, *, now: datetime | None = None) -> dict[str, int]:
     """Create the coming days' partitions (PostgreSQL), roll up finished hours, store the overview's
     summary of them (monitor/store/overview_summary.py), move the days past `retention.cold_after_days` into the
-    cold tier (monitor/store/cold.py; a `Database` made without a `Config` has none and compacts nothing), then
+    cold tier (monitor/store/cold.py; unset, the default, compacts nothing), then
     prune what is past retention: raw runs and job tick claims past `retention.raw_days` (on PostgreSQL whole days, as
     partitions), rollups, long-resolved incidents (with their triage and groups) and change markers past
     `retention.rollup_days`. Each step works in short transactions (see `Repository.prune`)."""
