@@ -23,7 +23,7 @@ The layouts:
 - `packed binary`: a row per run holding its samples as one `bytea` of fixed-width integers (`binary_record`),
   the served model once per run; and the same `bytea` as a column of the run's row.
 - `chunks`: a row per series and day (and per series and hour) holding that day's samples as one
-  compressed, column-wise chunk (`bench/chunk_codec.py`: lossless, every chunk decoded and compared with
+  compressed, column-wise chunk (`monitor/store/chunk_codec.py`: lossless, every chunk decoded and compared with
   its rows here), what a cold tier could keep once a day is rolled up and no longer written; and the
   same with the day's runs in a chunk of their own too (no `runs` rows left for that day).
 """
@@ -40,7 +40,7 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.chunk_codec import decode, encode
+from monitor.store.chunk_codec import decode, encode
 from monitor.store.records import STORED_DURATIONS
 
 SCHEMA = "ttft_layouts"
@@ -233,7 +233,7 @@ async def measure(url: str) -> list[tuple[str, float, float]]:
 
 async def chunked(connection: asyncpg.Connection) -> list[tuple[str, int, int]]:
     """A row per series and day (and hour) of its samples, and of its runs, as compressed column-wise chunks
-    (`bench/chunk_codec.py`), each decoded again and compared with the rows it was made of."""
+    (`monitor/store/chunk_codec.py`), each decoded again and compared with the rows it was made of."""
     runs_columns = [row["attname"] for row in await connection.fetch(_COLUMNS, "public.runs")]
     sample_columns = [row["attname"] for row in await connection.fetch(_COLUMNS, "public.samples")]
     sample_rows = await connection.fetch(

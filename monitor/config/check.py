@@ -66,7 +66,12 @@ def render_summary(
         f"{path}: OK",
         f"location: {config.location}",
         f"database: {mask_password(db.url)}",
-        f"  state_dir {db.state_dir}, keep raw {db.retention.raw_days} d, rollups {db.retention.rollup_days} d",
+        f"  state_dir {db.state_dir}, keep raw {db.retention.raw_days} d, rollups {db.retention.rollup_days} d, "
+        + (
+            f"cold after {db.retention.cold_after_days} d"
+            if db.retention.cold_after_days is not None
+            else f"cold tier off (at least {config.cold_minimum()[0]} d when on)"
+        ),
         f"metrics: listen {config.metrics.listen}"
         + (f", push to {config.metrics.pushgateway}" if config.metrics.pushgateway else ""),
         f"providers ({len(config.providers)}):",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,7 +20,7 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from monitor.alert.settings import Alerts
-from monitor.config.cron import build_trigger
+from monitor.config.cron import build_trigger, next_fire_times
 from monitor.config.fields import ConfigModel, CronExpression, EnvName, Name, TimezoneName, UserPath, check_name
 from monitor.config.references import reference_problems
 from monitor.config.series import cache_pairs
@@ -27,6 +28,12 @@ from monitor.config.urls import check_database_url, check_http_url, check_listen
 from monitor.detect.settings import Detection
 from monitor.otel.settings import OtelConfig
 from monitor.probe.settings import PromptProfile, Provider, Target
+
+# The cold tier never compacts fewer days than this: check-config's cost projection reads 7 days of samples as
+# rows (commands/check_config.py HISTORY_DAYS), the overview's baselines and the cost view a day.
+COLD_FLOOR_DAYS = 8
+# Where the cold tier's minimum reads each job's schedule from (a Monday; a fixed moment: the same answer any day).
+COLD_REFERENCE = datetime(2026, 1, 5, tzinfo=UTC)
 
 # Error type of the whole-config reference check; the loader reports these itself, per key path.
 REFERENCE_ERROR_TYPE = "config_references"
@@ -38,6 +45,14 @@ REFERENCE_ERROR_TYPE = "config_references"
 class Retention(ConfigModel):
     raw_days: int = Field(30, ge=1, description="Days to keep every individual probe sample.")
     rollup_days: int = Field(400, ge=1, description="Days to keep hourly/daily rollups (percentiles per target).")
+    cold_after_days: int | None = Field(
+        None,
+        ge=1,
+        description="Days after which a series' day of runs and samples is kept as two compressed chunks instead "
+        "of rows (the cold tier, docs/storage.md): every reader gives the same answers, at about a quarter of the "
+        "bytes. Unset: off (every day stays rows). At least the days detection's history and the burn rates' "
+        "longest window reach back (9 with the default rules and 5-minute jobs; check-config prints it).",
+    )
 
 
 class Database(ConfigModel):
@@ -355,6 +370,44 @@ class Config(ConfigModel):
                 f"database.retention.raw_days ({self.database.retention.raw_days}) keeps fewer days of probes than "
                 f"detection.slo_burn's longest window ({longest / 1440:g} days): raise raw_days to at least "
                 f"{math.ceil(longest / 1440)} or shorten the window"
+            )
+        return self
+
+    def cold_minimum(self) -> tuple[int, str]:
+        """The fewest whole days the cold tier must leave as rows, and what needs them: the detector's history
+        for the job whose runs are furthest apart, and the burn rates' longest window."""
+        rules = self.detection.rules()
+        needs = [
+            (rules.history_reach_s(300.0), "detection's history (5-minute runs)"),
+            (COLD_FLOOR_DAYS * 86400.0, "check-config's token history (7 days) and the cost view's day"),
+        ]
+        for job in self.jobs:
+            gap = max(
+                (
+                    (later - earlier).total_seconds()
+                    for earlier, later in itertools.pairwise(next_fire_times(job.trigger(), COLD_REFERENCE, 12))
+                ),
+                default=300.0,
+            )
+            needs.append(
+                (rules.history_reach_s(gap), f"detection's history of jobs.{job.name} (runs {gap / 60:g} min apart)")
+            )
+        burn = self.detection.slo_burn
+        if burn.enabled and any(t.slo.ttft_ms is not None for t in self.targets.values()):
+            needs.append((burn.longest_window_minutes() * 60.0, "detection.slo_burn's longest window"))
+        reach, what = max(needs)
+        return math.ceil(reach / 86400.0), what
+
+    @model_validator(mode="after")
+    def _check_the_cold_tier_leaves_detection_its_rows(self) -> Config:
+        retention = self.database.retention
+        if retention.cold_after_days is None:
+            return self
+        days, what = self.cold_minimum()
+        if retention.cold_after_days < days:
+            raise ValueError(
+                f"database.retention.cold_after_days ({retention.cold_after_days}) would compact runs that {what} "
+                f"still reads as rows ({days} days back): raise it to at least {days}, or leave it unset"
             )
         return self
 

@@ -18,7 +18,15 @@ from monitor.alert.model import Severity
 from monitor.detect import identity
 from monitor.detect import noise as noise_model
 from monitor.detect.noise import NoiseModel
-from monitor.detect.rules import FIXED_THRESHOLD, MIN_BASELINE_RUNS, Action, Cusum, Rules, Threshold
+from monitor.detect.rules import (
+    FIXED_THRESHOLD,
+    MIN_BASELINE_RUNS,
+    SEASONAL_SLOT_S,
+    Action,
+    Cusum,
+    Rules,
+    Threshold,
+)
 from monitor.detect.state import Event, HistoryColumns, Incident, RunPoint, SeriesState
 from monitor.detect.stats import (
     clipped_profile,
@@ -33,7 +41,7 @@ from monitor.detect.window_sums import WindowSums, decide
 DAY_S = 86400.0
 # Seasonal baselines are computed per slot of this many seconds and cached; a run is compared with
 # its slot's centre, at most 5 minutes off, which the daily cycle does not notice.
-SLOT_S = 600.0
+SLOT_S = SEASONAL_SLOT_S
 SLOTS_PER_DAY = int(DAY_S // SLOT_S)
 # A core forgets the runs nothing reads every this many runs appended (`_Core._trim`).
 TRIM_EVERY_RUNS = 4096

@@ -7,6 +7,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypedDict
 
+# The width of the seasonal baselines' slots (detect/core.py SLOT_S, which is this).
+SEASONAL_SLOT_S = 600.0
+
 if TYPE_CHECKING:
     from monitor.detect.settings import Detection, SeverityRule
 
@@ -223,6 +226,16 @@ class Rules:
         baselines reach `_lookback_s` further back in time."""
         longest = max(self.page.longest_window, self.ticket.longest_window, self.clear_runs)
         return max(self.min_history_runs, self.trailing_runs + longest, self.error_window_runs)
+
+    def history_reach_s(self, interval_s: float) -> float:
+        """How far before a run the detector reads the runs before it, for runs every `interval_s` seconds
+        (`Detector.history_since`: `history_runs` runs, and the level and seasonal baselines' lookback; a test
+        keeps the two equal). What the cold tier must leave as rows (database.retention.cold_after_days)."""
+        lookback = 0.0
+        if self.seasonal_days:
+            lookback = self.level_hours * 3600.0 + self.seasonal_days * 86400.0 + self.seasonal_window_minutes * 60.0
+            lookback += 2 * SEASONAL_SLOT_S
+        return interval_s * (self.history_runs + 1) + lookback
 
 
 DEFAULT_RULES = Rules()

@@ -18,6 +18,9 @@ FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturb
 # Later passes run this long after each whole interval (each hour): the hour just finished is rolled
 # up, and the overview's summary made, at the start of the hour it serves, whenever the daemon started.
 AFTER_THE_HOUR_S = 30.0
+# Series-days moved into the cold tier per pass, at most: a day of 500 series' 5-minute runs (864,000 samples,
+# about a minute at the rate bench/cold.py measures); a backlog (an upgraded database) takes several passes.
+COMPACT_PER_PASS = 500
 
 
 def next_pass_in(now_s: float, interval_s: float, *, offset_s: float = AFTER_THE_HOUR_S) -> float:
@@ -47,6 +50,23 @@ class Pruned(Protocol):
     def annotations(self) -> int: ...
     @property
     def days_dropped(self) -> int: ...
+    @property
+    def cold_days(self) -> int: ...
+
+
+class Compacted(Protocol):
+    """What one compaction moved into the cold tier (store.repository.CompactResult)."""
+
+    @property
+    def series_days(self) -> int: ...
+    @property
+    def runs(self) -> int: ...
+    @property
+    def samples(self) -> int: ...
+    @property
+    def duplicates(self) -> int: ...
+    @property
+    def days_dropped(self) -> int: ...
 
 
 class Housekept(Protocol):
@@ -60,13 +80,16 @@ class Housekept(Protocol):
 
     async def refresh_overview_summary(self, now: datetime) -> int: ...
 
+    async def compact(self, now: datetime, *, cold_after_days: int, limit: int | None = None) -> Compacted: ...
+
     async def prune(self, now: datetime, raw_days: int, rollup_days: int) -> Pruned: ...
 
 
 async def maintain_once(repository: Housekept, database: Database, *, now: datetime | None = None) -> dict[str, int]:
     """Create the coming days' partitions (PostgreSQL), roll up finished hours, store the overview's
-    summary of them (monitor/store/overview_summary.py), then prune what is past
-    retention: raw runs and job tick claims past `retention.raw_days` (on PostgreSQL whole days, as
+    summary of them (monitor/store/overview_summary.py), move the days past `retention.cold_after_days` into the
+    cold tier (monitor/store/cold.py; unset, the default, compacts nothing), then
+    prune what is past retention: raw runs and job tick claims past `retention.raw_days` (on PostgreSQL whole days, as
     partitions), rollups, long-resolved incidents (with their triage and groups) and change markers past
     `retention.rollup_days`. Each step works in short transactions (see `Repository.prune`)."""
     now = now or datetime.now(UTC)
@@ -77,6 +100,13 @@ async def maintain_once(repository: Housekept, database: Database, *, now: datet
     hours = await repository.rollup(now)
     # Right after the rollup, so the overview reads this hour's summary instead of a month of hours.
     summarised = await repository.refresh_overview_summary(now)
+    # After the rollup: a day is compacted only once its hours are rolled up.
+    cold_after = database.retention.cold_after_days
+    compacted = (
+        await repository.compact(now, cold_after_days=cold_after, limit=COMPACT_PER_PASS)
+        if cold_after is not None
+        else None
+    )
     pruned = await repository.prune(now, database.retention.raw_days, database.retention.rollup_days)
     return {
         "partitions_created": len(created),
@@ -91,6 +121,9 @@ async def maintain_once(repository: Housekept, database: Database, *, now: datet
         "incident_groups_pruned": pruned.incident_groups,
         "annotations_pruned": pruned.annotations,
         "days_dropped": pruned.days_dropped,
+        "series_days_compacted": compacted.series_days if compacted is not None else 0,
+        "samples_compacted": compacted.samples if compacted is not None else 0,
+        "cold_days_pruned": pruned.cold_days,
     }
 
 

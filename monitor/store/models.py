@@ -22,6 +22,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -513,6 +514,26 @@ class AnnotationRow(Base):
     created_by: Mapped[str | None] = mapped_column(Text)
 
 
+class ColdChunkRow(Base):
+    """The cold tier (monitor/store/cold.py): a series' day of runs, and of their samples, each as one compressed
+    column-wise chunk (monitor/store/chunk_codec.py), written in the transaction that deletes their rows. The day
+    is the runs' scheduled day (`intended_at`, as the partitions'); `layout` names the columns the chunks hold
+    (cold.LAYOUTS); the first and last run start let reads and retention find a chunk by time."""
+
+    __tablename__ = "cold_chunks"
+    __table_args__ = (Index("ix_cold_chunks_last_started_at", "last_started_at"),)
+
+    series_id: Mapped[int] = mapped_column(ForeignKey("series.id"), primary_key=True)
+    day: Mapped[datetime] = mapped_column(primary_key=True)
+    layout: Mapped[int] = mapped_column(Integer)
+    runs: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(Integer)
+    first_started_at: Mapped[datetime]
+    last_started_at: Mapped[datetime]
+    runs_chunk: Mapped[bytes] = mapped_column(LargeBinary)
+    samples_chunk: Mapped[bytes] = mapped_column(LargeBinary)
+
+
 def table_of(model: type[Base]) -> Table:
     """The Core table of a model, typed as a Table (for insert/delete statements)."""
     return cast(Table, model.__table__)
@@ -533,6 +554,7 @@ GROUPS = table_of(IncidentGroupRow)
 SCOPES = table_of(IncidentGroupScopeRow)
 TRIAGE = table_of(IncidentTriageRow)
 ANNOTATIONS = table_of(AnnotationRow)
+COLD_CHUNKS = table_of(ColdChunkRow)
 DETECTOR_STATE = table_of(DetectorStateRow)
 OUTBOX = table_of(AlertOutboxRow)
 DELIVERIES = table_of(AlertDeliveryRow)

@@ -29,7 +29,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from sqlalchemy.types import NullType
 
 from monitor.quantile import quantile
+from monitor.store import cold
 from monitor.store.models import (
+    COLD_CHUNKS,
     OverviewSummaryRow,
     OverviewSummaryStateRow,
     RollupPendingRow,
@@ -227,7 +229,26 @@ async def last_runs(
             latest.outerjoin(RunRow, and_(RunRow.series_id == latest.c.series_id, started == latest.c.at))
         )
     )
-    return {series_id: (at, ok) for series_id, at, ok in rows}
+    found = {series_id: (at, ok) for series_id, at, ok in rows}
+    # A series whose last run in the month is kept in the cold tier (it has not run for days): its newest chunk,
+    # read with the rows after it (monitor/store/cold.py).
+    newest = await connection.execute(
+        select(COLD_CHUNKS.c.series_id, func.max(COLD_CHUNKS.c.first_started_at))
+        .where(
+            COLD_CHUNKS.c.last_started_at >= type_coerce(month, UtcDateTime()),
+            COLD_CHUNKS.c.first_started_at < type_coerce(now, UtcDateTime()),
+            *([COLD_CHUNKS.c.series_id.in_(list(series_ids))] if series_ids is not None else []),
+        )
+        .group_by(COLD_CHUNKS.c.series_id)
+    )
+    for series_id, since in list(newest):
+        # max() of a timestamp comes back from SQLite as text, without the column's type.
+        first = _aware(datetime.fromisoformat(since) if isinstance(since, str) else since)
+        read = await cold.read_runs(connection, [series_id], max(first, month), now, samples=False, run_keys=("ok",))
+        if read.runs:
+            newest_run = read.runs[-1]
+            found[series_id] = (newest_run["started_at"], newest_run["ok"])
+    return found
 
 
 async def refresh(connection: AsyncConnection, now: datetime) -> int:

@@ -41,12 +41,13 @@ from sqlalchemy.sql.expression import TableClause
 
 from monitor.config.cost import Seen, Tokens
 from monitor.probe.result import ErrorClass, Sample, TimingPath
-from monitor.store import overview_summary, partitions
+from monitor.store import cold, overview_summary, partitions
 from monitor.store.direct import DirectStatement
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
     BUDGET_HOLDS,
     CALIBRATION,
+    COLD_CHUNKS,
     ROLLUP_PENDING,
     ROLLUPS,
     RUNS,
@@ -103,6 +104,19 @@ class PruneResult:
     incident_groups: int = 0
     annotations: int = 0
     days_dropped: int = 0  # PostgreSQL: whole days of runs and samples dropped as partitions
+    cold_days: int = 0  # series-days of the cold tier dropped (their runs and samples counted above)
+
+
+@dataclass(frozen=True, slots=True)
+class CompactResult:
+    """What one compaction pass moved into the cold tier (`Repository.compact`)."""
+
+    series_days: int = 0
+    runs: int = 0
+    samples: int = 0
+    duplicates: int = 0  # rows of a run or tick a chunk already held, deleted
+    skipped: int = 0  # series another daemon was compacting
+    days_dropped: int = 0  # PostgreSQL: day partitions dropped once every run of theirs was compacted
 
 
 def _check_aware(batch: Batch) -> None:
@@ -386,8 +400,9 @@ def _run_record(row: Any, series: SeriesKey) -> RunRecord:
     )  # fmt: skip
 
 
-def _sample(row: Any, run: RunRecord) -> Sample:
-    values = {name: getattr(row, column) for column, name in SAMPLE_COLUMN_FIELDS.items()}
+def _sample(row: Mapping[Any, Any], run: RunRecord) -> Sample:
+    """A sample from its row, by column key (`select(SAMPLES)`'s mapping, or a chunk's: cold.Read)."""
+    values = {name: row[column] for column, name in SAMPLE_COLUMN_FIELDS.items()}
     if values["timing_path"] is not None:
         values["timing_path"] = TimingPath(values["timing_path"])
     return Sample(
@@ -395,10 +410,61 @@ def _sample(row: Any, run: RunRecord) -> Sample:
         model=run.series.model,
         api=run.api,
         prompt=run.series.prompt,
-        sample_id=str(sample_id_of(run.run_id, row.round)),
-        error=ErrorClass(row.error) if row.error is not None else None,
+        sample_id=str(sample_id_of(run.run_id, row["round"])),
+        error=ErrorClass(row["error"]) if row["error"] is not None else None,
         **values,
     )
+
+
+def _run_of(run: Mapping[str, Any], series: SeriesKey) -> RunRecord:
+    """A run read through `cold.read_runs`, as `_run_record` makes it of a row."""
+    return _run_record(tuple(run[column.key] for column in _RUN_COLUMNS), series)
+
+
+_FAR = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+_HOURLY_SAMPLE_VALUES = ("ttft_ms", "error", "decode_tps", *ROLLUP_SAMPLE_MEDIANS)
+_MICROS_KEYS = frozenset(column.key for column in SAMPLES.c if isinstance(column.type, Microseconds))
+# The statistics of durations: PostgreSQL computes them over whole microseconds, then divides by 1000.
+_DURATION_STATS = tuple(
+    field.name
+    for field in fields(HourlyStats)
+    if field.name.startswith("ttft_") or field.name.removesuffix("_p50") in _MICROS_KEYS
+)
+
+
+def _micros_of(value: Any) -> Any:
+    return None if value is None else to_microseconds(value)
+
+
+def _hourly_of_read(read: cold.Read, *, postgres: bool) -> dict[int, list[HourlyStats]]:
+    """`Repository._hourly` over runs read through `cold.read_runs`: per series, its hours (by run start) with
+    measured samples, to the last bit as each database's own statement computes them (SQLite's path over
+    milliseconds, PostgreSQL's percentile_cont over the microseconds stored)."""
+    buckets: dict[tuple[int, datetime], list[Sequence[Any]]] = {}
+    servers: dict[tuple[int, datetime], list[Sequence[Any]]] = {}
+    convert = [_micros_of if postgres and name in _MICROS_KEYS else None for name in _HOURLY_SAMPLE_VALUES]
+    for run in read.runs:
+        key = (run["series_id"], floor_hour(run["started_at"]))
+        for sample in read.samples.get(run["id"], ()):
+            if sample["warmup"]:
+                continue
+            values = [sample[name] for name in _HOURLY_SAMPLE_VALUES]
+            buckets.setdefault(key, []).append(
+                [value if to is None else to(value) for value, to in zip(values, convert, strict=True)]
+            )
+        medians = tuple(run[name] for name in ROLLUP_RUN_MEDIANS)
+        if any(value is not None for value in medians):
+            servers.setdefault(key, []).append(medians)
+    out: dict[int, list[HourlyStats]] = {}
+    for (series_id, hour), rows in sorted(buckets.items()):
+        stats = hourly_stats(hour, rows, servers.get((series_id, hour), ()))
+        if postgres:
+            scaled = {name: value / 1000 for name in _DURATION_STATS if (value := getattr(stats, name)) is not None}
+            stats = dataclasses.replace(stats, **scaled)
+        out.setdefault(series_id, []).append(stats)
+    return out
 
 
 # Runs (with their samples) per statement when SQLite stores a batch (`Repository._save_sqlite`): each part's
@@ -429,6 +495,16 @@ class Repository:
     async def _read(self) -> AsyncIterator[AsyncConnection]:
         async with self._reader.connect() as connection:
             yield connection
+
+    @asynccontextmanager
+    async def _snapshot(self) -> AsyncIterator[AsyncConnection]:
+        """A read of several statements on one snapshot: rows and chunks (cold.read_runs) as one moment saw
+        them, never a series-day in both or neither while a compaction commits beside it."""
+        async with self._engine.connect() as connection:
+            if self._postgres:
+                connection = await connection.execution_options(isolation_level="REPEATABLE READ")
+            async with connection.begin():
+                yield connection
 
     @asynccontextmanager
     async def _write(self) -> AsyncIterator[AsyncConnection]:
@@ -649,14 +725,32 @@ class Repository:
             return await self._series_rows(series, statement, connection=reading, **params)
 
     async def last_runs(self, series: SeriesKey, n: int) -> list[RunRecord]:
-        """The `n` most recent runs of `series` (by start), oldest first."""
-        rows = await self._series_rows(series, _LAST_RUNS, n=n)
-        return [_run_record(row, series) for row in reversed(rows)]
+        """The `n` most recent runs of `series` (by start), oldest first, from rows and cold chunks alike."""
+        async with self._snapshot() as connection:
+            rows = await self._series_rows(series, _LAST_RUNS, connection=connection, n=n)
+            found = [_run_record(row, series) for row in reversed(rows)]
+            series_id = await self._series_id(connection, series)
+            # Every run since the n-th newest row is a row or in a chunk: read them all when a chunk may hold some.
+            floor = found[0].started_at if len(found) == n and found else datetime.min.replace(tzinfo=UTC)
+            if series_id is None or n <= 0 or not await cold.any_chunk(connection, [series_id], floor, _FAR):
+                return found
+            read = await cold.read_runs(connection, [series_id], floor, _FAR, samples=False)
+            return [_run_of(run, series) for run in read.runs[-n:]]
 
     async def runs_between(
         self, series: SeriesKey, start: datetime, end: datetime, *, connection: AsyncConnection | None = None
     ) -> list[RunRecord]:
-        """Runs of `series` started in [start, end), oldest first (on `connection`, when given)."""
+        """Runs of `series` started in [start, end), oldest first (on `connection`, when given), from rows and
+        cold chunks alike."""
+        if connection is None:
+            async with self._snapshot() as reading:
+                return await self.runs_between(series, start, end, connection=reading)
+        series_id = await self._series_id(connection, series)
+        if series_id is None:
+            return []
+        if await cold.any_chunk(connection, [series_id], start, end):
+            read = await cold.read_runs(connection, [series_id], start, end, samples=False)
+            return [_run_of(run, series) for run in read.runs]
         rows = await self._series_rows(series, _RUNS_BETWEEN, connection=connection, start=start, end=end)
         return [_run_record(row, series) for row in rows]
 
@@ -692,17 +786,29 @@ class Repository:
     async def load_runs(
         self, series: SeriesKey, start: datetime, end: datetime
     ) -> list[tuple[RunRecord, list[Sample]]]:
-        """Runs of `series` started in [start, end) with every sample, in the shape `save_runs` takes."""
-        runs = await self.runs_between(series, start, end)
-        if not runs:
-            return []
-        by_id: dict[uuid.UUID, tuple[RunRecord, list[Sample]]] = {run.run_id: (run, []) for run in runs}
-        async with self._read() as connection:
+        """Runs of `series` started in [start, end) with every sample, in the shape `save_runs` takes, from rows
+        and cold chunks alike (one snapshot: a compaction committing meanwhile is seen whole or not at all)."""
+        async with self._snapshot() as connection:
+            series_id = await self._series_id(connection, series)
+            if series_id is None:
+                return []
+            if await cold.any_chunk(connection, [series_id], start, end):
+                read = await cold.read_runs(connection, [series_id], start, end)
+                out = []
+                for row in read.runs:
+                    run = _run_of(row, series)
+                    out.append((run, [_sample(sample, run) for sample in read.samples.get(run.run_id, ())]))
+                return out
+            rows = await self._series_rows(series, _RUNS_BETWEEN, connection=connection, start=start, end=end)
+            by_id: dict[uuid.UUID, tuple[RunRecord, list[Sample]]] = {}
+            for row in rows:
+                run = _run_record(row, series)
+                by_id[run.run_id] = (run, [])
             ids = list(by_id)
             for offset in range(0, len(ids), 500):
                 chunk = ids[offset : offset + 500]
                 ticks = [by_id[run_id][0].intended_at for run_id in chunk]
-                rows = await connection.execute(
+                found = await connection.execute(
                     select(SAMPLES)
                     .where(
                         SampleRow.run_id.in_(chunk),
@@ -712,15 +818,15 @@ class Repository:
                     )
                     .order_by(SampleRow.run_id, SampleRow.round)
                 )
-                for row in rows:
-                    run, members = by_id[row.run_id]
-                    members.append(_sample(row, run))
+                for sample in found:
+                    run, members = by_id[sample.run_id]
+                    members.append(_sample(sample._mapping, run))
         return list(by_id.values())
 
     async def hourly_percentiles(self, series: SeriesKey, start: datetime, end: datetime) -> list[HourlyStats]:
         """Per UTC hour of run start in [start, end): measured samples, errors, TTFT p50/p90/p99/min/max
         and the median decode rate, computed from raw samples. Hours without samples are left out."""
-        async with self._read() as connection:
+        async with self._snapshot() as connection:
             series_id = await self._series_id(connection, series)
             if series_id is None:
                 return []
@@ -733,7 +839,7 @@ class Repository:
         [start, end) computed from raw samples."""
         if not series_ids:
             return {}
-        async with self._read() as connection:
+        async with self._snapshot() as connection:
             return await self._hourly(connection, list(series_ids), start, end)
 
     async def rollups_between(self, series: SeriesKey, start: datetime, end: datetime) -> list[HourlyStats]:
@@ -744,9 +850,21 @@ class Repository:
     async def _hourly(
         self, connection: AsyncConnection, series_ids: Sequence[int], start: datetime, end: datetime
     ) -> dict[int, list[HourlyStats]]:
-        """Hourly statistics of several series in one query (rollups compute a whole hour at once)."""
+        """Hourly statistics of several series in one query (rollups compute a whole hour at once); computed
+        here from `cold.read_runs` when a cold chunk may hold some of their runs (a late run for a compacted day
+        marks its hour for a new rollup)."""
         window = {"series_ids": list(series_ids), "start": start, "end": end}
         out: dict[int, list[HourlyStats]] = {}
+        if await cold.any_chunk(connection, series_ids, start, end):
+            read = await cold.read_runs(
+                connection,
+                series_ids,
+                start,
+                end,
+                run_keys=ROLLUP_RUN_MEDIANS,
+                sample_keys=("warmup", *_HOURLY_SAMPLE_VALUES),
+            )
+            return _hourly_of_read(read, postgres=self._postgres)
         if not self._postgres:
             # SQLite has no percentile aggregate: stream the window's values and compute them here.
             buckets: dict[tuple[int, str], list[Sequence[Any]]] = {}
@@ -875,6 +993,16 @@ class Repository:
                 for series_id, hour in hours:
                     by_hour.setdefault(hour, []).append(series_id)
                 rows = []
+                if self._postgres:
+                    # No compaction of these series commits while their hours are read (it tries the same
+                    # locks and leaves them to its next pass): each hour sees its runs as rows or as a chunk.
+                    await connection.execute(
+                        text(
+                            "SELECT pg_advisory_xact_lock(:key, series_id) "
+                            "FROM (SELECT DISTINCT unnest(CAST(:ids AS integer[])) AS series_id ORDER BY 1) AS chosen"
+                        ),
+                        {"key": cold.COLD_LOCK_KEY, "ids": sorted({series_id for series_id, _ in hours})},
+                    )
                 for hour, series_ids in by_hour.items():
                     computed = await self._hourly(connection, series_ids, hour, hour + _HOUR)
                     for series_id, [stats] in computed.items():
@@ -947,6 +1075,31 @@ class Repository:
             if len(ids) < batch_size:
                 break
             await asyncio.sleep(0)  # let probes and saves in between
+        cold_days = 0
+        while True:
+            # The cold tier's series-days whose every run started before the cutoff, as rows are dropped.
+            async with self._write() as connection:
+                keys = list(
+                    await connection.execute(
+                        select(COLD_CHUNKS.c.series_id, COLD_CHUNKS.c.day, COLD_CHUNKS.c.runs, COLD_CHUNKS.c.samples)
+                        .where(COLD_CHUNKS.c.last_started_at < type_coerce(runs_cutoff, UtcDateTime()))
+                        .order_by(COLD_CHUNKS.c.last_started_at)
+                        .limit(batch_size)
+                    )
+                )
+                for series_id, day, runs_held, samples_held in keys:
+                    gone = await connection.execute(
+                        delete(COLD_CHUNKS).where(
+                            COLD_CHUNKS.c.series_id == series_id, COLD_CHUNKS.c.day == type_coerce(day, UtcDateTime())
+                        )
+                    )
+                    if gone.rowcount:
+                        cold_days += 1
+                        deleted_runs += runs_held
+                        deleted_samples += samples_held
+            if len(keys) < batch_size:
+                break
+            await asyncio.sleep(0)
         ticks, incidents, outbox = table_of(JobTickRow), table_of(IncidentRow), table_of(AlertOutboxRow)
         groups, marks = table_of(IncidentGroupRow), table_of(AnnotationRow)
         unreferenced = ~select(outbox.c.id).where(outbox.c.incident_id == incidents.c.id).exists()
@@ -976,7 +1129,70 @@ class Repository:
             name: await self._delete_oldest(table, key, age, condition, batch_size)
             for name, table, key, age, condition in aged
         }
-        return PruneResult(runs=deleted_runs, samples=deleted_samples, days_dropped=days_dropped, **deleted)
+        return PruneResult(
+            runs=deleted_runs, samples=deleted_samples, days_dropped=days_dropped, cold_days=cold_days, **deleted
+        )
+
+    async def compact(self, now: datetime, *, cold_after_days: int, limit: int | None = None) -> CompactResult:
+        """Move every series' day of runs and samples whose whole day (by scheduled time) ended
+        `cold_after_days` or more before `now`, and whose hours are rolled up, into the cold tier
+        (monitor/store/cold.py): one transaction per series-day, writing its chunk and deleting its rows.
+        A day compacted before that received late runs is compacted again (its chunk joined by them). On
+        PostgreSQL the day partitions left empty are dropped after. At most `limit` series-days, oldest first
+        (a database upgraded with weeks of rows is compacted over several passes)."""
+        before = now - timedelta(days=cold_after_days)
+        async with self._read() as connection:
+            oldest_pending = await connection.scalar(select(func.min(ROLLUP_PENDING.c.hour)))
+            pairs = await cold.compactable(connection, before=before, held_from=oldest_pending)
+        pairs = sorted(pairs, key=lambda pair: (pair[1], pair[0]))[:limit]
+        totals = {"series_days": 0, "runs": 0, "samples": 0, "duplicates": 0, "skipped": 0}
+        for series_id, day in pairs:
+            async with self._write() as connection:
+                if not await cold.lock_series(connection, series_id):
+                    totals["skipped"] += 1
+                    continue
+                done = await cold.compact_series_day(connection, series_id, day)
+            totals["series_days"] += 1
+            totals["runs"] += done.runs
+            totals["samples"] += done.samples
+            totals["duplicates"] += done.duplicates
+            await asyncio.sleep(0)  # let probes and saves in between
+        dropped = len(await self._drop_empty_days(cold.day_of(before))) if self._postgres else 0
+        return CompactResult(**totals, days_dropped=dropped)
+
+    async def _drop_empty_days(self, before: datetime) -> list[str]:
+        """PostgreSQL: drop the day partitions (runs and samples) of days before `before` left without a row by
+        compaction. Each is locked before it is looked at, so a late run cannot land in it between the look
+        and the drop (it lands in the default partition afterwards, and is read beside the chunk)."""
+        async with self._read() as connection:
+            names = await partitions.existing(connection, "runs")
+        days = sorted(
+            day for name in names if (day := partitions.day_of(name)) and partitions.day_bounds(day)[1] <= before
+        )
+        dropped: list[str] = []
+        for day in days:
+            runs_name, samples_name = partitions.partition_name("runs", day), partitions.partition_name("samples", day)
+            try:
+                async with self._write() as connection:
+                    await connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{partitions.DROP_LOCK_TIMEOUT}'")
+                    await partitions.serialize(connection)
+                    if not await partitions.exists(connection, runs_name):
+                        continue
+                    present = [runs_name]
+                    if await partitions.exists(connection, samples_name):
+                        present.append(samples_name)
+                    await connection.exec_driver_sql(f"LOCK TABLE {', '.join(present)} IN ACCESS EXCLUSIVE MODE")
+                    held = [await connection.scalar(text(f"SELECT EXISTS (SELECT 1 FROM {name})")) for name in present]
+                    if any(held):
+                        continue
+                    for name in reversed(present):
+                        await connection.exec_driver_sql(f"DROP TABLE {name}")
+            except DBAPIError as exc:
+                if _sqlstate(exc) == LOCK_NOT_AVAILABLE:
+                    continue
+                raise
+            dropped.append(runs_name)
+        return dropped
 
     async def ensure_partitions(self, now: datetime) -> list[str]:
         """PostgreSQL: create the day partitions of runs and samples from yesterday to

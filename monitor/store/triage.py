@@ -7,15 +7,17 @@ import contextlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from monitor.store import cold
 from monitor.store.engine import write_transaction
 from monitor.store.models import (
     ANNOTATIONS,
+    COLD_CHUNKS,
     DETECTOR_STATE,
     GROUPS,
     INCIDENTS,
@@ -110,6 +112,16 @@ def prefix_bounds(prefix: str) -> tuple[uuid.UUID, uuid.UUID]:
             "as `ttft-monitor incidents` shows them"
         )
     return uuid.UUID(digits.ljust(32, "0")), uuid.UUID(digits.ljust(32, "f"))
+
+
+_TICK = timedelta(microseconds=1)
+
+
+def _aware(moment: datetime | str) -> datetime:
+    # min() and max() of a timestamp may come back from SQLite as text.
+    if isinstance(moment, str):
+        moment = datetime.fromisoformat(moment)
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 class TriageStore:
@@ -281,12 +293,28 @@ class TriageStore:
     async def watched(self, *, since: datetime | None) -> list[tuple[datetime, datetime]]:
         """(first, last) run start of every series with runs since `since` (all when None): how long the
         detector watched each, for the alert rate per series-week."""
-        query = sa.select(sa.func.min(RUNS.c.started_at), sa.func.max(RUNS.c.started_at)).group_by(RUNS.c.series_id)
+        query = sa.select(RUNS.c.series_id, sa.func.min(RUNS.c.started_at), sa.func.max(RUNS.c.started_at)).group_by(
+            RUNS.c.series_id
+        )
+        chunks = sa.select(COLD_CHUNKS.c.series_id, COLD_CHUNKS.c.first_started_at, COLD_CHUNKS.c.last_started_at)
         if since is not None:
             query = query.where(RUNS.c.started_at >= since)
+            chunks = chunks.where(COLD_CHUNKS.c.last_started_at >= since)
         async with self._engine.connect() as connection:
-            rows = (await connection.execute(query)).all()
-        return [(first, last) for first, last in rows if first is not None and last is not None]
+            if connection.dialect.name == "postgresql":
+                connection = await connection.execution_options(isolation_level="REPEATABLE READ")
+            spans = {sid: (first, last) for sid, first, last in await connection.execute(query) if first is not None}
+            # Runs kept in the cold tier (monitor/store/cold.py) count as rows do: a chunk by its first and last
+            # start, decoded only where `since` cuts it.
+            for sid, first, last in (await connection.execute(chunks)).all():
+                if since is not None and first < since:
+                    read = await cold.read_runs(connection, [sid], since, last + _TICK, samples=False, run_keys=())
+                    if not read.runs:
+                        continue
+                    first = read.runs[0]["started_at"]
+                low, high = spans.get(sid, (first, last))
+                spans[sid] = (min(_aware(low), first), max(_aware(high), last))
+        return [(first, last) for first, last in spans.values() if first is not None and last is not None]
 
     # ------------------------------------------------------------ annotations
 

@@ -13,7 +13,7 @@ import math
 import time
 import uuid
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple, NotRequired, TypedDict, cast
@@ -31,7 +31,7 @@ from monitor.detect.figures import figures_of
 from monitor.detect.noise import NoiseModel
 from monitor.detect.noise import describe as describe_noise
 from monitor.quantile import mixture_quantile, quantile
-from monitor.store import overview_summary
+from monitor.store import cold, overview_summary
 from monitor.store.models import (
     SAMPLES_OF_RUN,
     AlertDeliveryRow,
@@ -65,6 +65,35 @@ _BUCKET_STEPS_S = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800
 PHASES = ("dns_ms", "connect_ms", "tls_ms", "ttfb_ms", "first_event_ms", "ttft_ms", "ttfa_ms")
 # What the server said about itself over each run (migration 0006), as the points name it.
 SERVER_FIELDS = SERVER_RUN_FIELDS
+
+
+async def _cold_read(
+    connection: AsyncConnection,
+    series_ids: Sequence[int],
+    *,
+    start: datetime,
+    end: datetime,
+    samples: bool = False,
+    run_keys: Collection[str] = (),
+    sample_keys: Collection[str] = (),
+) -> cold.Read | None:
+    """The runs of `series_ids` started in [start, end) (with their samples when `samples`) through the cold
+    tier's one read, rows and chunks alike (monitor/store/cold.py), when a chunk may hold some of them; None
+    when none does, and the caller's own statements read the rows. Each view reads on one snapshot
+    (`_snapshot`), so a compaction committing meanwhile is seen whole or not at all."""
+    if not await cold.any_chunk(connection, series_ids, start, end):
+        return None
+    return await cold.read_runs(
+        connection, series_ids, start, end, samples=samples, run_keys=run_keys, sample_keys=sample_keys
+    )
+
+
+async def _snapshot(connection: AsyncConnection) -> AsyncConnection:
+    """`connection` reading on one snapshot for its whole transaction (PostgreSQL: REPEATABLE READ; SQLite's
+    read transaction is one already): call before its first statement."""
+    if connection.dialect.name == "postgresql":
+        return await connection.execution_options(isolation_level="REPEATABLE READ")
+    return connection
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +203,14 @@ async def _run_counts(
     """Per series: its runs with a TTFT in [since, until) and the first one's start."""
     if not series_ids:
         return {}
+    read = await _cold_read(connection, series_ids, start=since, end=until, run_keys=("ttft_p50_ms",))
+    if read is not None:
+        counted: dict[int, tuple[int, datetime]] = {}
+        for run in read.runs:
+            if run["ttft_p50_ms"] is not None:
+                number, first = counted.get(run["series_id"], (0, run["started_at"]))
+                counted[run["series_id"]] = (number + 1, min(first, run["started_at"]))
+        return counted
     rows = await connection.execute(
         select(RunRow.series_id, func.count(), func.min(RunRow.started_at))
         .where(
@@ -230,6 +267,7 @@ async def overview(
             return await read_rolled(other, pending)
 
     async with engine.connect() as connection:
+        connection = await _snapshot(connection)
         pending = await overview_summary.pending_hours(connection, since=floor_hour(windows[-1]), until=current)
         # PostgreSQL: the rollups' scan runs on its own connection, beside the small reads.
         apart = asyncio.ensure_future(on_own_connection(pending)) if postgres else None
@@ -426,13 +464,30 @@ async def _fresh_runs(
     ]
     columns = (RunRow.series_id, started, RunRow.ttft_p50_ms, RunRow.ok, RunRow.errors)
     in_range = (at_or_after(min(windows)), before(now))
+    # The part hours and pending hours of days in the cold tier are read through it (rows and chunks alike,
+    # one by one), and left out of the statements below; the current and last hour never are in it.
+    everyone = list(await connection.scalars(select(SeriesRow.id)))
+    parts = [(w, ceil_hour(w), everyone) for w in windows if ceil_hour(w) != w]
+    parts += [(hour, hour + timedelta(hours=1), sorted(ids)) for hour, ids in by_hour.items()]
+    cold_runs: list[FreshRun] = []
+    cold_segments: list[Any] = []
+    for part_start, part_end, ids in parts:
+        part_start = max(part_start, min(windows))
+        read = await _cold_read(
+            connection, ids, start=part_start, end=min(part_end, now), run_keys=("ttft_p50_ms", "ok", "errors")
+        )
+        if read is None:
+            continue
+        cold_runs += [(r["series_id"], r["started_at"], r["ttft_p50_ms"], r["ok"], r["errors"]) for r in read.runs]
+        cold_segments.append(and_(at_or_after(part_start), before(part_end), RunRow.series_id.in_(ids)))
+    warm = [not_(or_(*cold_segments))] if cold_segments else []
     if not grouped:
-        rows = await connection.execute(select(*columns).where(*in_range, or_(*segments, *pending_segments)))
-        return Fresh([], [tuple(row) for row in rows])  # type: ignore[misc]
-    single: list[FreshRun] = []
+        rows = await connection.execute(select(*columns).where(*in_range, or_(*segments, *pending_segments), *warm))
+        return Fresh([], [cast(FreshRun, tuple(row)) for row in rows] + cold_runs)
+    single: list[FreshRun] = list(cold_runs)
     if pending_segments:
-        rows = await connection.execute(select(*columns).where(*in_range, or_(*pending_segments)))
-        single = [tuple(row) for row in rows]  # type: ignore[misc]
+        rows = await connection.execute(select(*columns).where(*in_range, or_(*pending_segments), *warm))
+        single += [tuple(row) for row in rows]  # type: ignore[misc]
     # Imported here, where only PostgreSQL comes: on SQLite the dialect (2.3 MB resident) is never loaded.
     from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
 
@@ -454,7 +509,7 @@ async def _fresh_runs(
             func.max(started),
             func.array_agg(aggregate_order_by(RunRow.ok, started.desc()), type_=ARRAY(Integer()))[1],
         )
-        .where(*in_range, or_(*segments), *([not_(or_(*pending_segments))] if pending_segments else []))
+        .where(*in_range, or_(*segments), *([not_(or_(*pending_segments))] if pending_segments else []), *warm)
         .group_by(RunRow.series_id)
     )
     summed = [
@@ -568,6 +623,22 @@ _SAMPLE_FIELDS = (
     SampleRow.cached_tokens, *(getattr(SampleRow, name) for name in PHASES),
     *(getattr(RunRow, name) for name in SERVER_FIELDS), SampleRow.self_delay_ms, SampleRow.disturbed,
 )  # fmt: skip
+
+
+_SAMPLE_KEYS = tuple(
+    ("run", column.key) if column.table.name == "runs" else ("sample", column.key) for column in _SAMPLE_FIELDS
+)
+
+
+def _sample_rows(read: cold.Read) -> list[tuple[Any, ...]]:
+    """`_SAMPLE_FIELDS` of the measured samples of the runs read through the cold tier, as the view's statement
+    orders them (by run start, then round)."""
+    out = []
+    for run in read.runs:
+        for sample in read.samples.get(run["id"], ()):
+            if not sample["warmup"]:
+                out.append(tuple(run[key] if side == "run" else sample[key] for side, key in _SAMPLE_KEYS))
+    return out
 
 
 def sample_point(row: Sequence[Any]) -> dict[str, Any]:
@@ -728,15 +799,22 @@ def _baseline_at(times: Sequence[float], baselines: Sequence[float | None], mome
 
 
 async def _run_points(connection: AsyncConnection, series_id: int, *, start: datetime, end: datetime) -> list[RunPoint]:
-    rows = await connection.execute(
-        select(RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors)
-        .where(
-            RunRow.series_id == series_id,
-            RunRow.started_at >= type_coerce(start, UtcDateTime()),
-            RunRow.started_at < type_coerce(end, UtcDateTime()),
-        )
-        .order_by(RunRow.started_at)
+    read = await _cold_read(
+        connection, [series_id], start=start, end=end, run_keys=("ttft_p50_ms", "error", "ok", "errors")
     )
+    rows: Iterable[Sequence[Any]]
+    if read is not None:
+        rows = [(r["started_at"], r["ttft_p50_ms"], r["error"], r["ok"], r["errors"]) for r in read.runs]
+    else:
+        rows = await connection.execute(
+            select(RunRow.started_at, RunRow.ttft_p50_ms, RunRow.error, RunRow.ok, RunRow.errors)
+            .where(
+                RunRow.series_id == series_id,
+                RunRow.started_at >= type_coerce(start, UtcDateTime()),
+                RunRow.started_at < type_coerce(end, UtcDateTime()),
+            )
+            .order_by(RunRow.started_at)
+        )
     return [
         RunPoint(
             at=at, ttft_ms=p50 if p50 is not None and 0 < p50 < math.inf else None, error=error, ok=ok, errors=errors
@@ -784,15 +862,22 @@ async def _where_the_time_went(
     until = min(until, end)
     if since >= until:
         since = until - timedelta(hours=1)
-    rows = (
-        await connection.execute(
-            select(RunRow.started_at, RunRow.ttft_p50_ms, *(getattr(RunRow, name) for name in SERVER_FIELDS)).where(
-                RunRow.series_id == series_id,
-                RunRow.started_at >= type_coerce(since - timedelta(hours=24), UtcDateTime()),
-                RunRow.started_at < type_coerce(until, UtcDateTime()),
+    read = await _cold_read(
+        connection, [series_id], start=since - timedelta(hours=24), end=until, run_keys=("ttft_p50_ms", *SERVER_FIELDS)
+    )
+    rows: Sequence[Sequence[Any]]
+    if read is not None:
+        rows = [(r["started_at"], r["ttft_p50_ms"], *(r[name] for name in SERVER_FIELDS)) for r in read.runs]
+    else:
+        rows = (
+            await connection.execute(
+                select(RunRow.started_at, RunRow.ttft_p50_ms, *(getattr(RunRow, n) for n in SERVER_FIELDS)).where(
+                    RunRow.series_id == series_id,
+                    RunRow.started_at >= type_coerce(since - timedelta(hours=24), UtcDateTime()),
+                    RunRow.started_at < type_coerce(until, UtcDateTime()),
+                )
             )
-        )
-    ).all()
+        ).all()
     recent = [row for row in rows if row[0] >= since]
     before = [row for row in rows if row[0] < since]
     position = {"ttft_p50_ms": 1, **{name: 2 + i for i, name in enumerate(SERVER_FIELDS)}}
@@ -853,13 +938,25 @@ async def series_points(
     history_start = detector.history_since(start)
     step_from = start - timedelta(hours=detector.rules.level_hours)
     async with engine.connect() as connection:
+        connection = await _snapshot(connection)
         found = await _series(connection, [series_id])
         if series_id not in found:
             raise NotFound(f"no series with id {series_id}")
         info = found[series_id]
         if end - start <= RAW_RANGE:
+            read = await _cold_read(
+                connection,
+                [series_id],
+                start=start,
+                end=end,
+                samples=True,
+                run_keys=[key for side, key in _SAMPLE_KEYS if side == "run"],
+                sample_keys=["warmup", *(key for side, key in _SAMPLE_KEYS if side == "sample")],
+            )
             rows = (
-                await connection.execute(
+                _sample_rows(read)
+                if read is not None
+                else await connection.execute(
                     select(*_SAMPLE_FIELDS)
                     .select_from(RunRow.__table__.join(SampleRow.__table__, SAMPLES_OF_RUN))
                     .where(
@@ -870,7 +967,8 @@ async def series_points(
                     )
                     .order_by(RunRow.started_at, SampleRow.round)
                 )
-            ).all()
+            )
+            rows = list(rows)
             if len(rows) <= max_points:
                 resolution, width, points = "sample", 0, [sample_point(row) for row in rows]
             else:
@@ -931,6 +1029,15 @@ async def series_points(
 MAX_CACHE_RUNS = 2016
 
 
+class _Pair(NamedTuple):
+    """What the cache view reads of a run."""
+
+    id: uuid.UUID
+    series_id: int
+    intended_at: datetime
+    ttft_p50_ms: float | None
+
+
 async def cache_view(
     connection: AsyncConnection, info: SeriesInfo, *, start: datetime, end: datetime
 ) -> dict[str, Any] | None:
@@ -959,18 +1066,42 @@ async def cache_view(
         RunRow.started_at >= type_coerce(start, UtcDateTime()),
         RunRow.started_at < type_coerce(end, UtcDateTime()),
     )
-    runs = (
-        await connection.execute(
-            select(RunRow.id, RunRow.series_id, RunRow.intended_at, RunRow.ttft_p50_ms)
-            .where(RunRow.series_id.in_([siblings[cold_prompt], siblings[warm_prompt]]), *window)
-            .order_by(RunRow.started_at.desc())
-            .limit(2 * MAX_CACHE_RUNS)
-        )
-    ).all()
-    cold = {_aware(r.intended_at): r.ttft_p50_ms for r in runs if r.series_id == siblings[cold_prompt]}
+    pair = [siblings[cold_prompt], siblings[warm_prompt]]
+    read = await _cold_read(
+        connection,
+        pair,
+        start=start,
+        end=end,
+        samples=True,
+        run_keys=("ttft_p50_ms",),
+        sample_keys=("warmup", "disturbed", "error", "cached_tokens", "prompt_tokens"),
+    )
+    runs: Sequence[Any]
+    if read is not None:
+        newest = sorted(read.runs, key=lambda r: r["started_at"], reverse=True)[: 2 * MAX_CACHE_RUNS]
+        runs = [_Pair(r["id"], r["series_id"], r["intended_at"], r["ttft_p50_ms"]) for r in newest]
+    else:
+        runs = (
+            await connection.execute(
+                select(RunRow.id, RunRow.series_id, RunRow.intended_at, RunRow.ttft_p50_ms)
+                .where(RunRow.series_id.in_(pair), *window)
+                .order_by(RunRow.started_at.desc())
+                .limit(2 * MAX_CACHE_RUNS)
+            )
+        ).all()
+    cold_ms = {_aware(r.intended_at): r.ttft_p50_ms for r in runs if r.series_id == siblings[cold_prompt]}
     warm = [r for r in runs if r.series_id == siblings[warm_prompt]]
     tokens: dict[Any, tuple[list[float], list[float]]] = {r.id: ([], []) for r in warm}
-    if warm:
+    if warm and read is not None:
+        for r in warm:
+            for sample in read.samples.get(r.id, ()):
+                if sample["warmup"] or sample["disturbed"] or sample["error"] is not None:
+                    continue
+                if sample["cached_tokens"] is not None:
+                    tokens[r.id][0].append(float(sample["cached_tokens"]))
+                if sample["prompt_tokens"] is not None:
+                    tokens[r.id][1].append(float(sample["prompt_tokens"]))
+    elif warm:
         rows = await connection.execute(
             select(SampleRow.run_id, SampleRow.cached_tokens, SampleRow.prompt_tokens).where(
                 SampleRow.run_id.in_(list(tokens)),
@@ -990,7 +1121,7 @@ async def cache_view(
     pairs = [
         PairRun(
             at=_aware(r.intended_at),
-            cold_ms=cold.get(_aware(r.intended_at)),
+            cold_ms=cold_ms.get(_aware(r.intended_at)),
             warm_ms=r.ttft_p50_ms,
             warm_cached_tokens=_median(tokens[r.id][0]),
             warm_prompt_tokens=_median(tokens[r.id][1]),
@@ -1338,6 +1469,7 @@ async def compare(
     `max_runs` runs, or where retention has removed the window's raw samples, the same numbers from the
     hourly rollups (`_compare_hours`, `resolution` "hour"); TooBroad past `max_hours` series-hours."""
     async with engine.connect() as connection:
+        connection = await _snapshot(connection)
         series = await _series(connection)
         chosen = {
             sid: info
@@ -1409,7 +1541,10 @@ def _document(
 
 
 async def _runs_in(connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime) -> int:
-    """How many runs of these series started in [start, end) (a count over the runs index)."""
+    """How many runs of these series started in [start, end) (a count over the runs index; through the cold
+    tier when a chunk may hold some: its runs counted as stored, decoded only where the window cuts it)."""
+    if await cold.any_chunk(connection, series_ids, start, end):
+        return await cold.count_runs(connection, series_ids, start, end)
     runs = await connection.scalar(
         select(func.count())
         .select_from(RunRow.__table__)
@@ -1425,13 +1560,16 @@ async def _runs_in(connection: AsyncConnection, series_ids: Sequence[int], *, st
 async def _raw_gone(connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime) -> bool:
     """Whether retention has removed raw runs of the window: a rollup of these series holds an hour that
     starts in the window and ends before the window's first raw run."""
-    first = await connection.scalar(
-        select(func.min(RunRow.started_at)).where(
-            RunRow.series_id.in_(list(series_ids)),
-            RunRow.started_at >= type_coerce(start, UtcDateTime()),
-            RunRow.started_at < type_coerce(end, UtcDateTime()),
+    if await cold.any_chunk(connection, series_ids, start, end):
+        first = await cold.first_start(connection, series_ids, start, end)
+    else:
+        first = await connection.scalar(
+            select(func.min(RunRow.started_at)).where(
+                RunRow.series_id.in_(list(series_ids)),
+                RunRow.started_at >= type_coerce(start, UtcDateTime()),
+                RunRow.started_at < type_coerce(end, UtcDateTime()),
+            )
         )
-    )
     until = floor_hour(_aware(first)) - timedelta(hours=1) if first is not None else end
     if until <= start:
         return False
@@ -1614,6 +1752,23 @@ async def _compare_samples(
         SampleRow.ttft_ms.is_not(None),
     )
     joined = RunRow.__table__.join(SampleRow.__table__, SAMPLES_OF_RUN)
+    read = await _cold_read(
+        connection,
+        series_ids,
+        start=start,
+        end=end,
+        samples=True,
+        sample_keys=("warmup", "error", "ttft_ms", "prompt_tokens"),
+    )
+    if read is not None:
+        cold_values: dict[int, tuple[list[float], list[float | None]]] = defaultdict(lambda: ([], []))
+        for run in read.runs:
+            for sample in read.samples.get(run["id"], ()):
+                if sample["warmup"] or sample["error"] is not None or sample["ttft_ms"] is None:
+                    continue
+                cold_values[run["series_id"]][0].append(sample["ttft_ms"])
+                cold_values[run["series_id"]][1].append(sample["prompt_tokens"])
+        return [(sid, ttfts, tokens) for sid, (ttfts, tokens) in cold_values.items()]
     if connection.dialect.name == "postgresql":
         # One row per series with its values as arrays, which asyncpg decodes in C: row by row, building
         # a result row per sample took about half of the view's time (bench/web.py).

@@ -39,6 +39,7 @@ COORDINATION_TABLES = {
 TRIAGE_TABLES = {"incident_triage", "annotations"}
 BUDGET_TABLES = {"budget_holds"}  # migration 0016
 OVERVIEW_TABLES = {"overview_summary", "overview_summary_state"}  # migration 0019
+COLD_TABLES = {"cold_chunks"}  # migration 0021
 
 
 async def tables(engine: AsyncEngine) -> set[str]:
@@ -62,7 +63,9 @@ async def test_it_upgrades_from_empty_downgrades_to_base_and_upgrades_again(empt
         assert await migrate.upgrade(engine) == (None, migrate.head())
         assert await tables(
             engine
-        ) == RESULT_TABLES | COORDINATION_TABLES | TRIAGE_TABLES | BUDGET_TABLES | OVERVIEW_TABLES | {"alembic_version"}
+        ) == RESULT_TABLES | COORDINATION_TABLES | TRIAGE_TABLES | BUDGET_TABLES | OVERVIEW_TABLES | COLD_TABLES | {
+            "alembic_version"
+        }
         # Every downgrade works, one step at a time.
         assert await migrate.downgrade(engine, "0001") == (migrate.head(), "0001")
         assert await tables(engine) == RESULT_TABLES | {"alembic_version"}

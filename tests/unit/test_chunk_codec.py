@@ -1,23 +1,17 @@
-"""bench/chunk_codec.py, the codec `bench/storage_layouts.py` measures a compressed cold tier with: it must give
-back every row value for value, or the bytes it measures would be for less than the rows hold."""
+"""monitor/store/chunk_codec.py, the codec of the cold tier's chunks: it must give back every row value for value,
+type for type, or a compacted day would read back other than it was stored."""
 
 from __future__ import annotations
 
-import importlib.util
 import uuid
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-_PATH = Path(__file__).resolve().parents[2] / "bench" / "chunk_codec.py"
-_SPEC = importlib.util.spec_from_file_location("chunk_codec", _PATH)
-assert _SPEC is not None and _SPEC.loader is not None
-codec: Any = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(codec)
+from monitor.store import chunk_codec as codec
 
 _MOMENTS = st.datetimes(min_value=datetime(1900, 1, 1), max_value=datetime(2200, 1, 1), timezones=st.just(UTC))
 # Each column holds one kind of value or none, as a database column does.
@@ -70,3 +64,16 @@ def test_a_day_of_samples_costs_a_fraction_of_its_rows_text() -> None:
 def test_a_value_it_has_no_encoding_for_is_refused_by_name() -> None:
     with pytest.raises(TypeError, match="no encoding for bytes"):
         codec.encode([(b"raw",)], 1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_tables(), st.data())
+def test_a_reader_of_some_columns_gets_exactly_those(
+    table: tuple[list[tuple[Any, ...]], int], data: st.DataObject
+) -> None:
+    rows, columns = table
+    wanted = data.draw(st.sets(st.integers(min_value=0, max_value=max(columns - 1, 0))))
+    count, values = codec.decode_columns(codec.encode(rows, columns), wanted)
+    assert count == len(rows)
+    for index in range(columns):
+        assert values[index] == ([row[index] for row in rows] if index in wanted else None)

@@ -182,7 +182,7 @@ def test_it_rejects_an_unknown_prompt_and_an_unknown_provider() -> None:
         ),
         (
             lambda d: d.update(database={"retention": {"raw": 5}}),
-            "config.yaml: database.retention.raw: unknown key 'raw' (allowed: raw_days, rollup_days)",
+            "config.yaml: database.retention.raw: unknown key 'raw' (allowed: raw_days, rollup_days, cold_after_days)",
         ),
     ],
 )
@@ -589,3 +589,59 @@ def test_metrics_per_series_names_the_modes_for_anything_else() -> None:
     text = yaml.safe_dump(base(), sort_keys=False) + "metrics:\n  per_series: true\n"
     (problem,) = problems(text)
     assert problem == "config.yaml: metrics.per_series: true is not one of full, summary, off", problem
+
+
+# ---------------------------------------------------------------- the cold tier's cutoff
+
+
+def test_the_cold_tier_is_off_unless_set_and_its_least_cutoff_leaves_detection_its_history() -> None:
+    # The hourly job's detector reads 61 runs back, and the seasonal baselines 8 days before them: 10.6 days.
+    config = load_config(write(base()), environ={})
+    assert config.database.retention.cold_after_days is None
+    assert config.cold_minimum() == (11, "detection's history of jobs.slow (runs 60 min apart)")
+    only_fast = base(jobs=[BASE["jobs"][0]])
+    assert load_config(write(only_fast), environ={}).cold_minimum()[0] == 9
+    on = base(jobs=[BASE["jobs"][0]], database={"retention": {"cold_after_days": 9}})
+    assert load_config(write(on), environ={}).database.retention.cold_after_days == 9
+
+
+def test_a_cold_tier_cutoff_that_would_starve_detection_is_refused_naming_the_fix() -> None:
+    data = base(database={"retention": {"cold_after_days": 10}})
+    assert problems(data) == [
+        "config.yaml: database.retention.cold_after_days (10) would compact runs that detection's history of "
+        "jobs.slow (runs 60 min apart) still reads as rows (11 days back): raise it to at least 11, or leave it unset"
+    ]
+    assert (
+        load_config(
+            write(base(database={"retention": {"cold_after_days": 12}})), environ={}
+        ).database.retention.cold_after_days
+        == 12
+    )
+
+
+def test_the_burn_rates_longest_window_is_kept_as_rows_too() -> None:
+    data = base(jobs=[BASE["jobs"][0]], detection={"slo_burn": {"windows": [
+        {"severity": "ticket", "burn_rate": 1.0, "long_window_minutes": 14400, "short_window_minutes": 360}
+    ]}})  # fmt: skip
+    data["targets"]["qwen3-8b"]["slo"] = {"ttft_ms": 800}
+    config = load_config(write(data), environ={})
+    assert config.cold_minimum() == (10, "detection.slo_burn's longest window")
+
+
+def test_the_detectors_history_reach_is_what_it_reads() -> None:
+    from datetime import timedelta
+
+    from monitor.detect.detector import Detector
+    from monitor.detect.rules import Rules
+
+    at = datetime(2026, 12, 7, tzinfo=UTC)
+    for rules in (Rules(), Rules(seasonal_days=0), Rules(seasonal_days=3, level_hours=6)):
+        for interval in (timedelta(seconds=30), timedelta(minutes=5), timedelta(hours=1)):
+            reach = at - Detector(rules).history_since(at, interval=interval)
+            assert reach.total_seconds() == pytest.approx(rules.history_reach_s(interval.total_seconds()))
+
+
+def test_the_cold_tier_never_takes_the_week_check_config_projects_costs_from() -> None:
+    data = base(jobs=[BASE["jobs"][0]], detection={"seasonal_days": 0})
+    config = load_config(write(data), environ={})
+    assert config.cold_minimum() == (8, "check-config's token history (7 days) and the cost view's day")

@@ -1,0 +1,506 @@
+"""The cold tier: a series' day of runs and samples kept as two compressed chunks instead of rows (issue 26).
+
+Compaction (`compact_series_day`) reads a series' day of runs (by their scheduled day, `intended_at`, the day
+partitions' key) with their samples, encodes each table's rows column-wise (`chunk_codec`: lossless), and in
+the same transaction stores the chunk row and deletes the rows. A crash before the commit leaves the rows; after
+it, the chunk: never both, never neither. A day compacted again (a late run arrived: a spool drained after an
+outage) is decoded, joined by the new rows and written again, in one transaction too.
+
+Reads (`read_runs`) take the runs of some series started in a time range from both the rows and the chunks,
+in one snapshot, so a read never sees a day twice or not at all while compaction commits beside it. A run kept
+in a chunk wins over a row of the same run (same id) or the same tick (series, job, scheduled time; not ad-hoc
+runs): `save_runs` cannot see chunks, so a replica's late second run of a tick may land as a row; it is left
+out of every read, as the one-run-per-tick key leaves it out of the rows, and the next compaction deletes it.
+
+Each chunk holds the tables' columns as they were when it was written (`LAYOUTS[layout]`); a migration that
+changes `runs` or `samples` adds a layout (tests/integration/test_store_cold.py fails until it does).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Integer, and_, delete, func, null, or_, select, text, type_coerce
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from monitor.store import chunk_codec
+from monitor.store.models import COLD_CHUNKS, RUNS, SAMPLES
+from monitor.store.records import ADHOC_JOB
+from monitor.store.types import Microseconds, UtcDateTime
+
+DAY = timedelta(days=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Held (per series, within the compaction's transaction) so two daemons never compact one series-day at once.
+COLD_LOCK_KEY = 0x7474_6663  # "ttfc"
+SAMPLE_BATCH = 500  # run ids per statement reading or deleting their samples
+
+# The columns each layout's chunks hold, by the database's column names (durations as `*_us` integers).
+LAYOUTS: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    1: (
+        (
+            "id", "series_id", "job", "api", "intended_at", "started_at", "finished_at", "rounds", "warmup", "ok",
+            "errors", "ttft_p50_ms", "ttft_min_ms", "ttft_max_ms", "ttfa_p50_ms", "decode_tps_p50",
+            "prompt_tokens_p50", "error", "stored_at", "server_waiting", "server_running", "server_kv_cache_usage",
+            "server_prefix_hit_rate", "server_ttft_ms", "server_queue_ms", "server_prefill_ms", "canary",
+            "server_build",
+        ),
+        (
+            "run_id", "round", "warmup", "intended_at", "sent_at", "dns_us", "connect_us", "tls_us",
+            "connection_reused", "setup_us", "ttfb_us", "first_event_us", "ttft_us", "ttfa_us", "first_tool_call_us",
+            "total_us", "gap_p50_us", "gap_p95_us", "gap_max_us", "decode_tps", "token_events", "prompt_tokens",
+            "completion_tokens", "cached_tokens", "reasoning_tokens", "reasoning_tokens_estimated",
+            "prompt_tokens_target", "prompt_chars", "served_model", "fingerprint", "request_id", "http_status",
+            "server_processing_ms", "ratelimit_remaining_requests", "ratelimit_remaining_tokens", "retry_after",
+            "server_timing", "error", "error_message", "timing_path", "self_delay_us", "disturbed", "via_proxy",
+            "connection_retried",
+        ),
+    ),
+}  # fmt: skip
+LAYOUT = max(LAYOUTS)
+
+# A column's key (what `select(RUNS)` / `select(SAMPLES)` rows are read by: `ttft_ms`) by its database name.
+_RUN_KEYS = {column.name: column.key for column in RUNS.c}
+_SAMPLE_KEYS = {column.name: column.key for column in SAMPLES.c}
+_MICROS = frozenset(column.name for column in SAMPLES.c if isinstance(column.type, Microseconds))
+# The rows as stored: the durations as their integers, not converted to milliseconds.
+_RAW_RUNS = [RUNS.c[_RUN_KEYS[name]] for name in LAYOUTS[LAYOUT][0]]
+_RAW_SAMPLES = [
+    type_coerce(column, Integer()).label(name) if name in _MICROS else column
+    for name in LAYOUTS[LAYOUT][1]
+    for column in (SAMPLES.c[_SAMPLE_KEYS[name]],)
+]
+
+
+def day_of(moment: datetime) -> datetime:
+    """The UTC day (its midnight) a run scheduled at `moment` belongs to."""
+    moment = moment.astimezone(UTC)
+    return datetime(moment.year, moment.month, moment.day, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Compacted:
+    """What one compaction of a series' day did."""
+
+    runs: int  # runs moved from rows into the chunk
+    samples: int  # samples moved so
+    duplicates: int  # rows of a run or tick the chunk already held, deleted (never read)
+    chunk_runs: int  # runs the chunk holds now
+    chunk_samples: int
+    bytes: int  # the two chunks' size
+
+
+def _as_read(
+    chunk: bytes, names: Sequence[str], keys: Mapping[str, str], only: Collection[str] | None = None
+) -> list[dict[str, Any]]:
+    """The rows of a chunk as a `select` of their table reads them: by column key, the durations in milliseconds
+    (as `types.Microseconds` converts them); a column the chunk's layout lacks is None. Only the keys in `only`
+    when given (the other columns are not decoded)."""
+    wanted = None if only is None else {index for index, name in enumerate(names) if keys.get(name) in only}
+    _rows, columns = chunk_codec.decode_columns(chunk, wanted)
+    found: list[str] = []
+    values: list[list[Any]] = []
+    for name, column in zip(names, columns, strict=True):
+        key = keys.get(name)
+        if key is None or column is None:
+            continue  # a column a later migration dropped, or one not asked for
+        found.append(key)
+        values.append([None if v is None else v / 1000 for v in column] if name in _MICROS else column)
+    missing = {key: None for key in keys.values() if key not in found and (only is None or key in only)}
+    if missing:
+        return [{**dict(zip(found, row, strict=True)), **missing} for row in zip(*values, strict=True)]
+    return [dict(zip(found, row, strict=True)) for row in zip(*values, strict=True)]
+
+
+def decode_chunk(
+    layout: int,
+    runs_chunk: bytes,
+    samples_chunk: bytes | None,
+    *,
+    run_keys: Collection[str] | None = None,
+    sample_keys: Collection[str] | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The runs and samples of a chunk row, as `select(RUNS)` and `select(SAMPLES)` read rows (no samples when
+    `samples_chunk` is None; only the columns of `run_keys` and `sample_keys` when given); columns a later
+    layout added are None."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"cold chunk of layout {layout}: this version reads layouts {sorted(LAYOUTS)}; upgrade it")
+    run_names, sample_names = LAYOUTS[layout]
+    runs = _as_read(runs_chunk, run_names, _RUN_KEYS, run_keys)
+    samples = _as_read(samples_chunk, sample_names, _SAMPLE_KEYS, sample_keys) if samples_chunk is not None else []
+    return runs, samples
+
+
+def _in_layout(rows: Sequence[Sequence[Any]], names: Sequence[str], wanted: Sequence[str]) -> list[tuple[Any, ...]]:
+    """Rows stored in one layout as another's columns (absent ones None): an older chunk joined by new rows."""
+    if tuple(names) == tuple(wanted):
+        return [tuple(row) for row in rows]
+    at = {name: index for index, name in enumerate(names)}
+    return [tuple(row[at[name]] if name in at else None for name in wanted) for row in rows]
+
+
+def _tick(run: Mapping[str, Any]) -> tuple[str, datetime] | None:
+    return None if run["job"] == ADHOC_JOB else (run["job"], run["intended_at"])
+
+
+def _run_sort(run: Sequence[Any]) -> tuple[datetime, uuid.UUID]:
+    return run[4], run[0]  # intended_at, id (LAYOUTS' order)
+
+
+def _sample_sort(sample: Sequence[Any]) -> tuple[datetime, uuid.UUID, int]:
+    return sample[3], sample[0], sample[1]  # intended_at, run_id, round
+
+
+async def _raw_rows(
+    connection: AsyncConnection, series_id: int, start: datetime, end: datetime
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    """The stored rows (as the chunks hold them) of the series' runs scheduled in [start, end), and their samples."""
+    runs = [
+        tuple(row)
+        for row in await connection.execute(
+            select(*_RAW_RUNS).where(
+                RUNS.c.series_id == series_id,
+                RUNS.c.intended_at >= type_coerce(start, UtcDateTime()),
+                RUNS.c.intended_at < type_coerce(end, UtcDateTime()),
+            )
+        )
+    ]
+    ids = [run[0] for run in runs]
+    samples: list[tuple[Any, ...]] = []
+    for offset in range(0, len(ids), SAMPLE_BATCH):
+        samples += [
+            tuple(row)
+            for row in await connection.execute(
+                select(*_RAW_SAMPLES).where(
+                    SAMPLES.c.run_id.in_(ids[offset : offset + SAMPLE_BATCH]),
+                    SAMPLES.c.intended_at >= type_coerce(start, UtcDateTime()),
+                    SAMPLES.c.intended_at < type_coerce(end, UtcDateTime()),
+                )
+            )
+        ]
+    return runs, samples
+
+
+async def lock_series(connection: AsyncConnection, series_id: int) -> bool:
+    """Within a write transaction: whether this session may compact the series now (PostgreSQL: an advisory
+    lock no other daemon holds; SQLite's write transaction already holds the whole database)."""
+    if connection.dialect.name != "postgresql":
+        return True
+    got = await connection.scalar(
+        text("SELECT pg_try_advisory_xact_lock(:key, :series)"), {"key": COLD_LOCK_KEY, "series": series_id}
+    )
+    return bool(got)
+
+
+async def compact_series_day(connection: AsyncConnection, series_id: int, day: datetime) -> Compacted:
+    """Within the caller's write transaction: move the series' runs scheduled on `day` (a UTC midnight), with
+    their samples, from rows into its chunk (joining the chunk already there), and delete the rows."""
+    end = day + DAY
+    runs, samples = await _raw_rows(connection, series_id, day, end)
+    stored = (
+        await connection.execute(
+            select(COLD_CHUNKS.c.layout, COLD_CHUNKS.c.runs_chunk, COLD_CHUNKS.c.samples_chunk).where(
+                COLD_CHUNKS.c.series_id == series_id, COLD_CHUNKS.c.day == type_coerce(day, UtcDateTime())
+            )
+        )
+    ).first()
+    run_names, sample_names = LAYOUTS[LAYOUT]
+    kept_runs: list[tuple[Any, ...]] = []
+    kept_samples: list[tuple[Any, ...]] = []
+    if stored is not None:
+        if stored.layout not in LAYOUTS:
+            raise ValueError(f"cold chunk of layout {stored.layout}: this version knows layouts {sorted(LAYOUTS)}")
+        old_runs, old_samples = LAYOUTS[stored.layout]
+        kept_runs = _in_layout(chunk_codec.decode(stored.runs_chunk), old_runs, run_names)
+        kept_samples = _in_layout(chunk_codec.decode(stored.samples_chunk), old_samples, sample_names)
+    held_ids = {run[0] for run in kept_runs}
+    held_ticks = {tick for run in kept_runs if (tick := _tick(dict(zip(run_names, run, strict=True)))) is not None}
+    moved = {
+        run[0]
+        for run in runs
+        if run[0] not in held_ids and _tick(dict(zip(run_names, run, strict=True))) not in held_ticks
+    }
+    new_runs = [run for run in runs if run[0] in moved]
+    new_samples = [sample for sample in samples if sample[0] in moved]
+    all_runs = sorted(kept_runs + new_runs, key=_run_sort)
+    all_samples = sorted(kept_samples + new_samples, key=_sample_sort)
+    if not all_runs:
+        return Compacted(0, 0, 0, 0, 0, 0)
+    runs_chunk = chunk_codec.encode(all_runs, len(run_names))
+    samples_chunk = chunk_codec.encode(all_samples, len(sample_names))
+    where = (COLD_CHUNKS.c.series_id == series_id, COLD_CHUNKS.c.day == type_coerce(day, UtcDateTime()))
+    await connection.execute(delete(COLD_CHUNKS).where(*where))
+    await connection.execute(
+        COLD_CHUNKS.insert().values(
+            series_id=series_id,
+            day=day,
+            layout=LAYOUT,
+            runs=len(all_runs),
+            samples=len(all_samples),
+            first_started_at=min(run[5] for run in all_runs),
+            last_started_at=max(run[5] for run in all_runs),
+            runs_chunk=runs_chunk,
+            samples_chunk=samples_chunk,
+        )
+    )
+    ids = [run[0] for run in runs]
+    in_day = (
+        SAMPLES.c.intended_at >= type_coerce(day, UtcDateTime()),
+        SAMPLES.c.intended_at < type_coerce(end, UtcDateTime()),
+    )
+    for offset in range(0, len(ids), SAMPLE_BATCH):
+        part = ids[offset : offset + SAMPLE_BATCH]
+        await connection.execute(delete(SAMPLES).where(SAMPLES.c.run_id.in_(part), *in_day))
+        await connection.execute(
+            delete(RUNS).where(
+                RUNS.c.id.in_(part),
+                RUNS.c.intended_at >= type_coerce(day, UtcDateTime()),
+                RUNS.c.intended_at < type_coerce(end, UtcDateTime()),
+            )
+        )
+    return Compacted(
+        runs=len(new_runs),
+        samples=len(new_samples),
+        duplicates=len(runs) - len(new_runs),
+        chunk_runs=len(all_runs),
+        chunk_samples=len(all_samples),
+        bytes=len(runs_chunk) + len(samples_chunk),
+    )
+
+
+async def chunks_touching(
+    connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime, *, samples: bool = True
+) -> list[Any]:
+    """The chunk rows of `series_ids` holding a run started in [start, end) (by their first and last start);
+    without their samples' chunk (None) unless `samples`."""
+    ids = list(series_ids)
+    if not ids:
+        return []
+    samples_chunk = COLD_CHUNKS.c.samples_chunk if samples else null().label("samples_chunk")
+    return list(
+        await connection.execute(
+            select(
+                COLD_CHUNKS.c.series_id,
+                COLD_CHUNKS.c.day,
+                COLD_CHUNKS.c.layout,
+                COLD_CHUNKS.c.runs_chunk,
+                samples_chunk,
+            )
+            .where(
+                COLD_CHUNKS.c.series_id.in_(ids),
+                COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
+                COLD_CHUNKS.c.first_started_at < type_coerce(end, UtcDateTime()),
+            )
+            .order_by(COLD_CHUNKS.c.series_id, COLD_CHUNKS.c.day)
+        )
+    )
+
+
+async def any_chunk(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> bool:
+    """Whether a chunk may hold a run of `series_ids` started in [start, end), or a run a row started then
+    repeats (a replica's late second run of a tick, started after every run of its chunk): by the chunks' first
+    and last start, and by their day. A cheap look: readers of recent ranges keep their own statements when it
+    is false."""
+    ids = list(series_ids)
+    if not ids:
+        return False
+    found = await connection.scalar(
+        select(func.count())
+        .select_from(COLD_CHUNKS)
+        .where(
+            COLD_CHUNKS.c.series_id.in_(ids),
+            or_(
+                and_(
+                    COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
+                    COLD_CHUNKS.c.first_started_at < type_coerce(end, UtcDateTime()),
+                ),
+                # A run starts within a day of its scheduled tick: a row started in the window belongs to
+                # one of these days.
+                and_(
+                    COLD_CHUNKS.c.day >= type_coerce(day_of(max(start, _EPOCH + DAY)) - DAY, UtcDateTime()),
+                    COLD_CHUNKS.c.day < type_coerce(end, UtcDateTime()),
+                ),
+            ),
+        )
+    )
+    return bool(found)
+
+
+# What `read_runs` reads of every run and sample it decodes, whatever else its caller asks for.
+_RUN_NEEDS = ("id", "series_id", "job", "intended_at", "started_at")
+_SAMPLE_NEEDS = ("run_id", "round")
+
+
+@dataclass(slots=True)
+class Read:
+    """Runs (and, when asked, their samples) as `select(RUNS)` / `select(SAMPLES)` rows read them, by column key:
+    runs oldest first by start (then id), samples by run in that order, then round."""
+
+    runs: list[dict[str, Any]]
+    samples: dict[uuid.UUID, list[dict[str, Any]]]
+
+
+async def read_runs(
+    connection: AsyncConnection,
+    series_ids: Iterable[int],
+    start: datetime,
+    end: datetime,
+    *,
+    samples: bool = True,
+    run_keys: Collection[str] | None = None,
+    sample_keys: Collection[str] | None = None,
+) -> Read:
+    """The runs of `series_ids` started in [start, end), from the rows and the chunks alike (on one snapshot:
+    call it in a transaction of REPEATABLE READ on PostgreSQL, any transaction on SQLite), with their samples
+    when `samples`. The one read of older runs every reader goes through when a chunk may hold some. Runs and
+    samples kept in chunks carry only the columns of `run_keys` and `sample_keys` when given (those a reader
+    needs: the others are not decoded), and always the ones the read itself needs."""
+    if run_keys is not None:
+        run_keys = {*run_keys, *_RUN_NEEDS}
+    if sample_keys is not None:
+        sample_keys = {*sample_keys, *_SAMPLE_NEEDS}
+    ids = list(series_ids)
+    chunk_rows = await chunks_touching(connection, ids, start, end, samples=samples)
+    out_runs: list[dict[str, Any]] = []
+    out_samples: dict[uuid.UUID, list[dict[str, Any]]] = {}
+    held_ids: set[uuid.UUID] = set()
+    held_ticks: set[tuple[int, str, datetime]] = set()
+    decoded = {(row.series_id, day_of(row.day)) for row in chunk_rows}
+
+    def hold(runs: Iterable[Mapping[str, Any]]) -> None:
+        for run in runs:
+            held_ids.add(run["id"])
+            if (tick := _tick(run)) is not None:
+                held_ticks.add((run["series_id"], *tick))
+
+    for row in chunk_rows:
+        runs, members = decode_chunk(
+            row.layout, row.runs_chunk, row.samples_chunk, run_keys=run_keys, sample_keys=sample_keys
+        )
+        hold(runs)
+        for run in runs:
+            if start <= run["started_at"] < end:
+                out_runs.append(run)
+        if samples:
+            wanted = {run["id"] for run in runs if start <= run["started_at"] < end}
+            for sample in members:
+                if sample["run_id"] in wanted:
+                    out_samples.setdefault(sample["run_id"], []).append(sample)
+    if ids:
+        raw = await connection.execute(
+            select(RUNS).where(
+                RUNS.c.series_id.in_(ids),
+                RUNS.c.started_at >= type_coerce(start, UtcDateTime()),
+                RUNS.c.started_at < type_coerce(end, UtcDateTime()),
+            )
+        )
+        found = [{c.key: row._mapping[c] for c in RUNS.c} for row in raw]
+        # A row of a compacted day whose chunk holds none of the window's runs (a replica's late second run
+        # of a tick started just inside the window, its chunk's runs just outside): that chunk's runs too.
+        await _hold_other_chunks(connection, found, decoded, hold)
+        raw_runs = []
+        for run in found:
+            tick = _tick(run)
+            if run["id"] in held_ids or (tick is not None and (run["series_id"], *tick) in held_ticks):
+                continue  # the chunk holds this run, or a run of this tick
+            raw_runs.append(run)
+        out_runs += raw_runs
+        if samples and raw_runs:
+            by_id = [run["id"] for run in raw_runs]
+            ticks = [run["intended_at"] for run in raw_runs]
+            for offset in range(0, len(by_id), SAMPLE_BATCH):
+                part = by_id[offset : offset + SAMPLE_BATCH]
+                days = ticks[offset : offset + SAMPLE_BATCH]
+                for row in await connection.execute(
+                    select(SAMPLES).where(
+                        SAMPLES.c.run_id.in_(part),
+                        SAMPLES.c.intended_at >= type_coerce(min(days), UtcDateTime()),
+                        SAMPLES.c.intended_at <= type_coerce(max(days), UtcDateTime()),
+                    )
+                ):
+                    mapping = row._mapping
+                    out_samples.setdefault(row.run_id, []).append({c.key: mapping[c] for c in SAMPLES.c})
+    out_runs.sort(key=lambda run: (run["started_at"], run["id"]))
+    for members in out_samples.values():
+        members.sort(key=lambda sample: sample["round"])
+    return Read(out_runs, out_samples)
+
+
+async def compactable(
+    connection: AsyncConnection, *, before: datetime, held_from: datetime | None
+) -> list[tuple[int, datetime]]:
+    """The (series id, day) pairs with runs in rows whose whole scheduled day ends at or before `before`, and
+    before `held_from` (the oldest hour still waiting for its rollup) when given, oldest first."""
+    limit = before if held_from is None else min(before, held_from)
+    cutoff = day_of(limit)
+    if cutoff > limit:
+        cutoff -= DAY
+    oldest = await connection.scalar(select(func.min(RUNS.c.started_at)))
+    if oldest is None:
+        return []
+    pairs: list[tuple[int, datetime]] = []
+    day = day_of(oldest) - DAY  # a run scheduled before midnight may start after it
+    while day < cutoff:
+        found = await connection.execute(
+            select(RUNS.c.series_id)
+            .where(
+                RUNS.c.intended_at >= type_coerce(day, UtcDateTime()),
+                RUNS.c.intended_at < type_coerce(day + DAY, UtcDateTime()),
+                # What the runs index (started_at) narrows it to: a run starts about when it was scheduled.
+                RUNS.c.started_at >= type_coerce(day - DAY, UtcDateTime()),
+                RUNS.c.started_at < type_coerce(day + 2 * DAY, UtcDateTime()),
+            )
+            .distinct()
+        )
+        pairs += sorted((series_id, day) for (series_id,) in found)
+        day += DAY
+    return pairs
+
+
+async def _hold_other_chunks(
+    connection: AsyncConnection,
+    rows: Sequence[Mapping[str, Any]],
+    decoded: set[tuple[int, datetime]],
+    hold: Callable[[Iterable[Mapping[str, Any]]], None],
+) -> None:
+    """`hold` the runs of the chunks of the days of `rows` not decoded yet (none, nearly always: a chunk's day
+    has rows only after a late run)."""
+    days = {(run["series_id"], day_of(run["intended_at"])) for run in rows} - decoded
+    if not days:
+        return
+    first, last = min(day for _, day in days), max(day for _, day in days)
+    keys = await connection.execute(
+        select(COLD_CHUNKS.c.series_id, COLD_CHUNKS.c.day).where(
+            COLD_CHUNKS.c.series_id.in_(sorted({series_id for series_id, _ in days})),
+            COLD_CHUNKS.c.day >= type_coerce(first, UtcDateTime()),
+            COLD_CHUNKS.c.day <= type_coerce(last, UtcDateTime()),
+        )
+    )
+    for series_id, day in [key for key in keys if (key[0], day_of(key[1])) in days]:
+        stored = (
+            await connection.execute(
+                select(COLD_CHUNKS.c.layout, COLD_CHUNKS.c.runs_chunk).where(
+                    COLD_CHUNKS.c.series_id == series_id, COLD_CHUNKS.c.day == type_coerce(day, UtcDateTime())
+                )
+            )
+        ).one()
+        runs, _ = decode_chunk(stored.layout, stored.runs_chunk, None, run_keys=_RUN_NEEDS)
+        hold(runs)
+        decoded.add((series_id, day_of(day)))
+
+
+async def count_runs(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> int:
+    """How many runs of `series_ids` started in [start, end), rows and chunks alike (the chunks' runs decoded,
+    not their samples)."""
+    return len((await read_runs(connection, list(series_ids), start, end, samples=False, run_keys=())).runs)
+
+
+async def first_start(
+    connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime
+) -> datetime | None:
+    """The earliest start of a run of `series_ids` started in [start, end), rows and chunks alike."""
+    read = await read_runs(connection, list(series_ids), start, end, samples=False, run_keys=())
+    return read.runs[0]["started_at"] if read.runs else None
