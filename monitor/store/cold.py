@@ -390,14 +390,18 @@ async def read_runs(
                 if sample["run_id"] in wanted:
                     out_samples.setdefault(sample["run_id"], []).append(sample)
     if ids:
+        # The rows' columns a reader asked for, as the chunks' runs carry them: each column read is a value
+        # typed in Python for every run of the range (a month of a series' runs holds thousands).
+        columns = list(RUNS.c) if run_keys is None else [c for c in RUNS.c if c.key in run_keys]
         raw = await connection.execute(
-            select(RUNS).where(
+            select(*columns).where(
                 RUNS.c.series_id.in_(ids),
                 RUNS.c.started_at >= type_coerce(start, UtcDateTime()),
                 RUNS.c.started_at < type_coerce(end, UtcDateTime()),
             )
         )
-        found = [{c.key: row._mapping[c] for c in RUNS.c} for row in raw]
+        run_columns = [c.key for c in columns]
+        found = [dict(zip(run_columns, row, strict=True)) for row in raw]
         # A row of a compacted day whose chunk holds none of the window's runs (a replica's late second run
         # of a tick started just inside the window, its chunk's runs just outside): that chunk's runs too.
         await _hold_other_chunks(connection, found, decoded, hold)
@@ -409,6 +413,7 @@ async def read_runs(
             raw_runs.append(run)
         out_runs += raw_runs
         if samples and raw_runs:
+            sample_columns = [c.key for c in SAMPLES.c]
             by_id = [run["id"] for run in raw_runs]
             ticks = [run["intended_at"] for run in raw_runs]
             for offset in range(0, len(by_id), SAMPLE_BATCH):
@@ -421,8 +426,7 @@ async def read_runs(
                         SAMPLES.c.intended_at <= type_coerce(max(days), UtcDateTime()),
                     )
                 ):
-                    mapping = row._mapping
-                    out_samples.setdefault(row.run_id, []).append({c.key: mapping[c] for c in SAMPLES.c})
+                    out_samples.setdefault(row.run_id, []).append(dict(zip(sample_columns, row, strict=True)))
     out_runs.sort(key=lambda run: (run["started_at"], run["id"]))
     for members in out_samples.values():
         members.sort(key=lambda sample: sample["round"])
