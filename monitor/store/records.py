@@ -214,6 +214,13 @@ IDENTITY_RUN_FIELDS = ("canary", "server_build")
 Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
 
 
+class StorableBatch(list[tuple[RunRecord, Sequence[Sample]]]):
+    """A batch whose runs `iter_runs_from_samples` made and nothing changed since: every run and sample
+    already as `storable_batch` would leave it, so a save does not check them again (6.4-7.1 ms of the
+    probes' loop in one step for a job of 500 series). Who changes a run or sample in it must not keep
+    the mark."""
+
+
 @dataclass(frozen=True, slots=True)
 class HourlyStats:
     """Measured samples of one series in one UTC hour (by their run's start).

@@ -73,6 +73,7 @@ from monitor.store.records import (
     HourlyStats,
     RunRecord,
     SeriesKey,
+    StorableBatch,
     floor_hour,
     hourly_stats,
     sample_id_of,
@@ -453,8 +454,9 @@ class Repository:
         """
         if not batch:
             return frozenset()
-        # Usually done already by runs_from_samples; spool records written by older versions were not.
-        batch = storable_batch(batch)
+        if not isinstance(batch, StorableBatch):
+            # Spool records written by older versions, and runs made or changed by hand.
+            batch = storable_batch(batch)
         _check_aware(batch)
         learnt: dict[SeriesKey, int] = {}
         try:
