@@ -315,7 +315,7 @@ def _run_ended(ctx: JobContext, outcome: JobOutcome) -> None:
 
 
 def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], runs: Batch | None = None) -> Batch:
-    from monitor.store.records import runs_from_samples
+    from monitor.store.records import StorableBatch, runs_from_samples
 
     batch = runs
     if batch is None:
@@ -327,14 +327,16 @@ def _batch(ctx: JobContext, outcome: JobOutcome, provider_of: dict[str, str], ru
     if outcome.server_build:
         builds = outcome.server_build
         batch = [(replace(run, server_build=builds.get(run.series.target)), samples) for run, samples in batch]
-    if not outcome.server:
-        return batch
-    return [
-        (replace(run, **_as_kwargs(outcome.server[run.series.target].run_fields())), samples)
-        if run.series.target in outcome.server
-        else (run, samples)
-        for run, samples in batch
-    ]
+    if outcome.server:
+        batch = [
+            (replace(run, **_as_kwargs(outcome.server[run.series.target].run_fields())), samples)
+            if run.series.target in outcome.server
+            else (run, samples)
+            for run, samples in batch
+        ]
+    # Made by iter_runs_from_samples; what was added since (canaries, server readings) is not what
+    # storable_batch checks.
+    return StorableBatch(batch)
 
 
 def _as_kwargs(fields: dict[str, float | None]) -> dict[str, Any]:

@@ -214,6 +214,13 @@ IDENTITY_RUN_FIELDS = ("canary", "server_build")
 Batch = Sequence[tuple[RunRecord, Sequence[Sample]]]
 
 
+class StorableBatch(list[tuple[RunRecord, Sequence[Sample]]]):
+    """A batch whose runs `iter_runs_from_samples` made and nothing changed since: every run and sample
+    already as `storable_batch` would leave it, so a save does not check them again (6.4-7.1 ms of the
+    probes' loop in one step for a job of 500 series). Who changes a run or sample in it must not keep
+    the mark."""
+
+
 @dataclass(frozen=True, slots=True)
 class HourlyStats:
     """Measured samples of one series in one UTC hour (by their run's start).
@@ -454,14 +461,18 @@ def iter_runs_from_samples(
 ) -> Iterator[tuple[RunRecord, list[Sample]]]:
     """`runs_from_samples` one run at a time (the samples grouped at the first step), so that a caller on
     the probes' loop can let it through between runs."""
+    # Grouped first, made storable a run at a time: for a job of 500 series, every sample at the first step
+    # held the probes' loop for 5 ms (`storable_sample` leaves the series' names as they are).
     groups: dict[tuple[str, str, str, str], list[Sample]] = {}
-    for sample in map(storable_sample, samples):
-        try:
-            uuid.UUID(sample.sample_id)
-        except (ValueError, TypeError, AttributeError):
-            raise ValueError(f"sample_id {sample.sample_id!r} of target '{sample.target}' is not a UUID") from None
+    for sample in samples:
         groups.setdefault((sample.target, sample.prompt, sample.model, sample.api), []).append(sample)
-    for (target, prompt, model, api), members in groups.items():
+    for (target, prompt, model, api), raw in groups.items():
+        members = list(map(storable_sample, raw))
+        for sample in members:
+            try:
+                uuid.UUID(sample.sample_id)
+            except (ValueError, TypeError, AttributeError):
+                raise ValueError(f"sample_id {sample.sample_id!r} of target '{sample.target}' is not a UUID") from None
         if target not in provider_of:
             raise ValueError(f"no provider known for target '{target}'; include it in provider_of")
         series = storable_series(

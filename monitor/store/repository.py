@@ -74,6 +74,7 @@ from monitor.store.records import (
     HourlyStats,
     RunRecord,
     SeriesKey,
+    StorableBatch,
     floor_hour,
     hourly_stats,
     sample_id_of,
@@ -468,9 +469,9 @@ def _hourly_of_read(read: cold.Read, *, postgres: bool) -> dict[int, list[Hourly
 
 
 # Runs (with their samples) per statement when SQLite stores a batch (`Repository._save_sqlite`): each part's
-# rows are made in one step of the probes' loop, 6-13 ms for 100 and 4-8.5 for 50 (bench/daemon.py; the loop's
-# lag p99 target is 5 ms).
-SQLITE_SAVE_PART = 50
+# rows are made in one step of the probes' loop, 6-13 ms for 100 and 4-8.5 for 50 in the daemon (bench/daemon.py,
+# a young collection often landing in one; the loop's lag p99 target is 5 ms).
+SQLITE_SAVE_PART = 25
 
 
 class Repository:
@@ -529,18 +530,20 @@ class Repository:
         """
         if not batch:
             return frozenset()
-        # Usually done already by runs_from_samples; spool records written by older versions were not.
-        batch = storable_batch(batch)
-        _check_aware(batch)
+        if not isinstance(batch, StorableBatch):
+            # Spool records written by older versions, and runs made or changed by hand.
+            batch = storable_batch(batch)
+        if self._postgres:
+            _check_aware(batch)  # SQLite's checks each part as it goes (`_save_sqlite`)
         learnt: dict[SeriesKey, int] = {}
         try:
             async with self._write() as connection:
                 ids = await self._resolve_series(connection, {run.series for run, _ in batch}, learnt)
-                hours = sorted({(ids[run.series], floor_hour(run.started_at)) for run, _ in batch})
                 if self._postgres:
+                    hours = sorted({(ids[run.series], floor_hour(run.started_at)) for run, _ in batch})
                     inserted = await self._save_postgres(connection, batch, ids, hours)
                 else:
-                    inserted = await self._save_sqlite(connection, batch, ids, hours)
+                    inserted = await self._save_sqlite(connection, batch, ids)
         except BaseException:
             # Ids learnt in a transaction that did not commit may not exist; forget them all.
             self._series_ids.clear()
@@ -549,13 +552,18 @@ class Repository:
         return inserted
 
     async def _save_sqlite(
-        self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int], hours: list[tuple[int, datetime]]
+        self, connection: AsyncConnection, batch: Batch, ids: dict[SeriesKey, int]
     ) -> frozenset[uuid.UUID]:
         inserted: set[uuid.UUID] = set()
+        hours: set[tuple[int, datetime]] = set()
         # A part at a time, in the one transaction: the rows' parameters are made on the probes' loop, and a
         # job's 500 runs at once held it for about 10 ms (bench/daemon.py); between parts it runs the probes.
+        # Each part's times are checked with it (a naive one rolls the whole transaction back), not the
+        # batch's before the first: 1-2 ms more of one step for 500 runs.
         for start in range(0, len(batch), SQLITE_SAVE_PART):
             part = batch[start : start + SQLITE_SAVE_PART]
+            _check_aware(part)
+            hours.update((ids[run.series], floor_hour(run.started_at)) for run, _ in part)
             runs = [_run_row(run, ids[run.series]) for run, _ in part]
             new = frozenset(
                 await connection.scalars(sqlite.insert(RUNS).on_conflict_do_nothing().returning(RUNS.c.id), runs)
@@ -565,7 +573,7 @@ class Repository:
             await _SQLITE_SAMPLES.executemany(connection, samples)
         now = datetime.now(UTC)
         await _SQLITE_MARK_PENDING.executemany(
-            connection, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in hours]
+            connection, [{"series_id": sid, "hour": hour, "marked_at": now} for sid, hour in sorted(hours)]
         )
         return frozenset(inserted)
 

@@ -19,7 +19,7 @@ from enum import StrEnum
 from typing import Any
 
 from monitor.store.engine import describe_db_error, is_bad_data
-from monitor.store.records import Batch
+from monitor.store.records import Batch, StorableBatch
 from monitor.store.repository import Repository
 from monitor.store.spool import EventSink, Spool, SpooledRun, log_event
 
@@ -147,7 +147,8 @@ class ResultWriter:
 
         Never raises for database or spool trouble; the outcome is returned and reported as events.
         """
-        batch = [(run, list(samples)) for run, samples in batch]
+        copied = [(run, list(samples)) for run, samples in batch]
+        batch = StorableBatch(copied) if isinstance(batch, StorableBatch) else copied
         if not batch:
             return Saved.STORED
         samples = sum(len(members) for _, members in batch)

@@ -164,6 +164,9 @@ async def test_sqlite_stores_a_large_batch_a_part_at_a_time_in_one_transaction(
     if engine.dialect.name != "sqlite":
         pytest.skip("PostgreSQL copies the batch into staging tables in one go")
     monkeypatch.setattr(repository_module, "SQLITE_SAVE_PART", 3)
+    checked: list[int] = []  # the runs whose times are checked at once: a part's, not the whole batch's
+    check_aware = repository_module._check_aware
+    monkeypatch.setattr(repository_module, "_check_aware", lambda part: checked.append(len(part)) or check_aware(part))
     repository = Repository(engine)
     first = make_batch(T0)
     await repository.save_runs(first[:1])
@@ -182,6 +185,7 @@ async def test_sqlite_stores_a_large_batch_a_part_at_a_time_in_one_transaction(
     finally:
         sa.event.remove(engine.sync_engine, "before_execute", on_execute)
     assert rows_per_insert == [3, 3, 3, 1]
+    assert checked == [1, 3, 3, 3, 1]  # the first save's one run, then this one's parts
     assert len(committed) == 1
     assert stored == {run.run_id for run, _ in batch[1:8]}  # not the stored one, nor the tick's second runs
     assert await count(engine, "runs") == 8

@@ -12,7 +12,7 @@ from typing import Any, cast
 
 from monitor.schedule import pipeline
 from monitor.schedule.pipeline import HAND_OVER_STEP, JobOutcome
-from monitor.store.records import runs_from_samples
+from monitor.store.records import StorableBatch, runs_from_samples, storable_batch
 from tests.support.store_fixtures import PROVIDERS, T0, make_samples
 
 TARGETS = tuple(PROVIDERS)
@@ -49,3 +49,16 @@ async def test_a_large_run_is_made_into_runs_with_the_loop_let_through_between_s
     wanted = runs_from_samples(outcome.samples, job="every-5m", location="test-lab", provider_of=dict(PROVIDERS))
     assert len(runs) == 3 * HAND_OVER_STEP + 7
     assert without_ids(runs) == without_ids(wanted)
+
+
+async def test_the_batch_handed_over_is_marked_storable_so_the_writer_does_not_check_it_again() -> None:
+    outcome = outcome_of(HAND_OVER_STEP + 3)
+    ctx = cast(Any, SimpleNamespace(config=SimpleNamespace(location="test-lab")))
+    runs = await pipeline._runs_in_steps(ctx, outcome, dict(PROVIDERS))
+    handed = pipeline._batch(ctx, outcome, dict(PROVIDERS), runs)
+    assert isinstance(handed, StorableBatch) and without_ids(handed) == without_ids(runs)
+    outcome.canary = {TARGETS[0]: "c0ffee"}  # added after the runs were made: not what storable_batch checks
+    with_canary = pipeline._batch(ctx, outcome, dict(PROVIDERS))
+    assert isinstance(with_canary, StorableBatch)
+    assert {run.canary for run, _ in with_canary} == {"c0ffee", None}
+    assert storable_batch(with_canary) == with_canary

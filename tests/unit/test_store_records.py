@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from monitor.probe.result import ErrorClass, Sample
 from monitor.probe.settings import MAX_TIMEOUT_S
+from monitor.store import records
 from monitor.store.models import SAMPLES
 from monitor.store.records import (
     MAX_STORED_MS,
@@ -24,6 +25,7 @@ from monitor.store.records import (
     SeriesKey,
     floor_hour,
     hourly_stats,
+    iter_runs_from_samples,
     new_run_id,
     run_from_dict,
     run_to_dict,
@@ -184,6 +186,19 @@ def test_it_uses_the_run_id_factory() -> None:
     samples = make_samples("qwen3-8b", "a") + make_samples("qwen3-8b", "b")
     runs = runs_from_samples(samples, job="j", location="l", provider_of=PROVIDERS, run_id_factory=lambda: next(ids))
     assert [run.run_id for run, _ in runs] == [uuid.UUID(int=1), uuid.UUID(int=2)]
+
+
+def test_runs_are_made_storable_one_run_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller on the probes' loop lets it through between runs (pipeline._runs_in_steps): the first run of a
+    job of many series must not make every sample of the job storable first."""
+    made_storable: list[Sample] = []
+    original = records.storable_sample
+    monkeypatch.setattr(records, "storable_sample", lambda s: made_storable.append(s) or original(s))
+    samples = [s for i in range(40) for s in make_samples("qwen3-8b", f"p{i}", rounds=2, warmup=0)]
+    runs = iter_runs_from_samples(samples, job="j", location="l", provider_of=PROVIDERS)
+    run, members = next(runs)
+    assert len(made_storable) == 2 and run.series.prompt == "p0" and len(members) == 2
+    assert len(list(runs)) == 39 and len(made_storable) == 80
 
 
 @pytest.mark.parametrize(

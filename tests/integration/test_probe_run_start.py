@@ -1,0 +1,67 @@
+"""A run of many series starts a few series a turn of the probes' loop (issue 26, event-loop lag): every
+series' task made, and its first step taken, in one turn held every probe in flight and every timer due."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from monitor.probe.apis import FLAVORS, RequestParams
+from monitor.probe.client import Endpoint, ProbeClient
+from monitor.probe.prompts import Calibration, PromptFactory, PromptSpec
+from monitor.probe.runner import START_STEP, ProbeTarget, ProviderLimits, RunPlan, run_plan
+from monitor.sim import ModelProfile, RunningSimulator, Simulator, start
+
+KEY = "sim-key-0123456789"
+SERIES = 3 * START_STEP + 7
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[RunningSimulator]:
+    profile = ModelProfile(
+        name="plain", ttft_base_ms=5.0, prefill_ms_per_1k=0.0, noise_sigma=0.0, decode_tps=500.0, answer_tokens=2
+    )
+    running = await start(Simulator({"plain": profile}, noise=False, seed=3, api_key=KEY), port=0)
+    yield running
+    await running.close()
+
+
+def plan_of(server: RunningSimulator, *, concurrency: int) -> RunPlan:
+    endpoint = Endpoint(server.url + "/v1", FLAVORS["openai-chat"], api_key=KEY)
+    params = RequestParams(model="plain", max_tokens=2, temperature=0.0, extra_body={}, include_usage=True)
+    target = ProbeTarget(name="plain", provider="sim", endpoint=endpoint, params=params)
+    prompts = tuple(PromptSpec(f"p{i}", 128) for i in range(SERIES))
+    return RunPlan(targets=(target,), prompts=prompts, rounds=1, warmup=0, pause_s=0, concurrency=concurrency)
+
+
+def series_tasks() -> int:
+    return sum(1 for task in asyncio.all_tasks() if task.get_coro().__qualname__.endswith("run_plan.<locals>.series"))
+
+
+async def test_a_large_run_starts_its_series_a_few_at_a_time_letting_the_loop_through(
+    server: RunningSimulator,
+) -> None:
+    seen: list[int] = []
+
+    async def watch() -> None:
+        while True:
+            seen.append(series_tasks())
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    await asyncio.sleep(0)
+    async with ProbeClient() as client:
+        samples = await run_plan(
+            plan_of(server, concurrency=4),
+            client=client,
+            limits=ProviderLimits({"sim": 4}),
+            prompts=PromptFactory(Calibration()),
+        )
+    watcher.cancel()
+    started = [n for n in seen if n]
+    assert started[0] <= START_STEP, f"{started[0]} series started in the run's first turn of the loop"
+    assert max(started) == SERIES  # all of them under way together, waiting for the caps
+    assert len(samples) == SERIES and all(s.ok for s in samples)
+    assert {s.prompt for s in samples[:4]} == {"p0", "p1", "p2", "p3"}  # series still start in the plan's order
