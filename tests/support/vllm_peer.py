@@ -305,10 +305,14 @@ def start_server(
     cpus = engine_cpus(choice=os.environ.get(CPUS_VARIABLE))
     cpu_list = ",".join(map(str, sorted(cpus)))
     omp_bind = "auto" if cpus == set(os.sched_getaffinity(0)) else cpu_list  # "all": vLLM's own choice
+    # A test session killed outright (SIGKILL, a CI timeout) cannot stop its server: the kernel sends it SIGTERM
+    # when the process that started it dies (setpriv --pdeathsig, util-linux like taskset), or it would live on
+    # holding 2 GB and a core's worth of threads, and slow every timing test after it.
+    pdeathsig = ["setpriv", "--pdeathsig", "TERM"] if shutil.which("setpriv") else []
     process = subprocess.Popen(
         # taskset (util-linux, essential on Debian) execs the server in place, so the PID is the server's,
         # and the engine and worker processes it starts inherit the mask.
-        ["taskset", "--cpu-list", cpu_list, *command],
+        [*pdeathsig, "taskset", "--cpu-list", cpu_list, *command],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
