@@ -512,6 +512,15 @@ class Repository:
         async with write_transaction(self._engine) as connection:
             yield connection
 
+    @asynccontextmanager
+    async def _partition_change(self) -> AsyncIterator[AsyncConnection]:
+        """PostgreSQL: a write transaction for dropping a day partition, after every other session's change of
+        the partitions (`partitions.serialize`), waiting at most `partitions.DROP_LOCK_TIMEOUT` for a lock."""
+        async with self._write() as connection:
+            await connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{partitions.DROP_LOCK_TIMEOUT}'")
+            await partitions.serialize(connection)
+            yield connection
+
     async def ping(self) -> None:
         """Raises when the database cannot be reached."""
         async with self._read() as connection:
@@ -1181,9 +1190,7 @@ class Repository:
         for day in days:
             runs_name, samples_name = partitions.partition_name("runs", day), partitions.partition_name("samples", day)
             try:
-                async with self._write() as connection:
-                    await connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{partitions.DROP_LOCK_TIMEOUT}'")
-                    await partitions.serialize(connection)
+                async with self._partition_change() as connection:
                     if not await partitions.exists(connection, runs_name):
                         continue
                     present = [runs_name]
@@ -1228,9 +1235,7 @@ class Repository:
         for day in days:
             runs_name, samples_name = partitions.partition_name("runs", day), partitions.partition_name("samples", day)
             try:
-                async with self._write() as connection:
-                    await connection.exec_driver_sql(f"SET LOCAL lock_timeout = '{partitions.DROP_LOCK_TIMEOUT}'")
-                    await partitions.serialize(connection)
+                async with self._partition_change() as connection:
                     if not await partitions.exists(connection, runs_name):
                         continue  # another daemon's housekeeping dropped it first
                     latest = await connection.scalar(text(f"SELECT max(started_at) FROM {runs_name}"))
