@@ -37,7 +37,15 @@ def test_the_daemons_metrics_hold_what_its_per_series_mode_says(sim: SimProcess,
         assert "# TYPE ttft_monitor_ttft_seconds summary" in lines
         assert "ttft_monitor_ttft_seconds_bucket" not in body and "ttft_monitor_ttfa_seconds_bucket" not in body
         count = next(line for line in lines if line.startswith(f"ttft_monitor_ttft_seconds_count{{{SERIES}}}"))
-        assert float(count.rsplit(" ", 1)[1]) >= 2
+        # Every probe of the two runs is in the summary, or counted as disturbed (the daemon itself was late
+        # during it, as on a loaded CI machine) and kept out of it.
+        disturbed = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in per_target
+            if line.startswith("ttft_monitor_disturbed_samples_total{")
+        )
+        assert float(count.rsplit(" ", 1)[1]) >= 1
+        assert float(count.rsplit(" ", 1)[1]) + disturbed >= 2
         assert f"ttft_monitor_ttft_seconds_sum{{{SERIES}}}" in body
         assert f"ttft_monitor_ttft_last_seconds{{{SERIES}}}" in body
     else:
