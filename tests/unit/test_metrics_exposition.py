@@ -209,15 +209,19 @@ def test_lean_families_keep_no_lock_per_value_and_render_through_the_fast_path(m
             family.labels(f"t{i}").observe(0.5)
         return family
 
-    sizes = {}
-    for kind in (Histogram, LeanHistogram):
+    def size(kind: type) -> int:
         tracemalloc.start()
         try:
             kept = series(kind, CollectorRegistry())
-            sizes[kind] = tracemalloc.get_traced_memory()[0]
+            traced = tracemalloc.get_traced_memory()[0]
             del kept
         finally:
             tracemalloc.stop()
+        return traced
+
+    # The least of three: tracemalloc counts what every thread of the process allocates meanwhile (a test worker
+    # has others), which only adds.
+    sizes = {kind: min(size(kind) for _ in range(3)) for kind in (Histogram, LeanHistogram)}
     assert sizes[LeanHistogram] < 0.75 * sizes[Histogram], sizes
     registry = MonitorRegistry()
     series(LeanHistogram, registry)
