@@ -37,7 +37,8 @@ def plan_of(server: RunningSimulator, *, concurrency: int) -> RunPlan:
 
 
 def series_tasks() -> int:
-    return sum(1 for task in asyncio.all_tasks() if task.get_coro().__qualname__.endswith("run_plan.<locals>.series"))
+    names = (getattr(task.get_coro(), "__qualname__", "") for task in asyncio.all_tasks())
+    return sum(1 for name in names if name.endswith("run_plan.<locals>.series"))
 
 
 async def test_a_large_run_starts_its_series_a_few_at_a_time_letting_the_loop_through(

@@ -25,6 +25,7 @@ from monitor.store.records import (
     ROLLUP_SAMPLE_MEDIANS,
     SERVER_RUN_FIELDS,
     UNSTORED_SAMPLE_FIELDS,
+    Batch,
     HourlyStats,
     RunRecord,
     SeriesKey,
@@ -166,7 +167,12 @@ async def test_sqlite_stores_a_large_batch_a_part_at_a_time_in_one_transaction(
     monkeypatch.setattr(repository_module, "SQLITE_SAVE_PART", 3)
     checked: list[int] = []  # the runs whose times are checked at once: a part's, not the whole batch's
     check_aware = repository_module._check_aware
-    monkeypatch.setattr(repository_module, "_check_aware", lambda part: checked.append(len(part)) or check_aware(part))
+
+    def counted(part: Batch) -> None:
+        checked.append(len(part))
+        check_aware(part)
+
+    monkeypatch.setattr(repository_module, "_check_aware", counted)
     repository = Repository(engine)
     first = make_batch(T0)
     await repository.save_runs(first[:1])

@@ -20,9 +20,10 @@ import sqlalchemy as sa
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.probe.result import Sample
+from monitor.store import records as records_module
 from monitor.store import repository as repository_module
 from monitor.store.engine import create_engine
-from monitor.store.records import RunRecord, StorableBatch
+from monitor.store.records import Batch, RunRecord, StorableBatch
 from monitor.store.repository import Repository
 from monitor.store.spool import Spool
 from monitor.store.writer import ResultWriter, Saved
@@ -132,10 +133,13 @@ async def test_a_batch_the_probe_made_storable_is_not_checked_again_and_stored_t
     """A job's batch comes from iter_runs_from_samples, storable already (`StorableBatch`): checking its 500
     runs again held the probes' loop for 6-7 ms in one step of the writer. Any other batch is checked."""
     checked: list[int] = []
-    original = repository_module.storable_batch
-    monkeypatch.setattr(
-        repository_module, "storable_batch", lambda batch: checked.append(len(batch)) or original(batch)
-    )
+    original = records_module.storable_batch
+
+    def counted(batch: Batch) -> list[tuple[RunRecord, list[Sample]]]:
+        checked.append(len(batch))
+        return original(batch)
+
+    monkeypatch.setattr(repository_module, "storable_batch", counted)
     engine = backend.engine()
     spool = Spool(tmp_path / "spool", max_bytes=10**8)
     marked, plain = StorableBatch(make_batch(T0)), make_batch(T0 + timedelta(minutes=5))

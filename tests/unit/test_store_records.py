@@ -193,7 +193,12 @@ def test_runs_are_made_storable_one_run_at_a_time(monkeypatch: pytest.MonkeyPatc
     job of many series must not make every sample of the job storable first."""
     made_storable: list[Sample] = []
     original = records.storable_sample
-    monkeypatch.setattr(records, "storable_sample", lambda s: made_storable.append(s) or original(s))
+
+    def counted(sample: Sample) -> Sample:
+        made_storable.append(sample)
+        return original(sample)
+
+    monkeypatch.setattr(records, "storable_sample", counted)
     samples = [s for i in range(40) for s in make_samples("qwen3-8b", f"p{i}", rounds=2, warmup=0)]
     runs = iter_runs_from_samples(samples, job="j", location="l", provider_of=PROVIDERS)
     run, members = next(runs)
