@@ -144,7 +144,7 @@ async def open_served(
     dispatcher = Dispatcher(house_engine, config.alerts, transport, metrics=alert_metrics)
     tasks = [
         asyncio.create_task(dispatcher.run(stop)),
-        asyncio.create_task(run_maintenance(house, config.database, stop)),
+        asyncio.create_task(run_maintenance(house, config.database, stop, cold=config.cold_policy())),
     ]
     structlog.get_logger().debug("service_loop_serving", listen=config.metrics.listen, ui=bool(routes))
     return Served(runner=runner, dispatcher=dispatcher, transport=transport, engines=engines, tasks=tasks, stop=stop)

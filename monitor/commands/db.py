@@ -19,7 +19,7 @@ from monitor.commands.common import load_config_or_explain, run_against_database
 from monitor.exitcodes import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:
-    from monitor.config.models import Database
+    from monitor.config.models import ColdPolicy, Database
 
 NAME = "db"
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace, *, stdout: TextIO | None = None, stderr: TextI
         "downgrade": lambda: _migrate(migrate.downgrade, "downgraded", url, out, args.revision),
         "current": lambda: _current(url, out),
         "check": lambda: _check(url, out),
-        "housekeep": lambda: _housekeep(config.database, out),
+        "housekeep": lambda: _housekeep(config.database, out, cold=config.cold_policy()),
     }
     return run_against_database(
         actions[args.db_command](),
@@ -134,7 +134,7 @@ async def _check(url: str, out: TextIO) -> int:
     return EXIT_FAILED
 
 
-async def _housekeep(database: Database, out: TextIO) -> int:
+async def _housekeep(database: Database, out: TextIO, *, cold: ColdPolicy | None) -> int:
     """What the daemon does each hour (`maintain_once`), once, on the config's database and retention."""
     from monitor.schedule.maintenance import maintain_once
     from monitor.store import migrate
@@ -144,7 +144,7 @@ async def _housekeep(database: Database, out: TextIO) -> int:
     engine = create_engine(database.url)
     try:
         await migrate.ensure_current(engine)  # a schema behind head: `db upgrade` first, nothing touched
-        counts = await maintain_once(Repository(engine), database)
+        counts = await maintain_once(Repository(engine), database, cold=cold)
     finally:
         await engine.dispose()
     done = ", ".join(f"{name.replace('_', ' ')} {count:,}" for name, count in counts.items())

@@ -57,6 +57,22 @@ def unprotected_listen(config: Config, listen: str | None = None, *, key: str = 
     )
 
 
+def _cold_summary(config: Config) -> str:
+    retention = config.database.retention
+    fixed = retention.cold_days()
+    if fixed is not None:
+        return f"cold after {fixed} d" + (" (past raw_days: nothing compacted)" if fixed >= retention.raw_days else "")
+    if not retention.cold_tier_on():
+        return f"cold tier off (at least {config.cold_minimum()[0]} d when set in days)"
+    policy = config.cold_policy()
+    if policy is None:
+        return "cold tier auto: nothing compacted (raw_days too short for it)"
+    return (
+        f"cold tier auto: each series' days past its detection history (this config's jobs: "
+        f"{config.cold_minimum()[0]} d), at least {policy.after_days} d"
+    )
+
+
 def render_summary(
     config: Config, *, path: str, now: datetime, seen: Mapping[tuple[str, str], Seen] | None = None
 ) -> str:
@@ -67,11 +83,7 @@ def render_summary(
         f"location: {config.location}",
         f"database: {mask_password(db.url)}",
         f"  state_dir {db.state_dir}, keep raw {db.retention.raw_days} d, rollups {db.retention.rollup_days} d, "
-        + (
-            f"cold after {db.retention.cold_after_days} d"
-            if db.retention.cold_after_days is not None
-            else f"cold tier off (at least {config.cold_minimum()[0]} d when on)"
-        ),
+        + _cold_summary(config),
         f"metrics: listen {config.metrics.listen}"
         + (f", push to {config.metrics.pushgateway}" if config.metrics.pushgateway else ""),
         f"providers ({len(config.providers)}):",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -45,14 +46,47 @@ REFERENCE_ERROR_TYPE = "config_references"
 class Retention(ConfigModel):
     raw_days: int = Field(30, ge=1, description="Days to keep every individual probe sample.")
     rollup_days: int = Field(400, ge=1, description="Days to keep hourly/daily rollups (percentiles per target).")
-    cold_after_days: int | None = Field(
-        None,
-        ge=1,
-        description="Days after which a series' day of runs and samples is kept as two compressed chunks instead "
-        "of rows (the cold tier, docs/storage.md): every reader gives the same answers, at about a quarter of the "
-        "bytes. Unset: off (every day stays rows). At least the days detection's history and the burn rates' "
-        "longest window reach back (9 with the default rules and 5-minute jobs; check-config prints it).",
+    cold_after_days: int | Literal["auto", "off"] | None = Field(
+        "auto",
+        description="When a series' day of runs and samples is kept as two compressed chunks instead of rows (the "
+        "cold tier, docs/storage.md): every reader gives the same answers, at about a quarter of the bytes. `auto` "
+        "(the default): once the day is past what detection reads of that series (its newest runs as its own "
+        "schedule spaced them, and the seasonal baseline's days), and past the burn rates' longest window and 8 "
+        "days, whatever job or replica probes it. A number of days: every series after that many (at least what "
+        "this config's jobs need; check-config prints it). `off` (or null): every day stays rows.",
     )
+
+    @field_validator("cold_after_days", mode="before")
+    @classmethod
+    def _read_cold_after_days(cls, value: object) -> object:
+        # YAML 1.1 reads a bare `off` as false: what the user wrote is `off`.
+        if value is False:
+            return "off"
+        if isinstance(value, str) and value.strip().isdigit():  # from ${VAR}
+            value = int(value)
+        if value is None or value in ("auto", "off") or (isinstance(value, int) and not isinstance(value, bool)):
+            if isinstance(value, int) and value < 1:
+                raise ValueError(f"{value} days is not a cold tier: a number of days >= 1, auto (the default) or off")
+            return value
+        raise ValueError(f"{value!r} is not a number of days >= 1, auto (the default) or off")
+
+    def cold_days(self) -> int | None:
+        """The fixed days the cold tier waits, None for `auto` and `off`."""
+        return self.cold_after_days if isinstance(self.cold_after_days, int) else None
+
+    def cold_tier_on(self) -> bool:
+        return self.cold_after_days not in ("off", None)
+
+
+@dataclass(frozen=True, slots=True)
+class ColdPolicy:
+    """Which days housekeeping moves into the cold tier (Repository.compact): none younger than `after_days`
+    whole days, and with `keep_runs` set (`auto`), per series none that its newest `keep_runs` runs, less
+    `lookback_s` (what detection reads before its oldest history run), still reach."""
+
+    after_days: int
+    keep_runs: int | None = None
+    lookback_s: float = 0.0
 
 
 class Database(ConfigModel):
@@ -398,16 +432,43 @@ class Config(ConfigModel):
         reach, what = max(needs)
         return math.ceil(reach / 86400.0), what
 
+    def cold_policy(self) -> ColdPolicy | None:
+        """What housekeeping compacts (database.retention.cold_after_days); None when nothing: `off`, or no day
+        it may compact is younger than retention's."""
+        retention = self.database.retention
+        if not retention.cold_tier_on():
+            return None
+        fixed = retention.cold_days()
+        if fixed is not None:
+            return ColdPolicy(after_days=fixed) if fixed < retention.raw_days else None
+        # auto: the floor is what reads rows whatever the series' schedule (check-config's token history, the
+        # cost view, the burn windows); each series keeps its own detection history on top (Repository.compact).
+        floor = COLD_FLOOR_DAYS * 86400.0
+        burn = self.detection.slo_burn
+        if burn.enabled and any(t.slo.ttft_ms is not None for t in self.targets.values()):
+            floor = max(floor, burn.longest_window_minutes() * 60.0)
+        after = math.ceil(floor / 86400.0)
+        if after >= retention.raw_days:
+            return None
+        rules = self.detection.rules()
+        # One day more than detection's lookback: a job whose schedule was slowed reaches further back than its
+        # newest runs (spaced by the old schedule) say, until runs at the new spacing fill its history.
+        return ColdPolicy(
+            after_days=after, keep_runs=rules.history_runs + 1, lookback_s=rules.history_reach_s(0.0) + 86400.0
+        )
+
     @model_validator(mode="after")
     def _check_the_cold_tier_leaves_detection_its_rows(self) -> Config:
         retention = self.database.retention
-        if retention.cold_after_days is None:
+        fixed = retention.cold_days()
+        if fixed is None:
             return self
         days, what = self.cold_minimum()
-        if retention.cold_after_days < days:
+        if fixed < days:
             raise ValueError(
-                f"database.retention.cold_after_days ({retention.cold_after_days}) would compact runs that {what} "
-                f"still reads as rows ({days} days back): raise it to at least {days}, or leave it unset"
+                f"database.retention.cold_after_days ({fixed}) would compact runs that {what} "
+                f"still reads as rows ({days} days back): raise it to at least {days}, or set it to auto (the "
+                "default: each series after what its own detection reads) or off"
             )
         return self
 

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import structlog
 
-from monitor.config.models import Database
+from monitor.config.models import ColdPolicy, Database
 from monitor.logging import error_text
 
 MAINTENANCE_INTERVAL_S = 3600.0
@@ -80,15 +80,25 @@ class Housekept(Protocol):
 
     async def refresh_overview_summary(self, now: datetime) -> int: ...
 
-    async def compact(self, now: datetime, *, cold_after_days: int, limit: int | None = None) -> Compacted: ...
+    async def compact(
+        self,
+        now: datetime,
+        *,
+        cold_after_days: int,
+        keep_runs: int | None = None,
+        lookback_s: float = 0.0,
+        limit: int | None = None,
+    ) -> Compacted: ...
 
     async def prune(self, now: datetime, raw_days: int, rollup_days: int) -> Pruned: ...
 
 
-async def maintain_once(repository: Housekept, database: Database, *, now: datetime | None = None) -> dict[str, int]:
+async def maintain_once(
+    repository: Housekept, database: Database, *, cold: ColdPolicy | None = None, now: datetime | None = None
+) -> dict[str, int]:
     """Create the coming days' partitions (PostgreSQL), roll up finished hours, store the overview's
-    summary of them (monitor/store/overview_summary.py), move the days past `retention.cold_after_days` into the
-    cold tier (monitor/store/cold.py; unset, the default, compacts nothing), then
+    summary of them (monitor/store/overview_summary.py), move the days `cold` allows into the cold tier
+    (monitor/store/cold.py; `Config.cold_policy()`, None compacts nothing), then
     prune what is past retention: raw runs and job tick claims past `retention.raw_days` (on PostgreSQL whole days, as
     partitions), rollups, long-resolved incidents (with their triage and groups) and change markers past
     `retention.rollup_days`. Each step works in short transactions (see `Repository.prune`)."""
@@ -101,10 +111,15 @@ async def maintain_once(repository: Housekept, database: Database, *, now: datet
     # Right after the rollup, so the overview reads this hour's summary instead of a month of hours.
     summarised = await repository.refresh_overview_summary(now)
     # After the rollup: a day is compacted only once its hours are rolled up.
-    cold_after = database.retention.cold_after_days
     compacted = (
-        await repository.compact(now, cold_after_days=cold_after, limit=COMPACT_PER_PASS)
-        if cold_after is not None
+        await repository.compact(
+            now,
+            cold_after_days=cold.after_days,
+            keep_runs=cold.keep_runs,
+            lookback_s=cold.lookback_s,
+            limit=COMPACT_PER_PASS,
+        )
+        if cold is not None
         else None
     )
     pruned = await repository.prune(now, database.retention.raw_days, database.retention.rollup_days)
@@ -132,6 +147,7 @@ async def run_maintenance(
     database: Database,
     stop: asyncio.Event,
     *,
+    cold: ColdPolicy | None = None,
     first_after_s: float = FIRST_RUN_AFTER_S,
     interval_s: float = MAINTENANCE_INTERVAL_S,
 ) -> None:
@@ -145,7 +161,7 @@ async def run_maintenance(
         if stop.is_set():
             return
         try:
-            done = await maintain_once(repository, database)
+            done = await maintain_once(repository, database, cold=cold)
         except Exception as exc:  # the database may be down; try again next time
             log.warning("maintenance_failed", error=error_text(exc))
         else:

@@ -496,15 +496,102 @@ async def _hold_other_chunks(
         decoded.add((series_id, day_of(day)))
 
 
-async def count_runs(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> int:
-    """How many runs of `series_ids` started in [start, end), rows and chunks alike (the chunks' runs decoded,
-    not their samples)."""
-    return len((await read_runs(connection, list(series_ids), start, end, samples=False, run_keys=())).runs)
+async def newest_start(connection: AsyncConnection, series_id: int, start: datetime, end: datetime) -> datetime | None:
+    """The latest start of a run of the series in [start, end), as rows or chunks hold it (a chunk's by its
+    last run, wherever in the window): where a reader going back from the newest day may begin."""
+    in_window = (
+        RUNS.c.started_at >= type_coerce(start, UtcDateTime()),
+        RUNS.c.started_at < type_coerce(end, UtcDateTime()),
+    )
+    row = await connection.scalar(select(func.max(RUNS.c.started_at)).where(RUNS.c.series_id == series_id, *in_window))
+    chunk = await connection.scalar(
+        select(func.max(COLD_CHUNKS.c.last_started_at)).where(
+            COLD_CHUNKS.c.series_id == series_id,
+            COLD_CHUNKS.c.first_started_at < type_coerce(end, UtcDateTime()),
+            COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
+        )
+    )
+    found = [_moment(moment) for moment in (row, chunk) if moment is not None]
+    return min(max(found), end) if found else None
+
+
+def _moment(value: datetime | str) -> datetime:
+    # max() of a timestamp comes back from SQLite as text, without the column's type.
+    moment = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+async def count_runs(
+    connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime
+) -> tuple[int, int]:
+    """How many runs of `series_ids` started in [start, end): (as rows, in chunks). A chunk the window holds
+    whole counts as stored; one it cuts is decoded (its runs' starts only). For choosing how to read, not for
+    showing: a row repeating a chunk's run (a replica's late second run of a held tick, which every read leaves
+    out) is counted."""
+    ids = list(series_ids)
+    if not ids:
+        return 0, 0
+    rows = await connection.scalar(
+        select(func.count()).where(RUNS.c.series_id.in_(ids), *_started_in(RUNS.c.started_at, start, end))
+    )
+    whole = await connection.scalar(
+        select(func.coalesce(func.sum(COLD_CHUNKS.c.runs), 0)).where(
+            COLD_CHUNKS.c.series_id.in_(ids),
+            COLD_CHUNKS.c.first_started_at >= type_coerce(start, UtcDateTime()),
+            COLD_CHUNKS.c.last_started_at < type_coerce(end, UtcDateTime()),
+        )
+    )
+    cut = sum(1 for moment in await _cut_chunk_starts(connection, ids, start, end) if start <= moment < end)
+    return int(rows or 0), int(whole or 0) + cut
 
 
 async def first_start(
     connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime
 ) -> datetime | None:
-    """The earliest start of a run of `series_ids` started in [start, end), rows and chunks alike."""
-    read = await read_runs(connection, list(series_ids), start, end, samples=False, run_keys=())
-    return read.runs[0]["started_at"] if read.runs else None
+    """The earliest start of a run of `series_ids` started in [start, end), rows and chunks alike (the chunks by
+    their first start; one the window's start cuts decoded)."""
+    ids = list(series_ids)
+    if not ids:
+        return None
+    row = await connection.scalar(
+        select(func.min(RUNS.c.started_at)).where(
+            RUNS.c.series_id.in_(ids), *_started_in(RUNS.c.started_at, start, end)
+        )
+    )
+    chunk = await connection.scalar(
+        select(func.min(COLD_CHUNKS.c.first_started_at)).where(
+            COLD_CHUNKS.c.series_id.in_(ids), *_started_in(COLD_CHUNKS.c.first_started_at, start, end)
+        )
+    )
+    found = [_moment(moment) for moment in (row, chunk) if moment is not None]
+    found += [m for m in await _cut_chunk_starts(connection, ids, start, end, only_start=True) if start <= m < end]
+    return min(found, default=None)
+
+
+def _started_in(column: Any, start: datetime, end: datetime) -> tuple[Any, Any]:
+    return column >= type_coerce(start, UtcDateTime()), column < type_coerce(end, UtcDateTime())
+
+
+async def _cut_chunk_starts(
+    connection: AsyncConnection, ids: list[int], start: datetime, end: datetime, *, only_start: bool = False
+) -> list[datetime]:
+    """The run starts of the chunks that hold runs on both sides of the window's start, or (unless `only_start`)
+    of its end: the chunks a count by their stored figures cannot take whole."""
+    at_start = and_(
+        COLD_CHUNKS.c.first_started_at < type_coerce(start, UtcDateTime()),
+        COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
+    )
+    at_end = and_(
+        COLD_CHUNKS.c.first_started_at < type_coerce(end, UtcDateTime()),
+        COLD_CHUNKS.c.last_started_at >= type_coerce(end, UtcDateTime()),
+    )
+    rows = await connection.execute(
+        select(COLD_CHUNKS.c.layout, COLD_CHUNKS.c.runs_chunk).where(
+            COLD_CHUNKS.c.series_id.in_(ids), at_start if only_start else or_(at_start, at_end)
+        )
+    )
+    starts: list[datetime] = []
+    for layout, runs_chunk in rows:
+        runs, _ = decode_chunk(layout, runs_chunk, None, run_keys=("started_at",))
+        starts += [run["started_at"] for run in runs]
+    return starts

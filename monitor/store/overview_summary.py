@@ -42,7 +42,8 @@ from monitor.store.models import (
 from monitor.store.records import floor_hour
 from monitor.store.types import UtcDateTime
 
-# The overview's availability windows, newest first: a day, a week, a month before now.
+# The overview's availability windows, newest first: a day, a week, a month before now (the month from the top of
+# its first hour: OverviewHours.at).
 WINDOWS = (timedelta(days=1), timedelta(days=7), timedelta(days=30))
 SPARK_HOURS = 24
 _STATE_ID = 1
@@ -62,7 +63,11 @@ class OverviewHours:
     @classmethod
     def at(cls, now: datetime) -> OverviewHours:
         current = floor_hour(now)
-        return cls(now, tuple(now - span for span in WINDOWS), current, current - timedelta(hours=SPARK_HOURS - 1))
+        day, week, month = (now - span for span in WINDOWS)
+        # The month starts at the top of its first hour: its rollup holds that hour whole, so no runs are read
+        # at its start, where they are in the cold tier's chunks (a chunk a series on every call otherwise).
+        windows = (day, week, floor_hour(month))
+        return cls(now, windows, current, current - timedelta(hours=SPARK_HOURS - 1))
 
     def key(self) -> tuple[datetime, tuple[datetime, ...]]:
         """Two moments with equal keys read the same whole hours of the rollups."""

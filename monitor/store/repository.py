@@ -1150,18 +1150,32 @@ class Repository:
             runs=deleted_runs, samples=deleted_samples, days_dropped=days_dropped, cold_days=cold_days, **deleted
         )
 
-    async def compact(self, now: datetime, *, cold_after_days: int, limit: int | None = None) -> CompactResult:
+    async def compact(
+        self,
+        now: datetime,
+        *,
+        cold_after_days: int,
+        keep_runs: int | None = None,
+        lookback_s: float = 0.0,
+        limit: int | None = None,
+    ) -> CompactResult:
         """Move every series' day of runs and samples whose whole day (by scheduled time) ended
         `cold_after_days` or more before `now`, and whose hours are rolled up, into the cold tier
         (monitor/store/cold.py): one transaction per series-day, writing its chunk and deleting its rows.
-        A day compacted before that received late runs is compacted again (its chunk joined by them). On
-        PostgreSQL the day partitions left empty are dropped after. At most `limit` series-days, oldest first
-        (a database upgraded with weeks of rows is compacted over several passes)."""
+        With `keep_runs`, also only a day that ended before the series' `keep_runs`-th newest run (as rows)
+        less `lookback_s`: what detection reads of it, spaced as its own schedule spaced its runs, whoever
+        probes it (a series with fewer runs than that as rows keeps them all). A day compacted before that
+        received late runs is compacted again (its chunk joined by them). On PostgreSQL the day partitions
+        left empty are dropped after. At most `limit` series-days, oldest first (a database upgraded with
+        weeks of rows is compacted over several passes)."""
         before = now - timedelta(days=cold_after_days)
         async with self._read() as connection:
             oldest_pending = await connection.scalar(select(func.min(ROLLUP_PENDING.c.hour)))
             pairs = await cold.compactable(connection, before=before, held_from=oldest_pending)
-        pairs = sorted(pairs, key=lambda pair: (pair[1], pair[0]))[:limit]
+            pairs = sorted(pairs, key=lambda pair: (pair[1], pair[0]))
+            if keep_runs is not None:
+                pairs = await self._past_detection(connection, pairs, now, keep_runs, lookback_s, limit)
+        pairs = pairs[:limit]
         totals = {"series_days": 0, "runs": 0, "samples": 0, "duplicates": 0, "skipped": 0}
         for series_id, day in pairs:
             async with self._write() as connection:
@@ -1176,6 +1190,37 @@ class Repository:
             await asyncio.sleep(0)  # let probes and saves in between
         dropped = len(await self._drop_empty_days(cold.day_of(before))) if self._postgres else 0
         return CompactResult(**totals, days_dropped=dropped)
+
+    @staticmethod
+    async def _past_detection(
+        connection: AsyncConnection,
+        pairs: Sequence[tuple[int, datetime]],
+        now: datetime,
+        keep_runs: int,
+        lookback_s: float,
+        limit: int | None,
+    ) -> list[tuple[int, datetime]]:
+        """The (series, day) pairs, in order, whose day ended before what detection reads of the series: its
+        `keep_runs`-th newest run as rows, less `lookback_s`. Each series' reach is looked up once (the runs
+        index, newest first), and only until `limit` pairs are found."""
+        reach: dict[int, datetime | None] = {}
+        kept: list[tuple[int, datetime]] = []
+        for series_id, day in pairs:
+            if series_id not in reach:
+                oldest_read = await connection.scalar(
+                    select(RunRow.started_at)
+                    .where(RunRow.series_id == series_id, RunRow.started_at < type_coerce(now, UtcDateTime()))
+                    .order_by(RunRow.started_at.desc())
+                    .offset(keep_runs - 1)
+                    .limit(1)
+                )
+                reach[series_id] = None if oldest_read is None else oldest_read - timedelta(seconds=lookback_s)
+            edge = reach[series_id]
+            if edge is not None and day + cold.DAY <= edge:
+                kept.append((series_id, day))
+                if limit is not None and len(kept) >= limit:
+                    break
+        return kept
 
     async def _drop_empty_days(self, before: datetime) -> list[str]:
         """PostgreSQL: drop the day partitions (runs and samples) of days before `before` left without a row by

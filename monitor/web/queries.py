@@ -118,6 +118,9 @@ def _round(value: float | None, digits: int = 2) -> float | None:
 # slowly: on a production-size history a 400-day compare held a connection and a core for seconds
 # per request, and fifty of them took the process to 1.7 GB.
 MAX_COMPARE_RUNS = 100_000
+# What a run kept in the cold tier costs a compare by samples, in runs read as rows: bench/cold.py measured the
+# compare of 100 series over 11 compacted days 578 ms as rows, 3.75 s from chunks (2026-12-07, PostgreSQL).
+COLD_RUN_COST = 6
 # Beyond MAX_COMPARE_RUNS runs, or where retention has removed the window's raw samples, a compare reads
 # the hourly rollups instead (`resolution` "hour"); it reads at most this many series-hours.
 MAX_COMPARE_HOURS = 250_000
@@ -198,19 +201,64 @@ def baseline_note(*, runs: int, first_run_at: datetime | None, min_history_runs:
 
 
 async def _run_counts(
-    connection: AsyncConnection, series_ids: Sequence[int], *, since: datetime, until: datetime
+    connection: AsyncConnection,
+    series_ids: Sequence[int],
+    *,
+    since: datetime,
+    until: datetime,
+    enough: int | None = None,
 ) -> dict[int, tuple[int, datetime]]:
-    """Per series: its runs with a TTFT in [since, until) and the first one's start."""
+    """Per series: its runs with a TTFT in [since, until) and the first one's start. With `enough`, a series
+    whose count reaches it may be counted short of the rest (at least `enough`, and its first start then one
+    before every run counted), so a series whose older days are in the cold tier decodes only its newest
+    chunks: what `baseline_note` needs."""
     if not series_ids:
         return {}
-    read = await _cold_read(connection, series_ids, start=since, end=until, run_keys=("ttft_p50_ms",))
-    if read is not None:
-        counted: dict[int, tuple[int, datetime]] = {}
-        for run in read.runs:
-            if run["ttft_p50_ms"] is not None:
-                number, first = counted.get(run["series_id"], (0, run["started_at"]))
-                counted[run["series_id"]] = (number + 1, min(first, run["started_at"]))
+    counted = await _rows_run_counts(connection, series_ids, since=since, until=until)
+    if not await cold.any_chunk(connection, series_ids, since, until):
         return counted
+    if enough is None:
+        read = await cold.read_runs(connection, series_ids, since, until, samples=False, run_keys=("ttft_p50_ms",))
+        return _counted(read.runs, {})
+    # The runs rows count is exact where no chunk is in the range, and enough where it reaches `enough` (its
+    # last hour's runs are rows: more than `enough` of them could only be read short of what chunks add before).
+    for series_id in series_ids:
+        if counted.get(series_id, (0, since))[0] >= enough or not await cold.any_chunk(
+            connection, [series_id], since, until
+        ):
+            continue
+        newest = await cold.newest_start(connection, series_id, since, until)
+        own: dict[int, tuple[int, datetime]] = {}
+        end = until if newest is None else min(until, newest + timedelta(microseconds=1))
+        # A UTC day at a time (a chunk's), newest first: most series reach `enough` in their newest one.
+        while end > since:
+            start = max(since, cold.day_of(end - timedelta(microseconds=1)))
+            read = await cold.read_runs(connection, [series_id], start, end, samples=False, run_keys=("ttft_p50_ms",))
+            own = _counted(read.runs, own)
+            end = start
+            if own.get(series_id, (0, since))[0] >= enough and end > since:
+                own[series_id] = (own[series_id][0], since)  # runs before it are not counted: older than any
+                break
+        if series_id in own:
+            counted[series_id] = own[series_id]
+        else:
+            counted.pop(series_id, None)
+    return counted
+
+
+def _counted(
+    runs: Iterable[Mapping[str, Any]], counted: dict[int, tuple[int, datetime]]
+) -> dict[int, tuple[int, datetime]]:
+    for run in runs:
+        if run["ttft_p50_ms"] is not None:
+            number, first = counted.get(run["series_id"], (0, run["started_at"]))
+            counted[run["series_id"]] = (number + 1, min(first, run["started_at"]))
+    return counted
+
+
+async def _rows_run_counts(
+    connection: AsyncConnection, series_ids: Sequence[int], *, since: datetime, until: datetime
+) -> dict[int, tuple[int, datetime]]:
     rows = await connection.execute(
         select(RunRow.series_id, func.count(), func.min(RunRow.started_at))
         .where(
@@ -298,7 +346,8 @@ async def overview(
                 rolled=rolled.medians,
             )
             unknown = [sid for sid, info in series.items() if info.prompt != ALL_PROMPTS and sid not in baselines]
-            young = await _run_counts(connection, unknown, since=windows[-1], until=now)
+            needed = min_history_runs if min_history_runs is not None else Rules().min_history_runs
+            young = await _run_counts(connection, unknown, since=windows[-1], until=now, enough=needed)
         finally:
             if apart is not None and not apart.done():
                 apart.cancel()
@@ -338,7 +387,6 @@ async def overview(
         key = (info.target, info.location)
         if info.prompt != ALL_PROMPTS and last is not None and (key not in target_last or last > target_last[key]):
             target_last[key] = last
-    needed = min_history_runs if min_history_runs is not None else Rules().min_history_runs
     out = []
     for series_id, info in series.items():
         ok_d, err_d, ok_w, err_w, ok_m, err_m = counts.get(series_id, (0,) * 6)
@@ -1541,10 +1589,12 @@ def _document(
 
 
 async def _runs_in(connection: AsyncConnection, series_ids: Sequence[int], *, start: datetime, end: datetime) -> int:
-    """How many runs of these series started in [start, end) (a count over the runs index; through the cold
-    tier when a chunk may hold some: its runs counted as stored, decoded only where the window cuts it)."""
+    """How many runs of these series started in [start, end), as a compare by samples would cost them: a run
+    in the cold tier counts `COLD_RUN_COST` times (its samples are decoded, not read from an index), so a
+    compare over many compacted days reads the hourly rollups instead, as one over many rows does."""
     if await cold.any_chunk(connection, series_ids, start, end):
-        return await cold.count_runs(connection, series_ids, start, end)
+        as_rows, in_chunks = await cold.count_runs(connection, series_ids, start, end)
+        return as_rows + COLD_RUN_COST * in_chunks
     runs = await connection.scalar(
         select(func.count())
         .select_from(RunRow.__table__)

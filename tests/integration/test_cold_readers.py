@@ -50,6 +50,8 @@ def history() -> list[Any]:
         batch += make_batch(at, targets=("gpt-4o-mini",), prompts=("long",), rounds=3)
         if tick < 6:  # a series that stopped running 29 days ago: its last run is in a compacted day
             batch += make_batch(at, targets=("gpt-4o-mini",), prompts=("short",), location="retired")
+        if tick < 48:  # one that stopped 22 days ago after more runs than a baseline needs, all compacted
+            batch += make_batch(at, targets=("gpt-4o-mini",), prompts=("short",), location="retired-long")
         if tick % 25 == 0:
             batch += make_batch(at + timedelta(minutes=3), targets=("qwen3-8b",), prompts=("short",),
                                 job=ADHOC_JOB, location="adhoc-lab", rounds=2, warmup=0)  # fmt: skip
@@ -142,6 +144,68 @@ async def test_every_reader_gives_the_same_answer_after_compaction(twins: tuple[
         async with repository.engine.begin() as connection:
             await connection.execute(sa.text("DELETE FROM overview_summary_state"))
     assert await queries.overview(compacted.engine, now=NOW) == await queries.overview(rows.engine, now=NOW)
+
+
+async def test_the_overview_decodes_only_the_newest_chunks_of_a_series_without_a_baseline(
+    twins: tuple[Repository, Repository], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The month starts at the top of an hour (a rollup holds it whole: no chunk is read for its first hour, of
+    every series, on every call), and a retired series' note needs its runs counted only up to the baseline's
+    minimum: `retired-long`'s 9 days of chunks are read newest first until 24 runs with a TTFT (its last day's 2
+    runs and 4 days of 6), `retired`'s 2 days whole. Before, the same overview decoded 16 chunks."""
+    compacted, rows = twins
+    await compacted.compact(NOW, cold_after_days=COLD_AFTER_DAYS)
+    await compacted.refresh_overview_summary(NOW)  # as housekeeping keeps it: the quiet series' last runs
+    decoded: list[int] = []
+    real = cold.decode_chunk
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        decoded.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cold, "decode_chunk", counting)
+    shown = await queries.overview(compacted.engine, now=NOW)
+    assert shown == await queries.overview(rows.engine, now=NOW)
+    notes = {row["location"]: row["baseline_note"] for row in shown if row["location"].startswith("retired")}
+    assert notes == {"retired": "learning, 5 of 24 runs", "retired-long": "no runs in the day before the last hour"}
+    assert 0 < len(decoded) <= 2 + 5, len(decoded)
+
+
+async def test_counts_and_first_starts_from_the_chunks_figures_match_a_full_read(
+    twins: tuple[Repository, Repository],
+) -> None:
+    """What the compare chooses its resolution by: runs counted from the chunks' stored figures (decoded only
+    where a window cuts a chunk) and the first start, against every run read."""
+    compacted, _ = twins
+    await compacted.compact(NOW, cold_after_days=COLD_AFTER_DAYS)
+    async with compacted.engine.connect() as connection:
+        ids = list(await connection.scalars(sa.text("SELECT id FROM series")))
+        for start, end in (
+            (T0, NOW),  # every chunk whole, and rows
+            (T0 + timedelta(hours=5), T0 + timedelta(days=3, hours=2)),  # cuts the first and the last day's chunk
+            (T0 + timedelta(hours=20), T0 + timedelta(hours=21)),  # inside one chunk, cut at both ends
+            (NOW - timedelta(days=3), NOW),  # rows only
+        ):
+            read = await cold.read_runs(connection, ids, start, end, samples=False, run_keys=())
+            assert sum(await cold.count_runs(connection, ids, start, end)) == len(read.runs), (start, end)
+            first = read.runs[0]["started_at"] if read.runs else None
+            assert await cold.first_start(connection, ids, start, end) == first, (start, end)
+            for one in ids:
+                single = await cold.read_runs(connection, [one], start, end, samples=False, run_keys=())
+                assert sum(await cold.count_runs(connection, [one], start, end)) == len(single.runs)
+
+
+async def test_a_compare_over_compacted_days_reads_hours_sooner_than_one_over_rows(
+    twins: tuple[Repository, Repository],
+) -> None:
+    """A compacted run costs a compare by samples COLD_RUN_COST rows' worth: the same window of 60-odd runs is
+    read by samples from rows and by hours from chunks under a limit of 150 runs."""
+    compacted, rows = twins
+    await compacted.compact(NOW, cold_after_days=COLD_AFTER_DAYS)
+    start, end = T0, T0 + timedelta(days=2)
+    assert (await queries.compare(rows.engine, start=start, end=end, max_runs=150))["resolution"] == "sample"
+    assert (await queries.compare(compacted.engine, start=start, end=end, max_runs=150))["resolution"] == "hour"
+    assert (await queries.compare(compacted.engine, start=start, end=end))["resolution"] == "sample"
 
 
 async def test_late_runs_of_compacted_days_are_read_beside_their_chunks_by_every_reader(

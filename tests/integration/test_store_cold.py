@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from monitor.probe.result import ErrorClass
 from monitor.store import cold, migrate, partitions
-from monitor.store.models import RUNS, SAMPLES
+from monitor.store.models import COLD_CHUNKS, RUNS, SAMPLES
 from monitor.store.records import (
     ADHOC_JOB,
     ROLLUP_RUN_MEDIANS,
@@ -239,7 +239,7 @@ async def test_the_migration_refuses_to_drop_stored_chunks(backend: Backend) -> 
 async def test_housekeeping_compacts_after_the_rollup_a_bounded_number_of_series_days_a_pass(
     backend: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from monitor.config.models import Database, Retention
+    from monitor.config.models import ColdPolicy, Database
     from monitor.schedule import maintenance
 
     monkeypatch.setattr(maintenance, "COMPACT_PER_PASS", 4)
@@ -248,11 +248,66 @@ async def test_housekeeping_compacts_after_the_rollup_a_bounded_number_of_series
         repository = Repository(engine)
         await repository.save_runs(history())  # not rolled up: the pass rolls up first, then compacts
         before = await readings(repository)
-        database = Database(url=backend.url, retention=Retention(cold_after_days=COLD_AFTER_DAYS))
-        passes = [await maintenance.maintain_once(repository, database, now=NOW) for _ in range(4)]
+        database = Database(url=backend.url)
+        policy = ColdPolicy(after_days=COLD_AFTER_DAYS)
+        passes = [await maintenance.maintain_once(repository, database, cold=policy, now=NOW) for _ in range(4)]
         assert [done["series_days_compacted"] for done in passes] == [4, 4, 2, 0]
         assert sum(done["samples_compacted"] for done in passes) > 0
         assert await readings(repository) == before
+        # Without a policy (`off`, or retention too short for one) nothing is compacted.
+        await repository.save_runs(make_batch(T0 + timedelta(hours=1), targets=("qwen3-8b",), prompts=("short",)))
+        assert (await maintenance.maintain_once(repository, database, now=NOW))["series_days_compacted"] == 0
+    finally:
+        await engine.dispose()
+
+
+async def chunk_days(engine: AsyncEngine) -> dict[str, list[int]]:
+    """Per series' target, the days (since DAY0) the cold tier holds."""
+    async with engine.connect() as connection:
+        rows = await connection.execute(
+            sa.select(sa.text("series.target"), COLD_CHUNKS.c.day).select_from(
+                COLD_CHUNKS.join(sa.text("series"), sa.text("series.id = cold_chunks.series_id"))
+            )
+        )
+        found: dict[str, list[int]] = {}
+        for target, day in rows:
+            day = day if isinstance(day, datetime) else datetime.fromisoformat(day)
+            day = day if day.tzinfo else day.replace(tzinfo=DAY0.tzinfo)
+            found.setdefault(target, []).append((day - DAY0).days)
+        return {target: sorted(days) for target, days in found.items()}
+
+
+async def test_auto_compacts_each_series_only_past_what_its_own_detection_reads(backend: Backend) -> None:
+    """`cold_after_days: auto`: a series probed every hour and one probed every 12 hours (another location's
+    slow job this daemon's config does not know) over 12 days; each keeps its newest `keep_runs` runs and
+    `lookback_s` before them as rows, on top of the floor of `cold_after_days`."""
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        batch = []
+        for hour in range(12 * 24):
+            at = T0 + timedelta(hours=hour)
+            batch += make_batch(at, targets=("qwen3-8b",), prompts=("short",))
+            if hour % 12 == 0:
+                batch += make_batch(at, targets=("gpt-4o-mini",), prompts=("short",))
+        await repository.save_runs(batch)
+        now = DAY0 + timedelta(days=12, hours=6)
+        await repository.rollup(now)
+        before = await readings(repository)
+        # The hourly series' 10th newest run started 9 h before its last (day 11, 23:00 + 9 min): 1 day of
+        # lookback before it reaches into day 10, so days 0-9 may go; the floor (3 days before now: day 9, 06:00)
+        # keeps day 9 and after. The 12-hourly series' 10th newest started on day 7 at 9:00 (day 11 21:00 less
+        # 4.5 days): a day before it, day 6 09:00, so days 0-5 go.
+        done = await repository.compact(now, cold_after_days=3, keep_runs=10, lookback_s=86400.0)
+        assert await chunk_days(engine) == {"qwen3-8b": list(range(9)), "gpt-4o-mini": list(range(6))}
+        assert done.series_days == 9 + 6
+        assert await readings(repository) == before
+        # A series with fewer runs as rows than it keeps loses none of them: `keep_runs` past what any has.
+        again = await repository.compact(now + timedelta(days=30), cold_after_days=3, keep_runs=10_000)
+        assert again.series_days == 0
+        # The limit counts the pairs kept, not those looked at.
+        more = await repository.compact(now + timedelta(days=2), cold_after_days=1, keep_runs=10, limit=2)
+        assert more.series_days == 2
     finally:
         await engine.dispose()
 

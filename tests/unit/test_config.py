@@ -11,7 +11,8 @@ from monitor.config.check import check_config
 from monitor.config.errors import ConfigError, ConfigIssue
 from monitor.config.expand import expand_string
 from monitor.config.loader import load_config
-from monitor.config.models import Config, Job
+from monitor.config.models import ColdPolicy, Config, Job
+from monitor.detect.rules import Rules
 
 EXAMPLE = Path(__file__).resolve().parent.parent.parent / "config.yaml"
 
@@ -594,22 +595,72 @@ def test_metrics_per_series_names_the_modes_for_anything_else() -> None:
 # ---------------------------------------------------------------- the cold tier's cutoff
 
 
-def test_the_cold_tier_is_off_unless_set_and_its_least_cutoff_leaves_detection_its_history() -> None:
+def test_the_cold_tier_is_auto_unless_set_and_its_least_cutoff_leaves_detection_its_history() -> None:
     # The hourly job's detector reads 61 runs back, and the seasonal baselines 8 days before them: 10.6 days.
     config = load_config(write(base()), environ={})
-    assert config.database.retention.cold_after_days is None
+    assert config.database.retention.cold_after_days == "auto"
     assert config.cold_minimum() == (11, "detection's history of jobs.slow (runs 60 min apart)")
     only_fast = base(jobs=[BASE["jobs"][0]])
     assert load_config(write(only_fast), environ={}).cold_minimum()[0] == 9
     on = base(jobs=[BASE["jobs"][0]], database={"retention": {"cold_after_days": 9}})
-    assert load_config(write(on), environ={}).database.retention.cold_after_days == 9
+    assert load_config(write(on), environ={}).cold_policy() == ColdPolicy(after_days=9)
+
+
+def test_auto_keeps_each_series_detection_history_on_top_of_the_fixed_floor() -> None:
+    # Auto does not trust this config's jobs to be every job writing to the database (other locations'
+    # replicas, a job changed since): each series keeps its newest history_runs + 1 runs and detection's
+    # lookback before them, plus a day; the floor is check-config's 8 days (or the burn windows when longer).
+    rules = Rules()
+    policy = load_config(write(base()), environ={}).cold_policy()
+    assert policy == ColdPolicy(
+        after_days=8, keep_runs=rules.history_runs + 1, lookback_s=rules.history_reach_s(0.0) + 86400.0
+    )
+    burn = base(database={"retention": {"raw_days": 40}}, detection={"slo_burn": {"windows": [
+        {"severity": "ticket", "burn_rate": 1.0, "long_window_minutes": 14400, "short_window_minutes": 360}
+    ]}})  # fmt: skip
+    burn["targets"]["qwen3-8b"]["slo"] = {"ttft_ms": 800}
+    longer = load_config(write(burn), environ={}).cold_policy()
+    assert longer is not None and longer.after_days == 10
+
+
+@pytest.mark.parametrize(
+    ("retention", "policy"),
+    [
+        ({"cold_after_days": "off"}, None),
+        ({"cold_after_days": None}, None),
+        ({"cold_after_days": 12, "raw_days": 12}, None),  # every day is dropped before it could be compacted
+        ({"raw_days": 8}, None),  # auto with nothing past its floor
+        ({"cold_after_days": 12}, ColdPolicy(after_days=12)),
+    ],
+)
+def test_the_cold_tier_compacts_nothing_when_off_or_when_retention_drops_the_days_first(
+    retention: dict[str, object], policy: ColdPolicy | None
+) -> None:
+    assert load_config(write(base(database={"retention": retention})), environ={}).cold_policy() == policy
+
+
+@pytest.mark.parametrize("value", ["sometimes", 0, -3, True, 1.5])
+def test_the_cold_tiers_setting_refuses_what_is_not_days_auto_or_off_in_one_line(value: object) -> None:
+    (problem,) = problems(base(database={"retention": {"cold_after_days": value}}))
+    assert problem.startswith("config.yaml: database.retention.cold_after_days: "), problem
+    assert "a number of days >= 1, auto (the default) or off" in problem, problem
+
+
+def test_a_bare_yaml_off_and_days_from_the_environment_are_read_as_written() -> None:
+    from_env = base(database={"retention": {"cold_after_days": "${COLD_DAYS}"}})
+    assert load_config(write(from_env), environ={"COLD_DAYS": "12"}).database.retention.cold_after_days == 12
+    # YAML 1.1 reads a bare `off` as false.
+    text = yaml.safe_dump(base(database={"retention": {"cold_after_days": "OFF_HERE"}}), sort_keys=False)
+    config = load_config(write(text.replace("'OFF_HERE'", "off").replace("OFF_HERE", "off")), environ={})
+    assert config.database.retention.cold_after_days == "off" and config.cold_policy() is None
 
 
 def test_a_cold_tier_cutoff_that_would_starve_detection_is_refused_naming_the_fix() -> None:
     data = base(database={"retention": {"cold_after_days": 10}})
     assert problems(data) == [
         "config.yaml: database.retention.cold_after_days (10) would compact runs that detection's history of "
-        "jobs.slow (runs 60 min apart) still reads as rows (11 days back): raise it to at least 11, or leave it unset"
+        "jobs.slow (runs 60 min apart) still reads as rows (11 days back): raise it to at least 11, or set it to "
+        "auto (the default: each series after what its own detection reads) or off"
     ]
     assert (
         load_config(
