@@ -95,6 +95,23 @@ def test_long_texts_and_bounded_ones_are_still_capped_after_redaction() -> None:
     assert event["nested"] == {"url": "https://u:[REDACTED]@host/", "items": ["[REDACTED]", 1.235]}
 
 
+def test_a_url_password_is_redacted_after_any_run_of_letters_in_time_linear_in_the_text() -> None:
+    # The scheme's pattern once ran to the end of every run of letters from each of its characters (a 100 KB
+    # value took a minute): 300,000 letters glued to a scheme would now take hours; the test's timeout says so.
+    out = io.StringIO()
+    configure_logging(stream=out, json_output=True)
+    try:
+        glued = "x" * 50 + "postgresql://u:hunter3@db/x"
+        long = "p" * 300_000 + "https://svc:hunter4@host/ " + "q" * 300_000 + "://"
+        structlog.get_logger().info("failed", glued=glued, long=long)
+    finally:
+        structlog.reset_defaults()
+    event = _line(out)
+    assert str(event["glued"]).endswith("postgresql://u:[REDACTED]@db/x"), event
+    assert "hunter3" not in out.getvalue() and "hunter4" not in out.getvalue()
+    assert len(str(event["long"])) == LOG_TEXT_CAP
+
+
 def test_a_line_keeps_its_keys_in_order_with_its_time_last() -> None:
     out = io.StringIO()
     configure_logging(stream=out, json_output=True)
