@@ -42,6 +42,10 @@ from monitor.store.engine import is_bad_data
 from monitor.store.outbox import FAILED, PENDING, SENT, SUPERSEDED, ClaimedRow, Delivery, OutboxStore
 from monitor.store.writer import logged_failure
 
+# Giving the cancelled rows' claims back is one short UPDATE: it gets at least this long however short the
+# grace (a loaded database took over 0.2 s, and the claims then waited for their expiry to be sent).
+RELEASE_MIN_S = 1.0
+
 PRUNE_INTERVAL_S = 3600.0
 # Writing a delivery's outcome is retried from 0.2 s, doubling, up to every 5 s, as long as it takes.
 RECORD_RETRY_BASE_S = 0.2
@@ -421,7 +425,7 @@ class Dispatcher:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             try:
-                await asyncio.wait_for(self.release(cancelled), timeout=grace_s)
+                await asyncio.wait_for(self.release(cancelled), timeout=max(grace_s, RELEASE_MIN_S))
             except Exception as exc:
                 self._log.warning("alert_release_failed", error=type(exc).__name__)
         else:
