@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import math
 import tracemalloc
 
 import pytest
@@ -20,7 +21,7 @@ from monitor.metrics import exposition, server
 from monitor.metrics.definitions import PER_SERIES_MODES, Metrics, MonitorRegistry, PerSeries
 from monitor.metrics.docs import series_per_probe_series
 from monitor.metrics.exposition import render, render_parts
-from monitor.metrics.lean import LeanCounter, LeanGauge, LeanHistogram, LeanSummary
+from monitor.metrics.lean import LeanBuckets, LeanCounter, LeanGauge, LeanHistogram, LeanSummary
 from monitor.probe.result import ErrorClass, Sample
 
 HOSTILE = ("back\\slash", 'quote"d', "new\nline", "ünïcode", "", "plain")
@@ -293,3 +294,38 @@ def test_a_lean_histogram_counts_into_the_buckets_prometheus_clients_own_does(va
             family.labels(f"t{index % 3}").observe(value)
     assert _without_created_values(render(lean)) == _without_created_values(generate_latest(plain))
     assert generate_latest(lean) == render(lean)
+
+
+@pytest.mark.parametrize(
+    "amount", [0.0, 0.005, 0.0051, 0.1, 2.5, 2.5000001, 1e9, -1.0, math.inf, -math.inf, math.nan, 3]
+)
+def test_a_lean_histogram_counts_each_observation_in_the_bucket_prometheus_client_does(amount: float) -> None:
+    lean = LeanHistogram("lean_h", "h", ["a"], registry=None, buckets=(0.005, 0.1, 2.5))
+    plain = Histogram("plain_h", "h", ["a"], registry=None, buckets=(0.005, 0.1, 2.5))
+    lean.labels("x").observe(amount)
+    plain.labels("x").observe(amount)
+    lean_child, plain_child = lean.labels("x"), plain.labels("x")
+    buckets = lean_child._buckets
+    assert isinstance(buckets, LeanBuckets)
+    assert list(buckets.counts()) == [b.get() for b in plain_child._buckets]
+    assert str(lean_child._sum.get()) == str(plain_child._sum.get())
+
+
+def test_a_lean_familys_children_are_found_as_prometheus_client_finds_them() -> None:
+    gauge = LeanGauge("lean_g", "g", ["a", "b"], registry=None)
+    child = gauge.labels("1", "x")
+    assert gauge.labels("1", "x") is child and gauge.labels(a="1", b="x") is child
+    assert gauge.labels(1, "x") is child  # not a str: converted as prometheus_client converts it
+    with pytest.raises(ValueError, match="label count"):
+        gauge.labels("1")
+    with pytest.raises(ValueError, match="already has labels"):
+        child.labels("1", "x")
+    gauge.remove("1", "x")
+    assert gauge.labels("1", "x") is not child
+
+
+def test_a_lean_child_holds_its_familys_name_options_and_bounds_not_copies() -> None:
+    histogram = LeanHistogram("lean_shared", "h", ["a"], registry=None, buckets=(0.1, 1.0))
+    child = histogram.labels("x")
+    for name in ("_name", "_kwargs", "_upper_bounds", "_documentation"):
+        assert vars(child)[name] is vars(histogram)[name], name
