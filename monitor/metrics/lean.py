@@ -105,7 +105,8 @@ _ONLY_STR = frozenset({str})
 
 class _ChildLookup:
     """`labels()` finding an existing child with one dict look-up: prometheus_client's checks the call, makes
-    each value a str and takes the family's lock every time (3-5 us; a probe's sample asks for 17 children).
+    each value a str and takes the family's lock every time (3-5 us; a probe's sample asks for 13 children, 17
+    with an SLO and prices).
     Anything but plain str values of a family with labels, and a child not made yet, take its own way."""
 
     def labels(self, *labelvalues: Any, **labelkwargs: Any) -> Self:
