@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import time
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
+from typing import Any, Self
 
 from prometheus_client import Counter, Gauge, Histogram, Summary
 
@@ -98,25 +100,74 @@ class BucketValue:
         return None
 
 
-class LeanCounter(Counter):
+_ONLY_STR = frozenset({str})
+
+
+class _ChildLookup:
+    """`labels()` finding an existing child with one dict look-up: prometheus_client's checks the call, makes
+    each value a str and takes the family's lock every time (3-5 us; a probe's sample asks for 13 children, 17
+    with an SLO and prices).
+    Anything but plain str values of a family with labels, and a child not made yet, take its own way."""
+
+    def labels(self, *labelvalues: Any, **labelkwargs: Any) -> Self:
+        if not labelkwargs and _ONLY_STR.issuperset(map(type, labelvalues)):
+            children = vars(self).get("_metrics")  # a family with labels: its children by their values
+            if children is not None:
+                child = children.get(labelvalues)
+                if child is not None:
+                    return child  # type: ignore[no-any-return]
+        child = super().labels(*labelvalues, **labelkwargs)  # type: ignore[misc]
+        _share_with(child, self)
+        return child  # type: ignore[no-any-return]
+
+
+# What a child copies from its family and never changes: equal values are taken as the family's own objects.
+_SHARED_TYPES = (str, tuple, list, dict)
+
+
+def _share_with(child: object, family: object) -> None:
+    """Make `child` hold its family's own objects where it holds equal copies: prometheus_client gives each
+    child a new name, options dict (`_kwargs`) and, for a histogram, bucket bounds; none of them changes after
+    the child is made. 184-430 bytes a child, about 1 MB at 500 probe series (5,300 children)."""
+    attrs, own = vars(child), vars(family)
+    for name, value in attrs.items():  # values replaced in place: the keys do not change
+        shared = own.get(name)
+        if type(shared) is type(value) and isinstance(value, _SHARED_TYPES) and shared is not value and shared == value:
+            attrs[name] = shared
+
+
+class LeanCounter(_ChildLookup, Counter):
     def _metric_init(self) -> None:
         self._value = LeanValue()
         self._created = time.time()
 
 
-class LeanGauge(Gauge):
+class LeanGauge(_ChildLookup, Gauge):
     def _metric_init(self) -> None:
         self._value = LeanValue()
 
 
-class LeanHistogram(Histogram):
+class LeanHistogram(_ChildLookup, Histogram):
     def _metric_init(self) -> None:
         self._buckets = LeanBuckets(len(self._upper_bounds))  # type: ignore[assignment]
         self._sum = LeanValue()
         self._created = time.time()
 
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        """Histogram.observe without a value object per bucket looked at: the first bucket whose bound is
+        at least `amount` counts it (none for NaN, as there)."""
+        if exemplar:
+            super().observe(amount, exemplar)
+            return
+        self._raise_if_not_observable()  # type: ignore[no-untyped-call]
+        self._sum.inc(amount)
+        bounds = self._upper_bounds
+        index = bisect_left(bounds, amount)
+        if index < len(bounds) and amount <= bounds[index]:
+            self._buckets.counts()[index] += 1  # type: ignore[attr-defined]
 
-class LeanSummary(Summary):
+
+class LeanSummary(_ChildLookup, Summary):
     def _metric_init(self) -> None:
         self._count = LeanValue()
         self._sum = LeanValue()
