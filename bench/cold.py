@@ -100,13 +100,20 @@ async def timed(calls: list[Callable[[], Awaitable[Any]]]) -> list[float]:
 
 
 async def reads(
-    repository: Repository, picks: list[Any], ids: dict[Any, int], start: datetime, end: datetime
+    repository: Repository, picks: list[Any], ids: dict[Any, int], start: datetime, end: datetime, data_end: datetime
 ) -> dict[str, list[float]]:
     engine = repository.engine
     seven = min(end, start + timedelta(days=7))
     # 30 days and 20 minutes after a day the history holds compacted: the month window's part hour is in it.
     overview_at = start + timedelta(days=30, minutes=20)
+    # A live daemon's: 20 minutes after the last runs, with housekeeping's summary made at the top of the hour
+    # (its month starts in a compacted day with --days 31 or more).
+    live_at = data_end + timedelta(minutes=20)
+    await repository.refresh_overview_summary(data_end + timedelta(seconds=30))
     return {
+        "overview, live (20 min after the last runs, summary)": await timed(
+            [lambda: queries.overview(engine, now=live_at)] * len(picks)
+        ),
         f"load_runs, {(end - start).days} days of a series": await timed(
             [lambda key=key: repository.load_runs(key, start, end) for key in picks]
         ),
@@ -119,7 +126,7 @@ async def reads(
                 for key in picks
             ]
         ),
-        "overview (its month's first part hour compacted)": await timed(
+        "overview 30 days after the first runs": await timed(
             [lambda: queries.overview(engine, now=overview_at)] * len(picks)
         ),
         "compare, every series, the compacted days": await timed(
@@ -160,7 +167,7 @@ async def bench(backend: str, url: str, args: argparse.Namespace, path: Path | N
     cold_end = (end - timedelta(days=args.cold_after_days)).replace(hour=0)
     cold_start = (start + timedelta(days=1)).replace(hour=0)
     picks = [rng.choice(series).key for _ in range(args.queries)]
-    before = await reads(repository, picks, ids, cold_start, cold_end)
+    before = await reads(repository, picks, ids, cold_start, cold_end, end)
 
     began, cpu = time.perf_counter(), time.process_time()
     done = await repository.compact(end, cold_after_days=args.cold_after_days)
@@ -187,7 +194,7 @@ async def bench(backend: str, url: str, args: argparse.Namespace, path: Path | N
             f"   over {retention} days of retention, {hot} of them rows at {HOT_BYTES_TODAY} B: "
             f"{mixed:,.0f} bytes a sample"
         )
-    after = await reads(repository, picks, ids, cold_start, cold_end)
+    after = await reads(repository, picks, ids, cold_start, cold_end, end)
     print(f"   reads over the compacted days ({len(picks)} random series), rows -> chunks:")
     for name, values in before.items():
         print(f"     {name:42s} {timings(values)}  ->  {timings(after[name])}")

@@ -115,11 +115,12 @@ def write_config(folder: Path, sim: str, *, series: int, every: int, port: int) 
     return path
 
 
-def fill_history(folder: Path, sim: str, *, series: int, days: float) -> Path:
+def fill_history(folder: Path, sim: str, *, series: int, days: float, config: Path | None = None) -> Path:
     """A database migrated and filled with `days` of 5-minute runs (one probe each, as the bench's job
     probes) of the bench's series, as the daemon would have stored them: what detection reads at steady
-    state. Filled once and copied for each daemon run."""
-    config = write_config(folder, sim, series=series, every=10, port=free_port())
+    state. Filled once and copied for each daemon run. `config`: the one housekept with (its database
+    `folder`/bench.db), else the bench's own."""
+    config = config or write_config(folder, sim, series=series, every=10, port=free_port())
     run([sys.executable, "-m", "monitor", "db", "upgrade", "--config", str(config)])
     script = r"""
 import asyncio, dataclasses, sys
