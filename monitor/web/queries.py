@@ -223,9 +223,14 @@ async def _run_counts(
     # The runs rows count is exact where no chunk is in the range, and enough where it reaches `enough` (its
     # last hour's runs are rows: more than `enough` of them could only be read short of what chunks add before).
     for series_id in series_ids:
-        if counted.get(series_id, (0, since))[0] >= enough or not await cold.any_chunk(
-            connection, [series_id], since, until
-        ):
+        rows, first = counted.get(series_id, (0, since))
+        if rows >= enough:
+            # Its first start is a chunk's when one holds runs before the rows' first (a series back after its
+            # older days were compacted): older than any row, as below.
+            if await cold.holds_runs(connection, [series_id], since, first):
+                counted[series_id] = (rows, since)
+            continue
+        if not await cold.any_chunk(connection, [series_id], since, until):
             continue
         newest = await cold.newest_start(connection, series_id, since, until)
         own: dict[int, tuple[int, datetime]] = {}
