@@ -35,7 +35,7 @@ pytestmark = pytest.mark.timeout(240)
 SERIES = SeriesKey("qwen3-8b", "vllm", "Qwen/Qwen3-8B", "short", "test-lab")
 
 
-def config_with(tmp_path: Path, schedule: str, **more: str) -> Config:
+def config_with(tmp_path: Path, schedule: str, *, detection: dict[str, Any] | None = None, **more: str) -> Config:
     """A config whose job `probe` (and each of `more`, by name) probes qwen3-8b's `short` prompt on `schedule`:
     one series; cold_after_days left at auto."""
     jobs = {"probe": schedule, **more}
@@ -44,8 +44,9 @@ def config_with(tmp_path: Path, schedule: str, **more: str) -> Config:
         "targets": {"qwen3-8b": {"provider": "vllm", "model": "Qwen/Qwen3-8B"}},
         "prompts": {"short": {"tokens": 512}},
         "jobs": [{"name": n, "schedule": e, "targets": ["qwen3-8b"], "prompts": ["short"]} for n, e in jobs.items()],
+        "detection": detection or {},
     }
-    path = tmp_path / "config.yaml"
+    path = tmp_path / f"config-{len(list(tmp_path.glob('config*.yaml')))}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     return load_config(path, environ={})
 
@@ -213,6 +214,33 @@ async def test_auto_leaves_the_slower_of_two_jobs_on_a_series_every_row_its_dete
         after = await detection_reads(repository, config, at)
         assert len(after) == len(before), f"detection read {len(after)} runs, {len(before)} before compaction"
         assert verdict(config, after, at) == verdict(config, before, at)
+    finally:
+        await engine.dispose()
+
+
+STARVED_BY_ANOTHER_DAEMONS_RULES = (
+    "auto keeps the lookback of the compacting daemon's detection rules: another location's daemon on the same "
+    "database whose rules read further back (seasonal_days: 14) loses the difference"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=STARVED_BY_ANOTHER_DAEMONS_RULES)
+async def test_auto_leaves_another_locations_detection_every_row_it_reads(backend: Backend, tmp_path: Path) -> None:
+    """docs/storage.md: 'a database shared by several locations, or by replicas whose configs differ, compacts
+    every series by its own schedule'. Its schedule, not its rules: a daemon with the default rules (8-day
+    lookback) compacts the series of another whose detection compares with the 14 days before (15-day lookback)."""
+    here = config_with(tmp_path, "*/5 * * * *")
+    there = config_with(tmp_path, "*/5 * * * *", detection={"seasonal_days": 14})
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        now = T0 + timedelta(days=18, seconds=30)
+        await save(repository, runs_at([T0 + timedelta(minutes=5 * k) for k in range(18 * 288)]))
+        at = now.replace(second=0)
+        before = await detection_reads(repository, there, at)
+        assert await housekeep(repository, now, here.cold_policy()) > 0
+        after = await detection_reads(repository, there, at)
+        assert len(after) == len(before), f"detection read {len(after)} runs, {len(before)} before compaction"
     finally:
         await engine.dispose()
 
