@@ -329,24 +329,6 @@ async def any_chunk(connection: AsyncConnection, series_ids: Iterable[int], star
     return bool(found)
 
 
-async def holds_runs(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> bool:
-    """Whether a chunk of `series_ids` holds runs started in [start, end), by the chunks' first and last start
-    alone (nothing decoded: a chunk whose runs straddle the range without one in it counts too)."""
-    ids = list(series_ids)
-    if not ids or end <= start:
-        return False
-    found = await connection.scalar(
-        select(COLD_CHUNKS.c.series_id)
-        .where(
-            COLD_CHUNKS.c.series_id.in_(ids),
-            COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
-            COLD_CHUNKS.c.first_started_at < type_coerce(end, UtcDateTime()),
-        )
-        .limit(1)
-    )
-    return found is not None
-
-
 # What `read_runs` reads of every run and sample it decodes, whatever else its caller asks for.
 _RUN_NEEDS = ("id", "series_id", "job", "intended_at", "started_at")
 _SAMPLE_NEEDS = ("run_id", "round")

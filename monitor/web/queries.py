@@ -225,9 +225,9 @@ async def _run_counts(
     for series_id in series_ids:
         rows, first = counted.get(series_id, (0, since))
         if rows >= enough:
-            # Its first start is a chunk's when one holds runs before the rows' first (a series back after its
-            # older days were compacted): older than any row, as below.
-            if await cold.holds_runs(connection, [series_id], since, first):
+            # Its first start is a chunk's when one holds a run with a TTFT before the rows' first (a series
+            # back after its older days were compacted): older than any row, as below.
+            if await _counted_in_chunks_before(connection, series_id, since, first):
                 counted[series_id] = (rows, since)
             continue
         if not await cold.any_chunk(connection, [series_id], since, until):
@@ -249,6 +249,19 @@ async def _run_counts(
         else:
             counted.pop(series_id, None)
     return counted
+
+
+async def _counted_in_chunks_before(
+    connection: AsyncConnection, series_id: int, since: datetime, end: datetime
+) -> bool:
+    """Whether the series' chunks hold a run with a TTFT started in [since, end): decoded newest day first, until
+    one is found (nearly always in the first)."""
+    chunks = await cold.chunks_touching(connection, [series_id], since, end, samples=False)
+    for chunk in reversed(chunks):
+        runs, _ = cold.decode_chunk(chunk.layout, chunk.runs_chunk, None, run_keys=("ttft_p50_ms", "started_at"))
+        if any(run["ttft_p50_ms"] is not None and since <= run["started_at"] < end for run in runs):
+            return True
+    return False
 
 
 def _counted(

@@ -22,6 +22,7 @@ from monitor.detect import service as detect_service
 from monitor.detect.detector import Detector
 from monitor.detect.history import SeriesHistory
 from monitor.detect.state import RunPoint, SeriesState
+from monitor.probe.result import ErrorClass
 from monitor.store import cold
 from monitor.store.models import RUNS
 from monitor.store.records import RunRecord, SeriesKey
@@ -271,10 +272,18 @@ async def test_a_series_back_with_a_burst_after_its_days_were_compacted_keeps_it
     minute: no baseline (nothing in the week before the last hour), 30 runs in the last hour, and its first days
     compacted. Its runs in the month say `no runs in the day before the last hour`, compacted or not; counted
     with `enough` the last hour's 30 rows reached the baseline's minimum and their first start stood for the
-    series' first run: `first hour: from 09:31 UTC`, as if the series had just started."""
+    series' first run: `first hour: from 09:31 UTC`, as if the series had just started. One whose every older
+    run failed (no TTFT to count) has just started, compacted or not."""
     now = T0 + timedelta(days=25)
-    batch = runs_at([T0 + timedelta(hours=4 * k) for k in range(60)])
-    batch += runs_at([now - timedelta(minutes=minute) for minute in range(29, -1, -1)])
+    old = [T0 + timedelta(hours=4 * k) for k in range(60)]
+    burst = [now - timedelta(minutes=minute) for minute in range(29, -1, -1)]
+    batch = runs_at(old) + runs_at(burst)
+    failed = {1: ErrorClass.SERVER_ERROR}
+    for at in old:
+        batch += make_batch(at, targets=("qwen3-8b",), prompts=("short",), location="failing", rounds=1, warmup=0,
+                            errors=failed)  # fmt: skip
+    for at in burst:
+        batch += make_batch(at, targets=("qwen3-8b",), prompts=("short",), location="failing", rounds=1, warmup=0)
     engines = [backend.engine(), twin.engine()]
     try:
         compacted, rows = (Repository(engine) for engine in engines)
@@ -283,10 +292,13 @@ async def test_a_series_back_with_a_burst_after_its_days_were_compacted_keeps_it
             await repository.rollup(now)
             await repository.refresh_overview_summary(now)
         done = await compacted.compact(now, cold_after_days=9)
-        assert done.series_days == 11
+        assert done.series_days == 2 * 11
         shown = await queries.overview(compacted.engine, now=now)
         expected = await queries.overview(rows.engine, now=now)
-        assert [row["baseline_note"] for row in expected] == ["no runs in the day before the last hour"]
+        assert {row["location"]: row["baseline_note"] for row in expected} == {
+            "test-lab": "no runs in the day before the last hour",
+            "failing": "first hour: from 09:31 UTC",
+        }
         assert shown == expected
     finally:
         for engine in engines:
