@@ -4,6 +4,7 @@ full read does. On SQLite and PostgreSQL, real databases; each test states the d
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -15,19 +16,23 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 import yaml
+from structlog.testing import capture_logs
 
 from monitor.config.loader import load_config
-from monitor.config.models import ColdPolicy, Config
+from monitor.config.models import ColdPolicy, Config, Database
+from monitor.daemon import Daemon
 from monitor.detect import service as detect_service
 from monitor.detect.detector import Detector
 from monitor.detect.history import SeriesHistory
 from monitor.detect.state import RunPoint, SeriesState
 from monitor.probe.result import ErrorClass
-from monitor.store import cold
+from monitor.schedule import maintenance
+from monitor.store import cold, migrate
 from monitor.store.models import RUNS
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.repository import Repository
 from monitor.web import queries
+from tests.support.ports import free_port
 from tests.support.store_fixtures import T0, Backend, PostgresServer, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
@@ -352,3 +357,73 @@ async def test_auto_looks_each_series_reach_up_a_hundred_series_a_statement(back
         assert len(lookups) <= 3, len(lookups)
     finally:
         await engine.dispose()
+
+
+# ---------------------------------------------------------------- a reload's retention and policy
+
+
+async def test_housekeeping_follows_the_policy_each_pass_sees(backend: Backend) -> None:
+    """Housekeeping reads its retention and cold policy at each pass: set after it started (a reload), the new
+    policy is the one its pass compacts by. Given once at its start, a reload to `cold_after_days: off` went on
+    compacting until a restart, and one whose detection rules read further back went on compacting what they read."""
+    from monitor.schedule.maintenance import Housekeeping  # new with the fix: imported here, so the module loads
+
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        await save(repository, runs_at([T0 + timedelta(hours=4 * k) for k in range(6 * 12)]))
+        database = Database(url=backend.url)
+        housekeeping = Housekeeping(database, ColdPolicy(after_days=3))
+        stop = asyncio.Event()
+        task = asyncio.create_task(maintenance.run_maintenance(repository, housekeeping, stop, first_after_s=0.5))
+        housekeeping.cold = None  # the reload, before the pass
+        with capture_logs() as logs:
+            for _ in range(300):
+                if any(entry["event"] == "maintenance_finished" for entry in logs):
+                    break
+                await asyncio.sleep(0.1)
+        stop.set()
+        await task
+        assert [entry["series_days_compacted"] for entry in logs if entry["event"] == "maintenance_finished"] == [0]
+    finally:
+        await engine.dispose()
+
+
+async def test_a_reload_hands_housekeeping_the_new_retention_and_cold_policy(tmp_path: Path) -> None:
+    """The daemon's reload passes the new config's retention and cold policy to housekeeping, on its loop."""
+    config = tmp_path / "config.yaml"
+    text = f"""
+location: test
+shutdown_grace_s: 2
+database:
+  url: "sqlite+aiosqlite:///{tmp_path}/ttft.db"
+  state_dir: "{tmp_path}/state"
+  retention: {{raw_days: 30}}
+metrics:
+  listen: "127.0.0.1:{free_port()}"
+providers:
+  sim: {{base_url: "http://127.0.0.1:9/v1", api: openai-chat}}
+targets:
+  fast: {{provider: sim, model: gpt-4o-mini}}
+prompts:
+  short: {{tokens: 128}}
+jobs:
+  - {{name: yearly, schedule: "0 0 1 1 *", targets: [fast], prompts: [short]}}
+"""
+    config.write_text(text)
+    await migrate.upgrade(f"sqlite+aiosqlite:///{tmp_path}/ttft.db")
+    daemon = Daemon(str(config))
+    await daemon.start()
+    try:
+        assert daemon.served is not None
+        housekeeping = daemon.served.housekeeping
+        assert housekeeping.cold is not None and housekeeping.database.retention.raw_days == 30
+        config.write_text(text.replace("{raw_days: 30}", "{raw_days: 40, cold_after_days: 'off'}"))
+        await daemon.reload()
+        for _ in range(50):
+            if housekeeping.cold is None:
+                break
+            await asyncio.sleep(0.05)
+        assert housekeeping.cold is None and housekeeping.database.retention.raw_days == 40
+    finally:
+        await daemon.stop()
