@@ -210,8 +210,9 @@ async def _run_counts(
 ) -> dict[int, tuple[int, datetime]]:
     """Per series: its runs with a TTFT in [since, until) and the first one's start. With `enough`, a series
     whose count reaches it may be counted short of the rest (at least `enough`, and its first start then one
-    before every run counted), so a series whose older days are in the cold tier decodes only its newest
-    chunks: what `baseline_note` needs."""
+    before every run counted, or before every run in the range where that would be in the last hour before
+    `until`), so a series whose older days are in the cold tier decodes only its newest chunks, if any: what
+    `baseline_note` needs."""
     if not series_ids:
         return {}
     counted = await _rows_run_counts(connection, series_ids, since=since, until=until)
@@ -225,9 +226,12 @@ async def _run_counts(
     for series_id in series_ids:
         rows, first = counted.get(series_id, (0, since))
         if rows >= enough:
-            # Its first start is a chunk's when one holds a run with a TTFT before the rows' first (a series
-            # back after its older days were compacted): older than any row, as below.
-            if await _counted_in_chunks_before(connection, series_id, since, first):
+            # Rows' first in the last hour: `baseline_note` tells a series' first hour by it, so it is a chunk's
+            # when one holds a run with a TTFT before (a series back after its older days were compacted), older
+            # than any row, as below. An older first says the same whatever the chunks hold: none is decoded.
+            if first > until - timedelta(hours=1) and await _counted_in_chunks_before(
+                connection, series_id, since, first
+            ):
                 counted[series_id] = (rows, since)
             continue
         if not await cold.any_chunk(connection, [series_id], since, until):

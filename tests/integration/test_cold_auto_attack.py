@@ -310,6 +310,40 @@ async def test_a_series_back_with_a_burst_after_its_days_were_compacted_keeps_it
             await engine.dispose()
 
 
+async def test_a_retired_series_whose_last_days_are_rows_decodes_no_chunk_for_its_note(
+    backend: Backend, twin: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fix above looks at the chunks before a series' rows only where those rows begin in the last hour: a
+    series retired 9 days ago keeps its newest runs as rows under auto (its 30 newest here, and a day), its
+    older days in chunks, and its note reads the same from the rows alone."""
+    now = T0 + timedelta(days=29)
+    batch = runs_at([T0 + timedelta(hours=4 * k) for k in range(6 * 20)])
+    engines = [backend.engine(), twin.engine()]
+    try:
+        compacted, rows = (Repository(engine) for engine in engines)
+        for repository in (compacted, rows):
+            await save(repository, batch)
+            await repository.rollup(now)
+            await repository.refresh_overview_summary(now)
+        done = await compacted.compact(now, cold_after_days=3, keep_runs=30, lookback_s=86400.0)
+        assert done.series_days > 0
+        decoded: list[int] = []
+        real = cold.decode_chunk
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            decoded.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(cold, "decode_chunk", counting)
+        shown = await queries.overview(compacted.engine, now=now)
+        assert shown == await queries.overview(rows.engine, now=now)
+        assert [row["baseline_note"] for row in shown] == ["no runs in the day before the last hour"]
+        assert decoded == []
+    finally:
+        for engine in engines:
+            await engine.dispose()
+
+
 # ---------------------------------------------------------------- auto's cost with many series
 
 
