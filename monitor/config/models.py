@@ -49,7 +49,8 @@ class Retention(ConfigModel):
     cold_after_days: int | Literal["auto", "off"] | None = Field(
         "auto",
         description="When a series' day of runs and samples is kept as two compressed chunks instead of rows (the "
-        "cold tier, docs/storage.md): every reader gives the same answers, at about a quarter of the bytes. `auto` "
+        "cold tier, docs/storage.md): every reader gives the same answers (but a compare, which reads the hourly "
+        "rollups sooner: a compacted run counts 6 toward its limit), at about a quarter of the bytes. `auto` "
         "(the default): once the day is past what detection reads of that series (its newest runs as its own "
         "schedule spaced them, and the seasonal baseline's days), and past the burn rates' longest window and 8 "
         "days, whatever job or replica probes it. A number of days: every series after that many (at least what "
