@@ -601,6 +601,7 @@ class Daemon:
         self.outbox.update_config(config.alerts)
         if self.served is not None:
             self.service.call_soon(self.served.update_alerts, config.alerts)
+            self.service.call_soon(self.served.update_housekeeping, config.database, config.cold_policy())
         self.config = config
         self.scheduler.set_jobs(list(config.jobs), since=asked)
         forgotten = self.metrics.forget_unconfigured(config)

@@ -27,11 +27,11 @@ from monitor.alert.dispatcher import Dispatcher
 from monitor.alert.metrics import AlertMetrics
 from monitor.alert.settings import Alerts
 from monitor.alert.transport import Transport
-from monitor.config.models import Config
+from monitor.config.models import ColdPolicy, Config, Database
 from monitor.metrics.definitions import Metrics
 from monitor.metrics.server import ListenerLimits, start_metrics_server
 from monitor.probe.proxy import ProxyEnvironment
-from monitor.schedule.maintenance import run_maintenance
+from monitor.schedule.maintenance import Housekeeping, run_maintenance
 from monitor.store.engine import create_engine
 from monitor.store.repository import Repository
 from monitor.store.writer import WriteOutcome
@@ -64,9 +64,15 @@ class Served:
     engines: list[AsyncEngine]
     tasks: list[asyncio.Task[None]]
     stop: asyncio.Event  # set to stop the dispatcher's and housekeeping's tasks
+    housekeeping: Housekeeping
 
     def update_alerts(self, alerts: Alerts) -> None:
         self.dispatcher.update_config(alerts)
+
+    def update_housekeeping(self, database: Database, cold: ColdPolicy | None) -> None:
+        """A reload's retention and cold tier policy, from housekeeping's next pass (its engine stays)."""
+        self.housekeeping.database = database
+        self.housekeeping.cold = cold
 
     async def close(self, grace_s: float) -> None:
         """Deliver what is due within `grace_s`, then close the listener, the session and the engines."""
@@ -142,9 +148,18 @@ async def open_served(
             await engine.dispose()
         raise
     dispatcher = Dispatcher(house_engine, config.alerts, transport, metrics=alert_metrics)
+    housekeeping = Housekeeping(config.database, config.cold_policy())
     tasks = [
         asyncio.create_task(dispatcher.run(stop)),
-        asyncio.create_task(run_maintenance(house, config.database, stop, cold=config.cold_policy())),
+        asyncio.create_task(run_maintenance(house, housekeeping, stop)),
     ]
     structlog.get_logger().debug("service_loop_serving", listen=config.metrics.listen, ui=bool(routes))
-    return Served(runner=runner, dispatcher=dispatcher, transport=transport, engines=engines, tasks=tasks, stop=stop)
+    return Served(
+        runner=runner,
+        dispatcher=dispatcher,
+        transport=transport,
+        engines=engines,
+        tasks=tasks,
+        stop=stop,
+        housekeeping=housekeeping,
+    )

@@ -21,7 +21,7 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from monitor.alert.settings import Alerts
-from monitor.config.cron import build_trigger, next_fire_times
+from monitor.config.cron import build_trigger, longest_gap
 from monitor.config.fields import ConfigModel, CronExpression, EnvName, Name, TimezoneName, UserPath, check_name
 from monitor.config.references import reference_problems
 from monitor.config.series import cache_pairs
@@ -49,7 +49,8 @@ class Retention(ConfigModel):
     cold_after_days: int | Literal["auto", "off"] | None = Field(
         "auto",
         description="When a series' day of runs and samples is kept as two compressed chunks instead of rows (the "
-        "cold tier, docs/storage.md): every reader gives the same answers, at about a quarter of the bytes. `auto` "
+        "cold tier, docs/storage.md): every reader gives the same answers (but a compare, which reads the hourly "
+        "rollups sooner: a compacted run counts 6 toward its limit), at about a quarter of the bytes. `auto` "
         "(the default): once the day is past what detection reads of that series (its newest runs as its own "
         "schedule spaced them, and the seasonal baseline's days), and past the burn rates' longest window and 8 "
         "days, whatever job or replica probes it. A number of days: every series after that many (at least what "
@@ -416,13 +417,10 @@ class Config(ConfigModel):
             (COLD_FLOOR_DAYS * 86400.0, "check-config's token history (7 days) and the cost view's day"),
         ]
         for job in self.jobs:
-            gap = max(
-                (
-                    (later - earlier).total_seconds()
-                    for earlier, later in itertools.pairwise(next_fire_times(job.trigger(), COLD_REFERENCE, 12))
-                ),
-                default=300.0,
-            )
+            # The longest gap of a week: detection evaluates each run with the gap after the next fire as its
+            # interval (a business-hours job's 17:50 run with the night's 15 h, the Friday one with 63 h).
+            longest = longest_gap(job.trigger(), COLD_REFERENCE)
+            gap = longest.total_seconds() if longest is not None else 300.0
             needs.append(
                 (rules.history_reach_s(gap), f"detection's history of jobs.{job.name} (runs {gap / 60:g} min apart)")
             )

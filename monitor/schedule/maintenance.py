@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -142,17 +143,27 @@ async def maintain_once(
     }
 
 
+@dataclass(slots=True)
+class Housekeeping:
+    """What housekeeping's passes follow of the config: retention (`database.retention`) and the cold tier's policy
+    (`Config.cold_policy()`). Read at each pass, so a reload's take effect (`Served.update_housekeeping`): kept from
+    the start, a reload to `cold_after_days: off` went on compacting, and one whose detection rules read further
+    back went on compacting what they read."""
+
+    database: Database
+    cold: ColdPolicy | None = None
+
+
 async def run_maintenance(
     repository: Housekept,
-    database: Database,
+    housekeeping: Housekeeping,
     stop: asyncio.Event,
     *,
-    cold: ColdPolicy | None = None,
     first_after_s: float = FIRST_RUN_AFTER_S,
     interval_s: float = MAINTENANCE_INTERVAL_S,
 ) -> None:
     """Until `stop`: maintenance after `first_after_s`, then each `interval_s`, aligned to
-    `AFTER_THE_HOUR_S` past its multiples (`next_pass_in`). Never raises."""
+    `AFTER_THE_HOUR_S` past its multiples (`next_pass_in`), as `housekeeping` says then. Never raises."""
     log = structlog.get_logger()
     delay = first_after_s
     while not stop.is_set():
@@ -161,7 +172,7 @@ async def run_maintenance(
         if stop.is_set():
             return
         try:
-            done = await maintain_once(repository, database, cold=cold)
+            done = await maintain_once(repository, housekeeping.database, cold=housekeeping.cold)
         except Exception as exc:  # the database may be down; try again next time
             log.warning("maintenance_failed", error=error_text(exc))
         else:

@@ -210,8 +210,9 @@ async def _run_counts(
 ) -> dict[int, tuple[int, datetime]]:
     """Per series: its runs with a TTFT in [since, until) and the first one's start. With `enough`, a series
     whose count reaches it may be counted short of the rest (at least `enough`, and its first start then one
-    before every run counted), so a series whose older days are in the cold tier decodes only its newest
-    chunks: what `baseline_note` needs."""
+    before every run counted, or before every run in the range where that would be in the last hour before
+    `until`), so a series whose older days are in the cold tier decodes only its newest chunks, if any: what
+    `baseline_note` needs."""
     if not series_ids:
         return {}
     counted = await _rows_run_counts(connection, series_ids, since=since, until=until)
@@ -223,9 +224,17 @@ async def _run_counts(
     # The runs rows count is exact where no chunk is in the range, and enough where it reaches `enough` (its
     # last hour's runs are rows: more than `enough` of them could only be read short of what chunks add before).
     for series_id in series_ids:
-        if counted.get(series_id, (0, since))[0] >= enough or not await cold.any_chunk(
-            connection, [series_id], since, until
-        ):
+        rows, first = counted.get(series_id, (0, since))
+        if rows >= enough:
+            # Rows' first in the last hour: `baseline_note` tells a series' first hour by it, so it is a chunk's
+            # when one holds a run with a TTFT before (a series back after its older days were compacted), older
+            # than any row, as below. An older first says the same whatever the chunks hold: none is decoded.
+            if first > until - timedelta(hours=1) and await _counted_in_chunks_before(
+                connection, series_id, since, first
+            ):
+                counted[series_id] = (rows, since)
+            continue
+        if not await cold.any_chunk(connection, [series_id], since, until):
             continue
         newest = await cold.newest_start(connection, series_id, since, until)
         own: dict[int, tuple[int, datetime]] = {}
@@ -244,6 +253,19 @@ async def _run_counts(
         else:
             counted.pop(series_id, None)
     return counted
+
+
+async def _counted_in_chunks_before(
+    connection: AsyncConnection, series_id: int, since: datetime, end: datetime
+) -> bool:
+    """Whether the series' chunks hold a run with a TTFT started in [since, end): decoded newest day first, until
+    one is found (nearly always in the first)."""
+    chunks = await cold.chunks_touching(connection, [series_id], since, end, samples=False)
+    for chunk in reversed(chunks):
+        runs, _ = cold.decode_chunk(chunk.layout, chunk.runs_chunk, None, run_keys=("ttft_p50_ms", "started_at"))
+        if any(run["ttft_p50_ms"] is not None and since <= run["started_at"] < end for run in runs):
+            return True
+    return False
 
 
 def _counted(
