@@ -51,10 +51,11 @@ class Retention(ConfigModel):
         description="When a series' day of runs and samples is kept as two compressed chunks instead of rows (the "
         "cold tier, docs/storage.md): every reader gives the same answers (but a compare, which reads the hourly "
         "rollups sooner: a compacted run counts 6 toward its limit), at about a quarter of the bytes. `auto` "
-        "(the default): once the day is past what detection reads of that series (its newest runs as its own "
-        "schedule spaced them, and the seasonal baseline's days), and past the burn rates' longest window and 8 "
-        "days, whatever job or replica probes it. A number of days: every series after that many (at least what "
-        "this config's jobs need; check-config prints it). `off` (or null): every day stays rows.",
+        "(the default): once the day is past what this config's jobs need as rows (the least number of days, "
+        "which check-config prints) and past what detection reads of that series (its newest runs as its own "
+        "schedule spaced them, and the seasonal baseline's days), whatever job or replica probes it. A number of "
+        "days: every series after that many (at least what this config's jobs need). `off` (or null): every day "
+        "stays rows.",
     )
 
     @field_validator("cold_after_days", mode="before")
@@ -439,18 +440,15 @@ class Config(ConfigModel):
         fixed = retention.cold_days()
         if fixed is not None:
             return ColdPolicy(after_days=fixed) if fixed < retention.raw_days else None
-        # auto: the floor is what reads rows whatever the series' schedule (check-config's token history, the
-        # cost view, the burn windows); each series keeps its own detection history on top (Repository.compact).
-        floor = COLD_FLOOR_DAYS * 86400.0
-        burn = self.detection.slo_burn
-        if burn.enabled and any(t.slo.ttft_ms is not None for t in self.targets.values()):
-            floor = max(floor, burn.longest_window_minutes() * 60.0)
-        after = math.ceil(floor / 86400.0)
+        # auto: at least what this config's jobs need as rows (detection reads by time, with the gap to a job's
+        # next fire as its interval: a business-hours cron's evening run reads weeks back, a job slowed from 5
+        # minutes to an hour 61 hours of runs spaced by the old schedule), the burn windows and check-config's
+        # token history; and each series, whoever probes it, its own newest runs' reach on top
+        # (Repository.compact), for the series of other locations' jobs this config does not know.
+        after, _ = self.cold_minimum()
         if after >= retention.raw_days:
             return None
         rules = self.detection.rules()
-        # One day more than detection's lookback: a job whose schedule was slowed reaches further back than its
-        # newest runs (spaced by the old schedule) say, until runs at the new spacing fill its history.
         return ColdPolicy(
             after_days=after, keep_runs=rules.history_runs + 1, lookback_s=rules.history_reach_s(0.0) + 86400.0
         )

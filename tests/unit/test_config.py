@@ -606,16 +606,17 @@ def test_the_cold_tier_is_auto_unless_set_and_its_least_cutoff_leaves_detection_
     assert load_config(write(on), environ={}).cold_policy() == ColdPolicy(after_days=9)
 
 
-def test_auto_keeps_each_series_detection_history_on_top_of_the_fixed_floor() -> None:
-    # Auto does not trust this config's jobs to be every job writing to the database (other locations'
-    # replicas, a job changed since): each series keeps its newest history_runs + 1 runs and detection's
-    # lookback before them, plus a day; the floor is check-config's 8 days (or the burn windows when longer).
+def test_auto_keeps_this_configs_minimum_and_each_series_detection_history_on_top() -> None:
+    # Auto keeps what this config's jobs read as rows (Config.cold_minimum), and does not trust them to be every
+    # job writing to the database (other locations' replicas): each series also keeps its newest
+    # history_runs + 1 runs and detection's lookback before them, plus a day.
     rules = Rules()
     policy = load_config(write(base()), environ={}).cold_policy()
+    # At least what this config's jobs read (jobs.slow, hourly: 11 days), each series' own reach on top.
     assert policy == ColdPolicy(
-        after_days=8, keep_runs=rules.history_runs + 1, lookback_s=rules.history_reach_s(0.0) + 86400.0
+        after_days=11, keep_runs=rules.history_runs + 1, lookback_s=rules.history_reach_s(0.0) + 86400.0
     )
-    burn = base(database={"retention": {"raw_days": 40}}, detection={"slo_burn": {"windows": [
+    burn = base(jobs=[BASE["jobs"][0]], database={"retention": {"raw_days": 40}}, detection={"slo_burn": {"windows": [
         {"severity": "ticket", "burn_rate": 1.0, "long_window_minutes": 14400, "short_window_minutes": 360}
     ]}})  # fmt: skip
     burn["targets"]["qwen3-8b"]["slo"] = {"ttft_ms": 800}
