@@ -210,6 +210,7 @@ class _Core:
         "_level_low",
         "_level_s",
         "_loaded",
+        "_nan_from",
         "_log_clear_ratio",
         "_log_page_ratio",
         "_log_ticket_ratio",
@@ -261,6 +262,7 @@ class _Core:
         self._reference_range = (0, 0)
         self._reference_sorted: list[float] = []
         self._eager_from = 1 << 62  # from this index on, every residual is computed
+        self._nan_from = -1  # the last of those that is nan (-1: none), so a window after it has none
         self._recent: deque[tuple[int, int, str | None]] = deque(
             maxlen=max(rules.error_window_runs, rules.consecutive_failures)
         )
@@ -428,6 +430,7 @@ class _Core:
             self._partner_hints = [max(0, hint - drop) for hint in self._partner_hints]
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
+            self._nan_from = max(-1, self._nan_from - drop)
             low, high = self._reference_range
             if low >= drop:
                 self._reference_range = (low - drop, high - drop)
@@ -607,7 +610,11 @@ class _Core:
             number = int(times[index] // SLOT_S)
             known = self._slots  # `_slot`'s cache, read here: every run asks
             slot = known[number] if number in known else self._slot(number)
-            self._residuals[-1] = self.logs[index] - slot.center if slot is not None else math.nan
+            if slot is not None:
+                self._residuals[-1] = self.logs[index] - slot.center
+            else:
+                self._residuals[-1] = math.nan
+                self._nan_from = index
         self._run_slot = slot
         events: list[Event] = []
         self._availability(state, run, events)
@@ -1389,15 +1396,8 @@ class _Core:
             out = kept[1][skip : skip + wanted]
         else:
             out = array("d")
-        isnan, half = math.isnan, window // 2
-        for offset in range(len(out), wanted):
-            # noise_model.window_median, without the calls: a few new windows per slow run.
-            values = history[offset : offset + window]
-            if any(map(isnan, values)):
-                out.append(math.nan)
-                continue
-            values.sort()
-            out.append(values[half] if window % 2 else (values[half - 1] + values[half]) / 2.0)
+        if len(out) < wanted:
+            out.extend(noise_model.window_medians(history[len(out) :], window))
         self._jump_cache[(window, seasonal)] = (low, out)
         return out
 
@@ -1465,11 +1465,17 @@ class _Core:
         slot = self._run_slot
         if slot is not None:
             low = count - longest
-            # `_residuals_between` without the call where every residual is computed (a stepped core's runs).
-            residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None from `_eager_from` on
-            recent = residuals[low:count] if low >= self._eager_from else self._residuals_between(low, count)
-            total = sum(recent)
-            if total == total:  # no nan: every run in the windows has a seasonal baseline
+            if low >= self._eager_from:
+                # `_residuals_between` without the call where every residual is computed (a stepped core's runs),
+                # and no nan in them when the last nan stepped is before them (a sum of them, once a run, is not).
+                residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None from `_eager_from` on
+                recent = residuals[low:count]
+                whole = self._nan_from < low
+            else:
+                recent = self._residuals_between(low, count)
+                total = sum(recent)
+                whole = total == total
+            if whole:  # no nan: every run in the windows has a seasonal baseline
                 # The reference ends before the windows tested, and before an open regression began,
                 # so a regression never becomes its own baseline.
                 end = at - longest if at - longest > 0 else 0
