@@ -617,11 +617,24 @@ class _Core:
                 self._nan_from = index
         self._run_slot = slot
         events: list[Event] = []
-        self._availability(state, run, events)
-        jumped = identity.tokens_jump(state, run)
-        if jumped is not None:
-            events.append(jumped)
-        change = identity.observe(state, run)
+        # Each of the next three asked only when it can have something to do: most runs fail no request, report no
+        # tokens, and name the model named before (or none) with nothing else about it; a call each costs more.
+        if self._window_failed or self._failed_streak or "availability" in state.incidents:
+            self._availability(state, run, events)
+        if run.output_tokens is not None:
+            jumped = identity.tokens_jump(state, run)
+            if jumped is not None:
+                events.append(jumped)
+        served = run.served_model
+        if (
+            (served is None or served == state.served_model)
+            and run.fingerprint is None
+            and run.canary is None
+            and run.server_build is None
+        ):
+            change = None  # identity.observe has nothing to do: the model named before, or none
+        else:
+            change = identity.observe(state, run)
         if change is not None:
             # Another model answers now: what it does is compared with a baseline of its own, from here.
             events.append(change.event(run.at))
