@@ -170,9 +170,10 @@ class _CusumReference:
     runs: int  # residuals the level is the median of
 
 
-@dataclass(slots=True)  # not frozen: one is made per run, and a frozen one's __init__ costs twice as much
+@dataclass(slots=True)
 class _Verdict:
-    """Log distances from the baseline of the medians over each window."""
+    """Log distances from the baseline of the medians over each window (`_Core._verdict`; every run reads the
+    same fields as a tuple, `_Core._verdict_parts`: an object's __init__ is a call)."""
 
     baseline: _Baseline
     page: float
@@ -185,6 +186,10 @@ class _Verdict:
     def clear(self, window: int) -> float:
         """Distance of the median over the last `window` runs (only needed while an incident is open)."""
         return median(self.recent[-window:]) - self.baseline.level
+
+
+# `_Verdict`'s fields in its order, as `_Core._verdict_parts` gives them.
+_VerdictParts = tuple[_Baseline, float, float | None, list[float], bool, int, int]
 
 
 class _Core:
@@ -205,17 +210,18 @@ class _Core:
         "_failed_streak",
         "_half_window_s",
         "_interval",
+        "_interval_runs",
         "_jump_cache",
         "_keep",
         "_level_low",
         "_level_s",
         "_loaded",
-        "_nan_from",
         "_log_clear_ratio",
         "_log_page_ratio",
         "_log_ticket_ratio",
         "_lookback_s",
         "_mad_near",
+        "_nan_from",
         "_partner_hints",
         "_profile_cache",
         "_recent",
@@ -295,7 +301,10 @@ class _Core:
         # timestamp() is a call into its time zone. The index moves only at a trim, which forgets it.
         self._cusum_start: tuple[datetime, int] | None = None
         self._resolved_s: tuple[datetime, float] | None = None
-        self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
+        # `interval_s` and the count of runs it was worked out for (-1: none): between trims, which forget it, the
+        # runs are only ever appended to, so their count tells them.
+        self._interval = 300.0
+        self._interval_runs = -1
         # Per day before, where `_day_difference` found the partner of the last run it was asked about (the
         # first run not earlier than its time less the tolerance).
         self._partner_hints = [0] * PARTNER_DAYS
@@ -423,7 +432,7 @@ class _Core:
             self._sums = None  # rebuilt from the runs kept, when next asked
             self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
-            self._interval = ((-1, 0.0), 300.0)  # `interval_s` carries it from one run to the next only
+            self._interval_runs = -1  # `interval_s` carries it from one run to the next only
             self._cusum_start = None
             self._window_held = None
             self._level_low = 0
@@ -707,12 +716,12 @@ class _Core:
         rules = self.rules
         incident = state.incidents.get("regression")
         count = len(self.logs)  # valid runs, this one included
-        verdict = self._verdict(incident, count, state.page_since) if count - 1 >= rules.min_history_runs else None
+        verdict = self._verdict_parts(incident, count, state.page_since) if count > rules.min_history_runs else None
         if verdict is None:
             state.page_streak = state.ticket_streak = 0
             state.page_since = state.ticket_since = None
             return
-        baseline = verdict.baseline
+        baseline, page, ticket, recent, adapted, page_window, ticket_window = verdict
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
         # The noise model is on by default (`detection.noise_model`): without it every rule runs as it did before
         # the model existed (noise None: no widening, no extra confirmations, the fixed CUSUM threshold).
@@ -722,17 +731,19 @@ class _Core:
         # The evidence rules scale by the model only where it measured runs clearly more correlated than
         # independent ones: below that, its estimate is mostly its own sampling error and what regressions
         # left in it, and the rules' own long-run factor does better (noise_model.engaged).
-        scaled = noise if noise is not None and noise_model.engaged(noise) else None
+        # noise_model.engaged(noise), without the call: once a run.
+        scaled = noise if noise is not None and noise.vario_ratio >= noise_model.ENGAGE_VARIO else None
         confirms = self._confirms
         # Below a rule's ratio nothing confirms (`_confirms`, `_jumps`): most runs stop at that comparison.
-        if verdict.page >= self._log_page_ratio and (
+        if page >= self._log_page_ratio and (
             (
-                confirms(
-                    verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, scaled
-                )
-                and self._run_is_slow(verdict)
+                confirms(page, rules.page, self._log_page_ratio, baseline, baseline_ms, page_window, scaled)
+                and self._run_is_slow(recent, baseline)
             )
-            or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since))
+            or (
+                noise is not None
+                and self._jumps(baseline, page, page_window, recent, baseline_ms, count, state.page_since)
+            )
         ):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
@@ -754,17 +765,9 @@ class _Core:
         if (
             (rules.cusum is None or rules.window_tickets)
             and fresh
-            and verdict.ticket is not None
-            and verdict.ticket >= self._log_ticket_ratio
-            and confirms(
-                verdict.ticket,
-                rules.ticket,
-                self._log_ticket_ratio,
-                baseline,
-                baseline_ms,
-                verdict.ticket_window,
-                scaled,
-            )
+            and ticket is not None
+            and ticket >= self._log_ticket_ratio
+            and confirms(ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms, ticket_window, scaled)
         ):
             state.ticket_streak += 1
             state.ticket_since = state.ticket_since or run.at
@@ -773,7 +776,7 @@ class _Core:
 
         paging = state.page_streak >= rules.page.confirmations
         if noise is not None:
-            distance = verdict.recent[-1] - baseline.level
+            distance = recent[-1] - baseline.level
             noise_model.observe(noise, slow=distance >= self._log_page_ratio, calm=distance < self._log_clear_ratio)
             # A burst of up to 3 slow runs holds a 5-run median up for 3 runs, and fills the jump test's
             # short window: pages need more slow runs in a row than the longest burst, from a series' first
@@ -783,20 +786,36 @@ class _Core:
             # cut by its budget leaves runs unevaluated (a series evaluated every other run would otherwise
             # need twice the slow runs to page).
             if paging:
-                persistence = noise_model.page_persistence(noise, window=verdict.page_window)
-                paging = max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
+                persistence = noise_model.page_persistence(noise, window=page_window)
+                paging = (
+                    max(noise.run, state.page_streak, self._slow_runs(recent, baseline, persistence)) >= persistence
+                )
         ticketing = state.ticket_streak >= rules.ticket.confirmations
         # The run interval, read once for the sequential rule and the model's learning (a call each, every run).
         interval = self.interval_s() if noise is not None else 0.0
         sequential = (
             self._cusum(state, run, incident, count, fresh, scaled, interval) if not (paging or ticketing) else None
         )
-        if noise is not None:
-            self._learn(state, noise, incident, baseline, count, interval)
+        # The noise model learns this run's difference from the same time on the days before (`_day_difference`),
+        # unless a regression may be in it: not while an incident is open or a page is being confirmed. Freezing
+        # it whenever a rule gathers any evidence would leave out exactly the wander the model is for (the CUSUM
+        # climbs on it too), so only while a ticket is being confirmed or the CUSUM is past half its threshold: a
+        # step that has not opened anything yet is the likeliest regression to slip in (on independent runs with
+        # steps, the model then read them as correlated and made every rule slower). The model's growth cap
+        # (noise.py) bounds what a step that slips past every rule can add.
+        if (
+            noise is not None
+            and incident is None
+            and not (state.page_streak or state.ticket_streak)
+            and not (self.threshold is not None and state.cusum >= self.threshold / 2.0)
+        ):
+            difference = self._day_difference(count - 1, interval / 2.0)
+            if difference is not None:
+                noise_model.update(noise, difference)
         if incident is None and sequential is None and not (paging or ticketing):
             return  # most runs: nothing opens, and nothing is open to update or resolve
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
-        if verdict.adapted:
+        if adapted:
             detail["baseline"] += ", adapted to the incident's level"
         if incident is None and sequential is not None:
             cusum_baseline_ms, ratio, since, total = sequential
@@ -817,7 +836,7 @@ class _Core:
             events.append(_event(incident, "open", run.at, detail))
         elif incident is None and (paging or ticketing):
             severity: Severity = "page" if paging else "ticket"
-            distance = verdict.page if paging or verdict.ticket is None else verdict.ticket
+            distance = page if paging or ticket is None else ticket
             ratio = math.exp(distance)
             incident = Incident(
                 kind="regression",
@@ -831,22 +850,22 @@ class _Core:
             incident.see(ratio, run.at)
             state.incidents["regression"] = incident
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
-            window = verdict.page_window if severity == "page" else verdict.ticket_window
+            window = page_window if severity == "page" else ticket_window
             detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs), noise), 2)
             detail.update(self._evidence(noise, ratio, window, scaled=scaled is not None))
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
-            ratio = math.exp(verdict.page)
+            ratio = math.exp(page)
             incident.see(ratio, run.at)
             incident.severity = "page"
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
-            detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs), noise), 2)
-            detail.update(self._evidence(noise, ratio, verdict.page_window, scaled=scaled is not None))
+            detail["z"] = round(baseline.z(page, min(page_window, rules.page.window_runs), noise), 2)
+            detail.update(self._evidence(noise, ratio, page_window, scaled=scaled is not None))
             events.append(_event(incident, "update", run.at, detail))
         elif incident is not None:
-            incident.see(math.exp(verdict.page), run.at)
+            incident.see(math.exp(page), run.at)
             window = max(rules.clear_runs, getattr(rules, incident.severity).window_runs)
-            ratio = math.exp(verdict.clear(window))
+            ratio = math.exp(_Verdict(*verdict).clear(window))
             if ratio >= rules.clear_ratio or state.page_streak:
                 return
             del state.incidents["regression"]
@@ -889,8 +908,13 @@ class _Core:
                 started = self._cusum_start = (since, bisect_left(self.times, since.timestamp()))
             start = started[1]
         slot = self._run_slot
-        reference = self._cusum_reference(start, rule) if slot is not None else None
-        if slot is None or reference is None:
+        if slot is None:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        period = int(self.times[start] // CUSUM_REFERENCE_S)
+        known = self._cusum_references  # `_cusum_reference`'s cache, read here: every run asks
+        reference = known[period] if period in known else self._cusum_reference(period, rule)
+        if reference is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
         allowance, bound, factor = reference.allowance, reference.bound, reference.factor
@@ -1026,27 +1050,21 @@ class _Core:
 
     def interval_s(self) -> float:
         """The series' run interval: the median spacing of its last valid runs (5 minutes before two)."""
-        # Asked twice after every run with the noise model on: kept for the runs it was worked out from,
-        # told by their count and the last one's time (a trim keeps the last runs).
+        # Asked twice after every run with the noise model on: kept for the runs it was worked out from.
         times = self.times
         count = len(times)
-        (kept_count, kept_last), value = self._interval
-        if kept_count == count and (not count or kept_last == times[-1]):
-            return value
-        # One run later (no trim between: it forgets what was kept), with the spacing it adds the one that
-        # leaves the last 12 (runs every 5 minutes to the float): the same spacings, so the same median.
-        if (
-            count == kept_count + 1
-            and count >= 14
-            and kept_last == times[-2]
-            and (times[-1] - times[-2] == times[-13] - times[-14])
-        ):
-            self._interval = ((count, times[-1]), value)
-        else:
-            last = times[-13:]
-            spacings = sorted(map(sub, last[1:], last[:-1]))
-            value = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
-            self._interval = ((count, times[-1] if count else 0.0), value)
+        kept = self._interval_runs
+        if kept == count:
+            return self._interval
+        # One run later, with the spacing it adds the one that leaves the last 12 (runs every 5 minutes to the
+        # float): the same spacings, so the same median.
+        if count == kept + 1 and count >= 14 and times[-1] - times[-2] == times[-13] - times[-14]:
+            self._interval_runs = count
+            return self._interval
+        last = times[-13:]
+        spacings = sorted(map(sub, last[1:], last[:-1]))
+        value = self._interval = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
+        self._interval_runs = count
         return value
 
     def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
@@ -1138,36 +1156,11 @@ class _Core:
         noise_model.extend(model, _less_median(values[days * SEED_DAY_RUNS :]))
         return model
 
-    def _learn(
-        self,
-        state: SeriesState,
-        noise: NoiseModel,
-        incident: Incident | None,
-        baseline: _Baseline,
-        count: int,
-        interval: float,
-    ) -> None:
-        """Add this run's difference from the same time on the days before (`_day_difference`) to the noise
-        model, unless a regression is in it: not while an incident is open or a page is being confirmed.
-        Freezing it whenever a rule gathers any evidence would leave out exactly the wander the model is for
-        (the CUSUM climbs on it too), so only past half the CUSUM's threshold; the model's growth cap
-        (noise.py) bounds what a step that slips past every rule can add."""
-        if incident is not None or state.page_streak or state.incidents.get("regression"):
-            return
-        # Nor while a ticket is being confirmed or the CUSUM is past half its threshold: a step that has not
-        # opened anything yet is the likeliest regression to slip in (on independent runs with steps, the
-        # model then read them as correlated and made every rule slower).
-        if state.ticket_streak or (self.threshold is not None and state.cusum >= self.threshold / 2.0):
-            return
-        difference = self._day_difference(count - 1, interval / 2.0)
-        if difference is not None:
-            noise_model.update(noise, difference)
-
-    def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
-        """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
-        three-hour period in which run `start` falls. Computed once a period (or once per excursion),
-        from the data alone. None until half that time is covered by runs with a seasonal baseline."""
-        period = int(self.times[start] // CUSUM_REFERENCE_S)
+    def _cusum_reference(self, period: int, rule: Cusum) -> _CusumReference | None:
+        """The sequential rule's reference: the seasonal residuals of the `level_hours` before three-hour
+        period number `period` (the one in which the excursion's first run falls). Computed once a period (or
+        once per excursion), from the data alone. None until half that time is covered by runs with a seasonal
+        baseline."""
         cached = self._cusum_references.get(period, _UNCACHED)
         if cached is not _UNCACHED:
             return cached  # type: ignore[return-value]
@@ -1330,20 +1323,19 @@ class _Core:
         )
         return z / max(own, pooled) >= rule.z_threshold
 
-    def _run_is_slow(self, verdict: _Verdict) -> bool:
+    def _run_is_slow(self, recent: list[float], baseline: _Baseline) -> bool:
         """Whether the run itself is at least halfway (in log) to the page ratio above the baseline.
 
         A page window's median stays high for as many runs as the window is long after a burst of slow
         runs ends (a window of 5 holding a burst of 3), so the window alone confirms a burst as often as
         a regression; a run that is itself back near the baseline breaks the streak. A step keeps its
         runs slow: doublings page as fast as before (bench/detector.py `bursts`, docs/detection.md)."""
-        return verdict.recent[-1] - verdict.baseline.level >= PAGE_RUN_SHARE * self._log_page_ratio
+        return recent[-1] - baseline.level >= PAGE_RUN_SHARE * self._log_page_ratio
 
-    def _slow_runs(self, verdict: _Verdict, most: int) -> int:
-        """How many of the last runs in a row are slow against this run's baseline (as `noise_model.observe`
+    def _slow_runs(self, recent: list[float], baseline: _Baseline, most: int) -> int:
+        """How many of the `recent` runs in a row are slow against this run's baseline (as `noise_model.observe`
         judges a run: at least the page ratio above its level), counting up to `most`."""
-        floor = verdict.baseline.level + self._log_page_ratio
-        recent = verdict.recent
+        floor = baseline.level + self._log_page_ratio
         count = 0
         for index in range(len(recent) - 1, max(-1, len(recent) - 1 - most), -1):
             if recent[index] < floor:
@@ -1355,16 +1347,25 @@ class _Core:
         """Where the runs tested ended for a page streak's first run (`count`, the runs so far, without one)."""
         return count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
 
-    def _jumps(self, verdict: _Verdict, baseline_ms: float, count: int, streak_since: datetime | None) -> bool:
+    def _jumps(
+        self,
+        baseline: _Baseline,
+        distance: float,
+        window: int,
+        recent: list[float],
+        baseline_ms: float,
+        count: int,
+        streak_since: datetime | None,
+    ) -> bool:
         """The page rule's jump test (noise model on): the median of the last runs (a majority of the page
         window: window // 2 + 1 runs) less that of the page window before them, against how much such neighbours
         of the three days before differ (their MAD-sigma). Load that wanders slowly moves neighbours alike, so a
         doubling stands out within a few runs however far the series wanders from its baseline, and however
         young its noise model is; the page window must still be `page.ratio` and `min_delta_ms` above the
         baseline. While a streak builds, the window before and the day stay where they were for its first
-        run, so the runs after the jump fill the short window and its confirmations follow at once."""
-        rule, baseline = self.rules.page, verdict.baseline
-        distance, window = verdict.page, verdict.page_window
+        run, so the runs after the jump fill the short window and its confirmations follow at once. `distance`,
+        `window` and `recent`: the verdict's page distance, page window and last runs (`_Verdict`)."""
+        rule = self.rules.page
         if distance < self._log_page_ratio or baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
             return False
         end = self._streak_end(count, streak_since) - window
@@ -1380,7 +1381,7 @@ class _Core:
         level_before = median(before)
         # The run itself must have jumped too, from the window before (not from a baseline that slow wander
         # may be far from): a burst that is over breaks the streak, as the window test's run test does.
-        if verdict.recent[-1] - level_before < PAGE_RUN_SHARE * self._log_page_ratio:
+        if recent[-1] - level_before < PAGE_RUN_SHARE * self._log_page_ratio:
             return False
         spread = noise_model.jump_spread(
             history,
@@ -1391,7 +1392,7 @@ class _Core:
         )
         if spread is None:
             return False
-        jump = median(verdict.recent[-after:]) - level_before
+        jump = median(recent[-after:]) - level_before
         return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
 
     def _jump_medians(self, history: list[float], low: int, window: int, seasonal: bool) -> array[float]:
@@ -1449,7 +1450,14 @@ class _Core:
         return factor
 
     def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:
-        """The baseline and each window's distance from it; None: no verdict.
+        """The baseline and each window's distance from it; None: no verdict (`_verdict_parts`)."""
+        parts = self._verdict_parts(incident, count, streak_since)
+        return None if parts is None else _Verdict(*parts)
+
+    def _verdict_parts(
+        self, incident: Incident | None, count: int, streak_since: datetime | None
+    ) -> _VerdictParts | None:
+        """The baseline and each window's distance from it, `_Verdict`'s fields in its order; None: no verdict.
 
         While a page streak builds (`streak_since`: its first confirming run), the reference stays where
         it was for that first run: the runs confirming a regression must not enter the baseline they
@@ -1517,8 +1525,7 @@ class _Core:
         window = sorted(recent[-page_w:])
         half = len(window) // 2
         distance = (window[half] if len(window) % 2 else (window[half - 1] + window[half]) / 2.0) - level
-        # In the fields' order, not by keyword: a keyword call costs twice as much, and this is once a run.
-        return _Verdict(baseline, distance, ticket, recent, adapted, page_w, ticket_w)
+        return baseline, distance, ticket, recent, adapted, page_w, ticket_w
 
     # ------------------------------------------------ SLO
 

@@ -406,7 +406,7 @@ def window_medians(history: Sequence[float], window: int) -> list[float]:
     # Every window sorted in C: the windows are the tuples of `window` shifted copies zipped, and the median
     # taken by position (as `median` does: the middle value, or the middle two's sum / 2.0), without a call
     # per window (the jump test asks for three days of them after a quiet spell: 227k windows a year).
-    windows = map(sorted, zip(*(history[k : k + count] for k in range(window))))
+    windows = map(sorted, zip(*(history[k : k + count] for k in range(window)), strict=True))
     half = window // 2
     if window % 2:
         return list(map(itemgetter(half), windows))
