@@ -29,6 +29,7 @@ from monitor.detect.rules import (
 )
 from monitor.detect.state import Event, HistoryColumns, Incident, RunPoint, SeriesState
 from monitor.detect.stats import (
+    MAD_TO_SIGMA,
     clipped_profile,
     mad_sigma_sorted,
     median,
@@ -149,11 +150,36 @@ class _Baseline:
         """`distance` of a median of `window` runs, in standard errors of (window median - baseline).
         With a noise model, each median varies g(n) times more than one of n independent runs would: on a
         series whose load comes and goes, a window must be further out before it counts."""
+        return distance / (self.sigma * math.sqrt(self._variance(window, noise)))
+
+    def _variance(self, window: int, noise: NoiseModel | None) -> float:
+        """(window median - baseline)'s variance in per-run sigmas^2 (`z`)."""
         runs = len(self.reference)
         g_window = noise.g(window) if noise is not None else 1.0
         g_reference = noise.g(runs) if noise is not None else 1.0
-        variance = median_se_factor(window) ** 2 * g_window + math.pi / (2.0 * runs) * g_reference + self.extra
-        return distance / (self.sigma * math.sqrt(variance))
+        return median_se_factor(window) ** 2 * g_window + math.pi / (2.0 * runs) * g_reference + self.extra
+
+    def z_below(self, distance: float, window: int, limit: float, noise: NoiseModel | None = None) -> bool:
+        """Whether `z(distance, window, noise)` is below `limit` (positive), mostly told without the MAD: most
+        windows asked about are far from it, and the MAD is a selection from the reference (300 bytecodes).
+
+        z is below the limit when sigma is above distance / (limit x sd), so when the MAD is at least that
+        over MAD_TO_SIGMA: when no more than (runs - 1) // 2 of the reference's runs lie closer to its level
+        than that (the MAD is then the deviation of one at least as far, or the mean of two such). Those are
+        counted by two searches of the sorted reference, over a reach widened by 1e-6 (far above the rounding
+        of the deviations and of z, some 1e-16 of them) and a bound raised by 1e-9: a window this cannot tell
+        about is left to z itself."""
+        variance = self._variance(window, noise)
+        if self._sigma is None and distance > 0:
+            bound = distance / (limit * math.sqrt(variance)) * (1.0 + 1e-9)  # a sigma above this: z below limit
+            if bound <= SIGMA_FLOOR:
+                return True
+            reach = bound / MAD_TO_SIGMA * (1.0 + 1e-6)
+            reference, level = self.reference, self.level
+            closer = bisect_left(reference, level + reach) - bisect_right(reference, level - reach)
+            if closer <= (len(reference) - 1) // 2:
+                return True
+        return distance / (self.sigma * math.sqrt(variance)) < limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -1271,7 +1297,7 @@ class _Core:
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: the series' noise model widens the standard error by sqrt(g(window)).
         if baseline.seasonal:
-            z_ok = baseline.z(distance, _smaller(window, rule.window_runs), noise) >= rule.z_threshold
+            z_ok = not baseline.z_below(distance, _smaller(window, rule.window_runs), rule.z_threshold, noise)
             # A ticket's window must also be as far out as the rules without the model ask: over two hours the
             # model can measure less wander than the reference day's own long-run factor shows (its estimate
             # lags, and a drift the level follows is left out). Pages have the jump test beside this one.
@@ -1282,6 +1308,8 @@ class _Core:
         # must not learn as noise: widen by the long-run factor of the trailing window's own runs, in
         # blocks of a sixth of them (when that is at least 6 runs: shorter blocks cannot tell load that
         # comes and goes from noise).
+        if baseline.z_below(distance, _smaller(window, rule.window_runs), rule.z_threshold):
+            return False
         z = baseline.z(distance, _smaller(window, rule.window_runs))
         if z < rule.z_threshold or self.rules.trailing_runs < 36:
             return z >= rule.z_threshold
@@ -1307,6 +1335,8 @@ class _Core:
         widened by the larger of that and the same factor pooled over the consecutive trailing-sized
         windows of the day before (`stats.pooled_factor`: each window less its own median, so the daily
         cycle between windows is not read as wander)."""
+        if baseline.z_below(distance, _smaller(window, rule.window_runs), rule.z_threshold):
+            return False
         z = baseline.z(distance, _smaller(window, rule.window_runs))
         span = self.rules.trailing_runs
         if z < rule.z_threshold or span < 36:
@@ -1417,6 +1447,8 @@ class _Core:
 
     def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
         """The z test without the noise model (`detection.noise_model: false`)."""
+        if baseline.z_below(distance, _smaller(window, rule.window_runs), rule.z_threshold):
+            return False
         z = baseline.z(distance, _smaller(window, rule.window_runs))
         cusum = self.rules.cusum
         if z < rule.z_threshold or cusum is None:
