@@ -88,6 +88,8 @@ _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.4
 # How far back each of those days is (days x DAY_S, exact).
 _PARTNER_DAYS_S = tuple(days * DAY_S for days in range(1, PARTNER_DAYS + 1))
 _UNCACHED = object()
+# The variance of a median of independent runs is this over their count, in sigmas^2 (large samples).
+_MEDIAN_VARIANCE = (math.pi / 2.0) ** 2
 # The noise model seeded from a history (`_Core._seed_residuals`) takes out each day's level: a day of
 # 5-minute runs, counted in runs with a seasonal residual.
 SEED_DAY_RUNS = SLOTS_PER_DAY * 2
@@ -98,7 +100,7 @@ def _slot_variance(slot: _Slot, noise: NoiseModel | None) -> float:
     `count / days` runs each, (pi / 2)^2 / count for independent runs. Each day's runs near the slot are
     neighbours: on a series whose load wanders for hours (the noise model engaged) a day's median varies
     g(count / days) times more, and so does the baseline, which every run of those hours shares."""
-    variance = (math.pi / 2.0) ** 2 / max(slot.count, 1)
+    variance = _MEDIAN_VARIANCE / max(slot.count, 1)
     if noise is None:
         return variance
     return variance * noise.g(slot.count / max(slot.days, 1))
@@ -259,6 +261,7 @@ class _Core:
         "_seed_days",
         "_slot_days",
         "_slots",
+        "_spread_kept",
         "_steps",
         "_sums",
         "_thresholds",
@@ -339,6 +342,9 @@ class _Core:
         # The kept jump-test medians, by window and source (residuals or log TTFTs): (the first window's first
         # run's index, the median of each window from there on, in order).
         self._jump_cache: dict[tuple[int, bool], tuple[int, array[float]]] = {}
+        # The jump test's last jumps: (the first window's first run, window, after, seasonal, the jumps in time
+        # order, the same sorted), for `_jump_spread` to carry on from.
+        self._spread_kept: tuple[int, int, int, bool, list[float], list[float]] | None = None
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
         self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
         self._sums: WindowSums | None = None
@@ -458,6 +464,7 @@ class _Core:
             self._sums = None  # rebuilt from the runs kept, when next asked
             self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
+            self._spread_kept = None  # so is it
             self._interval_runs = -1  # `interval_s` carries it from one run to the next only
             self._cusum_start = None
             self._window_held = None
@@ -609,7 +616,21 @@ class _Core:
         self._level_low = low
         if low >= end or times[low] > end_s - level_s / 2:
             return None
-        reference = self._reference(low, end)
+        cached_low, cached_high = self._reference_range
+        if low == cached_low + 1 and end == cached_high + 1 and cached_high >= self._eager_from:
+            # `_reference(low, end)` where the range slides by a run (most runs), without the call: the run that
+            # joins in, the one that leaves out.
+            reference = self._reference_sorted
+            residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None from `_eager_from` on
+            value = residuals[cached_high]
+            if value == value:
+                insort(reference, value)
+            value = residuals[cached_low]
+            if value == value:
+                del reference[bisect_left(reference, value)]
+            self._reference_range = (low, end)
+        else:
+            reference = self._reference(low, end)
         # Mostly runs with a seasonal baseline: a few would let the start of a regression set the level.
         runs = len(reference)
         if runs < MIN_BASELINE_RUNS or runs < (end - low) // 2:
@@ -618,7 +639,7 @@ class _Core:
         level = reference[half] if runs % 2 else (reference[half - 1] + reference[half]) / 2.0
         # In the parameters' order, not by keyword: a keyword call costs twice as much, and this is once a run.
         center = slot.center + level
-        extra = (math.pi / 2.0) ** 2 / slot.count  # a median of per-day medians
+        extra = _MEDIAN_VARIANCE / slot.count  # a median of per-day medians
         return _Baseline(center, level, reference, True, extra, end, self._mad_near)
 
     def _trailing(self, end: int) -> _Baseline | None:
@@ -1403,9 +1424,17 @@ class _Core:
             return False
         after = window // 2 + 1
         # Seasonal residuals where the windows have them (the daily cycle left out), else log TTFTs.
+        seasonal = baseline.seasonal
         low = max(0, end - noise_model.JUMP_HISTORY_RUNS)
-        history = self._residuals_between(low, end) if baseline.seasonal else self.logs[low:end]
-        before = history[-window:]
+        history = None
+        first = end - window if end > window else 0
+        if not seasonal:
+            before = self.logs[first:end]
+        elif low >= self._eager_from:  # every residual computed: the window before alone (most runs stop at it)
+            before = self._residuals[first:end]  # type: ignore[assignment]  # none is None from here
+        else:
+            history = self._residuals_between(low, end)
+            before = history[-window:]
         if any(math.isnan(value) for value in before):
             return False
         level_before = median(before)
@@ -1413,17 +1442,52 @@ class _Core:
         # may be far from): a burst that is over breaks the streak, as the window test's run test does.
         if recent[-1] - level_before < PAGE_RUN_SHARE * self._log_page_ratio:
             return False
-        spread = noise_model.jump_spread(
-            history,
-            window,
-            self._jump_medians(history, low, window, baseline.seasonal),
-            after=after,
-            after_medians=self._jump_medians(history, low, after, baseline.seasonal),
-        )
+        if history is None:
+            history = self._residuals_between(low, end) if seasonal else self.logs[low:end]
+        spread = self._jump_spread(history, low, window, after, seasonal)
         if spread is None:
             return False
         jump = median(recent[-after:]) - level_before
         return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
+
+    def _jump_spread(self, history: list[float], low: int, window: int, after: int, seasonal: bool) -> float | None:
+        """noise_model.jump_spread(history, window, after=after) for `history`, runs low.. of the residuals (or the
+        log TTFTs, not `seasonal`). The jump test asks for it on slow runs in a row, the day before shifted by a
+        run or a few: the jumps of the last call are kept in time order and sorted, and where no run in the
+        history lacks a value, those that leave are taken out of the sorted ones and those that join put in,
+        rather than all sorted again (their median and MAD-sigma depend only on which they are)."""
+        medians = self._jump_medians(history, low, window, seasonal)
+        after_medians = self._jump_medians(history, low, after, seasonal)
+        # No nan in the history: log TTFTs, or residuals past the last nan stepped (`_nan_from`).
+        clean = not seasonal or (low >= self._eager_from and self._nan_from < low)
+        if not clean:
+            self._spread_kept = None
+            return noise_model.jump_spread(history, window, medians, after=after, after_medians=after_medians)
+        pairs = max(0, len(history) - window - after + 1)  # the jumps of windows starting at low .. low + pairs - 1
+        kept = self._spread_kept
+        if (
+            kept is not None
+            and kept[1:4] == (window, after, seasonal)
+            and kept[0] <= low
+            and kept[0] + len(kept[4]) <= low + pairs
+            and (low - kept[0]) + (low + pairs - kept[0] - len(kept[4])) <= 64
+        ):
+            kept_low, _window, _after, _seasonal, in_order, data = kept
+            for value in in_order[: low - kept_low]:
+                del data[bisect_left(data, value)]
+            joining = range(kept_low + len(in_order) - low, pairs)
+            joined = [after_medians[start + window] - medians[start] for start in joining]
+            for value in joined:
+                insort(data, value)
+            in_order = in_order[low - kept_low :] + joined
+        else:
+            in_order = list(map(sub, after_medians[window : window + pairs], medians[:pairs]))
+            data = sorted(in_order)
+        self._spread_kept = (low, window, after, seasonal, in_order, data)
+        if len(data) < noise_model.JUMP_PAIRS_PER_RUN * window:
+            return None
+        # median_and_sigma(jumps)[1]: the MAD-sigma about their median, from the sorted jumps.
+        return mad_sigma_sorted(data, center=median(data, presorted=True))
 
     def _jump_medians(self, history: list[float], low: int, window: int, seasonal: bool) -> array[float]:
         """noise.window_medians of `history` (runs low.. of the residuals, or of the log TTFTs). The jump
