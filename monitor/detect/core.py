@@ -85,8 +85,8 @@ REFERENCE_ALLOWANCE_SDS = 1.0
 # sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
-# How far back each of those days is (days x DAY_S, exact).
-_PARTNER_DAYS_S = tuple(days * DAY_S for days in range(1, PARTNER_DAYS + 1))
+# Each of those days (0..) and how far back it is (days x DAY_S, exact).
+_PARTNER_DAYS_S = tuple(enumerate(days * DAY_S for days in range(1, PARTNER_DAYS + 1)))
 _UNCACHED = object()
 # The variance of a median of independent runs is this over their count, in sigmas^2 (large samples).
 _MEDIAN_VARIANCE = (math.pi / 2.0) ** 2
@@ -250,7 +250,7 @@ class _Core:
         "_lookback_s",
         "_mad_near",
         "_nan_from",
-        "_partner_hints",
+        "_partner_gaps",
         "_profile_cache",
         "_recent",
         "_reference_range",
@@ -334,9 +334,9 @@ class _Core:
         # runs are only ever appended to, so their count tells them.
         self._interval = 300.0
         self._interval_runs = -1
-        # Per day before, where `_day_difference` found the partner of the last run it was asked about (the
-        # first run not earlier than its time less the tolerance).
-        self._partner_hints = [0] * PARTNER_DAYS
+        # Per day before, how many runs before the last run `_day_difference` was asked about it found its partner
+        # (the first run not earlier than its time less the tolerance): the next run's is mostly as many back.
+        self._partner_gaps = [0] * PARTNER_DAYS
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
         # The kept jump-test medians, by window and source (residuals or log TTFTs): (the first window's first
@@ -469,7 +469,6 @@ class _Core:
             self._cusum_start = None
             self._window_held = None
             self._level_low = 0
-            self._partner_hints = [max(0, hint - drop) for hint in self._partner_hints]
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
             self._nan_from = max(-1, self._nan_from - drop)
@@ -1130,27 +1129,25 @@ class _Core:
         level's errors, shared for hours, which read as correlation; the rules account for the baseline's
         error on their own). A median of several days, so that yesterday's incident is outvoted, not learnt
         as today's noise. From a series' second day on; None: no run a day before."""
-        times, logs, hints = self.times, self.logs, self._partner_hints
+        times, logs, gaps = self.times, self.logs, self._partner_gaps
         at = times[index]
         partners: list[float] = []
-        for day, day_s in enumerate(_PARTNER_DAYS_S):  # once a run: no attribute or generator in the loop
+        for day, day_s in _PARTNER_DAYS_S:  # once a run: no attribute or generator in the loop
             then = at - day_s
             earliest = then - tolerance
-            # bisect_left(times, earliest, 0, index): mostly the run after this day's partner of the last run
-            # asked about, which it is when the run before it is earlier than `earliest` and it is not (or it is
-            # `index`); searched for otherwise.
-            before = hints[day] + 1  # at least 1: a hint is an index
-            if before < index:
+            # bisect_left(times, earliest, 0, index): mostly as many runs back as the last run asked about found
+            # it, which it is when the run before it is earlier than `earliest` and it is not; searched otherwise.
+            before = index - gaps[day]
+            if 0 < before < index:
                 found = times[before]
                 if not times[before - 1] < earliest <= found:
                     before = bisect_left(times, earliest, 0, index)
                     found = times[before] if before < index else math.inf
-            elif before != index or not times[before - 1] < earliest:
+                    gaps[day] = index - before
+            else:
                 before = bisect_left(times, earliest, 0, index)
                 found = times[before] if before < index else math.inf
-            else:
-                found = math.inf  # `index` itself: no partner that day
-            hints[day] = before
+                gaps[day] = index - before
             if found <= then + tolerance:
                 partners.append(logs[before])
         count = len(partners)
