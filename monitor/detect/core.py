@@ -1134,21 +1134,16 @@ class _Core:
         partners: list[float] = []
         for day, day_s in _PARTNER_DAYS_S:  # once a run: no attribute or generator in the loop
             then = at - day_s
-            earliest = then - tolerance
-            # bisect_left(times, earliest, 0, index): mostly as many runs back as the last run asked about found
-            # it, which it is when the run before it is earlier than `earliest` and it is not; searched otherwise.
+            # The partner is the first run from `then` less the tolerance (bisect_left(times, then - tolerance, 0,
+            # index)), if it is within the tolerance after `then` too: mostly as many runs back as the last run asked
+            # about found it, which it is when the run before it is earlier and it is not; searched otherwise.
             before = index - gaps[day]
-            if 0 < before < index:
-                found = times[before]
-                if not times[before - 1] < earliest <= found:
-                    before = bisect_left(times, earliest, 0, index)
-                    found = times[before] if before < index else math.inf
-                    gaps[day] = index - before
-            else:
-                before = bisect_left(times, earliest, 0, index)
-                found = times[before] if before < index else math.inf
-                gaps[day] = index - before
-            if found <= then + tolerance:
+            if 0 < before < index and times[before - 1] < then - tolerance <= times[before] <= then + tolerance:
+                partners.append(logs[before])
+                continue
+            before = bisect_left(times, then - tolerance, 0, index)
+            gaps[day] = index - before
+            if before < index and times[before] <= then + tolerance:
                 partners.append(logs[before])
         count = len(partners)
         if not count:
