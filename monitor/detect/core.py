@@ -29,6 +29,7 @@ from monitor.detect.rules import (
 )
 from monitor.detect.state import Event, HistoryColumns, Incident, RunPoint, SeriesState
 from monitor.detect.stats import (
+    MAD_TO_SIGMA,
     clipped_profile,
     mad_sigma_sorted,
     median,
@@ -84,9 +85,11 @@ REFERENCE_ALLOWANCE_SDS = 1.0
 # sqrt(1 + the variance of a median of k independent normal runs over one run's): the spread of such a
 # difference in runs' spreads, for k = 1..PARTNER_DAYS.
 _PARTNER_SCALE = {k: math.sqrt(1.0 + v) for k, v in ((1, 1.0), (2, 0.5), (3, 0.449), (4, 0.343), (5, 0.287))}
-# How far back each of those days is (days x DAY_S, exact).
-_PARTNER_DAYS_S = tuple(days * DAY_S for days in range(1, PARTNER_DAYS + 1))
+# Each of those days (0..) and how far back it is (days x DAY_S, exact).
+_PARTNER_DAYS_S = tuple(enumerate(days * DAY_S for days in range(1, PARTNER_DAYS + 1)))
 _UNCACHED = object()
+# The variance of a median of independent runs is this over their count, in sigmas^2 (large samples).
+_MEDIAN_VARIANCE = (math.pi / 2.0) ** 2
 # The noise model seeded from a history (`_Core._seed_residuals`) takes out each day's level: a day of
 # 5-minute runs, counted in runs with a seasonal residual.
 SEED_DAY_RUNS = SLOTS_PER_DAY * 2
@@ -97,7 +100,7 @@ def _slot_variance(slot: _Slot, noise: NoiseModel | None) -> float:
     `count / days` runs each, (pi / 2)^2 / count for independent runs. Each day's runs near the slot are
     neighbours: on a series whose load wanders for hours (the noise model engaged) a day's median varies
     g(count / days) times more, and so does the baseline, which every run of those hours shares."""
-    variance = (math.pi / 2.0) ** 2 / max(slot.count, 1)
+    variance = _MEDIAN_VARIANCE / max(slot.count, 1)
     if noise is None:
         return variance
     return variance * noise.g(slot.count / max(slot.days, 1))
@@ -149,11 +152,36 @@ class _Baseline:
         """`distance` of a median of `window` runs, in standard errors of (window median - baseline).
         With a noise model, each median varies g(n) times more than one of n independent runs would: on a
         series whose load comes and goes, a window must be further out before it counts."""
+        return distance / (self.sigma * math.sqrt(self._variance(window, noise)))
+
+    def _variance(self, window: int, noise: NoiseModel | None) -> float:
+        """(window median - baseline)'s variance in per-run sigmas^2 (`z`)."""
         runs = len(self.reference)
         g_window = noise.g(window) if noise is not None else 1.0
         g_reference = noise.g(runs) if noise is not None else 1.0
-        variance = median_se_factor(window) ** 2 * g_window + math.pi / (2.0 * runs) * g_reference + self.extra
-        return distance / (self.sigma * math.sqrt(variance))
+        return median_se_factor(window) ** 2 * g_window + math.pi / (2.0 * runs) * g_reference + self.extra
+
+    def z_below(self, distance: float, window: int, limit: float, noise: NoiseModel | None = None) -> bool:
+        """Whether `z(distance, window, noise)` is below `limit` (positive), mostly told without the MAD: most
+        windows asked about are far from it, and the MAD is a selection from the reference (300 bytecodes).
+
+        z is below the limit when sigma is above distance / (limit x sd), so when the MAD is at least that
+        over MAD_TO_SIGMA: when no more than (runs - 1) // 2 of the reference's runs lie closer to its level
+        than that (the MAD is then the deviation of one at least as far, or the mean of two such). Those are
+        counted by two searches of the sorted reference, over a reach widened by 1e-6 (far above the rounding
+        of the deviations and of z, some 1e-16 of them) and a bound raised by 1e-9: a window this cannot tell
+        about is left to z itself."""
+        variance = self._variance(window, noise)
+        if self._sigma is None and distance > 0:
+            bound = distance / (limit * math.sqrt(variance)) * (1.0 + 1e-9)  # a sigma above this: z below limit
+            if bound <= SIGMA_FLOOR:
+                return True
+            reach = bound / MAD_TO_SIGMA * (1.0 + 1e-6)
+            reference, level = self.reference, self.level
+            closer = bisect_left(reference, level + reach) - bisect_right(reference, level - reach)
+            if closer <= (len(reference) - 1) // 2:
+                return True
+        return distance / (self.sigma * math.sqrt(variance)) < limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,9 +198,10 @@ class _CusumReference:
     runs: int  # residuals the level is the median of
 
 
-@dataclass(slots=True)  # not frozen: one is made per run, and a frozen one's __init__ costs twice as much
+@dataclass(slots=True)
 class _Verdict:
-    """Log distances from the baseline of the medians over each window."""
+    """Log distances from the baseline of the medians over each window (`_Core._verdict`; every run reads the
+    same fields as a tuple, `_Core._verdict_parts`: an object's __init__ is a call)."""
 
     baseline: _Baseline
     page: float
@@ -185,6 +214,10 @@ class _Verdict:
     def clear(self, window: int) -> float:
         """Distance of the median over the last `window` runs (only needed while an incident is open)."""
         return median(self.recent[-window:]) - self.baseline.level
+
+
+# `_Verdict`'s fields in its order, as `_Core._verdict_parts` gives them.
+_VerdictParts = tuple[_Baseline, float, float | None, list[float], bool, int, int]
 
 
 class _Core:
@@ -205,6 +238,7 @@ class _Core:
         "_failed_streak",
         "_half_window_s",
         "_interval",
+        "_interval_runs",
         "_jump_cache",
         "_keep",
         "_level_low",
@@ -215,7 +249,8 @@ class _Core:
         "_log_ticket_ratio",
         "_lookback_s",
         "_mad_near",
-        "_partner_hints",
+        "_nan_from",
+        "_partner_gaps",
         "_profile_cache",
         "_recent",
         "_reference_range",
@@ -226,6 +261,7 @@ class _Core:
         "_seed_days",
         "_slot_days",
         "_slots",
+        "_spread_kept",
         "_steps",
         "_sums",
         "_thresholds",
@@ -261,6 +297,7 @@ class _Core:
         self._reference_range = (0, 0)
         self._reference_sorted: list[float] = []
         self._eager_from = 1 << 62  # from this index on, every residual is computed
+        self._nan_from = -1  # the last of those that is nan (-1: none), so a window after it has none
         self._recent: deque[tuple[int, int, str | None]] = deque(
             maxlen=max(rules.error_window_runs, rules.consecutive_failures)
         )
@@ -293,15 +330,21 @@ class _Core:
         # timestamp() is a call into its time zone. The index moves only at a trim, which forgets it.
         self._cusum_start: tuple[datetime, int] | None = None
         self._resolved_s: tuple[datetime, float] | None = None
-        self._interval: tuple[tuple[int, float], float] = ((-1, 0.0), 300.0)
-        # Per day before, where `_day_difference` found the partner of the last run it was asked about (the
-        # first run not earlier than its time less the tolerance).
-        self._partner_hints = [0] * PARTNER_DAYS
+        # `interval_s` and the count of runs it was worked out for (-1: none): between trims, which forget it, the
+        # runs are only ever appended to, so their count tells them.
+        self._interval = 300.0
+        self._interval_runs = -1
+        # Per day before, how many runs before the last run `_day_difference` was asked about it found its partner
+        # (the first run not earlier than its time less the tolerance): the next run's is mostly as many back.
+        self._partner_gaps = [0] * PARTNER_DAYS
         self.noise: NoiseModel | None = None  # the model the last stepped run was judged with
         self.epoch_started: datetime | None = None  # set when the last stepped run began an epoch
         # The kept jump-test medians, by window and source (residuals or log TTFTs): (the first window's first
         # run's index, the median of each window from there on, in order).
         self._jump_cache: dict[tuple[int, bool], tuple[int, array[float]]] = {}
+        # The jump test's last jumps: (the first window's first run, window, after, seasonal, the jumps in time
+        # order, the same sorted), for `_jump_spread` to carry on from.
+        self._spread_kept: tuple[int, int, int, bool, list[float], list[float]] | None = None
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
         self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
         self._sums: WindowSums | None = None
@@ -421,13 +464,14 @@ class _Core:
             self._sums = None  # rebuilt from the runs kept, when next asked
             self._seed_days = None  # its days began at the first run kept
             self._jump_cache = {}  # keyed by index
-            self._interval = ((-1, 0.0), 300.0)  # `interval_s` carries it from one run to the next only
+            self._spread_kept = None  # so is it
+            self._interval_runs = -1  # `interval_s` carries it from one run to the next only
             self._cusum_start = None
             self._window_held = None
             self._level_low = 0
-            self._partner_hints = [max(0, hint - drop) for hint in self._partner_hints]
             del self.times[:drop], self.logs[:drop], self.probes[:drop], self._residuals[:drop]
             self._eager_from = max(0, self._eager_from - drop)
+            self._nan_from = max(-1, self._nan_from - drop)
             low, high = self._reference_range
             if low >= drop:
                 self._reference_range = (low - drop, high - drop)
@@ -571,7 +615,21 @@ class _Core:
         self._level_low = low
         if low >= end or times[low] > end_s - level_s / 2:
             return None
-        reference = self._reference(low, end)
+        cached_low, cached_high = self._reference_range
+        if low == cached_low + 1 and end == cached_high + 1 and cached_high >= self._eager_from:
+            # `_reference(low, end)` where the range slides by a run (most runs), without the call: the run that
+            # joins in, the one that leaves out.
+            reference = self._reference_sorted
+            residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None from `_eager_from` on
+            value = residuals[cached_high]
+            if value == value:
+                insort(reference, value)
+            value = residuals[cached_low]
+            if value == value:
+                del reference[bisect_left(reference, value)]
+            self._reference_range = (low, end)
+        else:
+            reference = self._reference(low, end)
         # Mostly runs with a seasonal baseline: a few would let the start of a regression set the level.
         runs = len(reference)
         if runs < MIN_BASELINE_RUNS or runs < (end - low) // 2:
@@ -580,7 +638,7 @@ class _Core:
         level = reference[half] if runs % 2 else (reference[half - 1] + reference[half]) / 2.0
         # In the parameters' order, not by keyword: a keyword call costs twice as much, and this is once a run.
         center = slot.center + level
-        extra = (math.pi / 2.0) ** 2 / slot.count  # a median of per-day medians
+        extra = _MEDIAN_VARIANCE / slot.count  # a median of per-day medians
         return _Baseline(center, level, reference, True, extra, end, self._mad_near)
 
     def _trailing(self, end: int) -> _Baseline | None:
@@ -607,14 +665,31 @@ class _Core:
             number = int(times[index] // SLOT_S)
             known = self._slots  # `_slot`'s cache, read here: every run asks
             slot = known[number] if number in known else self._slot(number)
-            self._residuals[-1] = self.logs[index] - slot.center if slot is not None else math.nan
+            if slot is not None:
+                self._residuals[-1] = self.logs[index] - slot.center
+            else:
+                self._residuals[-1] = math.nan
+                self._nan_from = index
         self._run_slot = slot
         events: list[Event] = []
-        self._availability(state, run, events)
-        jumped = identity.tokens_jump(state, run)
-        if jumped is not None:
-            events.append(jumped)
-        change = identity.observe(state, run)
+        # Each of the next three asked only when it can have something to do: most runs fail no request, report no
+        # tokens, and name the model named before (or none) with nothing else about it; a call each costs more.
+        if self._window_failed or self._failed_streak or "availability" in state.incidents:
+            self._availability(state, run, events)
+        if run.output_tokens is not None:
+            jumped = identity.tokens_jump(state, run)
+            if jumped is not None:
+                events.append(jumped)
+        served = run.served_model
+        if (
+            (served is None or served == state.served_model)
+            and run.fingerprint is None
+            and run.canary is None
+            and run.server_build is None
+        ):
+            change = None  # identity.observe has nothing to do: the model named before, or none
+        else:
+            change = identity.observe(state, run)
         if change is not None:
             # Another model answers now: what it does is compared with a baseline of its own, from here.
             events.append(change.event(run.at))
@@ -687,12 +762,12 @@ class _Core:
         rules = self.rules
         incident = state.incidents.get("regression")
         count = len(self.logs)  # valid runs, this one included
-        verdict = self._verdict(incident, count, state.page_since) if count - 1 >= rules.min_history_runs else None
+        verdict = self._verdict_parts(incident, count, state.page_since) if count > rules.min_history_runs else None
         if verdict is None:
             state.page_streak = state.ticket_streak = 0
             state.page_since = state.ticket_since = None
             return
-        baseline = verdict.baseline
+        baseline, page, ticket, recent, adapted, page_window, ticket_window = verdict
         baseline_ms = self.baseline_ms = math.exp(baseline.center)
         # The noise model is on by default (`detection.noise_model`): without it every rule runs as it did before
         # the model existed (noise None: no widening, no extra confirmations, the fixed CUSUM threshold).
@@ -702,17 +777,19 @@ class _Core:
         # The evidence rules scale by the model only where it measured runs clearly more correlated than
         # independent ones: below that, its estimate is mostly its own sampling error and what regressions
         # left in it, and the rules' own long-run factor does better (noise_model.engaged).
-        scaled = noise if noise is not None and noise_model.engaged(noise) else None
+        # noise_model.engaged(noise), without the call: once a run.
+        scaled = noise if noise is not None and noise.vario_ratio >= noise_model.ENGAGE_VARIO else None
         confirms = self._confirms
         # Below a rule's ratio nothing confirms (`_confirms`, `_jumps`): most runs stop at that comparison.
-        if verdict.page >= self._log_page_ratio and (
+        if page >= self._log_page_ratio and (
             (
-                confirms(
-                    verdict.page, rules.page, self._log_page_ratio, baseline, baseline_ms, verdict.page_window, scaled
-                )
-                and self._run_is_slow(verdict)
+                confirms(page, rules.page, self._log_page_ratio, baseline, baseline_ms, page_window, scaled)
+                and self._run_is_slow(recent, baseline)
             )
-            or (noise is not None and self._jumps(verdict, baseline_ms, count, state.page_since))
+            or (
+                noise is not None
+                and self._jumps(baseline, page, page_window, recent, baseline_ms, count, state.page_since)
+            )
         ):
             state.page_streak += 1
             state.page_since = state.page_since or run.at
@@ -734,17 +811,9 @@ class _Core:
         if (
             (rules.cusum is None or rules.window_tickets)
             and fresh
-            and verdict.ticket is not None
-            and verdict.ticket >= self._log_ticket_ratio
-            and confirms(
-                verdict.ticket,
-                rules.ticket,
-                self._log_ticket_ratio,
-                baseline,
-                baseline_ms,
-                verdict.ticket_window,
-                scaled,
-            )
+            and ticket is not None
+            and ticket >= self._log_ticket_ratio
+            and confirms(ticket, rules.ticket, self._log_ticket_ratio, baseline, baseline_ms, ticket_window, scaled)
         ):
             state.ticket_streak += 1
             state.ticket_since = state.ticket_since or run.at
@@ -753,7 +822,7 @@ class _Core:
 
         paging = state.page_streak >= rules.page.confirmations
         if noise is not None:
-            distance = verdict.recent[-1] - baseline.level
+            distance = recent[-1] - baseline.level
             noise_model.observe(noise, slow=distance >= self._log_page_ratio, calm=distance < self._log_clear_ratio)
             # A burst of up to 3 slow runs holds a 5-run median up for 3 runs, and fills the jump test's
             # short window: pages need more slow runs in a row than the longest burst, from a series' first
@@ -763,20 +832,36 @@ class _Core:
             # cut by its budget leaves runs unevaluated (a series evaluated every other run would otherwise
             # need twice the slow runs to page).
             if paging:
-                persistence = noise_model.page_persistence(noise, window=verdict.page_window)
-                paging = max(noise.run, state.page_streak, self._slow_runs(verdict, persistence)) >= persistence
+                persistence = noise_model.page_persistence(noise, window=page_window)
+                paging = (
+                    max(noise.run, state.page_streak, self._slow_runs(recent, baseline, persistence)) >= persistence
+                )
         ticketing = state.ticket_streak >= rules.ticket.confirmations
         # The run interval, read once for the sequential rule and the model's learning (a call each, every run).
         interval = self.interval_s() if noise is not None else 0.0
         sequential = (
             self._cusum(state, run, incident, count, fresh, scaled, interval) if not (paging or ticketing) else None
         )
-        if noise is not None:
-            self._learn(state, noise, incident, baseline, count, interval)
+        # The noise model learns this run's difference from the same time on the days before (`_day_difference`),
+        # unless a regression may be in it: not while an incident is open or a page is being confirmed. Freezing
+        # it whenever a rule gathers any evidence would leave out exactly the wander the model is for (the CUSUM
+        # climbs on it too), so only while a ticket is being confirmed or the CUSUM is past half its threshold: a
+        # step that has not opened anything yet is the likeliest regression to slip in (on independent runs with
+        # steps, the model then read them as correlated and made every rule slower). The model's growth cap
+        # (noise.py) bounds what a step that slips past every rule can add.
+        if (
+            noise is not None
+            and incident is None
+            and not (state.page_streak or state.ticket_streak)
+            and not (self.threshold is not None and state.cusum >= self.threshold / 2.0)
+        ):
+            difference = self._day_difference(count - 1, interval / 2.0)
+            if difference is not None:
+                noise_model.update(noise, difference)
         if incident is None and sequential is None and not (paging or ticketing):
             return  # most runs: nothing opens, and nothing is open to update or resolve
         detail: dict[str, Any] = {"baseline": "seasonal" if baseline.seasonal else "trailing"}
-        if verdict.adapted:
+        if adapted:
             detail["baseline"] += ", adapted to the incident's level"
         if incident is None and sequential is not None:
             cusum_baseline_ms, ratio, since, total = sequential
@@ -797,7 +882,7 @@ class _Core:
             events.append(_event(incident, "open", run.at, detail))
         elif incident is None and (paging or ticketing):
             severity: Severity = "page" if paging else "ticket"
-            distance = verdict.page if paging or verdict.ticket is None else verdict.ticket
+            distance = page if paging or ticket is None else ticket
             ratio = math.exp(distance)
             incident = Incident(
                 kind="regression",
@@ -811,22 +896,22 @@ class _Core:
             incident.see(ratio, run.at)
             state.incidents["regression"] = incident
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
-            window = verdict.page_window if severity == "page" else verdict.ticket_window
+            window = page_window if severity == "page" else ticket_window
             detail["z"] = round(baseline.z(distance, min(window, getattr(rules, severity).window_runs), noise), 2)
             detail.update(self._evidence(noise, ratio, window, scaled=scaled is not None))
             events.append(_event(incident, "open", run.at, detail))
         elif incident is not None and paging and incident.severity == "ticket":
-            ratio = math.exp(verdict.page)
+            ratio = math.exp(page)
             incident.see(ratio, run.at)
             incident.severity = "page"
             incident.baseline_ms, incident.observed_ms, incident.ratio = baseline_ms, baseline_ms * ratio, ratio
-            detail["z"] = round(baseline.z(verdict.page, min(verdict.page_window, rules.page.window_runs), noise), 2)
-            detail.update(self._evidence(noise, ratio, verdict.page_window, scaled=scaled is not None))
+            detail["z"] = round(baseline.z(page, min(page_window, rules.page.window_runs), noise), 2)
+            detail.update(self._evidence(noise, ratio, page_window, scaled=scaled is not None))
             events.append(_event(incident, "update", run.at, detail))
         elif incident is not None:
-            incident.see(math.exp(verdict.page), run.at)
+            incident.see(math.exp(page), run.at)
             window = max(rules.clear_runs, getattr(rules, incident.severity).window_runs)
-            ratio = math.exp(verdict.clear(window))
+            ratio = math.exp(_Verdict(*verdict).clear(window))
             if ratio >= rules.clear_ratio or state.page_streak:
                 return
             del state.incidents["regression"]
@@ -869,8 +954,13 @@ class _Core:
                 started = self._cusum_start = (since, bisect_left(self.times, since.timestamp()))
             start = started[1]
         slot = self._run_slot
-        reference = self._cusum_reference(start, rule) if slot is not None else None
-        if slot is None or reference is None:
+        if slot is None:
+            state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            return None
+        period = int(self.times[start] // CUSUM_REFERENCE_S)
+        known = self._cusum_references  # `_cusum_reference`'s cache, read here: every run asks
+        reference = known[period] if period in known else self._cusum_reference(period, rule)
+        if reference is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             return None
         allowance, bound, factor = reference.allowance, reference.bound, reference.factor
@@ -1006,27 +1096,21 @@ class _Core:
 
     def interval_s(self) -> float:
         """The series' run interval: the median spacing of its last valid runs (5 minutes before two)."""
-        # Asked twice after every run with the noise model on: kept for the runs it was worked out from,
-        # told by their count and the last one's time (a trim keeps the last runs).
+        # Asked twice after every run with the noise model on: kept for the runs it was worked out from.
         times = self.times
         count = len(times)
-        (kept_count, kept_last), value = self._interval
-        if kept_count == count and (not count or kept_last == times[-1]):
-            return value
-        # One run later (no trim between: it forgets what was kept), with the spacing it adds the one that
-        # leaves the last 12 (runs every 5 minutes to the float): the same spacings, so the same median.
-        if (
-            count == kept_count + 1
-            and count >= 14
-            and kept_last == times[-2]
-            and (times[-1] - times[-2] == times[-13] - times[-14])
-        ):
-            self._interval = ((count, times[-1]), value)
-        else:
-            last = times[-13:]
-            spacings = sorted(map(sub, last[1:], last[:-1]))
-            value = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
-            self._interval = ((count, times[-1] if count else 0.0), value)
+        kept = self._interval_runs
+        if kept == count:
+            return self._interval
+        # One run later, with the spacing it adds the one that leaves the last 12 (runs every 5 minutes to the
+        # float): the same spacings, so the same median.
+        if count == kept + 1 and count >= 14 and times[-1] - times[-2] == times[-13] - times[-14]:
+            self._interval_runs = count
+            return self._interval
+        last = times[-13:]
+        spacings = sorted(map(sub, last[1:], last[:-1]))
+        value = self._interval = max(1.0, median(spacings, presorted=True)) if spacings else 300.0
+        self._interval_runs = count
         return value
 
     def _noise_model(self, state: SeriesState, count: int) -> NoiseModel:
@@ -1045,28 +1129,21 @@ class _Core:
         level's errors, shared for hours, which read as correlation; the rules account for the baseline's
         error on their own). A median of several days, so that yesterday's incident is outvoted, not learnt
         as today's noise. From a series' second day on; None: no run a day before."""
-        times, logs, hints = self.times, self.logs, self._partner_hints
+        times, logs, gaps = self.times, self.logs, self._partner_gaps
         at = times[index]
         partners: list[float] = []
-        for day, day_s in enumerate(_PARTNER_DAYS_S):  # once a run: no attribute or generator in the loop
+        for day, day_s in _PARTNER_DAYS_S:  # once a run: no attribute or generator in the loop
             then = at - day_s
-            earliest = then - tolerance
-            # bisect_left(times, earliest, 0, index): mostly the run after this day's partner of the last run
-            # asked about, which it is when the run before it is earlier than `earliest` and it is not (or it is
-            # `index`); searched for otherwise.
-            before = hints[day] + 1  # at least 1: a hint is an index
-            if before < index:
-                found = times[before]
-                if not times[before - 1] < earliest <= found:
-                    before = bisect_left(times, earliest, 0, index)
-                    found = times[before] if before < index else math.inf
-            elif before != index or not times[before - 1] < earliest:
-                before = bisect_left(times, earliest, 0, index)
-                found = times[before] if before < index else math.inf
-            else:
-                found = math.inf  # `index` itself: no partner that day
-            hints[day] = before
-            if found <= then + tolerance:
+            # The partner is the first run from `then` less the tolerance (bisect_left(times, then - tolerance, 0,
+            # index)), if it is within the tolerance after `then` too: mostly as many runs back as the last run asked
+            # about found it, which it is when the run before it is earlier and it is not; searched otherwise.
+            before = index - gaps[day]
+            if 0 < before < index and times[before - 1] < then - tolerance <= times[before] <= then + tolerance:
+                partners.append(logs[before])
+                continue
+            before = bisect_left(times, then - tolerance, 0, index)
+            gaps[day] = index - before
+            if before < index and times[before] <= then + tolerance:
                 partners.append(logs[before])
         count = len(partners)
         if not count:
@@ -1118,36 +1195,11 @@ class _Core:
         noise_model.extend(model, _less_median(values[days * SEED_DAY_RUNS :]))
         return model
 
-    def _learn(
-        self,
-        state: SeriesState,
-        noise: NoiseModel,
-        incident: Incident | None,
-        baseline: _Baseline,
-        count: int,
-        interval: float,
-    ) -> None:
-        """Add this run's difference from the same time on the days before (`_day_difference`) to the noise
-        model, unless a regression is in it: not while an incident is open or a page is being confirmed.
-        Freezing it whenever a rule gathers any evidence would leave out exactly the wander the model is for
-        (the CUSUM climbs on it too), so only past half the CUSUM's threshold; the model's growth cap
-        (noise.py) bounds what a step that slips past every rule can add."""
-        if incident is not None or state.page_streak or state.incidents.get("regression"):
-            return
-        # Nor while a ticket is being confirmed or the CUSUM is past half its threshold: a step that has not
-        # opened anything yet is the likeliest regression to slip in (on independent runs with steps, the
-        # model then read them as correlated and made every rule slower).
-        if state.ticket_streak or (self.threshold is not None and state.cusum >= self.threshold / 2.0):
-            return
-        difference = self._day_difference(count - 1, interval / 2.0)
-        if difference is not None:
-            noise_model.update(noise, difference)
-
-    def _cusum_reference(self, start: int, rule: Cusum) -> _CusumReference | None:
-        """The sequential rule's reference: the seasonal residuals of the `level_hours` before the
-        three-hour period in which run `start` falls. Computed once a period (or once per excursion),
-        from the data alone. None until half that time is covered by runs with a seasonal baseline."""
-        period = int(self.times[start] // CUSUM_REFERENCE_S)
+    def _cusum_reference(self, period: int, rule: Cusum) -> _CusumReference | None:
+        """The sequential rule's reference: the seasonal residuals of the `level_hours` before three-hour
+        period number `period` (the one in which the excursion's first run falls). Computed once a period (or
+        once per excursion), from the data alone. None until half that time is covered by runs with a seasonal
+        baseline."""
         cached = self._cusum_references.get(period, _UNCACHED)
         if cached is not _UNCACHED:
             return cached  # type: ignore[return-value]
@@ -1258,7 +1310,7 @@ class _Core:
         # Autocorrelated noise (load that comes and goes) moves a window's median more than independent
         # noise would: the series' noise model widens the standard error by sqrt(g(window)).
         if baseline.seasonal:
-            z_ok = baseline.z(distance, _smaller(window, rule.window_runs), noise) >= rule.z_threshold
+            z_ok = not baseline.z_below(distance, _smaller(window, rule.window_runs), rule.z_threshold, noise)
             # A ticket's window must also be as far out as the rules without the model ask: over two hours the
             # model can measure less wander than the reference day's own long-run factor shows (its estimate
             # lags, and a drift the level follows is left out). Pages have the jump test beside this one.
@@ -1269,6 +1321,8 @@ class _Core:
         # must not learn as noise: widen by the long-run factor of the trailing window's own runs, in
         # blocks of a sixth of them (when that is at least 6 runs: shorter blocks cannot tell load that
         # comes and goes from noise).
+        if baseline.z_below(distance, _smaller(window, rule.window_runs), rule.z_threshold):
+            return False
         z = baseline.z(distance, _smaller(window, rule.window_runs))
         if z < rule.z_threshold or self.rules.trailing_runs < 36:
             return z >= rule.z_threshold
@@ -1294,6 +1348,8 @@ class _Core:
         widened by the larger of that and the same factor pooled over the consecutive trailing-sized
         windows of the day before (`stats.pooled_factor`: each window less its own median, so the daily
         cycle between windows is not read as wander)."""
+        if baseline.z_below(distance, _smaller(window, rule.window_runs), rule.z_threshold):
+            return False
         z = baseline.z(distance, _smaller(window, rule.window_runs))
         span = self.rules.trailing_runs
         if z < rule.z_threshold or span < 36:
@@ -1310,20 +1366,19 @@ class _Core:
         )
         return z / max(own, pooled) >= rule.z_threshold
 
-    def _run_is_slow(self, verdict: _Verdict) -> bool:
+    def _run_is_slow(self, recent: list[float], baseline: _Baseline) -> bool:
         """Whether the run itself is at least halfway (in log) to the page ratio above the baseline.
 
         A page window's median stays high for as many runs as the window is long after a burst of slow
         runs ends (a window of 5 holding a burst of 3), so the window alone confirms a burst as often as
         a regression; a run that is itself back near the baseline breaks the streak. A step keeps its
         runs slow: doublings page as fast as before (bench/detector.py `bursts`, docs/detection.md)."""
-        return verdict.recent[-1] - verdict.baseline.level >= PAGE_RUN_SHARE * self._log_page_ratio
+        return recent[-1] - baseline.level >= PAGE_RUN_SHARE * self._log_page_ratio
 
-    def _slow_runs(self, verdict: _Verdict, most: int) -> int:
-        """How many of the last runs in a row are slow against this run's baseline (as `noise_model.observe`
+    def _slow_runs(self, recent: list[float], baseline: _Baseline, most: int) -> int:
+        """How many of the `recent` runs in a row are slow against this run's baseline (as `noise_model.observe`
         judges a run: at least the page ratio above its level), counting up to `most`."""
-        floor = verdict.baseline.level + self._log_page_ratio
-        recent = verdict.recent
+        floor = baseline.level + self._log_page_ratio
         count = 0
         for index in range(len(recent) - 1, max(-1, len(recent) - 1 - most), -1):
             if recent[index] < floor:
@@ -1335,16 +1390,25 @@ class _Core:
         """Where the runs tested ended for a page streak's first run (`count`, the runs so far, without one)."""
         return count if streak_since is None else min(count, bisect_left(self.times, streak_since.timestamp()) + 1)
 
-    def _jumps(self, verdict: _Verdict, baseline_ms: float, count: int, streak_since: datetime | None) -> bool:
+    def _jumps(
+        self,
+        baseline: _Baseline,
+        distance: float,
+        window: int,
+        recent: list[float],
+        baseline_ms: float,
+        count: int,
+        streak_since: datetime | None,
+    ) -> bool:
         """The page rule's jump test (noise model on): the median of the last runs (a majority of the page
         window: window // 2 + 1 runs) less that of the page window before them, against how much such neighbours
         of the three days before differ (their MAD-sigma). Load that wanders slowly moves neighbours alike, so a
         doubling stands out within a few runs however far the series wanders from its baseline, and however
         young its noise model is; the page window must still be `page.ratio` and `min_delta_ms` above the
         baseline. While a streak builds, the window before and the day stay where they were for its first
-        run, so the runs after the jump fill the short window and its confirmations follow at once."""
-        rule, baseline = self.rules.page, verdict.baseline
-        distance, window = verdict.page, verdict.page_window
+        run, so the runs after the jump fill the short window and its confirmations follow at once. `distance`,
+        `window` and `recent`: the verdict's page distance, page window and last runs (`_Verdict`)."""
+        rule = self.rules.page
         if distance < self._log_page_ratio or baseline_ms * (math.exp(distance) - 1.0) < rule.min_delta_ms:
             return False
         end = self._streak_end(count, streak_since) - window
@@ -1352,27 +1416,70 @@ class _Core:
             return False
         after = window // 2 + 1
         # Seasonal residuals where the windows have them (the daily cycle left out), else log TTFTs.
+        seasonal = baseline.seasonal
         low = max(0, end - noise_model.JUMP_HISTORY_RUNS)
-        history = self._residuals_between(low, end) if baseline.seasonal else self.logs[low:end]
-        before = history[-window:]
+        history = None
+        first = end - window if end > window else 0
+        if not seasonal:
+            before = self.logs[first:end]
+        elif low >= self._eager_from:  # every residual computed: the window before alone (most runs stop at it)
+            before = self._residuals[first:end]  # type: ignore[assignment]  # none is None from here
+        else:
+            history = self._residuals_between(low, end)
+            before = history[-window:]
         if any(math.isnan(value) for value in before):
             return False
         level_before = median(before)
         # The run itself must have jumped too, from the window before (not from a baseline that slow wander
         # may be far from): a burst that is over breaks the streak, as the window test's run test does.
-        if verdict.recent[-1] - level_before < PAGE_RUN_SHARE * self._log_page_ratio:
+        if recent[-1] - level_before < PAGE_RUN_SHARE * self._log_page_ratio:
             return False
-        spread = noise_model.jump_spread(
-            history,
-            window,
-            self._jump_medians(history, low, window, baseline.seasonal),
-            after=after,
-            after_medians=self._jump_medians(history, low, after, baseline.seasonal),
-        )
+        if history is None:
+            history = self._residuals_between(low, end) if seasonal else self.logs[low:end]
+        spread = self._jump_spread(history, low, window, after, seasonal)
         if spread is None:
             return False
-        jump = median(verdict.recent[-after:]) - level_before
+        jump = median(recent[-after:]) - level_before
         return jump / max(spread, SIGMA_FLOOR) >= rule.z_threshold
+
+    def _jump_spread(self, history: list[float], low: int, window: int, after: int, seasonal: bool) -> float | None:
+        """noise_model.jump_spread(history, window, after=after) for `history`, runs low.. of the residuals (or the
+        log TTFTs, not `seasonal`). The jump test asks for it on slow runs in a row, the day before shifted by a
+        run or a few: the jumps of the last call are kept in time order and sorted, and where no run in the
+        history lacks a value, those that leave are taken out of the sorted ones and those that join put in,
+        rather than all sorted again (their median and MAD-sigma depend only on which they are)."""
+        medians = self._jump_medians(history, low, window, seasonal)
+        after_medians = self._jump_medians(history, low, after, seasonal)
+        # No nan in the history: log TTFTs, or residuals past the last nan stepped (`_nan_from`).
+        clean = not seasonal or (low >= self._eager_from and self._nan_from < low)
+        if not clean:
+            self._spread_kept = None
+            return noise_model.jump_spread(history, window, medians, after=after, after_medians=after_medians)
+        pairs = max(0, len(history) - window - after + 1)  # the jumps of windows starting at low .. low + pairs - 1
+        kept = self._spread_kept
+        if (
+            kept is not None
+            and kept[1:4] == (window, after, seasonal)
+            and kept[0] <= low
+            and kept[0] + len(kept[4]) <= low + pairs
+            and (low - kept[0]) + (low + pairs - kept[0] - len(kept[4])) <= 64
+        ):
+            kept_low, _window, _after, _seasonal, in_order, data = kept
+            for value in in_order[: low - kept_low]:
+                del data[bisect_left(data, value)]
+            joining = range(kept_low + len(in_order) - low, pairs)
+            joined = [after_medians[start + window] - medians[start] for start in joining]
+            for value in joined:
+                insort(data, value)
+            in_order = in_order[low - kept_low :] + joined
+        else:
+            in_order = list(map(sub, after_medians[window : window + pairs], medians[:pairs]))
+            data = sorted(in_order)
+        self._spread_kept = (low, window, after, seasonal, in_order, data)
+        if len(data) < noise_model.JUMP_PAIRS_PER_RUN * window:
+            return None
+        # median_and_sigma(jumps)[1]: the MAD-sigma about their median, from the sorted jumps.
+        return mad_sigma_sorted(data, center=median(data, presorted=True))
 
     def _jump_medians(self, history: list[float], low: int, window: int, seasonal: bool) -> array[float]:
         """noise.window_medians of `history` (runs low.. of the residuals, or of the log TTFTs). The jump
@@ -1389,20 +1496,15 @@ class _Core:
             out = kept[1][skip : skip + wanted]
         else:
             out = array("d")
-        isnan, half = math.isnan, window // 2
-        for offset in range(len(out), wanted):
-            # noise_model.window_median, without the calls: a few new windows per slow run.
-            values = history[offset : offset + window]
-            if any(map(isnan, values)):
-                out.append(math.nan)
-                continue
-            values.sort()
-            out.append(values[half] if window % 2 else (values[half - 1] + values[half]) / 2.0)
+        if len(out) < wanted:
+            out.extend(noise_model.window_medians(history[len(out) :], window))
         self._jump_cache[(window, seasonal)] = (low, out)
         return out
 
     def _confirms_without_model(self, distance: float, rule: Threshold, baseline: _Baseline, window: int) -> bool:
         """The z test without the noise model (`detection.noise_model: false`)."""
+        if baseline.z_below(distance, _smaller(window, rule.window_runs), rule.z_threshold):
+            return False
         z = baseline.z(distance, _smaller(window, rule.window_runs))
         cusum = self.rules.cusum
         if z < rule.z_threshold or cusum is None:
@@ -1436,7 +1538,14 @@ class _Core:
         return factor
 
     def _verdict(self, incident: Incident | None, count: int, streak_since: datetime | None) -> _Verdict | None:
-        """The baseline and each window's distance from it; None: no verdict.
+        """The baseline and each window's distance from it; None: no verdict (`_verdict_parts`)."""
+        parts = self._verdict_parts(incident, count, streak_since)
+        return None if parts is None else _Verdict(*parts)
+
+    def _verdict_parts(
+        self, incident: Incident | None, count: int, streak_since: datetime | None
+    ) -> _VerdictParts | None:
+        """The baseline and each window's distance from it, `_Verdict`'s fields in its order; None: no verdict.
 
         While a page streak builds (`streak_since`: its first confirming run), the reference stays where
         it was for that first run: the runs confirming a regression must not enter the baseline they
@@ -1465,11 +1574,17 @@ class _Core:
         slot = self._run_slot
         if slot is not None:
             low = count - longest
-            # `_residuals_between` without the call where every residual is computed (a stepped core's runs).
-            residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None from `_eager_from` on
-            recent = residuals[low:count] if low >= self._eager_from else self._residuals_between(low, count)
-            total = sum(recent)
-            if total == total:  # no nan: every run in the windows has a seasonal baseline
+            if low >= self._eager_from:
+                # `_residuals_between` without the call where every residual is computed (a stepped core's runs),
+                # and no nan in them when the last nan stepped is before them (a sum of them, once a run, is not).
+                residuals: list[float] = self._residuals  # type: ignore[assignment]  # none is None from `_eager_from` on
+                recent = residuals[low:count]
+                whole = self._nan_from < low
+            else:
+                recent = self._residuals_between(low, count)
+                total = sum(recent)
+                whole = total == total
+            if whole:  # no nan: every run in the windows has a seasonal baseline
                 # The reference ends before the windows tested, and before an open regression began,
                 # so a regression never becomes its own baseline.
                 end = at - longest if at - longest > 0 else 0
@@ -1498,8 +1613,7 @@ class _Core:
         window = sorted(recent[-page_w:])
         half = len(window) // 2
         distance = (window[half] if len(window) % 2 else (window[half - 1] + window[half]) / 2.0) - level
-        # In the fields' order, not by keyword: a keyword call costs twice as much, and this is once a run.
-        return _Verdict(baseline, distance, ticket, recent, adapted, page_w, ticket_w)
+        return baseline, distance, ticket, recent, adapted, page_w, ticket_w
 
     # ------------------------------------------------ SLO
 

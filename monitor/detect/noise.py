@@ -31,15 +31,20 @@ import functools
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
-from operator import sub
+from itertools import accumulate, repeat, starmap
+from math import inf, sqrt
+from operator import add, itemgetter, sub, truediv
 from typing import Any
 
 from monitor.detect.stats import median, median_and_sigma
 
 BLOCKS = (6, 36)
+_SHORT, _LONG = BLOCKS
 # Updates weigh 1/n until n reaches this many runs (a week of 5-minute runs), then stay at 1/HORIZON.
 HORIZON_RUNS = 2016
+# An update's weight from then on, and what it leaves of the estimate before (the same floats as worked out).
+_HORIZON_ALPHA = 1.0 / HORIZON_RUNS
+_HORIZON_KEEP = 1.0 - _HORIZON_ALPHA
 # Residuals and block means are clipped at this many of the model's own standard deviations.
 WINSOR = 2.5
 # g (variance of a mean over that of independent runs) is kept within [1, G_MAX].
@@ -232,39 +237,50 @@ def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) ->
     """Add one residual (log units) to `model`, in place. True when it completed a block that refits the
     model's share and phi; with `deferred_fit` that is the caller's to do (`extend`: no update reads them)."""
     # Once a run for every series: the model's fields are read into locals and written back, min / max and
-    # `_weight` spelt out (the same comparisons, so the same floats).
+    # `_weight` spelt out (the same comparisons, so the same floats), the weights past the horizon constants.
     runs = model.runs = model.runs + 1
     if runs == 1:
         model.mean = residual
     mean, var = model.mean, model.var
-    sd = math.sqrt(var)
-    if runs > MIN_RUNS and sd > 0:
-        low, high = mean - WINSOR * sd, mean + WINSOR * sd
-        residual = residual if residual > low else low  # max(low, residual)
-        residual = residual if residual < high else high  # min(high, ...)
-    alpha = 1.0 / (runs if runs < HORIZON_RUNS else HORIZON_RUNS)  # _weight(runs, HORIZON_RUNS), runs >= 1
+    if runs > MIN_RUNS and var > 0:  # sqrt(var) > 0
+        reach = WINSOR * sqrt(var)
+        low = mean - reach
+        if not residual > low:  # max(low, residual)
+            residual = low
+        high = mean + reach
+        if not residual < high:  # min(high, ...)
+            residual = high
     deviation = residual - mean
-    model.mean = mean = mean + alpha * deviation
-    if runs > 1:
-        model.var = var = (1.0 - alpha) * (var + alpha * deviation * deviation)
+    if runs >= HORIZON_RUNS:
+        model.mean = mean = mean + _HORIZON_ALPHA * deviation
+        model.var = var = _HORIZON_KEEP * (var + _HORIZON_ALPHA * deviation * deviation)
+    else:
+        alpha = 1.0 / runs  # _weight(runs, HORIZON_RUNS), runs >= 1
+        model.mean = mean = mean + alpha * deviation
+        if runs > 1:
+            model.var = var = (1.0 - alpha) * (var + alpha * deviation * deviation)
     # The semivariances: the differences of the (winsorised) residual from the residual before it and from the
-    # one VARIO_LAG runs before it, each clipped at WINSOR x sqrt(2 var) too.
+    # one VARIO_LAG runs before it (the first of the VARIO_LAG kept), each clipped at WINSOR x sqrt(2 var) too.
     lagged = model.lagged
     held = len(lagged)
     if held:
-        bound = WINSOR * math.sqrt(2.0 * var) if runs > MIN_RUNS and var > 0 else math.inf
+        bound = WINSOR * sqrt(2.0 * var) if runs > MIN_RUNS and var > 0 else inf
         vario, pairs = model.vario, model.pairs
         difference = abs(residual - lagged[-1])
-        difference = difference if difference < bound else bound  # min(bound, ...)
+        if not difference < bound:  # min(bound, ...)
+            difference = bound
         count = pairs[0] = pairs[0] + 1
-        alpha = 1.0 / (count if count < HORIZON_RUNS else HORIZON_RUNS)
-        vario[0] += alpha * (difference * difference / 2.0 - vario[0])
-        if held >= VARIO_LAG:
-            difference = abs(residual - lagged[-VARIO_LAG])
-            difference = difference if difference < bound else bound
+        alpha = _HORIZON_ALPHA if count >= HORIZON_RUNS else 1.0 / count
+        before = vario[0]
+        vario[0] = before + alpha * (difference * difference / 2.0 - before)
+        if held >= VARIO_LAG:  # then exactly VARIO_LAG are kept
+            difference = abs(residual - lagged[0])
+            if not difference < bound:
+                difference = bound
             count = pairs[1] = pairs[1] + 1
-            alpha = 1.0 / (count if count < HORIZON_RUNS else HORIZON_RUNS)
-            vario[1] += alpha * (difference * difference / 2.0 - vario[1])
+            alpha = _HORIZON_ALPHA if count >= HORIZON_RUNS else 1.0 / count
+            before = vario[1]
+            vario[1] = before + alpha * (difference * difference / 2.0 - before)
             del lagged[0]
     lagged.append(residual)
     # Both blocks (BLOCKS: the short one, then the long one) take the residual, spelt out for the two of them
@@ -272,13 +288,15 @@ def update(model: NoiseModel, residual: float, *, deferred_fit: bool = False) ->
     sums, counts = model.sums, model.counts
     sums[0] += residual
     sums[1] += residual
-    counts[0] += 1
-    counts[1] += 1
+    short = counts[0] = counts[0] + 1
+    long = counts[1] = counts[1] + 1
+    if short < _SHORT and long < _LONG:
+        return False
     refit = False
-    if counts[0] >= BLOCKS[0]:
-        refit = _complete_block(model, 0, BLOCKS[0], mean, var)
-    if counts[1] >= BLOCKS[1]:
-        refit = _complete_block(model, 1, BLOCKS[1], mean, var) or refit
+    if short >= _SHORT:
+        refit = _complete_block(model, 0, _SHORT, mean, var)
+    if long >= _LONG:
+        refit = _complete_block(model, 1, _LONG, mean, var) or refit
     if refit and not deferred_fit:
         model.share, model.phi = fit(model.ratio(0), model.ratio(1), near=model.phi)
     return refit
@@ -399,7 +417,18 @@ def jump_spread(
 
 def window_medians(history: Sequence[float], window: int) -> list[float]:
     """The median of each `window` consecutive values of `history`; nan for a window holding a nan."""
-    return [window_median(history[low : low + window]) for low in range(len(history) - window + 1)]
+    count = len(history) - window + 1
+    total = sum(history)
+    if count <= 0 or total != total:  # a nan among them (or no window): window by window
+        return [window_median(history[low : low + window]) for low in range(count)]
+    # Every window sorted in C: the windows are the tuples of `window` shifted copies zipped, and the median
+    # taken by position (as `median` does: the middle value, or the middle two's sum / 2.0), without a call
+    # per window (the jump test asks for three days of them after a quiet spell: 227k windows a year).
+    windows = map(sorted, zip(*(history[k : k + count] for k in range(window)), strict=True))
+    half = window // 2
+    if window % 2:
+        return list(map(itemgetter(half), windows))
+    return list(map(truediv, starmap(add, map(itemgetter(half - 1, half), windows)), repeat(2.0)))
 
 
 def window_median(values: Sequence[float]) -> float:
