@@ -230,6 +230,7 @@ class _Core:
     __slots__ = (
         "_appended_since_trim",
         "_clean_streak",
+        "_cusum_per_week",
         "_cusum_references",
         "_cusum_scales",
         "_cusum_start",
@@ -323,6 +324,8 @@ class _Core:
         self.allowance: float | None = None  # the CUSUM's (in per-run sigmas), for the last stepped run
         self._thresholds: dict[tuple[float, float, int, float], float] = {}
         self._derived: float | None = None  # the CUSUM threshold derived last: where the next search starts
+        # The CUSUM's share of the false alerts a week: what its threshold is measured against (`_cusum`).
+        self._cusum_per_week = noise_model.CUSUM_SHARE * rules.false_alerts_per_week
         # The last run's CUSUM (allowance, scale, threshold) with the model engaged, and what they came from.
         self._cusum_scales: tuple[tuple[Any, ...], tuple[float, float, float]] | None = None
         # The CUSUM excursion's first run (the state's `cusum_since`, the very object) and its index, and the
@@ -942,8 +945,12 @@ class _Core:
         after one resolved, until the ticket window holds only newer runs (`fresh`)."""
         rule = self.rules.cusum
         residual = self._residuals[count - 1] if rule is not None else None
+        # The noise model, engaged or not: it keeps how this series' sum has behaved (`noise_model.tail_*`).
+        model = self.noise
         if rule is None or incident is not None or not fresh or residual is None or residual != residual:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            if model is not None:
+                model.tail[4] = 0.0  # an excursion cut short by anything but its own end is not counted
             return None
         since = state.cusum_since
         if since is None:
@@ -956,12 +963,16 @@ class _Core:
         slot = self._run_slot
         if slot is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            if model is not None:
+                model.tail[4] = 0.0
             return None
         period = int(self.times[start] // CUSUM_REFERENCE_S)
         known = self._cusum_references  # `_cusum_reference`'s cache, read here: every run asks
         reference = known[period] if period in known else self._cusum_reference(period, rule)
         if reference is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            if model is not None:
+                model.tail[4] = 0.0
             return None
         allowance, bound, factor = reference.allowance, reference.bound, reference.factor
         value = (residual - reference.level) / reference.sigma
@@ -998,11 +1009,24 @@ class _Core:
         else:
             scale = factor * factor
             threshold = self._fixed_threshold(rule)
+        # With the noise model on, the threshold is also measured against how this series' own sum has
+        # climbed (`noise_model.tail_multiplier`): where the noise is not what the threshold was derived for
+        # (long memory, bursts, heavy tails, a reference off by more), the sum passes half of it more often
+        # than it should, and the threshold rises until it would be reached at the CUSUM's share of the rate.
+        # Without the model, or with `cusum.threshold` set, the threshold is the derived or configured one.
+        base = threshold
+        if model is not None and rule.threshold is None:
+            tail = model.tail
+            tail[5] += interval / noise_model.WEEK_S  # noise_model.tail_watch, without the call: every run
+            if tail[6] != 1.0:
+                threshold = self.threshold = base * tail[6]
         self.allowance = allowance
         # cusum_step(state.cusum, (value - mean) / scale, allowance=allowance / scale), without the call
         total = state.cusum + (value - reference.mean) / scale - allowance / scale
         if not total > 0.0:  # max(0.0, total) is 0.0
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+            if model is not None and model.tail[4]:
+                noise_model.tail_end(model, self._cusum_per_week)
             return None
         since = since or run.at
         runs = state.cusum_runs + 1
@@ -1012,6 +1036,8 @@ class _Core:
         if noise is not None and runs < MIN_EXCURSION_RUNS:
             half = threshold / 2.0
             total = half if half < total else total  # min(total, half)
+        elif model is not None and total > model.tail[4] * base:
+            model.tail[4] = total / base  # the excursion's peak, where no cap holds it
         if total < threshold:
             state.cusum, state.cusum_since, state.cusum_runs = total, since, runs
             return None
@@ -1023,6 +1049,8 @@ class _Core:
             state.cusum, state.cusum_since, state.cusum_runs = threshold, since, runs
             return None
         state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+        if model is not None:
+            noise_model.tail_end(model, self._cusum_per_week, fired_at=threshold / base)
         return baseline_ms, ratio, since, total
 
     def _runs_since(self, since: datetime, count: int) -> int:

@@ -632,3 +632,112 @@ def test_a_series_evaluated_every_other_run_pages_on_the_slow_runs_its_data_hold
     # The jump test and the window test confirm from the step's third run on; the fourth slow run in a row
     # (index 3 after the step) is evaluated as run 4 of the every-other ones.
     assert paged_at is not None and paged_at <= 4, paged_at
+
+
+# ---------------------------------------------------------------- the CUSUM measured against its own sum
+
+
+def _tail_model(*, weeks: float, per_week: float, decay: float, seed: int, multiplier: float = 1.0) -> NoiseModel:
+    """A model whose CUSUM watched `weeks` of 5-minute runs and saw `per_week` excursions past half its
+    threshold, their heights past it exponential with rate `decay`, censored where the sum fires."""
+    rng = random.Random(seed)
+    model = NoiseModel()
+    run_weeks = 300.0 / noise.WEEK_S
+    for _ in range(round(weeks * WEEK)):
+        noise.tail_watch(model, run_weeks)
+        if rng.random() < per_week * run_weeks:
+            peak = noise.TAIL_FROM + rng.expovariate(decay)
+            if peak >= multiplier:
+                noise.tail_end(model, 0.25, fired_at=multiplier)
+            else:
+                model.tail[4] = peak
+                noise.tail_end(model, 0.25)
+    noise.tail_end(model, 0.25)  # a last excursion that stayed low: what was watched since is folded in
+    return model
+
+
+def test_a_sum_that_climbs_as_derived_keeps_its_threshold() -> None:
+    assert noise.tail_multiplier(NoiseModel(), 0.25) == 1.0  # nothing seen: the derivation stands
+    assert NoiseModel().tail[6] == 1.0
+    # Excursions past half the threshold as often and falling off as fast as the prior: reached 0.25 a week.
+    decay = noise.TAIL_PRIOR_DECAY
+    per_week = 0.25 * math.exp(decay * (1 - noise.TAIL_FROM))
+    model = _tail_model(weeks=12, per_week=per_week, decay=decay, seed=1)
+    assert noise.tail_multiplier(model, 0.25) < 1.1
+    # A sum that climbs less than derived never lowers the threshold.
+    quiet = _tail_model(weeks=12, per_week=0.5, decay=decay, seed=2)
+    assert noise.tail_multiplier(quiet, 0.25) == 1.0
+
+
+@pytest.mark.parametrize(("per_week", "decay"), [(4.0, 2.5), (6.0, 3.5), (3.0, 2.0)])
+def test_a_sum_that_climbs_further_raises_the_threshold_to_where_it_is_reached_at_its_rate(
+    per_week: float, decay: float
+) -> None:
+    """What the bench's correlated rows show (ar:0.9:0.1 with one probe: 4 excursions a week past half the
+    threshold, falling off at 2-3.5): the threshold where such a sum is reached 0.25 times a week, whether the
+    sum fired at the threshold as it was (censored) or not. One series' estimate rests on the few weeks it
+    remembers (10-20 excursions): the median over 25 series is within 12% of the answer, and each within 45%."""
+    expected = min(noise.TAIL_MOST, noise.TAIL_FROM + math.log(per_week / 0.25) / decay)
+    for multiplier in (1.0, 1.3):
+        found = [
+            noise.tail_multiplier(
+                _tail_model(weeks=8, per_week=per_week, decay=decay, seed=seed, multiplier=multiplier), 0.25
+            )
+            for seed in range(25)
+        ]
+        assert statistics.median(found) == pytest.approx(expected, rel=0.12), found
+        assert all(value == pytest.approx(expected, rel=0.45) for value in found), found
+
+
+def test_a_regression_the_cusum_fires_on_raises_the_threshold_at_most_so_much() -> None:
+    """Every excursion firing (a series regressing again and again, each caught by the CUSUM) is the worst
+    a regression can do to the estimate: the threshold rises by at most TAIL_MOST, and what it saw fades."""
+    model = NoiseModel()
+    run_weeks = 300.0 / noise.WEEK_S
+    for run in range(4 * WEEK):
+        noise.tail_watch(model, run_weeks)
+        if run % 144 == 0:
+            noise.tail_end(model, 0.25, fired_at=model.tail[6])
+    assert model.tail[6] == noise.TAIL_MOST
+    for _ in range(16 * WEEK):  # four months of a sum that never passes half its threshold
+        noise.tail_watch(model, run_weeks)
+    noise.tail_end(model, 0.25)
+    assert model.tail[6] < 1.25  # the few excursions it still remembers all fired
+
+
+def test_the_tail_is_stored_with_the_model_and_older_or_broken_ones_load_empty() -> None:
+    model = _tail_model(weeks=3, per_week=5.0, decay=2.0, seed=4)
+    model.tail[4] = 0.7
+    loaded = NoiseModel.from_json(json.loads(json.dumps(model.to_json())))
+    assert loaded.tail == model.tail and loaded.copy().tail == model.tail
+    older = model.to_json()
+    del older["tail"]
+    assert NoiseModel.from_json(older).tail == noise.fresh_tail()
+    for broken in ([1.0, 2.0], [1.0, -2.0, 0.0, 0.0, 0.0, 0.0, 1.0], [float("nan")] * 7, "x", None):
+        assert NoiseModel.from_json({**older, "tail": broken}).tail == noise.fresh_tail()
+    # A multiplier out of its bounds (a hand-edited state) loads within them.
+    assert NoiseModel.from_json({**older, "tail": [0.0] * 6 + [9.0]}).tail[6] == noise.TAIL_MOST
+
+
+def test_on_a_series_whose_sum_climbs_further_than_derived_the_cusum_threshold_rises() -> None:
+    """Three weeks of one-probe runs with slow wander (the bench's ar:0.9:0.1 row): the threshold the CUSUM
+    holds to is above the derived one, by the measured multiplier; with `cusum.threshold` set it is that."""
+    rng = random.Random(5)
+    load, points = 0.0, []
+    for i in range(21 * RUNS_PER_DAY):
+        load = 0.9 * load + rng.gauss(0, math.sqrt(0.1 * (1 - 0.81)) * 0.3)
+        level = 400.0 * (1 + 0.2 * math.sin(2 * math.pi * i / RUNS_PER_DAY)) * math.exp(load)
+        points.append(RunPoint(T0 + i * EVERY, level * math.exp(rng.gauss(0, 0.3 * math.sqrt(0.9))), ok=1, errors=0))
+    replayer = Detector(noise_rules()).replayer()
+    for point in points:
+        replayer.feed(point)
+    model = replayer.state.noise
+    assert model is not None and model.tail[0] > 1.0 and model.tail[1] > 5  # weeks watched, excursions seen
+    multiplier = model.tail[6]
+    assert multiplier > 1.1
+    threshold = replayer._core.threshold
+    assert threshold is not None and threshold == pytest.approx(FIXED_THRESHOLD * multiplier, rel=1e-9)
+    fixed = Detector(noise_rules(cusum={"threshold": 12})).replayer()
+    for point in points:
+        fixed.feed(point)
+    assert fixed._core.threshold == 12.0
