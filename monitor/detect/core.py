@@ -867,7 +867,7 @@ class _Core:
         if adapted:
             detail["baseline"] += ", adapted to the incident's level"
         if incident is None and sequential is not None:
-            cusum_baseline_ms, ratio, since, total = sequential
+            cusum_baseline_ms, ratio, since, total, threshold, raised = sequential
             incident = Incident(
                 kind="regression",
                 severity="ticket",
@@ -881,6 +881,11 @@ class _Core:
             incident.see(ratio, run.at)
             state.incidents["regression"] = incident
             detail.update(rule="cusum", cusum=round(total, 2))
+            if noise is not None:  # (the rules without the model give what they always gave)
+                detail["cusum_threshold"] = round(threshold, 2)
+            if raised > 1.0:
+                # Raised because this series' own sum climbs further than its noise was derived to let it.
+                detail["cusum_threshold_raised"] = round(raised, 2)
             detail.update(self._evidence(noise, ratio, self._runs_since(since, count), scaled=scaled is not None))
             events.append(_event(incident, "open", run.at, detail))
         elif incident is None and (paging or ticketing):
@@ -936,8 +941,9 @@ class _Core:
         fresh: bool,
         noise: NoiseModel | None,
         interval: float,
-    ) -> tuple[float, float, datetime, float] | None:
-        """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum) when it fires.
+    ) -> tuple[float, float, datetime, float, float, float] | None:
+        """Add this run's evidence to the sequential rule; (baseline ms, ratio, since, sum, threshold, how much
+        the threshold was raised by the series' own sum) when it fires.
         `interval`: `interval_s()`, read by the caller (only with `noise`).
 
         The level it is measured from is frozen where the current excursion began, so a shift that is
@@ -1049,9 +1055,10 @@ class _Core:
             state.cusum, state.cusum_since, state.cusum_runs = threshold, since, runs
             return None
         state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
+        raised = threshold / base
         if model is not None:
-            noise_model.tail_end(model, self._cusum_per_week, fired_at=threshold / base)
-        return baseline_ms, ratio, since, total
+            noise_model.tail_end(model, self._cusum_per_week, fired_at=raised)
+        return baseline_ms, ratio, since, total, threshold, raised
 
     def _runs_since(self, since: datetime, count: int) -> int:
         return max(1, count - bisect_left(self.times, since.timestamp()))

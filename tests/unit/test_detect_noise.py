@@ -729,10 +729,16 @@ def test_on_a_series_whose_sum_climbs_further_than_derived_the_cusum_threshold_r
         level = 400.0 * (1 + 0.2 * math.sin(2 * math.pi * i / RUNS_PER_DAY)) * math.exp(load)
         points.append(RunPoint(T0 + i * EVERY, level * math.exp(rng.gauss(0, 0.3 * math.sqrt(0.9))), ok=1, errors=0))
     replayer = Detector(noise_rules()).replayer()
-    for point in points:
-        replayer.feed(point)
+    events = [event for point in points for event in replayer.feed(point)]
     model = replayer.state.noise
     assert model is not None and model.tail[0] > 1.0 and model.tail[1] > 5  # weeks watched, excursions seen
+    # A CUSUM ticket says what it was measured against, and by how much that was raised.
+    fired = [e.detail for e in events if e.action == "open" and e.detail.get("rule") == "cusum"]
+    assert fired and all(d["cusum"] >= d["cusum_threshold"] for d in fired)
+    raised = [d for d in fired if "cusum_threshold_raised" in d]
+    assert raised and all(
+        d["cusum_threshold"] == pytest.approx(FIXED_THRESHOLD * d["cusum_threshold_raised"], rel=0.005) for d in raised
+    )
     multiplier = model.tail[6]
     assert multiplier > 1.1
     threshold = replayer._core.threshold
