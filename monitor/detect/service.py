@@ -610,7 +610,9 @@ class DetectionService:
                 )
             now = datetime.now(UTC)
             attempt.state = new_state.to_json()
-            if not await self._store.write_state(connection, series_id, attempt.state, read=read, now=now):
+            if not await self._store.write_state(
+                connection, series_id, attempt.state, read=read, now=now, reads_from=since
+            ):
                 raise StateConflict("the detector state changed since it was read")  # rolls back
             split = await self._server_split(connection, run, since, events)
             for event in events:

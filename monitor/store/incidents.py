@@ -37,11 +37,20 @@ _WRITE_STATE = (
     .where(
         DetectorStateRow.series_id == bindparam("state_series"), DetectorStateRow.version == bindparam("read_version")
     )
-    .values(state=bindparam("new_state"), version=bindparam("new_version"), updated_at=bindparam("written_at"))
+    .values(
+        state=bindparam("new_state"),
+        version=bindparam("new_version"),
+        updated_at=bindparam("written_at"),
+        reads_from=bindparam("reads_from"),
+    )
 )
 # A series' first state (500 on a new daemon's first tick).
 _FIRST_STATE = insert(DetectorStateRow).values(
-    series_id=bindparam("state_series"), state=bindparam("new_state"), version=1, updated_at=bindparam("written_at")
+    series_id=bindparam("state_series"),
+    state=bindparam("new_state"),
+    version=1,
+    updated_at=bindparam("written_at"),
+    reads_from=bindparam("reads_from"),
 )
 # On SQLite, without SQLAlchemy's execution around them (store/direct.py).
 READ_STATE = DirectStatement(_READ_STATE)
@@ -95,11 +104,16 @@ class IncidentStore:
         *,
         read: StoredState | None,
         now: datetime,
+        reads_from: datetime | None = None,
     ) -> bool:
         """Write `state` if the row is still as `read` found it (no row: insert, which a concurrent first
-        insert makes fail with IntegrityError). False: another writer changed it meanwhile."""
+        insert makes fail with IntegrityError). False: another writer changed it meanwhile. `reads_from`: where
+        the evaluation read the series' history from (compaction keeps it as rows)."""
         if read is None:
-            await FIRST_STATE.rowcount(connection, {"state_series": series_id, "new_state": state, "written_at": now})
+            await FIRST_STATE.rowcount(
+                connection,
+                {"state_series": series_id, "new_state": state, "written_at": now, "reads_from": reads_from},
+            )
             return True
         written = await WRITE_STATE.rowcount(
             connection,
@@ -109,6 +123,7 @@ class IncidentStore:
                 "new_state": state,
                 "new_version": read.version + 1,
                 "written_at": now,
+                "reads_from": reads_from,
             },
         )
         return written == 1

@@ -445,6 +445,9 @@ class DetectorStateRow(Base):
     state: Mapped[dict[str, Any]]
     version: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime]
+    # Where the series' detection read its history from at its last evaluation: compaction keeps it as rows
+    # (Repository.compact), whichever daemon compacts and whatever its own rules read (migration 0022).
+    reads_from: Mapped[datetime | None]
 
 
 class AlertOutboxRow(Base):

@@ -48,6 +48,7 @@ from monitor.store.models import (
     BUDGET_HOLDS,
     CALIBRATION,
     COLD_CHUNKS,
+    DETECTOR_STATE,
     ROLLUP_PENDING,
     ROLLUPS,
     RUNS,
@@ -1203,8 +1204,10 @@ class Repository:
         limit: int | None,
     ) -> list[tuple[int, datetime]]:
         """The (series, day) pairs, in order, whose day ended before what detection reads of the series: its
-        `keep_runs`-th newest run as rows, less `lookback_s`. Each series' reach is looked up once (the runs
-        index, newest first), `REACH_BATCH` series a statement, and only until `limit` pairs are found."""
+        `keep_runs`-th newest run as rows, less `lookback_s`, and before where the series' detection last read
+        from (`detector_state.reads_from`, less a day), whichever daemon evaluates it: another location's
+        detection may read further back than this daemon's rules do. Each series' reach is looked up once (the
+        runs index, newest first), `REACH_BATCH` series a statement, and only until `limit` pairs are found."""
         reach: dict[int, datetime | None] = {}
         kept: list[tuple[int, datetime]] = []
         order = list(dict.fromkeys(series_id for series_id, _ in pairs))
@@ -1224,9 +1227,16 @@ class Repository:
             if series_id not in reach:
                 batch = order[looked : looked + REACH_BATCH]
                 looked += len(batch)
-                found = await connection.execute(select(SERIES.c.id, oldest_read).where(SERIES.c.id.in_(batch)))
-                for one, at in found:
-                    reach[one] = None if at is None else at - timedelta(seconds=lookback_s)
+                found = await connection.execute(
+                    select(SERIES.c.id, oldest_read, DETECTOR_STATE.c.reads_from)
+                    .select_from(SERIES.outerjoin(DETECTOR_STATE, DETECTOR_STATE.c.series_id == SERIES.c.id))
+                    .where(SERIES.c.id.in_(batch))
+                )
+                for one, at, read_from in found:
+                    edge = None if at is None else at - timedelta(seconds=lookback_s)
+                    if edge is not None and read_from is not None:
+                        edge = min(edge, read_from - cold.DAY)
+                    reach[one] = edge
                 reach.setdefault(series_id, None)
             edge = reach[series_id]
             if edge is not None and day + cold.DAY <= edge:

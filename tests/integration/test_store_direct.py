@@ -93,6 +93,7 @@ async def test_the_state_written_directly_is_stored_as_sqlalchemy_stores_it(engi
                 "new_state": STATE,
                 "new_version": 2,
                 "written_at": now + timedelta(seconds=1),
+                "reads_from": now - timedelta(days=8, microseconds=7),
             }
             if direct:
                 assert await WRITE_STATE.rowcount(connection, values) == 1
@@ -174,14 +175,18 @@ async def test_a_first_state_is_stored_as_sqlalchemy_stores_it_and_a_second_one_
     async with write_transaction(engine) as connection:
         ids = [row[0] for row in (await connection.exec_driver_sql("SELECT id FROM series ORDER BY id LIMIT 2")).all()]
         await connection.exec_driver_sql("DELETE FROM detector_state")
-        await FIRST_STATE.rowcount(connection, {"state_series": ids[0], "new_state": STATE, "written_at": now})
+        reads_from = now - timedelta(days=8)
+        first = {"state_series": ids[0], "new_state": STATE, "written_at": now, "reads_from": reads_from}
+        await FIRST_STATE.rowcount(connection, first)
         await connection.execute(
-            insert(DetectorStateRow).values(series_id=ids[1], state=STATE, version=1, updated_at=now)
+            insert(DetectorStateRow).values(
+                series_id=ids[1], state=STATE, version=1, updated_at=now, reads_from=reads_from
+            )
         )
         rows = (await connection.exec_driver_sql("SELECT * FROM detector_state ORDER BY series_id")).all()
         assert [tuple(row)[1:] for row in rows] == [tuple(rows[1])[1:]] * 2
         with pytest.raises(IntegrityError):
-            await FIRST_STATE.rowcount(connection, {"state_series": ids[0], "new_state": STATE, "written_at": now})
+            await FIRST_STATE.rowcount(connection, first)
 
 
 async def test_a_series_id_is_found_directly_or_not_at_all(engine: AsyncEngine) -> None:
