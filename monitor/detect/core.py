@@ -926,6 +926,18 @@ class _Core:
             state.page_streak = state.ticket_streak = 0
             state.page_since = state.ticket_since = None
             state.resolved_at = run.at
+            # A CUSUM ticket that cleared soon was wander the sum climbed on: counted in its tail where it fired
+            # (at the multiplier then, which stood while the sum slept), so the threshold rises until such
+            # tickets come at the CUSUM's share (`noise_model.tail_multiplier`). A longer one was a regression.
+            if (
+                noise is not None
+                and incident.triggers == ["cusum"]
+                and incident.severity == "ticket"
+                and (run.at - incident.opened_at).total_seconds() < noise_model.TAIL_WANDER_S
+                and rules.cusum is not None
+                and rules.cusum.threshold is None
+            ):
+                noise_model.tail_end(noise, self._cusum_per_week, fired_at=noise.tail[6])
             detail["opened_baseline_ms"] = incident.baseline_ms
             detail["opened_observed_ms"] = incident.observed_ms
             detail["duration_s"] = (run.at - incident.opened_at).total_seconds()
@@ -1057,7 +1069,7 @@ class _Core:
         state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
         raised = threshold / base
         if model is not None:
-            noise_model.tail_end(model, self._cusum_per_week, fired_at=raised)
+            model.tail[4] = 0.0  # counted when its incident clears, if soon (`_regression`, TAIL_WANDER_S)
         return baseline_ms, ratio, since, total, threshold, raised
 
     def _runs_since(self, since: datetime, count: int) -> int:

@@ -89,6 +89,12 @@ TAIL_WEEKS = 4.0  # what was seen fades over this many weeks
 TAIL_PRIOR_WEEKS = 0.5
 TAIL_PRIOR_DECAY = 6.0
 TAIL_MOST = 2.5  # the threshold is raised at most this much (and never lowered)
+# An excursion that fired is counted (where it fired: censored) only if the incident it opened cleared within
+# this long: wander, as far as the CUSUM is concerned. A regression lasts longer, and counting it would raise
+# the threshold of a series for being caught (on the bench's series with steps, +10% steps caught 75% -> 56%
+# of the time with one probe a run, 75% -> 69% with five, counting every one; the bench's steps last 6-36
+# hours, the wander of its slowest AR(1), phi 0.97 at 5-minute runs, about 3 hours).
+TAIL_WANDER_S = 4 * 3600.0
 
 
 @dataclass(slots=True)
