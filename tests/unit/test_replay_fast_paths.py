@@ -313,3 +313,38 @@ def test_a_seasonal_slot_worked_out_from_the_day_befores_is_the_plain_median_of_
     for point in points:
         replayer.feed(point)
     assert len(checked) > 1500 and checked.count(True) > 1000
+
+
+def test_a_cusum_threshold_derived_only_when_a_run_needs_it_gives_the_same_replay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The CUSUM's derived threshold is worked out only where a comparison can go either way (`_Core._cusum`): the
+    # same events, state and thresholds as a replay that reads it after every run (so derives every run's), over 60
+    # days in which the series' own sum raises the threshold (noise.tail_multiplier) after a while.
+    derivations = Counter[str]()
+    derive = noise.cusum_threshold
+
+    def counted(**inputs: Any) -> float:
+        derivations[counted.mode] += 1  # type: ignore[attr-defined]
+        return derive(**inputs)
+
+    monkeypatch.setattr(noise, "cusum_threshold", counted)
+    points = make_series(2, days=60, probes=3, phi=0.9)
+    replays = {}
+    raised = 0  # runs whose threshold was left to be derived while raised by the multiplier
+    for mode in ("lazy", "every run"):
+        counted.mode = mode  # type: ignore[attr-defined]
+        replayer = Detector(Detection().rules()).replayer()
+        events, cusums = [], []
+        for point in points:
+            events += replayer.feed(point)
+            cusums.append(replayer.state.cusum)
+            pending = replayer._core._threshold_pending
+            raised += pending is not None and pending[1] != 1.0
+            if mode == "every run":
+                replayer._core.threshold  # noqa: B018  # read: derived now if it was left to be
+        replays[mode] = (events, replayer.state.to_json(), cusums, replayer._core.threshold)
+    assert replays["lazy"] == replays["every run"]
+    assert replays["lazy"][0] and max(replays["lazy"][2]) > 0
+    assert 0 < derivations["lazy"] < derivations["every run"] / 2, derivations
+    assert raised > 1000
