@@ -231,6 +231,7 @@ class _Core:
         "_appended_since_trim",
         "_clean_streak",
         "_cusum_per_week",
+        "_cusum_period",
         "_cusum_references",
         "_cusum_scales",
         "_cusum_start",
@@ -261,6 +262,7 @@ class _Core:
         "_run_slot",
         "_seed_days",
         "_slot_days",
+        "_slot_span",
         "_slots",
         "_spread_kept",
         "_steps",
@@ -357,6 +359,12 @@ class _Core:
         # order, the same sorted), for `_jump_spread` to carry on from.
         self._spread_kept: tuple[int, int, int, bool, list[float], list[float]] | None = None
         self._run_slot: _Slot | None = None  # the seasonal slot of the run being stepped (None: none yet)
+        # The last run's slot and the first second of it and of the next: the runs until then have the same (every
+        # run's slot was int(moment // SLOT_S), a float division's remainder and a conversion, and two look-ups).
+        # Exact: a slot's first second is an integer times SLOT_S, and moment // SLOT_S the floor of the quotient.
+        self._slot_span: tuple[float, float, _Slot | None] = (1.0, 0.0, None)  # (none yet: no moment is in it)
+        # The same for the CUSUM's three-hour periods and the reference of the last one asked for (`_cusum`).
+        self._cusum_period: tuple[float, float, _CusumReference | None] = (1.0, 0.0, None)
         self._steps = 0  # runs stepped: a core stepped through many keeps running sums (window_sums.py)
         self._sums: WindowSums | None = None
         # (whole days of seed residuals fed, the model after them): `_seed_noise` goes on from there.
@@ -467,6 +475,7 @@ class _Core:
         """Forget runs older than anything the detector reads, keeping memory flat over long replays."""
         self._appended_since_trim = 0
         self._loaded = None  # the loaded runs' indexes are about to move
+        self._slot_span = self._cusum_period = (1.0, 0.0, None)  # the caches they mirror may be trimmed below
         if len(self.times) <= self._keep:
             return
         drop = bisect_left(self.times, self.times[-self._keep] - self._lookback_s)
@@ -674,9 +683,15 @@ class _Core:
             index = len(times) - 1
             if index < self._eager_from:
                 self._eager_from = index
-            number = int(times[index] // SLOT_S)
-            known = self._slots  # `_slot`'s cache, read here: every run asks
-            slot = known[number] if number in known else self._slot(number)
+            moment = times[index]
+            span = self._slot_span
+            if span[0] <= moment < span[1]:  # two runs a slot at 5-minute runs
+                slot = span[2]
+            else:
+                number = int(moment // SLOT_S)
+                known = self._slots  # `_slot`'s cache, read here
+                slot = known[number] if number in known else self._slot(number)
+                self._slot_span = (number * SLOT_S, (number + 1) * SLOT_S, slot)
             if slot is not None:
                 self._residuals[-1] = self.logs[index] - slot.center
             else:
@@ -994,9 +1009,15 @@ class _Core:
             if model is not None:
                 model.tail[4] = 0.0
             return None
-        period = int(self.times[start] // CUSUM_REFERENCE_S)
-        known = self._cusum_references  # `_cusum_reference`'s cache, read here: every run asks
-        reference = known[period] if period in known else self._cusum_reference(period, rule)
+        moment = self.times[start]
+        span = self._cusum_period  # as `_slot_span`: the reference of the period the excursion's first run is in
+        if span[0] <= moment < span[1]:
+            reference = span[2]
+        else:
+            period = int(moment // CUSUM_REFERENCE_S)
+            known = self._cusum_references  # `_cusum_reference`'s cache, read here
+            reference = known[period] if period in known else self._cusum_reference(period, rule)
+            self._cusum_period = (period * CUSUM_REFERENCE_S, (period + 1) * CUSUM_REFERENCE_S, reference)
         if reference is None:
             state.cusum, state.cusum_since, state.cusum_runs = 0.0, None, 0
             if model is not None:

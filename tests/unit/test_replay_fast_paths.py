@@ -373,3 +373,27 @@ def test_the_ticket_windows_median_kept_sorted_from_run_to_run_is_the_plain_medi
         replayer.feed(point)
     assert sum(checked.values()) > 3000, checked
 
+
+@pytest.mark.parametrize("noise_model", [False, True])
+def test_the_slot_and_cusum_period_carried_from_the_run_before_are_those_looked_up(noise_model: bool) -> None:
+    # Each run's seasonal slot, and the CUSUM reference of the period its excursion began in, are carried from the
+    # run before while the run is in the same slot or period: the very objects their caches hold for the number
+    # the plain floor division gives, over 30 days with failed runs, a model change (a new core) and trims.
+    from monitor.detect.core import CUSUM_REFERENCE_S, SLOT_S
+
+    checked: Counter[str] = Counter()
+    replayer = Detector(Detection(noise_model=noise_model).rules()).replayer()
+    for point in _varied(make_series(2, days=30, probes=3, phi=0.9)):
+        replayer.feed(point)
+        core = replayer._core
+        number = int(core.times[-1] // SLOT_S) if core.times else None
+        if point.ttft_ms is not None and number in core._slots:  # not in a new core, its runs appended
+            assert core.times[-1] == point.at.timestamp() and core._run_slot is core._slots[number]
+            checked["slot"] += 1
+        low, high, reference = core._cusum_period
+        if low < high:
+            period = int(low // CUSUM_REFERENCE_S)
+            assert (low, high) == (period * CUSUM_REFERENCE_S, (period + 1) * CUSUM_REFERENCE_S)
+            assert reference is core._cusum_references.get(period, reference)
+            checked["period"] += 1
+    assert min(checked.values()) > 1000 and len(checked) == 2, checked
