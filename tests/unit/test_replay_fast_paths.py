@@ -313,3 +313,91 @@ def test_a_seasonal_slot_worked_out_from_the_day_befores_is_the_plain_median_of_
     for point in points:
         replayer.feed(point)
     assert len(checked) > 1500 and checked.count(True) > 1000
+
+
+@pytest.mark.parametrize("multiplier", [None, 1.7])
+def test_a_cusum_threshold_derived_only_when_a_run_needs_it_gives_the_same_replay(
+    monkeypatch: pytest.MonkeyPatch, multiplier: float | None
+) -> None:
+    # The CUSUM's derived threshold is worked out only where a comparison can go either way (`_Core._cusum`): the
+    # same events, state and thresholds as a replay that reads it after every run (so derives every run's), over 60
+    # days, with the tail multiplier the series' own sum gives (noise.tail_multiplier), and raised throughout.
+    derivations = Counter[str]()
+    derive = noise.cusum_threshold
+
+    def counted(**inputs: Any) -> float:
+        derivations[counted.mode] += 1  # type: ignore[attr-defined]
+        return derive(**inputs)
+
+    monkeypatch.setattr(noise, "cusum_threshold", counted)
+    if multiplier is not None:
+        monkeypatch.setattr(noise, "fresh_tail", lambda: [0.0] * (noise.TAIL_FIELDS - 1) + [multiplier])
+        monkeypatch.setattr(noise, "tail_multiplier", lambda model, per_week: multiplier)
+    points = make_series(2, days=60, probes=3, phi=0.9)
+    replays = {}
+    raised = 0  # runs whose threshold was left to be derived while raised by the multiplier
+    for mode in ("lazy", "every run"):
+        counted.mode = mode  # type: ignore[attr-defined]
+        replayer = Detector(Detection().rules()).replayer()
+        events, cusums = [], []
+        for point in points:
+            events += replayer.feed(point)
+            cusums.append(replayer.state.cusum)
+            pending = replayer._core._threshold_pending
+            raised += pending is not None and pending[1] != 1.0
+            if mode == "every run":
+                replayer._core.threshold  # noqa: B018  # read: derived now if it was left to be
+        replays[mode] = (events, replayer.state.to_json(), cusums, replayer._core.threshold)
+    assert replays["lazy"] == replays["every run"]
+    assert replays["lazy"][0] and max(replays["lazy"][2]) > 0
+    assert 0 < derivations["lazy"] < derivations["every run"] / 2, derivations
+    assert multiplier is None or raised > 1000
+
+
+@pytest.mark.parametrize("rules", [Detection().rules(), Detection(noise_model=False).rules(), Rules(seasonal_days=0)])
+def test_the_ticket_windows_median_kept_sorted_from_run_to_run_is_the_plain_median(
+    monkeypatch: pytest.MonkeyPatch, rules: Rules
+) -> None:
+    # Every run's ticket distance (the window kept sorted, one run out and one in) against the median of the window
+    # taken afresh, over 20 days with failed runs, gaps in the seasonal residuals, incidents and a trim.
+    parts = _Core._verdict_parts
+    checked = Counter[str]()
+
+    def verdict_checked(core: _Core, *args: Any) -> Any:
+        got = parts(core, *args)
+        if got is not None and got[2] is not None:
+            baseline, ticket_w = got[0], got[6]
+            assert got[2] == median(got[3][-ticket_w:]) - baseline.level
+            checked["seasonal" if baseline.seasonal else "trailing"] += 1
+        return got
+
+    monkeypatch.setattr(_Core, "_verdict_parts", verdict_checked)
+    replayer = Detector(rules).replayer()
+    for point in _varied(make_series(2, days=20, probes=3, phi=0.9)):
+        replayer.feed(point)
+    assert sum(checked.values()) > 3000, checked
+
+
+@pytest.mark.parametrize("noise_model", [False, True])
+def test_the_slot_and_cusum_period_carried_from_the_run_before_are_those_looked_up(noise_model: bool) -> None:
+    # Each run's seasonal slot, and the CUSUM reference of the period its excursion began in, are carried from the
+    # run before while the run is in the same slot or period: the very objects their caches hold for the number
+    # the plain floor division gives, over 30 days with failed runs, a model change (a new core) and trims.
+    from monitor.detect.core import CUSUM_REFERENCE_S, SLOT_S
+
+    checked: Counter[str] = Counter()
+    replayer = Detector(Detection(noise_model=noise_model).rules()).replayer()
+    for point in _varied(make_series(2, days=30, probes=3, phi=0.9)):
+        replayer.feed(point)
+        core = replayer._core
+        number = int(core.times[-1] // SLOT_S) if core.times else None
+        if point.ttft_ms is not None and number in core._slots:  # not in a new core, its runs appended
+            assert core.times[-1] == point.at.timestamp() and core._run_slot is core._slots[number]
+            checked["slot"] += 1
+        low, high, reference = core._cusum_period
+        if low < high:
+            period = int(low // CUSUM_REFERENCE_S)
+            assert (low, high) == (period * CUSUM_REFERENCE_S, (period + 1) * CUSUM_REFERENCE_S)
+            assert reference is core._cusum_references.get(period, reference)
+            checked["period"] += 1
+    assert min(checked.values()) > 1000 and len(checked) == 2, checked
