@@ -37,3 +37,13 @@ def test_every_budget_gives_the_text_built_sentence_by_sentence(language: str, n
     # kept text several times, then short ones again from the grown text.
     for chars in [*range(0, 1200), 9_999, 40_000, 123_457, *range(0, 300)]:
         assert build_text(language, chars, nonce=nonce) == _built_sentence_by_sentence(language, chars, nonce)
+
+
+def test_a_nonce_is_uuid4s_number_of_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import uuid
+
+    for _ in range(200):
+        raw = os.urandom(16)
+        monkeypatch.setattr(os, "urandom", lambda n, raw=raw: raw[:n])
+        assert prompts.new_nonce() == f"{uuid.UUID(bytes=raw, version=4).int % 10**16:016d}"
