@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -93,6 +94,7 @@ def is_loopback(listen: str) -> bool:
         return False
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function of its texts, asked for every probe with the same few
 def api_url(base_url: str, path: str) -> str:
     """`path` appended to the path of `base_url`, before its query string, which is kept.
 

@@ -447,13 +447,10 @@ class Metrics:
         if self.per_series == "off":  # labelled by target: not registered in that mode
             return
         tokens = sample_tokens(sample)
-        by_kind = dict(
-            zip(
-                TOKEN_KINDS, (tokens.input - tokens.cached, tokens.cached, tokens.output, tokens.reasoning), strict=True
-            )
-        )
-        for kind, count in by_kind.items():
-            self.tokens.labels(sample.target, self.location, probe_job, kind).inc(max(count, 0.0))
+        counts = (tokens.input - tokens.cached, tokens.cached, tokens.output, tokens.reasoning)
+        tokens_of = self.tokens.labels  # four look-ups a sample, every sample: no dict made for them
+        for kind, count in zip(TOKEN_KINDS, counts, strict=True):
+            tokens_of(sample.target, self.location, probe_job, kind).inc(max(count, 0.0))
         if prices is not None:
             self.cost.labels(sample.target, self.location, probe_job, prices.currency).inc(cost_of(tokens, prices))
 

@@ -112,13 +112,15 @@ class EventReader:
                 sample.served_model = info.served_model
             if info.fingerprint:
                 sample.fingerprint = info.fingerprint
-            if (count := _count(info.prompt_tokens)) is not None:
+            # Most events carry no counts (only the usage event does): the None checks spare four calls
+            # of `_count` an event, eight events a probe; `_count(None)` is None anyway.
+            if info.prompt_tokens is not None and (count := _count(info.prompt_tokens)) is not None:
                 sample.prompt_tokens = count
-            if (count := _count(info.cached_tokens)) is not None:
+            if info.cached_tokens is not None and (count := _count(info.cached_tokens)) is not None:
                 sample.cached_tokens = count
-            if (count := _count(info.completion_tokens)) is not None:
+            if info.completion_tokens is not None and (count := _count(info.completion_tokens)) is not None:
                 sample.completion_tokens = count
-            if (count := _count(info.reasoning_tokens)) is not None:
+            if info.reasoning_tokens is not None and (count := _count(info.reasoning_tokens)) is not None:
                 sample.reasoning_tokens = count
             kind = info.kind
             if kind is EventKind.ANSWER or kind is EventKind.REASONING or kind is EventKind.TOOL_CALL:

@@ -12,6 +12,7 @@ by `errors`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import math
@@ -79,6 +80,13 @@ SERVER_TEXT_FIELDS = {
     "server_timing": SERVER_TEXT_CAP,
 }
 MAX_ERROR_BODY = 2000
+
+
+@functools.lru_cache(maxsize=64)
+def _connect_timeout(connect_s: float) -> aiohttp.ClientTimeout:
+    """aiohttp's timeout for one request: only its connect bound (ours bound the rest). ClientTimeout is
+    frozen, so one per bound is shared rather than made every probe."""
+    return aiohttp.ClientTimeout(total=None, sock_connect=connect_s)
 
 
 def _header_number(value: str | None) -> float | None:
@@ -347,7 +355,7 @@ class ProbeClient:
         aiohttp's own following is off: it turns a POST into a GET on 301/302 and would report the
         new host's answer as the endpoint's.
         """
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=endpoint.timeouts.connect)
+        timeout = _connect_timeout(endpoint.timeouts.connect)
         url: str | URL = first_url
         for hop in range(MAX_REDIRECTS + 1):
             session = self._session

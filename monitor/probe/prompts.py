@@ -7,7 +7,8 @@ estimate used to *build* the prompt is learnt per (target, prompt profile) from 
 
 from __future__ import annotations
 
-import uuid
+import bisect
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -54,32 +55,81 @@ MAX_CHARS_PER_TOKEN = 16.0
 
 def build_text(language: str, chars: int, *, nonce: str | None = None) -> str:
     """Deterministic text of about `chars` characters; `nonce` goes first so no prefix can be cached."""
-    sentences = _ZH if language == "zh" else _EN
-    joiner = "" if language == "zh" else " "
     head = f"[{nonce}] " if nonce else ""
     tail = _INSTRUCTION["zh" if language == "zh" else "en"]
-    budget = max(0, chars - len(head) - len(tail))
-    parts: list[str] = []
-    length = 0
-    i = 0
-    while length < budget:
-        sentence = sentences[i % len(sentences)]
-        # Vary every lap a little so long prompts are not one block repeated.
-        lap = i // len(sentences)
-        if lap:
-            sentence = f"({lap}) {sentence}" if language != "zh" else f"（{lap}）{sentence}"
-        parts.append(sentence)
-        length += len(sentence) + len(joiner)
-        i += 1
-    body = joiner.join(parts)[:budget]
-    return head + body + tail
+    return head + _FILLERS["zh" if language == "zh" else "en"].text(max(0, chars - len(head) - len(tail))) + tail
+
+
+class _Filler:
+    """The text between the nonce and the instruction: the language's sentences in turn, each lap after
+    the first numbered so long prompts are not one block repeated, joined, enough of them to reach the
+    budget, cut at it.
+
+    Every budget's text is a prefix of one sequence, so it is kept once (grown to the longest budget asked
+    for) and sliced, rather than joined afresh for every probe (about a tenth of a probe's own CPU in the
+    daemon's bench). `ends[k]` is where sentence k ends in `joined`: the sentences taken are the fewest
+    whose length with a joiner each reaches the budget, and a budget that ends on the joiner after the
+    last of them gets the text without it (tests/unit/test_prompts.py compares every budget with the
+    sentence-by-sentence construction)."""
+
+    __slots__ = ("ends", "joined", "joiner", "language", "sentences")
+
+    def __init__(self, language: str) -> None:
+        self.language = language
+        self.sentences = _ZH if language == "zh" else _EN
+        self.joiner = "" if language == "zh" else " "
+        self.joined = ""
+        self.ends: list[int] = []
+
+    def text(self, budget: int) -> str:
+        if budget <= 0:
+            return ""
+        step = len(self.joiner)
+        while not self.ends or self.ends[-1] + step < budget:
+            self._grow()
+        last = self.ends[bisect.bisect_left(self.ends, budget - step)]
+        return self.joined[: min(budget, last)]
+
+    def _grow(self) -> None:
+        pieces = [self.joined] if self.joined else []
+        length = len(self.joined)
+        i = len(self.ends)
+        # At least double, so a long prompt is reached in a few steps.
+        until = 2 * i + len(self.sentences)
+        while i < until:
+            sentence = self.sentences[i % len(self.sentences)]
+            lap = i // len(self.sentences)
+            if lap:
+                sentence = f"({lap}) {sentence}" if self.language != "zh" else f"（{lap}）{sentence}"
+            if pieces:
+                pieces.append(self.joiner)
+                length += len(self.joiner)
+            pieces.append(sentence)
+            length += len(sentence)
+            self.ends.append(length)
+            i += 1
+        self.joined = "".join(pieces)
+
+
+_FILLERS = {"en": _Filler("en"), "zh": _Filler("zh")}
 
 
 def new_nonce() -> str:
     # Sixteen decimal digits: most tokenizers split digits alike whatever they are (one a token, or
     # groups of three), so every nonce costs the same tokens. Hex did not: its runs of letters and
     # digits came to anywhere from 6 to 16 tokens, a swing of 8% on a prompt of 128.
-    return f"{uuid.uuid4().int % 10**16:016d}"
+    return f"{_uuid4_int() % 10**16:016d}"
+
+
+# The version and variant bits uuid.uuid4() sets, as masks on its 128-bit number.
+_UUID4_CLEAR = ~((0xC000 << 48) | (0xF000 << 64))
+_UUID4_SET = (0x8000 << 48) | (4 << 76)
+
+
+def _uuid4_int() -> int:
+    """`uuid.uuid4().int`, without the UUID object (its checks were most of a nonce's cost): the same
+    16 random bytes with the same bits set (tests/unit/test_prompts.py)."""
+    return (int.from_bytes(os.urandom(16)) & _UUID4_CLEAR) | _UUID4_SET
 
 
 @dataclass(slots=True)

@@ -77,7 +77,10 @@ async def run_plan(
     samples: list[Sample] = []
 
     async def series(target: ProbeTarget, spec: PromptSpec) -> None:
-        params = replace(target.params, force_tool_call=spec.tool_call, cache_breakpoint=spec.cache == "warm")
+        params = target.params
+        if params.force_tool_call != spec.tool_call or params.cache_breakpoint != (spec.cache == "warm"):
+            # Frozen: the target's own is used as it is when it already says the same (most series).
+            params = replace(params, force_tool_call=spec.tool_call, cache_breakpoint=spec.cache == "warm")
         warmups = max(plan.warmup, 1) if spec.primed else plan.warmup
         total = warmups + plan.rounds
         for index in range(total):

@@ -64,11 +64,12 @@ class _Compiled:
     def parameters(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
         if self.fixed:
             values = {**self.fixed, **values}
-        return tuple(
-            value if process is None or value is None else process(value)
-            for name, process in self.binds
-            for value in (values[name],)
-        )
+        # A loop rather than a generator: 49 values a probe's rows, each a generator step otherwise.
+        out = []
+        for name, process in self.binds:
+            value = values[name]
+            out.append(value if process is None or value is None else process(value))
+        return tuple(out)
 
     def row(self, raw: tuple[Any, ...]) -> tuple[Any, ...]:
         return tuple(
