@@ -661,11 +661,12 @@ def tail_watch(model: NoiseModel, weeks: float) -> None:
 
 
 def tail_end(model: NoiseModel, per_week: float, *, fired_at: float | None = None) -> None:
-    """The current excursion ended: below the threshold (it came back to 0), or where the sum reached the
-    threshold, `fired_at` (its height in units of the threshold before the multiplier: a censored one, it
-    might have gone further). Counted if it went past TAIL_FROM; the weeks watched since the last end are
-    folded in (what was seen before them fading over TAIL_WEEKS) and the multiplier worked out again for
-    `per_week`, so between ends a run reads it (`tail[6]`) and does nothing else."""
+    """The current excursion ended: below the threshold (it came back to 0), or, `fired_at`, where the sum
+    reached the threshold (its height in units of the threshold before the multiplier: a censored one, it might
+    have gone further), told when the ticket it opened cleared within TAIL_WANDER_S (the detector does not
+    count one that lasted longer: a regression). Counted if it went past TAIL_FROM; the weeks watched since
+    the last end are folded in (what was seen before them fading over TAIL_WEEKS) and the multiplier worked out
+    again for `per_week`, so between ends a run reads it (`tail[6]`) and does nothing else."""
     tail = model.tail
     pending = tail[5]
     if pending > 0.0:
