@@ -227,6 +227,8 @@ class ProcessResources:
     # HTTP(S)_PROXY and NO_PROXY as the process started with them: every outbound client routes by them
     # and each destination's `proxy:` settings (monitor.probe.proxy).
     proxies: ProxyEnvironment = field(default_factory=ProxyEnvironment)
+    # Set when the process starts stopping: every run, before and after a reload, starts no more rounds.
+    draining: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 def proxy_environment(environ: Mapping[str, str] | None = None) -> ProxyEnvironment:
@@ -315,6 +317,7 @@ def job_context(
         scrape_session=resources.scrape_session,
         meter=resources.meter,
         proxies=resources.proxies,
+        draining=resources.draining,
     )
 
 

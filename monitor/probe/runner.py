@@ -66,11 +66,14 @@ async def run_plan(
     on_sample: Callable[[Sample], None] | None = None,
     meter: LoopDelayMeter | None = None,
     self_delay_bound_ms: float = 5.0,
+    draining: asyncio.Event | None = None,
 ) -> list[Sample]:
     """Probe every series; rounds of one series run in order, series interleave under the caps.
 
     Returns every sample, warm-up ones included (flagged), in completion order. With a `meter`, each
-    sample records the monitor's own delay around its stamps and whether that disturbed it.
+    sample records the monitor's own delay around its stamps and whether that disturbed it. Once
+    `draining` is set (the process is stopping), no round starts: those in flight finish and the run
+    returns what it took, so a stop waits for one request per series, not for the rest of the run.
     """
     intended = intended_at or datetime.now(UTC)
     gate = asyncio.Semaphore(max(1, plan.concurrency))
@@ -85,7 +88,9 @@ async def run_plan(
         total = warmups + plan.rounds
         for index in range(total):
             if index:
-                await asyncio.sleep(plan.pause_s)
+                await _pause(plan.pause_s, draining)
+            if draining is not None and draining.is_set():
+                return
             warmup = index < warmups
             sample = Sample(
                 target=target.name,
@@ -99,6 +104,8 @@ async def run_plan(
             )
             with meter.measuring() if meter is not None else contextlib.nullcontext():
                 async with gate, limits.get(target.provider):
+                    if draining is not None and draining.is_set():  # it waited for a slot while the stop came
+                        return
                     text = prompts.text_for(target.name, spec, warmup=warmup)
                     await client.probe(target.endpoint, params, text, sample)
                     # Before the slot is free: the request that takes it next is sized with this count.
@@ -127,3 +134,12 @@ async def run_plan(
                         # turn held every probe in flight and every timer due for 10-20 ms at a tick's start.
                         await asyncio.sleep(0)
     return samples
+
+
+async def _pause(seconds: float, draining: asyncio.Event | None) -> None:
+    """The pause between rounds, cut short when the process starts stopping."""
+    if draining is None or seconds <= 0:
+        await asyncio.sleep(seconds)
+        return
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(draining.wait(), seconds)

@@ -108,6 +108,8 @@ class JobContext:
     proxies: ProxyEnvironment = field(default_factory=ProxyEnvironment)
     # Tokens per probe in each series' last run, to log a jump ("the model now reasons", monitor.probe.spend).
     tokens_per_probe: dict[tuple[str, str], PerProbe] = field(default_factory=dict)
+    # Set when the process starts stopping (`app.ProcessResources`): runs start no more rounds.
+    draining: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 @dataclass
@@ -119,6 +121,8 @@ class JobOutcome:
     samples: list[Sample] = field(default_factory=list)
     stored: bool = False
     cancelled: bool = False
+    # The process started stopping during the run: the rounds not yet begun were not probed.
+    drained: bool = False
     # Handed to the background store: resolves to the writer's outcome ("stored", "spooled", "lost").
     saved: asyncio.Future[str] | None = None
     # By target: what its server's own metrics said over the run (providers with server_metrics_url).
@@ -222,14 +226,17 @@ async def execute(
                     on_sample=record,
                     meter=ctx.meter,
                     self_delay_bound_ms=ctx.config.probe_self_delay_bound_ms,
+                    draining=ctx.draining,
                 )
             finally:
                 current_run.reset(run_token)
             run_over = True
+            outcome.drained = ctx.draining.is_set()
             _run_ended(ctx, outcome)
             _watch_tokens(ctx, outcome, log)
             outcome.server, outcome.server_build = await readings.over_the_run()
-            outcome.canary = await _ask_canaries(ctx, plan, connection, log)
+            if not outcome.drained:  # stopping: the canary's question would only hold the stop up
+                outcome.canary = await _ask_canaries(ctx, plan, connection, log)
     except asyncio.CancelledError:
         outcome.cancelled = True
         if not run_over:  # cancelled while probing: its run still ends, with what it took
@@ -254,8 +261,15 @@ async def execute(
         failed=outcome.failed,
         duration_s=round(duration, 3),
         lag_ms=round((started - outcome.intended_at).total_seconds() * 1000, 1),
+        **({"drained": True, "rounds_not_probed": _not_probed(plan, outcome)} if outcome.drained else {}),
     )
     return outcome
+
+
+def _not_probed(plan: RunPlan, outcome: JobOutcome) -> int:
+    """Measured rounds the plan asked for that a stop left unprobed."""
+    series = len(plan.series) if plan.series is not None else len(plan.targets) * len(plan.prompts)
+    return max(0, series * plan.rounds - len(outcome.measured))
 
 
 async def _ask_canaries(

@@ -8,6 +8,7 @@ BEGIN EXCLUSIVE. The daemon runs as a child process on a 2-second schedule again
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import sqlite3
@@ -277,7 +278,8 @@ def test_once_on_sigterm_stores_what_it_measured_logs_one_line_and_exits_4(
     tmp_path: Path,
 ) -> None:
     sim.post("/sim/models/slow-model", {"ttft_base_ms": 700, "prefill_ms_per_1k": 0, "decode_tps": 50})
-    config = write_config(tmp_path, sim, model="slow-model", rounds=20, grace=5)
+    # A long grace: the stop must not wait for it, only for the request each series has out (about 1 s).
+    config = write_config(tmp_path, sim, model="slow-model", rounds=20, grace=30)
     upgrade(config)
     log = tmp_path / "once.log"
     process = _run_once(config, log)
@@ -294,8 +296,12 @@ def test_once_on_sigterm_stores_what_it_measured_logs_one_line_and_exits_4(
             process.kill()
     text = log.read_text()
     assert code == 4, text[-3000:]
-    assert elapsed < 5 + 3, elapsed
+    assert elapsed < 12, elapsed  # the rounds not begun are not waited for (20 rounds take 20 s and more)
     assert text.count('"once_interrupted"') == 1, text[-3000:]
+    assert '"jobs_cancelled_at_shutdown"' not in text, text[-3000:]  # the request in flight finished
+    finished = [json.loads(line) for line in text.splitlines() if '"job_finished"' in line]
+    assert len(finished) == 1 and finished[0]["drained"] is True, finished
+    assert finished[0]["rounds_not_probed"] == 20 - finished[0]["ok"], finished
     measured = text.count('"probe_sample"')
     with sqlite3.connect(tmp_path / "ttft.db") as conn:
         stored = conn.execute("select count(*) from samples").fetchone()[0]

@@ -1,16 +1,19 @@
 """A run of many series starts a few series a turn of the probes' loop (issue 26, event-loop lag): every
-series' task made, and its first step taken, in one turn held every probe in flight and every timer due."""
+series' task made, and its first step taken, in one turn held every probe in flight and every timer due.
+And how a run ends when the process stops: the requests out finish, no round starts after."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
 
 from monitor.probe.apis import FLAVORS, RequestParams
 from monitor.probe.client import Endpoint, ProbeClient
 from monitor.probe.prompts import Calibration, PromptFactory, PromptSpec
+from monitor.probe.result import Sample
 from monitor.probe.runner import START_STEP, ProbeTarget, ProviderLimits, RunPlan, run_plan
 from monitor.sim import ModelProfile, RunningSimulator, Simulator, start
 
@@ -66,3 +69,47 @@ async def test_a_large_run_starts_its_series_a_few_at_a_time_letting_the_loop_th
     assert max(started) == SERIES  # all of them under way together, waiting for the caps
     assert len(samples) == SERIES and all(s.ok for s in samples)
     assert {s.prompt for s in samples[:4]} == {"p0", "p1", "p2", "p3"}  # series still start in the plan's order
+
+
+async def test_a_draining_run_finishes_the_requests_it_has_out_and_starts_no_more_rounds(
+    server: RunningSimulator,
+) -> None:
+    plan = replace(plan_of(server, concurrency=2), rounds=50, pause_s=0.05)
+    draining = asyncio.Event()
+    taken: list[str] = []
+
+    def on_sample(sample: Sample) -> None:
+        taken.append(sample.prompt)
+        if len(taken) == 3:
+            draining.set()  # the stop comes while the run is under way, requests out
+
+    async with ProbeClient() as client:
+        samples = await asyncio.wait_for(
+            run_plan(
+                plan,
+                client=client,
+                limits=ProviderLimits({"sim": 2}),
+                prompts=PromptFactory(Calibration()),
+                on_sample=on_sample,
+                draining=draining,
+            ),
+            timeout=10,
+        )
+    assert all(s.ok for s in samples)  # each request out when the stop came finished and was measured
+    # At most one request per slot was out when the stop came; none started after it.
+    assert 3 <= len(samples) <= 3 + 2, len(samples)
+    assert len(samples) < SERIES * 50
+
+
+async def test_a_run_started_while_draining_probes_nothing(server: RunningSimulator) -> None:
+    draining = asyncio.Event()
+    draining.set()
+    async with ProbeClient() as client:
+        samples = await run_plan(
+            plan_of(server, concurrency=4),
+            client=client,
+            limits=ProviderLimits({"sim": 4}),
+            prompts=PromptFactory(Calibration()),
+            draining=draining,
+        )
+    assert samples == []
