@@ -113,3 +113,28 @@ async def test_a_run_started_while_draining_probes_nothing(server: RunningSimula
             draining=draining,
         )
     assert samples == []
+
+
+async def test_a_stop_during_the_pause_between_rounds_ends_the_pause(server: RunningSimulator) -> None:
+    plan = replace(plan_of(server, concurrency=4), prompts=plan_of(server, concurrency=4).prompts[:2], rounds=3)
+    plan = replace(plan, pause_s=60.0)  # a run that would take two minutes
+    draining = asyncio.Event()
+
+    def on_sample(sample: Sample) -> None:
+        asyncio.get_running_loop().call_later(0.2, draining.set)  # the stop comes during the pause
+
+    started = asyncio.get_running_loop().time()
+    async with ProbeClient() as client:
+        samples = await asyncio.wait_for(
+            run_plan(
+                plan,
+                client=client,
+                limits=ProviderLimits({"sim": 4}),
+                prompts=PromptFactory(Calibration()),
+                on_sample=on_sample,
+                draining=draining,
+            ),
+            timeout=30,
+        )
+    assert asyncio.get_running_loop().time() - started < 10
+    assert [s.round for s in samples] == [1, 1] and all(s.ok for s in samples)
