@@ -1,6 +1,7 @@
 """Daemon under load: one `ttft-monitor run` probing the simulator with many series on a tight schedule.
 
-Reports probes completed per second, event-loop lag (p99, from the daemon's own histogram), the
+Reports probes completed per second, event-loop lag (p99, from the daemon's own histogram), the share of
+samples the daemon marked disturbed (its own loop late around their stamps), the
 probe overhead at that load (client TTFT minus the simulator's own receive-to-first-token time,
 from the simulator's stamps), peak RSS, and `ttft-monitor once` start-up (process start to the
 first request arriving at the simulator, both on CLOCK_MONOTONIC).
@@ -445,6 +446,18 @@ def bench_daemon(
         "rss_mb": rss,
         "cpu_ms_per_probe": 1000 * (cpu_to - cpu_from) / in_interval if in_interval else None,
         "cpu_share": (cpu_to - cpu_from) / (measured_to - measured_from).total_seconds(),
+        # Samples the monitor itself delayed (loop late by more than the bound around their stamps): stored, no
+        # evidence; the share of the measured interval's probes.
+        "disturbed_share": (
+            sum(
+                1
+                for e in samples
+                if e.get("disturbed") and measured_from <= datetime.fromisoformat(e["timestamp"]) <= measured_to
+            )
+            / in_interval
+            if in_interval
+            else None
+        ),
         "missed_ticks": missed,
         "jobs_finished": sum(1 for e in events if e.get("event") == "job_finished"),
         "detection_skipped": skipped_runs(metrics) - skipped_from,
