@@ -81,6 +81,33 @@ def test_sigterm_mid_probe_lets_it_finish_and_exits_0_with_nothing_lost(sim: Sim
     assert sqlite_rows(tmp_path, "select count(*) from samples")[0][0] == len(samples)
 
 
+def test_sigterm_mid_run_starts_no_more_rounds_and_stores_what_it_took(sim: SimProcess, tmp_path: Path) -> None:
+    # A run of 10 rounds of about 1 s each, stopped after its second: the stop waits for the request out, not
+    # for the 8 rounds left (nor for the 30 s grace, which would then cut them off).
+    sim.post("/sim/models/slow-model", {"ttft_base_ms": 900, "prefill_ms_per_1k": 0, "decode_tps": 50})
+    config = write_config(tmp_path, sim, model="slow-model", schedule="*/2 * * * * *", rounds=10, grace=30)
+    upgrade(config)
+    daemon = start_daemon(config, tmp_path)
+    try:
+        wait_ready(daemon)
+        daemon.wait_for("probe_sample", count=2, timeout=30)
+        started = time.monotonic()
+        code = stop_daemon(daemon)
+        elapsed = time.monotonic() - started
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+    assert code == 0, daemon.log_path.read_text()[-2000:]
+    assert elapsed < 10, elapsed  # one request's time and the flush; the run's 8 rounds left would take 8 s more
+    assert not daemon.events("jobs_cancelled_at_shutdown")
+    [finished] = daemon.events("job_finished")
+    assert finished["drained"] is True and 2 <= finished["ok"] < 10, finished
+    assert finished["rounds_not_probed"] == 10 - finished["ok"], finished
+    samples = daemon.events("probe_sample")
+    assert len(samples) == finished["ok"] and all(s.get("error") is None for s in samples)
+    assert sqlite_rows(tmp_path, "select count(*) from samples")[0][0] == len(samples)
+
+
 def test_sighup_with_a_broken_file_keeps_the_old_jobs(sim: SimProcess, tmp_path: Path) -> None:
     config = write_config(tmp_path, sim)
     upgrade(config)
