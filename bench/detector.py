@@ -10,7 +10,9 @@ lasting 6-36 hours start after a 3.5-day warm-up (tickets need that much history
 and then recover; as many series again (half as many by default) have no steps at all. Fixed seed.
 
 Scores, per sigma and detector: false alerts per series per week (alerts opening outside a step or
-the hour after it, warm-up included), false pages per week, and per step size the share of steps
+the hour after it, warm-up included), false pages per week (pages raised outside a step or the hour after
+it, whenever their incident opened: since 2026-12-07, before which a ticket opened outside a step and escalated
+on a step's doubling counted as a false page too), and per step size the share of steps
 caught (an alert opens, or becomes a page, during the step), the median and the longest delay from
 the step's start, and the median time from the step's end to the alert's resolution. The naive
 rule is "median of the last hour > 1.2x median of the last 24 hours", alerting while it holds; every
@@ -358,13 +360,21 @@ def score(series: Series, alerts: Sequence[Alert]) -> Score:
         result.quiet_weeks = result.weeks
         result.quiet_alerts = len(alerts)
         result.quiet_pages = sum(alert.severity == "page" for alert in alerts)
+
+    def in_a_step(moment: float) -> bool:
+        return any(s.start <= moment <= s.end + GRACE_S for s in series.steps)
+
     for alert in alerts:
-        inside = any(s.start <= alert.opened <= s.end + GRACE_S for s in series.steps)
         result.pages += alert.severity == "page"
-        if not inside:
+        if not in_a_step(alert.opened):
             result.false_alerts += 1
-            result.false_pages += alert.severity == "page"
             result.false_by[alert.opener] += 1
+        # A page is judged by when it paged: a ticket wander opened before a doubling and escalated on it woke
+        # the on-call for the doubling (its opening is counted above, as a false alert); a page after a step
+        # ended, or on no step, is false whenever its incident opened.
+        paged = alert.paged if alert.paged is not None else alert.opened
+        if alert.severity == "page" and not in_a_step(paged):
+            result.false_pages += 1
     for step in series.steps:
         result.steps[step.factor] += 1
         # Caught: an alert opens during the step, or one already open becomes a page during it.
