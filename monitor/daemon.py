@@ -618,8 +618,9 @@ class Daemon:
         loop = asyncio.get_running_loop()
         if self._warming is not None:
             self._warming.cancel()
-        # Runs in flight finish the requests they have out and start no more rounds: the stop waits for
-        # one request per series, not for the rest of every run (which the grace would then cut off).
+        # Runs in flight finish the requests they have out and start no more rounds (once each series has
+        # measured one, so the tick is stored for every series): the stop waits for about one request per
+        # series, not for the rest of every run (which the grace would then cut off).
         self.context.draining.set()
         if self.burst:
             pending: set[asyncio.Task[JobOutcome]] | set[asyncio.Task[None]] = set(self.in_flight)

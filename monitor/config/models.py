@@ -391,9 +391,9 @@ class Config(ConfigModel):
         gt=0,
         le=600,
         description="On SIGTERM/SIGINT, seconds the requests in flight get to finish before they are cancelled "
-        "(no new round starts). Keep it below systemd `TimeoutStopSec` and Kubernetes "
-        "`terminationGracePeriodSeconds` (both 30 in the shipped unit and manifests), so the process flushes and "
-        "exits 0 before it is killed.",
+        "(no series starts another round once it has measured one). Keep it below systemd `TimeoutStopSec` and "
+        "Kubernetes `terminationGracePeriodSeconds` (both 30 in the shipped unit and manifests), so the process "
+        "flushes and exits 0 before it is killed.",
     )
 
     @model_validator(mode="after")

@@ -72,8 +72,9 @@ async def run_plan(
 
     Returns every sample, warm-up ones included (flagged), in completion order. With a `meter`, each
     sample records the monitor's own delay around its stamps and whether that disturbed it. Once
-    `draining` is set (the process is stopping), no round starts: those in flight finish and the run
-    returns what it took, so a stop waits for one request per series, not for the rest of the run.
+    `draining` is set (the process is stopping), a series that has measured a round starts no more: the
+    requests in flight finish and the run returns what it took, so a stop waits for about one request per
+    series, not for the rest of the run (and a series not yet measured still gets its first round).
     """
     intended = intended_at or datetime.now(UTC)
     gate = asyncio.Semaphore(max(1, plan.concurrency))
@@ -86,10 +87,13 @@ async def run_plan(
             params = replace(params, force_tool_call=spec.tool_call, cache_breakpoint=spec.cache == "warm")
         warmups = max(plan.warmup, 1) if spec.primed else plan.warmup
         total = warmups + plan.rounds
+        # A stop (`draining`) ends the series once it has measured a round: the tick is stored for every series
+        # that started, as it would have been had the stop come a moment later.
+        stop = None
         for index in range(total):
             if index:
-                await _pause(plan.pause_s, draining)
-            if draining is not None and draining.is_set():
+                await _pause(plan.pause_s, draining)  # a pause is only spacing: a stop cuts it short
+            if stop is not None and stop.is_set():
                 return
             warmup = index < warmups
             sample = Sample(
@@ -104,7 +108,7 @@ async def run_plan(
             )
             with meter.measuring() if meter is not None else contextlib.nullcontext():
                 async with gate, limits.get(target.provider):
-                    if draining is not None and draining.is_set():  # it waited for a slot while the stop came
+                    if stop is not None and stop.is_set():  # it waited for a slot while the stop came
                         return
                     text = prompts.text_for(target.name, spec, warmup=warmup)
                     await client.probe(target.endpoint, params, text, sample)
@@ -121,6 +125,8 @@ async def run_plan(
                     samples.append(sample)
                     if on_sample is not None:
                         on_sample(sample)
+            if not warmup:
+                stop = draining
 
     async with asyncio.TaskGroup() as group:
         started = 0

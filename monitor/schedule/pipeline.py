@@ -108,7 +108,8 @@ class JobContext:
     proxies: ProxyEnvironment = field(default_factory=ProxyEnvironment)
     # Tokens per probe in each series' last run, to log a jump ("the model now reasons", monitor.probe.spend).
     tokens_per_probe: dict[tuple[str, str], PerProbe] = field(default_factory=dict)
-    # Set when the process starts stopping (`app.ProcessResources`): runs start no more rounds.
+    # Set when the process starts stopping (`app.ProcessResources`): runs start no more rounds
+    # (each series once it has measured one: monitor.probe.runner).
     draining: asyncio.Event = field(default_factory=asyncio.Event)
 
 
