@@ -28,6 +28,7 @@ opens tickets alone) and `cusum+win` (the ticket window rule opens them too, `wi
 `--noise-model both` scores it with the per-series noise model on (`ours`, what ships since 2026-12-06)
 and off (`ours-nm`, `detection.noise_model: false`, the rules as they were before the model) on the same
 series; the default is on.
+Last, per detector, the means over its rows and how many rows meet each of issue 20's targets (`summary`).
 `--early` times doublings in a series' first days instead, before tickets and the seasonal baseline
 exist (a new series, or a served model's new baseline epoch): each row's series without steps, TTFT
 doubled for 3 hours from hour 6, 14, 30, 54 or 78 (`--series` series per row, 8 by default), and prints
@@ -621,7 +622,56 @@ def format_table(
         f"{sum(next(iter(v.values())).steps[s] for v in scores.values())} x {_label(s)}" for s in STEP_SIZES
     )
     lines.append(f"steps over all rows: {steps}")
-    return "\n".join([*lines, "", *markdown])
+    return "\n".join([*lines, "", *markdown, "", *summary(scores, false_alerts_per_week)])
+
+
+def summary(scores: dict[Config, dict[str, Score]], false_alerts_per_week: float = 0.5) -> list[str]:
+    """Per detector, the means over its rows (recall a row's share, delay a row's median, each averaged) and how
+    many rows meet each of issue 20's targets: what docs/detection.md quotes as "averages over the rows"."""
+    by_name: dict[str, list[tuple[Config, Score]]] = {}
+    for config, results in scores.items():
+        for name, result in results.items():
+            by_name.setdefault(name, []).append((config, result))
+    lines = [
+        "| detector | rows | false/wk (all / no steps) | false pages/wk (all / no steps) | "
+        + " | ".join(_label(s) for s in STEP_SIZES)
+        + " | rows meeting: every target / false alerts / false pages / +100% 97% / +50% 90%"
+        " / 5-probe +100% in 30 min |",
+        "| --- | --- | --- | --- | " + " | ".join("---" for _ in STEP_SIZES) + " | --- |",
+    ]
+    for name, rows in by_name.items():
+
+        def mean(values: list[float]) -> float:
+            return sum(values) / len(values) if values else math.nan
+
+        def weekly(count: int, weeks: float) -> float:
+            return count / weeks if weeks else 0.0
+
+        false = [weekly(r.false_alerts, r.weeks) for _, r in rows]
+        quiet = [weekly(r.quiet_alerts, r.quiet_weeks) for _, r in rows]
+        pages = [weekly(r.false_pages, r.weeks) for _, r in rows]
+        quiet_pages = [weekly(r.quiet_pages, r.quiet_weeks) for _, r in rows]
+        cells = []
+        for size in STEP_SIZES:
+            recall = mean([r.caught[size] / r.steps[size] for _, r in rows if r.steps[size]])
+            delay = mean([median(r.delays[size]) / 60 for _, r in rows if r.delays[size]])
+            cells.append(f"{recall:.1%} / {delay:.0f}")
+        fives = [(c, r) for c, r in rows if c[0] == 5]
+        met = (
+            sum(not targets_missed(c, r, false_alerts_per_week) for c, r in rows),
+            sum(f <= 0.5 and q <= 0.5 for f, q in zip(false, quiet, strict=True)),
+            sum(p <= 0.05 and q <= 0.05 for p, q in zip(pages, quiet_pages, strict=True)),
+            sum(not r.steps[2.0] or r.caught[2.0] / r.steps[2.0] >= 0.97 for _, r in rows),
+            sum(not r.steps[1.5] or r.caught[1.5] / r.steps[1.5] >= 0.90 for _, r in rows),
+        )
+        on_time = sum(bool(r.delays[2.0]) and median(r.delays[2.0]) <= 30 * 60 for _, r in fives)
+        lines.append(
+            f"| {name} | {len(rows)} | {mean(false):.3f} / {mean(quiet):.3f} | "
+            f"{mean(pages):.4f} / {mean(quiet_pages):.4f} | "
+            + " | ".join(cells)
+            + f" | {' / '.join(str(n) for n in met)} / {on_time} of {len(fives)} |"
+        )
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:

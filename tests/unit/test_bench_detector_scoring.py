@@ -54,3 +54,23 @@ def test_a_ticket_outside_every_step_is_a_false_alert_and_no_page(bench: ModuleT
     ticket = bench.Alert(opened=20 * HOUR, severity="ticket", resolved=22 * HOUR, opener="ticket")
     result = bench.score(series, [ticket])
     assert (result.false_alerts, result.false_pages, result.false_by["ticket"]) == (1, 0, 1)
+
+
+def a_row(bench: ModuleType, *, false: int, quiet: int, pages: int, delay_s: float) -> object:
+    row = bench.Score(weeks=10.0, false_alerts=false, false_pages=pages, quiet_weeks=4.0, quiet_alerts=quiet)
+    for size in bench.STEP_SIZES:
+        row.steps[size] = row.caught[size] = 2
+        row.delays[size] = [delay_s, delay_s]
+    return row
+
+
+def test_the_summary_averages_the_rows_and_counts_those_meeting_each_target(bench: ModuleType) -> None:
+    one_probe = a_row(bench, false=3, quiet=4, pages=0, delay_s=600)  # 0.3 / 1.0 false alerts a week: over
+    five_probes = a_row(bench, false=0, quiet=0, pages=1, delay_s=1200)  # 0.1 false pages a week: over
+    scores = {(1, 0.3, "iid"): {"ours": one_probe}, (5, 0.3, "iid"): {"ours": five_probes}}
+    header, _rule, line = bench.summary(scores)
+    assert header.startswith("| detector | rows |")
+    cells = [cell.strip() for cell in line.strip("|").split("|")]
+    assert cells[:4] == ["ours", "2", "0.150 / 0.500", "0.0500 / 0.0000"]
+    assert cells[4:8] == ["100.0% / 15"] * 4  # each row's median delay (10 and 20 minutes), averaged
+    assert cells[8] == "0 / 1 / 1 / 2 / 2 / 1 of 1"
