@@ -30,6 +30,7 @@ from monitor.config.series import job_series
 from monitor.metrics.lean import LeanCounter, LeanGauge, LeanHistogram, LeanSummary
 from monitor.otel.incident import IncidentReading
 from monitor.probe.result import Sample
+from monitor.probe.self_delay import SELF_DELAY_BUCKETS_S
 from monitor.probe.settings import Prices
 from monitor.probe.spend import sample_tokens
 
@@ -179,8 +180,7 @@ class Metrics:
             "How late the monitor itself was around each probe's stamps (its event loop's worst lateness "
             "between sending the request and the last stamp).",
             ("probe_job",),
-            # Fine below 5 ms, where a quiet daemon's p99 lies and the self-delay bound (5 ms) is drawn.
-            buckets=(0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            buckets=SELF_DELAY_BUCKETS_S,
             registry=r,
         )
         self.tokens = LeanCounter(
@@ -286,8 +286,7 @@ class Metrics:
         self.loop_lag = Histogram(
             "ttft_monitor_event_loop_lag_seconds",
             "How late the event loop runs a timer: probe stamps lag too.",
-            # Fine below 5 ms, where a quiet daemon's p99 lies and the self-delay bound (5 ms) is drawn.
-            buckets=(0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+            buckets=SELF_DELAY_BUCKETS_S,
             registry=r,
         )
         self.spool_records = Gauge(

@@ -74,12 +74,12 @@ from monitor.otel.settings import Resolved
 from monitor.probe.proxy import ProxyEnvironment, route_for
 from monitor.probe.result import Sample
 from monitor.probe.run import RunKey, current_run
+from monitor.probe.self_delay import SELF_DELAY_BUCKETS_S
 from monitor.redact import mask_url
 
 # How often a collector that stays away is mentioned again, with the count since the last line.
 FAILING_REMINDER_S = 600.0
 PHASE_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
-SELF_DELAY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 # The detector's actions (detect.rules.Action) as the events' names say them.
 INCIDENT_ACTIONS = {"open": "opened", "update": "updated", "resolve": "resolved"}
 

@@ -36,6 +36,9 @@ NOTABLE_TICKS = 4096
 # How long a finished sample waits for the meter's next wake-up (a stall covering the last stamp
 # shows only then); past it, the wake-up still due counts as late by as long as it has been due.
 SETTLE_TIMEOUT_S = 1.0
+# The histograms of the monitor's own delay (Prometheus and OpenTelemetry alike) and of its loop's lag:
+# fine below 5 ms, where a quiet daemon's p99 lies and the default bound on self delay is drawn.
+SELF_DELAY_BUCKETS_S = (0.0005, 0.001, 0.002, 0.003, 0.004, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
 
 
 def is_disturbed(self_delay_ms: float | None, bound_ms: float) -> bool:
