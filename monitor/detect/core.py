@@ -1158,9 +1158,8 @@ class _Core:
         }
 
     def _cusum_past_half(self, cusum: float) -> bool:
-        """Whether the sum `cusum` (the last run's) is at least half the last run's threshold (False: none yet)."""
-        if not cusum > 0.0:
-            return False  # below half of any threshold: every one is above 0
+        """Whether the sum `cusum` (the last run's, above 0: the caller tells 0, most runs' sum, without the call)
+        is at least half the last run's threshold (False: none yet)."""
         pending = self._threshold_pending
         if pending is not None and cusum < pending[0][3] * pending[1] / 2.0:
             return False  # below half the least threshold its inputs can derive (`_cusum`): none derived for it

@@ -15,6 +15,7 @@ from monitor.probe.prompts import PromptFactory, PromptSpec
 from monitor.probe.result import Sample
 from monitor.probe.self_delay import LoopDelayMeter
 from monitor.probe.settings import Canary
+from monitor.waits import sleep_unless
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +93,7 @@ async def run_plan(
         stop = None
         for index in range(total):
             if index:
-                await _pause(plan.pause_s, draining)  # a pause is only spacing: a stop cuts it short
+                await sleep_unless(draining, plan.pause_s)  # a pause is only spacing: a stop cuts it short
             if stop is not None and stop.is_set():
                 return
             warmup = index < warmups
@@ -140,12 +141,3 @@ async def run_plan(
                         # turn held every probe in flight and every timer due for 10-20 ms at a tick's start.
                         await asyncio.sleep(0)
     return samples
-
-
-async def _pause(seconds: float, draining: asyncio.Event | None) -> None:
-    """The pause between rounds, cut short when the process starts stopping."""
-    if draining is None or seconds <= 0:
-        await asyncio.sleep(seconds)
-        return
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(draining.wait(), seconds)

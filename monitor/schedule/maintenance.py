@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,6 +12,7 @@ import structlog
 
 from monitor.config.models import ColdPolicy, Database
 from monitor.logging import error_text
+from monitor.waits import sleep_unless
 
 MAINTENANCE_INTERVAL_S = 3600.0
 FIRST_RUN_AFTER_S = 30.0  # not at start-up: let the first ticks probe undisturbed
@@ -167,8 +167,7 @@ async def run_maintenance(
     log = structlog.get_logger()
     delay = first_after_s
     while not stop.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=delay)
+        await sleep_unless(stop, delay)
         if stop.is_set():
             return
         try:

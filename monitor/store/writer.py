@@ -22,6 +22,7 @@ from monitor.store.engine import describe_db_error, is_bad_data
 from monitor.store.records import Batch, StorableBatch
 from monitor.store.repository import Repository
 from monitor.store.spool import EventSink, Spool, SpooledRun, log_event
+from monitor.waits import sleep_unless
 
 
 class Saved(StrEnum):
@@ -303,8 +304,7 @@ class ResultWriter:
                     await self.drain()
                 except Exception as exc:  # the spool's disk; keep trying, loudly
                     self._emit("spool_drain_failed", error=f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval_s)
+            await sleep_unless(stop, interval_s)
 
 
 def logged_failure(count: int) -> bool:

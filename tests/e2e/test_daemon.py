@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -56,24 +56,33 @@ def test_jobs_fire_on_schedule_samples_land_and_metrics_show_the_series(sim: Sim
     assert daemon.events("daemon_stopped")
 
 
+def _stopped_when(daemon: Daemon, moment: Callable[[], object]) -> tuple[int, float]:
+    """Once the daemon is ready and `moment` has returned, SIGTERM: (its exit code, seconds the stop took).
+    A daemon still up when this ends (a failed wait) is killed."""
+    try:
+        wait_ready(daemon)
+        moment()
+        started = time.monotonic()
+        code = stop_daemon(daemon)
+        return code, time.monotonic() - started
+    finally:
+        if daemon.process.poll() is None:
+            daemon.process.kill()
+
+
 def test_sigterm_mid_probe_lets_it_finish_and_exits_0_with_nothing_lost(sim: SimProcess, tmp_path: Path) -> None:
     sim.post("/sim/models/slow-model", {"ttft_base_ms": 2500, "prefill_ms_per_1k": 0, "decode_tps": 50})
     config = write_config(tmp_path, sim, model="slow-model", schedule="*/3 * * * * *", grace=10)
     upgrade(config)
     daemon = start_daemon(config, tmp_path)
-    try:
-        wait_ready(daemon)
-        # wait until a tick has started probing (its tick is claimed), then stop mid-probe
+
+    def mid_probe() -> None:  # a tick has started probing (its tick is claimed), and half a second more
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not sqlite_rows(tmp_path, "select count(*) from job_ticks")[0][0]:
             time.sleep(0.05)
         time.sleep(0.5)
-        started = time.monotonic()
-        code = stop_daemon(daemon)
-        elapsed = time.monotonic() - started
-    finally:
-        if daemon.process.poll() is None:
-            daemon.process.kill()
+
+    code, elapsed = _stopped_when(daemon, mid_probe)
     assert code == 0, daemon.log_path.read_text()[-2000:]
     assert 1.0 < elapsed < 10, elapsed  # it waited for the probe, and not longer than the grace
     samples = daemon.events("probe_sample")
@@ -88,15 +97,7 @@ def test_sigterm_mid_run_starts_no_more_rounds_and_stores_what_it_took(sim: SimP
     config = write_config(tmp_path, sim, model="slow-model", schedule="*/2 * * * * *", rounds=10, grace=30)
     upgrade(config)
     daemon = start_daemon(config, tmp_path)
-    try:
-        wait_ready(daemon)
-        daemon.wait_for("probe_sample", count=2, timeout=30)
-        started = time.monotonic()
-        code = stop_daemon(daemon)
-        elapsed = time.monotonic() - started
-    finally:
-        if daemon.process.poll() is None:
-            daemon.process.kill()
+    code, elapsed = _stopped_when(daemon, lambda: daemon.wait_for("probe_sample", count=2, timeout=30))
     assert code == 0, daemon.log_path.read_text()[-2000:]
     assert elapsed < 10, elapsed  # one request's time and the flush; the run's 8 rounds left would take 8 s more
     assert not daemon.events("jobs_cancelled_at_shutdown")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import pytest
@@ -72,6 +72,30 @@ async def test_a_large_run_starts_its_series_a_few_at_a_time_letting_the_loop_th
     assert {s.prompt for s in samples[:4]} == {"p0", "p1", "p2", "p3"}  # series still start in the plan's order
 
 
+async def drained_run(
+    plan: RunPlan,
+    draining: asyncio.Event,
+    *,
+    cap: int,
+    timeout_s: float,
+    on_sample: Callable[[Sample], None] | None = None,
+) -> list[Sample]:
+    """`plan` run with the process's stop event `draining`, at most `cap` requests at once; it must return
+    within `timeout_s` (a run that waited out its rounds or pauses would not)."""
+    async with ProbeClient() as client:
+        return await asyncio.wait_for(
+            run_plan(
+                plan,
+                client=client,
+                limits=ProviderLimits({"sim": cap}),
+                prompts=PromptFactory(Calibration()),
+                on_sample=on_sample,
+                draining=draining,
+            ),
+            timeout=timeout_s,
+        )
+
+
 async def test_a_draining_run_finishes_the_requests_it_has_out_and_starts_no_more_rounds(
     server: RunningSimulator,
 ) -> None:
@@ -84,18 +108,7 @@ async def test_a_draining_run_finishes_the_requests_it_has_out_and_starts_no_mor
         if len(taken) == 3:
             draining.set()  # the stop comes while the run is under way, requests out
 
-    async with ProbeClient() as client:
-        samples = await asyncio.wait_for(
-            run_plan(
-                plan,
-                client=client,
-                limits=ProviderLimits({"sim": 2}),
-                prompts=PromptFactory(Calibration()),
-                on_sample=on_sample,
-                draining=draining,
-            ),
-            timeout=10,
-        )
+    samples = await drained_run(plan, draining, cap=2, on_sample=on_sample, timeout_s=10)
     assert all(s.ok for s in samples)  # each request out when the stop came finished and was measured
     rounds = Counter(s.prompt for s in samples)
     # Every series measured once (those the stop found unmeasured too: the tick is stored for each), and
@@ -110,17 +123,7 @@ async def test_a_run_started_while_draining_measures_each_series_once_after_its_
     draining = asyncio.Event()
     draining.set()
     plan = replace(plan_of(server, concurrency=4), rounds=5, warmup=1, pause_s=30.0)
-    async with ProbeClient() as client:
-        samples = await asyncio.wait_for(
-            run_plan(
-                plan,
-                client=client,
-                limits=ProviderLimits({"sim": 4}),
-                prompts=PromptFactory(Calibration()),
-                draining=draining,
-            ),
-            timeout=20,  # the 30 s pauses cut short
-        )
+    samples = await drained_run(plan, draining, cap=4, timeout_s=20)  # the 30 s pauses cut short
     assert Counter((s.prompt, s.warmup) for s in samples) == {
         **{(spec.name, True): 1 for spec in plan.prompts},
         **{(spec.name, False): 1 for spec in plan.prompts},
@@ -136,17 +139,6 @@ async def test_a_stop_during_the_pause_between_rounds_ends_the_pause(server: Run
         asyncio.get_running_loop().call_later(0.2, draining.set)  # the stop comes during the pause
 
     started = asyncio.get_running_loop().time()
-    async with ProbeClient() as client:
-        samples = await asyncio.wait_for(
-            run_plan(
-                plan,
-                client=client,
-                limits=ProviderLimits({"sim": 4}),
-                prompts=PromptFactory(Calibration()),
-                on_sample=on_sample,
-                draining=draining,
-            ),
-            timeout=30,
-        )
+    samples = await drained_run(plan, draining, cap=4, on_sample=on_sample, timeout_s=30)
     assert asyncio.get_running_loop().time() - started < 10
     assert [s.round for s in samples] == [1, 1] and all(s.ok for s in samples)
