@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from monitor.config.models import Config
 
 NAME = "check-config"
-HISTORY_DAYS = 7
+HISTORY_DAYS = 2  # the cold tier leaves 3 days as rows (config.models.COLD_FLOOR_DAYS)
 # check-config is a quick check: a database that does not answer soon is reported, not waited for.
 HISTORY_CONNECT_TIMEOUT_S = 3.0
 

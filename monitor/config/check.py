@@ -67,10 +67,7 @@ def _cold_summary(config: Config) -> str:
     policy = config.cold_policy()
     if policy is None:
         return "cold tier auto: nothing compacted (raw_days too short for it)"
-    return (
-        f"cold tier auto: each series' days past its detection history (this config's jobs: "
-        f"{config.cold_minimum()[0]} d), at least {policy.after_days} d"
-    )
+    return f"cold tier auto: days older than {policy.after_days} d (what {config.cold_minimum()[1]} read as rows)"
 
 
 def render_summary(

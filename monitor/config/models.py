@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,7 +20,7 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from monitor.alert.settings import Alerts
-from monitor.config.cron import build_trigger, longest_gap
+from monitor.config.cron import build_trigger
 from monitor.config.fields import ConfigModel, CronExpression, EnvName, Name, TimezoneName, UserPath, check_name
 from monitor.config.references import reference_problems
 from monitor.config.series import cache_pairs
@@ -30,11 +29,10 @@ from monitor.detect.settings import Detection
 from monitor.otel.settings import OtelConfig
 from monitor.probe.settings import PromptProfile, Provider, Target
 
-# The cold tier never compacts fewer days than this: check-config's cost projection reads 7 days of samples as
-# rows (commands/check_config.py HISTORY_DAYS), the overview's baselines and the cost view a day.
-COLD_FLOOR_DAYS = 8
-# Where the cold tier's minimum reads each job's schedule from (a Monday; a fixed moment: the same answer any day).
-COLD_REFERENCE = datetime(2026, 1, 5, tzinfo=UTC)
+# The cold tier never compacts fewer days than this: check-config's cost projection reads 2 days of samples as
+# rows (commands/check_config.py HISTORY_DAYS), the overview's baselines and the cost view a day. (Detection reads
+# its history from chunks and rows alike: it needs no rows.)
+COLD_FLOOR_DAYS = 3
 
 # Error type of the whole-config reference check; the loader reports these itself, per key path.
 REFERENCE_ERROR_TYPE = "config_references"
@@ -51,11 +49,10 @@ class Retention(ConfigModel):
         description="When a series' day of runs and samples is kept as two compressed chunks instead of rows (the "
         "cold tier, docs/storage.md): every reader gives the same answers (but a compare, which reads the hourly "
         "rollups sooner: a compacted run counts 6 toward its limit), at about a quarter of the bytes. `auto` "
-        "(the default): once the day is past what this config's jobs need as rows (the least number of days, "
-        "which check-config prints) and past what detection reads of that series (its newest runs as its own "
-        "schedule spaced them, and the seasonal baseline's days), whatever job or replica probes it. A number of "
-        "days: every series after that many (at least what this config's jobs need). `off` (or null): every day "
-        "stays rows.",
+        "(the default): once the day is past what this config needs as rows (the least number of days, which "
+        "check-config prints: 3, or detection.slo_burn's longest window when longer; detection reads its history "
+        "from chunks too). A number of days: every series after that many (at least that least number). `off` "
+        "(or null): every day stays rows.",
     )
 
     @field_validator("cold_after_days", mode="before")
@@ -83,12 +80,11 @@ class Retention(ConfigModel):
 @dataclass(frozen=True, slots=True)
 class ColdPolicy:
     """Which days housekeeping moves into the cold tier (Repository.compact): none younger than `after_days`
-    whole days, and with `keep_runs` set (`auto`), per series none that its newest `keep_runs` runs, less
-    `lookback_s` (what detection reads before its oldest history run), still reach."""
+    whole days, and with `keep_runs` set (`auto`), per series none that its newest `keep_runs` runs reach (what
+    the overview's note on a series without a baseline counts)."""
 
     after_days: int
     keep_runs: int | None = None
-    lookback_s: float = 0.0
 
 
 class Database(ConfigModel):
@@ -411,24 +407,15 @@ class Config(ConfigModel):
         return self
 
     def cold_minimum(self) -> tuple[int, str]:
-        """The fewest whole days the cold tier must leave as rows, and what needs them: the detector's history
-        for the job whose runs are furthest apart, and the burn rates' longest window."""
-        rules = self.detection.rules()
-        needs = [
-            (rules.history_reach_s(300.0), "detection's history (5-minute runs)"),
-            (COLD_FLOOR_DAYS * 86400.0, "check-config's token history (7 days) and the cost view's day"),
-        ]
-        for job in self.jobs:
-            # The longest gap of a week: detection evaluates each run with the gap after the next fire as its
-            # interval (a business-hours job's 17:50 run with the night's 15 h, the Friday one with 63 h).
-            longest = longest_gap(job.trigger(), COLD_REFERENCE)
-            gap = longest.total_seconds() if longest is not None else 300.0
-            needs.append(
-                (rules.history_reach_s(gap), f"detection's history of jobs.{job.name} (runs {gap / 60:g} min apart)")
-            )
+        """The fewest whole days the cold tier must leave as rows, and what needs them: check-config's token
+        history and the cost view's day, and the burn rates' longest window. (Detection reads chunks too.)"""
+        needs = [(COLD_FLOOR_DAYS * 86400.0, "check-config's token history (2 days) and the cost view's day")]
         burn = self.detection.slo_burn
         if burn.enabled and any(t.slo.ttft_ms is not None for t in self.targets.values()):
-            needs.append((burn.longest_window_minutes() * 60.0, "detection.slo_burn's longest window"))
+            # And a day more: a batch the spool replays late counts its windows back from when it ran.
+            needs.append(
+                (burn.longest_window_minutes() * 60.0 + 86400.0, "detection.slo_burn's longest window and a day")
+            )
         reach, what = max(needs)
         return math.ceil(reach / 86400.0), what
 
@@ -441,18 +428,15 @@ class Config(ConfigModel):
         fixed = retention.cold_days()
         if fixed is not None:
             return ColdPolicy(after_days=fixed) if fixed < retention.raw_days else None
-        # auto: at least what this config's jobs need as rows (detection reads by time, with the gap to a job's
-        # next fire as its interval: a business-hours cron's evening run reads weeks back, a job slowed from 5
-        # minutes to an hour 61 hours of runs spaced by the old schedule), the burn windows and check-config's
-        # token history; and each series, whoever probes it, its own newest runs' reach on top
-        # (Repository.compact), for the series of other locations' jobs this config does not know.
+        # auto: what this config needs as rows (the burn windows, check-config's token history). Detection's
+        # history, which reaches back a week and more (further for a business-hours cron's evening run, or a
+        # job slowed from 5 minutes to an hour), reads chunks and rows alike (Repository.history_rows).
+        # Each series' newest runs as many as the detector learns from: the overview counts them for its note on a
+        # series without a baseline (one retired a week ago), from rows.
         after, _ = self.cold_minimum()
         if after >= retention.raw_days:
             return None
-        rules = self.detection.rules()
-        return ColdPolicy(
-            after_days=after, keep_runs=rules.history_runs + 1, lookback_s=rules.history_reach_s(0.0) + 86400.0
-        )
+        return ColdPolicy(after_days=after, keep_runs=self.detection.rules().min_history_runs)
 
     @model_validator(mode="after")
     def _check_the_cold_tier_leaves_detection_its_rows(self) -> Config:
@@ -463,9 +447,8 @@ class Config(ConfigModel):
         days, what = self.cold_minimum()
         if fixed < days:
             raise ValueError(
-                f"database.retention.cold_after_days ({fixed}) would compact runs that {what} "
-                f"still reads as rows ({days} days back): raise it to at least {days}, or set it to auto (the "
-                "default: each series after what its own detection reads) or off"
+                f"database.retention.cold_after_days ({fixed}) would compact runs still read as rows ({days} days "
+                f"back) by {what}: raise it to at least {days}, or set it to auto (the default) or off"
             )
         return self
 

@@ -6,16 +6,19 @@ of CPU per evaluation on SQLite and 54 ms on PostgreSQL (bench/detect_steady.py)
 every 5 minutes spent a fifth of a core on it, and a batch's detection budget (25 ms a run) covered about
 a third of its runs. Kept here, an evaluation reads only the runs stored since the last one, after checking
 that the runs already kept are still all the database holds over their span (`Span`: count, first and last
-start); any difference (a spooled run replayed late, another replica's run, retention) reads the whole
-history again. So what the detector is given is what reading afresh would give, run for run.
+start of those read as rows); any difference (a spooled run replayed late, another replica's run, retention,
+a day moved into the cold tier) reads the whole history again. Runs read from cold chunks are not counted: a
+chunk changes only when rows move into it, which the rows' count tells. So what the detector is given is what
+reading afresh would give, run for run.
 
 It keeps the seasonal residuals evaluations computed as well (`state.HistoryColumns`): a residual depends
 only on the runs of the days before its run, so one computed from a history holding all of those is the
 same number at every later evaluation, and each takes those its own reading would compute whole, instead of
 a day of them computed again (about 300 seasonal slots a run).
 
-Kept in columns of machine numbers (40 bytes a run: the start in microseconds, the median TTFT, the
-residual, the request counts, and an index into the series' few distinct labels), within a memory budget
+Kept in columns of machine numbers (41 bytes a run: the start in microseconds, the median TTFT, the
+residual, the request counts, an index into the series' few distinct labels, and whether it came from a cold
+chunk), within a memory budget
 (`detection.history_memory_mb`): a series that does not fit is read afresh each time, as before.
 """
 
@@ -67,6 +70,7 @@ class SeriesHistory:
 
     __slots__ = (
         "_at",
+        "_cold",
         "_errors",
         "_label_index",
         "_label_of",
@@ -95,6 +99,7 @@ class SeriesHistory:
         # yet), under the model epoch `_residual_epoch` (`state.HistoryColumns`).
         self._residual = array("d")
         self._residual_epoch: datetime | None = None
+        self._cold = array("b")  # 1: the run was read from a cold chunk, not a row (`span` leaves it out)
         self.generation = 0  # moves whenever runs are added or dropped (the columns' indexes with it)
         self._label_index: dict[tuple[str | None, str | None, str | None], int] = {(None, None, None): 0}
         self._label_of: list[tuple[str | None, str | None, str | None]] = [(None, None, None)]
@@ -107,12 +112,14 @@ class SeriesHistory:
         return EPOCH + timedelta(microseconds=self._at[-1]) if self._at else None
 
     def nbytes(self) -> int:
-        columns = (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels, self._residual)
+        columns = (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels, self._residual, self._cold)
         labels = LABEL_BYTES * len(self._label_of)
         return ENTRY_OVERHEAD_BYTES + labels + sum(column.itemsize * column.buffer_info()[1] for column in columns)
 
-    def extend(self, rows: Iterable[HistoryRow]) -> None:
-        """Append rows started after the last one kept (oldest first)."""
+    def extend(self, rows: Iterable[HistoryRow], from_chunks: Sequence[bool] | None = None) -> None:
+        """Append rows started after the last one kept (oldest first); `from_chunks`: which of them were read
+        from a cold chunk (None: none)."""
+        cold = iter(from_chunks) if from_chunks is not None else None
         for started, ttft, error, ok, errors, rounds, canary, build in rows:
             moment = micros(started)
             if self._at and moment < self._at[-1]:
@@ -129,6 +136,7 @@ class SeriesHistory:
             self._rounds.append(rounds)
             self._labels.append(index)
             self._residual.append(math.inf)
+            self._cold.append(1 if cold is not None and next(cold) else 0)
             self.generation += 1
 
     def _drop_unused_labels(self) -> None:
@@ -145,20 +153,29 @@ class SeriesHistory:
         self._labels = array("I", [renumber[index] for index in self._labels])
 
     def span(self, start: datetime, end: datetime) -> Span:
-        """The runs kept with starts in [start, end], as `Span`."""
+        """The runs kept with starts in [start, end] that were read as rows, as `Span`: what the rows still
+        hold of them when nothing changed."""
         low = bisect_left(self._at, micros(start))
         high = bisect_right(self._at, micros(end))
-        if high <= low:
+        cold = self._cold
+        count = high - low - cold[low:high].count(1) if high > low else 0
+        if count <= 0:
             return Span(0, None, None)
-        first = EPOCH + timedelta(microseconds=self._at[low])
-        return Span(high - low, first, EPOCH + timedelta(microseconds=self._at[high - 1]))
+        # Runs from chunks are the oldest (days compact oldest first), bar a late row among them: short walks.
+        while cold[low]:
+            low += 1
+        while cold[high - 1]:
+            high -= 1
+        first, last = self._at[low], self._at[high - 1]
+        return Span(count, EPOCH + timedelta(microseconds=first), EPOCH + timedelta(microseconds=last))
 
     def forget_before(self, start: datetime) -> None:
         """Drop runs started before `start`: no evaluation reads them again."""
         moment = micros(start)
         drop = bisect_left(self._at, moment)
         if drop:
-            for column in (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels, self._residual):
+            columns = (self._at, self._ttft, self._ok, self._errors, self._rounds, self._labels, self._residual)
+            for column in (*columns, self._cold):
                 del column[:drop]
             self.generation += 1
             if len(self._label_of) > 16:

@@ -665,7 +665,8 @@ class DetectionService:
             self._log.debug("detection_history_reread", target=series.target, prompt=series.prompt)
             self._histories.forget(series)
         fresh = SeriesHistory(since)
-        fresh.extend(await self._repository.history_rows(series, since, end, connection=connection))
+        read = await self._repository.history_rows(series, since, end, connection=connection)
+        fresh.extend(read.rows, read.from_chunks)
         if generation != self._settings_generation:
             return fresh  # the settings changed while it was read: used once, not kept
         if not self._histories.keep(series, fresh) and self._histories.budget_bytes and not self._history_budget_warned:

@@ -87,7 +87,6 @@ class Housekept(Protocol):
         *,
         cold_after_days: int,
         keep_runs: int | None = None,
-        lookback_s: float = 0.0,
         limit: int | None = None,
     ) -> Compacted: ...
 
@@ -113,13 +112,7 @@ async def maintain_once(
     summarised = await repository.refresh_overview_summary(now)
     # After the rollup: a day is compacted only once its hours are rolled up.
     compacted = (
-        await repository.compact(
-            now,
-            cold_after_days=cold.after_days,
-            keep_runs=cold.keep_runs,
-            lookback_s=cold.lookback_s,
-            limit=COMPACT_PER_PASS,
-        )
+        await repository.compact(now, cold_after_days=cold.after_days, keep_runs=cold.keep_runs, limit=COMPACT_PER_PASS)
         if cold is not None
         else None
     )

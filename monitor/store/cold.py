@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -341,6 +341,7 @@ class Read:
 
     runs: list[dict[str, Any]]
     samples: dict[uuid.UUID, list[dict[str, Any]]]
+    from_chunks: set[uuid.UUID] = field(default_factory=set)  # the ids of the runs read from a chunk, not a row
 
 
 async def read_runs(
@@ -353,28 +354,45 @@ async def read_runs(
     run_keys: Collection[str] | None = None,
     sample_keys: Collection[str] | None = None,
 ) -> Read:
-    """The runs of `series_ids` started in [start, end), from the rows and the chunks alike (on one snapshot:
-    call it in a transaction of REPEATABLE READ on PostgreSQL, any transaction on SQLite), with their samples
-    when `samples`. The one read of older runs every reader goes through when a chunk may hold some. Runs and
-    samples kept in chunks carry only the columns of `run_keys` and `sample_keys` when given (those a reader
-    needs: the others are not decoded), and always the ones the read itself needs."""
+    """The runs of `series_ids` started in [start, end), from the rows and the chunks alike, with their samples
+    when `samples` (then on one snapshot: call it in a transaction of REPEATABLE READ on PostgreSQL, any
+    transaction on SQLite; the runs alone are whole in READ COMMITTED too, the rows being read first). The one
+    read of older runs every reader goes through when a chunk may hold some. Runs and samples kept in chunks
+    carry only the columns of `run_keys` and `sample_keys` when given (those a reader needs: the others are not
+    decoded), and always the ones the read itself needs."""
     if run_keys is not None:
         run_keys = {*run_keys, *_RUN_NEEDS}
     if sample_keys is not None:
         sample_keys = {*sample_keys, *_SAMPLE_NEEDS}
     ids = list(series_ids)
+    found: list[dict[str, Any]] = []
+    if ids:
+        # The rows before the chunks: a compaction committing between the two reads (a reader in READ COMMITTED,
+        # as detection's is) is then seen twice, its runs as rows and in their chunk (the chunk's kept, below),
+        # never neither. The rows' columns a reader asked for, as the chunks' runs carry them: each column read is
+        # a value typed in Python for every run of the range (a month of a series' runs holds thousands).
+        columns = list(RUNS.c) if run_keys is None else [c for c in RUNS.c if c.key in run_keys]
+        raw = await connection.execute(
+            select(*columns).where(
+                RUNS.c.series_id.in_(ids),
+                RUNS.c.started_at >= type_coerce(start, UtcDateTime()),
+                RUNS.c.started_at < type_coerce(end, UtcDateTime()),
+            )
+        )
+        run_columns = [c.key for c in columns]
+        found = [dict(zip(run_columns, row, strict=True)) for row in raw]
     chunk_rows = await chunks_touching(connection, ids, start, end, samples=samples)
     out_runs: list[dict[str, Any]] = []
     out_samples: dict[uuid.UUID, list[dict[str, Any]]] = {}
-    held_ids: set[uuid.UUID] = set()
-    held_ticks: set[tuple[int, str, datetime]] = set()
+    # Each scheduled tick a chunk holds, with its run's id: a row of the tick with another id is a replica's
+    # late second run, left out; one with the same id is that run (a compaction that committed meanwhile).
+    held_ticks: dict[tuple[int, str, datetime], uuid.UUID] = {}
     decoded = {(row.series_id, day_of(row.day)) for row in chunk_rows}
 
     def hold(runs: Iterable[Mapping[str, Any]]) -> None:
         for run in runs:
-            held_ids.add(run["id"])
             if (tick := _tick(run)) is not None:
-                held_ticks.add((run["series_id"], *tick))
+                held_ticks[run["series_id"], *tick] = run["id"]
 
     for row in chunk_rows:
         runs, members = decode_chunk(
@@ -389,27 +407,19 @@ async def read_runs(
             for sample in members:
                 if sample["run_id"] in wanted:
                     out_samples.setdefault(sample["run_id"], []).append(sample)
-    if ids:
-        # The rows' columns a reader asked for, as the chunks' runs carry them: each column read is a value
-        # typed in Python for every run of the range (a month of a series' runs holds thousands).
-        columns = list(RUNS.c) if run_keys is None else [c for c in RUNS.c if c.key in run_keys]
-        raw = await connection.execute(
-            select(*columns).where(
-                RUNS.c.series_id.in_(ids),
-                RUNS.c.started_at >= type_coerce(start, UtcDateTime()),
-                RUNS.c.started_at < type_coerce(end, UtcDateTime()),
-            )
-        )
-        run_columns = [c.key for c in columns]
-        found = [dict(zip(run_columns, row, strict=True)) for row in raw]
+    from_chunks = {run["id"] for run in out_runs}
+    if found:
         # A row of a compacted day whose chunk holds none of the window's runs (a replica's late second run
         # of a tick started just inside the window, its chunk's runs just outside): that chunk's runs too.
         await _hold_other_chunks(connection, found, decoded, hold)
         raw_runs = []
         for run in found:
+            if run["id"] in from_chunks:
+                continue  # read from its chunk
             tick = _tick(run)
-            if run["id"] in held_ids or (tick is not None and (run["series_id"], *tick) in held_ticks):
-                continue  # the chunk holds this run, or a run of this tick
+            holder = held_ticks.get((run["series_id"], *tick)) if tick is not None else None
+            if holder is not None and holder != run["id"]:
+                continue  # a chunk holds a run of this tick
             raw_runs.append(run)
         out_runs += raw_runs
         if samples and raw_runs:
@@ -430,7 +440,7 @@ async def read_runs(
     out_runs.sort(key=lambda run: (run["started_at"], run["id"]))
     for members in out_samples.values():
         members.sort(key=lambda sample: sample["round"])
-    return Read(out_runs, out_samples)
+    return Read(out_runs, out_samples, from_chunks)
 
 
 async def compactable(

@@ -108,7 +108,7 @@ class IncidentStore:
     ) -> bool:
         """Write `state` if the row is still as `read` found it (no row: insert, which a concurrent first
         insert makes fail with IntegrityError). False: another writer changed it meanwhile. `reads_from`: where
-        the evaluation read the series' history from (compaction keeps it as rows)."""
+        the evaluation read the series' history from."""
         if read is None:
             await FIRST_STATE.rowcount(
                 connection,

@@ -445,8 +445,8 @@ class DetectorStateRow(Base):
     state: Mapped[dict[str, Any]]
     version: Mapped[int] = mapped_column(Integer)
     updated_at: Mapped[datetime]
-    # Where the series' detection read its history from at its last evaluation: compaction keeps it as rows
-    # (Repository.compact), whichever daemon compacts and whatever its own rules read (migration 0022).
+    # Where the series' detection read its history from at its last evaluation (migration 0022; compaction kept
+    # it as rows until detection read chunks too, 2026-12-07): how far back a series' detection reaches.
     reads_from: Mapped[datetime | None]
 
 

@@ -48,7 +48,6 @@ from monitor.store.models import (
     BUDGET_HOLDS,
     CALIBRATION,
     COLD_CHUNKS,
-    DETECTOR_STATE,
     ROLLUP_PENDING,
     ROLLUPS,
     RUNS,
@@ -86,8 +85,6 @@ from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_inse
 from monitor.store.types import Microseconds, UtcDateTime
 
 _HOUR = timedelta(hours=1)
-# Series whose detection reach auto compaction looks up in one statement (`Repository._past_detection`).
-REACH_BATCH = 100
 
 
 LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL: lock_timeout ran out
@@ -96,6 +93,10 @@ LOCK_NOT_AVAILABLE = "55P03"  # PostgreSQL: lock_timeout ran out
 def _sqlstate(exc: DBAPIError) -> str | None:
     original = exc.orig
     return getattr(original, "sqlstate", None) or getattr(original, "pgcode", None)
+
+
+# Series whose newest runs auto compaction looks up in one statement (`Repository._past_newest_runs`).
+REACH_BATCH = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +110,15 @@ class PruneResult:
     annotations: int = 0
     days_dropped: int = 0  # PostgreSQL: whole days of runs and samples dropped as partitions
     cold_days: int = 0  # series-days of the cold tier dropped (their runs and samples counted above)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRead:
+    """What `Repository.history_rows` read: the rows (detect/history.py's HistoryRow), and for each whether it
+    came from a cold chunk (None: every one from a row)."""
+
+    rows: list[tuple[Any, ...]]
+    from_chunks: list[bool] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,6 +296,7 @@ _HISTORY_COLUMNS = (
     RunRow.canary, RunRow.server_build,
 )  # fmt: skip
 # Read once a series and tick: on SQLite without SQLAlchemy's execution around them (store/direct.py).
+_HISTORY_KEYS = tuple(column.key for column in _HISTORY_COLUMNS)
 HISTORY_FROM = DirectStatement(_series_runs(*_HISTORY_COLUMNS))
 HISTORY_AFTER = DirectStatement(_series_runs(*_HISTORY_COLUMNS, after=True))
 RUN_SPAN = DirectStatement(
@@ -776,10 +787,24 @@ class Repository:
 
     async def history_rows(
         self, series: SeriesKey, start: datetime, end: datetime, *, connection: AsyncConnection | None = None
-    ) -> list[tuple[Any, ...]]:
-        """What the detector reads of the runs of `series` started in [start, end), oldest first:
-        (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build). On `connection` when given."""
-        return list(await self._series_rows(series, HISTORY_FROM, connection=connection, start=start, end=end))
+    ) -> HistoryRead:
+        """What the detector reads of the runs of `series` started in [start, end), oldest first, from rows and
+        cold chunks alike: (started_at, ttft_p50_ms, error, ok, errors, rounds, canary, server_build), and which
+        came from a chunk. On `connection` when given."""
+        if connection is None:
+            async with self._read() as reading:
+                return await self.history_rows(series, start, end, connection=reading)
+        # The rows first, then whether a chunk may hold some of the range: a compaction committing between the
+        # two is then seen by the second (and the range read again through the chunks), never by neither.
+        rows = await self._series_rows(series, HISTORY_FROM, connection=connection, start=start, end=end)
+        series_id = await self._series_id(connection, series)
+        if series_id is None or not await cold.any_chunk(connection, [series_id], start, end):
+            return HistoryRead([tuple(row) for row in rows], None)
+        read = await cold.read_runs(connection, [series_id], start, end, samples=False, run_keys=_HISTORY_KEYS)
+        return HistoryRead(
+            [tuple(run[key] for key in _HISTORY_KEYS) for run in read.runs],
+            [run["id"] in read.from_chunks for run in read.runs],
+        )
 
     async def history_since_span(
         self,
@@ -1159,25 +1184,26 @@ class Repository:
         *,
         cold_after_days: int,
         keep_runs: int | None = None,
-        lookback_s: float = 0.0,
         limit: int | None = None,
     ) -> CompactResult:
         """Move every series' day of runs and samples whose whole day (by scheduled time) ended
         `cold_after_days` or more before `now`, and whose hours are rolled up, into the cold tier
         (monitor/store/cold.py): one transaction per series-day, writing its chunk and deleting its rows.
-        With `keep_runs`, also only a day that ended before the series' `keep_runs`-th newest run (as rows)
-        less `lookback_s`: what detection reads of it, spaced as its own schedule spaced its runs, whoever
-        probes it (a series with fewer runs than that as rows keeps them all). A day compacted before that
-        received late runs is compacted again (its chunk joined by them). On PostgreSQL the day partitions
-        left empty are dropped after. At most `limit` series-days, oldest first (a database upgraded with
-        weeks of rows is compacted over several passes)."""
+        With `keep_runs`, also only a day that ended before the series' `keep_runs`-th newest run (a series
+        with fewer runs than that as rows keeps them all): the overview's note on a series without a baseline
+        counts that many from rows (a series retired a week ago would decode its chunks on every overview).
+        A day compacted before that received late runs is compacted again (its chunk joined by them). On
+        PostgreSQL the day partitions left empty are dropped after. At most `limit` series-days, oldest first (a
+        database upgraded with weeks of rows is compacted over several passes). Every reader reads chunks and
+        rows alike; the days `cold_after_days` keeps as rows are for the few that read rows only (the burn
+        rates, check-config's token history: `Config.cold_minimum`)."""
         before = now - timedelta(days=cold_after_days)
         async with self._read() as connection:
             oldest_pending = await connection.scalar(select(func.min(ROLLUP_PENDING.c.hour)))
             pairs = await cold.compactable(connection, before=before, held_from=oldest_pending)
             pairs = sorted(pairs, key=lambda pair: (pair[1], pair[0]))
             if keep_runs is not None:
-                pairs = await self._past_detection(connection, pairs, now, keep_runs, lookback_s, limit)
+                pairs = await self._past_newest_runs(connection, pairs, now, keep_runs, limit)
         pairs = pairs[:limit]
         totals = {"series_days": 0, "runs": 0, "samples": 0, "duplicates": 0, "skipped": 0}
         for series_id, day in pairs:
@@ -1195,26 +1221,23 @@ class Repository:
         return CompactResult(**totals, days_dropped=dropped)
 
     @staticmethod
-    async def _past_detection(
+    async def _past_newest_runs(
         connection: AsyncConnection,
         pairs: Sequence[tuple[int, datetime]],
         now: datetime,
         keep_runs: int,
-        lookback_s: float,
         limit: int | None,
     ) -> list[tuple[int, datetime]]:
-        """The (series, day) pairs, in order, whose day ended before what detection reads of the series: its
-        `keep_runs`-th newest run as rows, less `lookback_s`, and before where the series' detection last read
-        from (`detector_state.reads_from`, less a day), whichever daemon evaluates it: another location's
-        detection may read further back than this daemon's rules do. Each series' reach is looked up once (the
-        runs index, newest first), `REACH_BATCH` series a statement, and only until `limit` pairs are found."""
+        """The (series, day) pairs, in order, whose day ended before the series' `keep_runs`-th newest run as
+        rows. Each series' is looked up once (the runs index, newest first), `REACH_BATCH` series a statement,
+        and only until `limit` pairs are found."""
         reach: dict[int, datetime | None] = {}
         kept: list[tuple[int, datetime]] = []
         order = list(dict.fromkeys(series_id for series_id, _ in pairs))
         looked = 0
         # A statement for each series cost 13-20 s a pass at 5,000 series on PostgreSQL, its planning over every
         # day partition (plan_cache_mode force_custom_plan) each time, and 5-7 s on SQLite; 100 a statement, 1 s.
-        oldest_read = (
+        newest = (
             select(RunRow.started_at)
             .where(RunRow.series_id == SERIES.c.id, RunRow.started_at < type_coerce(now, UtcDateTime()))
             .order_by(RunRow.started_at.desc())
@@ -1227,16 +1250,8 @@ class Repository:
             if series_id not in reach:
                 batch = order[looked : looked + REACH_BATCH]
                 looked += len(batch)
-                found = await connection.execute(
-                    select(SERIES.c.id, oldest_read, DETECTOR_STATE.c.reads_from)
-                    .select_from(SERIES.outerjoin(DETECTOR_STATE, DETECTOR_STATE.c.series_id == SERIES.c.id))
-                    .where(SERIES.c.id.in_(batch))
-                )
-                for one, at, read_from in found:
-                    edge = None if at is None else at - timedelta(seconds=lookback_s)
-                    if edge is not None and read_from is not None:
-                        edge = min(edge, read_from - cold.DAY)
-                    reach[one] = edge
+                found = await connection.execute(select(SERIES.c.id, newest).where(SERIES.c.id.in_(batch)))
+                reach.update({one: at for one, at in found})
                 reach.setdefault(series_id, None)
             edge = reach[series_id]
             if edge is not None and day + cold.DAY <= edge:

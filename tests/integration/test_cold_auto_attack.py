@@ -1,13 +1,12 @@
 """Attacks on the cold tier's `auto` default (database.retention.cold_after_days: auto): what housekeeping compacts
-must stay out of what every rows-only reader still reads, and the readers made cheap for it must answer as a
-full read does. On SQLite and PostgreSQL, real databases; each test states the defect it pins."""
+must leave every reader its answer (detection's history, read from chunks and rows alike, whatever its schedule
+and rules reach back), and the readers made cheap for it must answer as a full read does. On SQLite and
+PostgreSQL, real databases; each test states the defect it pins."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -29,12 +28,12 @@ from monitor.detect.state import RunPoint, SeriesState
 from monitor.probe.result import ErrorClass
 from monitor.schedule import maintenance
 from monitor.store import cold, migrate
-from monitor.store.models import DETECTOR_STATE, RUNS
+from monitor.store.models import DETECTOR_STATE
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.repository import Repository
 from monitor.web import queries
 from tests.support.ports import free_port
-from tests.support.store_fixtures import T0, Backend, PostgresServer, make_batch
+from tests.support.store_fixtures import T0, Backend, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
 pytestmark = pytest.mark.timeout(240)
@@ -87,11 +86,9 @@ async def save(repository: Repository, batch: list[tuple[RunRecord, list[Any]]])
 
 async def housekeep(repository: Repository, now: datetime, policy: ColdPolicy | None) -> int:
     """What maintain_once does of the cold tier at `now`: roll up, then compact by the config's policy."""
-    assert policy is not None and policy.keep_runs is not None  # auto
+    assert policy is not None
     await repository.rollup(now)
-    done = await repository.compact(
-        now, cold_after_days=policy.after_days, keep_runs=policy.keep_runs, lookback_s=policy.lookback_s
-    )
+    done = await repository.compact(now, cold_after_days=policy.after_days, keep_runs=policy.keep_runs)
     return done.series_days
 
 
@@ -106,8 +103,15 @@ def history_since(config: Config, at: datetime, job: str = "probe") -> datetime:
 async def detection_reads(
     repository: Repository, config: Config, at: datetime, job: str = "probe"
 ) -> list[tuple[Any, ...]]:
-    """The rows detection reads to evaluate the job's run at `at` (`Repository.history_rows`: rows only)."""
-    return [tuple(row) for row in await repository.history_rows(SERIES, history_since(config, at, job), at)]
+    """The runs detection reads to evaluate the job's run at `at` (`Repository.history_rows`: rows and chunks)."""
+    read = await repository.history_rows(SERIES, history_since(config, at, job), at)
+    return [tuple(row) for row in read.rows]
+
+
+async def chunked_share(repository: Repository, config: Config, at: datetime, job: str = "probe") -> float:
+    """The share of what detection reads for the run at `at` that comes from cold chunks."""
+    read = await repository.history_rows(SERIES, history_since(config, at, job), at)
+    return 0.0 if not read.from_chunks else sum(read.from_chunks) / len(read.from_chunks)
 
 
 def verdict(config: Config, rows: list[tuple[Any, ...]], at: datetime, job: str = "probe") -> tuple[Any, ...]:
@@ -137,25 +141,11 @@ def business_hours(start: datetime, end: datetime) -> list[datetime]:
     return out
 
 
-# Not fixed: which days detection reads depends on the interval it is handed (the job's next two fires from the
-# wall clock, its config's), which the runs alone cannot tell; see the report of this branch.
-STARVED_BY_UNEVEN_FIRES = (
-    "auto keeps each series' newest history_runs + 1 runs less the lookback, but detection reads interval x "
-    "(history_runs + 1) back with the gap between the job's next two fires as the interval: 15 h from a "
-    "business-hours job's 17:50 run (63 h on Fridays)"
-)
-STARVED_BY_DENSER_RUNS = (
-    "auto's extra day does not cover runs closer together than the job's schedule (slowed from 5 minutes to an "
-    "hour, or a second job on the series): detection reads 61 h before the lookback, the newest runs (5 min "
-    "apart) keep 5 h and a day"
-)
-
-
-async def test_auto_leaves_a_business_hours_jobs_detection_every_row_it_reads(backend: Backend, tmp_path: Path) -> None:
+async def test_auto_leaves_a_business_hours_jobs_detection_every_run_it_reads(backend: Backend, tmp_path: Path) -> None:
     """A job probing `*/5 9-17 * * 1-5`: the detector evaluates the day's 17:50 run with the 15 h (63 h on a
-    Friday) to the next fire after 17:55 as its interval, so its history reaches 38 days back (every row the 30
-    days of retention keep); auto compacts each day older than its 61st newest run (about 5 business hours) less
-    the 8-day lookback and a day. The detection reads of that run lose three weeks of runs."""
+    Friday) to the next fire after 17:55 as its interval, so its history reaches 38 days back (every run the 30
+    days of retention keep). Once auto kept each series' newest runs as rows, it lost three weeks of them; then
+    it compacted nothing for such a job. Now it compacts all but 3 days, and detection reads them from chunks."""
     config = config_with(tmp_path, "*/5 9-17 * * 1-5")
     engine = backend.engine()
     try:
@@ -166,10 +156,8 @@ async def test_auto_leaves_a_business_hours_jobs_detection_every_row_it_reads(ba
         await save(repository, runs_at(business_hours(T0, at)))
         before = await detection_reads(repository, config, at)
         assert before[0][0] < T0 + timedelta(hours=1)  # every run since the first
-        # Auto keeps at least what this config's jobs read (Config.cold_minimum: 169 days for this cron, past the
-        # 30 days retention keeps), so it compacts nothing; each series' newest runs alone said 9 days.
-        assert config.cold_minimum()[0] > config.database.retention.raw_days
-        assert config.cold_policy() is None
+        assert await housekeep(repository, at + timedelta(minutes=6), config.cold_policy()) >= 15  # business days
+        assert await chunked_share(repository, config, at) > 0.8
         after = await detection_reads(repository, config, at)
         assert len(after) == len(before), f"detection read {len(after)} runs, {len(before)} before compaction"
         assert verdict(config, after, at) == verdict(config, before, at)
@@ -177,11 +165,10 @@ async def test_auto_leaves_a_business_hours_jobs_detection_every_row_it_reads(ba
         await engine.dispose()
 
 
-async def test_auto_leaves_a_slowed_jobs_detection_every_row_it_reads(backend: Backend, tmp_path: Path) -> None:
-    """docs/storage.md: 'The extra day covers a job whose schedule was slowed (its newest runs, spaced by the old
-    schedule, say less than detection now reads) until runs at the new spacing fill its history.' A job slowed
-    from every 5 minutes to hourly: its first hourly run's detection reads 61 hours before the lookback, its
-    61st newest run is 5 hours old; a day more leaves 31 hours that detection reads and auto compacts."""
+async def test_auto_leaves_a_slowed_jobs_detection_every_run_it_reads(backend: Backend, tmp_path: Path) -> None:
+    """A job slowed from every 5 minutes to hourly: its first hourly run's detection reads 61 hours before the
+    lookback (its 61st newest run is 5 hours old). When auto kept each series' newest runs and a day as rows, it
+    compacted 31 hours that detection read."""
     hourly = config_with(tmp_path, "0 * * * *")
     engine = backend.engine()
     try:
@@ -192,7 +179,8 @@ async def test_auto_leaves_a_slowed_jobs_detection_every_row_it_reads(backend: B
         at = switched + timedelta(hours=1)  # the first hourly run
         before = await detection_reads(repository, hourly, at)
         compacted = await housekeep(repository, switched + timedelta(seconds=30), hourly.cold_policy())
-        assert compacted > 0
+        assert compacted >= 8
+        assert await chunked_share(repository, hourly, at) > 0.5
         after = await detection_reads(repository, hourly, at)
         assert len(after) == len(before), f"detection read {len(after)} runs, {len(before)} before compaction"
         assert verdict(hourly, after, at) == verdict(hourly, before, at)
@@ -200,7 +188,7 @@ async def test_auto_leaves_a_slowed_jobs_detection_every_row_it_reads(backend: B
         await engine.dispose()
 
 
-async def test_auto_leaves_the_slower_of_two_jobs_on_a_series_every_row_its_detection_reads(
+async def test_auto_leaves_the_slower_of_two_jobs_on_a_series_every_run_its_detection_reads(
     backend: Backend, tmp_path: Path
 ) -> None:
     """Two jobs of one config probe the same series (a config accepts it), every 5 minutes and every hour: the
@@ -216,6 +204,7 @@ async def test_auto_leaves_the_slower_of_two_jobs_on_a_series_every_row_its_dete
         at = now.replace(second=0) + timedelta(hours=1)  # the hourly job's next run
         before = await detection_reads(repository, config, at)
         assert await housekeep(repository, now, config.cold_policy()) > 0
+        assert await chunked_share(repository, config, at) > 0.5
         after = await detection_reads(repository, config, at)
         assert len(after) == len(before), f"detection read {len(after)} runs, {len(before)} before compaction"
         assert verdict(config, after, at) == verdict(config, before, at)
@@ -223,12 +212,12 @@ async def test_auto_leaves_the_slower_of_two_jobs_on_a_series_every_row_its_dete
         await engine.dispose()
 
 
-async def test_auto_leaves_another_locations_detection_every_row_it_reads(backend: Backend, tmp_path: Path) -> None:
-    """docs/storage.md: a database shared by several locations, or by replicas whose configs differ. A daemon with
-    the default rules (8-day lookback) compacts the series of another whose detection compares with the 14 days
-    before (15-day lookback): the other's detection wrote where it read from (`detector_state.reads_from`), and
-    compaction keeps that as rows. Before that column (migration 0022) it lost the difference, as it still does
-    for a series whose detection has not written its state since the upgrade (the second half)."""
+async def test_auto_leaves_another_locations_detection_every_run_it_reads(backend: Backend, tmp_path: Path) -> None:
+    """A database shared by several locations, or by replicas whose configs differ: a daemon with the default
+    rules (8-day lookback) compacts the series of another whose detection compares with the 14 days before
+    (15-day lookback). Compaction once kept where the other's detection last read from as rows
+    (`detector_state.reads_from`), and lost the difference for a series whose detection had not written its
+    state since; the other's evaluation now reads the same runs and gives the same verdict either way."""
     here = config_with(tmp_path, "*/5 * * * *")
     there = config_with(tmp_path, "*/5 * * * *", detection={"seasonal_days": 14})
     engine = backend.engine()
@@ -241,44 +230,21 @@ async def test_auto_leaves_another_locations_detection_every_row_it_reads(backen
         await save(repository, last)
         at = now.replace(second=0)
         before = await detection_reads(repository, there, at)
+        assert at - before[0][0] > timedelta(days=15)
+        assert await housekeep(repository, now, here.cold_policy()) >= 14
+        assert await chunked_share(repository, there, at) > 0.75
+        after = await detection_reads(repository, there, at)
+        assert after == before
+        assert verdict(there, after, at) == verdict(there, before, at)
         with clock_at(at + timedelta(seconds=10)):  # the other location's detection evaluates its last run
             await DetectionService(engine, repository, there, outbox=None, metrics=None).after_store("probe", last)
         async with engine.connect() as connection:
-            reads_from = await connection.scalar(sa.select(DETECTOR_STATE.c.reads_from))
-        # Where the other's detection started reading: its 15-day lookback (within its run interval of the start
-        # this test works out, which takes the interval from the schedule once the run is done).
-        assert reads_from is not None and abs(reads_from - history_since(there, at)) <= timedelta(minutes=10)
-        assert at - reads_from > timedelta(days=15)
-        assert await housekeep(repository, now, here.cold_policy()) > 0
-        after = await detection_reads(repository, there, at)
-        assert len(after) == len(before), f"detection read {len(after)} runs, {len(before)} before compaction"
-        assert after == before
-        # Without the column (a state from before the upgrade), compaction goes by this daemon's rules alone.
-        async with engine.begin() as connection:
-            await connection.execute(sa.update(DETECTOR_STATE).values(reads_from=None))
-        assert await housekeep(repository, now, here.cold_policy()) > 0
-        assert len(await detection_reads(repository, there, at)) < len(before)
+            assert await connection.scalar(sa.select(DETECTOR_STATE.c.reads_from)) is not None
     finally:
         await engine.dispose()
 
 
 # ---------------------------------------------------------------- the overview's note of a series without a baseline
-
-
-@pytest.fixture
-async def twin(backend: Backend, tmp_path: Path, postgres_server: PostgresServer | None) -> AsyncIterator[Backend]:
-    """A second database of the test's backend, migrated: the never compacted one to compare with."""
-    if backend.name == "sqlite":
-        path = Path(sa.engine.make_url(backend.url).database or "")
-        shutil.copyfile(path, tmp_path / "twin.db")
-        yield Backend("sqlite", f"sqlite+aiosqlite:///{tmp_path / 'twin.db'}")
-        return
-    assert postgres_server is not None
-    url = await postgres_server.create()
-    try:
-        yield Backend("postgres", url)
-    finally:
-        await postgres_server.drop(url)
 
 
 async def test_a_series_back_with_a_burst_after_its_days_were_compacted_keeps_its_overview_note(
@@ -325,8 +291,8 @@ async def test_a_retired_series_whose_last_days_are_rows_decodes_no_chunk_for_it
     backend: Backend, twin: Backend, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fix above looks at the chunks before a series' rows only where those rows begin in the last hour: a
-    series retired 9 days ago keeps its newest runs as rows under auto (its 30 newest here, and a day), its
-    older days in chunks, and its note reads the same from the rows alone."""
+    series retired 9 days ago keeps its newest runs as rows under auto (as many as the detector learns from: 24),
+    its older days in chunks, and its note reads the same from the rows alone."""
     now = T0 + timedelta(days=29)
     batch = runs_at([T0 + timedelta(hours=4 * k) for k in range(6 * 20)])
     engines = [backend.engine(), twin.engine()]
@@ -336,7 +302,7 @@ async def test_a_retired_series_whose_last_days_are_rows_decodes_no_chunk_for_it
             await save(repository, batch)
             await repository.rollup(now)
             await repository.refresh_overview_summary(now)
-        done = await compacted.compact(now, cold_after_days=3, keep_runs=30, lookback_s=86400.0)
+        done = await compacted.compact(now, cold_after_days=3, keep_runs=24)
         assert done.series_days > 0
         decoded: list[int] = []
         real = cold.decode_chunk
@@ -353,55 +319,6 @@ async def test_a_retired_series_whose_last_days_are_rows_decodes_no_chunk_for_it
     finally:
         for engine in engines:
             await engine.dispose()
-
-
-# ---------------------------------------------------------------- auto's cost with many series
-
-
-async def test_auto_looks_each_series_reach_up_a_hundred_series_a_statement(backend: Backend) -> None:
-    """Every housekeeping pass looks up the reach of every series with a candidate day (at steady state, every
-    series: its days between the floor and its detection's reach). A statement each took 13-20 s a pass at
-    5,000 series on PostgreSQL (each planned over every day partition: plan_cache_mode force_custom_plan) and 5-7 s
-    on SQLite; a hundred a statement, 1 s and 0.2 s. 150 hourly series and 150 every 4 hours over 14 days: the
-    hourly ones' first two days go, the others' none (their 61st newest run is 10 days old)."""
-    engine = backend.engine()
-    try:
-        statements: list[str] = []
-        async with engine.begin() as connection:
-            await connection.execute(
-                sa.text(
-                    "INSERT INTO series (target, provider, model, prompt, location) VALUES (:t, 'p', 'm', 's', 'l')"
-                ),
-                [{"t": f"t{k:03d}"} for k in range(300)],
-            )
-            ids = list(await connection.scalars(sa.text("SELECT id FROM series ORDER BY target")))
-            day0 = cold.day_of(T0)
-            rows = []
-            for index, series_id in enumerate(ids):
-                every = 1 if index % 2 == 0 else 4
-                for hour in range(0, 14 * 24, every):
-                    at = day0 + timedelta(hours=hour, minutes=7)
-                    rows.append({
-                        "id": uuid.uuid4(), "series_id": series_id, "job": "probe", "api": "openai-chat",
-                        "intended_at": at, "started_at": at + timedelta(seconds=1),
-                        "finished_at": at + timedelta(seconds=3), "rounds": 1, "warmup": 0, "ok": 1, "errors": 0,
-                        "ttft_p50_ms": 300.0,
-                    })  # fmt: skip
-            await connection.execute(RUNS.insert(), rows)
-
-        def count(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-            statements.append(statement)
-
-        sa.event.listen(engine.sync_engine, "before_cursor_execute", count)
-        done = await Repository(engine).compact(
-            day0 + timedelta(days=14, minutes=30), cold_after_days=8, keep_runs=61, lookback_s=782400.0
-        )
-        sa.event.remove(engine.sync_engine, "before_cursor_execute", count)
-        assert done.series_days == 150 * 2
-        lookups = [statement for statement in statements if "OFFSET" in statement.upper()]
-        assert len(lookups) <= 3, len(lookups)
-    finally:
-        await engine.dispose()
 
 
 # ---------------------------------------------------------------- a reload's retention and policy

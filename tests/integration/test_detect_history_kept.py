@@ -19,7 +19,7 @@ from monitor.config.models import Config
 from monitor.detect.service import DetectionService
 from monitor.store.engine import create_engine
 from monitor.store.models import DetectorStateRow, IncidentRow, RunRow
-from monitor.store.repository import Repository
+from monitor.store.repository import HistoryRead, Repository
 from tests.support.detection import config, outage, service_on, tick
 from tests.support.store_fixtures import Backend
 
@@ -142,7 +142,7 @@ class _HeldRepository(Repository):
         self.release = asyncio.Event()
         self.hold = False
 
-    async def history_rows(self, *args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+    async def history_rows(self, *args: Any, **kwargs: Any) -> HistoryRead:
         rows = await super().history_rows(*args, **kwargs)
         if self.hold:
             self.hold = False

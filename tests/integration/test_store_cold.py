@@ -277,10 +277,10 @@ async def chunk_days(engine: AsyncEngine) -> dict[str, list[int]]:
         return {target: sorted(days) for target, days in found.items()}
 
 
-async def test_auto_compacts_each_series_only_past_what_its_own_detection_reads(backend: Backend) -> None:
+async def test_auto_compacts_each_series_only_past_its_newest_runs(backend: Backend) -> None:
     """`cold_after_days: auto`: a series probed every hour and one probed every 12 hours (another location's
-    slow job this daemon's config does not know) over 12 days; each keeps its newest `keep_runs` runs and
-    `lookback_s` before them as rows, on top of the floor of `cold_after_days`."""
+    slow job this daemon's config does not know) over 12 days; each keeps its newest `keep_runs` runs as rows,
+    on top of the floor of `cold_after_days`."""
     engine = backend.engine()
     try:
         repository = Repository(engine)
@@ -294,13 +294,12 @@ async def test_auto_compacts_each_series_only_past_what_its_own_detection_reads(
         now = DAY0 + timedelta(days=12, hours=6)
         await repository.rollup(now)
         before = await readings(repository)
-        # The hourly series' 10th newest run started 9 h before its last (day 11, 23:00 + 9 min): 1 day of
-        # lookback before it reaches into day 10, so days 0-9 may go; the floor (3 days before now: day 9, 06:00)
-        # keeps day 9 and after. The 12-hourly series' 10th newest started on day 7 at 9:00 (day 11 21:00 less
-        # 4.5 days): a day before it, day 6 09:00, so days 0-5 go.
-        done = await repository.compact(now, cold_after_days=3, keep_runs=10, lookback_s=86400.0)
-        assert await chunk_days(engine) == {"qwen3-8b": list(range(9)), "gpt-4o-mini": list(range(6))}
-        assert done.series_days == 9 + 6
+        # The hourly series' 10th newest run started 9 h before its last (day 11, 14:09), so days 0-10 may go; the
+        # floor (3 days before now: day 9, 06:00) keeps day 9 and after. The 12-hourly series' 10th newest started
+        # on day 7 at 9:00 (day 11 21:00 less 4.5 days), so days 0-6 go.
+        done = await repository.compact(now, cold_after_days=3, keep_runs=10)
+        assert await chunk_days(engine) == {"qwen3-8b": list(range(9)), "gpt-4o-mini": list(range(7))}
+        assert done.series_days == 9 + 7
         assert await readings(repository) == before
         # A series with fewer runs as rows than it keeps loses none of them: `keep_runs` past what any has.
         again = await repository.compact(now + timedelta(days=30), cold_after_days=3, keep_runs=10_000)

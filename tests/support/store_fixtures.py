@@ -163,6 +163,22 @@ async def backend(
         await postgres_server.drop(url)
 
 
+@pytest.fixture
+async def twin(backend: Backend, tmp_path: Path, postgres_server: PostgresServer | None) -> AsyncIterator[Backend]:
+    """A second database of the test's backend, migrated: one never compacted, say, to compare with."""
+    if backend.name == "sqlite":
+        path = Path(make_url(backend.url).database or "")
+        shutil.copyfile(path, tmp_path / "twin.db")
+        yield Backend("sqlite", f"sqlite+aiosqlite:///{tmp_path / 'twin.db'}")
+        return
+    assert postgres_server is not None
+    url = await postgres_server.create()
+    try:
+        yield Backend("postgres", url)
+    finally:
+        await postgres_server.drop(url)
+
+
 @pytest.fixture(params=BACKENDS)
 async def empty_backend(
     request: pytest.FixtureRequest, tmp_path: Path, postgres_server: PostgresServer | None

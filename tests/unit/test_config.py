@@ -595,33 +595,27 @@ def test_metrics_per_series_names_the_modes_for_anything_else() -> None:
 # ---------------------------------------------------------------- the cold tier's cutoff
 
 
-def test_the_cold_tier_is_auto_unless_set_and_its_least_cutoff_leaves_detection_its_history() -> None:
-    # The hourly job's detector reads 61 runs back, and the seasonal baselines 8 days before them: 10.6 days.
+def test_the_cold_tier_is_auto_unless_set_and_its_least_cutoff_is_what_reads_rows_only() -> None:
+    # Detection reads its history (10.6 days for the hourly job) from chunks too: it sets no cutoff. What reads
+    # rows only is check-config's token history (2 days) and the cost view's day: 3 days.
     config = load_config(write(base()), environ={})
     assert config.database.retention.cold_after_days == "auto"
-    assert config.cold_minimum() == (11, "detection's history of jobs.slow (runs 60 min apart)")
-    only_fast = base(jobs=[BASE["jobs"][0]])
-    assert load_config(write(only_fast), environ={}).cold_minimum()[0] == 9
+    assert config.cold_minimum() == (3, "check-config's token history (2 days) and the cost view's day")
+    # And each series' newest runs, as many as the detector learns from (the overview's note counts them).
+    assert config.cold_policy() == ColdPolicy(after_days=3, keep_runs=Rules().min_history_runs)
     on = base(jobs=[BASE["jobs"][0]], database={"retention": {"cold_after_days": 9}})
     assert load_config(write(on), environ={}).cold_policy() == ColdPolicy(after_days=9)
 
 
-def test_auto_keeps_this_configs_minimum_and_each_series_detection_history_on_top() -> None:
-    # Auto keeps what this config's jobs read as rows (Config.cold_minimum), and does not trust them to be every
-    # job writing to the database (other locations' replicas): each series also keeps its newest
-    # history_runs + 1 runs and detection's lookback before them, plus a day.
-    rules = Rules()
-    policy = load_config(write(base()), environ={}).cold_policy()
-    # At least what this config's jobs read (jobs.slow, hourly: 11 days), each series' own reach on top.
-    assert policy == ColdPolicy(
-        after_days=11, keep_runs=rules.history_runs + 1, lookback_s=rules.history_reach_s(0.0) + 86400.0
-    )
+def test_auto_keeps_the_burn_rates_longest_window_and_a_day_as_rows() -> None:
+    # The burn rates count samples in SQL over their longest window, back from the run a batch holds: a batch
+    # the spool replays late reaches a day further.
     burn = base(jobs=[BASE["jobs"][0]], database={"retention": {"raw_days": 40}}, detection={"slo_burn": {"windows": [
         {"severity": "ticket", "burn_rate": 1.0, "long_window_minutes": 14400, "short_window_minutes": 360}
     ]}})  # fmt: skip
     burn["targets"]["qwen3-8b"]["slo"] = {"ttft_ms": 800}
     longer = load_config(write(burn), environ={}).cold_policy()
-    assert longer is not None and longer.after_days == 10
+    assert longer == ColdPolicy(after_days=11, keep_runs=Rules().min_history_runs)
 
 
 @pytest.mark.parametrize(
@@ -630,7 +624,7 @@ def test_auto_keeps_this_configs_minimum_and_each_series_detection_history_on_to
         ({"cold_after_days": "off"}, None),
         ({"cold_after_days": None}, None),
         ({"cold_after_days": 12, "raw_days": 12}, None),  # every day is dropped before it could be compacted
-        ({"raw_days": 8}, None),  # auto with nothing past its floor
+        ({"raw_days": 3}, None),  # auto with nothing past its floor
         ({"cold_after_days": 12}, ColdPolicy(after_days=12)),
     ],
 )
@@ -656,18 +650,18 @@ def test_a_bare_yaml_off_and_days_from_the_environment_are_read_as_written() -> 
     assert config.database.retention.cold_after_days == "off" and config.cold_policy() is None
 
 
-def test_a_cold_tier_cutoff_that_would_starve_detection_is_refused_naming_the_fix() -> None:
-    data = base(database={"retention": {"cold_after_days": 10}})
+def test_a_cold_tier_cutoff_that_would_starve_a_rows_only_reader_is_refused_naming_the_fix() -> None:
+    data = base(database={"retention": {"cold_after_days": 2}})
     assert problems(data) == [
-        "config.yaml: database.retention.cold_after_days (10) would compact runs that detection's history of "
-        "jobs.slow (runs 60 min apart) still reads as rows (11 days back): raise it to at least 11, or set it to "
-        "auto (the default: each series after what its own detection reads) or off"
+        "config.yaml: database.retention.cold_after_days (2) would compact runs still read as rows (3 days back) "
+        "by check-config's token history (2 days) and the cost view's day: raise it to at least 3, or set it to "
+        "auto (the default) or off"
     ]
     assert (
         load_config(
-            write(base(database={"retention": {"cold_after_days": 12}})), environ={}
+            write(base(database={"retention": {"cold_after_days": 3}})), environ={}
         ).database.retention.cold_after_days
-        == 12
+        == 3
     )
 
 
@@ -677,7 +671,7 @@ def test_the_burn_rates_longest_window_is_kept_as_rows_too() -> None:
     ]}})  # fmt: skip
     data["targets"]["qwen3-8b"]["slo"] = {"ttft_ms": 800}
     config = load_config(write(data), environ={})
-    assert config.cold_minimum() == (10, "detection.slo_burn's longest window")
+    assert config.cold_minimum() == (11, "detection.slo_burn's longest window and a day")
 
 
 def test_the_detectors_history_reach_is_what_it_reads() -> None:
@@ -693,7 +687,11 @@ def test_the_detectors_history_reach_is_what_it_reads() -> None:
             assert reach.total_seconds() == pytest.approx(rules.history_reach_s(interval.total_seconds()))
 
 
-def test_the_cold_tier_never_takes_the_week_check_config_projects_costs_from() -> None:
+def test_the_cold_tier_never_takes_the_days_check_config_projects_costs_from() -> None:
+    from monitor.commands.check_config import HISTORY_DAYS
+    from monitor.config.models import COLD_FLOOR_DAYS
+
     data = base(jobs=[BASE["jobs"][0]], detection={"seasonal_days": 0})
     config = load_config(write(data), environ={})
-    assert config.cold_minimum() == (8, "check-config's token history (7 days) and the cost view's day")
+    assert config.cold_minimum() == (3, "check-config's token history (2 days) and the cost view's day")
+    assert COLD_FLOOR_DAYS > HISTORY_DAYS  # whole days compacted: the floor's day more covers the window's start

@@ -206,6 +206,27 @@ def test_span_counts_the_runs_kept_and_forgetting_moves_where_it_is_complete_fro
     assert history.last == rows[-1][0]
 
 
+def test_span_counts_only_the_runs_read_as_rows_what_the_rows_hold_of_them() -> None:
+    # The first 20 runs came from cold chunks, then a late row among them (a spool's replay into a compacted day),
+    # then rows: the rows hold 30 + 1 of the kept runs, and the span says so, first and last of those.
+    rows = _rows(5, 50)
+    history = SeriesHistory(T0)
+    from_chunks = [index < 20 and index != 7 for index in range(50)]
+    history.extend(rows, from_chunks)
+    assert history.span(rows[0][0], rows[-1][0]) == Span(31, rows[7][0], rows[-1][0])
+    assert history.span(rows[8][0], rows[-1][0]) == Span(30, rows[20][0], rows[-1][0])
+    assert history.span(rows[0][0], rows[6][0]) == Span(0, None, None)  # only chunks' runs there
+    assert history.span(rows[10][0], rows[25][0]) == Span(6, rows[20][0], rows[25][0])
+    history.forget_before(rows[8][0])  # the flags go with their runs
+    assert history.span(rows[0][0], rows[-1][0]) == Span(30, rows[20][0], rows[-1][0])
+    history.extend([_row(rows[-1][0] + timedelta(minutes=5), 90.0)])  # a new run: a row
+    assert history.span(rows[0][0], rows[-1][0] + timedelta(hours=1)).count == 31
+    # What the detector is given does not depend on where a run came from.
+    plain = SeriesHistory(T0)
+    plain.extend([*rows[8:], _row(rows[-1][0] + timedelta(minutes=5), 90.0)])
+    assert history.points(T0, rows[-1][0] + timedelta(hours=1)) == plain.points(T0, rows[-1][0] + timedelta(hours=1))
+
+
 def test_rows_older_than_the_last_kept_are_refused() -> None:
     history = SeriesHistory(T0)
     history.extend([_row(T0 + timedelta(minutes=5), 100.0)])
@@ -213,12 +234,12 @@ def test_rows_older_than_the_last_kept_are_refused() -> None:
         history.extend([_row(T0, 100.0)])
 
 
-def test_a_run_costs_forty_bytes_kept_and_each_distinct_label_is_counted() -> None:
+def test_a_run_costs_forty_one_bytes_kept_and_each_distinct_label_is_counted() -> None:
     history = SeriesHistory(T0)
     history.extend(_rows(4, 2400))
     labels = 1 + 2 + 2  # none; the two builds with their canary; the two error classes of failed runs
     per_run = (history.nbytes() - ENTRY_OVERHEAD_BYTES - LABEL_BYTES * labels) / 2400
-    assert per_run == 8 + 8 + 8 + 3 * 4 + 4  # start, TTFT, residual, three counts, labels
+    assert per_run == 8 + 8 + 8 + 3 * 4 + 4 + 1  # start, TTFT, residual, three counts, labels, from a chunk
 
 
 class _Clock:
