@@ -36,12 +36,15 @@ import sqlalchemy as sa
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.storage import make_series, postgres_scratch, timings, write_ticks
+from monitor.detect.rules import Rules
 from monitor.store import migrate
 from monitor.store.engine import create_engine, display_url
 from monitor.store.repository import Repository
 from monitor.web import queries
 
 HOT_BYTES_TODAY = 315  # bytes a sample as rows on PostgreSQL (docs/storage.md, "Where a sample's bytes go")
+# How far back detection reads for a 5-minute run with the default rules (Rules().history_reach_s(300)).
+DETECTION_REACH = timedelta(seconds=Rules().history_reach_s(300.0))
 
 
 async def store_size(engine: Any, backend: str, path: Path | None) -> tuple[int, int]:
@@ -132,6 +135,10 @@ async def reads(
         "compare, every series, the compacted days": await timed(
             [lambda: queries.compare(engine, start=start, end=end)] * 3
         ),
+        # What an evaluation reads when it keeps no history (`once`, a restart, a series past the memory budget).
+        "detection's history read afresh (8.3 days)": await timed(
+            [lambda key=key: repository.history_rows(key, data_end - DETECTION_REACH, data_end) for key in picks]
+        ),
     }
 
 
@@ -188,10 +195,10 @@ async def bench(backend: str, url: str, args: argparse.Namespace, path: Path | N
     hot_bytes = (total - cold) / hot_samples if hot_samples else float("nan")
     print(f"   rows left: {hot_bytes:,.0f} bytes a sample (the {args.cold_after_days} newest days)")
     for retention in (30, 90):
-        hot = args.cold_after_days
+        hot = args.cold_after_days + 0.5  # the whole days kept, and today's part of a day on average
         mixed = (hot * HOT_BYTES_TODAY + (retention - hot) * cold / cold_samples) / retention
         print(
-            f"   over {retention} days of retention, {hot} of them rows at {HOT_BYTES_TODAY} B: "
+            f"   over {retention} days of retention, {hot:g} of them rows at {HOT_BYTES_TODAY} B: "
             f"{mixed:,.0f} bytes a sample"
         )
     after = await reads(repository, picks, ids, cold_start, cold_end, end)
@@ -207,7 +214,7 @@ async def main() -> int:
     parser.add_argument("--series", type=int, default=100)
     parser.add_argument("--days", type=int, default=20)
     parser.add_argument("--interval-minutes", type=float, default=30)
-    parser.add_argument("--cold-after-days", type=int, default=9)
+    parser.add_argument("--cold-after-days", type=int, default=3, help="3: what auto compacts since 2026-12-07")
     parser.add_argument("--queries", type=int, default=10, help="random series each read is timed on")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument(

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Integer, and_, delete, func, null, or_, select, text, type_coerce
@@ -441,6 +442,64 @@ async def read_runs(
     for members in out_samples.values():
         members.sort(key=lambda sample: sample["round"])
     return Read(out_runs, out_samples, from_chunks)
+
+
+async def history_runs(
+    connection: AsyncConnection,
+    series_id: int,
+    rows: Sequence[Sequence[Any]],
+    start: datetime,
+    end: datetime,
+    keys: Sequence[str],
+) -> tuple[list[tuple[Any, ...]], list[bool]]:
+    """`rows`, the series' runs started in [start, end) as rows (the columns of `keys`, `started_at` first, oldest
+    first; read before this call), with the runs its chunks hold in that range, oldest first, and for each whether
+    it came from a chunk: what `read_runs` gives of those columns, without a Python object for each run's id or
+    a dict for each row (detection reads a week and more of each series' runs this way, on every evaluation that
+    keeps no history). A row of a run a chunk holds (a compaction that committed after the rows were read: the
+    same start) is read once; a row of a tick a chunk holds another run of (a replica's late second run) is left
+    out, as `read_runs` leaves it."""
+    chunk_rows = await chunks_touching(connection, [series_id], start, end, samples=False)
+    pick = itemgetter(*keys)
+    wanted = {*keys, "job", "intended_at"}
+    from_chunks: list[tuple[Any, ...]] = []
+    chunk_starts: set[datetime] = set()
+    held: dict[tuple[str, datetime], datetime] = {}  # each tick a chunk holds: its run's start
+
+    def hold(runs: Iterable[Mapping[str, Any]]) -> None:
+        for run in runs:
+            if run["job"] != ADHOC_JOB:
+                held[run["job"], run["intended_at"]] = run["started_at"]
+
+    for chunk in chunk_rows:
+        runs, _ = decode_chunk(chunk.layout, chunk.runs_chunk, None, run_keys=wanted)
+        hold(runs)
+        for run in runs:
+            if start <= run["started_at"] < end:
+                from_chunks.append(pick(run))
+                chunk_starts.add(run["started_at"])
+    # The rows that may repeat a chunk's tick: those scheduled on a day a chunk read holds (late runs into a
+    # compacted day), or on the window's first day or the one before (whose chunk may hold no run in the window:
+    # a run starts within a day of its tick). Nearly always none.
+    decoded = {day_of(chunk.day) for chunk in chunk_rows}
+    before = max([day + DAY for day in decoded] + [day_of(start) + DAY])
+    suspects = list(
+        await connection.execute(
+            select(RUNS.c.job, RUNS.c.intended_at, RUNS.c.started_at).where(
+                RUNS.c.series_id == series_id,
+                *_started_in(RUNS.c.started_at, start, end),
+                RUNS.c.intended_at < type_coerce(before, UtcDateTime()),
+            )
+        )
+    )
+    if suspects:
+        found = [{"series_id": series_id, "job": j, "intended_at": i, "started_at": t} for j, i, t in suspects]
+        await _hold_other_chunks(connection, found, {(series_id, day) for day in decoded}, hold)
+    left_out = {at for job, intended, at in suspects if (ran := held.get((job, intended))) is not None and ran != at}
+    merged = [(row[0], False, tuple(row)) for row in rows if row[0] not in chunk_starts and row[0] not in left_out]
+    merged += [(run[0], True, run) for run in from_chunks]
+    merged.sort(key=itemgetter(0))
+    return [run for _, _, run in merged], [chunked for _, chunked, _ in merged]
 
 
 async def compactable(

@@ -64,9 +64,10 @@ class OverviewHours:
     def at(cls, now: datetime) -> OverviewHours:
         current = floor_hour(now)
         day, week, month = (now - span for span in WINDOWS)
-        # The month starts at the top of its first hour: its rollup holds that hour whole, so no runs are read
-        # at its start, where they are in the cold tier's chunks (a chunk a series on every call otherwise).
-        windows = (day, week, floor_hour(month))
+        # The week and the month start at the top of their first hour: its rollup holds that hour whole, so no
+        # runs are read at their start, where they are in the cold tier's chunks (a chunk a series on every call
+        # otherwise: the cold tier takes every day past 3). The day's start is exact (its runs are rows).
+        windows = (day, floor_hour(week), floor_hour(month))
         return cls(now, windows, current, current - timedelta(hours=SPARK_HOURS - 1))
 
     def key(self) -> tuple[datetime, tuple[datetime, ...]]:
@@ -112,6 +113,11 @@ async def pending_hours(
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _moment(value: datetime | str) -> datetime:
+    # max() of a timestamp comes back from SQLite as text, without the column's type.
+    return _aware(datetime.fromisoformat(value) if isinstance(value, str) else value)
 
 
 def _cast_to_int(value: Any) -> Any:
@@ -236,9 +242,13 @@ async def last_runs(
     )
     found = {series_id: (at, ok) for series_id, at, ok in rows}
     # A series whose last run in the month is kept in the cold tier (it has not run for days): its newest chunk,
-    # read with the rows after it (monitor/store/cold.py).
+    # read with the rows after it (monitor/store/cold.py). Only where a chunk ends after the newest row: every
+    # series that ran in the last 3 days has its last run as a row, and reading its chunk and days of rows after
+    # it cost the summary a read per series.
     newest = await connection.execute(
-        select(COLD_CHUNKS.c.series_id, func.max(COLD_CHUNKS.c.first_started_at))
+        select(
+            COLD_CHUNKS.c.series_id, func.max(COLD_CHUNKS.c.first_started_at), func.max(COLD_CHUNKS.c.last_started_at)
+        )
         .where(
             COLD_CHUNKS.c.last_started_at >= type_coerce(month, UtcDateTime()),
             COLD_CHUNKS.c.first_started_at < type_coerce(now, UtcDateTime()),
@@ -246,9 +256,11 @@ async def last_runs(
         )
         .group_by(COLD_CHUNKS.c.series_id)
     )
-    for series_id, since in list(newest):
-        # max() of a timestamp comes back from SQLite as text, without the column's type.
-        first = _aware(datetime.fromisoformat(since) if isinstance(since, str) else since)
+    for series_id, since, until in list(newest):
+        row_at = found.get(series_id, (None, None))[0]
+        if row_at is not None and _moment(row_at) > _moment(until):
+            continue  # its newest row is newer than every run of its chunks
+        first = _moment(since)
         read = await cold.read_runs(connection, [series_id], max(first, month), now, samples=False, run_keys=("ok",))
         if read.runs:
             newest_run = read.runs[-1]

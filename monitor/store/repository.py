@@ -800,11 +800,7 @@ class Repository:
         series_id = await self._series_id(connection, series)
         if series_id is None or not await cold.any_chunk(connection, [series_id], start, end):
             return HistoryRead([tuple(row) for row in rows], None)
-        read = await cold.read_runs(connection, [series_id], start, end, samples=False, run_keys=_HISTORY_KEYS)
-        return HistoryRead(
-            [tuple(run[key] for key in _HISTORY_KEYS) for run in read.runs],
-            [run["id"] in read.from_chunks for run in read.runs],
-        )
+        return HistoryRead(*await cold.history_runs(connection, series_id, rows, start, end, _HISTORY_KEYS))
 
     async def history_since_span(
         self,

@@ -27,7 +27,7 @@ from monitor.detect.service import DetectionService
 from monitor.detect.state import RunPoint, SeriesState
 from monitor.probe.result import ErrorClass
 from monitor.schedule import maintenance
-from monitor.store import cold, migrate
+from monitor.store import cold, migrate, overview_summary
 from monitor.store.models import DETECTOR_STATE
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.repository import Repository
@@ -282,6 +282,50 @@ async def test_a_series_back_with_a_burst_after_its_days_were_compacted_keeps_it
             "failing": "first hour: from 09:31 UTC",
         }
         assert shown == expected
+    finally:
+        for engine in engines:
+            await engine.dispose()
+
+
+async def test_the_live_overview_of_a_store_compacted_past_3_days_decodes_no_chunk(
+    backend: Backend, twin: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Auto compacts every day past 3: the week's start fell in a compacted day, and the overview read its part
+    hour through the chunks, a chunk decoded a series on every call (10 -> 43 ms p50 for 20 series at
+    bench/cold.py's scale). The week starts at the top of its first hour, as the month does: its rollup holds it."""
+    end = T0 + timedelta(days=10)
+    batch = runs_at([T0 + timedelta(minutes=5 * k) for k in range(10 * 288)])
+    now = end + timedelta(minutes=20, seconds=17)
+    engines = [backend.engine(), twin.engine()]
+    try:
+        compacted, rows = (Repository(engine) for engine in engines)
+        for repository in (compacted, rows):
+            await save(repository, batch)
+            await repository.rollup(end + timedelta(seconds=30))
+            await repository.refresh_overview_summary(end + timedelta(seconds=30))
+        assert (await compacted.compact(end, cold_after_days=3, keep_runs=24)).series_days == 7
+        decoded: list[int] = []
+        real = cold.decode_chunk
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            decoded.append(1)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(cold, "decode_chunk", counting)
+        shown = await queries.overview(compacted.engine, now=now)
+        assert decoded == []
+        assert shown == await queries.overview(rows.engine, now=now)
+        assert shown[0]["availability_7d"] is not None
+        # Three hours later, the series quiet since: its last run is looked up (overview_summary.last_runs), by
+        # housekeeping's summary too. It is a row, newer than every chunk: none is read (each series' newest
+        # chunk and the days of rows after it were, on every call).
+        later = end + timedelta(hours=3)
+        async with compacted.engine.begin() as connection:
+            await overview_summary.refresh(connection, later)
+        shown = await queries.overview(compacted.engine, now=later + timedelta(minutes=5))
+        assert decoded == []
+        assert shown == await queries.overview(rows.engine, now=later + timedelta(minutes=5))
+        assert shown[0]["last_run_at"] is not None
     finally:
         for engine in engines:
             await engine.dispose()

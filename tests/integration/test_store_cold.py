@@ -69,6 +69,9 @@ async def readings(repository: Repository) -> dict[str, Any]:
         out[f"last {name}"] = await repository.last_runs(series, 5)
         out[f"last many {name}"] = await repository.last_runs(series, 40)
         out[f"hourly {name}"] = await repository.hourly_percentiles(series, *EVERYTHING)
+        out[f"history {name}"] = (await repository.history_rows(series, *EVERYTHING)).rows
+        part = (T0 + timedelta(hours=20), T0 + timedelta(hours=50))
+        out[f"history part {name}"] = (await repository.history_rows(series, *part)).rows
     return out
 
 
@@ -144,6 +147,10 @@ async def test_a_late_run_of_a_compacted_day_is_read_beside_its_chunk_and_folded
     with_late = await repository.load_runs(QWEN_SHORT, hour, hour + timedelta(hours=1))
     assert [run.run_id for run, _ in with_late] == [run.run_id for run, _ in expected]
     assert held in [run for run, _ in with_late] and second[0][0].run_id not in {run.run_id for run, _ in with_late}
+    # Detection's history reads them so too: the late run beside the chunk's, not the replica's second run.
+    history = await repository.history_rows(QWEN_SHORT, hour, hour + timedelta(hours=1))
+    assert [row[0] for row in history.rows] == [run.started_at for run, _ in with_late]
+    assert history.from_chunks == [run.run_id != late[0][0].run_id for run, _ in with_late]
     # The hour's rollup is made again from the chunk and the late run: as if every sample were rows.
     assert await repository.rollup(NOW) == 1
     [again] = await repository.rollups_between(QWEN_SHORT, hour, hour + timedelta(hours=1))
@@ -326,6 +333,7 @@ async def test_a_replicas_late_run_of_a_held_tick_is_left_out_even_where_its_chu
     window = (held.started_at + timedelta(minutes=30), held.started_at + timedelta(minutes=50))
     assert await repository.runs_between(QWEN_SHORT, *window) == []
     assert await repository.load_runs(QWEN_SHORT, *window) == []
+    assert (await repository.history_rows(QWEN_SHORT, *window)).rows == []
     assert await repository.last_runs(QWEN_SHORT, 200) == [*(await repository.last_runs(QWEN_SHORT, 200))]
     await repository.rollup(NOW)  # its hour was marked for a new rollup; compaction waits for it
     folded = await repository.compact(NOW, cold_after_days=COLD_AFTER_DAYS)
