@@ -194,11 +194,13 @@ async def bench(backend: str, url: str, args: argparse.Namespace, path: Path | N
     )
     hot_bytes = (total - cold) / hot_samples if hot_samples else float("nan")
     print(f"   rows left: {hot_bytes:,.0f} bytes a sample (the {args.cold_after_days} newest days)")
+    # The rows' bytes as measured here (this run's newest days), else as docs/storage.md measured them.
+    row_bytes = hot_bytes if hot_samples else HOT_BYTES_TODAY
     for retention in (30, 90):
         hot = args.cold_after_days + 0.5  # the whole days kept, and today's part of a day on average
-        mixed = (hot * HOT_BYTES_TODAY + (retention - hot) * cold / cold_samples) / retention
+        mixed = (hot * row_bytes + (retention - hot) * cold / cold_samples) / retention
         print(
-            f"   over {retention} days of retention, {hot:g} of them rows at {HOT_BYTES_TODAY} B: "
+            f"   over {retention} days of retention, {hot:g} of them rows at {row_bytes:,.0f} B: "
             f"{mixed:,.0f} bytes a sample"
         )
     after = await reads(repository, picks, ids, cold_start, cold_end, end)

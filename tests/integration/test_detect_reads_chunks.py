@@ -140,8 +140,10 @@ async def test_a_compaction_committing_between_the_rows_and_the_chunks_read_lose
         await other.dispose()
     assert moved == [288]
     assert read.rows == whole.rows and len(read.rows) == 4 * 288
-    assert again.rows == whole.rows and again.from_chunks is not None and sum(again.from_chunks) == 288 * (
-        2 if between == "chunks_touching" else 1
+    assert (
+        again.rows == whole.rows
+        and again.from_chunks is not None
+        and sum(again.from_chunks) == 288 * (2 if between == "chunks_touching" else 1)
     )
     if backend.name == "postgres" and when == "before":  # it saw the compaction
         assert read.from_chunks is not None and sum(read.from_chunks) == sum(again.from_chunks)
