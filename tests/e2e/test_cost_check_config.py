@@ -82,6 +82,6 @@ def test_once_history_exists_the_projection_uses_the_output_and_reasoning_seen_p
     # 144 runs x 6 requests (5 rounds + 1 warm-up) x 40 reasoning and x 24 output a day.
     assert "output 20,736, reasoning 34,560)" in result.stdout, str(result)
     assert "(seen in 3 samples)" in result.stdout, str(result)
-    assert "history: 3 samples of 1 target x prompt pairs over the last 7 days" in result.stdout, str(result)
+    assert "history: 3 samples of 1 target x prompt pairs over the last 2 days" in result.stdout, str(result)
     unread = run_cli("check-config", "--config", str(path), "--no-history")
     assert "(from max_tokens)" in unread.stdout and "history:" not in unread.stdout, str(unread)
