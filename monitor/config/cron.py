@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import copy
 import difflib
-import itertools
 import re
 import zoneinfo
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from apscheduler.triggers.cron import CronTrigger
 
@@ -89,34 +88,6 @@ def next_fire_times(trigger: CronTrigger, now: datetime, n: int) -> list[datetim
         times.append(fire_time)
         previous = fire_time
     return times
-
-
-def longest_gap(trigger: CronTrigger, start: datetime, *, span: timedelta = timedelta(days=8)) -> timedelta | None:
-    """The longest time between two consecutive nominal fires of `trigger` in the `span` after `start` (a week
-    and a day: a cron schedule repeats weekly, bar its days of the month), without stepping through each fire (a
-    week of a 1-minute job is 10,080): the first 12 fires' gaps, and each gap over an hour boundary, from the
-    fires of the hour before it. A gap no hour boundary falls strictly inside, and not among the first 12 fires,
-    is missed (under an hour, and only where the hours' patterns differ)."""
-    if start.tzinfo is None:
-        raise ValueError("start must be timezone-aware, e.g. datetime.now(UTC)")
-    nominal = copy.copy(trigger)
-    nominal.jitter = None
-    gaps = [later - earlier for earlier, later in itertools.pairwise(next_fire_times(nominal, start, 12))]
-    hour = start.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
-    while hour < start + span:
-        after = nominal.get_next_fire_time(None, hour)
-        if after is None:
-            break
-        if after > hour:  # a gap spans this hour's start: from the last fire in the hour before, if any
-            last = None
-            fire = nominal.get_next_fire_time(None, hour - timedelta(hours=1))
-            while fire is not None and fire < hour:
-                last = fire
-                fire = nominal.get_next_fire_time(fire, fire + timedelta(microseconds=1))
-            if last is not None:
-                gaps.append(after - last)
-        hour += timedelta(hours=1)
-    return max(gaps, default=None)
 
 
 def split_cron_fields(expr: str) -> list[str]:

@@ -230,7 +230,7 @@ class Rules:
     def history_reach_s(self, interval_s: float) -> float:
         """How far before a run the detector reads the runs before it, for runs every `interval_s` seconds
         (`Detector.history_since`: `history_runs` runs, and the level and seasonal baselines' lookback; a test
-        keeps the two equal). What the cold tier must leave as rows (database.retention.cold_after_days)."""
+        keeps the two equal): what an evaluation that keeps no history reads (bench/cold.py times it)."""
         lookback = 0.0
         if self.seasonal_days:
             lookback = self.level_hours * 3600.0 + self.seasonal_days * 86400.0 + self.seasonal_window_minutes * 60.0
