@@ -41,7 +41,7 @@ from monitor.detect.burn import (
 from monitor.logging import error_text
 from monitor.probe.result import Sample
 from monitor.store.engine import write_transaction
-from monitor.store.models import SAMPLES_OF_RUN, SERIES, IncidentRow, RunRow, SampleRow, SeriesRow
+from monitor.store.models import COLD_CHUNKS, SAMPLES_OF_RUN, SERIES, IncidentRow, RunRow, SampleRow, SeriesRow
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.statements import SERIES_COLUMNS, find_series_id, upsert_insert
 
@@ -87,6 +87,27 @@ async def count_windows(
     return {w: WindowCount(w, int(row[2 * i]), int(row[2 * i + 1])) for i, w in enumerate(windows)}
 
 
+async def window_in_chunks(
+    connection: AsyncConnection, *, target: str, location: str, now: datetime, policy: BurnPolicy
+) -> bool:
+    """Whether a cold chunk holds a run of the target at the location inside its longest window before `now`:
+    the windows are counted in SQL over rows only, so such a window would be counted short. The cold tier
+    leaves the longest window and a day as rows (`Config.cold_minimum`); a batch evaluated at its own time
+    more than that day late (a spool drained after a long outage) reaches further."""
+    found = await connection.scalar(
+        select(COLD_CHUNKS.c.series_id)
+        .join(SeriesRow, SeriesRow.id == COLD_CHUNKS.c.series_id)
+        .where(
+            SeriesRow.target == target,
+            SeriesRow.location == location,
+            COLD_CHUNKS.c.last_started_at > _aware(now.timestamp() - policy.windows()[0]),
+            COLD_CHUNKS.c.first_started_at <= now,
+        )
+        .limit(1)
+    )
+    return found is not None
+
+
 def _aware(stamp: float) -> datetime:
     return datetime.fromtimestamp(stamp, UTC)
 
@@ -129,9 +150,10 @@ class BurnService:
                     error=error_text(exc),
                 )
 
-    async def evaluate(self, job: str, series: SeriesKey, now: datetime, policy: BurnPolicy) -> Verdict:
+    async def evaluate(self, job: str, series: SeriesKey, now: datetime, policy: BurnPolicy) -> Verdict | None:
         """Evaluate the target of `series` at `now`; another writer opening the same incident first
-        (the unique open-incident index) makes it read again and evaluate afresh."""
+        (the unique open-incident index) makes it read again and evaluate afresh. None: not evaluated (its
+        windows reach the cold tier: `window_in_chunks`)."""
         for attempt in range(WRITE_ATTEMPTS):
             try:
                 return await self._evaluate_once(job, series, now, policy)
@@ -140,10 +162,22 @@ class BurnService:
                     raise
         raise AssertionError("unreachable")
 
-    async def _evaluate_once(self, job: str, series: SeriesKey, now: datetime, policy: BurnPolicy) -> Verdict:
+    async def _evaluate_once(self, job: str, series: SeriesKey, now: datetime, policy: BurnPolicy) -> Verdict | None:
         key = target_series(series)
         # Counted before the write transaction, so SQLite's write lock is not held over a 3-day scan.
         async with self._engine.connect() as reading:
+            if await window_in_chunks(reading, target=key.target, location=key.location, now=now, policy=policy):
+                self._log.warning(
+                    "slo_burn_skipped",
+                    job=job,
+                    target=key.target,
+                    location=key.location,
+                    at=now.isoformat(),
+                    reason="the batch ran long enough ago that its burn windows reach days the cold tier keeps as "
+                    "chunks, which burn rates do not count: not evaluated at its own time (the runs stored since "
+                    "count its samples in their own windows)",
+                )
+                return None
             counts = await count_windows(reading, target=key.target, location=key.location, now=now, policy=policy)
         found = evaluate(counts, policy)
         logged: dict[str, Any] | None = None

@@ -169,6 +169,21 @@ class SeriesHistory:
         first, last = self._at[low], self._at[high - 1]
         return Span(count, EPOCH + timedelta(microseconds=first), EPOCH + timedelta(microseconds=last))
 
+    def chunks_still_hold(self, start: datetime, *, oldest_run: datetime | None, newest_run: datetime | None) -> bool:
+        """Whether the cold chunks still hold what this history read of them from `start` on, and nothing after
+        its last run: `oldest_run`, the first run of the series' oldest chunk, is not after the first run kept
+        from a chunk (retention drops the oldest chunks first); `newest_run`, the last run of its newest chunks,
+        is not after the last run kept (a run compacted before it was read, or a run stored late into a
+        compacted day, would never be read as a row after it)."""
+        if newest_run is not None and (not self._at or micros(newest_run) > self._at[-1]):
+            return False
+        low = bisect_left(self._at, micros(start))
+        try:
+            first_cold = self._cold.index(1, low)
+        except ValueError:
+            return True  # none from a chunk
+        return oldest_run is not None and micros(oldest_run) <= self._at[first_cold]
+
     def forget_before(self, start: datetime) -> None:
         """Drop runs started before `start`: no evaluation reads them again."""
         moment = micros(start)

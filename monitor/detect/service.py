@@ -656,12 +656,15 @@ class DetectionService:
         if kept is not None and last is not None and kept.complete_from <= micros(since):
             # Both read on one connection; the new rows are used only if the span still holds.
             span, rows = await self._repository.history_since_span(series, since, last, end, connection=connection)
-            if Span(*span) == kept.span(since, last):
+            if Span(span.rows, span.first, span.last) == kept.span(since, last) and kept.chunks_still_hold(
+                since, oldest_run=span.oldest_chunk_run, newest_run=span.newest_chunk_run
+            ):
                 kept.extend(rows)
                 kept.forget_before(since)
                 self._histories.resized(series)
                 return kept
-            # A run stored late among the kept ones (a spool's replay, another replica's run), or some gone.
+            # A run stored late among the kept ones (a spool's replay, another replica's run), or some gone (to a
+            # chunk, or retention), or a chunk holding runs after the last kept.
             self._log.debug("detection_history_reread", target=series.target, prompt=series.prompt)
             self._histories.forget(series)
         fresh = SeriesHistory(since)

@@ -122,6 +122,19 @@ class HistoryRead:
 
 
 @dataclass(frozen=True, slots=True)
+class HistorySpan:
+    """What the database holds of a series' runs up to a kept history's last one (`history_since_span`): how many
+    started in [start, last] as rows, the first and last of them; the first run of its oldest cold chunk, and the
+    last run of its chunks of the days since the one before `last`'s (None: no such chunk)."""
+
+    rows: int
+    first: datetime | None
+    last: datetime | None
+    oldest_chunk_run: datetime | None
+    newest_chunk_run: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
 class CompactResult:
     """What one compaction pass moved into the cold tier (`Repository.compact`)."""
 
@@ -299,8 +312,32 @@ _HISTORY_COLUMNS = (
 _HISTORY_KEYS = tuple(column.key for column in _HISTORY_COLUMNS)
 HISTORY_FROM = DirectStatement(_series_runs(*_HISTORY_COLUMNS))
 HISTORY_AFTER = DirectStatement(_series_runs(*_HISTORY_COLUMNS, after=True))
+# And of the series' cold chunks (in the same statement: one snapshot, one trip): the first run of the oldest (a
+# chunk retention dropped under a kept history moves it), and the last run of those of the days since `:recent`
+# (a chunk holding a run after the kept history's last: compacted before it was read, or a late one).
+_OLDEST_CHUNK_RUN = (
+    select(COLD_CHUNKS.c.first_started_at)
+    .where(COLD_CHUNKS.c.series_id == bindparam("series_id"))
+    .order_by(COLD_CHUNKS.c.day)
+    .limit(1)
+    .scalar_subquery()
+)
+_NEWEST_CHUNK_RUN = (
+    select(func.max(COLD_CHUNKS.c.last_started_at))
+    .where(
+        COLD_CHUNKS.c.series_id == bindparam("series_id"),
+        COLD_CHUNKS.c.day >= bindparam("recent", type_=UtcDateTime()),
+    )
+    .scalar_subquery()
+)
 RUN_SPAN = DirectStatement(
-    select(func.count(), func.min(RunRow.started_at).label("first"), func.max(RunRow.started_at).label("last")).where(
+    select(
+        func.count(),
+        func.min(RunRow.started_at).label("first"),
+        func.max(RunRow.started_at).label("last"),
+        _OLDEST_CHUNK_RUN.label("oldest_chunk_run"),
+        _NEWEST_CHUNK_RUN.label("newest_chunk_run"),
+    ).where(
         RunRow.series_id == bindparam("series_id"),
         RunRow.started_at >= bindparam("start", type_=UtcDateTime()),
         RunRow.started_at <= bindparam("end", type_=UtcDateTime()),
@@ -810,19 +847,21 @@ class Repository:
         end: datetime,
         *,
         connection: AsyncConnection | None = None,
-    ) -> tuple[tuple[int, datetime | None, datetime | None], list[tuple[Any, ...]]]:
-        """(runs, first start, last start) of `series` started in [start, last], and what `history_rows` reads of
-        those started in (last, end), on one connection (`connection` when given): a detector's kept history
-        checked and brought up to date."""
+    ) -> tuple[HistorySpan, list[tuple[Any, ...]]]:
+        """What the rows and the chunks hold of `series` up to `last` (`HistorySpan`), and what `history_rows` reads
+        of the runs started in (last, end) as rows, on one connection (`connection` when given): a detector's kept
+        history checked and brought up to date."""
         if connection is None:
             async with self._read() as reading:
                 return await self.history_since_span(series, start, last, end, connection=reading)
         # The new rows first: a commit the first statement sees, the second sees too, so a transaction
         # storing runs on both sides of `last` cannot be half seen without the span telling.
         rows = await self._series_rows(series, HISTORY_AFTER, connection=connection, after=last, end=end)
-        span = await self._series_rows(series, RUN_SPAN, connection=connection, start=start, end=last)
-        count, first, newest = span[0] if span else (0, None, None)
-        return (int(count), first, newest), list(rows)
+        span = await self._series_rows(
+            series, RUN_SPAN, connection=connection, start=start, end=last, recent=cold.day_of(last) - cold.DAY
+        )
+        count, first, newest, oldest_chunk, newest_chunk = span[0] if span else (0, None, None, None, None)
+        return HistorySpan(int(count), first, newest, oldest_chunk, newest_chunk), list(rows)
 
     async def load_runs(
         self, series: SeriesKey, start: datetime, end: datetime

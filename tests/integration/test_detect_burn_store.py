@@ -13,6 +13,7 @@ from typing import Any, cast
 
 import pytest
 from sqlalchemy import func, select
+from structlog.testing import capture_logs
 
 from monitor.alert.model import Notification
 from monitor.alert.outbox import Outbox
@@ -309,3 +310,46 @@ async def test_a_burn_incident_resolved_by_hand_reopens_only_once_fresh_probes_s
     firing = [n for n in outbox.sent if n.state == "firing"]
     assert len(firing) == 2, [(n.state, n.since) for n in outbox.sent]
     assert opened_after[26:29] == [1, 1, 2], opened_after  # not at run 27 (its 5 min hold older probes)
+
+
+async def test_a_batch_whose_windows_reach_the_cold_tier_is_not_evaluated_at_its_own_time(backend: Backend) -> None:
+    """The windows are counted in SQL over rows; the cold tier leaves the longest window and a day as rows. A batch
+    evaluated at its own time days late (a spool drained after a long outage) would count its windows short, and
+    with them its burn rates: it is not evaluated, and says so; a batch of now is."""
+    config = Config.model_validate(
+        {
+            "providers": {"vllm": {"base_url": "http://127.0.0.1:1/v1", "api": "openai-chat"}},
+            "targets": {"qwen3-8b": {"provider": "vllm", "model": "Qwen/Qwen3-8B", "slo": {"ttft_ms": 300}}},
+            "detection": {
+                "slo_burn": {
+                    "min_probes": 10,
+                    "windows": [
+                        {"severity": "page", "burn_rate": 14.4, "long_window_minutes": 60, "short_window_minutes": 5},
+                        {"severity": "ticket", "burn_rate": 1, "long_window_minutes": 360, "short_window_minutes": 30},
+                    ],
+                }
+            },
+        }
+    )
+    rng = random.Random(5)
+    engine = backend.engine()
+    try:
+        repository = Repository(engine)
+        batches = [run_at(30 * i, slow=0.6, rng=rng, fail=0) for i in range(4 * 48)]  # 4 days, every 30 minutes
+        for batch in batches:
+            await repository.save_runs(batch)
+        end = T0 + timedelta(days=4)
+        await repository.rollup(end)
+        assert (await repository.compact(end, cold_after_days=2)).series_days == 2 * 2  # days 0 and 1, two prompts
+        service = BurnService(engine, config, outbox=None)
+        policy = service.policy("qwen3-8b")
+        assert policy is not None
+        series = batches[0][0][0].series
+        with capture_logs() as logs:
+            late = await service.evaluate("every-5m", series, T0 + timedelta(days=1, hours=3), policy)
+            live = await service.evaluate("every-5m", series, end - timedelta(minutes=30), policy)
+    finally:
+        await engine.dispose()
+    assert late is None
+    assert live is not None and live.severity == "ticket"  # (too few probes in 5 minutes to page)
+    assert [line["event"] for line in logs if line["event"].startswith("slo_burn")] == ["slo_burn_skipped"]

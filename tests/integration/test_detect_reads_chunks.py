@@ -17,8 +17,9 @@ from structlog.testing import capture_logs
 
 from monitor.detect.service import DetectionService
 from monitor.store import cold
+from monitor.store.engine import write_transaction
 from monitor.store.models import DetectorStateRow, IncidentRow
-from monitor.store.records import RunRecord, SeriesKey, runs_from_samples
+from monitor.store.records import ADHOC_JOB, RunRecord, SeriesKey, runs_from_samples
 from monitor.store.repository import Repository
 from tests.support.detection import config, service_on
 from tests.support.store_fixtures import PROVIDERS, Backend, make_samples
@@ -147,3 +148,77 @@ async def test_a_compaction_committing_between_the_rows_and_the_chunks_read_lose
     )
     if backend.name == "postgres" and when == "before":  # it saw the compaction
         assert read.from_chunks is not None and sum(read.from_chunks) == sum(again.from_chunks)
+
+
+async def _kept_and_fresh(
+    service: DetectionService, repository: Repository, engine: AsyncEngine, at: datetime
+) -> tuple[list[datetime], list[datetime]]:
+    """The runs the service's kept history hands the detector for a run at `at`, and a fresh read's."""
+    detector = service._detector(SERIES.target)
+    since = detector.history_since(at, interval=timedelta(minutes=5))
+    async with write_transaction(engine) as connection:
+        kept = await service._history(SERIES, since, at, service._settings_generation, connection)
+    fresh = await repository.history_rows(SERIES, since, at)
+    return [point.at for point in kept.points(since, at)], [row[0] for row in fresh.rows]
+
+
+async def _keep_history_at(service: DetectionService, engine: AsyncEngine, at: datetime) -> None:
+    detector = service._detector(SERIES.target)
+    since = detector.history_since(at, interval=timedelta(minutes=5))
+    async with write_transaction(engine) as connection:
+        await service._history(SERIES, since, at, service._settings_generation, connection)
+
+
+@pytest.mark.parametrize("case", ["late run in a compacted day", "sparse runs", "retention under the history"])
+async def test_a_kept_history_notices_what_the_chunks_changed_under_it(backend: Backend, case: str) -> None:
+    """The kept history checks its rows against the database's and, in the same statement, the series' chunks'
+    edges (Repository.history_since_span): without the second, it went on without runs a fresh read has.
+    - A late run of a compacted day evaluated (an ad-hoc one, a spool's replay): kept with its last run days
+      back, the next evaluation read only the rows after it, 431 runs of chunks short.
+    - Runs further apart than `cold_after_days` (a weekly job): the previous run is compacted before the next
+      evaluation, which read only rows after the last kept run, and never had it.
+    - Retention dropping a chunk inside the history (raw_days shorter than detection's reach): the kept
+      history still had its 340 runs."""
+    engine = backend.engine()
+    repository = Repository(engine)
+    service = service_on(engine, config())
+    days = 10 if case == "retention under the history" else 8
+    try:
+        runs = [r for k in range(days * 288) for r in run_at(DAY0 + timedelta(minutes=5 * k))]
+        for offset in range(0, len(runs), 1000):
+            await repository.save_runs(runs[offset : offset + 1000])
+        now = DAY0 + timedelta(days=days)
+        if case == "late run in a compacted day":
+            await repository.rollup(now)
+            assert (await repository.compact(now, cold_after_days=3)).series_days == 5
+            late = runs_from_samples(
+                make_samples("qwen3-8b", "short", at=DAY0 + timedelta(days=3, hours=12, seconds=150), rounds=3),
+                job=ADHOC_JOB,
+                location="test-lab",
+                provider_of=PROVIDERS,
+            )
+            await repository.save_runs(late)
+            await _keep_history_at(service, engine, late[0][0].started_at)
+            kept, fresh = await _kept_and_fresh(service, repository, engine, now)
+        elif case == "sparse runs":
+            first = DAY0 + timedelta(days=11, hours=12)
+            await repository.rollup(first)
+            await repository.compact(first, cold_after_days=3)
+            await repository.save_runs(run_at(first))
+            await _keep_history_at(service, engine, first)  # the first run's evaluation: every run kept is a chunk's
+            second = DAY0 + timedelta(days=15, hours=12)
+            await repository.rollup(second)
+            assert (await repository.compact(second, cold_after_days=3)).series_days >= 1  # the first run's day
+            await repository.save_runs(run_at(second))
+            kept, fresh = await _kept_and_fresh(service, repository, engine, second)
+            assert first in {moment.replace(second=0, microsecond=0) for moment in kept}
+        else:
+            await repository.rollup(now)
+            assert (await repository.compact(now, cold_after_days=3)).series_days == 7
+            await _keep_history_at(service, engine, now)
+            assert (await repository.prune(now, raw_days=7, rollup_days=30)).cold_days == 3
+            await repository.save_runs(run_at(now))
+            kept, fresh = await _kept_and_fresh(service, repository, engine, now + timedelta(minutes=5))
+    finally:
+        await engine.dispose()
+    assert kept == fresh and len(fresh) > 100

@@ -40,6 +40,11 @@ async def engine(tmp_path: Path, sqlite_template: Path) -> AsyncIterator[AsyncEn
         # Tick 2 failed whole: its run's error and empty figures read back too.
         errors = dict.fromkeys(range(2, 5), ErrorClass.RATE_LIMITED) if tick == 2 else None
         await repository.save_runs(make_batch(T0 + timedelta(minutes=5 * tick), rounds=3, warmup=1, errors=errors))
+    # Three runs of a day three days before, in the cold tier: the span's chunk edges read them.
+    for tick in range(3):
+        await repository.save_runs(make_batch(T0 - timedelta(days=3, minutes=-5 * tick), rounds=3, warmup=1))
+    await repository.rollup(T0)
+    assert (await repository.compact(T0, cold_after_days=1)).series_days > 0
     yield engine
     await engine.dispose()
 
@@ -57,8 +62,14 @@ async def _through_sqlalchemy(connection: AsyncConnection, statement: DirectStat
     [
         (HISTORY_FROM, {"start": T0 - timedelta(hours=1), "end": T0 + timedelta(hours=1)}),
         (HISTORY_AFTER, {"after": T0 + timedelta(minutes=2), "end": T0 + timedelta(hours=1)}),
-        (RUN_SPAN, {"start": T0 - timedelta(hours=1), "end": T0 + timedelta(minutes=12)}),
-        (RUN_SPAN, {"start": T0 + timedelta(days=1), "end": T0 + timedelta(days=2)}),  # none: count 0, no times
+        (RUN_SPAN, {"start": T0 - timedelta(hours=1), "end": T0 + timedelta(minutes=12), "recent": T0}),
+        # The chunk's first and last runs.
+        (
+            RUN_SPAN,
+            {"start": T0 - timedelta(hours=1), "end": T0 + timedelta(minutes=12), "recent": T0 - timedelta(days=5)},
+        ),
+        # None: count 0, no times.
+        (RUN_SPAN, {"start": T0 + timedelta(days=1), "end": T0 + timedelta(days=2), "recent": T0 + timedelta(days=1)}),
     ],
 )
 async def test_a_history_read_gives_the_rows_sqlalchemy_gives(
@@ -108,9 +119,16 @@ async def test_the_state_written_directly_is_stored_as_sqlalchemy_stores_it(engi
 async def test_outside_a_transaction_sqlalchemy_runs_the_statement(engine: AsyncEngine) -> None:
     async with engine.connect() as connection:
         assert not connection.in_transaction()
-        values = {"series_id": await _series_id(connection), "start": T0 - timedelta(hours=1), "end": T0}
+        values = {
+            "series_id": await _series_id(connection),
+            "start": T0 - timedelta(hours=1),
+            "end": T0,
+            "recent": T0,
+        }
         await connection.rollback()
-        assert await RUN_SPAN.rows(connection, values) == [(0, None, None)]
+        [(count, first, last, oldest_chunk_run, newest_chunk_run)] = await RUN_SPAN.rows(connection, values)
+        assert (count, first, last, newest_chunk_run) == (0, None, None, None)
+        assert oldest_chunk_run is not None and abs(oldest_chunk_run - (T0 - timedelta(days=3))) < timedelta(seconds=2)
 
 
 async def test_each_statement_is_one_trip_and_a_driver_error_is_sqlalchemy_s(engine: AsyncEngine) -> None:
