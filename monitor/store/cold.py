@@ -25,10 +25,11 @@ from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from typing import Any
 
-from sqlalchemy import Integer, and_, delete, func, null, or_, select, text, type_coerce
+from sqlalchemy import Integer, and_, bindparam, delete, func, null, or_, select, text, type_coerce
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.store import chunk_codec
+from monitor.store.direct import DirectStatement
 from monitor.store.models import COLD_CHUNKS, RUNS, SAMPLES
 from monitor.store.records import ADHOC_JOB
 from monitor.store.types import Microseconds, UtcDateTime
@@ -327,6 +328,35 @@ async def any_chunk(connection: AsyncConnection, series_ids: Iterable[int], star
             ),
         )
     )
+    return bool(found)
+
+
+# `any_chunk` for one series, as detection asks it on each read of a series' whole history: compiled once and run
+# without SQLAlchemy's execution around it on SQLite (store/direct.py), whose objects, made for every call, were
+# most of the cyclic garbage a probe left (bench/daemon.py: 4.0 objects a probe against 0.8 without the look).
+_ANY_CHUNK_OF_SERIES = DirectStatement(
+    select(func.count())
+    .select_from(COLD_CHUNKS)
+    .where(
+        COLD_CHUNKS.c.series_id == bindparam("series_id"),
+        or_(
+            and_(
+                COLD_CHUNKS.c.last_started_at >= bindparam("start", type_=UtcDateTime()),
+                COLD_CHUNKS.c.first_started_at < bindparam("end", type_=UtcDateTime()),
+            ),
+            and_(
+                COLD_CHUNKS.c.day >= bindparam("day_from", type_=UtcDateTime()),
+                COLD_CHUNKS.c.day < bindparam("end", type_=UtcDateTime()),
+            ),
+        ),
+    )
+)
+
+
+async def any_chunk_of_series(connection: AsyncConnection, series_id: int, start: datetime, end: datetime) -> bool:
+    """`any_chunk` for one series."""
+    values = {"series_id": series_id, "start": start, "end": end, "day_from": day_of(max(start, _EPOCH + DAY)) - DAY}
+    [(found,)] = await _ANY_CHUNK_OF_SERIES.rows(connection, values)
     return bool(found)
 
 

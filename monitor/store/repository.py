@@ -835,7 +835,7 @@ class Repository:
         # two is then seen by the second (and the range read again through the chunks), never by neither.
         rows = await self._series_rows(series, HISTORY_FROM, connection=connection, start=start, end=end)
         series_id = await self._series_id(connection, series)
-        if series_id is None or not await cold.any_chunk(connection, [series_id], start, end):
+        if series_id is None or not await cold.any_chunk_of_series(connection, series_id, start, end):
             return HistoryRead([tuple(row) for row in rows], None)
         return HistoryRead(*await cold.history_runs(connection, series_id, rows, start, end, _HISTORY_KEYS))
 

@@ -93,12 +93,12 @@ async def test_a_service_keeping_histories_across_compactions_decides_as_on_rows
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-@pytest.mark.parametrize("between", ["any_chunk", "chunks_touching"])
+@pytest.mark.parametrize("between", ["any_chunk_of_series", "chunks_touching"])
 async def test_a_compaction_committing_between_the_rows_and_the_chunks_read_loses_no_run(
     backend: Backend, monkeypatch: pytest.MonkeyPatch, between: str, when: str
 ) -> None:
     """The history read in READ COMMITTED (detection's write transaction on PostgreSQL): the rows, then whether
-    a chunk may hold some (`any_chunk`), then rows and chunks (`cold.read_runs`: the rows, then the chunks). A
+    a chunk may hold some (`any_chunk_of_series`), then rows and chunks (`cold.read_runs`: the rows, then the chunks). A
     compaction of a day committing between two of them is seen twice (its runs as rows and in the chunk) and
     read once; read the other way round, it was seen by neither and its runs were missing from the history the
     service then kept for a week. (SQLite's transaction reads one snapshot: the compaction is not seen.)"""

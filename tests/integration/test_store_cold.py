@@ -4,7 +4,7 @@ same as before it, through late runs, a second compaction, a crash mid-way and r
 from __future__ import annotations
 
 import dataclasses
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -105,6 +105,32 @@ async def test_every_reader_gives_the_same_runs_and_samples_after_compaction(eng
     assert after.keys() == before.keys()
     for key in before:
         assert after[key] == before[key], key
+
+
+async def test_the_one_series_look_for_chunks_answers_as_the_general_one(engine: AsyncEngine) -> None:
+    """Detection asks `any_chunk_of_series` (a statement run directly on SQLite); every other reader `any_chunk`."""
+    repository = await filled(engine)
+    await repository.compact(NOW, cold_after_days=COLD_AFTER_DAYS)
+    async with engine.begin() as connection:
+        ids = [row[0] for row in await connection.execute(sa.text("SELECT id FROM series ORDER BY id"))]
+        windows = [
+            (DAY0 - timedelta(days=3), DAY0 - timedelta(days=2)),
+            (DAY0 - timedelta(hours=1), DAY0 + timedelta(hours=1)),
+            (DAY0 + timedelta(days=1, hours=23), DAY0 + timedelta(days=2, hours=1)),
+            (DAY0 + timedelta(days=2, hours=12), DAY0 + timedelta(days=3)),
+            (DAY0 + timedelta(days=5), DAY0 + timedelta(days=6)),
+            (datetime(1970, 1, 1, tzinfo=UTC), DAY0 + timedelta(days=9)),
+        ]
+        answers = [
+            (
+                await cold.any_chunk_of_series(connection, series_id, *window),
+                await cold.any_chunk(connection, [series_id], *window),
+            )
+            for series_id in ids
+            for window in windows
+        ]
+    assert all(one == general for one, general in answers)
+    assert {one for one, _ in answers} == {True, False}
 
 
 async def test_compaction_is_idempotent_and_a_crash_before_its_commit_leaves_the_rows(engine: AsyncEngine) -> None:
