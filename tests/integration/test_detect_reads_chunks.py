@@ -55,9 +55,13 @@ async def test_a_service_keeping_histories_across_compactions_decides_as_on_rows
     engines = {"compacted": backend.engine(), "rows": twin.engine()}
     repositories = {name: Repository(engine) for name, engine in engines.items()}
     services: dict[str, DetectionService] = {name: service_on(engine, config()) for name, engine in engines.items()}
-    start = DAY0 + timedelta(days=10)
+    start = DAY0 + timedelta(days=10, hours=22)
     try:
-        history = [r for k in range(10 * 288) for r in run_at(DAY0 + timedelta(minutes=5 * k))]
+        history = [
+            r
+            for k in range(int((start - DAY0) / timedelta(minutes=5)))
+            for r in run_at(DAY0 + timedelta(minutes=5 * k))
+        ]
         for repository in repositories.values():
             for offset in range(0, len(history), 1000):
                 await repository.save_runs(history[offset : offset + 1000])
@@ -66,14 +70,14 @@ async def test_a_service_keeping_histories_across_compactions_decides_as_on_rows
         done = await repositories["compacted"].compact(start, cold_after_days=3, keep_runs=24)
         assert done.series_days == 7
         rereads = 0
-        # A day and 4 hours of runs, 4 hours of them 2.5x slower (a page), past midnight, when day 7 is
-        # compacted under the history the service keeps.
-        for k in range(28 * 12):
+        # Six hours of runs, past midnight, when day 7 is compacted under the history the service keeps; then
+        # three hours 2.5x slower (a page).
+        for k in range(6 * 12):
             at = start + timedelta(minutes=5 * k)
-            batch = run_at(at, 2.5 if 23 * 12 <= k < 27 * 12 else 1.0)
+            batch = run_at(at, 2.5 if 30 <= k < 66 else 1.0)
             for name, repository in repositories.items():
                 await repository.save_runs(batch)
-                if name == "compacted" and at == start + timedelta(days=1, minutes=10):
+                if name == "compacted" and at == start + timedelta(hours=2, minutes=10):
                     await repository.rollup(at)
                     assert (await repository.compact(at, cold_after_days=3, keep_runs=24)).series_days == 1
                 with capture_logs() as logs:
