@@ -215,10 +215,12 @@ async def test_an_unknown_user_takes_as_long_as_a_wrong_password(tmp_path: Path)
                 async with http.get(f"{server}/api/v1/series", headers=basic(user, f"guess{round_}")) as response:
                     assert response.status == 401
                 took[case].append((time.perf_counter() - started) * 1000)
-    unknown, wrong = (statistics.median(took[case]) for case in ("unknown user", "wrong password"))
-    # Before: 0.3-0.6 ms against 45 ms. One scrypt each now; a generous band against a shared machine.
-    medians = f"median {unknown:.1f} ms for an unknown user, {wrong:.1f} ms for a wrong password"
-    assert 0.5 < unknown / wrong < 2, medians
+    # Before: 0.3-0.6 ms against 45 ms. One scrypt each now. The fastest of each: a shared machine's load only
+    # adds (the medians measured 154 against 74 ms once under the full suite, each scrypt waiting for a core).
+    unknown, wrong = (min(took[case]) for case in ("unknown user", "wrong password"))
+    medians = {case: round(statistics.median(values), 1) for case, values in took.items()}
+    fastest = f"fastest {unknown:.1f} ms for an unknown user, {wrong:.1f} ms for a wrong password; medians {medians}"
+    assert 0.5 < unknown / wrong < 2, fastest
     assert min(took["unknown user"]) > 10, took
 
 
