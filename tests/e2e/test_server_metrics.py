@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import statistics
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -234,11 +235,14 @@ async def _probe_and_read_run(config: Path, backend: Backend) -> tuple[dict, lis
 async def test_a_run_stores_the_servers_own_ttft_beside_the_clients(backend: Backend, sim: str, tmp_path: Path) -> None:
     run, samples, _ = await _probe_and_read_run(_config(tmp_path, backend.url, sim, f"{sim}/metrics"), backend)
     assert [s["error"] for s in samples] == [None, None, None]
-    client_ttft = run["ttft_p50_ms"]
+    # The server's TTFT is the mean over the run's requests (its histogram's sum over its count), so it is
+    # held against the client's mean: against the median, one request slowed by the machine's load moved
+    # it 5.6 ms past (140.9 against 135.3 ms, under the full suite).
+    client_ttft = statistics.fmean(float(s["ttft_ms"]) for s in samples)
     # The server's clock starts when the request's last byte arrived, the client's when it sent it:
     # the server's TTFT is a little lower, never higher than the client's by more than jitter.
     assert run["server_ttft_ms"] is not None
-    assert 0.5 * client_ttft < run["server_ttft_ms"] <= client_ttft + 5, run
+    assert 0.5 * client_ttft < run["server_ttft_ms"] <= client_ttft + 5, (client_ttft, run)
     assert run["server_queue_ms"] == 0.0
     assert run["server_prefill_ms"] == pytest.approx(run["server_ttft_ms"])
     assert run["server_waiting"] is not None and run["server_waiting"] >= 0
