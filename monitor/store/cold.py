@@ -301,6 +301,25 @@ async def chunks_touching(
     )
 
 
+# Whether a chunk may hold a run started in [:start, :end), by its first and last start; or a run a row started
+# then repeats: a run starts within a day of its scheduled tick, so a row started in the window belongs to one of
+# the days from :day_from (`_day_from`).
+_MAY_HOLD = or_(
+    and_(
+        COLD_CHUNKS.c.last_started_at >= bindparam("start", type_=UtcDateTime()),
+        COLD_CHUNKS.c.first_started_at < bindparam("end", type_=UtcDateTime()),
+    ),
+    and_(
+        COLD_CHUNKS.c.day >= bindparam("day_from", type_=UtcDateTime()),
+        COLD_CHUNKS.c.day < bindparam("end", type_=UtcDateTime()),
+    ),
+)
+
+
+def _window(start: datetime, end: datetime) -> dict[str, datetime]:
+    return {"start": start, "end": end, "day_from": day_of(max(start, _EPOCH + DAY)) - DAY}
+
+
 async def any_chunk(connection: AsyncConnection, series_ids: Iterable[int], start: datetime, end: datetime) -> bool:
     """Whether a chunk may hold a run of `series_ids` started in [start, end), or a run a row started then
     repeats (a replica's late second run of a tick, started after every run of its chunk): by the chunks' first
@@ -309,54 +328,21 @@ async def any_chunk(connection: AsyncConnection, series_ids: Iterable[int], star
     ids = list(series_ids)
     if not ids:
         return False
-    found = await connection.scalar(
-        select(func.count())
-        .select_from(COLD_CHUNKS)
-        .where(
-            COLD_CHUNKS.c.series_id.in_(ids),
-            or_(
-                and_(
-                    COLD_CHUNKS.c.last_started_at >= type_coerce(start, UtcDateTime()),
-                    COLD_CHUNKS.c.first_started_at < type_coerce(end, UtcDateTime()),
-                ),
-                # A run starts within a day of its scheduled tick: a row started in the window belongs to
-                # one of these days.
-                and_(
-                    COLD_CHUNKS.c.day >= type_coerce(day_of(max(start, _EPOCH + DAY)) - DAY, UtcDateTime()),
-                    COLD_CHUNKS.c.day < type_coerce(end, UtcDateTime()),
-                ),
-            ),
-        )
-    )
-    return bool(found)
+    statement = select(func.count()).select_from(COLD_CHUNKS).where(COLD_CHUNKS.c.series_id.in_(ids), _MAY_HOLD)
+    return bool(await connection.scalar(statement, _window(start, end)))
 
 
 # `any_chunk` for one series, as detection asks it on each read of a series' whole history: compiled once and run
 # without SQLAlchemy's execution around it on SQLite (store/direct.py), whose objects, made for every call, were
 # most of the cyclic garbage a probe left (bench/daemon.py: 4.0 objects a probe against 0.8 without the look).
 _ANY_CHUNK_OF_SERIES = DirectStatement(
-    select(func.count())
-    .select_from(COLD_CHUNKS)
-    .where(
-        COLD_CHUNKS.c.series_id == bindparam("series_id"),
-        or_(
-            and_(
-                COLD_CHUNKS.c.last_started_at >= bindparam("start", type_=UtcDateTime()),
-                COLD_CHUNKS.c.first_started_at < bindparam("end", type_=UtcDateTime()),
-            ),
-            and_(
-                COLD_CHUNKS.c.day >= bindparam("day_from", type_=UtcDateTime()),
-                COLD_CHUNKS.c.day < bindparam("end", type_=UtcDateTime()),
-            ),
-        ),
-    )
+    select(func.count()).select_from(COLD_CHUNKS).where(COLD_CHUNKS.c.series_id == bindparam("series_id"), _MAY_HOLD)
 )
 
 
 async def any_chunk_of_series(connection: AsyncConnection, series_id: int, start: datetime, end: datetime) -> bool:
     """`any_chunk` for one series."""
-    values = {"series_id": series_id, "start": start, "end": end, "day_from": day_of(max(start, _EPOCH + DAY)) - DAY}
-    [(found,)] = await _ANY_CHUNK_OF_SERIES.rows(connection, values)
+    [(found,)] = await _ANY_CHUNK_OF_SERIES.rows(connection, {"series_id": series_id, **_window(start, end)})
     return bool(found)
 
 

@@ -27,13 +27,13 @@ from monitor.detect.service import DetectionService
 from monitor.detect.state import RunPoint, SeriesState
 from monitor.probe.result import ErrorClass
 from monitor.schedule import maintenance
-from monitor.store import cold, migrate, overview_summary
+from monitor.store import migrate, overview_summary
 from monitor.store.models import DETECTOR_STATE
 from monitor.store.records import RunRecord, SeriesKey
 from monitor.store.repository import Repository
 from monitor.web import queries
 from tests.support.ports import free_port
-from tests.support.store_fixtures import T0, Backend, make_batch
+from tests.support.store_fixtures import T0, Backend, count_decodes, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
 pytestmark = pytest.mark.timeout(240)
@@ -304,14 +304,7 @@ async def test_the_live_overview_of_a_store_compacted_past_3_days_decodes_no_chu
             await repository.rollup(end + timedelta(seconds=30))
             await repository.refresh_overview_summary(end + timedelta(seconds=30))
         assert (await compacted.compact(end, cold_after_days=3, keep_runs=24)).series_days == 7
-        decoded: list[int] = []
-        real = cold.decode_chunk
-
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            decoded.append(1)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(cold, "decode_chunk", counting)
+        decoded = count_decodes(monkeypatch)
         shown = await queries.overview(compacted.engine, now=now)
         assert decoded == []
         assert shown == await queries.overview(rows.engine, now=now)
@@ -348,14 +341,7 @@ async def test_a_retired_series_whose_last_days_are_rows_decodes_no_chunk_for_it
             await repository.refresh_overview_summary(now)
         done = await compacted.compact(now, cold_after_days=3, keep_runs=24)
         assert done.series_days > 0
-        decoded: list[int] = []
-        real = cold.decode_chunk
-
-        def counting(*args: Any, **kwargs: Any) -> Any:
-            decoded.append(1)
-            return real(*args, **kwargs)
-
-        monkeypatch.setattr(cold, "decode_chunk", counting)
+        decoded = count_decodes(monkeypatch)
         shown = await queries.overview(compacted.engine, now=now)
         assert shown == await queries.overview(rows.engine, now=now)
         assert [row["baseline_note"] for row in shown] == ["no runs in the day before the last hour"]

@@ -23,7 +23,7 @@ from monitor.store.records import ADHOC_JOB
 from monitor.store.repository import Repository
 from monitor.store.triage import TriageStore
 from monitor.web import queries
-from tests.support.store_fixtures import T0, Backend, PostgresServer, make_batch
+from tests.support.store_fixtures import T0, Backend, PostgresServer, count_decodes, make_batch
 
 pytest_plugins = ("tests.support.store_fixtures",)
 # Each test fills two databases with a month of runs and reads every view of both several times: 20-40 s on a
@@ -156,14 +156,7 @@ async def test_the_overview_decodes_only_the_newest_chunks_of_a_series_without_a
     compacted, rows = twins
     await compacted.compact(NOW, cold_after_days=COLD_AFTER_DAYS)
     await compacted.refresh_overview_summary(NOW)  # as housekeeping keeps it: the quiet series' last runs
-    decoded: list[int] = []
-    real = cold.decode_chunk
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        decoded.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(cold, "decode_chunk", counting)
+    decoded = count_decodes(monkeypatch)
     shown = await queries.overview(compacted.engine, now=NOW)
     assert shown == await queries.overview(rows.engine, now=NOW)
     notes = {row["location"]: row["baseline_note"] for row in shown if row["location"].startswith("retired")}

@@ -433,6 +433,21 @@ def as_read_back(run: RunRecord, samples: list[Sample]) -> tuple[RunRecord, list
     return run, [dataclasses.replace(s, sample_id=str(sample_id_of(run.run_id, s.round))) for s in samples]
 
 
+def count_decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one at each cold chunk decoded (`cold.decode_chunk`) from now on in the test."""
+    from monitor.store import cold
+
+    decoded: list[int] = []
+    real = cold.decode_chunk
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        decoded.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cold, "decode_chunk", counting)
+    return decoded
+
+
 @contextlib.asynccontextmanager
 async def counted_trips(connection: AsyncConnection) -> AsyncIterator[list[int]]:
     """How many trips to the SQLite connection's thread the statements inside take ([count], read at the end):
