@@ -36,7 +36,12 @@ def test_ttft_matches_the_simulators_configured_ttft_within_1ms(exact_sim: SimPr
     for sample in measured:
         stamp = exact_sim.get(f"/sim/requests/{sample['request_id']}")
         assert stamp["reasoning"] is thinking
-        errors.append(sample["ttft_ms"] - stamp["configured_ttft_ms"])
+        # Against when the simulator really wrote the token, not when it was due: under the suite's
+        # load the simulator's own write came late (CI measured a median 1.2 ms against the due time)
+        # and that lateness is latency the probe must report, not its error.
+        due_ns = stamp["received_ns"] + round(stamp["configured_ttft_ms"] * 1_000_000)
+        late_ms = (stamp["first_token_write_ns"] - due_ns) / 1e6
+        errors.append(sample["ttft_ms"] - stamp["configured_ttft_ms"] - late_ms)
     assert 0 < statistics.median(errors) < 1.0, errors
     if thinking:
         assert all(s["ttfa_ms"] > s["ttft_ms"] + 100 for s in measured)
