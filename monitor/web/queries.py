@@ -10,6 +10,7 @@ import asyncio
 import bisect
 import itertools
 import math
+import operator
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -787,34 +788,42 @@ def hourly_points(hours: Sequence[HourlyStats], *, start: datetime, width_s: int
     out = []
     for index in sorted(buckets):
         members = buckets[index]
-
-        def median_of(name: str, members: list[HourlyStats] = members) -> float | None:
-            if len(members) == 1:  # the usual case up to 30 days: one hour per point
-                return cast(float | None, getattr(members[0], name))
-            return _median([value for m in members if (value := getattr(m, name)) is not None])
-
         errors = sum(m.errors for m in members)
-        out.append(
-            {
-                "t": iso(max(datetime.fromtimestamp(origin + index * width_s, UTC), members[0].hour)),
-                "n": sum(m.samples for m in members),
-                "errors": errors,
-                "ttft_p10_ms": _round(median_of("ttft_p10_ms")),
-                "ttft_p50_ms": _round(median_of("ttft_p50_ms")),
-                "ttft_p90_ms": _round(median_of("ttft_p90_ms")),
-                **{name: _round(median_of(_ROLLUP_OF.get(name, f"{name}_p50"))) for name in PHASES},
-                "decode_tps": _round(median_of("decode_tps_p50")),
-                "prompt_tokens": _round(median_of("prompt_tokens_p50"), 0),
-                "cached_tokens": _round(median_of("cached_tokens_p50"), 0),
-                **{name: _round(median_of(f"{name}_p50"), 4) for name in SERVER_FIELDS},
-                # Rollups count errors, not their classes.
-                "error_counts": {"error": errors} if errors else {},
-            }
-        )
+        point: dict[str, Any] = {
+            "t": iso(max(datetime.fromtimestamp(origin + index * width_s, UTC), members[0].hour)),
+            "n": sum(m.samples for m in members),
+            "errors": errors,
+        }
+        if len(members) == 1:
+            # The usual case up to 30 days, one hour a point: its own figures, read in one call (the view of
+            # 30 days spent 26 us a point asking for each of them by name, 8.6 of its 27 ms at 14 days of history).
+            figures: Iterable[Any] = _HOUR_FIGURES_OF(members[0])
+        else:
+            figures = (
+                _median([value for m in members if (value := getattr(m, attr)) is not None])
+                for _key, attr, _digits in _HOUR_FIGURES
+            )
+        for (key, _attr, digits), value in zip(_HOUR_FIGURES, figures, strict=True):
+            point[key] = None if value is None or value != value else round(value, digits)  # _round, inline
+        # Rollups count errors, not their classes.
+        point["error_counts"] = {"error": errors} if errors else {}
+        out.append(point)
     return out
 
 
 _ROLLUP_OF = {"ttft_ms": "ttft_p50_ms"}
+# What a point of the hourly view carries, in its order: (the point's key, the rollup's field, digits).
+_HOUR_FIGURES: tuple[tuple[str, str, int], ...] = (
+    ("ttft_p10_ms", "ttft_p10_ms", 2),
+    ("ttft_p50_ms", "ttft_p50_ms", 2),
+    ("ttft_p90_ms", "ttft_p90_ms", 2),
+    *((name, _ROLLUP_OF.get(name, f"{name}_p50"), 2) for name in PHASES),
+    ("decode_tps", "decode_tps_p50", 2),
+    ("prompt_tokens", "prompt_tokens_p50", 0),
+    ("cached_tokens", "cached_tokens_p50", 0),
+    *((name, f"{name}_p50", 4) for name in SERVER_FIELDS),
+)
+_HOUR_FIGURES_OF = operator.attrgetter(*(attr for _key, attr, _digits in _HOUR_FIGURES))
 _ROLLUP_FIELDS = tuple(getattr(RollupRow, f.name) for f in fields(HourlyStats))
 
 
