@@ -752,7 +752,9 @@ class Daemon:
         # garbage at this moment, a few dozen objects, stays for the life of the process.
         while self._freeze_again:
             self._freeze_again = False
-            if not await self.background.settle(WARM_SETTLE_S) or not self._started:
+            # What came before (the first tick's batch) written and detected; not both stages idle (`settle`),
+            # which a job that ticks faster than each tick settles never reaches.
+            if not await self.background.caught_up(WARM_SETTLE_S) or not self._started:
                 return
             freeze_heap(collect=False)
 

@@ -114,6 +114,10 @@ class BackgroundStore:
         self._aftercare: asyncio.Queue[_Aftercare] = asyncio.Queue()
         self._in_hand: _Write | None = None
         self._aftercare_busy = False
+        # Counted as they come and go, so that `caught_up` can wait for what came before it alone: batches
+        # submitted, and finished (written, spooled or lost); aftercare queued, and done.
+        self._submitted = self._finished = 0
+        self._aftercare_queued = self._aftercare_done = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._log = structlog.get_logger()
@@ -144,6 +148,7 @@ class BackgroundStore:
         """Queue a finished run's batch; the future resolves to the writer's outcome ("stored", ...)."""
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         item = _Write(job, batch, fits, done)
+        self._submitted += 1
         if self._closing:
             self._spool_now(item)
         else:
@@ -162,6 +167,7 @@ class BackgroundStore:
                 by_job.append((run.job, [(run, samples)]))
         for job, runs in by_job:
             self._aftercare.put_nowait(_Aftercare(job, runs))
+            self._aftercare_queued += 1
 
     async def _write_loop(self) -> None:
         while True:
@@ -179,6 +185,8 @@ class BackgroundStore:
                 item.done.set_result(saved)
             if item.fits and saved == "stored":
                 self._aftercare.put_nowait(_Aftercare(item.job, fits=item.fits))
+                self._aftercare_queued += 1
+            self._finished += 1  # after its aftercare is queued (the writer queued the batch's own as it stored it)
 
     async def _aftercare_loop(self) -> None:
         while True:
@@ -209,6 +217,7 @@ class BackgroundStore:
                     self._log.warning("calibration_not_saved", job=item.job, error=type(exc).__name__)
             finally:
                 self._aftercare_busy = False
+                self._aftercare_done += 1
 
     async def _save_fits(self, fits: dict[tuple[str, str], tuple[float, float]]) -> None:
         if self._save_calibration is None:
@@ -227,6 +236,7 @@ class BackgroundStore:
             except Exception as exc:
                 self._log.warning("results_lost", job=item.job, runs=len(item.batch), error=Bounded(str(exc), 300))
                 saved = "lost"
+            self._finished += 1
             if not item.done.done():
                 item.done.set_result(saved)
 
@@ -239,6 +249,7 @@ class BackgroundStore:
         except Exception as exc:
             self._log.warning("results_lost", job=item.job, runs=len(item.batch), error=Bounded(str(exc), 300))
             saved = "lost"
+        self._finished += 1
         if not item.done.done():
             item.done.set_result(saved)
 
@@ -259,6 +270,24 @@ class BackgroundStore:
             return False
         await self._aftercare_idle(deadline - loop.time())
         return self._aftercare.empty()
+
+    async def caught_up(self, within_s: float) -> bool:
+        """Wait up to `within_s` s until every batch submitted before the call is written (stored or spooled)
+        and the aftercare queued for it is done; what is submitted meanwhile is not waited for. On a daemon
+        whose ticks come faster than each is written and detected (a job every second, a loaded machine),
+        `settle` never finds both stages idle at once: waiting for it, the heap was never frozen after a
+        first tick (`Daemon._after_first_tick`)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within_s
+        submitted = self._submitted
+        while self._finished < submitted and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        if self._finished < submitted:
+            return False
+        queued = self._aftercare_queued  # every finished batch's aftercare is in by now
+        while self._aftercare_done < queued and loop.time() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+        return self._aftercare_done >= queued
 
     async def _aftercare_idle(self, within_s: float) -> None:
         loop = asyncio.get_running_loop()
