@@ -137,7 +137,8 @@ async def test_the_monitors_own_overload_is_stored_as_disturbed_and_never_pages(
     # The overloaded runs' samples (a shared CI machine may add a quiet one now and then).
     overloaded = [row for row in seen["samples"] if row.self_delay_ms is not None and row.self_delay_ms >= 100]
     quiet = [row for row in seen["samples"] if row.self_delay_ms is not None and row.self_delay_ms <= BOUND_MS]
-    assert len(overloaded) == 2 * OVERLOADED, seen["samples"]
+    # Every overloaded run's two; a quiet run's sample the suite's load held past 100 ms too, now and then (CI: 15).
+    assert 2 * OVERLOADED <= len(overloaded) <= 2 * OVERLOADED + 2, seen["samples"]
     assert len(quiet) >= 2 * HEALTHY - 2, seen["samples"]
     assert not any(row.disturbed for row in quiet), quiet
     truth = statistics.median(row.ttft_ms for row in quiet)
