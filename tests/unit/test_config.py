@@ -105,6 +105,18 @@ def test_check_config_on_the_example_lists_the_job_with_its_next_three_runs() ->
     assert "database: sqlite+aiosqlite:///./state/ttft-monitor.db" in report
 
 
+def test_check_config_notes_a_job_of_fewer_rounds_than_detection_is_tuned_for() -> None:
+    data = base()
+    data["jobs"][0].update(rounds=1, warmup=0)
+    code, report = check_config(write(data), environ={})
+    assert code == 0, report
+    assert "    note: 1 round a run: a run's median is one or two requests" in report
+    assert "0.85 false alerts a series-week with 1 round" in report
+    data["jobs"][0].update(rounds=3)
+    code, report = check_config(write(data), environ={})
+    assert code == 0 and "note:" not in report, report
+
+
 def test_check_config_shows_next_runs_in_the_jobs_timezone() -> None:
     data = base()
     data["jobs"][0].update(schedule="0 9 * * 1-5", timezone="Europe/Berlin")
