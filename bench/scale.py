@@ -9,7 +9,8 @@ makes), rolls every hour up as housekeeping does, then prints
 - bytes per sample (tables and indexes), insert rate, rollup rate;
 - the status pages' server time (p50 / p95 over --queries calls of the API's query functions):
   overview before housekeeping's first pass (a scan of the month's rollups), cold with housekeeping's
-  summary (the time to make it too) and as the UI serves it (past hours cached), a 30-day series view, a 7-day compare
+  summary (the time to make it too) and as the UI serves it (past hours cached), a 30-day and a 1-day
+  series view, a 7-day compare
   of 3 targets x 2 prompts x 2 locations from the samples and from the hourly rollups (with the
   largest relative error of a cell's median and p90 between the two), and a 90-day report of one
   target (compare over 90 days);
@@ -159,6 +160,11 @@ async def time_views(
     figures["overview cached"] = await timed(args.queries, lambda _i: queries.overview(engine, now=now, cache=cache))
     figures["series 30 d"] = await timed(
         args.queries, lambda i: queries.series_points(engine, picks[i], start=month, end=now)
+    )
+    # The same view over its last day (what the page opens on): its samples, and the detector replayed over the
+    # runs of its history (a week and a day of them), which grows with the days kept up to that week.
+    figures["series 1 d"] = await timed(
+        args.queries, lambda i: queries.series_points(engine, picks[i], start=now - timedelta(days=1), end=now)
     )
     figures["compare 7 d"] = await timed(
         args.queries, lambda _i: queries.compare(engine, start=week, end=now, targets=targets[:3])

@@ -11,6 +11,7 @@ from typing import cast
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from monitor.detect.detector import Detector, Rules, RunPoint, point_from_run
 from monitor.probe.result import ErrorClass
@@ -907,3 +908,29 @@ async def test_a_compare_of_one_hour_from_the_rollups_has_no_interval_rather_tha
         assert {(p["ci_low_ms"], p["ci_high_ms"]) for p in hourly["pairs"]} == {(None, None)}
     finally:
         await repository.engine.dispose()
+
+
+async def test_a_series_view_reads_without_parallel_workers_and_leaves_the_pool_as_it_was(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # PostgreSQL started two workers for a day of one series' samples over many day partitions, 8-15 ms of a
+    # 0.6 ms statement: the series view's transaction asks for none; the compares, sharing the pool, keep them.
+    repository = await _store(backend, hours=2)
+    async with repository.engine.connect() as connection:
+        series_id = await connection.scalar(sa.text("SELECT id FROM series WHERE target='qwen3-8b' AND prompt='short'"))
+    seen: list[str] = []
+    series_of = queries._series
+
+    async def series_and_setting(connection: AsyncConnection, ids: list[int]) -> object:
+        if connection.dialect.name == "postgresql":
+            seen.append(await connection.scalar(sa.text("SHOW max_parallel_workers_per_gather")))
+        return await series_of(connection, ids)
+
+    monkeypatch.setattr(queries, "_series", series_and_setting)
+    view = await queries.series_points(repository.engine, series_id, start=T0, end=T0 + timedelta(hours=2))
+    assert len(view["points"]) == 24 * 5
+    if backend.name == "postgres":
+        assert seen == ["0"]
+        async with repository.engine.connect() as connection:  # the pool's connection, given back
+            assert await connection.scalar(sa.text("SHOW max_parallel_workers_per_gather")) != "0"
+    await repository.engine.dispose()
