@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import platform
 import random
@@ -64,7 +65,8 @@ from monitor.web import queries
 
 def p50_p95(durations: list[float]) -> tuple[float, float]:
     ms = sorted(d * 1000 for d in durations)
-    return quantile(ms, 0.5, presorted=True), quantile(ms, 0.95, presorted=True)
+    p50, p95 = quantile(ms, 0.5, presorted=True), quantile(ms, 0.95, presorted=True)
+    return (p50 if p50 is not None else math.nan), (p95 if p95 is not None else math.nan)
 
 
 async def timed(calls: int, make_call: Any) -> tuple[float, float]:
