@@ -863,7 +863,11 @@ class _Core:
                 paging = (
                     max(noise.run, state.page_streak, self._slow_runs(recent, baseline, persistence)) >= persistence
                 )
-        ticketing = state.ticket_streak >= rules.ticket.confirmations
+        ticketing = state.ticket_streak >= (
+            rules.ticket.confirmations + noise_model.TICKET_EXTRA_CONFIRMATIONS
+            if noise is not None
+            else rules.ticket.confirmations
+        )
         # The run interval, read once for the sequential rule and the model's learning (a call each, every run).
         interval = self.interval_s() if noise is not None else 0.0
         sequential = (

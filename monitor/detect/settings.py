@@ -197,9 +197,10 @@ class Detection(ConfigModel):
     noise_model: bool = Field(
         DEFAULT_RULES.noise_model,
         description="Measure each series' noise (how much and how long its runs wander together) and scale the "
-        "evidence by it, derive the CUSUM threshold from `false_alerts_per_week`, and page on sudden jumps "
-        "however far the series wanders. Off: the rules without it (more false alerts and slower pages on series "
-        'whose load wanders; docs/detection.md, "The noise model on by default").',
+        "evidence by it, derive the CUSUM threshold from `false_alerts_per_week`, page on sudden jumps "
+        "however far the series wanders, and have the window ticket rule wait 3 confirming runs more than "
+        "`ticket.confirmations` (wander that passes in half an hour). Off: the rules without it (more false alerts "
+        'and slower pages on series whose load wanders; docs/detection.md, "The noise model on by default").',
     )
     false_alerts_per_week: float = Field(
         DEFAULT_RULES.false_alerts_per_week,

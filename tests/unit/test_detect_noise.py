@@ -7,6 +7,7 @@ import json
 import math
 import random
 import statistics
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -765,3 +766,31 @@ def test_cusum_tickets_that_clear_soon_raise_its_threshold_and_regressions_it_ca
     # With the threshold set in the config, it is that, whatever the sum did.
     _events, fixed = _replay(noise_rules(window_tickets=False, cusum={"threshold": 12}), _bumps(2.5, 1.5))
     assert fixed._core.threshold == 12.0
+
+
+def _window_ticket_opened(points: list[RunPoint], rules: Rules) -> int:
+    """The index of the run a window-rule ticket opened on (the first regression open)."""
+    replayer = Detector(rules).replayer()
+    for index, point in enumerate(points):
+        for event in replayer.feed(point):
+            if event.kind == "regression" and event.action == "open":
+                assert event.severity == "ticket" and event.detail.get("rule") != "cusum", event
+                return index
+    raise AssertionError("no ticket opened")
+
+
+def test_with_the_model_a_window_ticket_waits_its_extra_confirmations_and_without_it_does_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Wander that lifts a 2-hour window for half an hour and falls back was most of the window rule's false
+    # tickets: with the model on, the rule waits TICKET_EXTRA_CONFIRMATIONS runs more than `ticket.confirmations`.
+    points = series(10, sigma=0.1, seed=3, probes=5, steps=[Step(8.0, 24, 1.3)])
+    model_on = replace(Rules(), cusum=None, noise_model=True)
+    with_extra = _window_ticket_opened(points, model_on)
+    monkeypatch.setattr(noise, "TICKET_EXTRA_CONFIRMATIONS", 0)
+    assert with_extra - _window_ticket_opened(points, model_on) == 3
+    model_off = replace(model_on, noise_model=False)
+    monkeypatch.setattr(noise, "TICKET_EXTRA_CONFIRMATIONS", 7)  # read only with the model on
+    without = _window_ticket_opened(points, model_off)
+    monkeypatch.setattr(noise, "TICKET_EXTRA_CONFIRMATIONS", 0)
+    assert _window_ticket_opened(points, model_off) == without
