@@ -270,6 +270,7 @@ class _Core:
         "_threshold_now",
         "_threshold_pending",
         "_thresholds",
+        "_ticket_confirmations",
         "_ticket_sorted",
         "_window_failed",
         "_window_held",
@@ -335,6 +336,10 @@ class _Core:
         self._derived: float | None = None  # the CUSUM threshold derived last: where the next search starts
         # The CUSUM's share of the false alerts a week: what its threshold is measured against (`_cusum`).
         self._cusum_per_week = noise_model.CUSUM_SHARE * rules.false_alerts_per_week
+        # The window ticket rule's confirming runs: with the model, wander that passes in half an hour waited out.
+        self._ticket_confirmations = rules.ticket.confirmations + (
+            noise_model.TICKET_EXTRA_CONFIRMATIONS if rules.noise_model else 0
+        )
         # The last run's CUSUM inputs with the model engaged: (what they came from, allowance, scale, the least
         # threshold they can derive, [the reference's variance share, the threshold, None until asked for]).
         self._cusum_scales: tuple[tuple[Any, ...], float, float, float, list[Any]] | None = None
@@ -863,11 +868,7 @@ class _Core:
                 paging = (
                     max(noise.run, state.page_streak, self._slow_runs(recent, baseline, persistence)) >= persistence
                 )
-        ticketing = state.ticket_streak >= (
-            rules.ticket.confirmations + noise_model.TICKET_EXTRA_CONFIRMATIONS
-            if noise is not None
-            else rules.ticket.confirmations
-        )
+        ticketing = state.ticket_streak >= self._ticket_confirmations
         # The run interval, read once for the sequential rule and the model's learning (a call each, every run).
         interval = self.interval_s() if noise is not None else 0.0
         sequential = (

@@ -814,7 +814,7 @@ def hourly_points(hours: Sequence[HourlyStats], *, start: datetime, width_s: int
                 for _key, attr, _digits in _HOUR_FIGURES
             )
         for (key, _attr, digits), value in zip(_HOUR_FIGURES, figures, strict=True):
-            point[key] = None if value is None or value != value else round(value, digits)  # _round, inline
+            point[key] = _round(value, digits)
         # Rollups count errors, not their classes.
         point["error_counts"] = {"error": errors} if errors else {}
         out.append(point)
